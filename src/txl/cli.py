@@ -1,0 +1,205 @@
+"""The ``txl`` command line: train, eval and generate.
+
+Every user error is printed as one line ``txl: error: ...`` on stderr with exit status 2; an
+interrupted run exits with 130 after saving its ``last/`` checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from txl.errors import TxlError
+
+
+def _add_span_args(p: argparse.ArgumentParser) -> None:
+    for name, kind, text in (("tgt_len", int, "tokens scored per segment"),
+                             ("mem_len", int, "memory length (0: none)"),
+                             ("clamp_len", int, "clamp relative distances at this value (<= 0: none)")):
+        p.add_argument(f"--{name}", f"--{name.replace('_', '-')}", type=kind, default=None, help=text)
+    p.add_argument("--same_length", "--same-length", action=argparse.BooleanOptionalAction, default=None,
+                   help="every query sees the same number of keys")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="txl", description="Transformer-XL: train, evaluate and sample "
+                                     "language models with segment-level memory.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a model (no DATA: the built-in default corpus)")
+    p.add_argument("items", nargs="*", metavar="[DATA] [KEY=VALUE ...]",
+                   help="a text file or directory (default: Python's standard-library sources), then config "
+                        "overrides such as model.n_layer=6 lr=1e-3")
+    p.add_argument("--config", "-c", help="TOML run config (sections model, data, train, eval)")
+    p.add_argument("--out", "-o", help="run directory (train.out_dir)")
+    p.add_argument("--tokenizer", choices=["byte", "char", "word"], help="data.tokenizer")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("eval", help="evaluate a checkpoint (bpc or perplexity) with memory")
+    p.add_argument("checkpoint", help="checkpoint directory or run directory (uses best/)")
+    p.add_argument("--data", help="evaluate this whole file/directory instead of the run's split")
+    p.add_argument("--split", choices=["valid", "test"], default=None, help="split of the run's corpus")
+    _add_span_args(p)
+    p.add_argument("--warmup", action="store_true", help="fill the memory before scoring (every scored token sees a full memory)")
+    p.add_argument("--batch_size", "--batch-size", type=int, default=None)
+    p.add_argument("--max_tokens", "--max-tokens", type=int, default=None, help="score only this many tokens")
+    p.add_argument("--sliding_window", "--sliding-window", type=int, default=None, metavar="CONTEXT",
+                   help="vanilla protocol: recompute a window of CONTEXT tokens for each prediction")
+    p.add_argument("--stride", type=int, default=1, help="predictions per sliding window (default 1)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    p = sub.add_parser("generate", help="sample text from a checkpoint, reusing the memory")
+    p.add_argument("checkpoint", help="checkpoint directory or run directory (uses best/)")
+    p.add_argument("--prompt", "-p", default=None, help="prompt text (default: a newline)")
+    p.add_argument("--prompt-file", default=None, help="read the prompt from this file")
+    p.add_argument("--max_new_tokens", "--max-new-tokens", "-n", type=int, default=300)
+    p.add_argument("--temperature", "-t", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top_k", "--top-k", type=int, default=None)
+    p.add_argument("--top_p", "--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--mem_len", "--mem-len", type=int, default=None, help="memory length while sampling")
+    p.add_argument("--device", default="auto")
+    return parser
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from txl.config import load_run_config
+    from txl.training.loop import train
+
+    overrides, paths = [], []
+    for item in args.items:
+        (overrides if "=" in item and not Path(item).exists() else paths).append(item)
+    if len(paths) > 1:
+        raise TxlError(f"give one DATA path (a file or directory), got {len(paths)}: {' '.join(paths)}")
+    if paths:
+        overrides.append(f"data.path={paths[0]}")
+    if args.out:
+        overrides.append(f"train.out_dir={args.out}")
+    if args.tokenizer:
+        overrides.append(f"data.tokenizer={args.tokenizer}")
+    run = load_run_config(args.config, overrides)
+    result = train(run, progress=not args.quiet)
+    print(f"trained {result.steps} steps, {result.tokens:,} tokens in {result.wall_s:.0f} s "
+          f"({result.tokens_per_s:,.0f} tokens/s including validation)")
+    print(f"{run.eval.split} {result.final}")
+    print(f"checkpoint: {result.best_dir}")
+    if result.sample:
+        print("--- sample ---")
+        print(result.sample)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from txl.data import load_bytes, read_corpus_files
+    from txl.evaluation import evaluate, evaluate_sliding_window, metric_unit
+    from txl.training.checkpoint import load_checkpoint
+    from txl.training.loop import load_run_corpus, resolve_device
+
+    device = resolve_device(args.device)
+    ckpt = load_checkpoint(args.checkpoint, map_location=str(device))
+    e = ckpt.run.eval
+    split = args.split or e.split
+    if args.data:
+        files = read_corpus_files(args.data)
+        tokens = ckpt.tokenizer.encode_file_bytes(load_bytes(files), source=args.data)
+        where = args.data
+    else:
+        corpus = load_run_corpus(ckpt.run, tokenizer=ckpt.tokenizer)
+        tokens = corpus.valid if split == "valid" else corpus.test
+        where = f"{split} split of {corpus.source}"
+        if len(tokens) < 2:
+            raise TxlError(f"the {split} split is empty; use --split valid or --data FILE")
+    unit = metric_unit(ckpt.tokenizer.kind)
+    batch_size = args.batch_size or e.batch_size
+    max_tokens = e.max_tokens if args.max_tokens is None else args.max_tokens
+    if args.sliding_window is not None:
+        res = evaluate_sliding_window(ckpt.model, tokens, context=args.sliding_window, stride=args.stride, unit=unit,
+                                      batch_size=max(batch_size, 1), max_tokens=max_tokens, dtype=args.dtype)
+    else:
+        def pick(cli, cfg):
+            return cli if cli is not None else cfg
+        res = evaluate(ckpt.model, tokens, unit=unit, batch_size=batch_size,
+                       tgt_len=pick(args.tgt_len, e.tgt_len), mem_len=pick(args.mem_len, e.mem_len),
+                       clamp_len=pick(args.clamp_len, e.clamp_len), same_length=pick(args.same_length, e.same_length),
+                       warmup=args.warmup or e.warmup, max_tokens=max_tokens, dtype=args.dtype)
+    if args.json:
+        print(json.dumps({"checkpoint": str(ckpt.path), "data": where, "unit": res.unit, "value": res.value,
+                          "loss_nats": res.loss, "n_tokens": res.n_tokens, **res.settings}))
+    else:
+        print(f"{where}: {res}")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from txl.generation import generate_stream
+    from txl.training.checkpoint import load_checkpoint
+    from txl.training.loop import resolve_device
+
+    device = resolve_device(args.device)
+    ckpt = load_checkpoint(args.checkpoint, map_location=str(device))
+    if args.prompt_file:
+        try:
+            prompt = Path(args.prompt_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise TxlError(f"cannot read prompt file {args.prompt_file}: {err}") from None
+    else:
+        prompt = args.prompt if args.prompt is not None else "\n"
+    if prompt == "":
+        raise TxlError("the prompt is empty; give at least one character with --prompt")
+    if args.mem_len is not None:
+        ckpt.model.set_attention_span(mem_len=args.mem_len)
+    ids = torch.as_tensor(np.asarray(ckpt.tokenizer.encode(prompt), dtype=np.int64), device=device)[None]
+    if ids.size(1) == 0:
+        raise TxlError("the prompt encodes to no tokens; give a longer prompt")
+    generator = torch.Generator(device=device)
+    generator.manual_seed(args.seed if args.seed is not None else torch.seed() % (2**63))
+    sys.stdout.write(prompt)
+    sys.stdout.flush()
+    pending: list[int] = []
+    for token in generate_stream(ckpt.model, ids, args.max_new_tokens, temperature=args.temperature,
+                                 top_k=args.top_k, top_p=args.top_p, generator=generator):
+        pending.append(int(token[0]))
+        text = ckpt.tokenizer.decode(pending)
+        if "\ufffd" not in text or len(pending) >= 4:  # wait for complete UTF-8 sequences (byte models)
+            sys.stdout.write(text if ckpt.tokenizer.kind != "word" else text + " ")
+            sys.stdout.flush()
+            pending = []
+    if pending:
+        sys.stdout.write(ckpt.tokenizer.decode(pending))
+    sys.stdout.write("\n")
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``txl`` console script; returns the exit status."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "train":  # items placed after an option: `txl train --tokenizer char a=1`
+        args.items += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return COMMANDS[args.command](args)
+    except TxlError as err:
+        print(f"txl: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("txl: interrupted", file=sys.stderr)
+        return 130
+    except OSError as err:
+        print(f"txl: error: {err.strerror or err}{f' ({err.filename})' if err.filename else ''}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

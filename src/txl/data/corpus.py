@@ -1,0 +1,431 @@
+"""Corpus loading: find files, tokenize them (with an optional .npy cache) and split them.
+
+The training loop calls :func:`load_corpus`; the other functions are its building blocks.
+Token arrays are 1-D numpy arrays of the narrowest dtype that holds the vocabulary
+(see :func:`token_dtype`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sysconfig
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+
+from txl.data.tokenizers import TOKENIZER_KINDS, ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer, decode_utf8
+from txl.errors import TxlError
+from txl.fileio import atomic_write
+
+__all__ = [
+    "CorpusSplits", "build_tokenizer", "default_corpus_files", "encode_corpus", "load_bytes",
+    "load_corpus", "read_corpus_files", "split_tokens", "token_dtype",
+]
+
+CACHE_FORMAT = "txl-token-cache-v1"
+SPLITS = ("train", "valid", "test")
+PathLike = str | os.PathLike[str]
+
+
+def read_corpus_files(path: PathLike, pattern: str = "*") -> list[Path]:
+    """The corpus files at ``path``.
+
+    A file gives ``[file]`` (``pattern`` is not applied). A directory gives every regular file
+    below it, recursively, whose relative path matches the glob ``pattern`` (``PurePath.match``
+    rules: ``"*.txt"`` matches at any depth), skipping hidden files and folders (name starting
+    with ``"."``) and ``__pycache__``, sorted by relative path.
+
+    Raises :class:`TxlError` if ``path`` does not exist, no file matches, or all are empty.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise TxlError(f"corpus path {root} does not exist; give an existing file or folder")
+    if root.is_file():
+        files = [root]
+    elif root.is_dir():
+        found: list[tuple[tuple[str, ...], Path]] = []
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".") and d != "__pycache__"]
+            for name in filenames:
+                full = Path(dirpath) / name
+                rel = full.relative_to(root)
+                if name.startswith(".") or not full.is_file():
+                    continue
+                if PurePosixPath(rel.as_posix()).match(pattern):
+                    found.append((rel.parts, full))
+        files = [f for _, f in sorted(found)]
+        if not files:
+            raise TxlError(f"no corpus files matching {pattern!r} under {root}; check the path and pattern")
+    else:
+        raise TxlError(f"corpus path {root} is not a regular file or folder")
+    if sum(_file_size(f) for f in files) == 0:
+        raise TxlError(f"corpus {root} is empty ({len(files)} file(s) of size 0); give a non-empty corpus")
+    return files
+
+
+def default_corpus_files() -> list[Path]:
+    """txl's built-in corpus: the running Python's top-level standard-library modules.
+
+    ``sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))``: about 170 files, ~4.7 MB
+    of text, present on every machine without network access. Raises :class:`TxlError` if
+    none are found.
+    """
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.glob("*.py") if p.is_file())
+    if not files:
+        raise TxlError(f"default corpus not found: no *.py files in {stdlib}; give a corpus path")
+    return files
+
+
+def _file_size(f: Path) -> int:
+    return _io(f, lambda: f.stat().st_size)
+
+
+def _read(f: Path) -> bytes:
+    return _io(f, Path(f).read_bytes)
+
+
+def _io(f: Path, op: Callable):
+    """Run ``op()``; an ``OSError`` becomes a :class:`TxlError` naming the file."""
+    try:
+        return op()
+    except OSError as e:
+        raise TxlError(f"cannot read corpus file {f}: {e.strerror or e}") from None
+
+
+def load_bytes(files: Sequence[PathLike]) -> bytes:
+    """The files' contents concatenated in order (no separators added).
+
+    Raises :class:`TxlError` if a file cannot be read.
+    """
+    return b"".join(_read(Path(f)) for f in files)
+
+
+def _read_text(files: Sequence[PathLike], kind: str) -> str:
+    """All files decoded as strict UTF-8 and joined; errors name the offending file."""
+    return "".join(decode_utf8(_read(Path(f)), f"corpus file {f}", kind) for f in files)
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """Narrowest dtype for ids ``< vocab_size``: uint8 (<= 256), uint16 (<= 65536), else int32."""
+    if vocab_size <= 256:
+        return np.dtype(np.uint8)
+    if vocab_size <= 65536:
+        return np.dtype(np.uint16)
+    return np.dtype(np.int32)
+
+
+def _fingerprint(tokenizer: Tokenizer, file_hashes: list[tuple[str, str]], extra: dict | None) -> str:
+    """sha256 over the cache format, the tokenizer JSON and each file's path and content hash."""
+    h = hashlib.sha256()
+    h.update(CACHE_FORMAT.encode())
+    h.update(b"\0" + json.dumps(tokenizer.to_dict(), sort_keys=True).encode("utf-8"))
+    for name, digest in file_hashes:
+        h.update(b"\0" + name.encode("utf-8", "surrogateescape") + b"\0" + digest.encode())
+    if extra:
+        h.update(b"\0extra\0" + json.dumps(extra, sort_keys=True).encode("utf-8"))
+    return h.hexdigest()
+
+
+def _cached(cache_dir: PathLike | None, key: str, dtype: np.dtype, compute: Callable[[], np.ndarray]) -> np.ndarray:
+    """Load ``<cache_dir>/<key>.npy`` if valid, else ``compute()`` and store it (atomically)."""
+    if cache_dir is None:
+        return compute()
+    path = Path(cache_dir) / f"{key}.npy"
+    if path.is_file():
+        try:
+            arr = np.load(path, allow_pickle=False)
+            if arr.ndim == 1 and arr.dtype == dtype:
+                return arr
+        except (OSError, ValueError, EOFError):
+            pass  # a broken cache file is ignored and rewritten
+    arr = compute()
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            np.save(f, arr, allow_pickle=False)
+
+    try:
+        atomic_write(path, write)
+    except OSError as e:
+        raise TxlError(f"cannot write token cache {path}: {e.strerror or e}; choose a writable cache_dir") from None
+    return arr
+
+
+def encode_corpus(files: Sequence[PathLike], tokenizer: Tokenizer, cache_dir: PathLike | None = None) -> np.ndarray:
+    """Tokenize the concatenation of ``files`` into a 1-D array of dtype ``token_dtype(vocab)``.
+
+    With ``cache_dir`` the result is stored as ``<cache_dir>/<fingerprint>.npy`` and reused
+    while neither the tokenizer nor any file (path or content) changes; a cache file that
+    fails to load is rewritten.
+
+    Raises :class:`TxlError` for unreadable files, non-UTF-8 files (char/word tokenizers; the
+    message names the file and byte offset), unknown characters, or an unwritable cache.
+    """
+    paths = [Path(f) for f in files]
+    datas = [_read(p) for p in paths]
+    dtype = token_dtype(tokenizer.vocab_size)
+
+    def compute() -> np.ndarray:
+        if isinstance(tokenizer, ByteTokenizer):
+            return np.frombuffer(b"".join(datas), dtype=np.uint8).copy()
+        text = "".join(decode_utf8(d, f"corpus file {p}", tokenizer.kind) for p, d in zip(paths, datas))
+        try:
+            return tokenizer.encode(text).astype(dtype)
+        except TxlError as e:
+            raise TxlError(f"corpus {paths[0] if len(paths) == 1 else paths[0].parent}: {e}") from None
+
+    if cache_dir is None:
+        return compute()
+    hashes = [(str(p), hashlib.sha256(d).hexdigest()) for p, d in zip(paths, datas)]
+    return _cached(cache_dir, _fingerprint(tokenizer, hashes, None), dtype, compute)
+
+
+def _check_fractions(fractions: Sequence[float]) -> tuple[float, float, float]:
+    try:
+        fr = tuple(float(x) for x in fractions)
+    except (TypeError, ValueError):
+        raise TxlError(f"split fractions must be three numbers, got {fractions!r}") from None
+    if len(fr) != 3 or any(not math.isfinite(x) or x < 0 for x in fr) or abs(sum(fr) - 1.0) > 1e-6:
+        raise TxlError(
+            f"split fractions must be three non-negative numbers (train, valid, test) summing to 1, "
+            f"got {fractions!r}"
+        )
+    return fr  # type: ignore[return-value]
+
+
+def _boundaries(total: int, fr: tuple[float, float, float]) -> tuple[int, int]:
+    """Split points (end of train, end of valid) for ``total`` items, rounded half up."""
+    b1 = min(total, math.floor(total * fr[0] + 0.5))
+    b2 = total if fr[2] == 0 else min(total, math.floor(total * (fr[0] + fr[1]) + 0.5))
+    if fr[1] == 0:
+        b2 = b1
+    return b1, max(b1, b2)
+
+
+def split_tokens(tokens: np.ndarray, fractions: Sequence[float] = (0.9, 0.05, 0.05)) -> dict[str, np.ndarray]:
+    """Contiguous train/valid/test split of a 1-D array, in order (views, not copies).
+
+    With N tokens, train ends at ``round(N*f_train)`` and valid at ``round(N*(f_train+f_valid))``
+    (rounding half up); a zero fraction gives an empty split.
+
+    Raises :class:`TxlError` if the fractions are negative or do not sum to 1 (within 1e-6),
+    or if a split with a non-zero fraction would be empty.
+    """
+    fr = _check_fractions(fractions)
+    b1, b2 = _boundaries(len(tokens), fr)
+    parts = {"train": tokens[:b1], "valid": tokens[b1:b2], "test": tokens[b2:]}
+    for name, f in zip(SPLITS, fr):
+        if f > 0 and len(parts[name]) == 0:
+            raise TxlError(
+                f"the {name} split would be empty ({len(tokens)} tokens, fraction {f}); "
+                "use a larger corpus or a larger fraction"
+            )
+    return parts
+
+
+def build_tokenizer(
+    kind: str, text: str | None = None, *, min_freq: int = 1, max_size: int | None = None, lower: bool = False
+) -> Tokenizer:
+    """Make a tokenizer of ``kind`` (``"byte"``, ``"char"`` or ``"word"``).
+
+    ``text`` is the text the vocabulary comes from (ignored for ``"byte"``): callers pass the
+    whole corpus for ``"char"`` and the train text for ``"word"``. ``min_freq``, ``max_size`` and
+    ``lower`` apply to ``"word"`` only (see :meth:`WordTokenizer.build`).
+
+    Raises :class:`TxlError` for an unknown kind or missing/empty text.
+    """
+    if kind not in TOKENIZER_KINDS:
+        raise TxlError(f"unknown tokenizer {kind!r}; choose one of {', '.join(TOKENIZER_KINDS)}")
+    if kind == "byte":
+        return ByteTokenizer()
+    if not text:
+        raise TxlError(f"cannot build a {kind} vocabulary from empty text; give a non-empty corpus")
+    if kind == "char":
+        return CharTokenizer.build(text)
+    return WordTokenizer.build([text], min_freq=min_freq, max_size=max_size, lower=lower)
+
+
+@dataclass
+class CorpusSplits:
+    """A tokenized corpus, ready for :class:`~txl.data.iterators.LMOrderedIterator`.
+
+    Attributes:
+        tokenizer: the tokenizer used (built from the corpus, or the one passed in).
+        train, valid, test: 1-D token arrays (dtype from :func:`token_dtype`); ``valid`` /
+            ``test`` may be empty when not requested (fraction 0 or no test file).
+        source: human-readable description of where the text came from.
+        files: the corpus file paths, as strings.
+    """
+
+    tokenizer: Tokenizer
+    train: np.ndarray
+    valid: np.ndarray
+    test: np.ndarray
+    source: str
+    files: list[str] = field(default_factory=list)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+
+def _human_size(n: int) -> str:
+    if n < 1000:
+        return f"{n} B"
+    return f"{n / 1e3:.1f} kB" if n < 1e6 else f"{n / 1e6:.1f} MB"
+
+
+def _describe(label: str, files: Sequence[Path]) -> str:
+    size = sum(_file_size(f) for f in files)
+    what = str(files[0]) if len(files) == 1 else f"{len(files)} files"
+    return f"{label} {what} ({_human_size(size)})"
+
+
+def _line_boundary(data: bytes, target: int) -> int:
+    """The start-of-line offset in ``data`` nearest to ``target`` (ties go to the earlier one)."""
+    if target <= 0 or target >= len(data):
+        return max(0, min(target, len(data)))
+    if data[target - 1] == 0x0A:
+        return target
+    back = data.rfind(b"\n", 0, target)
+    fwd = data.find(b"\n", target)
+    before = back + 1  # 0 when there is no newline before target
+    after = fwd + 1 if fwd >= 0 else len(data)
+    return before if target - before <= after - target else after
+
+
+def _word_fraction_splits(
+    files: list[Path], tok: Tokenizer | None, fr: tuple[float, float, float], opts: dict, cache_dir: PathLike | None
+) -> tuple[Tokenizer, dict[str, np.ndarray]]:
+    """Word level with fractions: split the text at line starts, vocab from train, encode parts."""
+    datas = [_read(f) for f in files]
+    for f, d in zip(files, datas):
+        decode_utf8(d, f"corpus file {f}", "word")  # error naming the file, before splitting
+    data = b"".join(datas)
+    b1, b2 = _boundaries(len(data), fr)
+    b1 = _line_boundary(data, b1)
+    b2 = len(data) if fr[2] == 0 else max(b1, _line_boundary(data, b2))
+    if fr[1] == 0:
+        b2 = b1
+    texts = dict(zip(SPLITS, (data[:b1].decode(), data[b1:b2].decode(), data[b2:].decode())))
+    tokenizer = tok if tok is not None else build_tokenizer("word", texts["train"], **opts)
+    dtype = token_dtype(tokenizer.vocab_size)
+    hashes = [(str(f), hashlib.sha256(d).hexdigest()) for f, d in zip(files, datas)]
+    parts = {}
+    for name in SPLITS:
+        key = _fingerprint(tokenizer, hashes, {"part": name, "split": list(fr)})
+        parts[name] = _cached(cache_dir, key, dtype, lambda t=texts[name]: tokenizer.encode(t).astype(dtype))
+    return tokenizer, parts
+
+
+def _check_sizes(parts: dict[str, np.ndarray], requested: dict[str, bool], source: str) -> None:
+    for name in SPLITS:
+        n = len(parts[name])
+        if (name == "train" or requested[name]) and n < 2:
+            raise TxlError(
+                f"the {name} split of {source} has {n} token(s); it needs at least 2: "
+                "use a larger corpus or different split fractions"
+            )
+
+
+def load_corpus(
+    path: PathLike | None = None,
+    tokenizer: str = "byte",
+    *,
+    train: PathLike | None = None,
+    valid: PathLike | None = None,
+    test: PathLike | None = None,
+    split: Sequence[float] = (0.9, 0.05, 0.05),
+    pattern: str = "*",
+    min_freq: int = 1,
+    max_size: int | None = None,
+    lower: bool = False,
+    cache_dir: PathLike | None = None,
+    tokenizer_obj: Tokenizer | None = None,
+) -> CorpusSplits:
+    """Load, tokenize and split a corpus: the one entry point of the training loop.
+
+    Sources (exactly one):
+      * ``train``/``valid`` (+ optional ``test``) files or folders: separate split files;
+        ``test`` missing gives an empty test array.
+      * ``path``, a file or folder (files matching ``pattern``): one corpus cut by ``split``
+        fractions (train, valid, test), in order. Byte/char: the token array is cut. Word: the
+        text is cut at the line starts nearest the byte fractions, so splits hold whole lines.
+      * neither: the default corpus (:func:`default_corpus_files`).
+
+    Tokenizer: ``tokenizer_obj`` if given (``tokenizer`` is then ignored), else a new
+    ``tokenizer`` kind: byte needs no data, char is built from all the text, word from the train
+    text only (with ``min_freq``, ``max_size``, ``lower``). ``cache_dir`` caches token arrays.
+
+    Raises :class:`TxlError` for: both ``path`` and split files, ``train`` without ``valid`` (or
+    the reverse), missing/empty/unreadable files, non-UTF-8 text for char/word, unknown
+    characters with a given char tokenizer, bad fractions, a train split under 2 tokens, or a
+    requested valid/test split under 2 tokens.
+    """
+    kind = tokenizer_obj.kind if tokenizer_obj is not None else tokenizer
+    if kind not in TOKENIZER_KINDS:
+        raise TxlError(f"unknown tokenizer {kind!r}; choose one of {', '.join(TOKENIZER_KINDS)}")
+    opts = {"min_freq": min_freq, "max_size": max_size, "lower": lower}
+    if train is not None or valid is not None or test is not None:
+        if path is not None:
+            raise TxlError("give either a corpus path (split by fractions) or train/valid/test files, not both")
+        if train is None or valid is None:
+            raise TxlError("separate split files need both a train and a valid file (test is optional)")
+        sets = {"train": read_corpus_files(train, pattern), "valid": read_corpus_files(valid, pattern)}
+        if test is not None:
+            sets["test"] = read_corpus_files(test, pattern)
+        return _load_separate(sets, kind, tokenizer_obj, opts, cache_dir)
+    if path is None:
+        files = default_corpus_files()
+        label = f"default corpus (Python standard library in {files[0].parent}):"
+    else:
+        files, label = read_corpus_files(path, pattern), "corpus"
+    return _load_fractions(files, label, _check_fractions(split), kind, tokenizer_obj, opts, cache_dir)
+
+
+def _load_separate(
+    sets: dict[str, list[Path]], kind: str, tok: Tokenizer | None, opts: dict, cache_dir: PathLike | None
+) -> CorpusSplits:
+    """Separate train/valid(/test) file sets; char vocab from all of them, word from train."""
+    if tok is None:
+        names = sets["train"] if kind == "word" else [f for fs in sets.values() for f in fs]
+        tok = build_tokenizer(kind, _read_text(names, kind) if kind != "byte" else None, **opts)
+    parts = {name: encode_corpus(fs, tok, cache_dir) for name, fs in sets.items()}
+    parts.setdefault("test", np.zeros(0, dtype=token_dtype(tok.vocab_size)))
+    source = ", ".join(_describe(f"{name}:", fs) for name, fs in sets.items())
+    _check_sizes(parts, {"valid": True, "test": "test" in sets}, source)
+    files = [str(f) for fs in sets.values() for f in fs]
+    return CorpusSplits(tok, parts["train"], parts["valid"], parts["test"], source, files)
+
+
+def _load_fractions(
+    files: list[Path],
+    label: str,
+    fr: tuple[float, float, float],
+    kind: str,
+    tok: Tokenizer | None,
+    opts: dict,
+    cache_dir: PathLike | None,
+) -> CorpusSplits:
+    """One corpus cut by fractions: by lines for word level, else by tokens."""
+    source = f"{_describe(label, files)}, split {fr[0]:g}/{fr[1]:g}/{fr[2]:g}"
+    if kind == "word":
+        tok, parts = _word_fraction_splits(files, tok, fr, opts, cache_dir)
+        for name, f in zip(SPLITS, fr):
+            if f > 0 and len(parts[name]) == 0:
+                raise TxlError(
+                    f"the {name} split of {source} is empty: too few lines to split at line "
+                    "boundaries; use a larger corpus or a larger fraction"
+                )
+    else:
+        if tok is None:
+            tok = build_tokenizer(kind, _read_text(files, kind) if kind == "char" else None, **opts)
+        parts = split_tokens(encode_corpus(files, tok, cache_dir), fr)
+    _check_sizes(parts, {"valid": fr[1] > 0, "test": fr[2] > 0}, source)
+    return CorpusSplits(tok, parts["train"], parts["valid"], parts["test"], source, [str(f) for f in files])

@@ -1,0 +1,211 @@
+"""Ordered segment iterator for Transformer-XL training and evaluation (batch-first).
+
+The token stream is cut into ``batch_size`` contiguous parallel streams that are read left to
+right in segments, so each segment continues the previous one and the model's memory carries
+over. Unlike the reference implementation, no target is dropped: every target of the split is
+scored exactly once per pass (the tail is padded with ``pad_id`` inputs and ``-100`` labels).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from txl.errors import TxlError
+
+__all__ = ["LMOrderedIterator", "IGNORE_INDEX", "sample_segment_length"]
+
+IGNORE_INDEX = -100
+"""Label value of positions that are not scored (context and padding); ``cross_entropy``'s default."""
+
+
+def sample_segment_length(
+    tgt_len: int,
+    generator: torch.Generator | None = None,
+    *,
+    std: float = 5,
+    min_len: int = 5,
+    max_deviation: float = 3,
+) -> int:
+    """A random segment length (tokens), as in the reference ``get_varlen_iter``.
+
+    bptt is ``tgt_len`` with probability 0.95, else ``tgt_len / 2``; the result is
+    ``int(normal(bptt, std))`` clipped to ``[min_len, int(tgt_len + max_deviation * std)]`` (and
+    at least 1). Draws come from ``generator`` (CPU; seed it for determinism).
+    Raises ``ValueError`` if ``tgt_len < 1`` or ``min_len < 1``.
+    """
+    if tgt_len < 1 or min_len < 1:
+        raise ValueError(f"tgt_len and min_len must be at least 1, got {tgt_len} and {min_len}")
+    u = torch.rand((), generator=generator).item()
+    bptt = tgt_len if u < 0.95 else tgt_len / 2.0
+    draw = bptt + std * torch.randn((), generator=generator).item()
+    return max(1, min(int(tgt_len + max_deviation * std), max(min_len, int(draw))))
+
+
+class LMOrderedIterator:
+    """Batch-first ordered segments over a 1-D token array.
+
+    With N tokens and W = ``context`` leading context tokens, the scored targets are the tokens
+    at indices ``W+1 .. N-1`` (n = N-1-W of them; the target of position t is token t+1).
+    L = ceil(n / batch_size); stream b starts at s_b = W + b*L, its inputs are
+    ``tokens[s_b-W : s_b+L]`` and its labels ``tokens[s_b-W+1 : s_b+L+1]``, with the first W
+    labels set to -100 (context only) and positions past the data padded (input ``pad_id``,
+    label -100). Labels are already aligned with inputs: no further shift is needed.
+
+    Args:
+        tokens: 1-D integer array or tensor, shape ``[N]``.
+        batch_size: number of parallel streams B (>= 1).
+        tgt_len: segment length of :meth:`__iter__` (>= 1).
+        context: W, number of leading tokens used only as context (>= 0).
+        device: device of :attr:`inputs` / :attr:`labels`.
+        pad_id: input id used for padding past the end of the data.
+
+    Attributes:
+        inputs, labels: ``int64`` tensors of shape ``[B, W + L]`` on ``device``.
+        stream_len: W + L. n_targets: number of scored labels (n).
+
+    Raises:
+        TxlError: bad ``batch_size`` / ``tgt_len`` / ``context``, or fewer than W+2 tokens.
+        ValueError: ``tokens`` is not 1-D integer data.
+    """
+
+    def __init__(
+        self,
+        tokens: np.ndarray | torch.Tensor,
+        batch_size: int,
+        tgt_len: int,
+        *,
+        context: int = 0,
+        device: str | torch.device = "cpu",
+        pad_id: int = 0,
+    ) -> None:
+        if batch_size < 1:
+            raise TxlError(f"batch_size must be at least 1, got {batch_size}")
+        if tgt_len < 1:
+            raise TxlError(f"tgt_len must be at least 1, got {tgt_len}")
+        if context < 0:
+            raise TxlError(f"context must be non-negative, got {context}")
+        data = _as_int64_tensor(tokens)
+        n_tok = data.numel()
+        n = n_tok - 1 - context
+        if n < 1:
+            raise TxlError(
+                f"the split has {n_tok} tokens, shorter than the {context + 2} needed for "
+                f"{context} context token(s) plus one target; use more data or less context"
+            )
+        self.batch_size = batch_size
+        self.tgt_len = tgt_len
+        self.context = context
+        self.device = torch.device(device)
+        self.pad_id = pad_id
+        self.n_tokens = n_tok
+        self.n_targets = n
+        L = math.ceil(n / batch_size)
+        self.stream_len = context + L
+        total = context + batch_size * L + 1  # last label index needed, plus one
+        padded = torch.full((total,), pad_id, dtype=torch.int64)
+        padded[:n_tok] = data
+        targets = torch.full((total,), IGNORE_INDEX, dtype=torch.int64)
+        targets[:n_tok] = data
+        # window b covers token indices b*L .. b*L + W + L - 1 (= s_b - W .. s_b + L - 1)
+        inputs = padded[: total - 1].unfold(0, self.stream_len, L)
+        labels = targets[1:].unfold(0, self.stream_len, L).clone()
+        labels[:, :context] = IGNORE_INDEX
+        self.inputs = inputs.contiguous().to(self.device)
+        self.labels = labels.contiguous().to(self.device)
+
+    def segment(self, pos: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and labels at stream positions ``[pos, pos + seq_len)``, truncated at the end.
+
+        Returns two contiguous ``int64`` tensors of shape ``[B, min(seq_len, stream_len - pos)]``.
+        Raises ``ValueError`` if ``pos`` is outside ``[0, stream_len)`` or ``seq_len < 1``.
+        """
+        if not 0 <= pos < self.stream_len:
+            raise ValueError(f"segment position {pos} is outside [0, {self.stream_len})")
+        if seq_len < 1:
+            raise ValueError(f"segment length must be at least 1, got {seq_len}")
+        end = min(pos + seq_len, self.stream_len)
+        return self.inputs[:, pos:end].contiguous(), self.labels[:, pos:end].contiguous()
+
+    def _context_positions(self) -> list[tuple[int, int]]:
+        """(pos, seq_len) chunks of at most tgt_len covering exactly the context [0, W)."""
+        return [(p, min(self.tgt_len, self.context - p)) for p in range(0, self.context, self.tgt_len)]
+
+    def positions(self) -> list[tuple[int, int]]:
+        """The ``(pos, seq_len)`` of every segment :meth:`__iter__` yields, in order."""
+        scored = [
+            (p, min(self.tgt_len, self.stream_len - p))
+            for p in range(self.context, self.stream_len, self.tgt_len)
+        ]
+        return self._context_positions() + scored
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Yield ``(x, y)`` segments, each ``[B, seq_len]`` int64 (seq_len <= tgt_len).
+
+        The context [0, W) comes first in chunks of ``tgt_len`` (all labels -100), so that a
+        segment boundary falls exactly at W; then scored segments of ``tgt_len`` from W, the last
+        one possibly shorter.
+        """
+        for pos, seq_len in self.positions():
+            yield self.segment(pos, seq_len)
+
+    def __len__(self) -> int:
+        """Number of segments :meth:`__iter__` yields."""
+        return math.ceil(self.context / self.tgt_len) + math.ceil(
+            (self.stream_len - self.context) / self.tgt_len
+        )
+
+    def varlen_iter(
+        self,
+        std: float = 5,
+        min_len: int = 5,
+        max_deviation: float = 3,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Yield ``(x, y)`` segments of random length, like the reference ``get_varlen_iter``.
+
+        The context [0, W) comes first, as in :meth:`__iter__`. Then, per segment: bptt is
+        ``tgt_len`` with probability 0.95, else ``tgt_len / 2``; ``seq_len = max(min_len,
+        int(normal(bptt, std)))`` capped at ``tgt_len + max_deviation * std`` and truncated at the
+        stream end (see :func:`sample_segment_length`). Random draws use ``generator`` (seed it
+        for determinism). Every target is still yielded exactly once. Raises ``ValueError`` if
+        ``min_len < 1``.
+        """
+        if min_len < 1:
+            raise ValueError(f"min_len must be at least 1, got {min_len}")
+        for pos, seq_len in self._context_positions():
+            yield self.segment(pos, seq_len)
+        pos = self.context
+        while pos < self.stream_len:
+            seq_len = sample_segment_length(
+                self.tgt_len, generator, std=std, min_len=min_len, max_deviation=max_deviation
+            )
+            x, y = self.segment(pos, seq_len)
+            pos += x.shape[1]
+            yield x, y
+
+    def __repr__(self) -> str:
+        return (
+            f"LMOrderedIterator(n_tokens={self.n_tokens}, batch_size={self.batch_size}, "
+            f"tgt_len={self.tgt_len}, context={self.context}, stream_len={self.stream_len}, "
+            f"segments={len(self)})"
+        )
+
+
+def _as_int64_tensor(tokens: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """A CPU int64 copy of 1-D integer ``tokens``; ValueError otherwise."""
+    if isinstance(tokens, torch.Tensor):
+        t = tokens.detach().cpu()
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise ValueError(f"tokens must be integers, got dtype {t.dtype}")
+    else:
+        arr = np.asarray(tokens)
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"tokens must be integers, got dtype {arr.dtype}")
+        t = torch.from_numpy(arr.astype(np.int64))
+    if t.dim() != 1:
+        raise ValueError(f"tokens must be 1-D, got shape {tuple(t.shape)}")
+    return t.to(torch.int64)

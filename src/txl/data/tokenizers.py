@@ -1,0 +1,407 @@
+"""Tokenizers: byte (enwik8 style), char and word (WikiText style).
+
+All tokenizers share the :class:`Tokenizer` interface: ``encode(text)`` gives a 1-D ``int64``
+numpy array of token ids, ``decode(ids)`` turns ids back into text, and ``to_dict()`` /
+``save(path)`` / :func:`load_tokenizer` store the vocabulary as JSON (never pickle).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from txl.errors import TxlError
+from txl.fileio import atomic_write
+
+__all__ = [
+    "Tokenizer",
+    "ByteTokenizer",
+    "CharTokenizer",
+    "WordTokenizer",
+    "tokenizer_from_dict",
+    "load_tokenizer",
+    "decode_utf8",
+    "TOKENIZER_KINDS",
+]
+
+TOKENIZER_KINDS = ("byte", "char", "word")
+
+
+def decode_utf8(data: bytes, source: str = "input", kind: str = "char") -> str:
+    """Decode ``data`` as strict UTF-8 for the ``kind`` tokenizer.
+
+    Raises :class:`TxlError` naming ``source``, the invalid byte and its byte offset, and
+    suggesting ``tokenizer=byte``, if ``data`` is not valid UTF-8.
+    """
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        bad = data[e.start]
+        raise TxlError(
+            f"{source} is not UTF-8 text (invalid byte 0x{bad:02x} at byte offset {e.start}); "
+            f"the {kind} tokenizer needs UTF-8 text: use tokenizer=byte for arbitrary bytes"
+        ) from None
+
+
+def _ids_array(ids: Any, vocab_size: int, kind: str) -> np.ndarray:
+    """Turn a sequence / ndarray / 1-D tensor of ids into a 1-D int64 ndarray, range-checked."""
+    if hasattr(ids, "detach"):  # torch tensor, on any device
+        ids = ids.detach().cpu().numpy()
+    arr = np.asarray(ids)
+    if arr.ndim != 1:
+        raise ValueError(f"decode expects a 1-D sequence of token ids, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"decode expects integer token ids, got dtype {arr.dtype}")
+    arr = arr.astype(np.int64, copy=False)
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise TxlError(
+            f"token id {bad} is out of range for the {kind} tokenizer (vocab_size {vocab_size}); "
+            "the model and the tokenizer do not match"
+        )
+    return arr
+
+
+class Tokenizer(ABC):
+    """Common interface of all tokenizers.
+
+    Attributes:
+        kind: ``"byte"``, ``"char"`` or ``"word"``.
+    """
+
+    kind: str = ""
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of distinct token ids; ids are ``0 .. vocab_size - 1``."""
+
+    @abstractmethod
+    def encode(self, text: str) -> np.ndarray:
+        """Encode ``text`` to a 1-D ``int64`` array of token ids (shape ``[n_tokens]``)."""
+
+    @abstractmethod
+    def decode(self, ids: Any) -> str:
+        """Decode token ids (list, 1-D ndarray or 1-D tensor of ints) back to text.
+
+        Raises ``ValueError`` if ``ids`` is not 1-D integer data, :class:`TxlError` if an id is
+        outside ``0 .. vocab_size - 1``.
+        """
+
+    @abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able description of the tokenizer, including ``"kind"``."""
+
+    def encode_file_bytes(self, data: bytes, source: str = "input") -> np.ndarray:
+        """Encode the raw bytes of a file to a 1-D ``int64`` id array.
+
+        Char and word tokenizers decode ``data`` as strict UTF-8 first and raise
+        :class:`TxlError` (naming ``source`` and the byte offset) if it is not UTF-8 text.
+        """
+        return self.encode(decode_utf8(data, source, self.kind))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`to_dict` as JSON to ``path`` (atomically; parent folders are created).
+
+        Raises :class:`TxlError` if the file cannot be written.
+        """
+        payload = json.dumps(self.to_dict(), ensure_ascii=False, indent=1).encode("utf-8")
+        try:
+            atomic_write(path, lambda tmp: Path(tmp).write_bytes(payload))
+        except OSError as e:
+            raise TxlError(f"cannot write tokenizer vocabulary to {path}: {e.strerror or e}") from None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Tokenizer):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(vocab_size={self.vocab_size})"
+
+
+class ByteTokenizer(Tokenizer):
+    """enwik8-style tokenizer: the ids are the UTF-8 bytes of the text (vocab_size 256).
+
+    ``decode`` uses ``errors="replace"``, so any id sequence decodes. The round trip
+    ``decode(encode(s)) == s`` is lossless for every valid Unicode string.
+    """
+
+    kind = "byte"
+
+    @property
+    def vocab_size(self) -> int:
+        return 256
+
+    def encode(self, text: str) -> np.ndarray:
+        """UTF-8 bytes of ``text`` as ``int64`` ids, shape ``[n_bytes]``.
+
+        Lone surrogates from ``surrogateescape`` decoding (e.g. non-UTF-8 command-line text) map
+        back to their original bytes; other lone surrogates raise :class:`TxlError`.
+        """
+        try:
+            data = text.encode("utf-8", errors="surrogateescape")
+        except UnicodeEncodeError as e:
+            raise TxlError(
+                f"text contains a lone surrogate {text[e.start]!r} at character {e.start}, "
+                "which is not valid Unicode; remove it"
+            ) from None
+        return np.frombuffer(data, dtype=np.uint8).astype(np.int64)
+
+    def encode_file_bytes(self, data: bytes, source: str = "input") -> np.ndarray:
+        """The raw bytes of ``data`` as ``int64`` ids (any bytes are fine)."""
+        return np.frombuffer(data, dtype=np.uint8).astype(np.int64)
+
+    def decode(self, ids: Any) -> str:
+        arr = _ids_array(ids, 256, self.kind)
+        return arr.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "byte"}
+
+
+class CharTokenizer(Tokenizer):
+    """Character tokenizer: id ``i`` is the character ``chars[i]``.
+
+    Args:
+        chars: distinct single-character strings; :meth:`build` makes them from a corpus,
+            sorted by code point.
+
+    Raises :class:`TxlError` if ``chars`` is empty, has duplicates or non-single-char entries.
+    """
+
+    kind = "char"
+
+    def __init__(self, chars: Sequence[str]) -> None:
+        chars = list(chars)
+        if not chars:
+            raise TxlError("char vocabulary is empty; build it from a non-empty text")
+        for c in chars:
+            if not isinstance(c, str) or len(c) != 1:
+                raise TxlError(f"char vocabulary entry {c!r} is not a single character")
+        if len(set(chars)) != len(chars):
+            raise TxlError("char vocabulary has duplicate characters")
+        self.chars: list[str] = chars
+        codes = np.array([ord(c) for c in chars], dtype=np.uint32)
+        self._codes_by_id = codes  # [vocab] code point of each id
+        self._order = np.argsort(codes, kind="stable").astype(np.int64)  # sorted pos -> id
+        self._sorted_codes = codes[self._order]
+
+    @classmethod
+    def build(cls, text: str) -> CharTokenizer:
+        """A vocabulary of the distinct characters of ``text``, sorted by code point.
+
+        Raises :class:`TxlError` if ``text`` is empty.
+        """
+        if not text:
+            raise TxlError("cannot build a char vocabulary from empty text")
+        codes = np.unique(_codepoints(text))
+        return cls(_codes_to_str(codes))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> np.ndarray:
+        """Ids of the characters of ``text``, ``int64``, shape ``[n_chars]``.
+
+        Raises :class:`TxlError` naming the first unknown character and how many there are.
+        """
+        codes = _codepoints(text)
+        pos = np.searchsorted(self._sorted_codes, codes)
+        pos_c = np.minimum(pos, len(self._sorted_codes) - 1)
+        unknown = self._sorted_codes[pos_c] != codes
+        if unknown.any():
+            where = np.flatnonzero(unknown)
+            first = int(where[0])
+            distinct = len(np.unique(codes[where]))
+            raise TxlError(
+                f"text contains {len(where)} characters not in the char vocabulary "
+                f"({distinct} distinct; first {chr(int(codes[first]))!r} at character {first}); "
+                "build the vocabulary from text that includes them, or use tokenizer=byte"
+            )
+        return self._order[pos_c]
+
+    def decode(self, ids: Any) -> str:
+        arr = _ids_array(ids, self.vocab_size, self.kind)
+        return _codes_to_str(self._codes_by_id[arr])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "char", "chars": list(self.chars)}
+
+
+def _codepoints(text: str) -> np.ndarray:
+    """Code points of ``text`` as a ``uint32`` array (lone surrogates kept as-is)."""
+    data = text.encode("utf-32-le", errors="surrogatepass")
+    return np.frombuffer(data, dtype="<u4")
+
+
+def _codes_to_str(codes: np.ndarray) -> str:
+    return np.asarray(codes, dtype="<u4").tobytes().decode("utf-32-le", errors="surrogatepass")
+
+
+class WordTokenizer(Tokenizer):
+    """WikiText-style word tokenizer.
+
+    Each line (text split at ``"\\n"``) becomes its whitespace-separated words followed by
+    ``<eos>``; every line gets one ``<eos>``, empty lines included, and so does a final line
+    without a trailing newline (``""`` encodes to no tokens). Unknown words become ``<unk>``.
+    A literal ``<unk>`` / ``<eos>`` word in the text maps to that special id.
+
+    Args:
+        words: the full vocabulary; ``words[0]`` must be ``"<unk>"`` and ``words[1]``
+            ``"<eos>"``; entries are distinct non-empty strings without whitespace.
+        lower: lower-case text before encoding (the vocabulary was built lower-cased).
+
+    Raises :class:`TxlError` for a malformed vocabulary.
+    """
+
+    kind = "word"
+    UNK = "<unk>"
+    EOS = "<eos>"
+    unk_id = 0
+    eos_id = 1
+
+    def __init__(self, words: Sequence[str], lower: bool = False) -> None:
+        words = list(words)
+        if words[:2] != [self.UNK, self.EOS]:
+            raise TxlError("word vocabulary must start with '<unk>', '<eos>'")
+        for w in words:
+            if not isinstance(w, str) or not w or w.split() != [w]:
+                raise TxlError(f"word vocabulary entry {w!r} is not a non-empty word without spaces")
+        if len(set(words)) != len(words):
+            raise TxlError("word vocabulary has duplicate words")
+        if not isinstance(lower, bool):
+            raise TxlError(f"word tokenizer 'lower' must be true or false, got {lower!r}")
+        self.words: list[str] = words
+        self.lower = lower
+        self._index = {w: i for i, w in enumerate(words)}
+
+    @classmethod
+    def build(
+        cls,
+        texts: Iterable[str],
+        min_freq: int = 1,
+        max_size: int | None = None,
+        lower: bool = False,
+    ) -> WordTokenizer:
+        """Build a vocabulary from ``texts`` (an iterable of strings, e.g. the train split).
+
+        Order: ``<unk>`` = 0, ``<eos>`` = 1, then words by descending count; equal counts keep
+        the order of first appearance in ``texts``. Words seen fewer than ``min_freq`` times are
+        dropped; the vocabulary is cut to ``max_size`` entries in total (specials included).
+        Literal ``<unk>``/``<eos>`` words are not counted.
+
+        Raises :class:`TxlError` if ``min_freq < 1`` or ``max_size < 2``.
+        """
+        if min_freq < 1:
+            raise TxlError(f"min_freq must be at least 1, got {min_freq}")
+        if max_size is not None and max_size < 2:
+            raise TxlError(f"max_size must be at least 2 (for <unk> and <eos>), got {max_size}")
+        counts: Counter[str] = Counter()
+        for text in texts:
+            counts.update((text.lower() if lower else text).split())
+        for special in (cls.UNK, cls.EOS):
+            counts.pop(special, None)
+        ranked = sorted(counts.items(), key=lambda kv: -kv[1])  # stable: ties by first seen
+        words = [cls.UNK, cls.EOS] + [w for w, c in ranked if c >= min_freq]
+        if max_size is not None:
+            words = words[:max_size]
+        return cls(words, lower=lower)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.words)
+
+    def tokens(self, text: str) -> list[str]:
+        """The word strings of ``text`` with ``<eos>`` at each line end (before id lookup)."""
+        if self.lower:
+            text = text.lower()
+        lines = text.split("\n")
+        if text.endswith("\n") or not text:
+            lines.pop()
+        out: list[str] = []
+        for line in lines:
+            out.extend(line.split())
+            out.append(self.EOS)
+        return out
+
+    def encode(self, text: str) -> np.ndarray:
+        """Word ids of ``text`` (``int64``, shape ``[n_words + n_lines]``), ``<unk>`` for OOV."""
+        toks = self.tokens(text)
+        get = self._index.get
+        return np.fromiter((get(w, 0) for w in toks), dtype=np.int64, count=len(toks))
+
+    def decode(self, ids: Any) -> str:
+        """Words joined by single spaces; ``<eos>`` becomes ``"\\n"`` (no spaces around it)."""
+        arr = _ids_array(ids, self.vocab_size, self.kind)
+        pieces: list[str] = []
+        line: list[str] = []
+        for i in arr.tolist():
+            if i == self.eos_id:
+                pieces.append(" ".join(line) + "\n")
+                line = []
+            else:
+                line.append(self.words[i])
+        if line:
+            pieces.append(" ".join(line))
+        return "".join(pieces)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "word", "lower": self.lower, "words": list(self.words)}
+
+
+def tokenizer_from_dict(d: Any) -> Tokenizer:
+    """Rebuild a tokenizer from :meth:`Tokenizer.to_dict` output.
+
+    Raises :class:`TxlError` for a non-dict, an unknown ``"kind"`` or malformed content.
+    """
+    if not isinstance(d, dict):
+        raise TxlError(f"tokenizer description must be a JSON object, got {type(d).__name__}")
+    kind = d.get("kind")
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "char":
+        chars = d.get("chars")
+        if not isinstance(chars, list):
+            raise TxlError("char tokenizer description needs a 'chars' list")
+        return CharTokenizer(chars)
+    if kind == "word":
+        words = d.get("words")
+        if not isinstance(words, list):
+            raise TxlError("word tokenizer description needs a 'words' list")
+        return WordTokenizer(words, lower=d.get("lower", False))
+    raise TxlError(f"unknown tokenizer kind {kind!r}; expected one of {', '.join(TOKENIZER_KINDS)}")
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
+    """Load a tokenizer saved with :meth:`Tokenizer.save`.
+
+    Raises :class:`TxlError` if the file is missing or unreadable, is not valid JSON, or does
+    not describe a tokenizer.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise TxlError(f"tokenizer file {p} not found; give the path of a saved vocabulary JSON")
+    try:
+        d = json.loads(p.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise TxlError(f"cannot read tokenizer file {p}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TxlError(f"tokenizer file {p} is not valid JSON ({e}); re-save the vocabulary") from None
+    try:
+        return tokenizer_from_dict(d)
+    except TxlError as e:
+        raise TxlError(f"tokenizer file {p}: {e}") from None

@@ -1,0 +1,162 @@
+"""Evaluation: bits per character / perplexity with memory, and the vanilla sliding-window protocol."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from txl.data import LMOrderedIterator
+from txl.errors import TxlError
+
+
+@dataclass
+class EvalResult:
+    """Result of an evaluation.
+
+    Attributes:
+        loss: mean negative log-likelihood in nats per token.
+        n_tokens: number of scored tokens.
+        unit: "bpc" (byte/char models: bits per token = loss / ln 2) or "ppl" (word models: exp(loss)).
+        settings: the attention span / protocol used, for reporting.
+    """
+
+    loss: float
+    n_tokens: int
+    unit: str
+    settings: dict
+
+    @property
+    def value(self) -> float:
+        """The headline number in :attr:`unit` (bits per character or perplexity)."""
+        return metric_value(self.loss, self.unit)
+
+    def __str__(self) -> str:
+        spans = ", ".join(f"{k}={v}" for k, v in self.settings.items())
+        return f"{self.unit} {self.value:.4f} (loss {self.loss:.4f} nats/token over {self.n_tokens} tokens; {spans})"
+
+
+def metric_unit(tokenizer_kind: str) -> str:
+    """"ppl" for word-level vocabularies, "bpc" otherwise."""
+    return "ppl" if tokenizer_kind == "word" else "bpc"
+
+
+def metric_value(loss: float, unit: str) -> float:
+    """Convert a loss in nats/token to bits per character (``unit="bpc"``) or perplexity (``"ppl"``)."""
+    return math.exp(min(loss, 50.0)) if unit == "ppl" else loss / math.log(2)
+
+
+def autocast(device: torch.device, dtype: str):
+    """Autocast context for "bfloat16"/"float16"; a no-op for "float32"."""
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
+
+
+@contextlib.contextmanager
+def attention_span(model, **span):
+    """Temporarily set tgt_len/mem_len/clamp_len/same_length (None keeps a value) and eval mode."""
+    saved = model.config
+    was_training = model.training
+    model.set_attention_span(**span)
+    model.eval()
+    try:
+        yield model.config
+    finally:
+        model.config = saved
+        model.train(was_training)
+
+
+@torch.no_grad()
+def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 8, tgt_len: int | None = None,
+             mem_len: int | None = None, clamp_len: int | None = None, same_length: bool | None = None,
+             warmup: bool = False, max_tokens: int = 0, dtype: str = "float32") -> EvalResult:
+    """Score a token stream segment by segment, carrying the memory (paper §3.2 evaluation).
+
+    Args:
+        model: a :class:`~txl.model.TransformerXLLM`.
+        tokens: 1-D token array (a whole split); scored in ``batch_size`` parallel streams.
+        unit: "bpc" or "ppl" (see :func:`metric_unit`).
+        tgt_len, mem_len, clamp_len, same_length: evaluation span (None: the model's own).
+        warmup: feed ``mem_len`` context tokens first so every scored token sees a full memory.
+        max_tokens: score only the first ``max_tokens`` targets (0: all).
+        dtype: "float32" or an autocast dtype.
+
+    Returns:
+        :class:`EvalResult` (loss in nats/token). Every target token is scored exactly once.
+
+    Raises:
+        TxlError: a split too short for one target (plus the warm-up context).
+    """
+    device = next(model.parameters()).device
+    if max_tokens:
+        warm = (model.config.mem_len if mem_len is None else mem_len) if warmup else 0
+        tokens = tokens[: max_tokens + 1 + warm]
+    with attention_span(model, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length) as cfg:
+        context = cfg.mem_len if warmup and cfg.attn_type == "rel" else 0
+        batches = LMOrderedIterator(tokens, batch_size, cfg.tgt_len, context=context, device=device)
+        total, count, mems = 0.0, 0, None
+        for x, y in batches:
+            with autocast(device, dtype):
+                out = model(x, mems=mems)
+            mems = out.mems
+            total += float(F.cross_entropy(out.logits.float().reshape(-1, out.logits.size(-1)), y.reshape(-1),
+                                           ignore_index=-100, reduction="sum"))
+            count += int((y != -100).sum())
+        settings = {"tgt_len": cfg.tgt_len, "mem_len": cfg.mem_len if cfg.attn_type == "rel" else 0,
+                    "clamp_len": cfg.clamp_len, "same_length": cfg.same_length, "warmup": warmup}
+    return EvalResult(loss=total / count, n_tokens=count, unit=unit, settings=settings)
+
+
+@torch.no_grad()
+def evaluate_sliding_window(model, tokens: np.ndarray, *, context: int, stride: int = 1, unit: str = "bpc",
+                            batch_size: int = 32, max_tokens: int = 0, dtype: str = "float32") -> EvalResult:
+    """The vanilla Transformer protocol: recompute a window of ``context`` tokens for every ``stride`` targets.
+
+    The first window scores all of its targets; each later window ends ``stride`` tokens further and
+    scores only its last ``stride`` targets, each predicted from up to ``context`` tokens. ``stride=1``
+    is the paper's one prediction per window (Table 9). No memory is used.
+
+    Args:
+        tokens: 1-D token array; ``context`` >= 1 and 1 <= ``stride`` <= ``context``.
+        max_tokens: score only the first ``max_tokens`` targets (0: all).
+
+    Returns:
+        :class:`EvalResult`; every target is scored exactly once.
+
+    Raises:
+        TxlError: bad context/stride or a split shorter than two tokens.
+    """
+    if context < 1 or not 1 <= stride <= context:
+        raise TxlError(f"sliding window needs context >= 1 and 1 <= stride <= context, got {context}, {stride}")
+    data = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
+    if max_tokens:
+        data = data[: max_tokens + 1]
+    if data.numel() < 2:
+        raise TxlError("the split has fewer than 2 tokens: nothing to score")
+    device = next(model.parameters()).device
+    n_targets = data.numel() - 1
+    first = min(context, n_targets)
+    ends = list(range(first + stride, n_targets + stride, stride))  # window end (exclusive, input index)
+    with attention_span(model, mem_len=0):
+        x0 = data[None, :first].to(device)
+        with autocast(device, dtype):
+            logits = model(x0).logits.float()
+        total = float(F.cross_entropy(logits[0], data[1:first + 1].to(device), reduction="sum"))
+        count, prev = first, first
+        for i in range(0, len(ends), batch_size):
+            chunk = [min(e, n_targets) for e in ends[i:i + batch_size]]
+            x = torch.stack([data[e - context:e] for e in chunk]).to(device)
+            with autocast(device, dtype):
+                logits = model(x).logits.float()
+            for row, e in enumerate(chunk):
+                k = e - prev  # new targets in this window: data[prev+1 .. e]
+                total += float(F.cross_entropy(logits[row, -k:], data[prev + 1:e + 1].to(device), reduction="sum"))
+                count += k
+                prev = e
+    return EvalResult(loss=total / count, n_tokens=count, unit=unit,
+                      settings={"protocol": "sliding-window", "context": context, "stride": stride})

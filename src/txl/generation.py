@@ -1,0 +1,107 @@
+"""Token-by-token sampling that reuses the Transformer-XL memory instead of recomputing the context."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from txl.errors import TxlError
+from txl.model.memory import Mems
+
+
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token per row from ``logits`` [B, V] (float). Returns int64 [B].
+
+    ``temperature == 0`` picks the arg-max (greedy). ``top_k`` keeps the k most likely tokens;
+    ``top_p`` keeps the smallest set whose probability reaches p (nucleus sampling, at least one token).
+
+    Raises:
+        TxlError: temperature < 0, top_k < 1 or top_p outside (0, 1].
+    """
+    if temperature < 0:
+        raise TxlError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise TxlError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise TxlError(f"top_p must be in (0, 1], got {top_p}")
+    logits = logits.float()
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
+        drop_sorted = before >= top_p  # the first token always stays (before == 0)
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def prime_memory(model, input_ids: torch.Tensor, mems: Mems | None = None) -> Mems | None:
+    """Feed ``input_ids`` [B, T] through the model in chunks of ``tgt_len`` and return the memory."""
+    for start in range(0, input_ids.size(1), model.config.tgt_len):
+        mems = model(input_ids[:, start:start + model.config.tgt_len], mems=mems).mems
+    return mems
+
+
+@torch.no_grad()
+def generate_stream(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                    top_k: int | None = None, top_p: float | None = None, mems: Mems | None = None,
+                    generator: torch.Generator | None = None) -> Iterator[torch.Tensor]:
+    """Yield ``max_new_tokens`` sampled tokens (int64 [B] each), one forward of one token per step.
+
+    For ``attn_type="rel"`` the prompt (all but its last token) is fed once in chunks of ``tgt_len`` to
+    build the memory; then each step feeds only the newest token with the memory (cost per token grows
+    with ``mem_len``, not with the length of the text). ``attn_type="abs"`` has no memory: each step
+    recomputes a sliding window of the last ``tgt_len`` tokens (the vanilla protocol).
+    The model is put in eval mode for the duration and restored afterwards.
+
+    Raises:
+        TxlError: an empty prompt, a non-2-D prompt or bad sampling settings.
+    """
+    if input_ids.dim() != 2 or input_ids.size(1) == 0:
+        raise TxlError(f"the prompt must be a non-empty [batch, length] tensor, got shape {tuple(input_ids.shape)}")
+    if max_new_tokens < 0:
+        raise TxlError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    was_training = model.training
+    model.eval()
+    try:
+        if model.config.attn_type == "abs":
+            seq = input_ids
+            for _ in range(max_new_tokens):
+                logits = model(seq[:, -model.config.tgt_len:]).logits[:, -1]
+                token = sample_next(logits, temperature, top_k, top_p, generator)
+                seq = torch.cat([seq, token[:, None]], dim=1)
+                yield token
+            return
+        mems = prime_memory(model, input_ids[:, :-1], mems)
+        last = input_ids[:, -1:]
+        for _ in range(max_new_tokens):
+            out = model(last, mems=mems)
+            mems = out.mems
+            token = sample_next(out.logits[:, -1], temperature, top_k, top_p, generator)
+            last = token[:, None]
+            yield token
+    finally:
+        model.train(was_training)
+
+
+def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None, mems: Mems | None = None,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+    """Sample continuations of ``input_ids`` (int64 [B, T]); returns int64 [B, T + max_new_tokens].
+
+    Memory-cached sampling as in :func:`generate_stream`; ``generator`` makes it reproducible.
+    """
+    tokens = list(generate_stream(model, input_ids, max_new_tokens, temperature, top_k, top_p, mems, generator))
+    if not tokens:
+        return input_ids
+    return torch.cat([input_ids, torch.stack(tokens, dim=1)], dim=1)

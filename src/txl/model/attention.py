@@ -1,0 +1,142 @@
+"""Multi-head attention for Transformer-XL: relative (paper §3.3) and absolute (vanilla baseline).
+
+Shapes use B = batch, T = query length (current segment), M = memory length, K = M + T keys,
+H = heads, D = d_head. Everything is batch-first.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal encoding of (relative or absolute) positions (Vaswani et al. 2017; paper §3.3 R).
+
+    Args:
+        positions: float tensor [N] of positions/distances.
+        dim: even encoding width.
+
+    Returns:
+        float tensor [N, dim]: ``[sin(p * f_0..f_{dim/2-1}), cos(p * f_0..)]`` with
+        ``f_k = 10000^(-2k/dim)`` (sine half first, as in the reference implementation).
+    """
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim))
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+def relative_positions(klen: int, clamp_len: int, device: torch.device | str) -> torch.Tensor:
+    """Distances ``klen-1, ..., 1, 0`` (float [klen]) as used for R, clamped at ``clamp_len`` if > 0."""
+    pos = torch.arange(klen - 1, -1, -1.0, device=device)
+    if clamp_len > 0:
+        pos = pos.clamp(max=clamp_len)
+    return pos
+
+
+def rel_shift(x: torch.Tensor) -> torch.Tensor:
+    """Realign position scores from "key slot m holds distance K-1-m" to "entry (i, j) holds distance M+i-j".
+
+    Args:
+        x: [..., T, K] scores of each query against R for distances K-1 ... 0.
+
+    Returns:
+        [..., T, K] with ``out[..., i, j] = x[..., i, j + T - 1 - i]`` for every causal entry
+        ``j <= M + i`` (M = K - T). Entries for future keys hold unrelated finite values and must be
+        masked by the caller. Done with one zero-column pad and views (no gather).
+    """
+    *lead, qlen, klen = x.shape
+    padded = F.pad(x, (1, 0))  # [..., T, K+1], a zero column on the left
+    padded = padded.view(*lead, klen + 1, qlen)
+    return padded[..., 1:, :].reshape(*lead, qlen, klen)
+
+
+def attention_mask(qlen: int, mlen: int, same_length: bool, mem_len: int, device: torch.device | str) -> torch.Tensor:
+    """Boolean mask [T, K] over keys [memory + current]; True marks a key the query must not see.
+
+    Query i sits at key index ``mlen + i`` and sees keys ``j <= mlen + i`` (causal). With
+    ``same_length`` and ``mem_len > 0`` it sees only the last ``mem_len`` keys up to and including
+    itself (``j > mlen + i - mem_len``), so every query with enough history sees exactly ``mem_len``
+    keys. The diagonal is never masked, so no row is fully masked.
+    """
+    klen = mlen + qlen
+    ones = torch.ones(qlen, klen, dtype=torch.bool, device=device)
+    mask = torch.triu(ones, diagonal=1 + mlen)
+    if same_length and mem_len > 0:
+        mask = mask | torch.tril(ones, diagonal=mlen - mem_len)
+    return mask
+
+
+class MultiHeadAttention(nn.Module):
+    """Masked multi-head attention over [memory + current] with relative or absolute positions.
+
+    ``attn_type="rel"`` scores query i against key j as (paper §3.3)
+    ``A = (q_i + u)·k_j + (q_i + v)·W_kR R_{i-j}`` scaled by ``1/sqrt(d_head)``, where
+    u = ``r_w_bias``, v = ``r_r_bias`` [H, D]; terms (a)+(c) and (b)+(d) respectively.
+    ``attn_type="abs"`` scores ``q_i·k_j / sqrt(d_head)`` (positions were added to the input).
+
+    Parameters: ``qkv_net`` (W_q, W_kE, W_v stacked, no bias), ``o_net`` (no bias), ``layer_norm``,
+    and for "rel" ``r_net`` (W_kR, no bias) and, with ``untie_r``, this layer's own
+    ``r_w_bias``/``r_r_bias``.
+    """
+
+    def __init__(self, d_model: int, n_head: int, d_head: int, dropout: float, dropatt: float,
+                 pre_lnorm: bool, attn_type: str, own_biases: bool) -> None:
+        super().__init__()
+        self.n_head, self.d_head, self.attn_type, self.pre_lnorm = n_head, d_head, attn_type, pre_lnorm
+        self.scale = 1.0 / math.sqrt(d_head)
+        self.qkv_net = nn.Linear(d_model, 3 * n_head * d_head, bias=False)
+        self.o_net = nn.Linear(n_head * d_head, d_model, bias=False)
+        self.layer_norm = nn.LayerNorm(d_model)
+        self.drop = nn.Dropout(dropout)
+        self.dropatt = nn.Dropout(dropatt)
+        if attn_type == "rel":
+            self.r_net = nn.Linear(d_model, n_head * d_head, bias=False)
+            if own_biases:
+                self.r_w_bias = nn.Parameter(torch.empty(n_head, d_head))
+                self.r_r_bias = nn.Parameter(torch.empty(n_head, d_head))
+
+    def forward(self, h: torch.Tensor, mem: torch.Tensor | None, pos_emb: torch.Tensor | None,
+                mask: torch.Tensor, r_w_bias: torch.Tensor | None = None,
+                r_r_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """Attend from the current segment to [memory + current segment].
+
+        Args:
+            h: [B, T, d_model] input of this layer for the current segment.
+            mem: [B, M, d_model] memory of this layer (detached states of earlier segments) or None.
+            pos_emb: [K, d_model] sinusoidal R for distances K-1 ... 0 ("rel" only).
+            mask: bool [T, K], True = not visible (see :func:`attention_mask`).
+            r_w_bias, r_r_bias: shared u, v [H, D] when this layer has no biases of its own.
+
+        Returns:
+            [B, T, d_model]: the sub-layer output after residual (and LayerNorm unless ``pre_lnorm``).
+        """
+        bsz, qlen, _ = h.shape
+        cat = h if mem is None or mem.size(1) == 0 else torch.cat([mem, h], dim=1)  # [B, K, d]
+        klen = cat.size(1)
+        x = self.layer_norm(cat) if self.pre_lnorm else cat
+        hd = self.n_head * self.d_head
+        w = self.qkv_net.weight  # [3*H*D, d]: rows W_q, W_kE, W_v
+        q = F.linear(x[:, klen - qlen:], w[:hd])  # queries only for the current segment
+        k, v = F.linear(x, w[hd:]).split(hd, dim=-1)
+        q = q.view(bsz, qlen, self.n_head, self.d_head).transpose(1, 2)  # [B, H, T, D]
+        k = k.view(bsz, klen, self.n_head, self.d_head).transpose(1, 2)  # [B, H, K, D]
+        v = v.view(bsz, klen, self.n_head, self.d_head).transpose(1, 2)  # [B, H, K, D]
+
+        if self.attn_type == "rel":
+            u = self.r_w_bias if hasattr(self, "r_w_bias") else r_w_bias
+            vb = self.r_r_bias if hasattr(self, "r_r_bias") else r_r_bias
+            r_k = self.r_net(pos_emb).view(klen, self.n_head, self.d_head).permute(1, 2, 0)  # [H, D, K]
+            ac = torch.matmul(q + u[:, None, :], k.transpose(-1, -2))  # (a) + (c): [B, H, T, K]
+            bd = rel_shift(torch.matmul(q + vb[:, None, :], r_k))  # (b) + (d): [B, H, T, K]
+            score = (ac + bd) * self.scale
+        else:
+            score = torch.matmul(q, k.transpose(-1, -2)) * self.scale
+        score = score.masked_fill(mask, torch.finfo(score.dtype).min)
+        prob = self.dropatt(torch.softmax(score, dim=-1))
+        vec = torch.matmul(prob, v).transpose(1, 2).reshape(bsz, qlen, hd)  # [B, T, H*D]
+        out = self.drop(self.o_net(vec))
+        return h + out if self.pre_lnorm else self.layer_norm(h + out)

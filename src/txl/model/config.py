@@ -1,0 +1,156 @@
+"""Model configuration: :class:`TransformerXLConfig` (names follow the paper and the reference code)."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from txl.errors import TxlError
+
+ATTN_TYPES = ("rel", "abs")
+
+
+def check_fields(cls: type, values: dict[str, Any], where: str) -> dict[str, Any]:
+    """Check that ``values`` only names fields of dataclass ``cls`` and that each has the right type.
+
+    Ints are accepted for float fields (converted); bools are not accepted for int fields.
+    Lists are accepted for list/tuple fields.
+
+    Raises:
+        TxlError: an unknown key (with the list of known ones) or a value of the wrong type.
+    """
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise TxlError(f"unknown key(s) {', '.join(unknown)} in {where}; known keys: {', '.join(known)}")
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        out[key] = _coerce(hints[key], value, f"{where}.{key}")
+    return out
+
+
+def _coerce(hint: Any, value: Any, name: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is typing.Union or str(origin) == "types.UnionType":
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, name)
+            except TxlError as err:
+                errors.append(str(err))
+        raise TxlError(errors[0] if errors else f"{name} may not be null")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise TxlError(f"{name} must be a list, got {type(value).__name__} {value!r}")
+        inner = args[0] if args else Any
+        items = [_coerce(inner, v, f"{name}[{i}]") if inner is not Any else v for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if hint is Any:
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise TxlError(f"{name} must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TxlError(f"{name} must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TxlError(f"{name} must be a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise TxlError(f"{name} must be a string, got {value!r}")
+        return value
+    return value
+
+
+@dataclass
+class TransformerXLConfig:
+    """Hyper-parameters of a Transformer-XL language model (Dai et al. 2019, §3 and appendix B).
+
+    Attributes:
+        vocab_size: number of token ids (inputs must lie in ``[0, vocab_size)``).
+        n_layer: number of decoder layers.
+        d_model: width of the residual stream (must be even: sinusoidal positions use sin and cos halves).
+        n_head: attention heads per layer.
+        d_head: width of each head (``n_head * d_head`` need not equal ``d_model``).
+        d_inner: hidden width of the position-wise feed-forward net.
+        dropout: dropout on embeddings, positional encodings, sub-layer outputs and the final output.
+        dropatt: dropout on attention probabilities.
+        tgt_len: number of tokens predicted per segment (the training segment length).
+        mem_len: number of past hidden states kept per layer as memory (0: no memory).
+        clamp_len: relative distances above this use the encoding of ``clamp_len`` (<= 0: no clamping).
+        same_length: every query attends to the same number of keys, the last ``mem_len`` keys up to
+            and including itself. With ``mem_len == 0`` it has no effect (plain causal attention).
+        pre_lnorm: LayerNorm before each sub-layer instead of after the residual (post-LN default).
+        untie_r: one pair of biases u, v (``r_w_bias``, ``r_r_bias``) per layer instead of one shared.
+        tie_weight: share the input embedding matrix with the output softmax weights.
+        attn_type: ``"rel"`` (Transformer-XL relative attention, §3.3) or ``"abs"`` (the vanilla
+            Transformer baseline: absolute sinusoidal positions added to the input, no memory).
+        init_std: standard deviation of the normal initialisation of weights and of u, v.
+
+    Raises:
+        TxlError: from :meth:`validate` for impossible values.
+    """
+
+    vocab_size: int = 256
+    n_layer: int = 6
+    d_model: int = 256
+    n_head: int = 8
+    d_head: int = 32
+    d_inner: int = 1024
+    dropout: float = 0.1
+    dropatt: float = 0.0
+    tgt_len: int = 128
+    mem_len: int = 128
+    clamp_len: int = 0
+    same_length: bool = False
+    pre_lnorm: bool = False
+    untie_r: bool = False
+    tie_weight: bool = True
+    attn_type: str = "rel"
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise :class:`TxlError` naming the first impossible value."""
+        check_fields(type(self), dataclasses.asdict(self), "model")
+        positive = ("vocab_size", "n_layer", "d_model", "n_head", "d_head", "d_inner", "tgt_len")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise TxlError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_model % 2:
+            raise TxlError(f"model.d_model must be even (sinusoidal positions), got {self.d_model}")
+        if self.mem_len < 0:
+            raise TxlError(f"model.mem_len must be >= 0, got {self.mem_len}")
+        for name in ("dropout", "dropatt"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise TxlError(f"model.{name} must be in [0, 1), got {value}")
+        if self.attn_type not in ATTN_TYPES:
+            raise TxlError(f"model.attn_type must be one of {', '.join(ATTN_TYPES)}, got {self.attn_type!r}")
+        if not self.init_std > 0:
+            raise TxlError(f"model.init_std must be > 0, got {self.init_std}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TransformerXLConfig":
+        """Build from a plain dict (e.g. JSON); unknown keys and wrong types raise :class:`TxlError`."""
+        if not isinstance(values, dict):
+            raise TxlError(f"model config must be a table/object, got {type(values).__name__}")
+        return cls(**check_fields(cls, values, "model"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict of all fields."""
+        return dataclasses.asdict(self)

@@ -1,0 +1,61 @@
+"""Segment-level recurrence: checking and updating the per-layer memory (paper §3.2).
+
+The memory of layer n is the *input* to layer n (layer 0: the embedding output) for the most recent
+positions, detached from the graph. It is passed in and returned explicitly; no module keeps it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from txl.errors import TxlError
+
+Mems = list[torch.Tensor]
+
+
+def check_mems(mems: Mems | None, n_layer: int, batch_size: int, d_model: int) -> int:
+    """Validate a memory against the input and return its length M (0 for None).
+
+    Args:
+        mems: ``n_layer`` tensors, each [B, M, d_model] with the same M, or None.
+
+    Raises:
+        TxlError: wrong number of layers, rank, batch size, width or unequal lengths.
+    """
+    if mems is None:
+        return 0
+    if not isinstance(mems, (list, tuple)) or len(mems) != n_layer:
+        got = len(mems) if isinstance(mems, (list, tuple)) else type(mems).__name__
+        raise TxlError(f"mems must be a list of {n_layer} tensors (one per layer), got {got}")
+    mlen = mems[0].size(1) if mems[0].dim() == 3 else -1
+    for i, m in enumerate(mems):
+        if m.dim() != 3:
+            raise TxlError(f"mems[{i}] must be [batch, mem_len, d_model], got shape {tuple(m.shape)}")
+        if m.size(0) != batch_size:
+            raise TxlError(f"mems batch size {m.size(0)} does not match input batch size {batch_size}; "
+                           "start a new memory (mems=None) when the batch size changes")
+        if m.size(2) != d_model:
+            raise TxlError(f"mems width {m.size(2)} does not match d_model {d_model}")
+        if m.size(1) != mlen:
+            raise TxlError(f"mems[{i}] has length {m.size(1)} but mems[0] has {mlen}")
+    return mlen
+
+
+@torch.no_grad()
+def update_mems(mems: Mems | None, hids: Mems, mem_len: int) -> Mems:
+    """New memory: the last ``mem_len`` states of concat(old memory, current layer inputs), detached.
+
+    Args:
+        mems: old memory, ``n_layer`` tensors [B, M, d] or None.
+        hids: inputs of each layer for the current segment, ``n_layer`` tensors [B, T, d].
+        mem_len: memory length to keep (0 gives empty [B, 0, d] tensors).
+
+    Returns:
+        ``n_layer`` detached, contiguous tensors [B, min(M + T, mem_len), d].
+    """
+    new = []
+    for i, h in enumerate(hids):
+        cat = h if mems is None else torch.cat([mems[i], h], dim=1)
+        start = max(0, cat.size(1) - mem_len)
+        new.append(cat[:, start:].detach().contiguous())
+    return new

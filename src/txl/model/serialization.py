@@ -1,0 +1,81 @@
+"""Saving and loading models: safetensors weights + JSON config. Nothing is ever unpickled."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from txl.errors import TxlError
+from txl.fileio import atomic_write, write_json
+from txl.model.config import TransformerXLConfig
+
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+VOCAB_NAME = "vocab.json"
+
+
+def save_model(model: torch.nn.Module, directory: str | Path, tokenizer: Any = None) -> None:
+    """Write ``model.safetensors``, ``config.json`` and, with a tokenizer, ``vocab.json`` into ``directory``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    write_json(directory / CONFIG_NAME, model.config.to_dict())
+    if tokenizer is not None:
+        tokenizer.save(directory / VOCAB_NAME)
+
+
+def read_model_config(directory: str | Path) -> TransformerXLConfig:
+    """Read ``config.json`` of a saved model.
+
+    Raises:
+        TxlError: missing directory or file, invalid JSON, unknown keys or bad values.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise TxlError(f"checkpoint directory {directory} does not exist")
+    path = directory / CONFIG_NAME
+    if not path.is_file():
+        raise TxlError(f"{directory} has no {CONFIG_NAME}: not a txl checkpoint (expected {CONFIG_NAME} and {WEIGHTS_NAME})")
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise TxlError(f"{path} is not valid JSON ({err})") from None
+    return TransformerXLConfig.from_dict(values)
+
+
+def load_model(directory: str | Path, map_location: str | torch.device = "cpu"):
+    """Build a :class:`~txl.model.TransformerXLLM` from ``directory`` and load its weights strictly.
+
+    Raises:
+        TxlError: missing/corrupt weights, missing or unexpected tensors, or shapes that differ from
+            what the config describes.
+    """
+    from txl.model.transformer import TransformerXLLM
+
+    directory = Path(directory)
+    config = read_model_config(directory)
+    path = directory / WEIGHTS_NAME
+    if not path.is_file():
+        raise TxlError(f"{directory} has no {WEIGHTS_NAME}")
+    try:
+        tensors = load_file(str(path), device=str(map_location))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise TxlError(f"cannot read weights {path}: {err}") from None
+    model = TransformerXLLM(config)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise TxlError(f"weights in {path} do not match {CONFIG_NAME}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for key, value in tensors.items():
+        if value.shape != expected[key].shape:
+            raise TxlError(f"weights in {path} do not match {CONFIG_NAME}: {key} has shape {tuple(value.shape)}, "
+                           f"config implies {tuple(expected[key].shape)}")
+    model.load_state_dict(tensors)
+    return model.to(map_location)

@@ -1,0 +1,218 @@
+"""The Transformer-XL language model (Dai et al. 2019) and its vanilla-Transformer baseline."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from txl.model.attention import MultiHeadAttention, attention_mask, relative_positions, sinusoid
+from txl.model.config import TransformerXLConfig
+from txl.model.memory import Mems, check_mems, update_mems
+from txl.errors import TxlError
+
+
+@dataclass
+class LMOutput:
+    """What :meth:`TransformerXLLM.forward` returns.
+
+    Attributes:
+        logits: float [B, T, vocab_size], unnormalised next-token scores.
+        loss: float scalar, mean negative log-likelihood in nats over labels != -100 (None without labels).
+        mems: new memory, ``n_layer`` detached tensors [B, <= mem_len, d_model]; None for ``attn_type="abs"``.
+    """
+
+    logits: torch.Tensor
+    loss: torch.Tensor | None
+    mems: Mems | None
+
+
+class PositionwiseFF(nn.Module):
+    """Position-wise feed-forward sub-layer: Linear-ReLU-Dropout-Linear-Dropout with residual and LayerNorm."""
+
+    def __init__(self, d_model: int, d_inner: int, dropout: float, pre_lnorm: bool) -> None:
+        super().__init__()
+        self.pre_lnorm = pre_lnorm
+        self.net = nn.Sequential(nn.Linear(d_model, d_inner), nn.ReLU(inplace=True), nn.Dropout(dropout),
+                                 nn.Linear(d_inner, d_model), nn.Dropout(dropout))
+        self.layer_norm = nn.LayerNorm(d_model)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """[B, T, d_model] -> [B, T, d_model]."""
+        if self.pre_lnorm:
+            return h + self.net(self.layer_norm(h))
+        return self.layer_norm(h + self.net(h))
+
+
+class DecoderLayer(nn.Module):
+    """One Transformer-XL layer: attention over [memory + segment], then the feed-forward net."""
+
+    def __init__(self, config: TransformerXLConfig) -> None:
+        super().__init__()
+        c = config
+        self.attn = MultiHeadAttention(c.d_model, c.n_head, c.d_head, c.dropout, c.dropatt, c.pre_lnorm,
+                                       c.attn_type, own_biases=c.untie_r)
+        self.ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm)
+
+    def forward(self, h: torch.Tensor, mem: torch.Tensor | None, pos_emb: torch.Tensor | None,
+                mask: torch.Tensor, r_w_bias: torch.Tensor | None, r_r_bias: torch.Tensor | None) -> torch.Tensor:
+        """[B, T, d_model] -> [B, T, d_model]; see :meth:`MultiHeadAttention.forward` for the arguments."""
+        return self.ff(self.attn(h, mem, pos_emb, mask, r_w_bias, r_r_bias))
+
+
+class TransformerXLLM(nn.Module):
+    """Transformer-XL language model with segment-level recurrence and relative attention.
+
+    ``attn_type="rel"``: the paper's model (§3.2 recurrence, §3.3 relative positions).
+    ``attn_type="abs"``: the vanilla Transformer baseline (absolute sinusoidal positions added to the
+    scaled embedding, causal attention within the segment, no memory).
+
+    Parameters: ``word_emb`` [V, d_model] (output is scaled by sqrt(d_model)), shared ``r_w_bias`` and
+    ``r_r_bias`` [n_head, d_head] (unless ``untie_r``), ``layers``, ``out_bias`` [V] and, without
+    ``tie_weight``, ``out_weight`` [V, d_model]. All are initialised here.
+    """
+
+    def __init__(self, config: TransformerXLConfig) -> None:
+        super().__init__()
+        config.validate()
+        self.config = config
+        c = config
+        self.word_emb = nn.Embedding(c.vocab_size, c.d_model)
+        self.emb_scale = math.sqrt(c.d_model)
+        self.drop = nn.Dropout(c.dropout)
+        if c.attn_type == "rel" and not c.untie_r:
+            self.r_w_bias = nn.Parameter(torch.empty(c.n_head, c.d_head))
+            self.r_r_bias = nn.Parameter(torch.empty(c.n_head, c.d_head))
+        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_layer))
+        if not c.tie_weight:
+            self.out_weight = nn.Parameter(torch.empty(c.vocab_size, c.d_model))
+        self.out_bias = nn.Parameter(torch.zeros(c.vocab_size))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Normal(0, init_std) for weights, embeddings and u/v; zeros for biases; ones for LayerNorm gains."""
+        std = self.config.init_std
+        for name, p in self.named_parameters():
+            if name.endswith("layer_norm.weight"):
+                nn.init.ones_(p)
+            elif name.endswith(".bias") or name == "out_bias":
+                nn.init.zeros_(p)
+            else:  # weights, embeddings, r_w_bias, r_r_bias, out_weight
+                nn.init.normal_(p, 0.0, std)
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """[V, d_model] softmax weight (the embedding matrix when ``tie_weight``)."""
+        return self.word_emb.weight if self.config.tie_weight else self.out_weight
+
+    def set_attention_span(self, *, tgt_len: int | None = None, mem_len: int | None = None,
+                           clamp_len: int | None = None, same_length: bool | None = None) -> None:
+        """Change settings that do not touch weights (e.g. a longer memory for evaluation).
+
+        Raises:
+            TxlError: for impossible values (see :class:`TransformerXLConfig`).
+        """
+        values = self.config.to_dict()
+        for key, value in (("tgt_len", tgt_len), ("mem_len", mem_len), ("clamp_len", clamp_len),
+                           ("same_length", same_length)):
+            if value is not None:
+                values[key] = value
+        self.config = TransformerXLConfig.from_dict(values)
+
+    def forward(self, input_ids: torch.Tensor, mems: Mems | None = None,
+                labels: torch.Tensor | None = None) -> LMOutput:
+        """Score one segment given the memory of the previous ones.
+
+        Args:
+            input_ids: int64 [B, T] token ids in ``[0, vocab_size)``.
+            mems: memory from the previous segment's output (``n_layer`` tensors [B, M, d_model]) or
+                None to start fresh. Must be None for ``attn_type="abs"``.
+            labels: int64 [B, T] next tokens already aligned with ``input_ids`` (no shift is done
+                here); positions equal to -100 are ignored.
+
+        Returns:
+            :class:`LMOutput` with logits [B, T, V], the mean NLL (nats) and the new memory.
+
+        Raises:
+            TxlError: bad input rank/dtype, ids outside the vocabulary, a memory that does not match
+                the input, or labels of a different shape.
+        """
+        c = self.config
+        if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
+            raise TxlError(f"input_ids must be an integer tensor [batch, seq_len], got {input_ids.dtype} "
+                           f"{tuple(input_ids.shape)}")
+        bsz, qlen = input_ids.shape
+        if qlen == 0:
+            raise TxlError("input_ids is empty: a segment needs at least one token")
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= c.vocab_size:
+            raise TxlError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {c.vocab_size})")
+        if c.attn_type == "abs" and mems is not None:
+            raise TxlError("attn_type='abs' (vanilla Transformer) has no memory: pass mems=None")
+        mlen = check_mems(mems, c.n_layer, bsz, c.d_model)
+        klen = mlen + qlen
+
+        emb = self.word_emb(input_ids) * self.emb_scale  # [B, T, d]
+        if c.attn_type == "rel":
+            pos_emb = self.drop(sinusoid(relative_positions(klen, c.clamp_len, emb.device), c.d_model).to(emb.dtype))
+            h = self.drop(emb)
+            mask = attention_mask(qlen, mlen, c.same_length, c.mem_len, emb.device)
+        else:
+            pos_emb = None
+            h = self.drop(emb + sinusoid(torch.arange(qlen, device=emb.device), c.d_model).to(emb.dtype))
+            mask = attention_mask(qlen, 0, False, 0, emb.device)
+
+        r_w_bias = getattr(self, "r_w_bias", None)
+        r_r_bias = getattr(self, "r_r_bias", None)
+        hids = []
+        for i, layer in enumerate(self.layers):
+            hids.append(h)
+            h = layer(h, None if mems is None else mems[i], pos_emb, mask, r_w_bias, r_r_bias)
+        h = self.drop(h)
+
+        new_mems = update_mems(mems, hids, c.mem_len) if c.attn_type == "rel" else None
+        logits = F.linear(h, self.output_weight, self.out_bias)  # [B, T, V]
+        loss = None
+        if labels is not None:
+            if labels.shape != input_ids.shape:
+                raise TxlError(f"labels shape {tuple(labels.shape)} differs from input_ids {tuple(input_ids.shape)}")
+            loss = F.cross_entropy(logits.reshape(-1, c.vocab_size).float(), labels.reshape(-1), ignore_index=-100)
+        return LMOutput(logits=logits, loss=loss, mems=new_mems)
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, mems: Mems | None = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """Sample continuations token by token, feeding only the new token and reusing the memory.
+
+        See :func:`txl.generation.generate`. Returns int64 [B, T + max_new_tokens] (prompt included).
+        """
+        from txl.generation import generate
+
+        return generate(self, input_ids, max_new_tokens, temperature=temperature, top_k=top_k,
+                        top_p=top_p, mems=mems, generator=generator)
+
+    def save_pretrained(self, directory: str | Path, tokenizer: Any = None) -> None:
+        """Write ``model.safetensors`` and ``config.json`` (and ``vocab.json`` if a tokenizer is given).
+
+        Each file is written atomically (temporary file, then rename).
+        """
+        from txl.model.serialization import save_model
+
+        save_model(self, directory, tokenizer)
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, map_location: str | torch.device = "cpu") -> "TransformerXLLM":
+        """Load a model written by :meth:`save_pretrained` (safetensors + JSON only, nothing unpickled).
+
+        Raises:
+            TxlError: missing directory/config/weights, invalid JSON, or weights that do not match the config.
+        """
+        from txl.model.serialization import load_model
+
+        return load_model(directory, map_location)

@@ -1,0 +1,1 @@
+"""Training: schedules, checkpoints and the segment-recurrent training loop."""

@@ -1,0 +1,269 @@
+"""The segment-recurrent training loop (paper §3.2): memory carried across segments, detached."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from txl.config import RunConfig
+from txl.data import CorpusSplits, LMOrderedIterator, load_corpus
+from txl.data.iterators import sample_segment_length
+from txl.errors import TxlError
+from txl.evaluation import EvalResult, autocast, evaluate, metric_unit, metric_value
+from txl.fileio import write_json
+from txl.model import TransformerXLLM
+from txl.training.checkpoint import RUN_NAME, load_checkpoint, save_checkpoint
+from txl.training.schedules import learning_rate, segment_span
+
+METRIC_FIELDS = ["step", "tokens", "elapsed_s", "lr", "tgt_len", "mem_len", "train_loss", "train_metric",
+                 "tokens_per_s", "val_loss", "val_metric"]
+
+
+@dataclass
+class TrainResult:
+    """Outcome of :func:`train`.
+
+    Attributes:
+        run_dir: the run directory; ``best_dir``: the best checkpoint in it.
+        final: evaluation of the best checkpoint with the ``[eval]`` settings (memory included).
+        steps, tokens: optimizer steps taken and target tokens trained on.
+        wall_s: wall-clock seconds of the training loop; tokens_per_s: tokens / wall_s (evaluation included).
+        sample: text sampled from the best checkpoint ("" when ``sample_tokens`` is 0).
+    """
+
+    run_dir: Path
+    best_dir: Path
+    final: EvalResult
+    steps: int
+    tokens: int
+    wall_s: float
+    tokens_per_s: float
+    sample: str
+
+
+def resolve_device(name: str) -> torch.device:
+    """"auto" → cuda when available, else cpu; otherwise the named device.
+
+    Raises:
+        TxlError: an unknown device name or an unavailable CUDA device.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise TxlError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise TxlError(f"device {name!r} requested but CUDA is not available; use device=cpu")
+    return device
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def load_run_corpus(run: RunConfig, tokenizer=None) -> CorpusSplits:
+    """Load the corpus described by ``run.data`` (with a given tokenizer, e.g. a checkpoint's)."""
+    d = run.data
+    return load_corpus(d.path, d.tokenizer, train=d.train, valid=d.valid, test=d.test, split=d.split,
+                       pattern=d.pattern, min_freq=d.min_freq, max_size=d.max_size, lower=d.lower,
+                       cache_dir=d.cache_dir or default_cache_dir(), tokenizer_obj=tokenizer)
+
+
+def default_cache_dir() -> str:
+    """``$XDG_CACHE_HOME/txl`` or ``~/.cache/txl``: where encoded corpora are cached."""
+    import os
+
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "txl")
+
+
+def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on biases, LayerNorm gains, u/v or embeddings)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (decay if p.dim() >= 2 and "emb" not in name else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr)
+
+
+def _check_length(corpus: CorpusSplits, run: RunConfig, max_tgt: int) -> None:
+    n, b = len(corpus.train), run.train.batch_size
+    if n < b * max_tgt + 1:
+        raise TxlError(f"the train split has {n} tokens, fewer than batch_size × tgt_len + 1 = {b * max_tgt + 1} "
+                       "needed for one segment per stream; use a longer corpus or lower train.batch_size/model.tgt_len")
+
+
+def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] | None = None) -> TrainResult:
+    """Train a Transformer-XL language model as described by ``run`` and report validation with memory.
+
+    Writes into ``run.train.out_dir``: ``run.json`` (resolved config), ``metrics.csv`` (one row per
+    ``log_interval`` steps and per validation), ``best/`` and ``last/`` checkpoints. On Ctrl-C the
+    ``last/`` checkpoint is written before :class:`KeyboardInterrupt` propagates.
+
+    Raises:
+        TxlError: bad config or data, or an ``out_dir`` that already holds a run.
+    """
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    run.validate()
+    t = run.train
+    seed_everything(t.seed)
+    device = resolve_device(t.device)
+    out_dir = Path(t.out_dir)
+    if (out_dir / RUN_NAME).exists():
+        raise TxlError(f"{out_dir} already holds a run; choose another train.out_dir (--out) or remove it")
+
+    corpus = load_run_corpus(run)
+    unit = metric_unit(corpus.tokenizer.kind)
+    run = dataclasses.replace(run, model=dataclasses.replace(run.model, vocab_size=corpus.vocab_size))
+    spans = [segment_span(s, t.tgt_len_schedule, run.model.tgt_len, run.model.mem_len) for s in
+             [0] + [e[0] for e in t.tgt_len_schedule]]
+    _check_length(corpus, run, max(s[0] for s in spans))
+    log(f"data: {corpus.source}; {corpus.tokenizer.kind} vocabulary of {corpus.vocab_size}; "
+        f"train/valid/test tokens {len(corpus.train)}/{len(corpus.valid)}/{len(corpus.test)}")
+
+    model = TransformerXLLM(run.model).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"model: {n_params / 1e6:.2f}M parameters, {run.model.n_layer} layers, d_model {run.model.d_model}, "
+        f"attn_type {run.model.attn_type}; device {device}, dtype {t.dtype}")
+    optimizer = make_optimizer(model, t.lr, t.weight_decay)
+    batches = LMOrderedIterator(corpus.train, t.batch_size, run.model.tgt_len, device=device)
+    generator = torch.Generator().manual_seed(t.seed)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(out_dir / RUN_NAME, run.to_dict())
+    metrics_file = open(out_dir / "metrics.csv", "w", newline="", encoding="utf-8")
+    writer = csv.DictWriter(metrics_file, fieldnames=METRIC_FIELDS)
+    writer.writeheader()
+
+    state: dict[str, Any] = {"step": 0, "tokens": 0, "best_val_loss": None, "unit": unit}
+    pos, mems, best = 0, None, float("inf")
+    total_tokens = torch.zeros((), dtype=torch.int64, device=device)  # on the device: no host sync per step
+    window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
+    start = time.perf_counter()
+    bar = tqdm(total=t.max_steps, disable=not progress, dynamic_ncols=True, file=sys.stderr)
+    step = 0
+
+    def validate_and_save() -> float:
+        nonlocal best
+        res = evaluate(model, corpus.valid, unit=unit, batch_size=run.eval.batch_size, max_tokens=t.eval_max_tokens,
+                       dtype=t.dtype)
+        model.train()
+        state.update(step=step, tokens=int(total_tokens), val_loss=res.loss, val_metric=res.value, elapsed_s=time.perf_counter() - start)
+        if res.loss < best:
+            best = res.loss
+            state["best_val_loss"] = best
+            save_checkpoint(out_dir / "best", model, corpus.tokenizer, _resolved(run, model), dict(state))
+        save_checkpoint(out_dir / "last", model, corpus.tokenizer, _resolved(run, model), dict(state))
+        return res.loss
+
+    model.train()
+    try:
+        for step in range(1, t.max_steps + 1):
+            tgt_len, mem_len = segment_span(step - 1, t.tgt_len_schedule, run.model.tgt_len, run.model.mem_len)
+            model.set_attention_span(tgt_len=tgt_len, mem_len=mem_len)
+            if pos >= batches.stream_len:  # a new pass over the data: fresh memory
+                pos, mems = 0, None
+            seq_len = sample_segment_length(tgt_len, generator) if t.varlen else tgt_len
+            x, y = batches.segment(pos, seq_len)
+            pos += x.size(1)
+            lr = learning_rate(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps, max_steps=t.max_steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            with autocast(device, t.dtype):
+                out = model(x, mems=mems, labels=y)
+            out.loss.backward()
+            if t.clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            mems = out.mems
+            n_tok = (y != -100).sum()
+            total_tokens += n_tok
+            window_loss = window_loss + out.loss.detach() * n_tok
+            bar.update(1)
+            row = None
+            if step % t.log_interval == 0 or step == t.max_steps:
+                now = time.perf_counter()
+                state["tokens"] = int(total_tokens)
+                count = state["tokens"] - window_tokens
+                train_loss = float(window_loss) / max(1, count)
+                speed = count / max(1e-9, now - window_start)
+                row = {"step": step, "tokens": state["tokens"], "elapsed_s": round(now - start, 3), "lr": lr,
+                       "tgt_len": tgt_len, "mem_len": mem_len, "train_loss": round(train_loss, 5),
+                       "train_metric": round(metric_value(train_loss, unit), 5), "tokens_per_s": round(speed, 1)}
+                bar.set_postfix_str(f"loss {train_loss:.3f} {unit} {metric_value(train_loss, unit):.3f} "
+                                    f"lr {lr:.2e} {speed:,.0f} tok/s")
+                window_loss, window_tokens, window_start = 0.0, state["tokens"], now
+            if step % t.eval_interval == 0 or step == t.max_steps:
+                val_loss = validate_and_save()
+                row = row or {"step": step, "tokens": state["tokens"], "elapsed_s": round(time.perf_counter() - start, 3)}
+                row.update(val_loss=round(val_loss, 5), val_metric=round(metric_value(val_loss, unit), 5))
+                bar.write(f"step {step}: valid {unit} {metric_value(val_loss, unit):.4f}", file=sys.stderr)
+                window_start = time.perf_counter()  # do not count evaluation time as training speed
+            if row:
+                writer.writerow(row)
+                metrics_file.flush()
+    except KeyboardInterrupt:
+        bar.close()
+        state["interrupted"] = True
+        state.update(step=step, tokens=int(total_tokens))
+        save_checkpoint(out_dir / "last", model, corpus.tokenizer, _resolved(run, model), dict(state))
+        metrics_file.close()
+        log(f"interrupted at step {step}; checkpoint written to {out_dir / 'last'}")
+        raise
+    bar.close()
+    metrics_file.close()
+    wall = time.perf_counter() - start
+    state["tokens"] = int(total_tokens)
+
+    best_ckpt = load_checkpoint(out_dir / "best", map_location=str(device))
+    final = evaluate_run(best_ckpt.model, corpus, run)
+    sample = ""
+    if t.sample_tokens:
+        sample = sample_text(best_ckpt.model, corpus, t.sample_prompt, t.sample_tokens, seed=t.seed)
+    return TrainResult(run_dir=out_dir, best_dir=out_dir / "best", final=final, steps=step, tokens=state["tokens"],
+                       wall_s=wall, tokens_per_s=state["tokens"] / wall, sample=sample)
+
+
+def _resolved(run: RunConfig, model: TransformerXLLM) -> RunConfig:
+    return dataclasses.replace(run, model=model.config)
+
+
+def evaluate_run(model: TransformerXLLM, corpus: CorpusSplits, run: RunConfig) -> EvalResult:
+    """Evaluate ``model`` on ``run.eval.split`` with the ``[eval]`` span settings (the final report)."""
+    e = run.eval
+    tokens = corpus.valid if e.split == "valid" else corpus.test
+    if len(tokens) < 2:
+        raise TxlError(f"the {e.split} split is empty; choose eval.split=valid or give a test split")
+    return evaluate(model, tokens, unit=metric_unit(corpus.tokenizer.kind), batch_size=e.batch_size,
+                    tgt_len=e.tgt_len, mem_len=e.mem_len, clamp_len=e.clamp_len, same_length=e.same_length,
+                    warmup=e.warmup, max_tokens=e.max_tokens, dtype=run.train.dtype)
+
+
+def sample_text(model: TransformerXLLM, corpus: CorpusSplits, prompt: str, n_tokens: int, seed: int,
+                temperature: float = 0.8) -> str:
+    """Sample ``n_tokens`` after ``prompt`` (or, if empty, after the first line of the valid split)."""
+    tok = corpus.tokenizer
+    if prompt:
+        ids = tok.encode(prompt)
+    else:
+        head = tok.decode(corpus.valid[:200])
+        ids = tok.encode(head.split("\n", 1)[0] + "\n") if "\n" in head else np.asarray(corpus.valid[:32])
+    device = next(model.parameters()).device
+    x = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=device)[None]
+    out = model.generate(x, n_tokens, temperature=temperature, generator=torch.Generator(device=device).manual_seed(seed))
+    return tok.decode(out[0].tolist())

@@ -1,0 +1,23 @@
+import pytest
+import torch
+
+from txl.model import TransformerXLConfig, TransformerXLLM
+
+
+def tiny_config(**overrides) -> TransformerXLConfig:
+    values = dict(vocab_size=37, n_layer=3, d_model=16, n_head=2, d_head=6, d_inner=24, dropout=0.0,
+                  dropatt=0.0, tgt_len=5, mem_len=7)
+    values.update(overrides)
+    return TransformerXLConfig(**values)
+
+
+def tiny_model(seed: int = 0, dtype=torch.float64, **overrides) -> TransformerXLLM:
+    torch.manual_seed(seed)
+    model = TransformerXLLM(tiny_config(**overrides)).to(dtype)
+    model.eval()
+    return model
+
+
+@pytest.fixture
+def make_model():
+    return tiny_model

@@ -1,0 +1,128 @@
+"""Tests for txl.data.iterators.LMOrderedIterator: every target visited exactly once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from txl.data.iterators import IGNORE_INDEX, LMOrderedIterator, sample_segment_length
+from txl.errors import TxlError
+
+
+def _check_segments(segments, n_tok: int, context: int) -> list[int]:
+    """Assert the labels of ``segments`` (tokens = arange) score W+1..N-1 once; return lengths."""
+    scored: list[int] = []
+    lengths = []
+    for x, y in segments:
+        assert x.shape == y.shape and x.dtype == torch.int64 and y.dtype == torch.int64
+        lengths.append(x.shape[1])
+        mask = y != IGNORE_INDEX
+        # the label at (b, p) is the token after the input at (b, p)
+        assert torch.equal(y[mask], x[mask] + 1)
+        scored.extend(y[mask].tolist())
+    assert sorted(scored) == list(range(context + 1, n_tok))
+    return lengths
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n_tok=st.integers(2, 120),
+    batch_size=st.integers(1, 9),
+    tgt_len=st.integers(1, 17),
+    context=st.integers(0, 12),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_every_target_exactly_once(n_tok: int, batch_size: int, tgt_len: int, context: int, seed: int) -> None:
+    if n_tok < context + 2:
+        with pytest.raises(TxlError, match="shorter than"):
+            LMOrderedIterator(np.arange(n_tok), batch_size, tgt_len, context=context)
+        return
+    it = LMOrderedIterator(np.arange(n_tok), batch_size, tgt_len, context=context, pad_id=-7)
+    n = n_tok - 1 - context
+    L = -(-n // batch_size)
+    assert it.inputs.shape == it.labels.shape == (batch_size, context + L)
+    assert it.stream_len == context + L and it.n_targets == n
+    assert int((it.labels != IGNORE_INDEX).sum()) == n
+    # stream b starts at s_b - W = b*L; padding past the end of the data
+    expect = torch.arange(context + L) + L * torch.arange(batch_size)[:, None]
+    assert torch.equal(it.inputs, torch.where(expect < n_tok, expect, torch.tensor(-7)))
+    assert (it.labels[:, :context] == IGNORE_INDEX).all()
+
+    lengths = _check_segments(it, n_tok, context)
+    assert len(lengths) == len(it)
+    assert all(1 <= s <= tgt_len for s in lengths)
+    bounds = np.cumsum(lengths).tolist()
+    assert bounds[-1] == it.stream_len
+    if context:
+        assert context in bounds  # a segment boundary exactly at W
+
+    gen = torch.Generator().manual_seed(seed)
+    var = list(it.varlen_iter(std=2, min_len=1, max_deviation=2, generator=gen))
+    var_lengths = _check_segments(var, n_tok, context)
+    assert sum(var_lengths) == it.stream_len
+    if context:
+        assert context in np.cumsum(var_lengths).tolist()
+
+
+def test_small_example_values() -> None:
+    # N=10, W=2: targets 3..9 (n=7), B=3 -> L=3, streams start at 2, 5, 8
+    it = LMOrderedIterator(torch.arange(10) * 10, batch_size=3, tgt_len=2, context=2)
+    assert it.inputs.tolist() == [[0, 10, 20, 30, 40], [30, 40, 50, 60, 70], [60, 70, 80, 90, 0]]
+    assert it.labels.tolist() == [
+        [-100, -100, 30, 40, 50],
+        [-100, -100, 60, 70, 80],
+        [-100, -100, 90, -100, -100],
+    ]
+    assert it.positions() == [(0, 2), (2, 2), (4, 1)]
+    assert len(it) == 3
+    x, y = it.segment(3, 10)
+    assert x.tolist() == [[30, 40], [60, 70], [90, 0]]
+    assert y.tolist() == [[40, 50], [70, 80], [-100, -100]]
+
+
+def test_context_chunks_shorter_last() -> None:
+    it = LMOrderedIterator(np.arange(50), batch_size=2, tgt_len=4, context=6)
+    assert [p for p, _ in it.positions()][:3] == [0, 4, 6]
+    assert it.positions()[:2] == [(0, 4), (4, 2)]
+
+
+def test_varlen_is_deterministic_with_seed_and_varies() -> None:
+    it = LMOrderedIterator(np.arange(5000), batch_size=2, tgt_len=20)
+
+    def lengths(seed: int) -> list[int]:
+        gen = torch.Generator().manual_seed(seed)
+        return [x.shape[1] for x, _ in it.varlen_iter(generator=gen)]
+
+    a, b = lengths(0), lengths(0)
+    assert a == b
+    assert len(set(a)) > 3  # lengths really vary
+    assert max(a[:-1]) <= 20 + 3 * 5 and min(a[:-1]) >= 5
+
+
+def test_errors() -> None:
+    with pytest.raises(TxlError, match="shorter than the 2"):
+        LMOrderedIterator(np.arange(1), 1, 4)
+    with pytest.raises(TxlError, match="batch_size"):
+        LMOrderedIterator(np.arange(10), 0, 4)
+    with pytest.raises(TxlError, match="tgt_len"):
+        LMOrderedIterator(np.arange(10), 1, 0)
+    with pytest.raises(ValueError, match="1-D"):
+        LMOrderedIterator(np.zeros((2, 5), dtype=np.int64), 1, 4)
+    it = LMOrderedIterator(np.arange(10, dtype=np.uint16), 2, 4)
+    with pytest.raises(ValueError, match="outside"):
+        it.segment(it.stream_len, 1)
+
+
+def test_sample_segment_length_distribution() -> None:
+    gen = torch.Generator().manual_seed(1)
+    draws = [sample_segment_length(100, gen) for _ in range(2000)]
+    assert min(draws) >= 5 and max(draws) <= 115
+    half = sum(1 for d in draws if d < 75)  # bptt = tgt_len / 2 about 5% of the time
+    assert 40 < half < 170
+    assert all(5 <= sample_segment_length(1, gen) <= 16 for _ in range(50))  # min_len floor, cap
+    gen_a, gen_b = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    seq_a = [sample_segment_length(20, gen_a) for _ in range(10)]
+    assert seq_a == [sample_segment_length(20, gen_b) for _ in range(10)]

@@ -1,0 +1,105 @@
+"""Relative attention against a brute-force per-(i, j) computation of the paper's equation (§3.3)."""
+
+import math
+
+import pytest
+import torch
+
+from txl.model.attention import MultiHeadAttention, attention_mask, rel_shift, relative_positions, sinusoid
+
+
+def test_rel_shift_matches_index_formula():
+    torch.manual_seed(0)
+    for qlen, mlen in [(1, 0), (4, 0), (4, 3), (3, 9), (6, 2)]:
+        klen = qlen + mlen
+        x = torch.randn(2, 3, qlen, klen)
+        out = rel_shift(x)
+        for i in range(qlen):
+            for j in range(mlen + i + 1):  # causal entries only
+                # slot m of x holds distance klen-1-m; entry (i, j) must hold distance mlen+i-j
+                m = klen - 1 - (mlen + i - j)
+                assert out[..., i, j].equal(x[..., i, m])
+
+
+def test_sinusoid_layout():
+    pos = torch.tensor([0.0, 1.0, 5.0])
+    enc = sinusoid(pos, 8)
+    inv = [1.0 / 10000 ** (k / 8) for k in (0, 2, 4, 6)]
+    for r, p in enumerate(pos.tolist()):
+        expect = [math.sin(p * f) for f in inv] + [math.cos(p * f) for f in inv]
+        assert torch.allclose(enc[r], torch.tensor(expect), atol=1e-6)
+
+
+def brute_force(attn, h, mem, u, v, clamp_len, mask):
+    """Per-(b, head, i, j) scores A = (a)+(b)+(c)+(d), softmax over visible keys, output."""
+    bsz, qlen, d = h.shape
+    cat = torch.cat([mem, h], 1) if mem is not None else h
+    mlen = cat.size(1) - qlen
+    x = attn.layer_norm(cat) if attn.pre_lnorm else cat
+    H, D = attn.n_head, attn.d_head
+    wq, wk, wv = attn.qkv_net.weight.split(H * D, dim=0)
+    wr = attn.r_net.weight
+    out = torch.zeros(bsz, qlen, H * D, dtype=h.dtype)
+    for b in range(bsz):
+        for n in range(H):
+            sl = slice(n * D, (n + 1) * D)
+            for i in range(qlen):
+                qi = wq[sl] @ x[b, mlen + i]
+                scores, values = [], []
+                for j in range(cat.size(1)):
+                    if mask[i, j]:
+                        continue
+                    dist = mlen + i - j
+                    if clamp_len > 0:
+                        dist = min(dist, clamp_len)
+                    r = sinusoid(torch.tensor([float(dist)]), d)[0].to(h.dtype)
+                    kj = wk[sl] @ x[b, j]
+                    rk = wr[sl] @ r
+                    a = qi @ kj
+                    bterm = qi @ rk
+                    c = u[n] @ kj
+                    dterm = v[n] @ rk
+                    scores.append((a + bterm + c + dterm) / math.sqrt(D))
+                    values.append(wv[sl] @ x[b, j])
+                p = torch.softmax(torch.stack(scores), 0)
+                out[b, i, sl] = (p[:, None] * torch.stack(values)).sum(0)
+    o = attn.o_net(out)
+    return h + o if attn.pre_lnorm else attn.layer_norm(h + o)
+
+
+@pytest.mark.parametrize("mlen,clamp_len,same_length,pre_lnorm", [
+    (0, 0, False, False), (3, 0, False, False), (3, 2, False, True), (5, 3, True, False), (2, 0, True, True)])
+def test_rel_attention_equals_brute_force(mlen, clamp_len, same_length, pre_lnorm):
+    torch.manual_seed(1)
+    d, H, D, qlen, mem_len = 8, 2, 3, 4, 5
+    attn = MultiHeadAttention(d, H, D, 0.0, 0.0, pre_lnorm, "rel", own_biases=True).double()
+    for p in attn.parameters():
+        torch.nn.init.normal_(p, 0, 0.5)
+    h = torch.randn(2, qlen, d, dtype=torch.float64)
+    mem = torch.randn(2, mlen, d, dtype=torch.float64) if mlen else None
+    klen = qlen + mlen
+    pos_emb = sinusoid(relative_positions(klen, clamp_len, "cpu"), d).double()
+    mask = attention_mask(qlen, mlen, same_length, mem_len, "cpu")
+    fast = attn(h, mem, pos_emb, mask)
+    slow = brute_force(attn, h, mem, attn.r_w_bias, attn.r_r_bias, clamp_len, mask)
+    assert torch.allclose(fast, slow, atol=1e-10), (fast - slow).abs().max()
+
+
+def test_mask_causal_and_same_length_counts():
+    qlen, mlen, mem_len = 4, 6, 6
+    causal = attention_mask(qlen, mlen, False, mem_len, "cpu")
+    for i in range(qlen):
+        visible = (~causal[i]).nonzero().flatten().tolist()
+        assert visible == list(range(mlen + i + 1))
+    same = attention_mask(qlen, mlen, True, mem_len, "cpu")
+    counts = (~same).sum(1).tolist()
+    assert counts == [mem_len] * qlen  # every query sees the same number of keys
+    for i in range(qlen):  # ... namely the last mem_len keys up to and including itself
+        assert (~same[i]).nonzero().flatten().tolist() == list(range(mlen + i + 1 - mem_len, mlen + i + 1))
+
+
+@pytest.mark.parametrize("qlen,mlen,mem_len", [(5, 0, 0), (5, 0, 3), (1, 0, 0), (3, 2, 0), (6, 0, 10)])
+def test_same_length_never_masks_a_whole_row(qlen, mlen, mem_len):
+    mask = attention_mask(qlen, mlen, True, mem_len, "cpu")
+    assert (~mask).any(dim=1).all()
+    assert not mask[torch.arange(qlen), mlen + torch.arange(qlen)].any()  # a query always sees itself

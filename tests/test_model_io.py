@@ -1,0 +1,57 @@
+"""Config validation and safe save/load."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from txl.errors import TxlError
+from txl.model import TransformerXLConfig, TransformerXLLM
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"n_layer": 0}, "n_layer"), ({"d_model": 15}, "even"), ({"dropout": 1.0}, "dropout"),
+    ({"attn_type": "foo"}, "attn_type"), ({"mem_len": -1}, "mem_len"), ({"n_head": True}, "integer"),
+    ({"d_head": 2.5}, "integer")])
+def test_config_rejects_impossible_values(bad, match):
+    with pytest.raises(TxlError, match=match):
+        TransformerXLConfig(**bad)
+
+
+def test_config_rejects_unknown_keys():
+    with pytest.raises(TxlError, match="unknown key.*n_layers"):
+        TransformerXLConfig.from_dict({"n_layers": 3})
+
+
+def test_save_load_round_trip(tmp_path):
+    model = tiny_model(dtype=torch.float32, untie_r=True, tie_weight=False)
+    model.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    loaded = TransformerXLLM.from_pretrained(tmp_path).eval()
+    assert loaded.config == model.config
+    ids = torch.randint(0, 37, (2, 5))
+    assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_load_refuses_mismatched_weights(tmp_path):
+    tiny_model(dtype=torch.float32).save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["d_inner"] = 30
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(TxlError, match="do not match"):
+        TransformerXLLM.from_pretrained(tmp_path)
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(TxlError, match="does not exist"):
+        TransformerXLLM.from_pretrained(tmp_path / "nope")
+    with pytest.raises(TxlError, match="no config.json"):
+        TransformerXLLM.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(TxlError, match="not valid JSON"):
+        TransformerXLLM.from_pretrained(tmp_path)
+    tiny_model(dtype=torch.float32).save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(TxlError, match="cannot read weights"):
+        TransformerXLLM.from_pretrained(tmp_path)

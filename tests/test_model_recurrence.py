@@ -1,0 +1,173 @@
+"""Segment-level recurrence invariants: memory = one long causal pass, causality, bookkeeping."""
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from txl.errors import TxlError
+
+
+def run_segments(model, ids, lengths):
+    mems, logits = None, []
+    start = 0
+    for n in lengths:
+        out = model(ids[:, start:start + n], mems=mems)
+        mems = out.mems
+        logits.append(out.logits)
+        start += n
+    return torch.cat(logits, 1), mems
+
+
+@pytest.mark.parametrize("overrides", [{}, {"pre_lnorm": True}, {"untie_r": True}, {"tie_weight": False}])
+def test_two_segments_with_memory_equal_one_long_pass(overrides):
+    model = tiny_model(dtype=torch.float32, mem_len=6, **overrides)
+    ids = torch.randint(0, 37, (3, 12))
+    full = model(ids).logits
+    first = model(ids[:, :6])
+    second = model(ids[:, 6:], mems=first.mems)
+    assert torch.allclose(second.logits, full[:, 6:], atol=1e-5)
+    assert torch.allclose(first.logits, full[:, :6], atol=1e-5)
+
+
+def test_mixed_length_segments_equal_one_long_pass():
+    # memory must hold everything seen so far for exact equality: mem_len >= total length
+    model = tiny_model(dtype=torch.float32, mem_len=40)
+    ids = torch.randint(0, 37, (2, 23))
+    full = model(ids).logits
+    pieces, mems = run_segments(model, ids, [5, 1, 7, 3, 7])
+    assert torch.allclose(pieces, full, atol=1e-5)
+    assert mems[0].shape == (2, 23, 16)
+
+
+def test_clamp_len_segments_equal_one_long_pass():
+    model = tiny_model(dtype=torch.float32, mem_len=20, clamp_len=4)
+    ids = torch.randint(0, 37, (2, 15))
+    pieces, _ = run_segments(model, ids, [5, 5, 5])
+    assert torch.allclose(pieces, model(ids).logits, atol=1e-5)
+
+
+def test_memory_window_matches_truncated_recomputation():
+    # with mem_len < history, segment k sees exactly mem_len memory states at layer 0: the logits of
+    # the last segment equal those computed with an explicitly built memory of the same content.
+    model = tiny_model(dtype=torch.float64, mem_len=4, n_layer=1)
+    ids = torch.randint(0, 37, (1, 15))
+    _, mems = run_segments(model, ids, [5, 5])
+    emb = model.word_emb(ids[:, 6:10]) * model.emb_scale
+    assert torch.allclose(mems[0], emb, atol=1e-12)  # layer-0 memory = embeddings of tokens 6..9
+
+
+def test_changing_a_token_changes_no_earlier_logit():
+    model = tiny_model(mem_len=8)
+    ids = torch.randint(0, 37, (2, 10))
+    warm = torch.randint(0, 37, (2, 6))
+    mems = model(warm).mems
+    base = model(ids, mems=mems).logits
+    for t in range(ids.size(1)):
+        changed = ids.clone()
+        changed[:, t] = (changed[:, t] + 1) % 37
+        logits = model(changed, mems=mems).logits
+        assert torch.equal(logits[:, :t], base[:, :t])
+        assert not torch.allclose(logits[:, t:], base[:, t:])
+
+
+def test_abs_model_is_causal_and_has_no_memory():
+    model = tiny_model(attn_type="abs")
+    ids = torch.randint(0, 37, (2, 8))
+    out = model(ids)
+    assert out.mems is None
+    changed = ids.clone()
+    changed[:, 5] = (changed[:, 5] + 1) % 37
+    assert torch.equal(model(changed).logits[:, :5], out.logits[:, :5])
+    with pytest.raises(TxlError, match="no memory"):
+        model(ids, mems=[torch.zeros(2, 1, 16)] * 3)
+
+
+def test_memory_lengths_and_content_over_four_segments():
+    model = tiny_model(mem_len=7)
+    ids = torch.randint(0, 37, (2, 20))
+    mems, history = None, []
+    lengths = []
+    for s in range(4):
+        seg = ids[:, 5 * s:5 * s + 5]
+        out = model(seg, mems=mems)
+        history.append(model.word_emb(seg) * model.emb_scale)
+        mems = out.mems
+        lengths.append(mems[0].size(1))
+        assert all(not m.requires_grad for m in mems)
+        assert len(mems) == 3
+        expected = torch.cat(history, 1)[:, -7:]  # the most recent states, oldest first
+        assert torch.allclose(mems[0], expected)
+    assert lengths == [5, 7, 7, 7]
+
+
+def test_training_with_carried_memory_has_no_autograd_error():
+    torch.manual_seed(0)
+    model = tiny_model(dtype=torch.float32, mem_len=6, dropout=0.1, dropatt=0.1)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.randint(0, 37, (4, 50 * 5 + 1))
+    mems = None
+    for step in range(50):
+        x = data[:, step * 5:step * 5 + 5]
+        y = data[:, step * 5 + 1:step * 5 + 6]
+        out = model(x, mems=mems, labels=y)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mems = out.mems
+        assert out.loss.dim() == 0 and torch.isfinite(out.loss)
+    assert mems[0].grad_fn is None
+
+
+@pytest.mark.parametrize("mem_len", [0, 4])
+def test_same_length_is_finite_without_memory(mem_len):
+    model = tiny_model(same_length=True, mem_len=mem_len)
+    ids = torch.randint(0, 37, (2, 6))
+    out = model(ids)
+    assert torch.isfinite(out.logits).all()
+    out2 = model(ids, mems=out.mems)
+    assert torch.isfinite(out2.logits).all()
+
+
+@pytest.mark.parametrize("attn_type", ["rel", "abs"])
+@pytest.mark.parametrize("pre_lnorm", [False, True])
+def test_fresh_model_is_finite_and_deterministic(attn_type, pre_lnorm):
+    a = tiny_model(seed=3, dtype=torch.float32, attn_type=attn_type, pre_lnorm=pre_lnorm, untie_r=True)
+    b = tiny_model(seed=3, dtype=torch.float32, attn_type=attn_type, pre_lnorm=pre_lnorm, untie_r=True)
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.isfinite(p).all(), name
+        assert torch.equal(p, q), f"{name} is not initialised in the constructor"
+    ids = torch.randint(0, 37, (2, 5))
+    out = a(ids, labels=ids)
+    assert torch.isfinite(out.logits).all() and torch.isfinite(out.loss)
+    if attn_type == "rel":
+        assert torch.isfinite(a(ids, mems=out.mems).logits).all()
+
+
+def test_loss_is_mean_nll_over_unignored_labels():
+    model = tiny_model()
+    ids = torch.randint(0, 37, (2, 6))
+    labels = torch.randint(0, 37, (2, 6))
+    labels[0, :3] = -100
+    out = model(ids, labels=labels)
+    logp = torch.log_softmax(out.logits, -1)
+    keep = labels != -100
+    manual = -logp[keep].gather(-1, labels[keep][:, None]).mean()
+    assert out.loss.dim() == 0
+    assert torch.allclose(out.loss.double(), manual, atol=1e-9)
+
+
+def test_bad_memory_and_ids_raise_clear_errors():
+    model = tiny_model(mem_len=4)
+    ids = torch.randint(0, 37, (2, 5))
+    mems = model(ids).mems
+    with pytest.raises(TxlError, match="batch size"):
+        model(torch.randint(0, 37, (3, 5)), mems=mems)
+    with pytest.raises(TxlError, match="width"):
+        model(ids, mems=[m[..., :8] for m in mems])
+    with pytest.raises(TxlError, match="one per layer"):
+        model(ids, mems=mems[:2])
+    with pytest.raises(TxlError, match="outside the vocabulary"):
+        model(torch.full((1, 3), 37))
+    with pytest.raises(TxlError, match="outside the vocabulary"):
+        model(torch.full((1, 3), -1))
