@@ -213,8 +213,8 @@ def test_load_corpus_too_short_and_bad_kind(tmp_path: Path) -> None:
     f = _write(tmp_path / "tiny.txt", "a")
     with pytest.raises(TxlError, match="train split .* at least 2"):
         load_corpus(f, split=(1, 0, 0))
-    with pytest.raises(TxlError, match="unknown tokenizer 'bpe'"):
-        load_corpus(f, "bpe")
+    with pytest.raises(TxlError, match="unknown tokenizer 'unigram'"):
+        load_corpus(f, "unigram")
     with pytest.raises(TxlError, match="fractions"):
         load_corpus(f, split=(0.5, 0.4, 0.0))
 

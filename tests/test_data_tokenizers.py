@@ -176,8 +176,8 @@ def test_load_tokenizer_errors(tmp_path) -> None:
     with pytest.raises(TxlError, match="not valid JSON"):
         load_tokenizer(bad)
     unknown = tmp_path / "unknown.json"
-    unknown.write_text('{"kind": "bpe"}', encoding="utf-8")
-    with pytest.raises(TxlError, match="unknown tokenizer kind 'bpe'"):
+    unknown.write_text('{"kind": "unigram"}', encoding="utf-8")
+    with pytest.raises(TxlError, match="unknown tokenizer kind 'unigram'"):
         load_tokenizer(unknown)
     malformed = tmp_path / "malformed.json"
     malformed.write_text('{"kind": "word", "words": ["a", "b"]}', encoding="utf-8")

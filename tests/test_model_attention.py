@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from txl.model.attention import MultiHeadAttention, attention_mask, rel_shift, relative_positions, sinusoid
+from txl.model.attention import (MultiHeadAttention, attention_mask, rel_shift, rel_shift_bias,
+                                  relative_positions, sinusoid)
 
 
 def test_rel_shift_matches_index_formula():
@@ -103,3 +104,14 @@ def test_same_length_never_masks_a_whole_row(qlen, mlen, mem_len):
     mask = attention_mask(qlen, mlen, True, mem_len, "cpu")
     assert (~mask).any(dim=1).all()
     assert not mask[torch.arange(qlen), mlen + torch.arange(qlen)].any()  # a query always sees itself
+
+
+@pytest.mark.parametrize("qlen,mlen", [(1, 0), (1, 4), (3, 0), (4, 2), (5, 5)])
+def test_rel_shift_bias_gradient(qlen, mlen):
+    klen = qlen + mlen
+    mask = attention_mask(qlen, mlen, False, mlen, "cpu")
+    x = torch.randn(2, qlen, klen, dtype=torch.float64, requires_grad=True)
+    out = rel_shift_bias(x, mask)
+    assert torch.equal(out, rel_shift(x.detach()).masked_fill(mask, float("-inf")))
+    # gradient of the visible entries, checked numerically
+    assert torch.autograd.gradcheck(lambda t: rel_shift_bias(t, mask).masked_fill(mask, 0.0), (x,))

@@ -52,7 +52,7 @@ def test_memory_window_matches_truncated_recomputation():
     model = tiny_model(dtype=torch.float64, mem_len=4, n_layer=1)
     ids = torch.randint(0, 37, (1, 15))
     _, mems = run_segments(model, ids, [5, 5])
-    emb = model.word_emb(ids[:, 6:10]) * model.emb_scale
+    emb = model.word_emb(ids[:, 6:10])
     assert torch.allclose(mems[0], emb, atol=1e-12)  # layer-0 memory = embeddings of tokens 6..9
 
 
@@ -90,7 +90,7 @@ def test_memory_lengths_and_content_over_four_segments():
     for s in range(4):
         seg = ids[:, 5 * s:5 * s + 5]
         out = model(seg, mems=mems)
-        history.append(model.word_emb(seg) * model.emb_scale)
+        history.append(model.word_emb(seg))  # layer-0 input: scaled embedding
         mems = out.mems
         lengths.append(mems[0].size(1))
         assert all(not m.requires_grad for m in mems)

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "overrides such as model.n_layer=6 lr=1e-3")
     p.add_argument("--config", "-c", help="TOML run config (sections model, data, train, eval)")
     p.add_argument("--out", "-o", help="run directory (train.out_dir)")
-    p.add_argument("--tokenizer", choices=["byte", "char", "word"], help="data.tokenizer")
+    p.add_argument("--tokenizer", choices=["byte", "char", "word", "bpe"], help="data.tokenizer")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
     p = sub.add_parser("eval", help="evaluate a checkpoint (bpc or perplexity) with memory")
@@ -66,6 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--mem_len", "--mem-len", type=int, default=None, help="memory length while sampling")
     p.add_argument("--device", default="auto")
+
+    p = sub.add_parser("data", help="standard datasets (enwik8, text8, wikitext, ptb, lm1b)")
+    data_sub = p.add_subparsers(dest="data_command", required=True)
+    p = data_sub.add_parser("prepare", help="download/unpack a benchmark into train/valid/test.txt + dataset.json")
+    p.add_argument("name", help="enwik8, text8, wikitext-2, wikitext-103, wikitext-2-raw, wikitext-103-raw, "
+                                "ptb, ptb-char or lm1b")
+    p.add_argument("--source", help="the official archive, a folder with its extracted files, or an http(s) URL")
+    p.add_argument("--out", "-o", help="output folder (default: data/NAME)")
+    p.add_argument("--sha256", help="expected sha256 of the archive (overrides the published checksum)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     return parser
 
 
@@ -91,6 +101,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"{run.eval.split} {result.final}")
     print(f"checkpoint: {result.best_dir}")
     if result.sample:
+        print("--- prompt ---")
+        print(result.sample_prompt, end="" if result.sample_prompt.endswith("\n") else "\n")
         print("--- sample ---")
         print(result.sample)
     return 0
@@ -177,7 +189,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate}
+def cmd_data(args: argparse.Namespace) -> int:
+    from txl.data.datasets import prepare_dataset
+
+    info = prepare_dataset(args.name, args.source, args.out or f"data/{args.name}", sha256=args.sha256,
+                           progress=not args.quiet)
+    print(f"recommended tokenizer: {info['tokenizer']}")
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate, "data": cmd_data}
 
 
 def main(argv: list[str] | None = None) -> int:

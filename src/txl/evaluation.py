@@ -41,13 +41,18 @@ class EvalResult:
 
 
 def metric_unit(tokenizer_kind: str) -> str:
-    """"ppl" for word-level vocabularies, "bpc" otherwise."""
-    return "ppl" if tokenizer_kind == "word" else "bpc"
+    """"bpc" for byte and char models (bits per byte/character), "ppl" (per token) for word and BPE ones."""
+    return "bpc" if tokenizer_kind in ("byte", "char") else "ppl"
 
 
 def metric_value(loss: float, unit: str) -> float:
     """Convert a loss in nats/token to bits per character (``unit="bpc"``) or perplexity (``"ppl"``)."""
     return math.exp(min(loss, 50.0)) if unit == "ppl" else loss / math.log(2)
+
+
+def _wide(logits: torch.Tensor) -> torch.Tensor:
+    """Logits in at least float32 (bf16/fp16 are widened; float64 stays float64)."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
 def autocast(device: torch.device, dtype: str):
@@ -102,10 +107,9 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
         total, count, mems = 0.0, 0, None
         for x, y in batches:
             with autocast(device, dtype):
-                out = model(x, mems=mems)
+                out = model(x, mems=mems, labels=y)
             mems = out.mems
-            total += float(F.cross_entropy(out.logits.float().reshape(-1, out.logits.size(-1)), y.reshape(-1),
-                                           ignore_index=-100, reduction="sum"))
+            total += float(out.token_loss.sum())
             count += int((y != -100).sum())
         settings = {"tgt_len": cfg.tgt_len, "mem_len": cfg.mem_len if cfg.attn_type == "rel" else 0,
                     "clamp_len": cfg.clamp_len, "same_length": cfg.same_length, "warmup": warmup}
@@ -145,14 +149,14 @@ def evaluate_sliding_window(model, tokens: np.ndarray, *, context: int, stride: 
     with attention_span(model, mem_len=0):
         x0 = data[None, :first].to(device)
         with autocast(device, dtype):
-            logits = model(x0).logits.float()
+            logits = _wide(model(x0).logits)
         total = float(F.cross_entropy(logits[0], data[1:first + 1].to(device), reduction="sum"))
         count, prev = first, first
         for i in range(0, len(ends), batch_size):
             chunk = [min(e, n_targets) for e in ends[i:i + batch_size]]
             x = torch.stack([data[e - context:e] for e in chunk]).to(device)
             with autocast(device, dtype):
-                logits = model(x).logits.float()
+                logits = _wide(model(x).logits)
             for row, e in enumerate(chunk):
                 k = e - prev  # new targets in this window: data[prev+1 .. e]
                 total += float(F.cross_entropy(logits[row, -k:], data[prev + 1:e + 1].to(device), reduction="sum"))

@@ -18,7 +18,10 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from txl.data.tokenizers import TOKENIZER_KINDS, ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer, decode_utf8
+from txl.data.datasets import dataset_info
+from txl.data.tokenizers import (
+    TOKENIZER_KINDS, BPETokenizer, ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer, decode_utf8,
+)
 from txl.errors import TxlError
 from txl.fileio import atomic_write
 
@@ -229,14 +232,26 @@ def split_tokens(tokens: np.ndarray, fractions: Sequence[float] = (0.9, 0.05, 0.
     return parts
 
 
+BPE_DEFAULT_VOCAB = 8000
+"""Vocabulary size of a new ``"bpe"`` tokenizer when ``max_size`` is not given."""
+
+
 def build_tokenizer(
-    kind: str, text: str | None = None, *, min_freq: int = 1, max_size: int | None = None, lower: bool = False
+    kind: str,
+    text: str | None = None,
+    *,
+    min_freq: int = 1,
+    max_size: int | None = None,
+    lower: bool = False,
+    normalize: str = "none",
 ) -> Tokenizer:
-    """Make a tokenizer of ``kind`` (``"byte"``, ``"char"`` or ``"word"``).
+    """Make a tokenizer of ``kind`` (``"byte"``, ``"char"``, ``"word"`` or ``"bpe"``).
 
     ``text`` is the text the vocabulary comes from (ignored for ``"byte"``): callers pass the
-    whole corpus for ``"char"`` and the train text for ``"word"``. ``min_freq``, ``max_size`` and
-    ``lower`` apply to ``"word"`` only (see :meth:`WordTokenizer.build`).
+    whole corpus for ``"char"`` and the train text for ``"word"`` and ``"bpe"``. ``min_freq``,
+    ``max_size``, ``lower`` and ``normalize`` apply to ``"word"`` (see
+    :meth:`WordTokenizer.build`); for ``"bpe"``, ``max_size`` is the vocabulary size (default
+    :data:`BPE_DEFAULT_VOCAB`) and ``min_freq`` the minimum pair count of a merge.
 
     Raises :class:`TxlError` for an unknown kind or missing/empty text.
     """
@@ -248,7 +263,9 @@ def build_tokenizer(
         raise TxlError(f"cannot build a {kind} vocabulary from empty text; give a non-empty corpus")
     if kind == "char":
         return CharTokenizer.build(text)
-    return WordTokenizer.build([text], min_freq=min_freq, max_size=max_size, lower=lower)
+    if kind == "bpe":
+        return BPETokenizer.build([text], vocab_size=max_size or BPE_DEFAULT_VOCAB, min_frequency=min_freq)
+    return WordTokenizer.build([text], min_freq=min_freq, max_size=max_size, lower=lower, normalize=normalize)
 
 
 @dataclass
@@ -300,13 +317,18 @@ def _line_boundary(data: bytes, target: int) -> int:
     return before if target - before <= after - target else after
 
 
-def _word_fraction_splits(
-    files: list[Path], tok: Tokenizer | None, fr: tuple[float, float, float], opts: dict, cache_dir: PathLike | None
+def _line_fraction_splits(
+    files: list[Path],
+    kind: str,
+    tok: Tokenizer | None,
+    fr: tuple[float, float, float],
+    opts: dict,
+    cache_dir: PathLike | None,
 ) -> tuple[Tokenizer, dict[str, np.ndarray]]:
-    """Word level with fractions: split the text at line starts, vocab from train, encode parts."""
+    """Word/bpe with fractions: split the text at line starts, vocab from train, encode parts."""
     datas = [_read(f) for f in files]
     for f, d in zip(files, datas):
-        decode_utf8(d, f"corpus file {f}", "word")  # error naming the file, before splitting
+        decode_utf8(d, f"corpus file {f}", kind)  # error naming the file, before splitting
     data = b"".join(datas)
     b1, b2 = _boundaries(len(data), fr)
     b1 = _line_boundary(data, b1)
@@ -314,7 +336,7 @@ def _word_fraction_splits(
     if fr[1] == 0:
         b2 = b1
     texts = dict(zip(SPLITS, (data[:b1].decode(), data[b1:b2].decode(), data[b2:].decode())))
-    tokenizer = tok if tok is not None else build_tokenizer("word", texts["train"], **opts)
+    tokenizer = tok if tok is not None else build_tokenizer(kind, texts["train"], **opts)
     dtype = token_dtype(tokenizer.vocab_size)
     hashes = [(str(f), hashlib.sha256(d).hexdigest()) for f, d in zip(files, datas)]
     parts = {}
@@ -348,30 +370,37 @@ def load_corpus(
     lower: bool = False,
     cache_dir: PathLike | None = None,
     tokenizer_obj: Tokenizer | None = None,
+    normalize: str = "none",
 ) -> CorpusSplits:
     """Load, tokenize and split a corpus: the one entry point of the training loop.
 
     Sources (exactly one):
       * ``train``/``valid`` (+ optional ``test``) files or folders: separate split files;
         ``test`` missing gives an empty test array.
+      * ``path``, a folder prepared by ``txl data prepare`` (it holds ``dataset.json``): its
+        ``train.txt``/``valid.txt``/``test.txt`` are the splits (``split`` and ``pattern`` are not
+        used). :func:`~txl.data.datasets.dataset_info` gives its recommended tokenizer kind.
       * ``path``, a file or folder (files matching ``pattern``): one corpus cut by ``split``
-        fractions (train, valid, test), in order. Byte/char: the token array is cut. Word: the
-        text is cut at the line starts nearest the byte fractions, so splits hold whole lines.
+        fractions (train, valid, test), in order. Byte/char: the token array is cut. Word/bpe:
+        the text is cut at the line starts nearest the byte fractions, so splits hold whole lines.
       * neither: the default corpus (:func:`default_corpus_files`).
 
     Tokenizer: ``tokenizer_obj`` if given (``tokenizer`` is then ignored), else a new
-    ``tokenizer`` kind: byte needs no data, char is built from all the text, word from the train
-    text only (with ``min_freq``, ``max_size``, ``lower``). ``cache_dir`` caches token arrays.
+    ``tokenizer`` kind: byte needs no data, char is built from all the text, word and bpe from
+    the train text only (word: ``min_freq``, ``max_size``, ``lower``, ``normalize``; bpe:
+    ``max_size`` = vocabulary size, ``min_freq``; see :func:`build_tokenizer`). ``cache_dir``
+    caches token arrays.
 
     Raises :class:`TxlError` for: both ``path`` and split files, ``train`` without ``valid`` (or
     the reverse), missing/empty/unreadable files, non-UTF-8 text for char/word, unknown
     characters with a given char tokenizer, bad fractions, a train split under 2 tokens, or a
-    requested valid/test split under 2 tokens.
+    requested valid/test split under 2 tokens, or a prepared lm1b folder (shuffled-sentence
+    training is not wired into :func:`load_corpus`).
     """
     kind = tokenizer_obj.kind if tokenizer_obj is not None else tokenizer
     if kind not in TOKENIZER_KINDS:
         raise TxlError(f"unknown tokenizer {kind!r}; choose one of {', '.join(TOKENIZER_KINDS)}")
-    opts = {"min_freq": min_freq, "max_size": max_size, "lower": lower}
+    opts = {"min_freq": min_freq, "max_size": max_size, "lower": lower, "normalize": normalize}
     if train is not None or valid is not None or test is not None:
         if path is not None:
             raise TxlError("give either a corpus path (split by fractions) or train/valid/test files, not both")
@@ -381,6 +410,9 @@ def load_corpus(
         if test is not None:
             sets["test"] = read_corpus_files(test, pattern)
         return _load_separate(sets, kind, tokenizer_obj, opts, cache_dir)
+    info = dataset_info(path) if path is not None else None
+    if info is not None:
+        return _load_separate(_prepared_sets(Path(path), info), kind, tokenizer_obj, opts, cache_dir)
     if path is None:
         files = default_corpus_files()
         label = f"default corpus (Python standard library in {files[0].parent}):"
@@ -389,12 +421,29 @@ def load_corpus(
     return _load_fractions(files, label, _check_fractions(split), kind, tokenizer_obj, opts, cache_dir)
 
 
+def _prepared_sets(root: Path, info: dict) -> dict[str, list[Path]]:
+    """The split files of a folder written by ``txl data prepare``."""
+    if info.get("shuffled"):
+        raise TxlError(
+            f"{root} holds the {info.get('name')} dataset (shuffled sentences in shard files); training on it "
+            "with load_corpus is not supported yet"
+        )
+    files = info.get("files") or {}
+    sets = {}
+    for name in SPLITS:
+        rel = files.get(name)
+        if not isinstance(rel, str):
+            raise TxlError(f"{root / 'dataset.json'} does not name a {name} file; run txl data prepare again")
+        sets[name] = read_corpus_files(root / rel)
+    return sets
+
+
 def _load_separate(
     sets: dict[str, list[Path]], kind: str, tok: Tokenizer | None, opts: dict, cache_dir: PathLike | None
 ) -> CorpusSplits:
     """Separate train/valid(/test) file sets; char vocab from all of them, word from train."""
     if tok is None:
-        names = sets["train"] if kind == "word" else [f for fs in sets.values() for f in fs]
+        names = sets["train"] if kind in ("word", "bpe") else [f for fs in sets.values() for f in fs]
         tok = build_tokenizer(kind, _read_text(names, kind) if kind != "byte" else None, **opts)
     parts = {name: encode_corpus(fs, tok, cache_dir) for name, fs in sets.items()}
     parts.setdefault("test", np.zeros(0, dtype=token_dtype(tok.vocab_size)))
@@ -415,8 +464,8 @@ def _load_fractions(
 ) -> CorpusSplits:
     """One corpus cut by fractions: by lines for word level, else by tokens."""
     source = f"{_describe(label, files)}, split {fr[0]:g}/{fr[1]:g}/{fr[2]:g}"
-    if kind == "word":
-        tok, parts = _word_fraction_splits(files, tok, fr, opts, cache_dir)
+    if kind in ("word", "bpe"):
+        tok, parts = _line_fraction_splits(files, kind, tok, fr, opts, cache_dir)
         for name, f in zip(SPLITS, fr):
             if f > 0 and len(parts[name]) == 0:
                 raise TxlError(

@@ -1,22 +1,26 @@
-"""Ordered segment iterator for Transformer-XL training and evaluation (batch-first).
+"""Segment iterators for Transformer-XL training and evaluation (batch-first).
 
-The token stream is cut into ``batch_size`` contiguous parallel streams that are read left to
-right in segments, so each segment continues the previous one and the model's memory carries
-over. Unlike the reference implementation, no target is dropped: every target of the split is
-scored exactly once per pass (the tail is padded with ``pad_id`` inputs and ``-100`` labels).
+:class:`LMOrderedIterator`: the token stream is cut into ``batch_size`` contiguous parallel
+streams that are read left to right in segments, so each segment continues the previous one and
+the model's memory carries over. Unlike the reference implementation, no target is dropped: every
+target of the split is scored exactly once per pass (the tail is padded with ``pad_id`` inputs
+and ``-100`` labels).
+
+:class:`LMShuffledIterator`: independent sentences (lm1b) in a random order per pass, packed one
+after another into ``batch_size`` streams.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 
 from txl.errors import TxlError
 
-__all__ = ["LMOrderedIterator", "IGNORE_INDEX", "sample_segment_length"]
+__all__ = ["LMOrderedIterator", "LMShuffledIterator", "IGNORE_INDEX", "sample_segment_length"]
 
 IGNORE_INDEX = -100
 """Label value of positions that are not scored (context and padding); ``cross_entropy``'s default."""
@@ -192,6 +196,114 @@ class LMOrderedIterator:
             f"LMOrderedIterator(n_tokens={self.n_tokens}, batch_size={self.batch_size}, "
             f"tgt_len={self.tgt_len}, context={self.context}, stream_len={self.stream_len}, "
             f"segments={len(self)})"
+        )
+
+
+class LMShuffledIterator:
+    """Batch-first segments over shuffled independent sentences (the reference's lm1b iterator).
+
+    Each pass visits every sentence once, in an order drawn from a ``torch.Generator`` seeded
+    with ``seed`` (each pass draws a new order; the sequence of passes is reproducible). A
+    sentence ``s`` becomes the unit ``[eos] + s + [eos]`` (``eos`` added at the end only if ``s``
+    does not already end with it): its inputs are ``unit[:-1]`` and its labels ``unit[1:]``, so
+    every token of the sentence and its final ``<eos>`` are scored, and the leading ``<eos>`` is
+    context only (the reference's ``add_double_eos``). Units are packed back to back into
+    ``batch_size`` streams, filling stream 0 of a batch, then stream 1, ...; a stream continues
+    across batches, so the model's memory carries over, and a new sentence starts only after the
+    previous one's ``<eos>``. When the sentences run out, the remaining positions get input
+    ``pad_id`` and label -100; iteration stops after the last batch that holds any label (unlike
+    the reference, which drops the incomplete last batch).
+
+    Args:
+        sentences: 1-D integer arrays/tensors/lists, one per sentence (shape ``[len]``; empty
+            sentences are allowed and score one ``<eos>``).
+        batch_size: number of parallel streams B (>= 1).
+        tgt_len: segment length T (>= 1).
+        eos_id: id of ``<eos>``.
+        seed: seed of the shuffling generator. shuffle: False keeps the given order.
+        device: device of the yielded tensors. pad_id: input id of empty positions.
+
+    Raises:
+        TxlError: bad ``batch_size`` / ``tgt_len``, or no sentences.
+        ValueError: a sentence is not 1-D integer data.
+    """
+
+    def __init__(
+        self,
+        sentences: Sequence[np.ndarray | torch.Tensor | Sequence[int]],
+        batch_size: int,
+        tgt_len: int,
+        *,
+        eos_id: int,
+        seed: int = 0,
+        shuffle: bool = True,
+        device: str | torch.device = "cpu",
+        pad_id: int = 0,
+    ) -> None:
+        if batch_size < 1:
+            raise TxlError(f"batch_size must be at least 1, got {batch_size}")
+        if tgt_len < 1:
+            raise TxlError(f"tgt_len must be at least 1, got {tgt_len}")
+        if len(sentences) == 0:
+            raise TxlError("the shuffled iterator needs at least one sentence")
+        units = []
+        for s in sentences:
+            t = _as_int64_tensor(s if isinstance(s, (np.ndarray, torch.Tensor)) else np.asarray(s, dtype=np.int64))
+            arr = t.numpy()
+            if arr.size == 0 or arr[-1] != eos_id:
+                arr = np.append(arr, eos_id)
+            units.append(np.concatenate(([eos_id], arr)).astype(np.int64))
+        self.units = units
+        self.batch_size = batch_size
+        self.tgt_len = tgt_len
+        self.eos_id = eos_id
+        self.shuffle = shuffle
+        self.device = torch.device(device)
+        self.pad_id = pad_id
+        self.n_targets = sum(len(u) - 1 for u in units)
+        self._generator = torch.Generator().manual_seed(seed)
+
+    def _order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.units)))
+        return torch.randperm(len(self.units), generator=self._generator).tolist()
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Yield ``(x, y)``: ``int64`` tensors of shape ``[B, tgt_len]``; y is aligned with x."""
+        order = iter(self._order())
+        B, T = self.batch_size, self.tgt_len
+        current: list[np.ndarray | None] = [None] * B  # per stream: the unit being read
+        offset = [0] * B  # per stream: next input position in its unit
+        exhausted = False
+        while True:
+            x = np.full((B, T), self.pad_id, dtype=np.int64)
+            y = np.full((B, T), IGNORE_INDEX, dtype=np.int64)
+            any_label = False
+            for b in range(B):
+                filled = 0
+                while filled < T:
+                    unit = current[b]
+                    if unit is None or offset[b] >= len(unit) - 1:
+                        nxt = None if exhausted else next(order, None)
+                        if nxt is None:
+                            exhausted = True
+                            current[b] = None
+                            break
+                        unit, current[b], offset[b] = self.units[nxt], self.units[nxt], 0
+                    n = min(len(unit) - 1 - offset[b], T - filled)
+                    x[b, filled:filled + n] = unit[offset[b]:offset[b] + n]
+                    y[b, filled:filled + n] = unit[offset[b] + 1:offset[b] + 1 + n]
+                    offset[b] += n
+                    filled += n
+                    any_label = True
+            if not any_label:
+                return
+            yield torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
+
+    def __repr__(self) -> str:
+        return (
+            f"LMShuffledIterator(sentences={len(self.units)}, n_targets={self.n_targets}, "
+            f"batch_size={self.batch_size}, tgt_len={self.tgt_len}, shuffle={self.shuffle})"
         )
 
 

@@ -1,4 +1,4 @@
-"""Tokenizers: byte (enwik8 style), char and word (WikiText style).
+"""Tokenizers: byte (enwik8 style), char, word (WikiText style) and byte-level BPE.
 
 All tokenizers share the :class:`Tokenizer` interface: ``encode(text)`` gives a 1-D ``int64``
 numpy array of token ids, ``decode(ids)`` turns ids back into text, and ``to_dict()`` /
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from txl.data.wikitext import wikitext_detokenize, wikitext_tokenize
 from txl.errors import TxlError
 from txl.fileio import atomic_write
 
@@ -25,13 +27,15 @@ __all__ = [
     "ByteTokenizer",
     "CharTokenizer",
     "WordTokenizer",
+    "BPETokenizer",
     "tokenizer_from_dict",
     "load_tokenizer",
     "decode_utf8",
     "TOKENIZER_KINDS",
 ]
 
-TOKENIZER_KINDS = ("byte", "char", "word")
+TOKENIZER_KINDS = ("byte", "char", "word", "bpe")
+WORD_NORMALIZERS = ("none", "wikitext")
 
 
 def decode_utf8(data: bytes, source: str = "input", kind: str = "char") -> str:
@@ -76,7 +80,7 @@ class Tokenizer(ABC):
     """Common interface of all tokenizers.
 
     Attributes:
-        kind: ``"byte"``, ``"char"`` or ``"word"``.
+        kind: ``"byte"``, ``"char"``, ``"word"`` or ``"bpe"``.
     """
 
     kind: str = ""
@@ -255,17 +259,21 @@ def _codes_to_str(codes: np.ndarray) -> str:
 class WordTokenizer(Tokenizer):
     """WikiText-style word tokenizer.
 
-    Each line (text split at ``"\\n"``) becomes its whitespace-separated words followed by
-    ``<eos>``; every line gets one ``<eos>``, empty lines included, and so does a final line
-    without a trailing newline (``""`` encodes to no tokens). Unknown words become ``<unk>``.
-    A literal ``<unk>`` / ``<eos>`` word in the text maps to that special id.
+    Each line (text split at ``"\\n"``) becomes its words followed by ``<eos>``; every line gets
+    one ``<eos>``, empty lines included, and so does a final line without a trailing newline
+    (``""`` encodes to no tokens). Unknown words become ``<unk>``. A literal ``<unk>`` /
+    ``<eos>`` word in the text maps to that special id.
 
     Args:
         words: the full vocabulary; ``words[0]`` must be ``"<unk>"`` and ``words[1]``
             ``"<eos>"``; entries are distinct non-empty strings without whitespace.
-        lower: lower-case text before encoding (the vocabulary was built lower-cased).
+        lower: lower-case the words before lookup (the vocabulary was built lower-cased).
+        normalize: how a line becomes words: ``"none"`` splits at whitespace (for pre-tokenised
+            corpora such as WikiText ``*.tokens`` and PTB); ``"wikitext"`` tokenises raw text the
+            WikiText way first (:func:`~txl.data.wikitext.wikitext_tokenize`), so raw text gets
+            the same ids as the pre-tokenised corpus.
 
-    Raises :class:`TxlError` for a malformed vocabulary.
+    Raises :class:`TxlError` for a malformed vocabulary or an unknown ``normalize``.
     """
 
     kind = "word"
@@ -274,7 +282,7 @@ class WordTokenizer(Tokenizer):
     unk_id = 0
     eos_id = 1
 
-    def __init__(self, words: Sequence[str], lower: bool = False) -> None:
+    def __init__(self, words: Sequence[str], lower: bool = False, normalize: str = "none") -> None:
         words = list(words)
         if words[:2] != [self.UNK, self.EOS]:
             raise TxlError("word vocabulary must start with '<unk>', '<eos>'")
@@ -285,8 +293,11 @@ class WordTokenizer(Tokenizer):
             raise TxlError("word vocabulary has duplicate words")
         if not isinstance(lower, bool):
             raise TxlError(f"word tokenizer 'lower' must be true or false, got {lower!r}")
+        if normalize not in WORD_NORMALIZERS:
+            raise TxlError(f"word tokenizer 'normalize' must be one of {', '.join(WORD_NORMALIZERS)}, got {normalize!r}")
         self.words: list[str] = words
         self.lower = lower
+        self.normalize = normalize
         self._index = {w: i for i, w in enumerate(words)}
 
     @classmethod
@@ -296,30 +307,34 @@ class WordTokenizer(Tokenizer):
         min_freq: int = 1,
         max_size: int | None = None,
         lower: bool = False,
+        normalize: str = "none",
     ) -> WordTokenizer:
         """Build a vocabulary from ``texts`` (an iterable of strings, e.g. the train split).
 
         Order: ``<unk>`` = 0, ``<eos>`` = 1, then words by descending count; equal counts keep
         the order of first appearance in ``texts``. Words seen fewer than ``min_freq`` times are
         dropped; the vocabulary is cut to ``max_size`` entries in total (specials included).
-        Literal ``<unk>``/``<eos>`` words are not counted.
+        Literal ``<unk>``/``<eos>`` words are not counted. Words are counted after ``normalize``
+        and ``lower`` (see the class docstring).
 
-        Raises :class:`TxlError` if ``min_freq < 1`` or ``max_size < 2``.
+        Raises :class:`TxlError` if ``min_freq < 1``, ``max_size < 2`` or ``normalize`` is unknown.
         """
         if min_freq < 1:
             raise TxlError(f"min_freq must be at least 1, got {min_freq}")
         if max_size is not None and max_size < 2:
             raise TxlError(f"max_size must be at least 2 (for <unk> and <eos>), got {max_size}")
+        if normalize not in WORD_NORMALIZERS:
+            raise TxlError(f"word tokenizer 'normalize' must be one of {', '.join(WORD_NORMALIZERS)}, got {normalize!r}")
         counts: Counter[str] = Counter()
         for text in texts:
-            counts.update((text.lower() if lower else text).split())
+            counts.update(_line_words(text, lower, normalize))
         for special in (cls.UNK, cls.EOS):
             counts.pop(special, None)
         ranked = sorted(counts.items(), key=lambda kv: -kv[1])  # stable: ties by first seen
         words = [cls.UNK, cls.EOS] + [w for w, c in ranked if c >= min_freq]
         if max_size is not None:
             words = words[:max_size]
-        return cls(words, lower=lower)
+        return cls(words, lower=lower, normalize=normalize)
 
     @property
     def vocab_size(self) -> int:
@@ -327,14 +342,12 @@ class WordTokenizer(Tokenizer):
 
     def tokens(self, text: str) -> list[str]:
         """The word strings of ``text`` with ``<eos>`` at each line end (before id lookup)."""
-        if self.lower:
-            text = text.lower()
         lines = text.split("\n")
         if text.endswith("\n") or not text:
             lines.pop()
         out: list[str] = []
         for line in lines:
-            out.extend(line.split())
+            out.extend(_line_words(line, self.lower, self.normalize))
             out.append(self.EOS)
         return out
 
@@ -344,23 +357,161 @@ class WordTokenizer(Tokenizer):
         get = self._index.get
         return np.fromiter((get(w, 0) for w in toks), dtype=np.int64, count=len(toks))
 
-    def decode(self, ids: Any) -> str:
-        """Words joined by single spaces; ``<eos>`` becomes ``"\\n"`` (no spaces around it)."""
+    def decode(self, ids: Any, detokenize: bool = False) -> str:
+        """Words joined by single spaces; ``<eos>`` becomes ``"\\n"`` (no spaces around it).
+
+        With ``detokenize=True`` each line is passed through
+        :func:`~txl.data.wikitext.wikitext_detokenize` (``well @-@ known`` → ``well-known``;
+        best effort, see its limits).
+        """
         arr = _ids_array(ids, self.vocab_size, self.kind)
+        join = wikitext_detokenize if detokenize else " ".join
         pieces: list[str] = []
         line: list[str] = []
         for i in arr.tolist():
             if i == self.eos_id:
-                pieces.append(" ".join(line) + "\n")
+                pieces.append(join(line) + "\n")
                 line = []
             else:
                 line.append(self.words[i])
         if line:
-            pieces.append(" ".join(line))
+            pieces.append(join(line))
         return "".join(pieces)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": "word", "lower": self.lower, "words": list(self.words)}
+        return {"kind": "word", "lower": self.lower, "normalize": self.normalize, "words": list(self.words)}
+
+
+def _line_words(line: str, lower: bool, normalize: str) -> list[str]:
+    """The words of one line (or of a whole text, for ``"none"``): split or WikiText-tokenised."""
+    if normalize == "wikitext":
+        words = [w for ln in line.split("\n") for w in wikitext_tokenize(ln)]
+        return [w.lower() for w in words] if lower else words
+    return (line.lower() if lower else line).split()
+
+
+def _import_tokenizers():
+    """The ``tokenizers`` package, or a TxlError saying how to install it."""
+    try:
+        import tokenizers
+    except ImportError:
+        raise TxlError(
+            "the bpe tokenizer needs the 'tokenizers' package: pip install tokenizers"
+        ) from None
+    return tokenizers
+
+
+class BPETokenizer(Tokenizer):
+    """Byte-level BPE tokenizer (GPT-2 style) from the Hugging Face ``tokenizers`` library.
+
+    Any text round-trips: ``decode(encode(s)) == s`` for every valid Unicode string, because
+    the base alphabet is the 256 bytes. No ``<eos>`` or other special tokens are added; newlines
+    are ordinary tokens. ``tokenizers`` is imported lazily.
+
+    Args:
+        tokenizer_json: the tokenizer as serialised by ``tokenizers.Tokenizer.to_str()``.
+
+    Raises :class:`TxlError` if ``tokenizers`` is not installed or the JSON is not a tokenizer.
+    """
+
+    kind = "bpe"
+
+    def __init__(self, tokenizer_json: str) -> None:
+        tk = _import_tokenizers()
+        if not isinstance(tokenizer_json, str):
+            raise TxlError("bpe tokenizer description needs a 'tokenizer' JSON string")
+        try:
+            self._tok = tk.Tokenizer.from_str(tokenizer_json)
+        except Exception as e:  # the Rust side raises plain Exception subclasses
+            raise TxlError(f"bpe tokenizer JSON is not valid: {e}") from None
+        self._json = tokenizer_json
+
+    @classmethod
+    def build(cls, texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2) -> BPETokenizer:
+        """Train a byte-level BPE vocabulary of at most ``vocab_size`` tokens on ``texts``.
+
+        ``texts`` is an iterable of strings (e.g. the train split); they are fed line by line.
+        Merges of pairs seen fewer than ``min_frequency`` times are not learned.
+
+        Raises :class:`TxlError` if ``vocab_size < 256`` (the byte alphabet), ``min_frequency < 1``,
+        the texts are empty, or ``tokenizers`` is missing.
+        """
+        tk = _import_tokenizers()
+        if vocab_size < 256:
+            raise TxlError(f"bpe vocab_size must be at least 256 (the byte alphabet), got {vocab_size}")
+        if min_frequency < 1:
+            raise TxlError(f"bpe min_frequency must be at least 1, got {min_frequency}")
+        texts = [t for t in texts if t]
+        if not texts:
+            raise TxlError("cannot build a bpe vocabulary from empty text; give a non-empty corpus")
+        tok = tk.Tokenizer(tk.models.BPE())
+        tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = tk.decoders.ByteLevel()
+        trainer = tk.trainers.BpeTrainer(
+            vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
+            initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(), special_tokens=[],
+        )
+        tok.train_from_iterator((line for t in texts for line in t.splitlines(keepends=True)), trainer=trainer)
+        return cls(tok.to_str())
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def encode(self, text: str) -> np.ndarray:
+        """BPE ids of ``text``, ``int64``, shape ``[n_tokens]``.
+
+        Long texts are encoded in pieces (cut at a single newline between non-space
+        characters), which gives the same ids as one call. Raises :class:`TxlError` for text that
+        is not valid Unicode (lone surrogates).
+        """
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise TxlError(f"text contains a lone surrogate at character {e.start}; remove it") from None
+        pieces = _chunks(text, 1 << 20)
+        encs = self._tok.encode_batch(pieces, add_special_tokens=False) if len(pieces) > 1 else (
+            [self._tok.encode(pieces[0], add_special_tokens=False)] if pieces else [])
+        ids = [i for e in encs for i in e.ids]
+        return np.asarray(ids, dtype=np.int64)
+
+    def decode(self, ids: Any) -> str:
+        """Text of the ids; an incomplete UTF-8 sequence decodes to U+FFFD."""
+        arr = _ids_array(ids, self.vocab_size, self.kind)
+        return self._tok.decode(arr.tolist(), skip_special_tokens=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "bpe", "tokenizer": self._json}
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Tokenizer):
+            return NotImplemented
+        return isinstance(other, BPETokenizer) and json.loads(self._json) == json.loads(other._json)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _chunks(text: str, size: int) -> list[str]:
+    """Cut ``text`` into pieces of about ``size`` characters, only between ``X\\n`` and ``Y``.
+
+    X and Y are non-space characters: there byte-level pre-tokenisation (GPT-2 pattern) makes the
+    lone newline a token of its own whether or not the text continues, so the cuts do not change
+    the tokens.
+    """
+    pieces: list[str] = []
+    start = 0
+    while len(text) - start > size:
+        m = _LINE_START.search(text, start + size)
+        if m is None:
+            break
+        pieces.append(text[start:m.start()])
+        start = m.start()
+    if start < len(text):
+        pieces.append(text[start:])
+    return pieces
+
+
+_LINE_START = re.compile(r"(?<=\S\n)(?=\S)")
 
 
 def tokenizer_from_dict(d: Any) -> Tokenizer:
@@ -382,7 +533,9 @@ def tokenizer_from_dict(d: Any) -> Tokenizer:
         words = d.get("words")
         if not isinstance(words, list):
             raise TxlError("word tokenizer description needs a 'words' list")
-        return WordTokenizer(words, lower=d.get("lower", False))
+        return WordTokenizer(words, lower=d.get("lower", False), normalize=d.get("normalize", "none"))
+    if kind == "bpe":
+        return BPETokenizer(d.get("tokenizer"))
     raise TxlError(f"unknown tokenizer kind {kind!r}; expected one of {', '.join(TOKENIZER_KINDS)}")
 
 

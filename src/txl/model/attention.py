@@ -44,14 +44,45 @@ def rel_shift(x: torch.Tensor) -> torch.Tensor:
         x: [..., T, K] scores of each query against R for distances K-1 ... 0.
 
     Returns:
-        [..., T, K] with ``out[..., i, j] = x[..., i, j + T - 1 - i]`` for every causal entry
-        ``j <= M + i`` (M = K - T). Entries for future keys hold unrelated finite values and must be
-        masked by the caller. Done with one zero-column pad and views (no gather).
+        [..., T, K] strided view of ``x`` (no copy) with ``out[..., i, j] = x[..., i, j + T - 1 - i]``
+        for every causal entry ``j <= M + i`` (M = K - T). Row i starts T-1-i elements into row i of
+        ``x`` and rows are K-1 apart, so entries for future keys run into the next row: they hold
+        unrelated finite values and must be masked. Use :func:`rel_shift_bias` under autograd.
     """
     *lead, qlen, klen = x.shape
-    padded = F.pad(x, (1, 0))  # [..., T, K+1], a zero column on the left
-    padded = padded.view(*lead, klen + 1, qlen)
-    return padded[..., 1:, :].reshape(*lead, qlen, klen)
+    x = x.contiguous()
+    return x.as_strided((*lead, qlen, klen), x.stride()[:-2] + (klen - 1, 1), x.storage_offset() + qlen - 1)
+
+
+class _RelShiftBias(torch.autograd.Function):
+    """rel_shift then masked_fill(-inf) with a cheap backward (the inverse shift as one strided read)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(mask)
+        return rel_shift(x).masked_fill(mask, float("-inf"))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (mask,) = ctx.saved_tensors
+        *lead, qlen, klen = grad.shape
+        # grad_x[i, m] = grad[i, m - (T-1-i)]: pad T-1 zero columns on the left, then row i of the
+        # result starts i elements into row i of the padded grad (row stride K+T-1, plus one per row).
+        padded = F.pad(grad.masked_fill(mask, 0.0), (qlen - 1, 0))
+        out = padded.as_strided((*lead, qlen, klen), padded.stride()[:-2] + (klen + qlen, 1), padded.storage_offset())
+        return out.contiguous(), None
+
+
+def rel_shift_bias(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``rel_shift(x)`` with masked entries set to -inf, as a new contiguous tensor [..., T, K].
+
+    Args:
+        x: [..., T, K] position scores ((b) + (d) of §3.3) for distances K-1 ... 0.
+        mask: bool [T, K], True where the key is not visible.
+
+    The backward maps gradients back without the zero-pad/reshape copies of the classic trick.
+    """
+    return _RelShiftBias.apply(x, mask)
 
 
 def attention_mask(qlen: int, mlen: int, same_length: bool, mem_len: int, device: torch.device | str) -> torch.Tensor:
@@ -126,17 +157,18 @@ class MultiHeadAttention(nn.Module):
         k = k.view(bsz, klen, self.n_head, self.d_head).transpose(1, 2)  # [B, H, K, D]
         v = v.view(bsz, klen, self.n_head, self.d_head).transpose(1, 2)  # [B, H, K, D]
 
+        dropatt = self.dropatt.p if self.training else 0.0
         if self.attn_type == "rel":
             u = self.r_w_bias if hasattr(self, "r_w_bias") else r_w_bias
             vb = self.r_r_bias if hasattr(self, "r_r_bias") else r_r_bias
             r_k = self.r_net(pos_emb).view(klen, self.n_head, self.d_head).permute(1, 2, 0)  # [H, D, K]
-            ac = torch.matmul(q + u[:, None, :], k.transpose(-1, -2))  # (a) + (c): [B, H, T, K]
-            bd = rel_shift(torch.matmul(q + vb[:, None, :], r_k))  # (b) + (d): [B, H, T, K]
-            score = (ac + bd) * self.scale
+            # (b) + (d), pre-scaled, realigned and masked, becomes an additive bias of the fused kernel,
+            # which computes softmax(scale * (q + u)·k + bias) @ v, i.e. (a) + (c) + (b) + (d).
+            bias = rel_shift_bias(torch.matmul((q + vb[:, None, :]) * self.scale, r_k), mask)  # [B, H, T, K]
+            vec = F.scaled_dot_product_attention(q + u[:, None, :], k, v, attn_mask=bias, dropout_p=dropatt,
+                                                 scale=self.scale)
         else:
-            score = torch.matmul(q, k.transpose(-1, -2)) * self.scale
-        score = score.masked_fill(mask, torch.finfo(score.dtype).min)
-        prob = self.dropatt(torch.softmax(score, dim=-1))
-        vec = torch.matmul(prob, v).transpose(1, 2).reshape(bsz, qlen, hd)  # [B, T, H*D]
+            vec = F.scaled_dot_product_attention(q, k, v, attn_mask=~mask, dropout_p=dropatt, scale=self.scale)
+        vec = vec.transpose(1, 2).reshape(bsz, qlen, hd)  # [B, T, H*D]
         out = self.drop(self.o_net(vec))
         return h + out if self.pre_lnorm else self.layer_norm(h + out)

@@ -98,6 +98,14 @@ class TransformerXLConfig:
         attn_type: ``"rel"`` (Transformer-XL relative attention, §3.3) or ``"abs"`` (the vanilla
             Transformer baseline: absolute sinusoidal positions added to the input, no memory).
         init_std: standard deviation of the normal initialisation of weights and of u, v.
+        d_embed: width of the (first cluster's) embedding table; None means ``d_model``. When it
+            differs from ``d_model`` the embedding and softmax are projected (adaptive input/softmax).
+        cutoffs: adaptive input/softmax cluster boundaries (e.g. WikiText-103 ``[20000, 40000,
+            200000]``); empty: one cluster, a plain embedding and softmax.
+        div_val: cluster i has width ``d_embed // div_val**i`` (1: one shared table).
+        tie_projs: per cluster, share the softmax projection with the embedding's; empty means
+            the reference default ``[False] + [True] * len(cutoffs)``.
+        proj_init_std: standard deviation of the normal initialisation of the projections.
 
     Raises:
         TxlError: from :meth:`validate` for impossible values.
@@ -120,6 +128,11 @@ class TransformerXLConfig:
     tie_weight: bool = True
     attn_type: str = "rel"
     init_std: float = 0.02
+    d_embed: int | None = None
+    cutoffs: list[int] = dataclasses.field(default_factory=list)
+    div_val: int = 1
+    tie_projs: list[bool] = dataclasses.field(default_factory=list)
+    proj_init_std: float = 0.01
 
     def __post_init__(self) -> None:
         self.validate()
@@ -141,8 +154,30 @@ class TransformerXLConfig:
                 raise TxlError(f"model.{name} must be in [0, 1), got {value}")
         if self.attn_type not in ATTN_TYPES:
             raise TxlError(f"model.attn_type must be one of {', '.join(ATTN_TYPES)}, got {self.attn_type!r}")
-        if not self.init_std > 0:
-            raise TxlError(f"model.init_std must be > 0, got {self.init_std}")
+        if not self.init_std > 0 or not self.proj_init_std > 0:
+            raise TxlError(f"model.init_std and model.proj_init_std must be > 0, got {self.init_std}, {self.proj_init_std}")
+        if self.d_embed is not None and self.d_embed < 1:
+            raise TxlError(f"model.d_embed must be >= 1 (or unset), got {self.d_embed}")
+        bounds = [0, *self.cutoffs]  # cutoffs < vocab_size is checked when the model is built: a run
+        if any(a >= b for a, b in zip(bounds, bounds[1:])):  # config learns vocab_size from its corpus
+            raise TxlError(f"model.cutoffs must be strictly increasing positive integers, got {self.cutoffs}")
+        if self.div_val < 1:
+            raise TxlError(f"model.div_val must be >= 1, got {self.div_val}")
+        if self.div_val > 1 and self.embed_dim // self.div_val ** len(self.cutoffs) < 1:
+            raise TxlError(f"model.d_embed={self.embed_dim} is too small for div_val={self.div_val} with "
+                           f"{len(self.cutoffs) + 1} clusters")
+        if self.tie_projs and len(self.tie_projs) != len(self.cutoffs) + 1:
+            raise TxlError(f"model.tie_projs needs one flag per cluster ({len(self.cutoffs) + 1}), got {self.tie_projs}")
+
+    @property
+    def embed_dim(self) -> int:
+        """``d_embed``, defaulting to ``d_model``."""
+        return self.d_model if self.d_embed is None else self.d_embed
+
+    @property
+    def tied_projections(self) -> list[bool]:
+        """``tie_projs`` with the reference default filled in (one flag per cluster)."""
+        return list(self.tie_projs) if self.tie_projs else [False] + [True] * len(self.cutoffs)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TransformerXLConfig":

@@ -23,11 +23,19 @@ def save_model(model: torch.nn.Module, directory: str | Path, tokenizer: Any = N
     """Write ``model.safetensors``, ``config.json`` and, with a tokenizer, ``vocab.json`` into ``directory``."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    # a tied parameter is stored once, under its first name; loading re-ties it by construction
+    tensors = {k: v.detach().contiguous().cpu() for k, v in unique_state(model).items()}
     atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     write_json(directory / CONFIG_NAME, model.config.to_dict())
     if tokenizer is not None:
         tokenizer.save(directory / VOCAB_NAME)
+
+
+def unique_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict without the second names of tied parameters (e.g. the softmax weight tied to the
+    embedding), so that safetensors stores each tensor once."""
+    keep = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
+    return {k: v for k, v in model.state_dict().items() if k in keep}
 
 
 def read_model_config(directory: str | Path) -> TransformerXLConfig:
@@ -68,7 +76,7 @@ def load_model(directory: str | Path, map_location: str | torch.device = "cpu"):
     except (SafetensorError, OSError, ValueError) as err:
         raise TxlError(f"cannot read weights {path}: {err}") from None
     model = TransformerXLLM(config)
-    expected = model.state_dict()
+    expected = unique_state(model)
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     if missing or unexpected:
@@ -77,5 +85,5 @@ def load_model(directory: str | Path, map_location: str | torch.device = "cpu"):
         if value.shape != expected[key].shape:
             raise TxlError(f"weights in {path} do not match {CONFIG_NAME}: {key} has shape {tuple(value.shape)}, "
                            f"config implies {tuple(expected[key].shape)}")
-    model.load_state_dict(tensors)
+    model.load_state_dict(tensors, strict=False)  # the tied second names are filled by the ties
     return model.to(map_location)

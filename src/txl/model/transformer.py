@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from txl.model.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, tie_adaptive
 from txl.model.attention import MultiHeadAttention, attention_mask, relative_positions, sinusoid
 from txl.model.config import TransformerXLConfig
 from txl.model.memory import Mems, check_mems, update_mems
@@ -22,14 +22,21 @@ class LMOutput:
     """What :meth:`TransformerXLLM.forward` returns.
 
     Attributes:
-        logits: float [B, T, vocab_size], unnormalised next-token scores.
-        loss: float scalar, mean negative log-likelihood in nats over labels != -100 (None without labels).
+        logits: float [B, T, vocab_size] next-token scores (softmax gives the probabilities): raw
+            logits for a plain softmax, log-probabilities for an adaptive softmax. None when an
+            adaptive softmax (``cutoffs``) computed the loss from labels, so that no [B, T, V]
+            tensor is built in training.
+        loss: float scalar, mean negative log-likelihood in nats over labels != -100 (0 when every
+            label is -100; None without labels).
         mems: new memory, ``n_layer`` detached tensors [B, <= mem_len, d_model]; None for ``attn_type="abs"``.
+        token_loss: float [B, T] per-token negative log-likelihood in nats, 0 where labels == -100
+            (None without labels).
     """
 
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     loss: torch.Tensor | None
     mems: Mems | None
+    token_loss: torch.Tensor | None = None
 
 
 class PositionwiseFF(nn.Module):
@@ -72,9 +79,11 @@ class TransformerXLLM(nn.Module):
     ``attn_type="abs"``: the vanilla Transformer baseline (absolute sinusoidal positions added to the
     scaled embedding, causal attention within the segment, no memory).
 
-    Parameters: ``word_emb`` [V, d_model] (output is scaled by sqrt(d_model)), shared ``r_w_bias`` and
-    ``r_r_bias`` [n_head, d_head] (unless ``untie_r``), ``layers``, ``out_bias`` [V] and, without
-    ``tie_weight``, ``out_weight`` [V, d_model]. All are initialised here.
+    Parameters: ``word_emb`` (:class:`~txl.model.adaptive.AdaptiveEmbedding`: a [V, d_embed] table,
+    or per-cluster tables and projections with ``cutoffs``; output scaled by sqrt(d_model)), shared
+    ``r_w_bias`` and ``r_r_bias`` [n_head, d_head] (unless ``untie_r``), ``layers`` and ``crit``
+    (:class:`~txl.model.adaptive.ProjectedAdaptiveLogSoftmax`: output weights with bias, tied to the
+    embedding with ``tie_weight`` and ``tie_projs``). All are initialised here.
     """
 
     def __init__(self, config: TransformerXLConfig) -> None:
@@ -82,33 +91,29 @@ class TransformerXLLM(nn.Module):
         config.validate()
         self.config = config
         c = config
-        self.word_emb = nn.Embedding(c.vocab_size, c.d_model)
-        self.emb_scale = math.sqrt(c.d_model)
+        self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val)
         self.drop = nn.Dropout(c.dropout)
         if c.attn_type == "rel" and not c.untie_r:
             self.r_w_bias = nn.Parameter(torch.empty(c.n_head, c.d_head))
             self.r_r_bias = nn.Parameter(torch.empty(c.n_head, c.d_head))
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_layer))
-        if not c.tie_weight:
-            self.out_weight = nn.Parameter(torch.empty(c.vocab_size, c.d_model))
-        self.out_bias = nn.Parameter(torch.zeros(c.vocab_size))
+        self.crit = ProjectedAdaptiveLogSoftmax(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val)
+        tie_adaptive(self.word_emb, self.crit, c.tie_weight, c.tied_projections)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Normal(0, init_std) for weights, embeddings and u/v; zeros for biases; ones for LayerNorm gains."""
-        std = self.config.init_std
-        for name, p in self.named_parameters():
+        """Normal(0, init_std) for weights, embeddings, u/v and cluster weights; normal(0, proj_init_std)
+        for adaptive projections; zeros for biases; ones for LayerNorm gains."""
+        c = self.config
+        for name, p in self.named_parameters():  # a tied parameter appears once
             if name.endswith("layer_norm.weight"):
                 nn.init.ones_(p)
-            elif name.endswith(".bias") or name == "out_bias":
+            elif name.endswith(".bias") or name.endswith("cluster_bias"):
                 nn.init.zeros_(p)
-            else:  # weights, embeddings, r_w_bias, r_r_bias, out_weight
-                nn.init.normal_(p, 0.0, std)
-
-    @property
-    def output_weight(self) -> torch.Tensor:
-        """[V, d_model] softmax weight (the embedding matrix when ``tie_weight``)."""
-        return self.word_emb.weight if self.config.tie_weight else self.out_weight
+            elif "projs" in name:
+                nn.init.normal_(p, 0.0, c.proj_init_std)
+            else:  # weights, embeddings, r_w_bias, r_r_bias, cluster_weight
+                nn.init.normal_(p, 0.0, c.init_std)
 
     def set_attention_span(self, *, tgt_len: int | None = None, mem_len: int | None = None,
                            clamp_len: int | None = None, same_length: bool | None = None) -> None:
@@ -157,7 +162,7 @@ class TransformerXLLM(nn.Module):
         mlen = check_mems(mems, c.n_layer, bsz, c.d_model)
         klen = mlen + qlen
 
-        emb = self.word_emb(input_ids) * self.emb_scale  # [B, T, d]
+        emb = self.word_emb(input_ids)  # [B, T, d_model], scaled by sqrt(d_model)
         if c.attn_type == "rel":
             pos_emb = self.drop(sinusoid(relative_positions(klen, c.clamp_len, emb.device), c.d_model).to(emb.dtype))
             h = self.drop(emb)
@@ -176,13 +181,30 @@ class TransformerXLLM(nn.Module):
         h = self.drop(h)
 
         new_mems = update_mems(mems, hids, c.mem_len) if c.attn_type == "rel" else None
-        logits = F.linear(h, self.output_weight, self.out_bias)  # [B, T, V]
+        if labels is not None and labels.shape != input_ids.shape:
+            raise TxlError(f"labels shape {tuple(labels.shape)} differs from input_ids {tuple(input_ids.shape)}")
+        logits, token_loss, loss = self._output(h, labels)
+        return LMOutput(logits=logits, loss=loss, mems=new_mems, token_loss=token_loss)
+
+    def _output(self, h: torch.Tensor, labels: torch.Tensor | None):
+        """Logits [B, T, V] (or None), per-token NLL [B, T] and mean NLL for hidden states h [B, T, d]."""
+        bsz, qlen, _ = h.shape
+        flat = h.reshape(bsz * qlen, -1)
+        if labels is not None and self.config.cutoffs:  # adaptive softmax: never build [B, T, V]
+            logits = None
+            token_loss = self.crit(flat, labels.reshape(-1)).view(bsz, qlen)
+        else:
+            logits = self.crit.logits(flat)  # [B*T, V]
+            token_loss = None
+            if labels is not None:
+                wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
+                token_loss = F.cross_entropy(wide, labels.reshape(-1), ignore_index=-100,
+                                             reduction="none").view(bsz, qlen)
+            logits = logits.view(bsz, qlen, -1)
         loss = None
-        if labels is not None:
-            if labels.shape != input_ids.shape:
-                raise TxlError(f"labels shape {tuple(labels.shape)} differs from input_ids {tuple(input_ids.shape)}")
-            loss = F.cross_entropy(logits.reshape(-1, c.vocab_size).float(), labels.reshape(-1), ignore_index=-100)
-        return LMOutput(logits=logits, loss=loss, mems=new_mems)
+        if token_loss is not None:
+            loss = token_loss.sum() / (labels != -100).sum().clamp(min=1)
+        return logits, token_loss, loss
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,

@@ -16,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from txl.config import RunConfig
-from txl.data import CorpusSplits, LMOrderedIterator, load_corpus
+from txl.data import CorpusSplits, LMOrderedIterator, dataset_info, load_corpus
 from txl.data.iterators import sample_segment_length
 from txl.errors import TxlError
 from txl.evaluation import EvalResult, autocast, evaluate, metric_unit, metric_value
@@ -38,7 +38,8 @@ class TrainResult:
         final: evaluation of the best checkpoint with the ``[eval]`` settings (memory included).
         steps, tokens: optimizer steps taken and target tokens trained on.
         wall_s: wall-clock seconds of the training loop; tokens_per_s: tokens / wall_s (evaluation included).
-        sample: text sampled from the best checkpoint ("" when ``sample_tokens`` is 0).
+        sample_prompt, sample: the prompt and the text sampled after it from the best checkpoint
+            ("" when ``sample_tokens`` is 0).
     """
 
     run_dir: Path
@@ -48,6 +49,7 @@ class TrainResult:
     tokens: int
     wall_s: float
     tokens_per_s: float
+    sample_prompt: str
     sample: str
 
 
@@ -78,9 +80,10 @@ def seed_everything(seed: int) -> None:
 def load_run_corpus(run: RunConfig, tokenizer=None) -> CorpusSplits:
     """Load the corpus described by ``run.data`` (with a given tokenizer, e.g. a checkpoint's)."""
     d = run.data
-    return load_corpus(d.path, d.tokenizer, train=d.train, valid=d.valid, test=d.test, split=d.split,
+    kind = d.tokenizer or ((dataset_info(d.path) or {}).get("tokenizer") if d.path else None) or "byte"
+    return load_corpus(d.path, kind, train=d.train, valid=d.valid, test=d.test, split=d.split,
                        pattern=d.pattern, min_freq=d.min_freq, max_size=d.max_size, lower=d.lower,
-                       cache_dir=d.cache_dir or default_cache_dir(), tokenizer_obj=tokenizer)
+                       normalize=d.normalize, cache_dir=d.cache_dir or default_cache_dir(), tokenizer_obj=tokenizer)
 
 
 def default_cache_dir() -> str:
@@ -232,11 +235,12 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
 
     best_ckpt = load_checkpoint(out_dir / "best", map_location=str(device))
     final = evaluate_run(best_ckpt.model, corpus, run)
-    sample = ""
+    prompt, sample = "", ""
     if t.sample_tokens:
-        sample = sample_text(best_ckpt.model, corpus, t.sample_prompt, t.sample_tokens, seed=t.seed)
+        prompt, sample = sample_text(best_ckpt.model, corpus, t.sample_prompt, t.sample_tokens, seed=t.seed)
     return TrainResult(run_dir=out_dir, best_dir=out_dir / "best", final=final, steps=step, tokens=state["tokens"],
-                       wall_s=wall, tokens_per_s=state["tokens"] / wall, sample=sample)
+                       wall_s=wall, tokens_per_s=state["tokens"] / wall, sample_prompt=prompt,
+                       sample=sample)
 
 
 def _resolved(run: RunConfig, model: TransformerXLLM) -> RunConfig:
@@ -255,15 +259,19 @@ def evaluate_run(model: TransformerXLLM, corpus: CorpusSplits, run: RunConfig) -
 
 
 def sample_text(model: TransformerXLLM, corpus: CorpusSplits, prompt: str, n_tokens: int, seed: int,
-                temperature: float = 0.8) -> str:
-    """Sample ``n_tokens`` after ``prompt`` (or, if empty, after the first line of the valid split)."""
+                temperature: float = 0.8, top_p: float = 0.95) -> tuple[str, str]:
+    """Sample ``n_tokens`` after ``prompt``; returns (prompt, continuation).
+
+    An empty ``prompt`` uses the first whole lines of the valid split.
+    """
     tok = corpus.tokenizer
-    if prompt:
-        ids = tok.encode(prompt)
-    else:
-        head = tok.decode(corpus.valid[:200])
-        ids = tok.encode(head.split("\n", 1)[0] + "\n") if "\n" in head else np.asarray(corpus.valid[:32])
+    if not prompt:
+        head = tok.decode(corpus.valid[:400])
+        lines = head.split("\n")
+        prompt = "\n".join(lines[1:-1]) + "\n" if len(lines) > 2 else head  # whole lines only
+    ids = tok.encode(prompt)
     device = next(model.parameters()).device
     x = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=device)[None]
-    out = model.generate(x, n_tokens, temperature=temperature, generator=torch.Generator(device=device).manual_seed(seed))
-    return tok.decode(out[0].tolist())
+    out = model.generate(x, n_tokens, temperature=temperature, top_p=top_p,
+                         generator=torch.Generator(device=device).manual_seed(seed))
+    return prompt, tok.decode(out[0, x.size(1):].tolist())

@@ -1,0 +1,1 @@
+"""Conversion between txl checkpoints and other Transformer-XL formats."""

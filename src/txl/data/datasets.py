@@ -1,0 +1,412 @@
+"""Standard language-modelling benchmarks: ``txl data prepare NAME --source ... --out DIR``.
+
+:func:`prepare_dataset` turns an official archive (a local file, a folder holding its extracted
+files, or an http(s) URL) into a folder with ``train.txt``, ``valid.txt``, ``test.txt`` and
+``dataset.json``; :func:`dataset_info` reads that ``dataset.json`` back, and
+:func:`~txl.data.corpus.load_corpus` trains on such a folder directly.
+
+Layouts (member names checked against the public preparation scripts: the Transformer-XL
+``getdata.sh``, Salesforce ``prep_enwik8.py``, the Hugging Face ``wikitext`` loader and
+TensorFlow's ``lm1b`` checksums):
+
+* enwik8 / text8: ``enwik8.zip`` / ``text8.zip`` hold one file ``enwik8`` / ``text8``; it is cut
+  by :func:`standard_split` (bytes for enwik8, characters for text8).
+* wikitext-2 / -103: ``wikitext-2/wiki.{train,valid,test}.tokens``; the raw variants
+  ``wikitext-2-raw/wiki.*.raw`` (already WikiText-tokenised, without ``<unk>``).
+* ptb / ptb-char: ``simple-examples.tgz`` members ``./simple-examples/data/ptb.{train,valid,test}.txt``
+  and ``ptb.char.{train,valid,test}.txt``.
+* lm1b: ``training-monolingual.tokenized.shuffled/news.en-000NN-of-00100`` (train shards, listed
+  one path per line in ``train.txt``, not concatenated) and
+  ``heldout-monolingual.tokenized.shuffled/news.en.heldout-00000-of-00050``, which the
+  Transformer-XL reference uses as both valid and test set (so do we; ``valid.txt == test.txt``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from txl.data.download import check_sha256, download, extract, is_url
+from txl.errors import TxlError
+from txl.fileio import atomic_write, write_json
+
+__all__ = ["DATASETS", "DatasetSpec", "dataset_info", "prepare_dataset", "standard_split", "FORMAT"]
+
+FORMAT = "txl-dataset-1"
+SPLITS = ("train", "valid", "test")
+MAX_FOLDER_FILES = 100_000  # bound on the files searched in a --source folder
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """How one benchmark is laid out and prepared.
+
+    Attributes:
+        name: the ``txl data prepare`` name. url: the official download URL.
+        archive: the official archive file name. tokenizer: recommended tokenizer kind.
+        layout: ``"split"`` (one member cut 90/5/5), ``"files"`` (train/valid/test members) or
+            ``"lm1b"`` (train shards + held-out file).
+        members: pattern per role (a path suffix; the last part may be a glob).
+        unit: ``"bytes"`` or ``"characters"`` for the ``"split"`` layout.
+        sha256: published sha256 of ``archive`` (None if no public sha256 is known).
+    """
+
+    name: str
+    url: str
+    archive: str
+    tokenizer: str
+    layout: str
+    members: dict
+    unit: str = "bytes"
+    sha256: str | None = None
+
+
+_WT = "https://s3.amazonaws.com/research.metamind.io/wikitext/"
+_PTB = "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz"
+
+
+def _wikitext(name: str, folder: str, ext: str, zip_name: str, sha: str) -> DatasetSpec:
+    members = {s: f"{folder}/wiki.{s}.{ext}" for s in SPLITS}
+    return DatasetSpec(name, _WT + zip_name, zip_name, "word", "files", members, sha256=sha)
+
+
+# sha256 values: only published ones. enwik8 and the four WikiText zips: Hugging Face datasets,
+# datasets/enwik8/dataset_infos.json and datasets/wikitext/dataset_infos.json ("download_checksums");
+# lm1b: TensorFlow Datasets, tensorflow_datasets/url_checksums/lm1b.txt. No public sha256 was
+# found for text8.zip or simple-examples.tgz (only sizes / md5), so those are not verified.
+DATASETS: dict[str, DatasetSpec] = {
+    s.name: s
+    for s in [
+        DatasetSpec("enwik8", "http://mattmahoney.net/dc/enwik8.zip", "enwik8.zip", "byte", "split",
+                    {"all": "enwik8"}, "bytes",
+                    "547994d9980ebed1288380d652999f38a14fe291a6247c157c3d33d4932534bc"),
+        DatasetSpec("text8", "http://mattmahoney.net/dc/text8.zip", "text8.zip", "char", "split",
+                    {"all": "text8"}, "characters"),
+        _wikitext("wikitext-2", "wikitext-2", "tokens", "wikitext-2-v1.zip",
+                  "92675f1d63015c1c8b51f1656a52d5bdbc33aafa60cc47a218a66e7ee817488c"),
+        _wikitext("wikitext-2-raw", "wikitext-2-raw", "raw", "wikitext-2-raw-v1.zip",
+                  "ef7edb566e3e2b2d31b29c1fdb0c89a4cc683597484c3dc2517919c615435a11"),
+        _wikitext("wikitext-103", "wikitext-103", "tokens", "wikitext-103-v1.zip",
+                  "242ba0f20b329cfdf1ccc61e9e9e5b59becf189db7f7a81cd2a0e2fc31539590"),
+        _wikitext("wikitext-103-raw", "wikitext-103-raw", "raw", "wikitext-103-raw-v1.zip",
+                  "91c00ae287f0d699e18605c84afc9e45c192bc6b7797ff8837e5474655a33794"),
+        DatasetSpec("ptb", _PTB, "simple-examples.tgz", "word", "files",
+                    {s: f"simple-examples/data/ptb.{s}.txt" for s in SPLITS}),
+        DatasetSpec("ptb-char", _PTB, "simple-examples.tgz", "char", "files",
+                    {s: f"simple-examples/data/ptb.char.{s}.txt" for s in SPLITS}),
+        DatasetSpec("lm1b", "http://www.statmt.org/lm-benchmark/1-billion-word-language-modeling-benchmark-r13output.tar.gz",
+                    "1-billion-word-language-modeling-benchmark-r13output.tar.gz", "word", "lm1b",
+                    {"train": "training-monolingual.tokenized.shuffled/news.en-?????-of-00100",
+                     "heldout": "heldout-monolingual.tokenized.shuffled/news.en.heldout-00000-of-00050"},
+                    sha256="01ba60381110baf7f189dfd2b8374de371e8c9a340835793f190bdae9e90a34e"),
+    ]
+}
+
+
+def standard_split(total: int) -> tuple[int, int]:
+    """End offsets ``(train_end, valid_end)`` of the 90% / 5% / 5% split of ``total`` units.
+
+    ``train = [0, total*9//10)``, ``valid = [train_end, total*19//20)``, ``test = [valid_end,
+    total)`` (floor rounding). For the real 100,000,000-unit enwik8/text8 files this is exactly
+    the reference split: the first 90M train, the next 5M valid, the last 5M test; smaller files
+    (e.g. test fixtures) get the same fractions. Raises :class:`TxlError` if ``total < 20``
+    (a split would be empty).
+    """
+    if total < 20:
+        raise TxlError(f"the file has {total} units; at least 20 are needed for a 90/5/5 split")
+    return total * 9 // 10, total * 19 // 20
+
+
+def dataset_info(path: str | os.PathLike[str] | None) -> dict | None:
+    """The parsed ``dataset.json`` of a folder written by :func:`prepare_dataset`, else None.
+
+    Returns None when ``path`` is not a folder holding ``dataset.json``. Keys: ``name``,
+    ``tokenizer`` (recommended kind), ``files`` (split -> file name), ``sizes`` (bytes), ``source``,
+    ``sha256``, ``sha256_verified``, ``split``, and for lm1b ``shuffled`` and ``train_shards``.
+    Raises :class:`TxlError` if the file is unreadable or not a txl dataset description.
+    """
+    if path is None:
+        return None
+    f = Path(path) / "dataset.json"
+    if not Path(path).is_dir() or not f.is_file():
+        return None
+    try:
+        d = json.loads(f.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise TxlError(f"cannot read {f}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TxlError(f"{f} is not valid JSON ({e}); run txl data prepare again") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise TxlError(f"{f} is not a txl dataset description (format {FORMAT}); run txl data prepare again")
+    return d
+
+
+def _matches(parts: tuple[str, ...], pattern: str) -> bool:
+    """Whether a path (its parts) ends with ``pattern`` (the last pattern part may be a glob)."""
+    pat = pattern.split("/")
+    if len(parts) < len(pat):
+        return False
+    tail = parts[len(parts) - len(pat):]
+    return tuple(tail[:-1]) == tuple(pat[:-1]) and fnmatch.fnmatchcase(tail[-1], pat[-1])
+
+
+def _copy_file(src: Path, dest: Path) -> None:
+    try:
+        atomic_write(dest, lambda tmp: shutil.copyfile(src, tmp))
+    except OSError as e:
+        raise TxlError(f"cannot copy {src} to {dest}: {e.strerror or e}") from None
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise TxlError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def _write_bytes(dest: Path, data: bytes) -> None:
+    try:
+        atomic_write(dest, lambda tmp: Path(tmp).write_bytes(data))
+    except OSError as e:
+        raise TxlError(f"cannot write {dest}: {e.strerror or e}") from None
+
+
+def _find_in_folder(folder: Path, patterns: dict[str, str]) -> dict[str, list[Path]]:
+    """Files under ``folder`` per role; a non-glob pattern may also match a unique base name."""
+    found: dict[str, list[Path]] = {role: [] for role in patterns}
+    by_name: dict[str, list[Path]] = {}
+    seen = 0
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames.sort()
+        for fn in sorted(filenames):
+            seen += 1
+            if seen > MAX_FOLDER_FILES:
+                raise TxlError(f"{folder} holds more than {MAX_FOLDER_FILES} files; give the dataset's own folder")
+            full = Path(dirpath) / fn
+            by_name.setdefault(fn, []).append(full)
+            for role, pat in patterns.items():
+                if _matches(full.resolve().parts, pat):
+                    found[role].append(full)
+    for role, pat in patterns.items():
+        base = pat.split("/")[-1]
+        if not found[role] and not any(c in base for c in "*?[") and len(by_name.get(base, [])) == 1:
+            found[role] = by_name[base]
+    return found
+
+
+def _one(found: dict[str, list], role: str, spec: DatasetSpec, where: str) -> object:
+    hits = found.get(role, [])
+    if len(hits) != 1:
+        what = "no file" if not hits else f"{len(hits)} files"
+        raise TxlError(f"{where} has {what} matching {spec.members[role]!r} for {spec.name}; "
+                       f"give the official {spec.archive} or its extracted folder")
+    return hits[0]
+
+
+def _is_archive(path: Path) -> bool:
+    import tarfile
+    import zipfile
+
+    try:
+        return zipfile.is_zipfile(path) or tarfile.is_tarfile(path)
+    except OSError:
+        return False
+
+
+def _extract_roles(archive: Path, spec: DatasetSpec, dests: Callable[[str, str], list[Path]]) -> dict[str, list[str]]:
+    """Extract the members matching each role; ``dests(role, member)`` gives their destinations."""
+    hits: dict[str, list[str]] = {role: [] for role in spec.members}
+
+    def select(name: str) -> list[Path]:
+        parts = tuple(name.split("/"))
+        for role, pat in spec.members.items():
+            if _matches(parts, pat):
+                hits[role].append(name)
+                if len(hits[role]) > 1 and not any(c in pat for c in "*?["):
+                    raise TxlError(f"{archive} has several members matching {pat!r}: {hits[role][0]!r}, {name!r}")
+                return dests(role, name)
+        return []
+
+    extract(archive, select)
+    for role, pat in spec.members.items():
+        if not hits[role]:
+            raise TxlError(f"{archive} has no member matching {pat!r}; is it the official {spec.archive}?")
+    return hits
+
+
+def _prepare_split(spec: DatasetSpec, src: Path, out: Path) -> dict:
+    """enwik8/text8: cut one file into the 90/5/5 splits (bytes or characters)."""
+    member = spec.members["all"]
+    if src.is_dir():
+        data_file = _one(_find_in_folder(src, spec.members), "all", spec, str(src))
+        data = _read_bytes(Path(data_file))
+    elif _is_archive(src):
+        tmp = out / ".download" / f"{spec.name}.member"
+        _extract_roles(src, spec, lambda role, name: [tmp])
+        data = _read_bytes(tmp)
+        tmp.unlink()
+    else:
+        data = _read_bytes(src)  # the already-extracted file itself
+    if spec.unit == "characters":
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TxlError(f"{spec.name} data is not UTF-8 text (byte offset {e.start})") from None
+        b1, b2 = standard_split(len(text))
+        parts = [text[:b1].encode(), text[b1:b2].encode(), text[b2:].encode()]
+        total = len(text)
+    else:
+        b1, b2 = standard_split(len(data))
+        parts = [data[:b1], data[b1:b2], data[b2:]]
+        total = len(data)
+    for name, part in zip(SPLITS, parts):
+        _write_bytes(out / f"{name}.txt", part)
+    return {"members": {"all": member},
+            "split": {"unit": spec.unit, "train": [0, b1], "valid": [b1, b2], "test": [b2, total]}}
+
+
+def _prepare_files(spec: DatasetSpec, src: Path, out: Path) -> dict:
+    """WikiText / PTB: copy the train/valid/test members."""
+    if src.is_dir():
+        found = _find_in_folder(src, spec.members)
+        members = {}
+        for role in SPLITS:
+            f = Path(_one(found, role, spec, str(src)))
+            _copy_file(f, out / f"{role}.txt")
+            members[role] = str(f)
+    elif _is_archive(src):
+        hits = _extract_roles(src, spec, lambda role, name: [out / f"{role}.txt"])
+        members = {role: hits[role][0] for role in SPLITS}
+    else:
+        raise TxlError(f"{src} is neither a zip/tar archive nor a folder; give the official {spec.archive}")
+    return {"members": members, "split": "the official train/valid/test files"}
+
+
+def _prepare_lm1b(spec: DatasetSpec, src: Path, out: Path) -> dict:
+    """lm1b: train shards (listed in train.txt), held-out shard 0 as valid.txt and test.txt."""
+    shard_dir = "training-monolingual.tokenized.shuffled"
+    if src.is_dir():
+        found = _find_in_folder(src, spec.members)
+        heldout = Path(_one(found, "heldout", spec, str(src)))
+        shards = sorted(str(p.resolve()) for p in found["train"])  # used in place: absolute paths
+        for role in ("valid", "test"):
+            _copy_file(heldout, out / f"{role}.txt")
+        heldout_name = str(heldout)
+    elif _is_archive(src):
+        def dests(role: str, name: str) -> list[Path]:
+            if role == "heldout":
+                return [out / "valid.txt", out / "test.txt"]
+            return [out / shard_dir / name.split("/")[-1]]
+
+        hits = _extract_roles(src, spec, dests)
+        shards = sorted(f"{shard_dir}/{n.split('/')[-1]}" for n in hits["train"])
+        heldout_name = hits["heldout"][0]
+    else:
+        raise TxlError(f"{src} is neither a tar archive nor a folder; give the official {spec.archive}")
+    if not shards:
+        raise TxlError(f"no lm1b training shards matching {spec.members['train']!r} in {src}")
+    _write_bytes(out / "train.txt", "".join(s + "\n" for s in shards).encode("utf-8"))
+    train_bytes = sum((out / s if not Path(s).is_absolute() else Path(s)).stat().st_size for s in shards)
+    return {"members": {"train": spec.members["train"], "valid": heldout_name, "test": heldout_name},
+            "split": "official training shards; held-out shard 00000 as both valid and test (as the reference)",
+            "shuffled": True, "train_is_list": True, "train_shards": shards, "train_bytes": train_bytes}
+
+
+def _resolve_source(spec: DatasetSpec, source: str, out: Path, sha256: str | None, progress: bool,
+                    timeout: float, log: Callable[[str], None]) -> tuple[Path, str | None, bool]:
+    """Download or locate the source; returns (path, sha256 or None for a folder, verified)."""
+    expected = sha256 or spec.sha256
+    what = "given with --sha256" if sha256 else f"the published checksum of {spec.archive}"
+    if is_url(source):
+        base = source.rstrip("/").rsplit("/", 1)[-1].split("?")[0]
+        name = base if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", base or "") else spec.archive
+        dest = out / ".download" / name
+        if dest.is_file():
+            log(f"using the earlier download {dest}")
+        else:
+            log(f"downloading {source}")
+            download(source, dest, progress=progress, timeout=timeout, log=log)
+        digest, ok = check_sha256(dest, expected, what=what, keep_aside=True, log=log)
+        return dest, digest, ok
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise TxlError(f"source {source} does not exist; give the {spec.archive} archive, its extracted folder "
+                       f"or a URL (official: {spec.url})")
+    if path.is_dir():
+        log(f"using the extracted files in {path} (no checksum: a folder is not verified)")
+        return path, None, False
+    if not sha256 and not _is_archive(path):
+        expected = None  # the published checksum is the archive's, not that of an extracted file
+    digest, ok = check_sha256(path, expected, what=what, keep_aside=False, log=log)
+    return path, digest, ok
+
+
+def prepare_dataset(
+    name: str,
+    source: str | os.PathLike[str] | None,
+    out: str | os.PathLike[str],
+    *,
+    sha256: str | None = None,
+    progress: bool = True,
+    timeout: float = 60.0,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Prepare benchmark ``name`` from ``source`` into the folder ``out``; returns its dataset.json.
+
+    Args:
+        name: one of :data:`DATASETS` (enwik8, text8, wikitext-2, wikitext-103, wikitext-2-raw,
+            wikitext-103-raw, ptb, ptb-char, lm1b).
+        source: the official archive (path), a folder with its extracted files, the already
+            extracted enwik8/text8 file, or an http(s) URL (downloaded to ``out/.download``,
+            resumable).
+        out: output folder; gets ``train.txt``, ``valid.txt``, ``test.txt`` and, last,
+            ``dataset.json``.
+        sha256: expected sha256 of the archive (hex); overrides the published one. A file with
+            neither is used, and its computed sha256 is logged as not verified.
+        progress: show a download progress bar. timeout: seconds per network operation.
+        log: receives one-line progress messages.
+
+    Raises :class:`TxlError` for an unknown name, a missing source, a checksum mismatch (a bad
+    download is kept aside as ``.bad``), an unsafe or unexpected archive, or unwritable output.
+    """
+    spec = DATASETS.get(name)
+    if spec is None:
+        raise TxlError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+    if source is None or str(source) == "":
+        raise TxlError(f"give --source: the {spec.archive} archive, its extracted folder, or a URL "
+                       f"(official: {spec.url})")
+    if sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):
+        raise TxlError(f"--sha256 must be 64 hexadecimal digits, got {sha256!r}")
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TxlError(f"cannot create output folder {out}: {e.strerror or e}") from None
+    src, digest, verified = _resolve_source(spec, str(source), out, sha256, progress, timeout, log)
+    build = {"split": _prepare_split, "files": _prepare_files, "lm1b": _prepare_lm1b}[spec.layout]
+    details = build(spec, src, out)
+    info = {
+        "format": FORMAT,
+        "name": spec.name,
+        "tokenizer": spec.tokenizer,
+        "files": {s: f"{s}.txt" for s in SPLITS},
+        "sizes": {s: (out / f"{s}.txt").stat().st_size for s in SPLITS},
+        "source": str(source),
+        "archive": None if src.is_dir() else str(src.resolve()),
+        "sha256": digest,
+        "sha256_verified": verified,
+        **details,
+    }
+    try:
+        write_json(out / "dataset.json", info)
+    except OSError as e:
+        raise TxlError(f"cannot write {out / 'dataset.json'}: {e.strerror or e}") from None
+    sizes = ", ".join(f"{s}.txt ({n:,} bytes)" for s, n in info["sizes"].items())
+    log(f"{spec.name}: wrote {sizes} and dataset.json to {out}")
+    return info

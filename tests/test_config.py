@@ -1,0 +1,91 @@
+"""Run configuration: TOML files, overrides, validation."""
+
+from pathlib import Path
+
+import pytest
+
+from txl.config import RunConfig, load_run_config, parse_override
+from txl.errors import TxlError
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def test_default_toml_is_the_built_in_default():
+    assert load_run_config(CONFIGS / "default.toml") == RunConfig()
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    load_run_config(path).validate()
+
+
+def test_overrides_parse_toml_literals_and_bare_keys():
+    run = load_run_config(None, ["n_layer=2", "train.lr=3e-4", "tgt_len_schedule=[[0, 16], [10, 32, 64]]",
+                                 "model.same_length=true", "data.path=2024", "eval.mem_len=1600"])
+    assert run.model.n_layer == 2 and run.train.lr == 3e-4 and run.model.same_length is True
+    assert run.train.tgt_len_schedule == [[0, 16], [10, 32, 64]]
+    assert run.data.path == "2024"  # string fields keep the text
+    assert run.eval.mem_len == 1600
+
+
+def test_toml_file_then_overrides(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[model]\nn_layer = 3\n[train]\nmax_steps = 5\n')
+    run = load_run_config(path, ["max_steps=7"])
+    assert run.model.n_layer == 3 and run.train.max_steps == 7
+
+
+@pytest.mark.parametrize("override,match", [
+    ("mem_len=5", "sections model, eval"), ("nope=1", "unknown config key"), ("model.nope=1", "unknown key"),
+    ("foo.n_layer=1", "unknown config section"), ("n_layer", "key=value"), ("n_layer=two", "integer"),
+    ("tgt_len_schedule=[[5, 8], [2, 16]]", "increase"), ("tokenizer=unigram", "data.tokenizer"), ("normalize=moses", "data.normalize"),
+    ("data.split=[0.5, 0.5, 0.5]", "summing to 1"), ("dtype=float8", "train.dtype"), ("eval.split=train", "eval.split"),
+    ("min_lr=1.0", "min_lr")])
+def test_bad_overrides(override, match):
+    with pytest.raises(TxlError, match=match):
+        load_run_config(None, [override])
+
+
+def test_unknown_section_and_key_in_file(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[optim]\nlr = 1\n")
+    with pytest.raises(TxlError, match="unknown config section"):
+        load_run_config(path)
+    path.write_text("[train]\nlearning_rate = 1\n")
+    with pytest.raises(TxlError, match="unknown key.*learning_rate"):
+        load_run_config(path)
+
+
+def test_parse_override_reports_section():
+    assert parse_override("d_model=128") == ("model", "d_model", 128)
+
+
+# parameter counts of the paper's models, built on the meta device (no memory is allocated)
+PAPER_PARAMS = {  # config: (txl's count, the paper's, tolerance)
+    "enwik8-base.toml": (41.08e6, 41e6, 0.01),     # 256 byte symbols; the authors count 204 -> 41.06M
+    "enwik8-large.toml": (277.29e6, 277e6, 0.01),
+    "text8-large.toml": (277.05e6, 277e6, 0.01),
+    "wt103-base.toml": (151.11e6, 151e6, 0.01),
+    "wt103-large.toml": (285.17e6, 257e6, 0.12),   # the paper's table says 257M; txl counts tied weights once
+    "lm1b-large.toml": (840.76e6, 0.8e9, 0.06),    # "0.8B" in the paper
+}
+VOCAB = {"enwik8": 256, "text8": 27, "wt103": 267735, "lm1b": 793470}
+
+
+@pytest.mark.parametrize("name", sorted(PAPER_PARAMS))
+def test_paper_configs_have_the_papers_parameter_count(name):
+    import dataclasses
+
+    import torch
+
+    from txl.model import TransformerXLLM
+
+    run = load_run_config(CONFIGS / name)
+    config = dataclasses.replace(run.model, vocab_size=VOCAB[name.split("-")[0]])
+    with torch.device("meta"):
+        model = TransformerXLLM(config)
+    count = sum(p.numel() for p in model.parameters())
+    ours, paper, tol = PAPER_PARAMS[name]
+    assert count == pytest.approx(ours, rel=1e-4)
+    assert count == pytest.approx(paper, rel=tol)
+    assert run.eval.mem_len is not None and run.eval.mem_len >= run.model.mem_len  # evaluation settings given

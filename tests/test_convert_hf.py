@@ -1,0 +1,127 @@
+"""Parity with the transformers 4.35.2 TransfoXL implementation (an independent oracle) and conversion."""
+
+import collections
+import pickle
+import re
+
+import pytest
+import torch
+from transformers import TransfoXLConfig, TransfoXLLMHeadModel
+
+from txl.convert.hf_transfo_xl import (hf_initial_mems, hf_model_to_txl, model_from_hf_state,
+                                        read_hf_checkpoint, write_hf_checkpoint)
+from txl.convert.safe_pickle import read_transfo_xl_vocab
+from txl.errors import TxlError
+from txl.model.serialization import unique_state
+
+V = 60
+CASES = {
+    "plain": dict(cutoffs=[], div_val=1, d_embed=16, untie_r=False),
+    "plain-untie-samelen-clamp": dict(cutoffs=[], div_val=1, d_embed=16, untie_r=True, same_length=True, clamp_len=3),
+    "adaptive-div1": dict(cutoffs=[10, 20, 40], div_val=1, d_embed=16, untie_r=True),
+    "adaptive-div1-proj": dict(cutoffs=[10, 20, 40], div_val=1, d_embed=12, untie_r=False, same_length=True),
+    "adaptive-div4": dict(cutoffs=[10, 30], div_val=4, d_embed=32, untie_r=False, same_length=True, clamp_len=4),
+    "adaptive-div4-preln-noshare": dict(cutoffs=[15], div_val=4, d_embed=16, untie_r=True, pre_lnorm=True,
+                                        proj_share_all_but_first=False),
+}
+
+
+def make_hf(case, seed=0, mem_len=6):
+    cfg = TransfoXLConfig(vocab_size=V, d_model=16, n_head=2, d_head=8, d_inner=32, n_layer=2, mem_len=mem_len,
+                          dropout=0.0, dropatt=0.0, eos_token_id=None, **{"clamp_len": 0, "same_length": False, **case})
+    torch.manual_seed(seed)
+    model = TransfoXLLMHeadModel(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # random values everywhere (biases and gains too), ties stay tied
+            p.normal_(0.0, 0.3)
+    return model
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_log_probs_and_memories_equal_hf_over_three_segments(name):
+    hf = make_hf(CASES[name])
+    txl = hf_model_to_txl(hf).eval()
+    ids = torch.randint(0, V, (3, 15))
+    hf_mems = None  # HF starts from mem_len zero states; give txl the same explicit memory
+    txl_mems = hf_initial_mems(txl.config, 3)
+    for s in range(3):
+        seg = ids[:, 5 * s:5 * s + 5]
+        with torch.no_grad():
+            ref = hf(input_ids=seg, mems=hf_mems)
+            out = txl(seg, mems=txl_mems)
+        hf_mems, txl_mems = ref.mems, out.mems
+        logp = torch.log_softmax(out.logits, dim=-1)
+        assert torch.allclose(logp, ref.prediction_scores, atol=1e-5), (logp - ref.prediction_scores).abs().max()
+        assert len(txl_mems) == len(hf_mems)
+        for ours, theirs in zip(txl_mems, hf_mems):
+            assert torch.allclose(ours, theirs.transpose(0, 1), atol=1e-5)
+    # txl's own start (no memory) equals HF given an empty memory; the loss path (no [B, T, V]
+    # tensor with an adaptive softmax) agrees with the log-probs
+    empty = [torch.zeros(0, 3, 16) for _ in range(2)]
+    with torch.no_grad():
+        out = txl(ids[:, :5], labels=ids[:, 1:6])
+        ref = hf(input_ids=ids[:, :5], mems=empty).prediction_scores
+    manual = -ref.gather(-1, ids[:, 1:6, None]).squeeze(-1)
+    assert torch.allclose(out.token_loss, manual, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["plain-untie-samelen-clamp", "adaptive-div4", "adaptive-div1-proj"])
+def test_round_trip_txl_hf_txl_is_lossless(tmp_path, name):
+    txl = hf_model_to_txl(make_hf(CASES[name], seed=1)).eval()
+    write_hf_checkpoint(txl, tmp_path / "hf")
+    hf = TransfoXLLMHeadModel.from_pretrained(tmp_path / "hf").eval()  # read by transformers itself
+    ids = torch.randint(0, V, (2, 7))
+    with torch.no_grad():
+        ours = torch.log_softmax(txl(ids, mems=hf_initial_mems(txl.config, 2)).logits, -1)
+        assert torch.allclose(ours, hf(input_ids=ids).prediction_scores, atol=1e-5)
+    config, state = read_hf_checkpoint(tmp_path / "hf")
+    back = model_from_hf_state(config, state)
+    assert back.config == txl.config
+    ours, theirs = unique_state(txl), unique_state(back)
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    hf.save_pretrained(tmp_path / "hf2")  # HF's own writer (drops tied copies)
+    config2, state2 = read_hf_checkpoint(tmp_path / "hf2")
+    again = model_from_hf_state(config2, state2)
+    assert all(torch.equal(ours[k], unique_state(again)[k]) for k in ours)
+
+
+def test_greedy_generation_equals_hf_generate():
+    hf = make_hf(CASES["adaptive-div4"], seed=2, mem_len=40)
+    txl = hf_model_to_txl(hf).eval()
+    prompt = torch.randint(0, V, (2, 6))
+    with torch.no_grad():
+        theirs = hf.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    ours = txl.generate(prompt, 12, temperature=0, mems=hf_initial_mems(txl.config, 2))
+    assert torch.equal(ours, theirs)
+
+
+def test_unknown_and_missing_keys_are_errors():
+    hf = make_hf(CASES["adaptive-div4"])
+    txl = hf_model_to_txl(hf)
+    state = dict(hf.state_dict())
+    with pytest.raises(TxlError, match="unknown key"):
+        model_from_hf_state(txl.config, {**state, "transformer.extra.weight": torch.zeros(1)})
+    del state["transformer.layers.1.pos_ff.CoreNet.0.bias"]
+    with pytest.raises(TxlError, match="no tensor for transformer.layers.1.pos_ff.CoreNet.0.bias"):
+        model_from_hf_state(txl.config, state)
+
+
+def test_pickled_vocabulary_reader_is_restricted(tmp_path):
+    state = {"idx2sym": ["<eos>", "the", ",", "<unk>"], "sym2idx": collections.OrderedDict(a=0),
+             "counter": collections.Counter(the=3), "special": ["<eos>"], "min_freq": 0, "max_size": None,
+             "lower_case": False, "pattern": re.compile(r"[^\s][^\s]")}
+    assert read_transfo_xl_vocab(pickle.dumps(state)) == ["<eos>", "the", ",", "<unk>"]
+
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            import os
+            return (os.system, (f"touch {marker}",))
+
+    with pytest.raises(TxlError, match="refusing to load (posix|os).system"):
+        read_transfo_xl_vocab(pickle.dumps({"idx2sym": ["a"], "x": Evil()}))
+    assert not marker.exists()  # refused before anything ran
+    with pytest.raises(TxlError, match="cannot read"):
+        read_transfo_xl_vocab(b"not a pickle")
