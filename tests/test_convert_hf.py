@@ -125,3 +125,37 @@ def test_pickled_vocabulary_reader_is_restricted(tmp_path):
     assert not marker.exists()  # refused before anything ran
     with pytest.raises(TxlError, match="cannot read"):
         read_transfo_xl_vocab(b"not a pickle")
+
+
+def test_cli_convert_hf_folder_and_back(tmp_path, capsys):
+    from transformers import TransfoXLTokenizer
+
+    from txl.cli import main
+    from txl.training.checkpoint import load_checkpoint
+
+    hf = make_hf(CASES["adaptive-div4"], seed=3)
+    hf.save_pretrained(tmp_path / "hf")
+    words = ["<eos>"] + [f"w{i}" for i in range(V - 2)] + ["<unk>"]  # HF order: <eos> first
+    (tmp_path / "hf" / "vocab.pkl").write_bytes(pickle.dumps(
+        {"idx2sym": words, "sym2idx": collections.OrderedDict((w, i) for i, w in enumerate(words)),
+         "special": ["<eos>"], "lower_case": False, "counter": collections.Counter()}))
+    assert main(["convert", "hf", str(tmp_path / "hf"), str(tmp_path / "txl")]) == 0
+    ckpt = load_checkpoint(tmp_path / "txl")
+    assert ckpt.tokenizer.encode("w3 w7 zzz\n").tolist() == [4, 8, V - 1, 0]
+    assert ckpt.run.eval.mem_len == 6 and ckpt.run.data.tokenizer == "word"
+
+    ids = torch.randint(0, V, (2, 5))
+    with torch.no_grad():
+        ours = torch.log_softmax(ckpt.model.eval()(ids, mems=hf_initial_mems(ckpt.model.config, 2)).logits, -1)
+        assert torch.allclose(ours, hf(input_ids=ids).prediction_scores, atol=1e-5)
+
+    assert main(["convert", "to-hf", str(tmp_path / "txl"), str(tmp_path / "hf-again")]) == 0
+    back = TransfoXLLMHeadModel.from_pretrained(tmp_path / "hf-again").eval()
+    with torch.no_grad():
+        assert torch.allclose(back(input_ids=ids).prediction_scores, hf(input_ids=ids).prediction_scores, atol=1e-6)
+    hf_tok = TransfoXLTokenizer(pretrained_vocab_file=str(tmp_path / "hf-again" / "vocab.pkl"))
+    assert hf_tok.convert_tokens_to_ids(["w3", "w7", "<eos>"]) == [4, 8, 0]
+
+    capsys.readouterr()
+    assert main(["convert", "hf", str(tmp_path / "hf"), str(tmp_path / "txl")]) == 2  # never overwrites
+    assert "already exists" in capsys.readouterr().err

@@ -181,9 +181,19 @@ def test_load_tokenizer_errors(tmp_path) -> None:
         load_tokenizer(unknown)
     malformed = tmp_path / "malformed.json"
     malformed.write_text('{"kind": "word", "words": ["a", "b"]}', encoding="utf-8")
-    with pytest.raises(TxlError, match="must start with"):
+    with pytest.raises(TxlError, match="must contain .<unk>. and .<eos>."):
         load_tokenizer(malformed)
     with pytest.raises(TxlError, match="duplicate"):
         tokenizer_from_dict({"kind": "char", "chars": ["a", "a"]})
     with pytest.raises(TxlError, match="JSON object"):
         tokenizer_from_dict([1, 2])
+
+
+def test_word_vocabulary_with_specials_anywhere_keeps_ids():
+    # e.g. a converted WikiText-103 vocabulary: <eos> first, <unk> later
+    tok = WordTokenizer(["<eos>", "the", ",", "<unk>", "cat"])
+    ids = tok.encode("the cat ,\nthe dog\n").tolist()
+    assert ids == [1, 4, 2, 0, 1, 3, 0]
+    assert tok.decode(ids) == "the cat ,\nthe <unk>\n"
+    again = tokenizer_from_dict(tok.to_dict())
+    assert again.encode("dog cat\n").tolist() == [3, 4, 0]

@@ -67,6 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mem_len", "--mem-len", type=int, default=None, help="memory length while sampling")
     p.add_argument("--device", default="auto")
 
+    p = sub.add_parser("convert", help="convert Hugging Face TransfoXL checkpoints to txl and back")
+    conv = p.add_subparsers(dest="direction", required=True)
+    for name, text in (("hf", "an HF TransfoXLLMHeadModel folder (config.json, weights, vocab.pkl) -> a txl checkpoint"),
+                       ("to-hf", "a txl checkpoint -> an HF TransfoXLLMHeadModel folder")):
+        q = conv.add_parser(name, help=text)
+        q.add_argument("src")
+        q.add_argument("dst")
+        if name == "hf":
+            q.add_argument("--vocab", help="vocabulary to use instead of SRC/vocab.pkl (txl vocab.json or HF vocab.pkl)")
+
     p = sub.add_parser("data", help="standard datasets (enwik8, text8, wikitext, ptb, lm1b)")
     data_sub = p.add_subparsers(dest="data_command", required=True)
     p = data_sub.add_parser("prepare", help="download/unpack a benchmark into train/valid/test.txt + dataset.json")
@@ -198,7 +208,19 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate, "data": cmd_data}
+def cmd_convert(args: argparse.Namespace) -> int:
+    from txl.convert.commands import convert_from_hf, convert_to_hf
+
+    if args.direction == "hf":
+        path = convert_from_hf(args.src, args.dst, vocab=args.vocab)
+    else:
+        path = convert_to_hf(args.src, args.dst)
+    print(f"wrote {path}")
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate, "data": cmd_data,
+            "convert": cmd_convert}
 
 
 def main(argv: list[str] | None = None) -> int:

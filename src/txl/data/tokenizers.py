@@ -265,8 +265,10 @@ class WordTokenizer(Tokenizer):
     ``<eos>`` word in the text maps to that special id.
 
     Args:
-        words: the full vocabulary; ``words[0]`` must be ``"<unk>"`` and ``words[1]``
-            ``"<eos>"``; entries are distinct non-empty strings without whitespace.
+        words: the full vocabulary in id order; it must contain ``"<unk>"`` and ``"<eos>"``
+            (anywhere: :meth:`build` puts them first, a converted Hugging Face WikiText-103
+            vocabulary has ``<eos>`` at 0 and ``<unk>`` at 24); entries are distinct non-empty
+            strings without whitespace.
         lower: lower-case the words before lookup (the vocabulary was built lower-cased).
         normalize: how a line becomes words: ``"none"`` splits at whitespace (for pre-tokenised
             corpora such as WikiText ``*.tokens`` and PTB); ``"wikitext"`` tokenises raw text the
@@ -279,13 +281,11 @@ class WordTokenizer(Tokenizer):
     kind = "word"
     UNK = "<unk>"
     EOS = "<eos>"
-    unk_id = 0
-    eos_id = 1
 
     def __init__(self, words: Sequence[str], lower: bool = False, normalize: str = "none") -> None:
         words = list(words)
-        if words[:2] != [self.UNK, self.EOS]:
-            raise TxlError("word vocabulary must start with '<unk>', '<eos>'")
+        if self.UNK not in words or self.EOS not in words:
+            raise TxlError("word vocabulary must contain '<unk>' and '<eos>'")
         for w in words:
             if not isinstance(w, str) or not w or w.split() != [w]:
                 raise TxlError(f"word vocabulary entry {w!r} is not a non-empty word without spaces")
@@ -299,6 +299,8 @@ class WordTokenizer(Tokenizer):
         self.lower = lower
         self.normalize = normalize
         self._index = {w: i for i, w in enumerate(words)}
+        self.unk_id = self._index[self.UNK]
+        self.eos_id = self._index[self.EOS]
 
     @classmethod
     def build(
@@ -355,7 +357,8 @@ class WordTokenizer(Tokenizer):
         """Word ids of ``text`` (``int64``, shape ``[n_words + n_lines]``), ``<unk>`` for OOV."""
         toks = self.tokens(text)
         get = self._index.get
-        return np.fromiter((get(w, 0) for w in toks), dtype=np.int64, count=len(toks))
+        unk = self.unk_id
+        return np.fromiter((get(w, unk) for w in toks), dtype=np.int64, count=len(toks))
 
     def decode(self, ids: Any, detokenize: bool = False) -> str:
         """Words joined by single spaces; ``<eos>`` becomes ``"\\n"`` (no spaces around it).

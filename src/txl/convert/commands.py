@@ -1,0 +1,83 @@
+"""``txl convert``: whole-folder conversion between HF TransfoXL and txl checkpoints, vocabulary included."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+from txl.config import EvalConfig, RunConfig
+from txl.convert.hf_transfo_xl import model_from_hf_state, read_hf_checkpoint, write_hf_checkpoint
+from txl.convert.safe_pickle import load_restricted_pickle
+from txl.data import Tokenizer, WordTokenizer, load_tokenizer
+from txl.errors import TxlError
+from txl.fileio import atomic_write
+from txl.training.checkpoint import load_checkpoint, save_checkpoint
+
+
+def _refuse_existing(dst: Path) -> None:
+    if dst.exists() and any(dst.iterdir()):
+        raise TxlError(f"{dst} already exists and is not empty; choose a new destination folder")
+
+
+def read_hf_vocab(path: Path) -> WordTokenizer:
+    """A txl word tokenizer from HF's pickled ``vocab.pkl`` (read by the restricted reader, ids kept).
+
+    Raises:
+        TxlError: refused or malformed pickle, or a vocabulary without ``<unk>``/``<eos>``.
+    """
+    state = load_restricted_pickle(path.read_bytes())
+    words = state.get("idx2sym") if isinstance(state, dict) else None
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise TxlError(f"{path} has no idx2sym list of strings")
+    return WordTokenizer(words, lower=bool(state.get("lower_case", False)))
+
+
+def convert_from_hf(src: str | Path, dst: str | Path, vocab: str | Path | None = None) -> Path:
+    """Convert an HF ``TransfoXLLMHeadModel`` folder into a txl checkpoint folder ``dst``.
+
+    The run config carries the HF evaluation settings (``mem_len``, ``clamp_len``, ``same_length``)
+    and ``data.tokenizer = "word"``.
+
+    Raises:
+        TxlError: unreadable or unsafe input, key-map mismatches, a vocabulary whose size differs
+            from the model's, or a non-empty ``dst``.
+    """
+    src, dst = Path(src), Path(dst)
+    _refuse_existing(dst)
+    config, state = read_hf_checkpoint(src)
+    model = model_from_hf_state(config, state)
+    vocab_path = Path(vocab) if vocab else src / "vocab.pkl"
+    if not vocab_path.is_file():
+        raise TxlError(f"no vocabulary at {vocab_path}; pass --vocab (an HF vocab.pkl or a txl vocab.json)")
+    tokenizer: Tokenizer = load_tokenizer(vocab_path) if vocab_path.suffix == ".json" else read_hf_vocab(vocab_path)
+    if tokenizer.vocab_size != config.vocab_size:
+        raise TxlError(f"the vocabulary has {tokenizer.vocab_size} entries, the model {config.vocab_size}")
+    run = RunConfig(model=config, eval=EvalConfig(tgt_len=config.tgt_len, mem_len=config.mem_len,
+                                                  clamp_len=config.clamp_len, same_length=config.same_length))
+    run.data.tokenizer = tokenizer.kind
+    save_checkpoint(dst, model, tokenizer, run, {"converted_from": str(src)})
+    return dst
+
+
+def convert_to_hf(src: str | Path, dst: str | Path) -> Path:
+    """Write the txl checkpoint ``src`` as an HF ``TransfoXLLMHeadModel`` folder ``dst``
+    (``config.json``, ``model.safetensors`` and, for word vocabularies, HF's ``vocab.pkl``).
+
+    Raises:
+        TxlError: a model HF cannot express (``attn_type="abs"``, unusual ``tie_projs``) or a
+            non-empty ``dst``.
+    """
+    src, dst = Path(src), Path(dst)
+    _refuse_existing(dst)
+    ckpt = load_checkpoint(src)
+    write_hf_checkpoint(ckpt.model, dst)
+    tok = ckpt.tokenizer
+    if isinstance(tok, WordTokenizer):
+        # HF's tokenizer reads its vocabulary with pickle; txl only writes plain containers into it
+        state = {"idx2sym": list(tok.words), "sym2idx": {w: i for i, w in enumerate(tok.words)},
+                 "special": [tok.EOS], "lower_case": tok.lower, "min_freq": 0, "max_size": None,
+                 "delimiter": None, "unk_idx": tok.unk_id}
+        atomic_write(dst / "vocab.pkl", lambda tmp: Path(tmp).write_bytes(pickle.dumps(state, protocol=4)))
+    atomic_write(dst / "txl_vocab.json", lambda tmp: Path(tmp).write_text(json.dumps(tok.to_dict()), encoding="utf-8"))
+    return dst
