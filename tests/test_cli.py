@@ -50,8 +50,14 @@ def test_train_eval_generate_end_to_end(tmp_path, corpus, capsys, monkeypatch):
     assert '"mem_len": 32' in out and '"tgt_len": 4' in out and '"same_length": true' in out
     code, out, err = run_cli(capsys, "eval", out_dir, "--sliding-window", "8", "--stride", "2", "--max_tokens", "40")
     assert code == 0 and "sliding-window" in out, err
-    code, out, err = run_cli(capsys, "eval", out_dir, "--data", corpus, "--split", "test")
+    code, out, err = run_cli(capsys, "eval", out_dir, "--data", corpus)
     assert code == 0 and "bpc" in out, err
+    for bad, expect in ((["--data", corpus, "--split", "test"], "whole file"), (["--max_tokens", "-5"], "max_tokens"),
+                        (["--batch_size", "0"], "batch_size")):
+        code, out, err = run_cli(capsys, "eval", out_dir, *bad)
+        assert code == 2 and expect in one_error_line(err)
+    code, out, err = run_cli(capsys, "generate", out_dir, "--prompt", "the ", "--top-k", "0")
+    assert code == 2 and "top_k" in one_error_line(err) and out == ""  # checked before anything is printed
 
     code, out, err = run_cli(capsys, "generate", out_dir, "--prompt", "the ", "-n", "20", "--seed", "1")
     assert code == 0, err
@@ -82,6 +88,9 @@ def test_train_eval_generate_end_to_end(tmp_path, corpus, capsys, monkeypatch):
     (lambda d, c: ["train", c, "--config", d / "unknown.toml"], "unknown key"),
     (lambda d, c: ["train", d / "short.txt", "--tokenizer", "char"], "fewer than batch_size"),
     (lambda d, c: ["train", d / "binary.bin", "--tokenizer", "char"], "not UTF-8"),
+    (lambda d, c: ["train", c, "data.split=[1.0, 0.0, 0.0]"], "valid split is empty"),
+    (lambda d, c: ["train", c, "data.split=[0.9, 0.1, 0.0]", "eval.split=test"], "test split is empty"),
+    (lambda d, c: ["train", c, "eval.warmup=true", "eval.mem_len=100000"], "eval.warmup needs"),
     (lambda d, c: ["eval", d], "not a txl checkpoint"),
     (lambda d, c: ["eval", d / "nothing-here"], "does not exist"),
     (lambda d, c: ["generate", d], "not a txl checkpoint"),
@@ -97,7 +106,7 @@ def test_bad_input_gives_one_clear_line(tmp_path, corpus, capsys, monkeypatch, m
     code, out, err = run_cli(capsys, *make_args(tmp_path, corpus))
     assert code == 2
     assert expect in one_error_line(err)
-    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.safetensors"))
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*"))  # nothing left behind
 
 
 def test_console_script_reports_without_traceback(tmp_path):

@@ -87,6 +87,12 @@ def test_warmup_scores_only_tokens_with_a_full_memory():
     tokens = np.random.default_rng(3).integers(0, 37, size=50)
     res = evaluate(model, tokens, batch_size=2, mem_len=8, warmup=True)
     assert res.n_tokens == 49 - 8
+    # one stream: the same segments as without warm-up, minus the scores of the first 8 targets
+    warm = evaluate(model, tokens, batch_size=1, tgt_len=4, mem_len=8, warmup=True)
+    plain = evaluate(model, tokens, batch_size=1, tgt_len=4, mem_len=8)
+    x = torch.as_tensor(tokens, dtype=torch.int64)
+    first8 = float(F.cross_entropy(model(x[None, :8]).logits[0], x[1:9], reduction="sum"))
+    assert warm.loss * 41 == pytest.approx(plain.loss * 49 - first8, abs=1e-9)
 
 
 def test_short_training_run_on_tiny_shakespeare(tmp_path):

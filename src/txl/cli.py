@@ -67,6 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mem_len", "--mem-len", type=int, default=None, help="memory length while sampling")
     p.add_argument("--device", default="auto")
 
+    p = sub.add_parser("bench", help="throughput and memory, optionally against transformers' TransfoXL")
+    p.add_argument("--vs", choices=["hf"], help="also run transformers' TransfoXL (same weights) and GPT-2")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    p.add_argument("--eval-speedup", action="store_true", help="vanilla sliding window vs memory (paper Table 9)")
+    p.add_argument("--lengths", default="128,256,512,800", help="attention lengths for --eval-speedup")
+    p.add_argument("--json", help="also write the results to this JSON file")
+
     p = sub.add_parser("convert", help="convert Hugging Face TransfoXL checkpoints to txl and back")
     conv = p.add_subparsers(dest="direction", required=True)
     for name, text in (("hf", "an HF TransfoXLLMHeadModel folder (config.json, weights, vocab.pkl) -> a txl checkpoint"),
@@ -124,10 +135,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from txl.training.checkpoint import load_checkpoint
     from txl.training.loop import load_run_corpus, resolve_device
 
+    for name in ("batch_size", "tgt_len"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise TxlError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    for name in ("max_tokens", "mem_len"):
+        if getattr(args, name) is not None and getattr(args, name) < 0:
+            raise TxlError(f"--{name} must be >= 0, got {getattr(args, name)}")
+    if args.data and args.split:
+        raise TxlError("--split chooses a split of the run's corpus; with --data the whole file is evaluated")
     device = resolve_device(args.device)
     ckpt = load_checkpoint(args.checkpoint, map_location=str(device))
     e = ckpt.run.eval
     split = args.split or e.split
+    if not args.data and ckpt.state.get("converted_from"):
+        raise TxlError(f"{ckpt.path} was converted from another format and has no corpus of its own; "
+                       "pass --data FILE to evaluate it")
     if args.data:
         files = read_corpus_files(args.data)
         tokens = ckpt.tokenizer.encode_file_bytes(load_bytes(files), source=args.data)
@@ -164,6 +186,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from txl.training.checkpoint import load_checkpoint
     from txl.training.loop import resolve_device
 
+    from txl.generation import check_sampling
+
+    check_sampling(args.temperature, args.top_k, args.top_p)
+    if args.max_new_tokens < 0:
+        raise TxlError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if args.mem_len is not None and args.mem_len < 0:
+        raise TxlError(f"--mem_len must be >= 0, got {args.mem_len}")
     device = resolve_device(args.device)
     ckpt = load_checkpoint(args.checkpoint, map_location=str(device))
     if args.prompt_file:
@@ -208,6 +237,29 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from txl.bench import eval_speedup, format_table, run_bench
+    from txl.fileio import write_json
+
+    if args.batch < 1 or args.repeats < 1:
+        raise TxlError("--batch and --repeats must be >= 1")
+    if args.eval_speedup:
+        try:
+            lengths = [int(v) for v in args.lengths.split(",") if v.strip()]
+        except ValueError:
+            raise TxlError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
+        if not lengths or min(lengths) < 1:
+            raise TxlError("--lengths needs positive integers")
+        results = eval_speedup(lengths, device=args.device, repeats=args.repeats)
+    else:
+        results = run_bench(vs_hf=args.vs == "hf", device=args.device, dtype=args.dtype, batch=args.batch,
+                            repeats=args.repeats, memory=not args.no_memory)
+        print(format_table(results))
+    if args.json:
+        write_json(args.json, results)
+    return 0
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
     from txl.convert.commands import convert_from_hf, convert_to_hf
 
@@ -220,7 +272,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate, "data": cmd_data,
-            "convert": cmd_convert}
+            "convert": cmd_convert, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,16 @@ from txl.errors import TxlError
 from txl.model.memory import Mems
 
 
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Raise :class:`TxlError` for temperature < 0, top_k < 1 or top_p outside (0, 1]."""
+    if temperature < 0:
+        raise TxlError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise TxlError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise TxlError(f"top_p must be in (0, 1], got {top_p}")
+
+
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                 top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw one token per row from ``logits`` [B, V] (float). Returns int64 [B].
@@ -20,12 +30,7 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     Raises:
         TxlError: temperature < 0, top_k < 1 or top_p outside (0, 1].
     """
-    if temperature < 0:
-        raise TxlError(f"temperature must be >= 0, got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise TxlError(f"top_k must be >= 1, got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise TxlError(f"top_p must be in (0, 1], got {top_p}")
+    check_sampling(temperature, top_k, top_p)
     logits = logits.float()
     if temperature == 0:
         return logits.argmax(dim=-1)

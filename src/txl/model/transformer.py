@@ -154,9 +154,10 @@ class TransformerXLLM(nn.Module):
         bsz, qlen = input_ids.shape
         if qlen == 0:
             raise TxlError("input_ids is empty: a segment needs at least one token")
-        lo, hi = int(input_ids.min()), int(input_ids.max())
-        if lo < 0 or hi >= c.vocab_size:
-            raise TxlError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {c.vocab_size})")
+        if not input_ids.is_cuda:  # a range check costs a host sync on a GPU: tokenizers guarantee it there
+            lo, hi = int(input_ids.min()), int(input_ids.max())
+            if lo < 0 or hi >= c.vocab_size:
+                raise TxlError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {c.vocab_size})")
         if c.attn_type == "abs" and mems is not None:
             raise TxlError("attn_type='abs' (vanilla Transformer) has no memory: pass mems=None")
         mlen = check_mems(mems, c.n_layer, bsz, c.d_model)

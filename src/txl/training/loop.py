@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import math
 import random
 import sys
 import time
@@ -110,6 +111,32 @@ def _check_length(corpus: CorpusSplits, run: RunConfig, max_tgt: int) -> None:
                        "needed for one segment per stream; use a longer corpus or lower train.batch_size/model.tgt_len")
 
 
+def _check_splits(corpus: CorpusSplits, run: RunConfig) -> None:
+    """Fail before training when validation or the final evaluation could not run."""
+    if len(corpus.valid) < 2:
+        raise TxlError("the valid split is empty: validation needs it; give data.split a valid fraction > 0 "
+                       "or a data.valid file")
+    tokens = corpus.valid if run.eval.split == "valid" else corpus.test
+    if len(tokens) < 2:
+        raise TxlError(f"the {run.eval.split} split is empty: the final evaluation needs it; set eval.split=valid "
+                       "or give a test split")
+    if run.eval.warmup:
+        need = (run.model.mem_len if run.eval.mem_len is None else run.eval.mem_len) + 2
+        if len(tokens) < need:
+            raise TxlError(f"eval.warmup needs at least eval.mem_len + 2 = {need} tokens in the {run.eval.split} "
+                           f"split, which has {len(tokens)}; lower eval.mem_len or turn eval.warmup off")
+
+
+def _remove_unfinished(out_dir: Path, created: bool) -> None:
+    """Remove what a run that never wrote a checkpoint left behind, so the same --out can be reused."""
+    if (out_dir / "last").exists() or (out_dir / "best").exists():
+        return
+    for name in (RUN_NAME, "metrics.csv"):
+        (out_dir / name).unlink(missing_ok=True)
+    if created and out_dir.is_dir() and not any(out_dir.iterdir()):
+        out_dir.rmdir()
+
+
 def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] | None = None) -> TrainResult:
     """Train a Transformer-XL language model as described by ``run`` and report validation with memory.
 
@@ -135,6 +162,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     spans = [segment_span(s, t.tgt_len_schedule, run.model.tgt_len, run.model.mem_len) for s in
              [0] + [e[0] for e in t.tgt_len_schedule]]
     _check_length(corpus, run, max(s[0] for s in spans))
+    _check_splits(corpus, run)
     log(f"data: {corpus.source}; {corpus.tokenizer.kind} vocabulary of {corpus.vocab_size}; "
         f"train/valid/test tokens {len(corpus.train)}/{len(corpus.valid)}/{len(corpus.test)}")
 
@@ -145,7 +173,10 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     optimizer = make_optimizer(model, t.lr, t.weight_decay)
     batches = LMOrderedIterator(corpus.train, t.batch_size, run.model.tgt_len, device=device)
     generator = torch.Generator().manual_seed(t.seed)
+    # float16 needs loss scaling against gradient underflow; for other dtypes the scaler is a no-op
+    scaler = torch.amp.GradScaler(device.type, enabled=t.dtype == "float16")
 
+    created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / RUN_NAME, run.to_dict())
     metrics_file = open(out_dir / "metrics.csv", "w", newline="", encoding="utf-8")
@@ -165,6 +196,10 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
         res = evaluate(model, corpus.valid, unit=unit, batch_size=run.eval.batch_size, max_tokens=t.eval_max_tokens,
                        dtype=t.dtype)
         model.train()
+        if not math.isfinite(res.loss):
+            save_checkpoint(out_dir / "last", model, corpus.tokenizer, _resolved(run, model), dict(state, step=step))
+            raise TxlError(f"the validation loss is {res.loss} at step {step}: training diverged; lower train.lr "
+                           f"or raise train.warmup_steps (last state written to {out_dir / 'last'})")
         state.update(step=step, tokens=int(total_tokens), val_loss=res.loss, val_metric=res.value, elapsed_s=time.perf_counter() - start)
         if res.loss < best:
             best = res.loss
@@ -176,7 +211,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     model.train()
     try:
         for step in range(1, t.max_steps + 1):
-            tgt_len, mem_len = segment_span(step - 1, t.tgt_len_schedule, run.model.tgt_len, run.model.mem_len)
+            tgt_len, mem_len = segment_span(step, t.tgt_len_schedule, run.model.tgt_len, run.model.mem_len)
             model.set_attention_span(tgt_len=tgt_len, mem_len=mem_len)
             if pos >= batches.stream_len:  # a new pass over the data: fresh memory
                 pos, mems = 0, None
@@ -188,10 +223,12 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
                 group["lr"] = lr
             with autocast(device, t.dtype):
                 out = model(x, mems=mems, labels=y)
-            out.loss.backward()
+            scaler.scale(out.loss).backward()
             if t.clip > 0:
+                scaler.unscale_(optimizer)
                 torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip)
-            optimizer.step()
+            scaler.step(optimizer)
+            scaler.update()
             optimizer.zero_grad(set_to_none=True)
             mems = out.mems
             n_tok = (y != -100).sum()
@@ -222,11 +259,20 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
                 metrics_file.flush()
     except KeyboardInterrupt:
         bar.close()
+        if step == 0:
+            metrics_file.close()
+            _remove_unfinished(out_dir, created)
+            raise
         state["interrupted"] = True
         state.update(step=step, tokens=int(total_tokens))
         save_checkpoint(out_dir / "last", model, corpus.tokenizer, _resolved(run, model), dict(state))
         metrics_file.close()
         log(f"interrupted at step {step}; checkpoint written to {out_dir / 'last'}")
+        raise
+    except Exception:
+        bar.close()
+        metrics_file.close()
+        _remove_unfinished(out_dir, created)
         raise
     bar.close()
     metrics_file.close()

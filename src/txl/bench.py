@@ -1,0 +1,372 @@
+"""``txl bench``: throughput and memory of txl, side by side with the transformers TransfoXL reference.
+
+Everything is measured in one run, alternating implementations, as the median of several repeats
+after warm-up, so that ratios stay meaningful on a shared, noisy machine. Units: tokens/s (target
+tokens processed per second of wall time), MB of peak memory (resident set size on CPU, max
+allocated on GPU), FLOP/s from an analytic count of the matmul work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from txl.errors import TxlError
+from txl.model import TransformerXLConfig, TransformerXLLM
+
+BENCH_SMALL = dict(vocab_size=256, n_layer=6, d_model=256, n_head=8, d_head=32, d_inner=1024, tgt_len=128,
+                   mem_len=128, dropout=0.1)
+BENCH_BATCH = 16
+
+
+@dataclass
+class Measurement:
+    """One benchmark line: a median over ``repeats`` timed runs of ``tokens`` tokens each."""
+
+    name: str
+    impl: str
+    tokens_per_s: float
+    seconds: list[float] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def median_time(fn: Callable[[], Any], *, warmup: int, repeats: int, sync: Callable[[], None]) -> list[float]:
+    """Run ``fn`` ``warmup`` times, then time ``repeats`` runs; returns the sorted durations in seconds."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return sorted(times)
+
+
+def matmul_peak_flops(device: torch.device, dtype: torch.dtype, sync: Callable[[], None]) -> float:
+    """FLOP/s of a large square matmul on this device and dtype (the reference for the achieved fraction)."""
+    n = 2048 if device.type == "cpu" else 8192
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    times = median_time(lambda: a @ b, warmup=2, repeats=5, sync=sync)
+    return 2 * n ** 3 / statistics.median(times)
+
+
+def train_flops_per_token(c: TransformerXLConfig, qlen: int, mlen: int) -> float:
+    """Matmul FLOPs per target token of one training step (forward + backward = 3x forward).
+
+    Forward per token and layer: q (2·d·HD), k and v over the klen/qlen keys per query token
+    (2·2·d·HD·klen/qlen), W_kR R (2·d·HD·klen/qlen), output (2·HD·d), feed-forward (4·d·d_inner), and
+    attention (q·k, position term, probabilities·v: 3·2·HD·klen); plus the softmax layer 2·d·V.
+    """
+    hd, d, klen = c.n_head * c.d_head, c.d_model, qlen + mlen
+    per_layer = 2 * d * hd + 4 * d * hd * klen / qlen + 2 * d * hd * klen / qlen + 2 * hd * d + 4 * d * c.d_inner
+    per_layer += 6 * hd * klen
+    return 3 * (c.n_layer * per_layer + 2 * d * c.vocab_size)
+
+
+class TxlRunner:
+    """Training step, evaluation step and generation for a txl model."""
+
+    name = "txl"
+
+    def __init__(self, model: TransformerXLLM, device: torch.device, autocast: torch.dtype | None):
+        self.model, self.device, self.autocast = model.to(device), device, autocast
+        self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        self.mems = None
+
+    def _ctx(self):
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast)
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.model.train()
+        with self._ctx():
+            out = self.model(x, mems=self.mems, labels=y)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 0.25)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.mems = out.mems
+
+    @torch.no_grad()
+    def eval_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.model.eval()
+        with self._ctx():
+            self.mems = self.model(x, mems=self.mems, labels=y).mems
+
+    @torch.no_grad()
+    def generate(self, prompt: torch.Tensor, n: int) -> torch.Tensor:
+        with self._ctx():
+            return self.model.generate(prompt, n, temperature=0)
+
+
+class HFRunner(TxlRunner):
+    """The same three operations for transformers' TransfoXLLMHeadModel (same weights)."""
+
+    name = "hf"
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.model.train()
+        with self._ctx():
+            out = self.model(input_ids=x, mems=self.mems, labels=x)  # HF shifts labels itself
+        loss = out.loss if out.loss is not None else out.losses.mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 0.25)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.mems = out.mems
+
+    @torch.no_grad()
+    def eval_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.model.eval()
+        with self._ctx():
+            self.mems = self.model(input_ids=x, mems=self.mems).mems
+
+    @torch.no_grad()
+    def generate(self, prompt: torch.Tensor, n: int) -> torch.Tensor:
+        self.model.eval()
+        with self._ctx():
+            return self.model.generate(prompt, max_new_tokens=n, do_sample=False, pad_token_id=0)
+
+
+class GPT2Runner(HFRunner):
+    """transformers' GPT-2 of the same depth and width, decoding with its KV cache (generation only)."""
+
+    name = "gpt2"
+
+
+def hf_twin(model: TransformerXLLM):
+    """transformers' TransfoXLLMHeadModel with exactly ``model``'s weights."""
+    from transformers import TransfoXLConfig, TransfoXLLMHeadModel
+
+    from txl.convert.hf_transfo_xl import config_to_hf, hf_initial_mems, hf_state_from_model
+
+    cfg = config_to_hf(model.config)
+    cfg.pop("architectures"), cfg.pop("model_type")
+    hf = TransfoXLLMHeadModel(TransfoXLConfig(**cfg, pad_token_id=0))
+    hf.config.eos_token_id = None
+    hf.load_state_dict(hf_state_from_model(model), strict=False)  # tied and shared copies are re-tied
+    ids = torch.randint(0, model.config.vocab_size, (2, 8))
+    was = model.training
+    model.eval(), hf.eval()
+    with torch.no_grad():  # the same function, or the comparison means nothing
+        ours = torch.log_softmax(model(ids, mems=hf_initial_mems(model.config, 2)).logits, -1)
+        same = torch.allclose(ours, hf(input_ids=ids).prediction_scores, atol=1e-4)
+    model.train(was)
+    if not same:
+        raise RuntimeError("transformers' TransfoXL with txl's weights computes something else")
+    return hf
+
+
+def gpt2_twin(c: TransformerXLConfig):
+    """A transformers GPT-2 with the same number of layers, width, heads and vocabulary."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=c.vocab_size, n_positions=2048, n_embd=c.d_model, n_layer=c.n_layer,
+                     n_head=c.n_head, n_inner=c.d_inner, eos_token_id=None, pad_token_id=0)
+    return GPT2LMHeadModel(cfg)
+
+
+def peak_memory_mb(impl: str, config: dict, batch: int, dtype: str, steps: int = 3) -> float:
+    """Peak resident memory (MB) of a fresh process that builds ``impl`` and runs ``steps`` training steps."""
+    code = ("import json,sys; from txl.bench import _memory_child; "
+            f"print(json.dumps(_memory_child({impl!r}, {config!r}, {batch}, {dtype!r}, {steps})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise TxlError(f"memory measurement of {impl} failed: {out.stderr.strip().splitlines()[-1:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _memory_child(impl: str, config: dict, batch: int, dtype: str, steps: int) -> float:
+    torch.manual_seed(0)
+    model = TransformerXLLM(TransformerXLConfig(**config))
+    if impl == "hf":
+        model = hf_twin(model)
+    runner = (HFRunner if impl == "hf" else TxlRunner)(model, torch.device("cpu"), _dtype(dtype))
+    x = torch.randint(0, config["vocab_size"], (batch, config["tgt_len"]))
+    for _ in range(steps):
+        runner.train_step(x, x)
+    # VmHWM is this process image's own peak (ru_maxrss would include the parent's, kept across exec)
+    for line in open("/proc/self/status", encoding="utf-8"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _dtype(name: str) -> torch.dtype | None:
+    return None if name == "float32" else getattr(torch, name)
+
+
+def run_bench(*, vs_hf: bool = False, device: str = "auto", dtype: str = "float32", batch: int = BENCH_BATCH,
+              config: dict | None = None, repeats: int = 5, gen_tokens: int = 32, memory: bool = True,
+              log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Measure txl (and with ``vs_hf`` transformers' TransfoXL and GPT-2) on one model config.
+
+    Returns a JSON-able dict: hardware, config, per-implementation tokens/s for training, evaluation
+    with memory and cached generation at batch 1 and 8, peak memory, achieved FLOP/s and its fraction
+    of the measured matmul peak, and txl/HF ratios.
+
+    Raises:
+        TxlError: an unavailable device or an unknown dtype.
+    """
+    from txl.training.loop import resolve_device
+
+    dev = resolve_device(device)
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise TxlError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    cfg_dict = dict(BENCH_SMALL if config is None else config)
+    cfg = TransformerXLConfig(**cfg_dict)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    autocast = _dtype(dtype)
+    torch.manual_seed(0)
+    base = TransformerXLLM(cfg)
+    runners: list[TxlRunner] = [TxlRunner(base, dev, autocast)]
+    if vs_hf:
+        runners.append(HFRunner(hf_twin(base), dev, autocast))
+    x = torch.randint(0, cfg.vocab_size, (batch, cfg.tgt_len), device=dev)
+    results: dict[str, Any] = {"hardware": hardware(dev), "config": cfg_dict, "batch": batch, "dtype": dtype,
+                               "repeats": repeats, "impls": {}}
+    peak = matmul_peak_flops(dev, autocast or torch.float32, sync)
+    results["matmul_peak_flops"] = peak
+    tokens = batch * cfg.tgt_len
+    for mode in ("train", "eval"):
+        for _ in range(2):  # alternate implementations, twice, keep each one's median over all repeats
+            for r in runners:
+                step = r.train_step if mode == "train" else r.eval_step
+                times = median_time(lambda: step(x, x), warmup=2, repeats=repeats, sync=sync)
+                results["impls"].setdefault(r.name, {}).setdefault(f"{mode}_times", []).extend(times)
+        for r in runners:
+            times = results["impls"][r.name][f"{mode}_times"]
+            results["impls"][r.name][f"{mode}_tokens_per_s"] = tokens / statistics.median(times)
+            log(f"{r.name:5s} {mode:5s} {results['impls'][r.name][f'{mode}_tokens_per_s']:10,.0f} tokens/s")
+    flops = train_flops_per_token(cfg, cfg.tgt_len, cfg.mem_len)
+    for r in runners:
+        achieved = flops * results["impls"][r.name]["train_tokens_per_s"]
+        results["impls"][r.name]["train_flops_per_s"] = achieved
+        results["impls"][r.name]["train_fraction_of_matmul_peak"] = achieved / peak
+
+    gen_runners = list(runners)
+    if vs_hf:
+        torch.manual_seed(0)
+        gen_runners.append(GPT2Runner(gpt2_twin(cfg), dev, autocast))
+    for gen_batch in (1, 8):
+        prompt = torch.randint(0, cfg.vocab_size, (gen_batch, cfg.tgt_len), device=dev)
+        for r in gen_runners:
+            n = gen_tokens if r.name != "hf" else max(4, gen_tokens // 8)  # HF's own generate is slow
+            # generating 2n and n tokens after the same prompt: the difference is n new tokens only
+            t_2n = median_time(lambda: r.generate(prompt, 2 * n), warmup=1, repeats=max(3, repeats // 2), sync=sync)
+            t_n = median_time(lambda: r.generate(prompt, n), warmup=1, repeats=max(3, repeats // 2), sync=sync)
+            per_token = max(1e-9, (statistics.median(t_2n) - statistics.median(t_n)) / n)
+            results["impls"].setdefault(r.name, {})[f"generate_b{gen_batch}_tokens_per_s"] = gen_batch / per_token
+            log(f"{r.name:5s} generate batch {gen_batch}: {gen_batch / per_token:10,.1f} tokens/s")
+    if memory and dev.type == "cpu":
+        for r in runners:
+            results["impls"][r.name]["peak_rss_mb"] = peak_memory_mb(r.name, cfg_dict, batch, dtype)
+            log(f"{r.name:5s} peak RSS {results['impls'][r.name]['peak_rss_mb']:8.0f} MB")
+    elif memory:
+        for r in runners:
+            torch.cuda.reset_peak_memory_stats(dev)
+            r.train_step(x, x)
+            sync()
+            results["impls"][r.name]["peak_allocated_mb"] = torch.cuda.max_memory_allocated(dev) / 2**20
+    if vs_hf:
+        ours, theirs = results["impls"]["txl"], results["impls"]["hf"]
+        results["ratios_txl_over_hf"] = {k: ours[k] / theirs[k] for k in ours
+                                         if k.endswith("tokens_per_s") and k in theirs}
+        results["ratios_txl_over_gpt2"] = {k: ours[k] / results["impls"]["gpt2"][k]
+                                           for k in ours if k.startswith("generate")}
+        for key in ("peak_rss_mb", "peak_allocated_mb"):
+            if key in ours:
+                results["ratios_txl_over_hf"][key] = ours[key] / theirs[key]
+    return results
+
+
+def eval_speedup(lengths: list[int], *, device: str = "auto", batch: int = 8, repeats: int = 3,
+                 config: dict | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Per-token evaluation time of a vanilla sliding window against Transformer-XL memory (paper Table 9).
+
+    For attention length L, the vanilla model recomputes a window of L tokens for every predicted
+    token (``attn_type="abs"``, one prediction per window); txl scores segments of ``tgt_len`` tokens
+    with a memory of L and ``same_length``, so that every query also attends to exactly L keys.
+    Per token the vanilla model does O(L) position-wise work plus O(L^2) attention, txl O(1)
+    position-wise work plus O(L) attention, so the ratio grows at least linearly with L.
+    """
+    from txl.training.loop import resolve_device
+
+    dev = resolve_device(device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    torch.manual_seed(0)
+    cfg = dict(BENCH_SMALL if config is None else config, dropout=0.0)
+    out: dict[str, Any] = {"hardware": hardware(dev), "config": cfg, "batch": batch, "rows": []}
+    rel = TransformerXLLM(TransformerXLConfig(**cfg)).to(dev).eval()
+    vanilla = TransformerXLLM(TransformerXLConfig(**{**cfg, "attn_type": "abs"})).to(dev).eval()
+    vocab = cfg["vocab_size"]
+    paper = {800: 363, 1800: 773, 2800: 1409, 3800: 1874}
+    for length in lengths:
+        tgt = min(128, length)
+        rel.set_attention_span(tgt_len=tgt, mem_len=length, same_length=True)
+        window = torch.randint(0, vocab, (batch, length), device=dev)
+        seg = torch.randint(0, vocab, (batch, tgt), device=dev)
+        with torch.no_grad():
+            mems = rel(torch.randint(0, vocab, (batch, length), device=dev)).mems  # a full memory
+            t_van = statistics.median(median_time(lambda: vanilla(window), warmup=1, repeats=repeats, sync=sync))
+            t_xl = statistics.median(median_time(lambda: rel(seg, mems=mems), warmup=1, repeats=repeats, sync=sync))
+        per_van = t_van / batch  # one predicted token per window
+        per_xl = t_xl / (batch * tgt)
+        row = {"attention_length": length, "vanilla_s_per_token": per_van, "txl_s_per_token": per_xl,
+               "speedup": per_van / per_xl, "paper_speedup": paper.get(length)}
+        out["rows"].append(row)
+        log(f"L={length:5d}  vanilla {per_van * 1e3:9.3f} ms/token  txl {per_xl * 1e3:8.4f} ms/token  "
+            f"speed-up {row['speedup']:8.1f}x" + (f"  (paper {paper[length]}x)" if length in paper else ""))
+    return out
+
+
+def hardware(device: torch.device) -> dict[str, Any]:
+    """Names of the processor/GPU, thread count and torch version."""
+    info: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads()}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    else:
+        with contextlib.suppress(OSError):
+            for line in open("/proc/cpuinfo", encoding="utf-8"):
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    return info
+
+
+def format_table(results: dict[str, Any]) -> str:
+    """A Markdown table of a :func:`run_bench` result."""
+    impls = results["impls"]
+    keys = ["train_tokens_per_s", "eval_tokens_per_s", "generate_b1_tokens_per_s", "generate_b8_tokens_per_s",
+            "peak_rss_mb", "peak_allocated_mb", "train_fraction_of_matmul_peak"]
+    names = list(impls)
+    lines = ["| measure | " + " | ".join(names) + (" | txl/HF |" if "hf" in impls else " |"),
+             "|---" * (len(names) + 1 + ("hf" in impls)) + "|"]
+    for key in keys:
+        if not any(key in impls[n] for n in names):
+            continue
+        cells = [_fmt(impls[n].get(key)) for n in names]
+        ratio = results.get("ratios_txl_over_hf", {}).get(key)
+        lines.append(f"| {key} | " + " | ".join(cells) + (f" | {ratio:.2f}x |" if ratio else (" | |" if "hf" in impls else " |")))
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float) and value < 1:
+        return f"{value:.3f}"
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"

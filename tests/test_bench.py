@@ -1,0 +1,31 @@
+"""`txl bench` runs end to end on a tiny config (speed itself is measured by the benchmark, not by tests)."""
+
+from txl.bench import eval_speedup, format_table, run_bench, train_flops_per_token
+from txl.model import TransformerXLConfig
+
+TINY = dict(vocab_size=64, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, tgt_len=16, mem_len=16,
+            dropout=0.1)
+
+
+def test_bench_against_hf_reports_every_measure():
+    res = run_bench(vs_hf=True, device="cpu", batch=2, config=TINY, repeats=1, gen_tokens=4, memory=False,
+                    log=lambda _: None)
+    for impl in ("txl", "hf"):
+        for key in ("train_tokens_per_s", "eval_tokens_per_s", "generate_b1_tokens_per_s", "generate_b8_tokens_per_s"):
+            assert res["impls"][impl][key] > 0
+    assert res["impls"]["gpt2"]["generate_b1_tokens_per_s"] > 0
+    assert set(res["ratios_txl_over_hf"]) >= {"train_tokens_per_s", "eval_tokens_per_s"}
+    assert 0 < res["impls"]["txl"]["train_fraction_of_matmul_peak"]
+    table = format_table(res)
+    assert "train_tokens_per_s" in table and "txl/HF" in table
+
+
+def test_flop_count_grows_with_memory():
+    c = TransformerXLConfig(**TINY)
+    assert train_flops_per_token(c, 16, 32) > train_flops_per_token(c, 16, 0) > 0
+
+
+def test_eval_speedup_rows():
+    res = eval_speedup([16, 32], device="cpu", batch=2, repeats=1, config=TINY, log=lambda _: None)
+    assert [r["attention_length"] for r in res["rows"]] == [16, 32]
+    assert all(r["speedup"] > 0 for r in res["rows"])
