@@ -68,3 +68,22 @@ def test_top_k_and_top_p_restrict_the_support():
         sample_next(logits, top_p=0.0)
     with pytest.raises(TxlError):
         sample_next(logits, temperature=-1)
+
+
+@pytest.mark.parametrize("overrides", [{"mem_len": 5}, {"mem_len": 5, "pre_lnorm": True, "same_length": True},
+                                       {"mem_len": 0}, {"mem_len": 7, "clamp_len": 3, "untie_r": True}])
+def test_decoding_caches_change_nothing_with_a_sliding_memory(overrides):
+    model = tiny_model(tgt_len=4, **overrides)
+    prompt = torch.randint(0, 37, (2, 9))
+    ours = model.generate(prompt, 15, temperature=0)  # keys/values of the memory cached across steps
+    # the same steps, the memory re-projected every time
+    mems = None
+    for start in range(0, 8, 4):
+        mems = model(prompt[:, start:min(start + 4, 8)], mems=mems).mems
+    seq, last = prompt, prompt[:, -1:]
+    for _ in range(15):
+        out = model(last, mems=mems)
+        mems = out.mems
+        last = out.logits[:, -1].argmax(-1, keepdim=True)
+        seq = torch.cat([seq, last], 1)
+    assert torch.equal(ours, seq)

@@ -50,10 +50,12 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
 
 
 @torch.no_grad()
-def prime_memory(model, input_ids: torch.Tensor, mems: Mems | None = None) -> Mems | None:
-    """Feed ``input_ids`` [B, T] through the model in chunks of ``tgt_len`` and return the memory."""
+def prime_memory(model, input_ids: torch.Tensor, mems: Mems | None = None,
+                 caches: list[dict] | None = None) -> Mems | None:
+    """Feed ``input_ids`` [B, T] through the model in chunks of ``tgt_len`` and return the memory
+    (filling ``caches``, the per-layer decoding state, when given)."""
     for start in range(0, input_ids.size(1), model.config.tgt_len):
-        mems = model(input_ids[:, start:start + model.config.tgt_len], mems=mems).mems
+        mems = model(input_ids[:, start:start + model.config.tgt_len], mems=mems, caches=caches).mems
     return mems
 
 
@@ -87,10 +89,12 @@ def generate_stream(model, input_ids: torch.Tensor, max_new_tokens: int, tempera
                 seq = torch.cat([seq, token[:, None]], dim=1)
                 yield token
             return
-        mems = prime_memory(model, input_ids[:, :-1], mems)
+        # per-layer keys/values of the memory travel with it, so a step projects only the new token
+        caches: list[dict] = [{} for _ in range(model.config.n_layer)]
+        mems = prime_memory(model, input_ids[:, :-1], mems, caches)
         last = input_ids[:, -1:]
         for _ in range(max_new_tokens):
-            out = model(last, mems=mems)
+            out = model(last, mems=mems, caches=caches)
             mems = out.mems
             token = sample_next(out.logits[:, -1], temperature, top_k, top_p, generator)
             last = token[:, None]

@@ -132,7 +132,7 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, h: torch.Tensor, mem: torch.Tensor | None, pos_emb: torch.Tensor | None,
                 mask: torch.Tensor, r_w_bias: torch.Tensor | None = None,
-                r_r_bias: torch.Tensor | None = None) -> torch.Tensor:
+                r_r_bias: torch.Tensor | None = None, cache: dict | None = None) -> torch.Tensor:
         """Attend from the current segment to [memory + current segment].
 
         Args:
@@ -141,27 +141,43 @@ class MultiHeadAttention(nn.Module):
             pos_emb: [K, d_model] sinusoidal R for distances K-1 ... 0 ("rel" only).
             mask: bool [T, K], True = not visible (see :func:`attention_mask`).
             r_w_bias, r_r_bias: shared u, v [H, D] when this layer has no biases of its own.
+            cache: for incremental decoding without autograd (see :mod:`txl.generation`), a dict
+                owned by the caller with ``mem_len``; this call stores in it the keys and values of
+                the next memory's positions ([B, H, <= mem_len, D]) and the projected positions of
+                this key length, and the next call reuses them instead of projecting the memory
+                again. Keys do not depend on position in relative attention, so this is exact.
 
         Returns:
             [B, T, d_model]: the sub-layer output after residual (and LayerNorm unless ``pre_lnorm``).
         """
         bsz, qlen, _ = h.shape
-        cat = h if mem is None or mem.size(1) == 0 else torch.cat([mem, h], dim=1)  # [B, K, d]
-        klen = cat.size(1)
-        x = self.layer_norm(cat) if self.pre_lnorm else cat
         hd = self.n_head * self.d_head
         w = self.qkv_net.weight  # [3*H*D, d]: rows W_q, W_kE, W_v
-        q = F.linear(x[:, klen - qlen:], w[:hd])  # queries only for the current segment
-        k, v = F.linear(x, w[hd:]).split(hd, dim=-1)
-        q = q.view(bsz, qlen, self.n_head, self.d_head).transpose(1, 2)  # [B, H, T, D]
-        k = k.view(bsz, klen, self.n_head, self.d_head).transpose(1, 2)  # [B, H, K, D]
-        v = v.view(bsz, klen, self.n_head, self.d_head).transpose(1, 2)  # [B, H, K, D]
+        mlen = 0 if mem is None else mem.size(1)
+        if cache is not None and "k" in cache and cache["k"].size(2) == mlen:  # memory already projected
+            x = self.layer_norm(h) if self.pre_lnorm else h
+            q, k, v = (self._heads(t) for t in F.linear(x, w).split(hd, dim=-1))
+            k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+        else:
+            cat = h if mlen == 0 else torch.cat([mem, h], dim=1)  # [B, K, d]
+            x = self.layer_norm(cat) if self.pre_lnorm else cat
+            q = self._heads(F.linear(x[:, mlen:], w[:hd]))  # queries only for the current segment: [B, H, T, D]
+            k, v = (self._heads(t) for t in F.linear(x, w[hd:]).split(hd, dim=-1))  # [B, H, K, D] each
+        klen = k.size(2)
+        if cache is not None:  # the keys/values of the next memory: the last mem_len positions
+            keep = klen - min(klen, cache["mem_len"])
+            cache["k"], cache["v"] = k[:, :, keep:], v[:, :, keep:]
 
         dropatt = self.dropatt.p if self.training else 0.0
         if self.attn_type == "rel":
             u = self.r_w_bias if hasattr(self, "r_w_bias") else r_w_bias
             vb = self.r_r_bias if hasattr(self, "r_r_bias") else r_r_bias
-            r_k = self.r_net(pos_emb).view(klen, self.n_head, self.d_head).permute(1, 2, 0)  # [H, D, K]
+            if cache is not None and cache.get("r_klen") == klen:
+                r_k = cache["r_k"]
+            else:
+                r_k = self.r_net(pos_emb).view(klen, self.n_head, self.d_head).permute(1, 2, 0)  # [H, D, K]
+                if cache is not None:
+                    cache["r_klen"], cache["r_k"] = klen, r_k
             # (b) + (d), pre-scaled, realigned and masked, becomes an additive bias of the fused kernel,
             # which computes softmax(scale * (q + u)·k + bias) @ v, i.e. (a) + (c) + (b) + (d).
             bias = rel_shift_bias(torch.matmul((q + vb[:, None, :]) * self.scale, r_k), mask)  # [B, H, T, K]
@@ -172,3 +188,7 @@ class MultiHeadAttention(nn.Module):
         vec = vec.transpose(1, 2).reshape(bsz, qlen, hd)  # [B, T, H*D]
         out = self.drop(self.o_net(vec))
         return h + out if self.pre_lnorm else self.layer_norm(h + out)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, L, H*D] -> [B, H, L, D]."""
+        return x.view(x.size(0), x.size(1), self.n_head, self.d_head).transpose(1, 2)

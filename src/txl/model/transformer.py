@@ -67,9 +67,10 @@ class DecoderLayer(nn.Module):
         self.ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm)
 
     def forward(self, h: torch.Tensor, mem: torch.Tensor | None, pos_emb: torch.Tensor | None,
-                mask: torch.Tensor, r_w_bias: torch.Tensor | None, r_r_bias: torch.Tensor | None) -> torch.Tensor:
+                mask: torch.Tensor, r_w_bias: torch.Tensor | None, r_r_bias: torch.Tensor | None,
+                cache: dict | None = None) -> torch.Tensor:
         """[B, T, d_model] -> [B, T, d_model]; see :meth:`MultiHeadAttention.forward` for the arguments."""
-        return self.ff(self.attn(h, mem, pos_emb, mask, r_w_bias, r_r_bias))
+        return self.ff(self.attn(h, mem, pos_emb, mask, r_w_bias, r_r_bias, cache))
 
 
 class TransformerXLLM(nn.Module):
@@ -130,7 +131,7 @@ class TransformerXLLM(nn.Module):
         self.config = TransformerXLConfig.from_dict(values)
 
     def forward(self, input_ids: torch.Tensor, mems: Mems | None = None,
-                labels: torch.Tensor | None = None) -> LMOutput:
+                labels: torch.Tensor | None = None, caches: list[dict] | None = None) -> LMOutput:
         """Score one segment given the memory of the previous ones.
 
         Args:
@@ -139,6 +140,9 @@ class TransformerXLLM(nn.Module):
                 None to start fresh. Must be None for ``attn_type="abs"``.
             labels: int64 [B, T] next tokens already aligned with ``input_ids`` (no shift is done
                 here); positions equal to -100 are ignored.
+            caches: incremental-decoding state, one caller-owned dict per layer, passed with the
+                matching ``mems`` on every call (see :func:`txl.generation.generate_stream`); only
+                without autograd and for ``attn_type="rel"``. The result is the same without it.
 
         Returns:
             :class:`LMOutput` with logits [B, T, V], the mean NLL (nats) and the new memory.
@@ -173,12 +177,18 @@ class TransformerXLLM(nn.Module):
             h = self.drop(emb + sinusoid(torch.arange(qlen, device=emb.device), c.d_model).to(emb.dtype))
             mask = attention_mask(qlen, 0, False, 0, emb.device)
 
+        if caches is not None:
+            if c.attn_type != "rel" or torch.is_grad_enabled() or len(caches) != c.n_layer:
+                raise TxlError("caches are for incremental decoding: attn_type='rel', no autograd, one per layer")
+            for cache in caches:
+                cache["mem_len"] = c.mem_len
         r_w_bias = getattr(self, "r_w_bias", None)
         r_r_bias = getattr(self, "r_r_bias", None)
         hids = []
         for i, layer in enumerate(self.layers):
             hids.append(h)
-            h = layer(h, None if mems is None else mems[i], pos_emb, mask, r_w_bias, r_r_bias)
+            h = layer(h, None if mems is None else mems[i], pos_emb, mask, r_w_bias, r_r_bias,
+                      None if caches is None else caches[i])
         h = self.drop(h)
 
         new_mems = update_mems(mems, hids, c.mem_len) if c.attn_type == "rel" else None
