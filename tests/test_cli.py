@@ -72,6 +72,20 @@ def test_train_eval_generate_end_to_end(tmp_path, corpus, capsys, monkeypatch):
     after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in out_dir.rglob("*") if p.is_file()}
     assert after == before
 
+    # a broken (NaN) model, and a checkpoint that lost its run.json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    broken = tmp_path / "broken"
+    shutil.copytree(out_dir / "best", broken)
+    tensors = load_file(broken / "model.safetensors")
+    save_file({k: v * float("nan") for k, v in tensors.items()}, broken / "model.safetensors")
+    code, out, err = run_cli(capsys, "generate", broken, "--prompt", "the ", "-n", "5")
+    assert code == 2 and "non-finite" in one_error_line(err)
+    (broken / "run.json").unlink()
+    code, out, err = run_cli(capsys, "eval", broken)
+    assert code == 2 and "--data" in one_error_line(err)
+
     # a prompt character the char vocabulary has never seen
     code, out, err = run_cli(capsys, "generate", out_dir, "--prompt", "ZZZ", "-n", "3")
     assert code == 2 and "Z" in one_error_line(err)
@@ -91,6 +105,9 @@ def test_train_eval_generate_end_to_end(tmp_path, corpus, capsys, monkeypatch):
     (lambda d, c: ["train", c, "data.split=[1.0, 0.0, 0.0]"], "valid split is empty"),
     (lambda d, c: ["train", c, "data.split=[0.9, 0.1, 0.0]", "eval.split=test"], "test split is empty"),
     (lambda d, c: ["train", c, "eval.warmup=true", "eval.mem_len=100000"], "eval.warmup needs"),
+    (lambda d, c: ["train", c, "--out", c], "is a file"),
+    (lambda d, c: ["train", c, "--tokenzier", "char"], "unrecognized arguments: --tokenzier"),
+    (lambda d, c: ["eval", d, "--split", "train"], "invalid choice"),
     (lambda d, c: ["eval", d], "not a txl checkpoint"),
     (lambda d, c: ["eval", d / "nothing-here"], "does not exist"),
     (lambda d, c: ["generate", d], "not a txl checkpoint"),

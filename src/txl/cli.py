@@ -11,10 +11,17 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-import torch
-
 from txl.errors import TxlError
+
+# torch and numpy are imported inside the commands, so that Ctrl-C during start-up or a usage
+# error never needs them and never shows a traceback
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors reported as one ``txl: error:`` line (exit status 2)."""
+
+    def error(self, message: str):  # noqa: D102 - argparse hook
+        self.exit(2, f"txl: error: {message} (see: {self.prog} --help)\n")
 
 
 def _add_span_args(p: argparse.ArgumentParser) -> None:
@@ -27,8 +34,11 @@ def _add_span_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="txl", description="Transformer-XL: train, evaluate and sample "
-                                     "language models with segment-level memory.")
+    from txl import __version__
+
+    parser = _Parser(prog="txl", description="Transformer-XL: train, evaluate and sample "
+                     "language models with segment-level memory.")
+    parser.add_argument("--version", action="version", version=f"txl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a model (no DATA: the built-in default corpus)")
@@ -141,6 +151,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for name in ("max_tokens", "mem_len"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             raise TxlError(f"--{name} must be >= 0, got {getattr(args, name)}")
+    if args.stride != 1 and args.sliding_window is None:
+        raise TxlError("--stride applies to --sliding-window evaluation; give --sliding-window CONTEXT too")
     if args.data and args.split:
         raise TxlError("--split chooses a split of the run's corpus; with --data the whole file is evaluated")
     device = resolve_device(args.device)
@@ -150,12 +162,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not args.data and ckpt.state.get("converted_from"):
         raise TxlError(f"{ckpt.path} was converted from another format and has no corpus of its own; "
                        "pass --data FILE to evaluate it")
+    if not args.data and not ckpt.has_run_config:
+        raise TxlError(f"{ckpt.path} has no run.json saying which corpus it was trained on; pass --data FILE")
     if args.data:
         files = read_corpus_files(args.data)
         tokens = ckpt.tokenizer.encode_file_bytes(load_bytes(files), source=args.data)
         where = args.data
     else:
-        corpus = load_run_corpus(ckpt.run, tokenizer=ckpt.tokenizer)
+        try:
+            corpus = load_run_corpus(ckpt.run, tokenizer=ckpt.tokenizer)
+        except TxlError as err:
+            raise TxlError(f"{err} (the run's corpus; pass --data FILE to evaluate other text)") from None
         tokens = corpus.valid if split == "valid" else corpus.test
         where = f"{split} split of {corpus.source}"
         if len(tokens) < 2:
@@ -186,6 +203,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from txl.training.checkpoint import load_checkpoint
     from txl.training.loop import resolve_device
 
+    import numpy as np
+    import torch
+
     from txl.generation import check_sampling
 
     check_sampling(args.temperature, args.top_k, args.top_p)
@@ -214,12 +234,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     sys.stdout.write(prompt)
     sys.stdout.flush()
     pending: list[int] = []
+    at_line_start = prompt.endswith("\n")
     for token in generate_stream(ckpt.model, ids, args.max_new_tokens, temperature=args.temperature,
                                  top_k=args.top_k, top_p=args.top_p, generator=generator):
         pending.append(int(token[0]))
         text = ckpt.tokenizer.decode(pending)
         if "\ufffd" not in text or len(pending) >= 4:  # wait for complete UTF-8 sequences (byte models)
-            sys.stdout.write(text if ckpt.tokenizer.kind != "word" else text + " ")
+            if ckpt.tokenizer.kind == "word" and text != "\n" and not at_line_start:
+                text = " " + text  # words are separated by spaces, lines end with <eos>
+            at_line_start = text.endswith("\n")
+            sys.stdout.write(text)
             sys.stdout.flush()
             pending = []
     if pending:
@@ -277,13 +301,17 @@ COMMANDS = {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate, "dat
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``txl`` console script; returns the exit status."""
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra and args.command == "train":  # items placed after an option: `txl train --tokenizer char a=1`
-        args.items += extra
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        parser = build_parser()
+        try:
+            args, extra = parser.parse_known_args(argv)
+            unknown = [e for e in extra if e.startswith("-") or args.command != "train"]
+            if unknown:
+                parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        except SystemExit as exit_:  # usage errors (one line already printed), --help, --version
+            return int(exit_.code or 0)
+        if extra:  # overrides placed after an option: `txl train --tokenizer char a=1`
+            args.items += extra
         return COMMANDS[args.command](args)
     except TxlError as err:
         print(f"txl: error: {err}", file=sys.stderr)

@@ -32,6 +32,9 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     """
     check_sampling(temperature, top_k, top_p)
     logits = logits.float()
+    if not bool(torch.isfinite(logits).all()):
+        raise TxlError("the model produced non-finite scores (NaN or inf): its weights are broken, e.g. by a "
+                       "diverged training run; use an earlier checkpoint")
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits / temperature

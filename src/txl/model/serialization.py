@@ -86,4 +86,4 @@ def load_model(directory: str | Path, map_location: str | torch.device = "cpu"):
             raise TxlError(f"weights in {path} do not match {CONFIG_NAME}: {key} has shape {tuple(value.shape)}, "
                            f"config implies {tuple(expected[key].shape)}")
     model.load_state_dict(tensors, strict=False)  # the tied second names are filled by the ties
-    return model.to(map_location)
+    return model.to(map_location).eval()  # inference mode, like a freshly loaded model anywhere

@@ -52,6 +52,7 @@ class Checkpoint:
     run: RunConfig
     state: dict[str, Any]
     path: Path
+    has_run_config: bool = True
 
 
 def resolve_checkpoint_dir(path: str | Path) -> Path:
@@ -72,7 +73,7 @@ def resolve_checkpoint_dir(path: str | Path) -> Path:
 
 
 def load_checkpoint(path: str | Path, map_location: str = "cpu") -> Checkpoint:
-    """Load model, tokenizer, run config and state (safetensors + JSON only).
+    """Load model (in eval mode), tokenizer, run config and state (safetensors + JSON only).
 
     Raises:
         TxlError: missing files, invalid JSON, a vocabulary whose size differs from the model's.
@@ -85,10 +86,11 @@ def load_checkpoint(path: str | Path, map_location: str = "cpu") -> Checkpoint:
     if tokenizer.vocab_size != model.config.vocab_size:
         raise TxlError(f"{directory / VOCAB_NAME} has {tokenizer.vocab_size} tokens but the model expects "
                        f"{model.config.vocab_size}: the vocabulary does not belong to this checkpoint")
-    run = RunConfig.from_dict(_read_json(directory / RUN_NAME)) if (directory / RUN_NAME).is_file() else RunConfig()
+    has_run = (directory / RUN_NAME).is_file()
+    run = RunConfig.from_dict(_read_json(directory / RUN_NAME)) if has_run else RunConfig()
     run.model = model.config
     state = _read_json(directory / STATE_NAME) if (directory / STATE_NAME).is_file() else {}
-    return Checkpoint(model=model, tokenizer=tokenizer, run=run, state=state, path=directory)
+    return Checkpoint(model=model, tokenizer=tokenizer, run=run, state=state, path=directory, has_run_config=has_run)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

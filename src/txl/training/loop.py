@@ -111,6 +111,13 @@ def _check_length(corpus: CorpusSplits, run: RunConfig, max_tgt: int) -> None:
                        "needed for one segment per stream; use a longer corpus or lower train.batch_size/model.tgt_len")
 
 
+def _absolute_paths(data):
+    """The data section with absolute paths, so that a run's checkpoints work from any directory."""
+    paths = {k: str(Path(v).resolve()) for k in ("path", "train", "valid", "test")
+             if (v := getattr(data, k)) is not None}
+    return dataclasses.replace(data, **paths)
+
+
 def _check_splits(corpus: CorpusSplits, run: RunConfig) -> None:
     """Fail before training when validation or the final evaluation could not run."""
     if len(corpus.valid) < 2:
@@ -153,12 +160,15 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     seed_everything(t.seed)
     device = resolve_device(t.device)
     out_dir = Path(t.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise TxlError(f"train.out_dir {out_dir} is a file; choose a folder for the run")
     if (out_dir / RUN_NAME).exists():
         raise TxlError(f"{out_dir} already holds a run; choose another train.out_dir (--out) or remove it")
 
     corpus = load_run_corpus(run)
     unit = metric_unit(corpus.tokenizer.kind)
-    run = dataclasses.replace(run, model=dataclasses.replace(run.model, vocab_size=corpus.vocab_size))
+    run = dataclasses.replace(run, model=dataclasses.replace(run.model, vocab_size=corpus.vocab_size),
+                              data=_absolute_paths(run.data))
     spans = [segment_span(s, t.tgt_len_schedule, run.model.tgt_len, run.model.mem_len) for s in
              [0] + [e[0] for e in t.tgt_len_schedule]]
     _check_length(corpus, run, max(s[0] for s in spans))
