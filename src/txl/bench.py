@@ -93,12 +93,15 @@ class TxlRunner:
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         self.model.train()
         with self._ctx():
-            out = self.model(x, mems=self.mems, labels=y)
-        out.loss.backward()
+            loss, self.mems = self._loss(x, y)
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 0.25)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        self.mems = out.mems
+
+    def _loss(self, x: torch.Tensor, y: torch.Tensor):
+        out = self.model(x, mems=self.mems, labels=y)
+        return out.loss, out.mems
 
     @torch.no_grad()
     def eval_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -117,16 +120,9 @@ class HFRunner(TxlRunner):
 
     name = "hf"
 
-    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        self.model.train()
-        with self._ctx():
-            out = self.model(input_ids=x, mems=self.mems, labels=x)  # HF shifts labels itself
-        loss = out.loss if out.loss is not None else out.losses.mean()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 0.25)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        self.mems = out.mems
+    def _loss(self, x: torch.Tensor, y: torch.Tensor):
+        out = self.model(input_ids=x, mems=self.mems, labels=x)  # HF shifts labels itself
+        return (out.loss if out.loss is not None else out.losses.mean()), out.mems
 
     @torch.no_grad()
     def eval_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
