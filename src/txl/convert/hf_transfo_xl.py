@@ -32,6 +32,7 @@ import torch
 from txl.errors import TxlError
 from txl.fileio import atomic_write, write_json
 from txl.model import TransformerXLConfig, TransformerXLLM
+from txl.model.attention import inverse_frequencies
 
 # (HF name pattern, txl name pattern): {l} a layer index, {i} a cluster index.
 KEY_MAP: list[tuple[str, str]] = [
@@ -160,7 +161,7 @@ def model_from_hf_state(config: TransformerXLConfig, state: dict[str, torch.Tens
     renamed: dict[str, torch.Tensor] = {}
     for key, value in state.items():
         if key in HF_BUFFERS:
-            expected = 1.0 / (10000 ** (torch.arange(0.0, config.d_model, 2.0) / config.d_model))
+            expected = inverse_frequencies(config.d_model)
             if value.shape != expected.shape or not torch.allclose(value.float(), expected, rtol=1e-5):
                 raise TxlError(f"{key} differs from the standard sinusoid frequencies txl uses")
             continue
@@ -201,7 +202,7 @@ def hf_state_from_model(model: TransformerXLLM) -> dict[str, torch.Tensor]:
     for first in _tied_groups(model):
         state[txl_key_to_hf(first)] = model.get_parameter(first).detach().cpu().contiguous()
     d = model.config.d_model
-    state["transformer.pos_emb.inv_freq"] = 1.0 / (10000 ** (torch.arange(0.0, d, 2.0) / d))
+    state["transformer.pos_emb.inv_freq"] = inverse_frequencies(d)
     return state
 
 

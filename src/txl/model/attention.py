@@ -13,6 +13,11 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def inverse_frequencies(dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``10000^(-2k/dim)`` for k = 0 .. dim/2 - 1 (float32 [dim/2]): the sinusoid frequencies."""
+    return 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
+
+
 def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
     """Sinusoidal encoding of (relative or absolute) positions (Vaswani et al. 2017; paper §3.3 R).
 
@@ -24,7 +29,7 @@ def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
         float tensor [N, dim]: ``[sin(p * f_0..f_{dim/2-1}), cos(p * f_0..)]`` with
         ``f_k = 10000^(-2k/dim)`` (sine half first, as in the reference implementation).
     """
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim))
+    inv_freq = inverse_frequencies(dim, positions.device)
     angles = positions.float()[:, None] * inv_freq[None, :]
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
