@@ -183,6 +183,7 @@ def test_lm1b_tar(tmp_path: Path) -> None:
     t = _lm1b_tar(tmp_path / "1b.tar.gz")
     out = tmp_path / "out"
     info = _prepare("lm1b", t, out, sha256=_sha(t))
+    assert info["tokenizer"] == "word" and info["shuffled"] is True
     shards = ["training-monolingual.tokenized.shuffled/news.en-00001-of-00100",
               "training-monolingual.tokenized.shuffled/news.en-00002-of-00100"]
     assert (out / "train.txt").read_text().splitlines() == shards

@@ -11,11 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from txl.data.corpus import build_tokenizer, load_corpus
+from txl.data.bpe import BPETokenizer, _chunks
 from txl.data.tokenizers import (
     TOKENIZER_KINDS,
-    BPETokenizer,
     WordTokenizer,
-    _chunks,
     load_tokenizer,
     tokenizer_from_dict,
 )

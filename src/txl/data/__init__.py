@@ -13,9 +13,9 @@ from txl.data.corpus import (
 )
 from txl.data.datasets import DATASETS, dataset_info, prepare_dataset, standard_split
 from txl.data.iterators import IGNORE_INDEX, LMOrderedIterator, LMShuffledIterator, sample_segment_length
+from txl.data.bpe import BPETokenizer
 from txl.data.tokenizers import (
     TOKENIZER_KINDS,
-    BPETokenizer,
     ByteTokenizer,
     CharTokenizer,
     Tokenizer,

@@ -20,7 +20,7 @@ import numpy as np
 
 from txl.data.datasets import dataset_info
 from txl.data.tokenizers import (
-    TOKENIZER_KINDS, BPETokenizer, ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer, decode_utf8,
+    TOKENIZER_KINDS, ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer, decode_utf8,
 )
 from txl.errors import TxlError
 from txl.fileio import atomic_write
@@ -264,6 +264,8 @@ def build_tokenizer(
     if kind == "char":
         return CharTokenizer.build(text)
     if kind == "bpe":
+        from txl.data.bpe import BPETokenizer
+
         return BPETokenizer.build([text], vocab_size=max_size or BPE_DEFAULT_VOCAB, min_frequency=min_freq)
     return WordTokenizer.build([text], min_freq=min_freq, max_size=max_size, lower=lower, normalize=normalize)
 

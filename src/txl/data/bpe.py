@@ -1,0 +1,137 @@
+"""Byte-level BPE tokenizer (the Hugging Face ``tokenizers`` library) for users' own corpora."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from txl.data.tokenizers import Tokenizer, _ids_array
+from txl.errors import TxlError
+
+
+def _import_tokenizers():
+    """The ``tokenizers`` package, or a TxlError saying how to install it."""
+    try:
+        import tokenizers
+    except ImportError:
+        raise TxlError(
+            "the bpe tokenizer needs the 'tokenizers' package: pip install tokenizers"
+        ) from None
+    return tokenizers
+
+
+class BPETokenizer(Tokenizer):
+    """Byte-level BPE tokenizer (GPT-2 style) from the Hugging Face ``tokenizers`` library.
+
+    Any text round-trips: ``decode(encode(s)) == s`` for every valid Unicode string, because
+    the base alphabet is the 256 bytes. No ``<eos>`` or other special tokens are added; newlines
+    are ordinary tokens. ``tokenizers`` is imported lazily.
+
+    Args:
+        tokenizer_json: the tokenizer as serialised by ``tokenizers.Tokenizer.to_str()``.
+
+    Raises :class:`TxlError` if ``tokenizers`` is not installed or the JSON is not a tokenizer.
+    """
+
+    kind = "bpe"
+
+    def __init__(self, tokenizer_json: str) -> None:
+        tk = _import_tokenizers()
+        if not isinstance(tokenizer_json, str):
+            raise TxlError("bpe tokenizer description needs a 'tokenizer' JSON string")
+        try:
+            self._tok = tk.Tokenizer.from_str(tokenizer_json)
+        except Exception as e:  # the Rust side raises plain Exception subclasses
+            raise TxlError(f"bpe tokenizer JSON is not valid: {e}") from None
+        self._json = tokenizer_json
+
+    @classmethod
+    def build(cls, texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2) -> BPETokenizer:
+        """Train a byte-level BPE vocabulary of at most ``vocab_size`` tokens on ``texts``.
+
+        ``texts`` is an iterable of strings (e.g. the train split); they are fed line by line.
+        Merges of pairs seen fewer than ``min_frequency`` times are not learned.
+
+        Raises :class:`TxlError` if ``vocab_size < 256`` (the byte alphabet), ``min_frequency < 1``,
+        the texts are empty, or ``tokenizers`` is missing.
+        """
+        tk = _import_tokenizers()
+        if vocab_size < 256:
+            raise TxlError(f"bpe vocab_size must be at least 256 (the byte alphabet), got {vocab_size}")
+        if min_frequency < 1:
+            raise TxlError(f"bpe min_frequency must be at least 1, got {min_frequency}")
+        texts = [t for t in texts if t]
+        if not texts:
+            raise TxlError("cannot build a bpe vocabulary from empty text; give a non-empty corpus")
+        tok = tk.Tokenizer(tk.models.BPE())
+        tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = tk.decoders.ByteLevel()
+        trainer = tk.trainers.BpeTrainer(
+            vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
+            initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(), special_tokens=[],
+        )
+        tok.train_from_iterator((line for t in texts for line in t.splitlines(keepends=True)), trainer=trainer)
+        return cls(tok.to_str())
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size()
+
+    def encode(self, text: str) -> np.ndarray:
+        """BPE ids of ``text``, ``int64``, shape ``[n_tokens]``.
+
+        Long texts are encoded in pieces (cut at a single newline between non-space
+        characters), which gives the same ids as one call. Raises :class:`TxlError` for text that
+        is not valid Unicode (lone surrogates).
+        """
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise TxlError(f"text contains a lone surrogate at character {e.start}; remove it") from None
+        pieces = _chunks(text, 1 << 20)
+        encs = self._tok.encode_batch(pieces, add_special_tokens=False) if len(pieces) > 1 else (
+            [self._tok.encode(pieces[0], add_special_tokens=False)] if pieces else [])
+        ids = [i for e in encs for i in e.ids]
+        return np.asarray(ids, dtype=np.int64)
+
+    def decode(self, ids: Any) -> str:
+        """Text of the ids; an incomplete UTF-8 sequence decodes to U+FFFD."""
+        arr = _ids_array(ids, self.vocab_size, self.kind)
+        return self._tok.decode(arr.tolist(), skip_special_tokens=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "bpe", "tokenizer": self._json}
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Tokenizer):
+            return NotImplemented
+        return isinstance(other, BPETokenizer) and json.loads(self._json) == json.loads(other._json)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _chunks(text: str, size: int) -> list[str]:
+    """Cut ``text`` into pieces of about ``size`` characters, only between ``X\\n`` and ``Y``.
+
+    X and Y are non-space characters: there byte-level pre-tokenisation (GPT-2 pattern) makes the
+    lone newline a token of its own whether or not the text continues, so the cuts do not change
+    the tokens.
+    """
+    pieces: list[str] = []
+    start = 0
+    while len(text) - start > size:
+        m = _LINE_START.search(text, start + size)
+        if m is None:
+            break
+        pieces.append(text[start:m.start()])
+        start = m.start()
+    if start < len(text):
+        pieces.append(text[start:])
+    return pieces
+
+
+_LINE_START = re.compile(r"(?<=\S\n)(?=\S)")
