@@ -260,10 +260,10 @@ def run_bench(*, vs_hf: bool = False, device: str = "auto", dtype: str = "float3
     for gen_batch in (1, 8):
         prompt = torch.randint(0, cfg.vocab_size, (gen_batch, cfg.tgt_len), device=dev)
         for r in gen_runners:
-            n = gen_tokens if r.name != "hf" else max(4, gen_tokens // 8)  # HF's own generate is slow
+            n = gen_tokens
             # generating 2n and n tokens after the same prompt: the difference is n new tokens only
-            t_2n = median_time(lambda: r.generate(prompt, 2 * n), warmup=1, repeats=max(3, repeats // 2), sync=sync)
-            t_n = median_time(lambda: r.generate(prompt, n), warmup=1, repeats=max(3, repeats // 2), sync=sync)
+            t_2n = median_time(lambda: r.generate(prompt, 2 * n), warmup=1, repeats=max(3, repeats), sync=sync)
+            t_n = median_time(lambda: r.generate(prompt, n), warmup=1, repeats=max(3, repeats), sync=sync)
             per_token = max(1e-9, (statistics.median(t_2n) - statistics.median(t_n)) / n)
             results["impls"].setdefault(r.name, {})[f"generate_b{gen_batch}_tokens_per_s"] = gen_batch / per_token
             log(f"{r.name:5s} generate batch {gen_batch}: {gen_batch / per_token:10,.1f} tokens/s")

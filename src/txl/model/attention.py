@@ -70,12 +70,13 @@ class _RelShiftBias(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (mask,) = ctx.saved_tensors
-        *lead, qlen, klen = grad.shape
-        # grad_x[i, m] = grad[i, m - (T-1-i)]: pad T-1 zero columns on the left, then row i of the
-        # result starts i elements into row i of the padded grad (row stride K+T-1, plus one per row).
-        padded = F.pad(grad.masked_fill(mask, 0.0), (qlen - 1, 0))
-        out = padded.as_strided((*lead, qlen, klen), padded.stride()[:-2] + (klen + qlen, 1), padded.storage_offset())
-        return out.contiguous(), None
+        *_, qlen, klen = grad.shape
+        # grad_x[i, m] = grad[i, m - (T-1-i)]: one gather; slots left of the shifted row get 0. The
+        # gathered entries are all causal ones (the masked entries of grad are 0 anyway).
+        rows = torch.arange(qlen, device=grad.device)[:, None]
+        src = torch.arange(klen, device=grad.device)[None, :] - (qlen - 1 - rows)  # [T, K]
+        out = grad.gather(-1, src.clamp(min=0).expand(grad.shape))
+        return out.masked_fill_(src < 0, 0.0), None
 
 
 def rel_shift_bias(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -87,6 +88,8 @@ def rel_shift_bias(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
     The backward maps gradients back without the zero-pad/reshape copies of the classic trick.
     """
+    if not (torch.is_grad_enabled() and x.requires_grad):  # evaluation and decoding: no autograd node
+        return rel_shift(x).masked_fill(mask, float("-inf"))
     return _RelShiftBias.apply(x, mask)
 
 

@@ -165,11 +165,19 @@ class TransformerXLLM(nn.Module):
         if c.attn_type == "abs" and mems is not None:
             raise TxlError("attn_type='abs' (vanilla Transformer) has no memory: pass mems=None")
         mlen = check_mems(mems, c.n_layer, bsz, c.d_model)
+        if caches is not None:
+            if c.attn_type != "rel" or torch.is_grad_enabled() or len(caches) != c.n_layer:
+                raise TxlError("caches are for incremental decoding: attn_type='rel', no autograd, one per layer")
+            for cache in caches:
+                cache["mem_len"] = c.mem_len
         klen = mlen + qlen
 
         emb = self.word_emb(input_ids)  # [B, T, d_model], scaled by sqrt(d_model)
         if c.attn_type == "rel":
-            pos_emb = self.drop(sinusoid(relative_positions(klen, c.clamp_len, emb.device), c.d_model).to(emb.dtype))
+            if caches is not None and all(cache.get("r_klen") == klen for cache in caches):
+                pos_emb = None  # every layer reuses its projected positions for this key length
+            else:
+                pos_emb = self.drop(sinusoid(relative_positions(klen, c.clamp_len, emb.device), c.d_model).to(emb.dtype))
             h = self.drop(emb)
             mask = attention_mask(qlen, mlen, c.same_length, c.mem_len, emb.device)
         else:
@@ -177,11 +185,6 @@ class TransformerXLLM(nn.Module):
             h = self.drop(emb + sinusoid(torch.arange(qlen, device=emb.device), c.d_model).to(emb.dtype))
             mask = attention_mask(qlen, 0, False, 0, emb.device)
 
-        if caches is not None:
-            if c.attn_type != "rel" or torch.is_grad_enabled() or len(caches) != c.n_layer:
-                raise TxlError("caches are for incremental decoding: attn_type='rel', no autograd, one per layer")
-            for cache in caches:
-                cache["mem_len"] = c.mem_len
         r_w_bias = getattr(self, "r_w_bias", None)
         r_r_bias = getattr(self, "r_r_bias", None)
         hids = []
