@@ -189,7 +189,7 @@ def hf_oracle_state(ours, d_embed, d_proj, cutoffs, div_val):
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
 def test_matches_hf_projected_adaptive_log_softmax(cfg):
-    hf_utils = pytest.importorskip("transformers.models.transfo_xl.modeling_transfo_xl_utilities")
+    from transformers.models.transfo_xl import modeling_transfo_xl_utilities as hf_utils
     d_embed, d_proj, cutoffs, div_val = cfg
     ours = make_crit(*cfg, seed=5)
     hf = hf_utils.ProjectedAdaptiveLogSoftmax(V, d_embed, d_proj, list(cutoffs), div_val=div_val)
@@ -201,7 +201,7 @@ def test_matches_hf_projected_adaptive_log_softmax(cfg):
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
 def test_adaptive_embedding_matches_hf(cfg):
-    hf_model = pytest.importorskip("transformers.models.transfo_xl.modeling_transfo_xl")
+    from transformers.models.transfo_xl import modeling_transfo_xl as hf_model
     d_embed, d_proj, cutoffs, div_val = cfg
     ours = randomized(AdaptiveEmbedding(V, d_embed, d_proj, cutoffs, div_val), seed=7)
     hf = hf_model.AdaptiveEmbedding(V, d_embed, d_proj, list(cutoffs), div_val=div_val)
