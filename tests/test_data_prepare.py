@@ -192,8 +192,8 @@ def test_lm1b_tar(tmp_path: Path) -> None:
     on_disk = dataset_info(out)
     assert on_disk["shuffled"] is True and on_disk["train_shards"] == shards and on_disk["tokenizer"] == "word"
     assert on_disk["train_bytes"] == sum((out / s).stat().st_size for s in shards)
-    with pytest.raises(TxlError, match="not supported yet"):
-        load_corpus(out, "word")
+    with pytest.raises(TxlError, match="use tokenizer=word"):
+        load_corpus(out, "char")
 
 
 # ---------------------------------------------------------------- unsafe archives
@@ -451,3 +451,41 @@ def test_shuffled_iterator_order_is_seeded_and_changes_per_pass() -> None:
         LMShuffledIterator([], 2, 5, eos_id=1)
     with pytest.raises(TxlError):
         LMShuffledIterator(sentences, 0, 5, eos_id=1)
+
+
+def test_lm1b_trains_on_shuffled_sentences(tmp_path: Path, capsys, monkeypatch) -> None:
+    from txl.cli import main
+    from txl.data.corpus import shard_sentences
+    from txl.training.loop import shuffled_batches
+
+    root = "1-billion-word-language-modeling-benchmark-r13output"
+    tr, ho = f"{root}/training-monolingual.tokenized.shuffled", f"{root}/heldout-monolingual.tokenized.shuffled"
+    words = "the a cat dog sat ran on under mat log and then".split()
+    lines = [" ".join(words[(i * 7 + j) % len(words)] for j in range(3 + i % 5)) + " ." for i in range(120)]
+    t = _tar(tmp_path / "1b.tar.gz", [(f"{tr}/news.en-00001-of-00100", "\n".join(lines[:60]) + "\n"),
+                                       (f"{tr}/news.en-00002-of-00100", "\n".join(lines[60:]) + "\n"),
+                                       (f"{ho}/news.en.heldout-00000-of-00050", "\n".join(lines[:20]) + "\n")])
+    out = tmp_path / "lm1b"
+    _prepare("lm1b", t, out, sha256=_sha(t))
+    corpus = load_corpus(out, "word")
+    assert len(corpus.train) == 0 and len(corpus.train_shards) == 2 and len(corpus.valid) > 20
+    sentences = shard_sentences(corpus.train_shards[0], corpus.tokenizer)
+    assert len(sentences) == 60 and all(s[-1] == corpus.tokenizer.eos_id for s in sentences)
+    # one pass of the shuffled stream scores every sentence token (and its <eos>) exactly once
+    stream = shuffled_batches(corpus, 3, 8, torch.device("cpu"), seed=0)
+    expected = sum(len(s) for shard in corpus.train_shards for s in shard_sentences(shard, corpus.tokenizer))
+    scored = 0
+    while scored < expected:
+        x, y = next(stream)
+        assert x.shape == (3, 8)
+        scored += int((y != -100).sum())
+    assert scored == expected
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    code = main(["train", str(out), "--out", str(tmp_path / "run"), "-q", "model.n_layer=1", "model.d_model=16",
+                 "model.n_head=2", "model.d_head=8", "model.d_inner=32", "model.tgt_len=8", "model.mem_len=8",
+                 "train.batch_size=3", "train.max_steps=12", "train.eval_interval=6", "train.sample_tokens=5"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "valid ppl" in captured.out
+    assert main(["eval", str(tmp_path / "run"), "--split", "test"]) == 0

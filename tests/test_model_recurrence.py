@@ -173,14 +173,15 @@ def test_bad_memory_and_ids_raise_clear_errors():
         model(torch.full((1, 3), -1))
 
 
-def test_bf16_autocast_training_step_is_finite():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_autocast_training_step_is_finite(dtype):
     torch.manual_seed(0)
     model = tiny_model(dtype=torch.float32, cutoffs=[10, 20], div_val=2, d_embed=16)
     model.train()
     ids = torch.randint(0, 37, (2, 5))
     mems = None
     for _ in range(2):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=dtype):
             out = model(ids, mems=mems, labels=ids)
         out.loss.backward()
         mems = out.mems

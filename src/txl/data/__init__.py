@@ -8,6 +8,7 @@ from txl.data.corpus import (
     load_bytes,
     load_corpus,
     read_corpus_files,
+    shard_sentences,
     split_tokens,
     token_dtype,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "load_tokenizer",
     "prepare_dataset",
     "read_corpus_files",
+    "shard_sentences",
     "sample_segment_length",
     "split_tokens",
     "standard_split",

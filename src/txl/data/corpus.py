@@ -280,6 +280,9 @@ class CorpusSplits:
             ``test`` may be empty when not requested (fraction 0 or no test file).
         source: human-readable description of where the text came from.
         files: the corpus file paths, as strings.
+        train_shards: for a shuffled-sentence corpus (lm1b) the training shard files, one
+            sentence per line; ``train`` is then empty and training reads the shards with
+            :func:`shard_sentences` and :class:`~txl.data.iterators.LMShuffledIterator`.
     """
 
     tokenizer: Tokenizer
@@ -288,6 +291,7 @@ class CorpusSplits:
     test: np.ndarray
     source: str
     files: list[str] = field(default_factory=list)
+    train_shards: list[Path] = field(default_factory=list)
 
     @property
     def vocab_size(self) -> int:
@@ -396,8 +400,8 @@ def load_corpus(
     Raises :class:`TxlError` for: both ``path`` and split files, ``train`` without ``valid`` (or
     the reverse), missing/empty/unreadable files, non-UTF-8 text for char/word, unknown
     characters with a given char tokenizer, bad fractions, a train split under 2 tokens, or a
-    requested valid/test split under 2 tokens, or a prepared lm1b folder (shuffled-sentence
-    training is not wired into :func:`load_corpus`).
+    requested valid/test split under 2 tokens, or a shuffled corpus (lm1b) with a tokenizer other
+    than word. A prepared shuffled corpus returns its training shards in ``train_shards``.
     """
     kind = tokenizer_obj.kind if tokenizer_obj is not None else tokenizer
     if kind not in TOKENIZER_KINDS:
@@ -413,6 +417,8 @@ def load_corpus(
             sets["test"] = read_corpus_files(test, pattern)
         return _load_separate(sets, kind, tokenizer_obj, opts, cache_dir)
     info = dataset_info(path) if path is not None else None
+    if info is not None and info.get("shuffled"):
+        return _load_shuffled(Path(path), info, kind, tokenizer_obj, opts, cache_dir)
     if info is not None:
         return _load_separate(_prepared_sets(Path(path), info), kind, tokenizer_obj, opts, cache_dir)
     if path is None:
@@ -423,13 +429,39 @@ def load_corpus(
     return _load_fractions(files, label, _check_fractions(split), kind, tokenizer_obj, opts, cache_dir)
 
 
+def _load_shuffled(root: Path, info: dict, kind: str, tokenizer_obj: Tokenizer | None, opts: dict,
+                   cache_dir: PathLike | None) -> CorpusSplits:
+    """A prepared shuffled-sentence corpus (lm1b): word vocabulary from the training shards, ordered
+    valid/test arrays, and the shard list for training."""
+    shards = [Path(s) if Path(s).is_absolute() else root / s for s in info.get("train_shards") or []]
+    if not shards:
+        raise TxlError(f"{root / 'dataset.json'} lists no training shards; run txl data prepare again")
+    for shard in shards:
+        _file_size(shard)  # a clear error for a missing shard
+    tok = tokenizer_obj
+    if tok is None:
+        if kind != "word":
+            raise TxlError(f"{info.get('name')} is a word-level corpus of sentences: use tokenizer=word")
+        tok = WordTokenizer.build((_read_text([s], "word") for s in shards), **opts)
+    parts = {name: encode_corpus([root / f"{name}.txt"], tok, cache_dir) for name in ("valid", "test")}
+    parts["train"] = np.zeros(0, dtype=token_dtype(tok.vocab_size))
+    source = f"{info.get('name')} in {root}: {len(shards)} shuffled training shard(s)"
+    return CorpusSplits(tokenizer=tok, train=parts["train"], valid=parts["valid"], test=parts["test"],
+                        source=source, files=[str(s) for s in shards], train_shards=shards)
+
+
+def shard_sentences(shard: PathLike, tokenizer: Tokenizer) -> list[np.ndarray]:
+    """The sentences (lines) of one shard as id arrays, each ending with ``<eos>`` (word tokenizer).
+
+    Raises:
+        TxlError: an unreadable or non-UTF-8 shard.
+    """
+    text = _read_text([shard], "word")
+    return [tokenizer.encode(line + "\n") for line in text.splitlines() if line.strip()]
+
+
 def _prepared_sets(root: Path, info: dict) -> dict[str, list[Path]]:
     """The split files of a folder written by ``txl data prepare``."""
-    if info.get("shuffled"):
-        raise TxlError(
-            f"{root} holds the {info.get('name')} dataset (shuffled sentences in shard files); training on it "
-            "with load_corpus is not supported yet"
-        )
     files = info.get("files") or {}
     sets = {}
     for name in SPLITS:

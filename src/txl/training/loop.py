@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from txl.config import RunConfig
-from txl.data import CorpusSplits, LMOrderedIterator, dataset_info, load_corpus
+from txl.data import CorpusSplits, LMOrderedIterator, LMShuffledIterator, dataset_info, load_corpus, shard_sentences
 from txl.data.iterators import sample_segment_length
 from txl.errors import TxlError
 from txl.evaluation import EvalResult, autocast, evaluate, metric_unit, metric_value
@@ -104,6 +104,20 @@ def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> to
     return torch.optim.AdamW(groups, lr=lr)
 
 
+def shuffled_batches(corpus: CorpusSplits, batch_size: int, tgt_len: int, device: torch.device, seed: int):
+    """Endless (x, y) segments [B, tgt_len] from a shuffled-sentence corpus (lm1b), as the reference:
+    each pass visits the training shards in a new seeded order, each shard's sentences shuffled and
+    packed into ``batch_size`` streams (:class:`~txl.data.iterators.LMShuffledIterator`)."""
+    generator = torch.Generator().manual_seed(seed)
+    eos = corpus.tokenizer.eos_id
+    while True:
+        for k in torch.randperm(len(corpus.train_shards), generator=generator).tolist():
+            sentences = shard_sentences(corpus.train_shards[k], corpus.tokenizer)
+            if sentences:
+                shard_seed = int(torch.randint(0, 2**31 - 1, (), generator=generator))
+                yield from LMShuffledIterator(sentences, batch_size, tgt_len, eos_id=eos, seed=shard_seed, device=device)
+
+
 def _check_length(corpus: CorpusSplits, run: RunConfig, max_tgt: int) -> None:
     n, b = len(corpus.train), run.train.batch_size
     if n < b * max_tgt + 1:
@@ -171,7 +185,12 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
                               data=_absolute_paths(run.data))
     spans = [segment_span(s, t.tgt_len_schedule, run.model.tgt_len, run.model.mem_len) for s in
              [0] + [e[0] for e in t.tgt_len_schedule]]
-    _check_length(corpus, run, max(s[0] for s in spans))
+    if corpus.train_shards:  # shuffled sentences (lm1b): fixed segment length, no variable lengths
+        if t.tgt_len_schedule or t.varlen:
+            raise TxlError("train.tgt_len_schedule and train.varlen are not supported for a shuffled-sentence "
+                           "corpus (lm1b); remove them")
+    else:
+        _check_length(corpus, run, max(s[0] for s in spans))
     _check_splits(corpus, run)
     log(f"data: {corpus.source}; {corpus.tokenizer.kind} vocabulary of {corpus.vocab_size}; "
         f"train/valid/test tokens {len(corpus.train)}/{len(corpus.valid)}/{len(corpus.test)}")
@@ -181,7 +200,10 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     log(f"model: {n_params / 1e6:.2f}M parameters, {run.model.n_layer} layers, d_model {run.model.d_model}, "
         f"attn_type {run.model.attn_type}; device {device}, dtype {t.dtype}")
     optimizer = make_optimizer(model, t.lr, t.weight_decay)
-    batches = LMOrderedIterator(corpus.train, t.batch_size, run.model.tgt_len, device=device)
+    if corpus.train_shards:
+        stream = shuffled_batches(corpus, t.batch_size, run.model.tgt_len, device, t.seed)
+    else:
+        batches = LMOrderedIterator(corpus.train, t.batch_size, run.model.tgt_len, device=device)
     generator = torch.Generator().manual_seed(t.seed)
     # float16 needs loss scaling against gradient underflow; for other dtypes the scaler is a no-op
     scaler = torch.amp.GradScaler(device.type, enabled=t.dtype == "float16")
@@ -223,11 +245,14 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
         for step in range(1, t.max_steps + 1):
             tgt_len, mem_len = segment_span(step, t.tgt_len_schedule, run.model.tgt_len, run.model.mem_len)
             model.set_attention_span(tgt_len=tgt_len, mem_len=mem_len)
-            if pos >= batches.stream_len:  # a new pass over the data: fresh memory
-                pos, mems = 0, None
-            seq_len = sample_segment_length(tgt_len, generator) if t.varlen else tgt_len
-            x, y = batches.segment(pos, seq_len)
-            pos += x.size(1)
+            if corpus.train_shards:
+                x, y = next(stream)  # streams of shuffled sentences; the memory runs on
+            else:
+                if pos >= batches.stream_len:  # a new pass over the data: fresh memory
+                    pos, mems = 0, None
+                seq_len = sample_segment_length(tgt_len, generator) if t.varlen else tgt_len
+                x, y = batches.segment(pos, seq_len)
+                pos += x.size(1)
             lr = learning_rate(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps, max_steps=t.max_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
