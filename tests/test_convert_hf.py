@@ -149,6 +149,15 @@ def test_cli_convert_hf_folder_and_back(tmp_path, capsys):
         ours = torch.log_softmax(ckpt.model.eval()(ids, mems=hf_initial_mems(ckpt.model.config, 2)).logits, -1)
         assert torch.allclose(ours, hf(input_ids=ids).prediction_scores, atol=1e-5)
 
+    # evaluation of the converted model with the paper-style settings, on a text file
+    (tmp_path / "test.txt").write_text("".join(f" w{i} w{(3 * i) % 50} w{(7 * i) % 50} .\n" for i in range(40)))
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "txl"), "--data", str(tmp_path / "test.txt"), "--tgt_len", "4",
+                 "--mem_len", "16", "--clamp_len", "10", "--same_length"]) == 0
+    shown = capsys.readouterr().out
+    assert "ppl" in shown and "mem_len=16" in shown and "same_length=True" in shown
+    assert main(["eval", str(tmp_path / "txl")]) == 2  # a converted model has no corpus of its own
+
     assert main(["convert", "to-hf", str(tmp_path / "txl"), str(tmp_path / "hf-again")]) == 0
     back = TransfoXLLMHeadModel.from_pretrained(tmp_path / "hf-again").eval()
     with torch.no_grad():
