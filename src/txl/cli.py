@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", "-o", help="run directory (train.out_dir)")
     p.add_argument("--tokenizer", choices=["byte", "char", "word", "bpe"], help="data.tokenizer")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its last/ checkpoint")
 
     p = sub.add_parser("eval", help="evaluate a checkpoint (bpc or perplexity) with memory")
     p.add_argument("checkpoint", help="checkpoint directory or run directory (uses best/)")
@@ -111,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from txl.config import load_run_config
+    from txl.config import RunConfig, load_run_config
     from txl.training.loop import train
 
     overrides, paths = [], []
@@ -119,6 +120,20 @@ def cmd_train(args: argparse.Namespace) -> int:
         (overrides if "=" in item and not Path(item).exists() else paths).append(item)
     if len(paths) > 1:
         raise TxlError(f"give one DATA path (a file or directory), got {len(paths)}: {' '.join(paths)}")
+    if args.resume:
+        if paths or overrides or args.config or args.out or args.tokenizer:
+            raise TxlError("--resume continues a run with its saved config: give no DATA, --config, --out, "
+                           "--tokenizer or overrides")
+        run_json = Path(args.resume) / "run.json"
+        if not run_json.is_file():
+            raise TxlError(f"{args.resume} is not a run directory (no run.json)")
+        try:
+            saved = json.loads(run_json.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise TxlError(f"{run_json} is not valid JSON ({err})") from None
+        run = RunConfig.from_dict(saved)
+        run.train.out_dir = args.resume
+        return _report(train(run, progress=not args.quiet, resume=True), run)
     if paths:
         overrides.append(f"data.path={paths[0]}")
     if args.out:
@@ -126,7 +141,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.tokenizer:
         overrides.append(f"data.tokenizer={args.tokenizer}")
     run = load_run_config(args.config, overrides)
-    result = train(run, progress=not args.quiet)
+    return _report(train(run, progress=not args.quiet), run)
+
+
+def _report(result, run) -> int:
     print(f"trained {result.steps} steps, {result.tokens:,} tokens in {result.wall_s:.0f} s "
           f"({result.tokens_per_s:,.0f} tokens/s including validation)")
     print(f"{run.eval.split} {result.final}")

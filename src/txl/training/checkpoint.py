@@ -13,7 +13,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from txl.config import RunConfig
 from txl.data import Tokenizer, load_tokenizer
@@ -27,8 +27,11 @@ STATE_NAME = "state.json"
 
 
 def save_checkpoint(directory: str | Path, model: TransformerXLLM, tokenizer: Tokenizer, run: RunConfig,
-                    state: dict[str, Any]) -> None:
-    """Write a complete checkpoint into ``directory``, replacing any previous one only once complete."""
+                    state: dict[str, Any], extra: Callable[[Path], None] | None = None) -> None:
+    """Write a complete checkpoint into ``directory``, replacing any previous one only once complete.
+
+    ``extra(folder)`` may write more files (e.g. the trainer state) into the folder before the swap.
+    """
     directory = Path(directory)
     tmp = directory.with_name(directory.name + ".tmp")
     old = directory.with_name(directory.name + ".old")
@@ -36,6 +39,8 @@ def save_checkpoint(directory: str | Path, model: TransformerXLLM, tokenizer: To
     model.save_pretrained(tmp, tokenizer)
     write_json(tmp / RUN_NAME, run.to_dict())
     write_json(tmp / STATE_NAME, state)
+    if extra is not None:
+        extra(tmp)
     if directory.exists():
         shutil.rmtree(old, ignore_errors=True)
         directory.rename(old)

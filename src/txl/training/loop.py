@@ -6,7 +6,9 @@ import csv
 import dataclasses
 import math
 import random
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,8 @@ from txl.evaluation import EvalResult, autocast, evaluate, metric_unit, metric_v
 from txl.fileio import write_json
 from txl.model import TransformerXLLM
 from txl.training.checkpoint import RUN_NAME, load_checkpoint, save_checkpoint
+from txl.training.resume import JSON_NAME as TRAINER_JSON
+from txl.training.resume import load_trainer_state, save_trainer_state
 from txl.training.schedules import learning_rate, segment_span
 
 METRIC_FIELDS = ["step", "tokens", "elapsed_s", "lr", "tgt_len", "mem_len", "train_loss", "train_metric",
@@ -158,15 +162,20 @@ def _remove_unfinished(out_dir: Path, created: bool) -> None:
         out_dir.rmdir()
 
 
-def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] | None = None) -> TrainResult:
+def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] | None = None,
+          resume: bool = False) -> TrainResult:
     """Train a Transformer-XL language model as described by ``run`` and report validation with memory.
 
     Writes into ``run.train.out_dir``: ``run.json`` (resolved config), ``metrics.csv`` (one row per
     ``log_interval`` steps and per validation), ``best/`` and ``last/`` checkpoints. On Ctrl-C the
-    ``last/`` checkpoint is written before :class:`KeyboardInterrupt` propagates.
+    ``last/`` checkpoint is written before :class:`KeyboardInterrupt` propagates. ``last/`` also holds
+    the trainer state (optimizer, RNG states, data position, memory), so ``resume=True`` continues a
+    run from it exactly as if it had not stopped (float32, same device; shuffled-sentence corpora
+    restart their shard order).
 
     Raises:
-        TxlError: bad config or data, or an ``out_dir`` that already holds a run.
+        TxlError: bad config or data, an ``out_dir`` that already holds a run (or, with ``resume``,
+            one without a resumable ``last/``).
     """
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     run.validate()
@@ -176,8 +185,11 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     out_dir = Path(t.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise TxlError(f"train.out_dir {out_dir} is a file; choose a folder for the run")
-    if (out_dir / RUN_NAME).exists():
-        raise TxlError(f"{out_dir} already holds a run; choose another train.out_dir (--out) or remove it")
+    if resume and not (out_dir / "last" / TRAINER_JSON).is_file():
+        raise TxlError(f"{out_dir} has no resumable checkpoint (last/{TRAINER_JSON}); start a new run instead")
+    if not resume and (out_dir / RUN_NAME).exists():
+        raise TxlError(f"{out_dir} already holds a run; choose another train.out_dir (--out), remove it, "
+                       "or continue it with --resume")
 
     corpus = load_run_corpus(run)
     unit = metric_unit(corpus.tokenizer.kind)
@@ -208,20 +220,37 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     # float16 needs loss scaling against gradient underflow; for other dtypes the scaler is a no-op
     scaler = torch.amp.GradScaler(device.type, enabled=t.dtype == "float16")
 
+    state: dict[str, Any] = {"step": 0, "tokens": 0, "best_val_loss": None, "unit": unit}
+    pos, mems, best, start_step = 0, None, float("inf"), 0
+    if resume:
+        saved = load_checkpoint(out_dir / "last", map_location=str(device))
+        model.load_state_dict(saved.model.state_dict())
+        restored = load_trainer_state(out_dir / "last", optimizer=optimizer, scaler=scaler, generator=generator,
+                                      device=device)
+        start_step, pos, mems, state = restored["step"], restored["position"], restored["mems"], restored["state"]
+        best = state["best_val_loss"] if state.get("best_val_loss") is not None else float("inf")
+        log(f"resuming {out_dir} after step {start_step}")
+
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out_dir / RUN_NAME, run.to_dict())
-    metrics_file = open(out_dir / "metrics.csv", "w", newline="", encoding="utf-8")
+    if not resume:
+        write_json(out_dir / RUN_NAME, run.to_dict())
+    metrics_file = _open_metrics(out_dir / "metrics.csv", start_step)
     writer = csv.DictWriter(metrics_file, fieldnames=METRIC_FIELDS)
-    writer.writeheader()
-
-    state: dict[str, Any] = {"step": 0, "tokens": 0, "best_val_loss": None, "unit": unit}
-    pos, mems, best = 0, None, float("inf")
-    total_tokens = torch.zeros((), dtype=torch.int64, device=device)  # on the device: no host sync per step
-    window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
+    if not start_step:
+        writer.writeheader()
+    total_tokens = torch.tensor(state["tokens"], dtype=torch.int64, device=device)  # on the device: no sync per step
+    window_loss, window_tokens, window_start = 0.0, state["tokens"], time.perf_counter()
     start = time.perf_counter()
-    bar = tqdm(total=t.max_steps, disable=not progress, dynamic_ncols=True, file=sys.stderr)
-    step = 0
+    bar = tqdm(total=t.max_steps, initial=start_step, disable=not progress, dynamic_ncols=True, file=sys.stderr)
+    step = start_step
+
+    def save_last(extra_state: dict[str, Any] | None = None) -> None:
+        state.update(step=step, tokens=int(total_tokens), **(extra_state or {}))
+        save_checkpoint(out_dir / "last", model, corpus.tokenizer, _resolved(run, model), dict(state),
+                        extra=lambda folder: save_trainer_state(
+                            folder, optimizer=optimizer, scaler=scaler, generator=generator, mems=mems,
+                            position=pos, step=step, state=dict(state)))
 
     def validate_and_save() -> float:
         nonlocal best
@@ -229,7 +258,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
                        dtype=t.dtype)
         model.train()
         if not math.isfinite(res.loss):
-            save_checkpoint(out_dir / "last", model, corpus.tokenizer, _resolved(run, model), dict(state, step=step))
+            save_last()
             raise TxlError(f"the validation loss is {res.loss} at step {step}: training diverged; lower train.lr "
                            f"or raise train.warmup_steps (last state written to {out_dir / 'last'})")
         state.update(step=step, tokens=int(total_tokens), val_loss=res.loss, val_metric=res.value, elapsed_s=time.perf_counter() - start)
@@ -237,12 +266,13 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
             best = res.loss
             state["best_val_loss"] = best
             save_checkpoint(out_dir / "best", model, corpus.tokenizer, _resolved(run, model), dict(state))
-        save_checkpoint(out_dir / "last", model, corpus.tokenizer, _resolved(run, model), dict(state))
+        save_last()
         return res.loss
 
     model.train()
+    stop = _StopRequest()
     try:
-        for step in range(1, t.max_steps + 1):
+        for step in range(start_step + 1, t.max_steps + 1):
             tgt_len, mem_len = segment_span(step, t.tgt_len_schedule, run.model.tgt_len, run.model.mem_len)
             model.set_attention_span(tgt_len=tgt_len, mem_len=mem_len)
             if corpus.train_shards:
@@ -292,23 +322,27 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
             if row:
                 writer.writerow(row)
                 metrics_file.flush()
+            if stop.requested:  # Ctrl-C or SIGTERM during this step: stop after it, consistently
+                raise KeyboardInterrupt
     except KeyboardInterrupt:
         bar.close()
-        if step == 0:
-            metrics_file.close()
-            _remove_unfinished(out_dir, created)
-            raise
-        state["interrupted"] = True
-        state.update(step=step, tokens=int(total_tokens))
-        save_checkpoint(out_dir / "last", model, corpus.tokenizer, _resolved(run, model), dict(state))
         metrics_file.close()
-        log(f"interrupted at step {step}; checkpoint written to {out_dir / 'last'}")
+        if step == start_step or not stop.requested:  # nothing finished, or a second Ctrl-C mid-step
+            if not resume and step == start_step:
+                _remove_unfinished(out_dir, created)
+            log(f"interrupted; the last checkpoint in {out_dir} is kept as it was")
+            raise
+        save_last({"interrupted": True})
+        log(f"interrupted after step {step}; checkpoint written to {out_dir / 'last'} (continue with --resume)")
         raise
     except Exception:
         bar.close()
         metrics_file.close()
-        _remove_unfinished(out_dir, created)
+        if not resume:
+            _remove_unfinished(out_dir, created)
         raise
+    finally:
+        stop.restore()
     bar.close()
     metrics_file.close()
     wall = time.perf_counter() - start
@@ -322,6 +356,41 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     return TrainResult(run_dir=out_dir, best_dir=out_dir / "best", final=final, steps=step, tokens=state["tokens"],
                        wall_s=wall, tokens_per_s=state["tokens"] / wall, sample_prompt=prompt,
                        sample=sample)
+
+
+class _StopRequest:
+    """SIGINT/SIGTERM handler for training: the first signal asks the loop to stop after the current
+    step (which then writes ``last/``); a second one interrupts at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _open_metrics(path: Path, start_step: int):
+    """metrics.csv for writing; when resuming after ``start_step``, rows of later steps are dropped."""
+    if not start_step:
+        return open(path, "w", newline="", encoding="utf-8")
+    rows = list(csv.DictReader(open(path, newline="", encoding="utf-8"))) if path.is_file() else []
+    kept = [r for r in rows if r.get("step") and int(r["step"]) <= start_step]
+    f = open(path, "w", newline="", encoding="utf-8")
+    writer = csv.DictWriter(f, fieldnames=METRIC_FIELDS)
+    writer.writeheader()
+    writer.writerows({k: r.get(k, "") for k in METRIC_FIELDS} for r in kept)
+    f.flush()
+    return f
 
 
 def _resolved(run: RunConfig, model: TransformerXLLM) -> RunConfig:

@@ -1,0 +1,87 @@
+"""Everything besides the weights that a run needs to continue bit for bit after a stop.
+
+Stored in the ``last/`` checkpoint: ``trainer.safetensors`` (optimizer moments, torch RNG states,
+the memory of every stream) and ``trainer.json`` (optimizer hyper-parameters, python and numpy RNG
+states, the data position and step). Loaded with safetensors and JSON only: nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from txl.errors import TxlError
+from txl.fileio import atomic_write, write_json
+
+TENSORS_NAME = "trainer.safetensors"
+JSON_NAME = "trainer.json"
+
+
+def save_trainer_state(directory: Path, *, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                       generator: torch.Generator, mems: list[torch.Tensor] | None, position: int,
+                       step: int, state: dict[str, Any]) -> None:
+    """Write the trainer state of the run at ``step`` (just completed) into ``directory``."""
+    opt = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    for index, slots in opt["state"].items():
+        for key, value in slots.items():
+            tensors[f"optim.{index}.{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
+    tensors["rng.torch"] = torch.get_rng_state()
+    tensors["rng.generator"] = generator.get_state()
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng.cuda.{i}"] = s
+    for i, m in enumerate(mems or []):
+        tensors[f"mems.{i}"] = m.detach().cpu().contiguous()
+    np_state = np.random.get_state()
+    meta = {
+        "step": step, "position": position, "n_mems": len(mems or []), "state": state,
+        "param_groups": opt["param_groups"], "scaler": scaler.state_dict(),
+        "rng_python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+        "rng_numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+    }
+    atomic_write(directory / TENSORS_NAME, lambda tmp: save_file(tensors, tmp))
+    write_json(directory / JSON_NAME, meta)
+
+
+def load_trainer_state(directory: Path, *, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                       generator: torch.Generator, device: torch.device) -> dict[str, Any]:
+    """Restore optimizer, scaler, every RNG; return ``{step, position, mems, state}``.
+
+    Raises:
+        TxlError: missing or unreadable trainer files, or an optimizer state that does not fit.
+    """
+    if not (directory / JSON_NAME).is_file() or not (directory / TENSORS_NAME).is_file():
+        raise TxlError(f"{directory} has no trainer state ({JSON_NAME}, {TENSORS_NAME}): it cannot be resumed")
+    try:
+        meta = json.loads((directory / JSON_NAME).read_text(encoding="utf-8"))
+        tensors = load_file(str(directory / TENSORS_NAME))
+    except Exception as err:
+        raise TxlError(f"cannot read the trainer state in {directory}: {err}") from None
+    slots: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        if key.startswith("optim."):
+            _, index, name = key.split(".", 2)
+            slots.setdefault(int(index), {})[name] = value.to(device) if name != "step" else value
+    try:
+        optimizer.load_state_dict({"state": slots, "param_groups": meta["param_groups"]})
+    except (ValueError, KeyError) as err:
+        raise TxlError(f"the optimizer state in {directory} does not fit this model: {err}") from None
+    scaler.load_state_dict(meta["scaler"])
+    torch.set_rng_state(tensors["rng.torch"])
+    generator.set_state(tensors["rng.generator"])
+    cuda = [tensors[k] for k in sorted(k for k in tensors if k.startswith("rng.cuda."))]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
+    version, internal, gauss = meta["rng_python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = meta["rng_numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    mems = [tensors[f"mems.{i}"].to(device) for i in range(meta["n_mems"])] or None
+    return {"step": meta["step"], "position": meta["position"], "mems": mems, "state": meta["state"]}

@@ -1,0 +1,100 @@
+"""Exact resume: a run that crashed and was resumed from last/ ends exactly like one that never stopped."""
+
+import csv
+import json
+
+import pytest
+from safetensors.torch import load_file
+
+import txl.training.loop as loop
+from txl.cli import main
+from txl.config import RunConfig, load_run_config
+from txl.errors import TxlError
+from txl.training.loop import train
+
+ARGS = ["model.n_layer=2", "model.d_model=16", "model.n_head=2", "model.d_head=8", "model.d_inner=32",
+        "model.tgt_len=8", "model.mem_len=8", "model.dropout=0.1", "model.dropatt=0.1", "train.batch_size=4",
+        "train.max_steps=40", "train.eval_interval=10", "train.log_interval=1", "train.sample_tokens=0",
+        "train.warmup_steps=5", "train.tgt_len_schedule=[[0, 6], [15, 8]]", "train.varlen=true"]
+
+
+def losses(run_dir):
+    rows = csv.DictReader(open(run_dir / "metrics.csv"))
+    return {int(r["step"]): r["train_loss"] for r in rows if r["train_loss"]}
+
+
+def make_run(tmp_path, name, corpus):
+    return load_run_config(None, [f"data.path={corpus}", "data.tokenizer=char", f"data.cache_dir={tmp_path / 'c'}",
+                                  f"train.out_dir={tmp_path / name}", *ARGS])
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("".join(f"line {i}: the quick brown fox {i * 7 % 13} jumps.\n" for i in range(400)))
+    return path
+
+
+def test_crash_then_resume_equals_uninterrupted_run(tmp_path, corpus, monkeypatch, capsys):
+    train(make_run(tmp_path, "straight", corpus), progress=False, log=lambda m: None)
+
+    real_lr = loop.learning_rate
+
+    def crash_at_26(step, **kw):  # a crash in step 26: last/ holds step 20
+        if step == 26:
+            raise RuntimeError("simulated crash")
+        return real_lr(step, **kw)
+
+    monkeypatch.setattr(loop, "learning_rate", crash_at_26)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(make_run(tmp_path, "crashed", corpus), progress=False, log=lambda m: None)
+    monkeypatch.setattr(loop, "learning_rate", real_lr)
+    assert json.loads((tmp_path / "crashed" / "last" / "trainer.json").read_text())["step"] == 20
+
+    assert main(["train", "--resume", str(tmp_path / "crashed"), "-q"]) == 0
+    straight, resumed = losses(tmp_path / "straight"), losses(tmp_path / "crashed")
+    assert sorted(resumed) == list(range(1, 41))  # rows after the checkpoint were redone, not duplicated
+    diff = {s: (straight[s], resumed[s]) for s in range(21, 41) if resumed[s] != straight[s]}
+    assert not diff, diff
+    a = load_file(tmp_path / "straight" / "last" / "model.safetensors")
+    b = load_file(tmp_path / "crashed" / "last" / "model.safetensors")
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
+
+
+def test_resume_refusals(tmp_path, corpus, capsys):
+    with pytest.raises(TxlError, match="no resumable checkpoint"):
+        train(make_run(tmp_path, "nothing", corpus), progress=False, resume=True)
+    assert main(["train", "--resume", str(tmp_path), "model.n_layer=3"]) == 2
+    assert "saved config" in capsys.readouterr().err
+    assert main(["train", "--resume", str(tmp_path / "nope")]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+    assert isinstance(RunConfig(), RunConfig)
+
+
+def test_sigint_stops_after_the_step_and_resumes_exactly(tmp_path, corpus):
+    import os
+    import signal
+
+    train(make_run(tmp_path, "straight", corpus), progress=False, log=lambda m: None)
+    real_lr = loop.learning_rate
+
+    def interrupt_in_13(step, **kw):  # Ctrl-C arrives in the middle of step 13
+        if step == 13:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_lr(step, **kw)
+
+    loop.learning_rate = interrupt_in_13
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train(make_run(tmp_path, "stopped", corpus), progress=False, log=lambda m: None)
+    finally:
+        loop.learning_rate = real_lr
+    state = json.loads((tmp_path / "stopped" / "last" / "state.json").read_text())
+    assert state["step"] == 13 and state["interrupted"] is True  # step 13 finished, then it stopped
+    train(RunConfig.from_dict(json.loads((tmp_path / "stopped" / "run.json").read_text())), progress=False,
+          log=lambda m: None, resume=True)
+    straight, resumed = losses(tmp_path / "straight"), losses(tmp_path / "stopped")
+    assert all(resumed[s] == straight[s] for s in range(14, 41))
+    a = load_file(tmp_path / "straight" / "last" / "model.safetensors")
+    b = load_file(tmp_path / "stopped" / "last" / "model.safetensors")
+    assert all(a[k].equal(b[k]) for k in a)
