@@ -98,3 +98,38 @@ def test_sigint_stops_after_the_step_and_resumes_exactly(tmp_path, corpus):
     a = load_file(tmp_path / "straight" / "last" / "model.safetensors")
     b = load_file(tmp_path / "stopped" / "last" / "model.safetensors")
     assert all(a[k].equal(b[k]) for k in a)
+
+
+def test_non_finite_losses_are_skipped_then_stop_the_run(tmp_path, corpus):
+    from txl.model import TransformerXLLM
+
+    real_forward = TransformerXLLM.forward
+    calls = {"n": 0, "bad": set()}
+
+    def forward(self, *args, **kwargs):
+        out = real_forward(self, *args, **kwargs)
+        if self.training:
+            calls["n"] += 1
+            if calls["n"] in calls["bad"]:
+                out.loss = out.loss * float("nan")
+        return out
+
+    TransformerXLLM.forward = forward
+    try:
+        calls["bad"] = {5, 6, 7}  # three bad steps: skipped, the run goes on
+        run = make_run(tmp_path, "skips", corpus)
+        run.train.max_bad_steps = 4
+        train(run, progress=False, log=lambda m: None)
+        state = json.loads((tmp_path / "skips" / "last" / "state.json").read_text())
+        assert state["skipped_steps"] == 3
+        weights = load_file(tmp_path / "skips" / "last" / "model.safetensors")
+        assert all(w.isfinite().all() for w in weights.values())
+
+        calls["n"], calls["bad"] = 0, set(range(12, 100))  # from step 12 on: four in a row stop it
+        run = make_run(tmp_path, "stops", corpus)
+        run.train.max_bad_steps = 4
+        with pytest.raises(TxlError, match="not finite for 4 steps in a row"):
+            train(run, progress=False, log=lambda m: None)
+        assert (tmp_path / "stops" / "last").is_dir()  # the checkpoint from step 10 is kept
+    finally:
+        TransformerXLLM.forward = real_forward

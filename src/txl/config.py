@@ -98,6 +98,8 @@ class TrainConfig:
         seed: seeds python, numpy and torch.
         device: "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
         dtype: "float32", or "bfloat16"/"float16" autocast.
+        max_bad_steps: a step whose loss is NaN or inf is skipped (no update, memory kept) and
+            counted; this many in a row stop the run with a message.
         sample_tokens: tokens sampled at the end of training (0: none).
         sample_prompt: prompt for that sample ("": the first tokens of the valid split).
     """
@@ -118,11 +120,12 @@ class TrainConfig:
     seed: int = 1234
     device: str = "auto"
     dtype: str = "float32"
+    max_bad_steps: int = 10
     sample_tokens: int = 300
     sample_prompt: str = ""
 
     def validate(self) -> None:
-        for name in ("batch_size", "max_steps", "eval_interval", "log_interval"):
+        for name in ("batch_size", "max_steps", "eval_interval", "log_interval", "max_bad_steps"):
             if getattr(self, name) < 1:
                 raise TxlError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0 or self.min_lr < 0 or self.min_lr > self.lr:

@@ -271,6 +271,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
 
     model.train()
     stop = _StopRequest()
+    bad_in_a_row = 0
     try:
         for step in range(start_step + 1, t.max_steps + 1):
             tgt_len, mem_len = segment_span(step, t.tgt_len_schedule, run.model.tgt_len, run.model.mem_len)
@@ -288,17 +289,27 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
                 group["lr"] = lr
             with autocast(device, t.dtype):
                 out = model(x, mems=mems, labels=y)
-            scaler.scale(out.loss).backward()
-            if t.clip > 0:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            mems = out.mems
-            n_tok = (y != -100).sum()
-            total_tokens += n_tok
-            window_loss = window_loss + out.loss.detach() * n_tok
+            if bool(torch.isfinite(out.loss)):  # one host sync per step, to skip a NaN/inf loss
+                bad_in_a_row = 0
+                scaler.scale(out.loss).backward()
+                if t.clip > 0:
+                    scaler.unscale_(optimizer)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                mems = out.mems
+                n_tok = (y != -100).sum()
+                total_tokens += n_tok
+                window_loss = window_loss + out.loss.detach() * n_tok
+            else:  # skip the step: no update, the memory stays as it was
+                bad_in_a_row += 1
+                state["skipped_steps"] = state.get("skipped_steps", 0) + 1
+                bar.write(f"step {step}: loss is {float(out.loss)}, step skipped ({bad_in_a_row} in a row)",
+                          file=sys.stderr)
+                if bad_in_a_row >= t.max_bad_steps:
+                    raise TxlError(f"the loss was not finite for {bad_in_a_row} steps in a row (up to step {step}); "
+                                   "lower train.lr, raise train.warmup_steps or check the data")
             bar.update(1)
             row = None
             if step % t.log_interval == 0 or step == t.max_steps:
