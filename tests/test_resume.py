@@ -65,7 +65,7 @@ def test_resume_refusals(tmp_path, corpus, capsys):
     with pytest.raises(TxlError, match="no resumable checkpoint"):
         train(make_run(tmp_path, "nothing", corpus), progress=False, resume=True)
     assert main(["train", "--resume", str(tmp_path), "model.n_layer=3"]) == 2
-    assert "saved config" in capsys.readouterr().err
+    assert "--allow-config-change" in capsys.readouterr().err
     assert main(["train", "--resume", str(tmp_path / "nope")]) == 2
     assert "not a run directory" in capsys.readouterr().err
     assert isinstance(RunConfig(), RunConfig)
@@ -133,3 +133,11 @@ def test_non_finite_losses_are_skipped_then_stop_the_run(tmp_path, corpus):
         assert (tmp_path / "stops" / "last").is_dir()  # the checkpoint from step 10 is kept
     finally:
         TransformerXLLM.forward = real_forward
+
+
+def test_resume_with_allowed_config_change_trains_longer(tmp_path, corpus, capsys):
+    train(make_run(tmp_path, "short", corpus), progress=False, log=lambda m: None)
+    assert main(["train", "--resume", str(tmp_path / "short"), "-q", "train.max_steps=50"]) == 2  # refused
+    assert main(["train", "--resume", str(tmp_path / "short"), "-q", "--allow-config-change",
+                 "train.max_steps=50"]) == 0
+    assert max(losses(tmp_path / "short")) == 50

@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", choices=["byte", "char", "word", "bpe"], help="data.tokenizer")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its last/ checkpoint")
+    p.add_argument("--allow-config-change", action="store_true",
+                   help="with --resume: accept KEY=VALUE overrides that change the saved config")
 
     p = sub.add_parser("eval", help="evaluate a checkpoint (bpc or perplexity) with memory")
     p.add_argument("checkpoint", help="checkpoint directory or run directory (uses best/)")
@@ -112,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from txl.config import RunConfig, load_run_config
+    from txl.config import RunConfig, load_run_config, parse_override
     from txl.training.loop import train
 
     overrides, paths = [], []
@@ -121,9 +123,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     if len(paths) > 1:
         raise TxlError(f"give one DATA path (a file or directory), got {len(paths)}: {' '.join(paths)}")
     if args.resume:
-        if paths or overrides or args.config or args.out or args.tokenizer:
-            raise TxlError("--resume continues a run with its saved config: give no DATA, --config, --out, "
-                           "--tokenizer or overrides")
+        if paths or args.config or args.out or args.tokenizer:
+            raise TxlError("--resume continues a run with its saved config: give no DATA, --config, --out or "
+                           "--tokenizer")
+        if overrides and not args.allow_config_change:
+            raise TxlError("--resume continues a run with its saved config; to change it anyway (e.g. "
+                           "train.max_steps=...), add --allow-config-change")
         run_json = Path(args.resume) / "run.json"
         if not run_json.is_file():
             raise TxlError(f"{args.resume} is not a run directory (no run.json)")
@@ -131,7 +136,11 @@ def cmd_train(args: argparse.Namespace) -> int:
             saved = json.loads(run_json.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise TxlError(f"{run_json} is not valid JSON ({err})") from None
-        run = RunConfig.from_dict(saved)
+        changes: dict = {}
+        for text in overrides:
+            section, key, value = parse_override(text)
+            changes.setdefault(section, {})[key] = value
+        run = RunConfig.from_dict(changes, base=RunConfig.from_dict(saved))
         run.train.out_dir = args.resume
         return _report(train(run, progress=not args.quiet, resume=True), run)
     if paths:
