@@ -115,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from txl.config import RunConfig, load_run_config, parse_override
+    from txl.fileio import read_json_object
     from txl.training.loop import train
 
     overrides, paths = [], []
@@ -132,10 +133,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         run_json = Path(args.resume) / "run.json"
         if not run_json.is_file():
             raise TxlError(f"{args.resume} is not a run directory (no run.json)")
-        try:
-            saved = json.loads(run_json.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise TxlError(f"{run_json} is not valid JSON ({err})") from None
+        saved = read_json_object(run_json)
         changes: dict = {}
         for text in overrides:
             section, key, value = parse_override(text)

@@ -37,6 +37,26 @@ def _umask() -> int:
     return mask
 
 
+def read_json_object(path: str | Path) -> dict[str, Any]:
+    """The JSON object stored at ``path``.
+
+    Raises:
+        TxlError: unreadable file, invalid JSON or UTF-8, or JSON that is not an object.
+    """
+    from txl.errors import TxlError
+
+    path = Path(path)
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise TxlError(f"cannot read {path}: {err.strerror or err}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise TxlError(f"{path} is not valid JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise TxlError(f"{path} must hold a JSON object")
+    return value
+
+
 def write_json(path: str | Path, obj: Any) -> None:
     """Write ``obj`` as indented JSON, atomically."""
     text = json.dumps(obj, indent=2, sort_keys=False) + "\n"

@@ -22,7 +22,6 @@ a silent skip. Conventions where the implementations differ:
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from typing import Any
 import torch
 
 from txl.errors import TxlError
-from txl.fileio import atomic_write, write_json
+from txl.fileio import atomic_write, read_json_object, write_json
 from txl.model import TransformerXLConfig, TransformerXLLM
 from txl.model.attention import inverse_frequencies
 
@@ -216,11 +215,7 @@ def read_hf_checkpoint(directory: str | Path) -> tuple[TransformerXLConfig, dict
     directory = Path(directory)
     if not (directory / "config.json").is_file():
         raise TxlError(f"{directory} has no config.json: not a Hugging Face model directory")
-    try:
-        hf_config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise TxlError(f"{directory / 'config.json'} is not valid JSON ({err})") from None
-    config = config_from_hf(hf_config)
+    config = config_from_hf(read_json_object(directory / "config.json"))
     if (directory / "model.safetensors").is_file():
         from safetensors.torch import load_file
 

@@ -49,6 +49,14 @@ def sample_segment_length(
     return max(1, min(int(tgt_len + max_deviation * std), max(min_len, int(draw))))
 
 
+def _check_shape(batch_size: int, tgt_len: int) -> None:
+    """Raise :class:`TxlError` unless ``batch_size`` and ``tgt_len`` are at least 1."""
+    if batch_size < 1:
+        raise TxlError(f"batch_size must be at least 1, got {batch_size}")
+    if tgt_len < 1:
+        raise TxlError(f"tgt_len must be at least 1, got {tgt_len}")
+
+
 class LMOrderedIterator:
     """Batch-first ordered segments over a 1-D token array.
 
@@ -86,10 +94,7 @@ class LMOrderedIterator:
         device: str | torch.device = "cpu",
         pad_id: int = 0,
     ) -> None:
-        if batch_size < 1:
-            raise TxlError(f"batch_size must be at least 1, got {batch_size}")
-        if tgt_len < 1:
-            raise TxlError(f"tgt_len must be at least 1, got {tgt_len}")
+        _check_shape(batch_size, tgt_len)
         if context < 0:
             raise TxlError(f"context must be non-negative, got {context}")
         data = _as_int64_tensor(tokens)
@@ -240,10 +245,7 @@ class LMShuffledIterator:
         device: str | torch.device = "cpu",
         pad_id: int = 0,
     ) -> None:
-        if batch_size < 1:
-            raise TxlError(f"batch_size must be at least 1, got {batch_size}")
-        if tgt_len < 1:
-            raise TxlError(f"tgt_len must be at least 1, got {tgt_len}")
+        _check_shape(batch_size, tgt_len)
         if len(sentences) == 0:
             raise TxlError("the shuffled iterator needs at least one sentence")
         units = []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from txl.errors import TxlError
-from txl.fileio import atomic_write, write_json
+from txl.fileio import atomic_write, read_json_object, write_json
 from txl.model.config import TransformerXLConfig
 
 WEIGHTS_NAME = "model.safetensors"
@@ -50,11 +49,7 @@ def read_model_config(directory: str | Path) -> TransformerXLConfig:
     path = directory / CONFIG_NAME
     if not path.is_file():
         raise TxlError(f"{directory} has no {CONFIG_NAME}: not a txl checkpoint (expected {CONFIG_NAME} and {WEIGHTS_NAME})")
-    try:
-        values = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise TxlError(f"{path} is not valid JSON ({err})") from None
-    return TransformerXLConfig.from_dict(values)
+    return TransformerXLConfig.from_dict(read_json_object(path))
 
 
 def load_model(directory: str | Path, map_location: str | torch.device = "cpu"):

@@ -9,7 +9,6 @@ previous checkpoint intact.
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any, Callable
 from txl.config import RunConfig
 from txl.data import Tokenizer, load_tokenizer
 from txl.errors import TxlError
+from txl.fileio import read_json_object as _read_json
 from txl.fileio import write_json
 from txl.model import TransformerXLLM
 from txl.model.serialization import CONFIG_NAME, VOCAB_NAME
@@ -98,11 +98,4 @@ def load_checkpoint(path: str | Path, map_location: str = "cpu") -> Checkpoint:
     return Checkpoint(model=model, tokenizer=tokenizer, run=run, state=state, path=directory, has_run_config=has_run)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise TxlError(f"{path} is not valid JSON ({err})") from None
-    if not isinstance(value, dict):
-        raise TxlError(f"{path} must hold a JSON object")
-    return value
+
