@@ -110,7 +110,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", "-o", help="output folder (default: data/NAME)")
     p.add_argument("--sha256", help="expected sha256 of the archive (overrides the published checksum)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    for module in _command_modules():
+        module.register(sub)
     return parser
+
+
+# Subcommands that live in their own modules. Each module defines ``NAME``, ``register(subparsers)``
+# (adds its parser; must not import torch) and ``run(args) -> int``.
+COMMAND_MODULES: tuple[str, ...] = ()
+
+
+def _command_modules():
+    import importlib
+
+    return [importlib.import_module(name) for name in COMMAND_MODULES]
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -337,7 +351,9 @@ def main(argv: list[str] | None = None) -> int:
             return int(exit_.code or 0)
         if extra:  # overrides placed after an option: `txl train --tokenizer char a=1`
             args.items += extra
-        return COMMANDS[args.command](args)
+        if args.command in COMMANDS:
+            return COMMANDS[args.command](args)
+        return next(m for m in _command_modules() if m.NAME == args.command).run(args)
     except TxlError as err:
         print(f"txl: error: {err}", file=sys.stderr)
         return 2
