@@ -43,7 +43,7 @@ def test_train_eval_generate_end_to_end(tmp_path, corpus, capsys, monkeypatch):
     assert "valid bpc" in out and "mem_len=16" in out and "--- sample ---" in out
     assert {p.name for p in out_dir.iterdir()} >= {"run.json", "metrics.csv", "best", "last"}
     assert {p.name for p in (out_dir / "best").iterdir()} == {"model.safetensors", "config.json", "vocab.json",
-                                                               "run.json", "state.json"}
+                                                               "run.json", "state.json", "checksums.json"}
 
     code, out, err = run_cli(capsys, "eval", out_dir, "--mem_len", "32", "--tgt_len", "4", "--same_length", "--json")
     assert code == 0, err
@@ -80,6 +80,9 @@ def test_train_eval_generate_end_to_end(tmp_path, corpus, capsys, monkeypatch):
     shutil.copytree(out_dir / "best", broken)
     tensors = load_file(broken / "model.safetensors")
     save_file({k: v * float("nan") for k, v in tensors.items()}, broken / "model.safetensors")
+    code, out, err = run_cli(capsys, "generate", broken, "--prompt", "the ", "-n", "5")
+    assert code == 2 and "model.safetensors does not match its checksum" in one_error_line(err)
+    (broken / "checksums.json").unlink()  # a hand-edited folder without checksums is loaded unverified
     code, out, err = run_cli(capsys, "generate", broken, "--prompt", "the ", "-n", "5")
     assert code == 2 and "non-finite" in one_error_line(err)
     (broken / "run.json").unlink()

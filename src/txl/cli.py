@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -52,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its last/ checkpoint")
     p.add_argument("--allow-config-change", action="store_true",
                    help="with --resume: accept KEY=VALUE overrides that change the saved config")
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="train in N processes on this machine (runs torchrun; one per GPU, or gloo on CPU)")
 
     p = sub.add_parser("eval", help="evaluate a checkpoint (bpc or perplexity) with memory")
     p.add_argument("checkpoint", help="checkpoint directory or run directory (uses best/)")
@@ -127,10 +130,9 @@ def _command_modules():
     return [importlib.import_module(name) for name in COMMAND_MODULES]
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def cmd_train(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from txl.config import RunConfig, load_run_config, parse_override
     from txl.fileio import read_json_object
-    from txl.training.loop import train
 
     overrides, paths = [], []
     for item in args.items:
@@ -154,18 +156,49 @@ def cmd_train(args: argparse.Namespace) -> int:
             changes.setdefault(section, {})[key] = value
         run = RunConfig.from_dict(changes, base=RunConfig.from_dict(saved))
         run.train.out_dir = args.resume
-        return _report(train(run, progress=not args.quiet, resume=True), run)
-    if paths:
-        overrides.append(f"data.path={paths[0]}")
-    if args.out:
-        overrides.append(f"train.out_dir={args.out}")
-    if args.tokenizer:
-        overrides.append(f"data.tokenizer={args.tokenizer}")
-    run = load_run_config(args.config, overrides)
-    return _report(train(run, progress=not args.quiet), run)
+    else:
+        if paths:
+            overrides.append(f"data.path={paths[0]}")
+        if args.out:
+            overrides.append(f"train.out_dir={args.out}")
+        if args.tokenizer:
+            overrides.append(f"data.tokenizer={args.tokenizer}")
+        run = load_run_config(args.config, overrides)
+    if args.nproc is not None:
+        return _launch(args, argv, run)
+    from txl.training.loop import train
+
+    return _report(train(run, progress=not args.quiet, resume=bool(args.resume)), run)
+
+
+def _launch(args: argparse.Namespace, argv: list[str] | None, run) -> int:
+    """``txl train --nproc N ...``: check what can be checked here, then run the same command in N ranks."""
+    from txl.training.distributed import launch
+
+    run.validate()
+    t = run.train
+    if args.nproc < 1:
+        raise TxlError(f"--nproc must be >= 1, got {args.nproc}")
+    if t.batch_size % (args.nproc * t.grad_accum_steps):
+        raise TxlError(f"train.batch_size {t.batch_size} must divide into {args.nproc} ranks × train.grad_accum_steps "
+                       f"{t.grad_accum_steps} equal pieces")
+    if not args.resume and (Path(t.out_dir) / "run.json").exists():
+        raise TxlError(f"{t.out_dir} already holds a run; choose another train.out_dir (--out), remove it, "
+                       "or continue it with --resume")
+    rest = list(sys.argv[1:] if argv is None else argv)
+    for i, item in enumerate(rest):  # drop --nproc N / --nproc=N, keep everything else as given
+        if item == "--nproc":
+            del rest[i:i + 2]
+            break
+        if item.startswith("--nproc="):
+            del rest[i]
+            break
+    return launch(args.nproc, rest)
 
 
 def _report(result, run) -> int:
+    if result.rank:  # torchrun: rank 0 reports for the run
+        return 0
     print(f"trained {result.steps} steps, {result.tokens:,} tokens in {result.wall_s:.0f} s "
           f"({result.tokens_per_s:,.0f} tokens/s including validation)")
     print(f"{run.eval.split} {result.final}")
@@ -351,11 +384,14 @@ def main(argv: list[str] | None = None) -> int:
             return int(exit_.code or 0)
         if extra:  # overrides placed after an option: `txl train --tokenizer char a=1`
             args.items += extra
+        if args.command == "train":
+            return cmd_train(args, argv)
         if args.command in COMMANDS:
             return COMMANDS[args.command](args)
         return next(m for m in _command_modules() if m.NAME == args.command).run(args)
     except TxlError as err:
-        print(f"txl: error: {err}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # torchrun: every rank meets the same error; rank 0 reports it
+            print(f"txl: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("txl: interrupted", file=sys.stderr)

@@ -82,7 +82,9 @@ class TrainConfig:
 
     Attributes:
         out_dir: run directory (config, metrics.csv, ``best/`` and ``last/`` checkpoints).
-        batch_size: parallel streams per step.
+        batch_size: parallel streams per step (the global batch: split over torchrun ranks).
+        grad_accum_steps: each rank's streams are run in this many pieces per step, gradients
+            accumulated (the reference's ``batch_chunk``): same update, less activation memory.
         max_steps: optimizer steps.
         lr, min_lr: peak and final learning rate (AdamW; linear warm-up then cosine decay).
         warmup_steps: steps of linear warm-up from 0 to ``lr``.
@@ -102,6 +104,12 @@ class TrainConfig:
             counted; this many in a row stop the run with a message.
         sample_tokens: tokens sampled at the end of training (0: none).
         sample_prompt: prompt for that sample ("": the first tokens of the valid split).
+        save_interval: steps between ``last/`` checkpoints (0: at each validation only; every
+            validation also writes one).
+        keep_last: ``last/`` checkpoints kept (``last/``, ``last.1/``, ...): a corrupt newest one
+            falls back to the one before.
+        deterministic: ``torch.use_deterministic_algorithms(True)`` (bit-identical reruns on GPU too,
+            at some speed cost; CPU runs are deterministic anyway).
     """
 
     out_dir: str = "runs/default"
@@ -123,14 +131,19 @@ class TrainConfig:
     max_bad_steps: int = 10
     sample_tokens: int = 300
     sample_prompt: str = ""
+    grad_accum_steps: int = 1
+    save_interval: int = 0
+    keep_last: int = 2
+    deterministic: bool = False
 
     def validate(self) -> None:
-        for name in ("batch_size", "max_steps", "eval_interval", "log_interval", "max_bad_steps"):
+        for name in ("batch_size", "max_steps", "eval_interval", "log_interval", "max_bad_steps", "grad_accum_steps",
+                     "keep_last"):
             if getattr(self, name) < 1:
                 raise TxlError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise TxlError(f"train.lr must be > 0 and 0 <= train.min_lr <= train.lr, got lr={self.lr}, min_lr={self.min_lr}")
-        for name in ("warmup_steps", "eval_max_tokens", "sample_tokens"):
+        for name in ("warmup_steps", "eval_max_tokens", "sample_tokens", "save_interval"):
             if getattr(self, name) < 0:
                 raise TxlError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         if self.clip < 0 or self.weight_decay < 0:

@@ -79,7 +79,7 @@ def attention_span(model, **span):
 @torch.no_grad()
 def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 8, tgt_len: int | None = None,
              mem_len: int | None = None, clamp_len: int | None = None, same_length: bool | None = None,
-             warmup: bool = False, max_tokens: int = 0, dtype: str = "float32") -> EvalResult:
+             warmup: bool = False, max_tokens: int = 0, dtype: str = "float32", dist=None) -> EvalResult:
     """Score a token stream segment by segment, carrying the memory (paper §3.2 evaluation).
 
     Args:
@@ -90,6 +90,8 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
         warmup: feed ``mem_len`` context tokens first so every scored token sees a full memory.
         max_tokens: score only the first ``max_tokens`` targets (0: all).
         dtype: "float32" or an autocast dtype.
+        dist: a :class:`txl.training.distributed.Dist`: each rank scores its block of the streams
+            and the sums are added over ranks, so every rank gets the single-process result.
 
     Returns:
         :class:`EvalResult` (loss in nats/token). Every target token is scored exactly once.
@@ -104,13 +106,24 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     with attention_span(model, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length) as cfg:
         context = cfg.mem_len if warmup and cfg.attn_type == "rel" else 0
         batches = LMOrderedIterator(tokens, batch_size, cfg.tgt_len, context=context, device=device)
-        total, count, mems = 0.0, 0, None
+        rows = dist.rows(batch_size) if dist is not None else slice(None)
+        sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, targets
+        mems = None
         for x, y in batches:
+            x, y = x[rows], y[rows]
+            if x.size(0) == 0:  # more ranks than streams: this rank has none
+                continue
             with autocast(device, dtype):
                 out = model(x, mems=mems, labels=y)
             mems = out.mems
-            total += float(out.token_loss.sum())
-            count += int((y != -100).sum())
+            sums[0] += out.token_loss.double().sum()
+            sums[1] += (y != -100).sum()
+        if dist is not None:
+            from txl.training.distributed import all_sum
+
+            all_sum(dist, sums)
+        total, count = sums.tolist()
+        count = int(count)
         settings = {"tgt_len": cfg.tgt_len, "mem_len": cfg.mem_len if cfg.attn_type == "rel" else 0,
                     "clamp_len": cfg.clamp_len, "same_length": cfg.same_length, "warmup": warmup}
     return EvalResult(loss=total / count, n_tokens=count, unit=unit, settings=settings)

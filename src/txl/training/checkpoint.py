@@ -1,18 +1,29 @@
 """Run directories and checkpoints.
 
-A run directory holds ``run.json`` (the resolved config), ``metrics.csv`` and two checkpoints,
-``best/`` (lowest validation loss) and ``last/``. A checkpoint directory holds ``model.safetensors``,
-``config.json`` (model), ``vocab.json``, ``run.json`` and ``state.json`` (step, metrics). A checkpoint
-is written into a temporary sibling directory and then swapped in, so a crash mid-write leaves the
-previous checkpoint intact.
+A run directory holds ``run.json`` (the resolved config), ``metrics.csv`` and the checkpoints
+``best/`` (lowest validation loss), ``last/`` (the newest) and up to ``train.keep_last - 1`` older
+ones, ``last.1/`` (the one before), ``last.2/``, ... A checkpoint directory holds
+``model.safetensors``, ``config.json`` (model), ``vocab.json``, ``run.json``, ``state.json`` (step,
+metrics) and ``checksums.json`` (sha256 of every other file, written last).
+
+Writing is crash-safe: a checkpoint is written into a temporary sibling directory (each file
+fsynced), its checksums are written, and only then is it renamed into place (older ones shifted
+down first), so a crash at any moment leaves every previously completed checkpoint intact. Loading
+verifies the checksums; a run directory whose newest checkpoint is torn or corrupt falls back to the
+previous good one with a warning.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+from safetensors import SafetensorError
 
 from txl.config import RunConfig
 from txl.data import Tokenizer, load_tokenizer
@@ -24,28 +35,142 @@ from txl.model.serialization import CONFIG_NAME, VOCAB_NAME
 
 RUN_NAME = "run.json"
 STATE_NAME = "state.json"
+CHECKSUMS_NAME = "checksums.json"
 
 
 def save_checkpoint(directory: str | Path, model: TransformerXLLM, tokenizer: Tokenizer, run: RunConfig,
-                    state: dict[str, Any], extra: Callable[[Path], None] | None = None) -> None:
-    """Write a complete checkpoint into ``directory``, replacing any previous one only once complete.
+                    state: dict[str, Any], extra: Callable[[Path], None] | None = None, keep: int = 1) -> None:
+    """Write a complete checkpoint into ``directory``, replacing the previous one only once complete.
 
-    ``extra(folder)`` may write more files (e.g. the trainer state) into the folder before the swap.
+    Args:
+        extra: ``extra(folder)`` may write more files (e.g. the trainer state) before the swap.
+        keep: checkpoints kept under this name: ``keep=3`` keeps ``last/``, ``last.1/``, ``last.2/``
+            (the previous ones shifted down, the oldest deleted).
+
+    Raises:
+        TxlError: the write failed (e.g. disk full); the partial folder is removed and every
+            previously written checkpoint is left as it was.
     """
     directory = Path(directory)
     tmp = directory.with_name(directory.name + ".tmp")
-    old = directory.with_name(directory.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, tokenizer)
-    write_json(tmp / RUN_NAME, run.to_dict())
-    write_json(tmp / STATE_NAME, state)
-    if extra is not None:
-        extra(tmp)
-    if directory.exists():
+    try:
+        model.save_pretrained(tmp, tokenizer)
+        write_json(tmp / RUN_NAME, run.to_dict())
+        write_json(tmp / STATE_NAME, state)
+        if extra is not None:
+            extra(tmp)
+        write_json(tmp / CHECKSUMS_NAME, {name: _sha256(tmp / name) for name in _payload(tmp)})
+    except (OSError, SafetensorError) as err:  # safetensors reports I/O failures (disk full) as its own error
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise TxlError(f"could not write checkpoint {directory}: {reason}; the previous checkpoints "
+                       "are intact (free some space, then continue with --resume)") from None
+    _fsync_dir(tmp)
+    older = [directory.with_name(f"{directory.name}.{k}") for k in range(1, max(keep, 1))]
+    if older:
+        shutil.rmtree(older[-1], ignore_errors=True)
+        chain = [directory] + older
+        for k in range(len(chain) - 1, 0, -1):  # last.(N-2) -> last.(N-1), ..., last -> last.1
+            if chain[k - 1].exists():
+                chain[k - 1].rename(chain[k])
+        tmp.rename(directory)
+    else:
+        old = directory.with_name(directory.name + ".old")
+        if directory.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            directory.rename(old)
+        tmp.rename(directory)
         shutil.rmtree(old, ignore_errors=True)
-        directory.rename(old)
-    tmp.rename(directory)
-    shutil.rmtree(old, ignore_errors=True)
+    _fsync_dir(directory.parent)
+
+
+def _payload(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != CHECKSUMS_NAME
+                  and not p.name.startswith("."))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def verify_checkpoint(directory: str | Path) -> bool:
+    """Check every file of a checkpoint against its ``checksums.json``.
+
+    Returns:
+        True when verified; False for a checkpoint written without checksums (older txl versions,
+        folders made by hand), which is accepted unverified.
+
+    Raises:
+        TxlError: a listed file is missing, truncated or altered, or the checksum list is unreadable.
+    """
+    directory = Path(directory)
+    if not (directory / CHECKSUMS_NAME).is_file():
+        return False
+    listed = _read_json(directory / CHECKSUMS_NAME)
+    for name, digest in listed.items():
+        f = directory / name
+        if not f.is_file():
+            raise TxlError(f"checkpoint {directory} is incomplete: {name} is missing")
+        if _sha256(f) != digest:
+            raise TxlError(f"checkpoint {directory} is corrupt: {name} does not match its checksum")
+    return True
+
+
+def checkpoint_candidates(run_dir: str | Path, name: str = "last") -> list[Path]:
+    """``last/``, ``last.1/``, ``last.2/``, ... (newest first) and a ``last.old/`` left by a crash."""
+    run_dir = Path(run_dir)
+    found = [run_dir / name] if (run_dir / name).is_dir() else []
+    numbered = sorted((p for p in run_dir.glob(f"{name}.*") if p.is_dir() and p.suffix[1:].isdigit()),
+                      key=lambda p: int(p.suffix[1:]))
+    found += numbered
+    if (run_dir / f"{name}.old").is_dir():
+        found.append(run_dir / f"{name}.old")
+    return found
+
+
+def first_good_checkpoint(candidates: list[Path], required: str = CONFIG_NAME,
+                          warn: Callable[[str], None] | None = None) -> Path:
+    """The first of ``candidates`` that holds ``required`` and passes :func:`verify_checkpoint`.
+
+    A skipped (torn or corrupt) candidate is reported through ``warn`` (default: stderr).
+
+    Raises:
+        TxlError: none of them is usable (the message lists why).
+    """
+    warn = warn or (lambda msg: print(f"txl: warning: {msg}", file=sys.stderr, flush=True))
+    problems = []
+    for path in candidates:
+        try:
+            if not (path / required).is_file():
+                raise TxlError(f"checkpoint {path} is incomplete: {required} is missing")
+            verify_checkpoint(path)
+        except TxlError as err:
+            problems.append(str(err))
+            continue
+        for problem in problems:
+            warn(f"{problem}; using {path} instead")
+        return path
+    if not candidates:
+        raise TxlError("no checkpoint found")
+    raise TxlError("; ".join(problems) + " (no intact checkpoint left)")
 
 
 @dataclass
@@ -71,19 +196,23 @@ def resolve_checkpoint_dir(path: str | Path) -> Path:
         raise TxlError(f"checkpoint {path} does not exist")
     if (path / CONFIG_NAME).is_file():
         return path
-    for name in ("best", "last", "best.old", "last.old"):
-        if (path / name / CONFIG_NAME).is_file():
-            return path / name
+    candidates = checkpoint_candidates(path, "best") + checkpoint_candidates(path, "last")
+    if candidates:
+        return first_good_checkpoint(candidates)
     raise TxlError(f"{path} is not a txl checkpoint or run directory: no {CONFIG_NAME} in it or in best/ or last/")
 
 
 def load_checkpoint(path: str | Path, map_location: str = "cpu") -> Checkpoint:
     """Load model (in eval mode), tokenizer, run config and state (safetensors + JSON only).
 
+    ``path`` may be a run directory (its ``best/``, else the newest intact ``last*/``).
+
     Raises:
-        TxlError: missing files, invalid JSON, a vocabulary whose size differs from the model's.
+        TxlError: missing files, invalid JSON, a file that fails its checksum (e.g. a vocabulary or
+            weights replaced after saving), a vocabulary whose size differs from the model's.
     """
     directory = resolve_checkpoint_dir(path)
+    verify_checkpoint(directory)
     model = TransformerXLLM.from_pretrained(directory, map_location=map_location)
     if not (directory / VOCAB_NAME).is_file():
         raise TxlError(f"{directory} has no {VOCAB_NAME}: cannot decode or encode text for this model")

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import math
 import random
-import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,16 +19,18 @@ from txl.config import RunConfig
 from txl.data import CorpusSplits, LMOrderedIterator, LMShuffledIterator, dataset_info, load_corpus, shard_sentences
 from txl.data.iterators import sample_segment_length
 from txl.errors import TxlError
-from txl.evaluation import EvalResult, autocast, evaluate, metric_unit, metric_value
+from txl.evaluation import EvalResult, evaluate, metric_unit, metric_value
 from txl.fileio import write_json
 from txl.model import TransformerXLLM
-from txl.training.checkpoint import RUN_NAME, load_checkpoint, save_checkpoint
+from txl.training import distributed
+from txl.training.checkpoint import (RUN_NAME, checkpoint_candidates, first_good_checkpoint, load_checkpoint,
+                                     save_checkpoint)
 from txl.training.resume import JSON_NAME as TRAINER_JSON
-from txl.training.resume import load_trainer_state, save_trainer_state
+from txl.training.resume import load_trainer_state, rank_rng_state, save_trainer_state
+from txl.training.runlog import METRIC_FIELDS, StopRequest, open_metrics, remove_unfinished  # noqa: F401
+from txl.training.step import train_step
 from txl.training.schedules import learning_rate, segment_span
 
-METRIC_FIELDS = ["step", "tokens", "elapsed_s", "lr", "tgt_len", "mem_len", "train_loss", "train_metric",
-                 "tokens_per_s", "val_loss", "val_metric"]
 
 
 @dataclass
@@ -44,7 +43,8 @@ class TrainResult:
         steps, tokens: optimizer steps taken and target tokens trained on.
         wall_s: wall-clock seconds of the training loop; tokens_per_s: tokens / wall_s (evaluation included).
         sample_prompt, sample: the prompt and the text sampled after it from the best checkpoint
-            ("" when ``sample_tokens`` is 0).
+            ("" when ``sample_tokens`` is 0, and on ranks other than 0).
+        rank: this process's torchrun rank (0 for a single process).
     """
 
     run_dir: Path
@@ -56,6 +56,7 @@ class TrainResult:
     tokens_per_s: float
     sample_prompt: str
     sample: str
+    rank: int = 0
 
 
 def resolve_device(name: str) -> torch.device:
@@ -152,42 +153,50 @@ def _check_splits(corpus: CorpusSplits, run: RunConfig) -> None:
                            f"split, which has {len(tokens)}; lower eval.mem_len or turn eval.warmup off")
 
 
-def _remove_unfinished(out_dir: Path, created: bool) -> None:
-    """Remove what a run that never wrote a checkpoint left behind, so the same --out can be reused."""
-    if (out_dir / "last").exists() or (out_dir / "best").exists():
-        return
-    for name in (RUN_NAME, "metrics.csv"):
-        (out_dir / name).unlink(missing_ok=True)
-    if created and out_dir.is_dir() and not any(out_dir.iterdir()):
-        out_dir.rmdir()
-
-
 def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] | None = None,
           resume: bool = False) -> TrainResult:
     """Train a Transformer-XL language model as described by ``run`` and report validation with memory.
 
     Writes into ``run.train.out_dir``: ``run.json`` (resolved config), ``metrics.csv`` (one row per
-    ``log_interval`` steps and per validation), ``best/`` and ``last/`` checkpoints. On Ctrl-C the
-    ``last/`` checkpoint is written before :class:`KeyboardInterrupt` propagates. ``last/`` also holds
-    the trainer state (optimizer, RNG states, data position, memory), so ``resume=True`` continues a
-    run from it exactly as if it had not stopped (float32, same device; shuffled-sentence corpora
-    restart their shard order).
+    ``log_interval`` steps and per validation), ``best/`` and ``last/`` checkpoints (plus
+    ``keep_last - 1`` older ``last.N/``). ``last/`` holds the trainer state (optimizer, RNG states,
+    data position, memory), so ``resume=True`` continues a run from its newest intact checkpoint
+    exactly as if it had not stopped (float32, same device and number of ranks; shuffled-sentence
+    corpora restart their shard order). SIGINT/SIGTERM finish the current step, write ``last/`` and
+    raise :class:`KeyboardInterrupt`.
+
+    Started by torchrun (``WORLD_SIZE`` > 1), every rank runs this function: each owns
+    ``batch_size / world`` consecutive streams and their memory, DistributedDataParallel averages
+    the gradients, validation is split over the ranks, and rank 0 alone writes files and logs.
 
     Raises:
         TxlError: bad config or data, an ``out_dir`` that already holds a run (or, with ``resume``,
-            one without a resumable ``last/``).
+            one without a resumable checkpoint), a checkpoint that cannot be written.
     """
+    d = distributed.from_environment()
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if not d.is_main:
+        log = lambda msg: None  # noqa: E731 - rank 0 speaks for the run
     run.validate()
     t = run.train
+    if d.enabled and t.batch_size % (d.world * t.grad_accum_steps):
+        raise TxlError(f"train.batch_size {t.batch_size} must divide into {d.world} ranks × train.grad_accum_steps "
+                       f"{t.grad_accum_steps} equal pieces")
+    if not d.enabled and t.grad_accum_steps > t.batch_size:
+        raise TxlError(f"train.grad_accum_steps {t.grad_accum_steps} exceeds train.batch_size {t.batch_size}")
+    if t.deterministic:
+        torch.use_deterministic_algorithms(True)
     seed_everything(t.seed)
-    device = resolve_device(t.device)
+    device = distributed.device_for(d, resolve_device(t.device))
     out_dir = Path(t.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise TxlError(f"train.out_dir {out_dir} is a file; choose a folder for the run")
-    if resume and not (out_dir / "last" / TRAINER_JSON).is_file():
-        raise TxlError(f"{out_dir} has no resumable checkpoint (last/{TRAINER_JSON}); start a new run instead")
-    if not resume and (out_dir / RUN_NAME).exists():
+    if resume:
+        candidates = checkpoint_candidates(out_dir, "last")
+        if not candidates:
+            raise TxlError(f"{out_dir} has no resumable checkpoint (last/{TRAINER_JSON}); start a new run instead")
+        resume_dir = first_good_checkpoint(candidates, required=TRAINER_JSON, warn=lambda m: log(f"warning: {m}"))
+    elif (out_dir / RUN_NAME).exists():
         raise TxlError(f"{out_dir} already holds a run; choose another train.out_dir (--out), remove it, "
                        "or continue it with --resume")
 
@@ -207,55 +216,81 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     log(f"data: {corpus.source}; {corpus.tokenizer.kind} vocabulary of {corpus.vocab_size}; "
         f"train/valid/test tokens {len(corpus.train)}/{len(corpus.valid)}/{len(corpus.test)}")
 
+    distributed.init(d, device)
     model = TransformerXLLM(run.model).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters, {run.model.n_layer} layers, d_model {run.model.d_model}, "
-        f"attn_type {run.model.attn_type}; device {device}, dtype {t.dtype}")
+        f"attn_type {run.model.attn_type}; device {device}, dtype {t.dtype}"
+        + (f"; {d.world} processes" if d.enabled else ""))
     optimizer = make_optimizer(model, t.lr, t.weight_decay)
+    # every rank reads the same global batch and keeps its own rows (same data as one process)
     if corpus.train_shards:
         stream = shuffled_batches(corpus, t.batch_size, run.model.tgt_len, device, t.seed)
     else:
         batches = LMOrderedIterator(corpus.train, t.batch_size, run.model.tgt_len, device=device)
-    generator = torch.Generator().manual_seed(t.seed)
+    rows = d.rows(t.batch_size)
+    generator = torch.Generator().manual_seed(t.seed)  # segment lengths: identical on every rank
+    if d.rank:  # dropout differs between ranks; rank 0 draws exactly what a single process would
+        torch.manual_seed(t.seed + 7919 * d.rank)
     # float16 needs loss scaling against gradient underflow; for other dtypes the scaler is a no-op
     scaler = torch.amp.GradScaler(device.type, enabled=t.dtype == "float16")
 
     state: dict[str, Any] = {"step": 0, "tokens": 0, "best_val_loss": None, "unit": unit}
     pos, mems, best, start_step = 0, None, float("inf"), 0
     if resume:
-        saved = load_checkpoint(out_dir / "last", map_location=str(device))
+        saved = load_checkpoint(resume_dir, map_location=str(device))
         model.load_state_dict(saved.model.state_dict())
-        restored = load_trainer_state(out_dir / "last", optimizer=optimizer, scaler=scaler, generator=generator,
-                                      device=device)
+        restored = load_trainer_state(resume_dir, optimizer=optimizer, scaler=scaler, generator=generator,
+                                      device=device, rank=d.rank)
         start_step, pos, mems, state = restored["step"], restored["position"], restored["mems"], restored["state"]
+        if mems is not None:
+            mems = [m[rows] for m in mems]
         best = state["best_val_loss"] if state.get("best_val_loss") is not None else float("inf")
-        log(f"resuming {out_dir} after step {start_step}")
+        log(f"resuming {out_dir} after step {start_step} (from {resume_dir.name}/)")
+    ddp = model
+    if d.enabled:
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
+                                                        else None)
 
     created = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if not resume:
-        write_json(out_dir / RUN_NAME, run.to_dict())
-    metrics_file = _open_metrics(out_dir / "metrics.csv", start_step)
-    writer = csv.DictWriter(metrics_file, fieldnames=METRIC_FIELDS)
-    if not start_step:
-        writer.writeheader()
+    metrics_file = writer = None
+    if d.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            write_json(out_dir / RUN_NAME, run.to_dict())
+        metrics_file, writer = open_metrics(out_dir / "metrics.csv", start_step)
     total_tokens = torch.tensor(state["tokens"], dtype=torch.int64, device=device)  # on the device: no sync per step
     window_loss, window_tokens, window_start = 0.0, state["tokens"], time.perf_counter()
     start = time.perf_counter()
-    bar = tqdm(total=t.max_steps, initial=start_step, disable=not progress, dynamic_ncols=True, file=sys.stderr)
+    bar = tqdm(total=t.max_steps, initial=start_step, disable=not progress or not d.is_main, dynamic_ncols=True,
+               file=sys.stderr)
     step = start_step
+
+    def write_checkpoint(name: str, keep: int, trainer: bool) -> None:
+        """Every rank calls this (memory and RNG states are gathered); rank 0 writes."""
+        full_mems = [distributed.gather_rows(d, m) for m in mems] if (trainer and mems is not None) else mems
+        rng = distributed.gather_objects(d, rank_rng_state(device)) if trainer else None
+        error = None
+        if d.is_main:
+            try:
+                save_checkpoint(out_dir / name, model, corpus.tokenizer, _resolved(run, model), dict(state), keep=keep,
+                                extra=None if not trainer else lambda folder: save_trainer_state(
+                                    folder, optimizer=optimizer, scaler=scaler, generator=generator, mems=full_mems,
+                                    position=pos, step=step, state=dict(state), rank_rng=rng))
+            except TxlError as err:
+                error = str(err)
+        error = distributed.broadcast_object(d, error)
+        if error:
+            raise TxlError(error)
 
     def save_last(extra_state: dict[str, Any] | None = None) -> None:
         state.update(step=step, tokens=int(total_tokens), **(extra_state or {}))
-        save_checkpoint(out_dir / "last", model, corpus.tokenizer, _resolved(run, model), dict(state),
-                        extra=lambda folder: save_trainer_state(
-                            folder, optimizer=optimizer, scaler=scaler, generator=generator, mems=mems,
-                            position=pos, step=step, state=dict(state)))
+        write_checkpoint("last", t.keep_last, trainer=True)
 
     def validate_and_save() -> float:
         nonlocal best
         res = evaluate(model, corpus.valid, unit=unit, batch_size=run.eval.batch_size, max_tokens=t.eval_max_tokens,
-                       dtype=t.dtype)
+                       dtype=t.dtype, dist=d)
         model.train()
         if not math.isfinite(res.loss):
             save_last()
@@ -265,12 +300,12 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
         if res.loss < best:
             best = res.loss
             state["best_val_loss"] = best
-            save_checkpoint(out_dir / "best", model, corpus.tokenizer, _resolved(run, model), dict(state))
+            write_checkpoint("best", 1, trainer=False)
         save_last()
         return res.loss
 
     model.train()
-    stop = _StopRequest()
+    stop = StopRequest()
     bad_in_a_row = 0
     try:
         for step in range(start_step + 1, t.max_steps + 1):
@@ -284,29 +319,23 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
                 seq_len = sample_segment_length(tgt_len, generator) if t.varlen else tgt_len
                 x, y = batches.segment(pos, seq_len)
                 pos += x.size(1)
+            n_tok = (y != -100).sum()  # the global batch's targets
             lr = learning_rate(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps, max_steps=t.max_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            with autocast(device, t.dtype):
-                out = model(x, mems=mems, labels=y)
-            if bool(torch.isfinite(out.loss)):  # one host sync per step, to skip a NaN/inf loss
+            out = train_step(ddp, x[rows], y[rows], mems, n_global=n_tok, optimizer=optimizer, scaler=scaler,
+                             clip=t.clip, dtype=t.dtype, chunks=t.grad_accum_steps, d=d, stop=stop.requested)
+            if out.finite:
                 bad_in_a_row = 0
-                scaler.scale(out.loss).backward()
-                if t.clip > 0:
-                    scaler.unscale_(optimizer)
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip)
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
                 mems = out.mems
-                n_tok = (y != -100).sum()
                 total_tokens += n_tok
-                window_loss = window_loss + out.loss.detach() * n_tok
-            else:  # skip the step: no update, the memory stays as it was
+                window_loss = window_loss + out.loss_sum
+            else:  # skipped: no update, the memory stays as it was
                 bad_in_a_row += 1
                 state["skipped_steps"] = state.get("skipped_steps", 0) + 1
-                bar.write(f"step {step}: loss is {float(out.loss)}, step skipped ({bad_in_a_row} in a row)",
-                          file=sys.stderr)
+                if d.is_main:
+                    bar.write(f"step {step}: loss is {float(out.loss_sum)}, step skipped ({bad_in_a_row} in a row)",
+                              file=sys.stderr)
                 if bad_in_a_row >= t.max_bad_steps:
                     raise TxlError(f"the loss was not finite for {bad_in_a_row} steps in a row (up to step {step}); "
                                    "lower train.lr, raise train.warmup_steps or check the data")
@@ -319,28 +348,33 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
                 train_loss = float(window_loss) / max(1, count)
                 speed = count / max(1e-9, now - window_start)
                 row = {"step": step, "tokens": state["tokens"], "elapsed_s": round(now - start, 3), "lr": lr,
-                       "tgt_len": tgt_len, "mem_len": mem_len, "train_loss": round(train_loss, 5),
-                       "train_metric": round(metric_value(train_loss, unit), 5), "tokens_per_s": round(speed, 1)}
+                       "tgt_len": tgt_len, "mem_len": mem_len, "train_loss": train_loss,
+                       "train_metric": metric_value(train_loss, unit), "tokens_per_s": round(speed, 1)}
                 bar.set_postfix_str(f"loss {train_loss:.3f} {unit} {metric_value(train_loss, unit):.3f} "
                                     f"lr {lr:.2e} {speed:,.0f} tok/s")
                 window_loss, window_tokens, window_start = 0.0, state["tokens"], now
             if step % t.eval_interval == 0 or step == t.max_steps:
                 val_loss = validate_and_save()
                 row = row or {"step": step, "tokens": state["tokens"], "elapsed_s": round(time.perf_counter() - start, 3)}
-                row.update(val_loss=round(val_loss, 5), val_metric=round(metric_value(val_loss, unit), 5))
-                bar.write(f"step {step}: valid {unit} {metric_value(val_loss, unit):.4f}", file=sys.stderr)
+                row.update(val_loss=val_loss, val_metric=metric_value(val_loss, unit))
+                if d.is_main:
+                    bar.write(f"step {step}: valid {unit} {metric_value(val_loss, unit):.4f}", file=sys.stderr)
                 window_start = time.perf_counter()  # do not count evaluation time as training speed
-            if row:
+            elif t.save_interval and step % t.save_interval == 0:
+                save_last()
+            if row and writer is not None:
                 writer.writerow(row)
                 metrics_file.flush()
-            if stop.requested:  # Ctrl-C or SIGTERM during this step: stop after it, consistently
+            if out.stop:  # Ctrl-C or SIGTERM (on any rank) during this step: every rank stops after it
+                stop.requested = True
                 raise KeyboardInterrupt
     except KeyboardInterrupt:
         bar.close()
-        metrics_file.close()
+        if metrics_file:
+            metrics_file.close()
         if step == start_step or not stop.requested:  # nothing finished, or a second Ctrl-C mid-step
-            if not resume and step == start_step:
-                _remove_unfinished(out_dir, created)
+            if not resume and step == start_step and d.is_main:
+                remove_unfinished(out_dir, created, (RUN_NAME, "metrics.csv"))
             log(f"interrupted; the last checkpoint in {out_dir} is kept as it was")
             raise
         save_last({"interrupted": True})
@@ -348,75 +382,46 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
         raise
     except Exception:
         bar.close()
-        metrics_file.close()
-        if not resume:
-            _remove_unfinished(out_dir, created)
+        if metrics_file:
+            metrics_file.close()
+        if not resume and d.is_main:
+            remove_unfinished(out_dir, created, (RUN_NAME, "metrics.csv"))
         raise
     finally:
         stop.restore()
     bar.close()
-    metrics_file.close()
+    if metrics_file:
+        metrics_file.close()
     wall = time.perf_counter() - start
     state["tokens"] = int(total_tokens)
 
+    distributed.barrier(d)  # best/ is complete on disk for every rank
     best_ckpt = load_checkpoint(out_dir / "best", map_location=str(device))
-    final = evaluate_run(best_ckpt.model, corpus, run)
+    final = evaluate_run(best_ckpt.model, corpus, run, dist=d)
     prompt, sample = "", ""
-    if t.sample_tokens:
+    if t.sample_tokens and d.is_main:
         prompt, sample = sample_text(best_ckpt.model, corpus, t.sample_prompt, t.sample_tokens, seed=t.seed)
+    distributed.shutdown(d)
     return TrainResult(run_dir=out_dir, best_dir=out_dir / "best", final=final, steps=step, tokens=state["tokens"],
                        wall_s=wall, tokens_per_s=state["tokens"] / wall, sample_prompt=prompt,
-                       sample=sample)
-
-
-class _StopRequest:
-    """SIGINT/SIGTERM handler for training: the first signal asks the loop to stop after the current
-    step (which then writes ``last/``); a second one interrupts at once."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
-def _open_metrics(path: Path, start_step: int):
-    """metrics.csv for writing; when resuming after ``start_step``, rows of later steps are dropped."""
-    if not start_step:
-        return open(path, "w", newline="", encoding="utf-8")
-    rows = list(csv.DictReader(open(path, newline="", encoding="utf-8"))) if path.is_file() else []
-    kept = [r for r in rows if r.get("step") and int(r["step"]) <= start_step]
-    f = open(path, "w", newline="", encoding="utf-8")
-    writer = csv.DictWriter(f, fieldnames=METRIC_FIELDS)
-    writer.writeheader()
-    writer.writerows({k: r.get(k, "") for k in METRIC_FIELDS} for r in kept)
-    f.flush()
-    return f
+                       sample=sample, rank=d.rank)
 
 
 def _resolved(run: RunConfig, model: TransformerXLLM) -> RunConfig:
     return dataclasses.replace(run, model=model.config)
 
 
-def evaluate_run(model: TransformerXLLM, corpus: CorpusSplits, run: RunConfig) -> EvalResult:
-    """Evaluate ``model`` on ``run.eval.split`` with the ``[eval]`` span settings (the final report)."""
+def evaluate_run(model: TransformerXLLM, corpus: CorpusSplits, run: RunConfig,
+                 dist: distributed.Dist = distributed.Dist()) -> EvalResult:
+    """Evaluate ``model`` on ``run.eval.split`` with the ``[eval]`` span settings (the final report),
+    the streams split over the ranks of ``dist``."""
     e = run.eval
     tokens = corpus.valid if e.split == "valid" else corpus.test
     if len(tokens) < 2:
         raise TxlError(f"the {e.split} split is empty; choose eval.split=valid or give a test split")
     return evaluate(model, tokens, unit=metric_unit(corpus.tokenizer.kind), batch_size=e.batch_size,
                     tgt_len=e.tgt_len, mem_len=e.mem_len, clamp_len=e.clamp_len, same_length=e.same_length,
-                    warmup=e.warmup, max_tokens=e.max_tokens, dtype=run.train.dtype)
+                    warmup=e.warmup, max_tokens=e.max_tokens, dtype=run.train.dtype, dist=dist)
 
 
 def sample_text(model: TransformerXLLM, corpus: CorpusSplits, prompt: str, n_tokens: int, seed: int,

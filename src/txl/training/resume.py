@@ -23,10 +23,22 @@ TENSORS_NAME = "trainer.safetensors"
 JSON_NAME = "trainer.json"
 
 
+def rank_rng_state(device: torch.device) -> list[torch.Tensor]:
+    """This process's torch RNG states: CPU, then (on CUDA) its own device's."""
+    states = [torch.get_rng_state()]
+    if device.type == "cuda":
+        states.append(torch.cuda.get_rng_state(device))
+    return states
+
+
 def save_trainer_state(directory: Path, *, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                        generator: torch.Generator, mems: list[torch.Tensor] | None, position: int,
-                       step: int, state: dict[str, Any]) -> None:
-    """Write the trainer state of the run at ``step`` (just completed) into ``directory``."""
+                       step: int, state: dict[str, Any], rank_rng: list[list[torch.Tensor]] | None = None) -> None:
+    """Write the trainer state of the run at ``step`` (just completed) into ``directory``.
+
+    ``mems`` is the memory of all streams [B, M, d_model] per layer; ``rank_rng`` holds
+    :func:`rank_rng_state` of every torchrun rank (rank order) for a multi-process run.
+    """
     opt = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
     for index, slots in opt["state"].items():
@@ -37,11 +49,15 @@ def save_trainer_state(directory: Path, *, optimizer: torch.optim.Optimizer, sca
     if torch.cuda.is_available():
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"rng.cuda.{i}"] = s
+    for r, states in enumerate(rank_rng or []):
+        for k, value in enumerate(states):
+            tensors[f"rng.rank{r}.{k}"] = value.cpu()
     for i, m in enumerate(mems or []):
         tensors[f"mems.{i}"] = m.detach().cpu().contiguous()
     np_state = np.random.get_state()
     meta = {
         "step": step, "position": position, "n_mems": len(mems or []), "state": state,
+        "world_size": len(rank_rng) if rank_rng else 1,
         "param_groups": opt["param_groups"], "scaler": scaler.state_dict(),
         "rng_python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
         "rng_numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
@@ -51,8 +67,11 @@ def save_trainer_state(directory: Path, *, optimizer: torch.optim.Optimizer, sca
 
 
 def load_trainer_state(directory: Path, *, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                       generator: torch.Generator, device: torch.device) -> dict[str, Any]:
+                       generator: torch.Generator, device: torch.device, rank: int = 0) -> dict[str, Any]:
     """Restore optimizer, scaler, every RNG; return ``{step, position, mems, state}``.
+
+    ``mems`` is the memory of all streams; a torchrun rank keeps its own rows. Rank ``rank`` gets
+    its own saved RNG states when the run had that rank (otherwise those of rank 0).
 
     Raises:
         TxlError: missing or unreadable trainer files, or an optimizer state that does not fit.
@@ -83,5 +102,10 @@ def load_trainer_state(directory: Path, *, optimizer: torch.optim.Optimizer, sca
     random.setstate((version, tuple(internal), gauss))
     name, keys, pos, has_gauss, cached = meta["rng_numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    own = [tensors[k] for k in sorted(k for k in tensors if k.startswith(f"rng.rank{rank}."))]
+    if own:
+        torch.set_rng_state(own[0])
+        if len(own) > 1 and device.type == "cuda":
+            torch.cuda.set_rng_state(own[1], device)
     mems = [tensors[f"mems.{i}"].to(device) for i in range(meta["n_mems"])] or None
     return {"step": meta["step"], "position": meta["position"], "mems": mems, "state": meta["state"]}

@@ -1,0 +1,82 @@
+"""One optimizer step of segment-level recurrent training, with gradient accumulation and several ranks.
+
+The step's loss is the mean negative log-likelihood (nats) over every target token of the global
+batch (all ranks, all accumulation chunks): each chunk back-propagates ``sum of its token losses ×
+world / global count``, DistributedDataParallel averages over the ``world`` ranks, and the gradient
+is exactly that of one process on the whole batch (up to float summation order).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+
+from txl.evaluation import autocast
+from txl.training.distributed import Dist, all_sum
+
+
+@dataclass
+class StepResult:
+    """Outcome of :func:`train_step`.
+
+    Attributes:
+        loss_sum: float64 scalar tensor on the device, summed NLL (nats) over the global batch's targets.
+        finite: whether that loss is finite; when not, no update was made and ``mems`` is the old memory.
+        mems: the memory for the next segment (this rank's rows), detached.
+        stop: some rank was asked to stop (SIGINT/SIGTERM) during this step.
+    """
+
+    loss_sum: torch.Tensor
+    finite: bool
+    mems: list[torch.Tensor] | None
+    stop: bool
+
+
+def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, mems: list[torch.Tensor] | None, *,
+               n_global: torch.Tensor, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+               clip: float, dtype: str, chunks: int = 1, d: Dist = Dist(), stop: bool = False) -> StepResult:
+    """Forward and backward this rank's rows in ``chunks`` pieces, then (if the loss is finite) clip and step.
+
+    Args:
+        model: the model, or its DistributedDataParallel wrapper (``no_sync`` on all but the last chunk).
+        x, y: int64 [b, T] inputs and targets of this rank's streams (``-100`` = not scored).
+        mems: this rank's memory, ``n_layer`` tensors [b, M, d_model], or None.
+        n_global: number of scored targets in the whole global batch (int tensor).
+        chunks: gradient-accumulation pieces the rows are split into (``train.grad_accum_steps``).
+        stop: this rank received a stop signal; the flag is combined over ranks in the same collective
+            as the loss, so that every rank stops after the same step.
+
+    One host synchronisation per step (the finiteness check), one all-reduce of two numbers.
+    """
+    device = x.device
+    module = model.module if hasattr(model, "module") else model
+    scale = d.world / n_global.clamp(min=1).to(torch.float32)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    pieces_x, pieces_y = torch.tensor_split(x, chunks), torch.tensor_split(y, chunks)
+    pieces_m = [torch.tensor_split(m, chunks) for m in mems] if mems is not None else None
+    new_mems = []
+    for i in range(chunks):
+        sync = i == chunks - 1 or not hasattr(model, "no_sync")
+        with contextlib.nullcontext() if sync else model.no_sync():
+            with autocast(device, dtype):
+                out = model(pieces_x[i], mems=None if pieces_m is None else [m[i] for m in pieces_m],
+                            labels=pieces_y[i])
+            chunk_sum = out.token_loss.float().sum()
+            scaler.scale(chunk_sum * scale).backward()
+        loss_sum += chunk_sum.detach().double()
+        new_mems.append(out.mems)
+    combined = all_sum(d, torch.stack([loss_sum, torch.tensor(float(stop), dtype=torch.float64, device=device)]))
+    total, flag = combined.tolist()  # the step's one host synchronisation
+    loss_sum, stopping, finite = combined[0], flag > 0, math.isfinite(total)
+    if finite:
+        if clip > 0:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
+        scaler.step(optimizer)
+        scaler.update()
+        mems = None if new_mems[0] is None else [torch.cat(layer, dim=0) for layer in zip(*new_mems)]
+    optimizer.zero_grad(set_to_none=True)
+    return StepResult(loss_sum=loss_sum, finite=finite, mems=mems, stop=stopping)

@@ -1,0 +1,78 @@
+"""Several processes (torchrun, gloo on CPU) and gradient accumulation train exactly like one process."""
+
+import csv
+
+import pytest
+from safetensors.torch import load_file
+
+from txl.cli import main
+from txl.training.distributed import Dist
+
+TINY = ["model.n_layer=2", "model.d_model=16", "model.n_head=2", "model.d_head=8", "model.d_inner=32",
+        "model.tgt_len=8", "model.mem_len=8", "model.dropout=0", "model.dropatt=0", "train.batch_size=4",
+        "train.max_steps=20", "train.eval_interval=10", "train.log_interval=1", "train.sample_tokens=0",
+        "train.warmup_steps=3", "train.lr=3e-3", "eval.batch_size=3", "eval.mem_len=16"]
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("".join(f"line {i}: the quick brown fox {i * 7 % 13} jumps over {i % 5} dogs.\n"
+                            for i in range(300)))
+    return path
+
+
+def rows(run_dir):
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return {int(r["step"]): r for r in csv.DictReader(f)}
+
+
+def train_cli(tmp_path, corpus, name, *extra):
+    out = tmp_path / name
+    args = ["train", str(corpus), "--tokenizer", "char", "--out", str(out), "-q",
+            f"data.cache_dir={tmp_path / 'cache'}", *TINY, *extra]
+    assert main(args) == 0
+    return out
+
+
+def assert_same_run(a, b, tol=1e-5):
+    ra, rb = rows(a), rows(b)
+    assert sorted(ra) == sorted(rb) == list(range(1, 21))
+    for step in ra:
+        for key in ("train_loss", "val_loss"):
+            if ra[step][key]:
+                assert abs(float(ra[step][key]) - float(rb[step][key])) < tol, (step, key, ra[step][key], rb[step][key])
+    wa, wb = load_file(a / "last" / "model.safetensors"), load_file(b / "last" / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    worst = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+    assert worst < tol, worst
+
+
+def test_rows_split_the_streams_into_blocks():
+    blocks = [Dist(rank=r, world=3).rows(8) for r in range(3)]
+    assert [list(range(8))[s] for s in blocks] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert Dist().rows(5) == slice(0, 5)
+
+
+def test_gradient_accumulation_equals_the_whole_batch(tmp_path, corpus):
+    whole = train_cli(tmp_path, corpus, "whole")
+    accum = train_cli(tmp_path, corpus, "accum", "train.grad_accum_steps=4")  # one stream per piece
+    assert_same_run(whole, accum)
+
+
+def test_two_gloo_processes_equal_one_process(tmp_path, corpus, capsys):
+    single = train_cli(tmp_path, corpus, "single")
+    capsys.readouterr()
+    # txl train --nproc 2 runs torchrun: two ranks of 2 streams each, each split in 2 accumulation pieces
+    double = train_cli(tmp_path, corpus, "double", "--nproc", "2", "train.grad_accum_steps=2")
+    assert_same_run(single, double)
+    assert {p.name for p in double.iterdir()} >= {"run.json", "metrics.csv", "best", "last"}
+    assert not list(double.glob("*.tmp"))
+
+
+def test_batch_must_split_evenly_over_ranks(tmp_path, corpus, capsys):
+    code = main(["train", str(corpus), "--tokenizer", "char", "--out", str(tmp_path / "odd"), "-q", "--nproc", "2",
+                 f"data.cache_dir={tmp_path / 'cache'}", *TINY, "train.batch_size=3"])
+    assert code == 2
+    assert "must divide into 2 ranks" in capsys.readouterr().err  # refused before any process starts
+    assert not (tmp_path / "odd").exists()
