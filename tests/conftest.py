@@ -21,3 +21,12 @@ def tiny_model(seed: int = 0, dtype=torch.float64, **overrides) -> TransformerXL
 @pytest.fixture
 def make_model():
     return tiny_model
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """A small repetitive text file (15 kB, 37 distinct characters) for short training runs."""
+    path = tmp_path / "corpus.txt"
+    path.write_text("".join(f"line {i}: the quick brown fox {i * 7 % 13} jumps over {i % 5} dogs.\n"
+                            for i in range(300)))
+    return path

@@ -2,7 +2,6 @@
 
 import csv
 import json
-import os
 import resource
 import signal
 import subprocess
@@ -18,14 +17,6 @@ from txl.training.checkpoint import load_checkpoint, verify_checkpoint
 TINY = ["model.n_layer=2", "model.d_model=16", "model.n_head=2", "model.d_head=8", "model.d_inner=32",
         "model.tgt_len=8", "model.mem_len=8", "model.dropout=0.1", "train.batch_size=4", "train.log_interval=1",
         "train.sample_tokens=0", "train.warmup_steps=3", "train.deterministic=true"]
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    path = tmp_path / "corpus.txt"
-    path.write_text("".join(f"line {i}: the quick brown fox {i * 7 % 13} jumps over {i % 5} dogs.\n"
-                            for i in range(300)))
-    return path
 
 
 def cli_args(tmp_path, corpus, name, *extra):

@@ -2,7 +2,6 @@
 
 import csv
 
-import pytest
 from safetensors.torch import load_file
 
 from txl.cli import main
@@ -12,14 +11,6 @@ TINY = ["model.n_layer=2", "model.d_model=16", "model.n_head=2", "model.d_head=8
         "model.tgt_len=8", "model.mem_len=8", "model.dropout=0", "model.dropatt=0", "train.batch_size=4",
         "train.max_steps=20", "train.eval_interval=10", "train.log_interval=1", "train.sample_tokens=0",
         "train.warmup_steps=3", "train.lr=3e-3", "eval.batch_size=3", "eval.mem_len=16"]
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    path = tmp_path / "corpus.txt"
-    path.write_text("".join(f"line {i}: the quick brown fox {i * 7 % 13} jumps over {i % 5} dogs.\n"
-                            for i in range(300)))
-    return path
 
 
 def rows(run_dir):
