@@ -38,7 +38,8 @@ def register(subparsers) -> None:
     p.add_argument("--per-token", action=argparse.BooleanOptionalAction, default=True,
                    help="one entry per token (default); --no-per-token: per-document summaries only")
     p.add_argument("--carry-memory", action="store_true",
-                   help="treat the documents as one continuous stream (memory and context carry over)")
+                   help="treat the documents as one continuous stream: memory and context carry over from one "
+                        "document to the next (scored as one sequence; --batch-size does not apply)")
     for name, text in (("tgt_len", "tokens per segment"), ("mem_len", "memory length (0: none)"),
                        ("clamp_len", "clamp relative distances at this value (<= 0: none)")):
         p.add_argument(f"--{name}", f"--{name.replace('_', '-')}", type=int, default=None,
