@@ -233,6 +233,16 @@ class TransformerXLLM(nn.Module):
         return generate(self, input_ids, max_new_tokens, temperature=temperature, top_k=top_k,
                         top_p=top_p, mems=mems, generator=generator)
 
+    def score(self, token_ids, **options: Any) -> list:
+        """Per-token log-probabilities (nats) of documents given as 1-D token-id sequences, with memory.
+
+        See :func:`txl.scoring.score_tokens` (options: batch_size, tgt_len, mem_len, clamp_len,
+        same_length, carry_memory, dtype). Returns a list of :class:`txl.scoring.DocumentScore`.
+        """
+        from txl.scoring import score_tokens
+
+        return score_tokens(self, token_ids, **options)
+
     def save_pretrained(self, directory: str | Path, tokenizer: Any = None) -> None:
         """Write ``model.safetensors`` and ``config.json`` (and ``vocab.json`` if a tokenizer is given).
 

@@ -184,6 +184,20 @@ class Checkpoint:
     path: Path
     has_run_config: bool = True
 
+    def score(self, texts: list[str], **options: Any) -> list:
+        """Score ``texts`` (one document each) with this model and tokenizer.
+
+        The attention span and batch size default to the run's ``eval`` section, as in ``txl eval``;
+        ``options`` override them (see :func:`txl.scoring.score_tokens`). Returns a list of
+        :class:`txl.scoring.DocumentScore` (log-probabilities in nats).
+        """
+        from txl.scoring import score_texts
+
+        e = self.run.eval
+        defaults = {"batch_size": e.batch_size, "tgt_len": e.tgt_len, "mem_len": e.mem_len,
+                    "clamp_len": e.clamp_len, "same_length": e.same_length}
+        return score_texts(self.model, self.tokenizer, texts, **{**defaults, **options})
+
 
 def resolve_checkpoint_dir(path: str | Path) -> Path:
     """Accept a checkpoint directory or a run directory (then its ``best/``, else ``last/``).

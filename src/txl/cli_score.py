@@ -1,0 +1,212 @@
+"""``txl score``: per-token and per-document log-probabilities of documents under a checkpoint.
+
+Inputs (each FILE): a text file is one document; a directory gives one document per file (recursive,
+sorted, hidden files skipped, as for training corpora); a ``.jsonl`` file (given directly or found in
+a directory) gives one document per non-blank line, each a JSON object with a ``"text"`` string.
+
+Output: JSON Lines (default; one object per document, with a ``tokens`` list unless
+``--no-per-token``) or TSV (``--format tsv``: one row per token, or one row per document with
+``--no-per-token``), to stdout or atomically to ``--output``. A summary line goes to stderr.
+Every input is read and tokenised before anything is scored or written, so bad input leaves no
+output file. Scoring rules (first token not scored, memory reset per document unless
+``--carry-memory``) are those of :mod:`txl.scoring`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from txl.errors import TxlError
+
+NAME = "score"
+
+
+def register(subparsers) -> None:
+    """Add the ``score`` parser (no torch import here)."""
+    p = subparsers.add_parser("score", help="per-token and per-document log-probabilities (bpc / perplexity)",
+                              description="Score documents with a checkpoint: log p(token | everything before "
+                              "it in the document) in nats, with the memory carried through each document and "
+                              "reset between documents. The first token of a document is not scored.")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="a text file (one document), a directory (one document per file) or a .jsonl file "
+                        "(one {\"text\": ...} document per line)")
+    p.add_argument("--checkpoint", "-c", required=True, help="checkpoint directory or run directory (uses best/)")
+    p.add_argument("--format", choices=["jsonl", "tsv"], default="jsonl", help="output format (default jsonl)")
+    p.add_argument("--per-token", action=argparse.BooleanOptionalAction, default=True,
+                   help="one entry per token (default); --no-per-token: per-document summaries only")
+    p.add_argument("--carry-memory", action="store_true",
+                   help="treat the documents as one continuous stream: memory and context carry over from one "
+                        "document to the next (scored as one sequence; --batch-size does not apply)")
+    for name, text in (("tgt_len", "tokens per segment"), ("mem_len", "memory length (0: none)"),
+                       ("clamp_len", "clamp relative distances at this value (<= 0: none)")):
+        p.add_argument(f"--{name}", f"--{name.replace('_', '-')}", type=int, default=None,
+                       help=f"{text} (default: the checkpoint's eval config)")
+    p.add_argument("--same_length", "--same-length", action=argparse.BooleanOptionalAction, default=None,
+                   help="every query sees the same number of keys (default: the checkpoint's eval config)")
+    p.add_argument("--batch_size", "--batch-size", type=int, default=None,
+                   help="documents scored side by side (default: the checkpoint's eval.batch_size)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--output", "-o", help="write here (atomically) instead of stdout")
+
+
+def _read_jsonl(path: Path, data: bytes) -> list[tuple[str, str]]:
+    """(name, text) for each non-blank line of a JSON Lines file."""
+    try:
+        lines = data.decode("utf-8").split("\n")
+    except UnicodeDecodeError as err:
+        raise TxlError(f"{path} is not UTF-8 (invalid byte at offset {err.start}); JSON Lines must be UTF-8") from None
+    docs = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise TxlError(f"{where} is not valid JSON ({err.msg}); each line must be {{\"text\": ...}}") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+            raise TxlError(f"{where} must be a JSON object with a \"text\" string")
+        docs.append((where, obj["text"]))
+    if not docs:
+        raise TxlError(f"{path} holds no documents (no non-blank lines)")
+    return docs
+
+
+def read_documents(items: list[str], tokenizer, min_tokens: int = 2) -> list[tuple[str, "object"]]:
+    """(name, int64 token ids [n]) for every document of the FILE arguments, in order.
+
+    Names are file paths, or ``PATH:LINE`` for JSON Lines documents.
+
+    Raises:
+        TxlError: a missing path, an unreadable file, text the tokenizer cannot encode (e.g.
+            non-UTF-8 bytes for a char/word/BPE model, characters outside a char vocabulary),
+            malformed JSON Lines, an empty document or one with fewer than ``min_tokens`` tokens.
+    """
+    from txl.data import read_corpus_files
+
+    docs = []
+    for item in items:
+        path = Path(item)
+        if not path.exists():
+            raise TxlError(f"input {path} does not exist; give text files, directories or .jsonl files")
+        if not path.is_dir() and not path.is_file():
+            raise TxlError(f"input {path} is not a regular file or directory")
+        files = read_corpus_files(path) if path.is_dir() else [path]
+        for f in files:
+            try:
+                data = f.read_bytes()
+            except OSError as err:
+                raise TxlError(f"cannot read {f}: {err.strerror or err}") from None
+            if f.suffix == ".jsonl":
+                for name, text in _read_jsonl(f, data):
+                    docs.append((name, _encode(tokenizer.encode, text, name)))
+            else:
+                docs.append((str(f), _encode(tokenizer.encode_file_bytes, data, str(f))))
+    for name, ids in docs:
+        if ids.size == 0:
+            raise TxlError(f"document {name} is empty (no tokens); remove it or give it some text")
+        if ids.size < min_tokens:
+            raise TxlError(f"document {name} has {ids.size} token(s), nothing to score: the first token of a "
+                           "document has no context (use --carry-memory to score it after the previous one)")
+    return docs
+
+
+def _encode(encode, data, name: str):
+    """``encode(data)``, with a tokenizer error naming the document."""
+    try:
+        return encode(data)
+    except TxlError as err:
+        text = str(err)
+        raise TxlError(text if name in text else f"{name}: {text}") from None
+
+
+def _tsv_field(text: str) -> str:
+    """A TSV cell: tab, newline and carriage return written as \\t, \\n, \\r (backslashes are kept as they are)."""
+    return text.replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+
+
+def _num(x: float) -> float | None:
+    """``x``, or None (JSON null) for NaN: an unscored token, or a document with no scored token."""
+    return None if x != x else x
+
+
+def _cell(x: float) -> str:
+    """A number as a TSV cell, empty for NaN."""
+    return "" if x != x else repr(x)
+
+
+def format_scores(names: list[str], scores: list, tokenizer, unit: str, fmt: str, per_token: bool) -> str:
+    """The whole output text for ``scores`` (see the module docstring for the layouts)."""
+    from txl.scoring import token_text
+
+    out: list[str] = []
+    if fmt == "tsv":
+        out.append("\t".join(["document", "position", "token_id", "token", "logprob"] if per_token else
+                             ["document", "n_tokens", "n_scored", "logprob", "loss", unit]))
+    for name, s in zip(names, scores):
+        if fmt == "tsv" and per_token:
+            for pos, (tok, lp) in enumerate(zip(s.tokens.tolist(), s.logprobs.tolist())):
+                out.append(f"{_tsv_field(name)}\t{pos}\t{tok}\t{_tsv_field(token_text(tokenizer, tok))}\t"
+                           f"{_cell(lp)}")
+        elif fmt == "tsv":
+            out.append("\t".join([_tsv_field(name), str(s.n_tokens), str(s.n_scored), repr(s.total),
+                                  _cell(s.loss), _cell(s.metric(unit))]))
+        else:
+            row = {"document": name, "n_tokens": s.n_tokens, "n_scored": s.n_scored, "logprob": s.total,
+                   "loss": _num(s.loss), unit: _num(s.metric(unit))}
+            if per_token:
+                row["tokens"] = [{"position": pos, "id": tok, "text": token_text(tokenizer, tok),
+                                  "logprob": _num(lp)}
+                                 for pos, (tok, lp) in enumerate(zip(s.tokens.tolist(), s.logprobs.tolist()))]
+            out.append(json.dumps(row, ensure_ascii=False))
+    return "\n".join(out) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``txl score``; returns the exit status (user errors raise :class:`TxlError`)."""
+    for name in ("batch_size", "tgt_len"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise TxlError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.mem_len is not None and args.mem_len < 0:
+        raise TxlError(f"--mem_len must be >= 0, got {args.mem_len}")
+    if args.output and Path(args.output).is_dir():
+        raise TxlError(f"--output {args.output} is a directory; give a file name")
+
+    from txl.evaluation import metric_unit
+    from txl.fileio import atomic_write
+    from txl.scoring import score_tokens, total_metric
+    from txl.training.checkpoint import load_checkpoint
+    from txl.training.loop import resolve_device
+
+    device = resolve_device(args.device)
+    ckpt = load_checkpoint(args.checkpoint, map_location=str(device))
+    docs = read_documents(args.files, ckpt.tokenizer, min_tokens=1 if args.carry_memory else 2)
+    names = [name for name, _ in docs]
+    e = ckpt.run.eval
+
+    def pick(cli, cfg):
+        return cli if cli is not None else cfg
+
+    span = {"tgt_len": pick(args.tgt_len, e.tgt_len), "mem_len": pick(args.mem_len, e.mem_len),
+            "clamp_len": pick(args.clamp_len, e.clamp_len), "same_length": pick(args.same_length, e.same_length)}
+    scores = score_tokens(ckpt.model, [ids for _, ids in docs], batch_size=pick(args.batch_size, e.batch_size),
+                          carry_memory=args.carry_memory, dtype=args.dtype, **span)
+    unit = metric_unit(ckpt.tokenizer.kind)
+    text = format_scores(names, scores, ckpt.tokenizer, unit, args.format, args.per_token)
+    if args.output:
+        atomic_write(args.output, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    value, count = total_metric(scores, unit)
+    cfg = ckpt.model.config
+    used = {k: (v if v is not None else getattr(cfg, k)) for k, v in span.items()}
+    print(f"scored {len(scores)} document(s), {count} tokens: {unit} {value:.4f} "
+          f"({', '.join(f'{k}={v}' for k, v in used.items())}, "
+          f"{'memory carried across documents' if args.carry_memory else 'memory reset per document'})",
+          file=sys.stderr)
+    return 0
