@@ -32,7 +32,7 @@ from pathlib import Path
 
 PACKAGES = ("asyncio", "distutils", "email", "importlib", "multiprocessing", "tkinter", "unittest", "xml")
 LM_ARGS = ["max_steps=150", "sample_tokens=0", "eval_interval=150", "model.n_layer=2", "model.d_model=128",
-           "model.n_head=4", "model.d_head=32", "model.d_inner=256"]
+           "model.n_head=4", "model.d_head=32", "model.d_inner=256", "eval.max_tokens=20000"]
 
 
 def middle_window(data: bytes, size: int) -> bytes:
@@ -81,7 +81,7 @@ def main() -> None:
     p.add_argument("--doc-bytes", type=int, default=1024, help="bytes per document (default 1024)")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lm-rel", help="use this Transformer-XL LM instead of pretraining one")
     p.add_argument("--lm-abs", help="use this vanilla LM instead of pretraining one")

@@ -12,9 +12,6 @@ from txl.classification.data import pad_batch
 from txl.cli import main
 from txl.data import ByteTokenizer
 
-SETTINGS = [("memory", "last"), ("memory", "mean"), ("first", "last"), ("first", "mean")]
-
-
 def classifier(mode="memory", pooling="last", grad_segments=1, seed=0, num_labels=3, **overrides):
     torch.manual_seed(seed)
     model = TransformerXLForSequenceClassification(tiny_config(**overrides), num_labels, mode=mode, pooling=pooling,
@@ -34,7 +31,7 @@ def logits(model, docs):
         return model(ids, lengths).logits
 
 
-@pytest.mark.parametrize("mode,pooling", SETTINGS + [("abs", "last"), ("abs", "mean")])
+@pytest.mark.parametrize("mode,pooling", [("memory", "last"), ("memory", "mean"), ("first", "mean"), ("abs", "last")])
 def test_logits_do_not_depend_on_padding_or_batch_neighbours(mode, pooling):
     # tgt_len 5: lengths 3 (inside one segment), 12 (three segments), 23 (five), 10 (segment boundary)
     model = classifier("first", pooling, attn_type="abs", mem_len=0) if mode == "abs" else classifier(mode, pooling)
@@ -154,7 +151,7 @@ def _write_dataset(tmp_path, labels=("alpha", "beta"), n=8):
     lines = []
     for label in labels:
         for i in range(n):
-            filler = "".join(g.choice(list("xyz \n"), size=int(g.integers(5, 40))))
+            filler = "".join(g.choice(list("xyz \n"), size=int(g.integers(5, 25))))
             lines.append(json.dumps({"text": f"{filler}{label * 3}{filler}", "label": label}))
     path = tmp_path / "docs.jsonl"
     path.write_text("\n".join(lines) + "\n")
@@ -162,7 +159,7 @@ def _write_dataset(tmp_path, labels=("alpha", "beta"), n=8):
 
 
 def test_cli_train_then_predict_round_trip(tmp_path, capsys):
-    _, lm = _save_lm(tmp_path)
+    _, lm = _save_lm(tmp_path, tgt_len=16, mem_len=16)
     data = _write_dataset(tmp_path)
     out = tmp_path / "run"
     assert main(["classify", "train", "--data", str(data), "--checkpoint", str(lm), "--out", str(out),
