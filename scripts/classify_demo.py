@@ -12,9 +12,9 @@ budget (steps, batch size, learning rate, held-out split):
   (b) Transformer-XL reading only the first segment (tgt_len tokens),
   (c) the vanilla model reading one window of tgt_len tokens.
 
-Usage::
+Usage (OMP_NUM_THREADS=1 avoids thread oversubscription on a shared machine)::
 
-    PYTHONPATH=src python scripts/classify_demo.py --work runs/classify-demo
+    OMP_NUM_THREADS=1 PYTHONPATH=src python scripts/classify_demo.py --work runs/classify-demo
 
 Prints every command it runs and a Markdown table of held-out accuracy and macro-F1.
 """
@@ -79,10 +79,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--work", default="runs/classify-demo", help="folder for the dataset, LMs and classifiers")
     p.add_argument("--doc-bytes", type=int, default=1024, help="bytes per document (default 1024)")
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--steps", type=int, default=250)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pooling", choices=["last", "mean"], default="mean")
     p.add_argument("--lm-rel", help="use this Transformer-XL LM instead of pretraining one")
     p.add_argument("--lm-abs", help="use this vanilla LM instead of pretraining one")
     args = p.parse_args()
@@ -98,7 +99,7 @@ def main() -> None:
         if not given and not (lms[name] / "best").is_dir():
             run(txl + ["train", "--out", str(lms[name]), "-q", *LM_ARGS, *extra])
     common = ["--data", str(data), "--steps", str(args.steps), "--batch-size", str(args.batch_size),
-              "--lr", str(args.lr), "--seed", str(args.seed), "--quiet"]
+              "--lr", str(args.lr), "--seed", str(args.seed), "--pooling", args.pooling, "--quiet"]
     rows = []
     for label, lm, mode in (("(a) Transformer-XL, whole document with memory", "rel", "memory"),
                             ("(b) Transformer-XL, first segment only", "rel", "first"),
@@ -112,6 +113,8 @@ def main() -> None:
         rows.append((label, extra["heldout"]["accuracy"], extra["heldout"]["macro_f1"], extra["heldout"]["n"],
                      extra["train"]["tokens"], wall, saved["max_tokens"], extra["settings"]["tgt_len"],
                      extra["settings"]["mem_len"] if mode == "memory" else 0))
+    print(f"\nsteps {args.steps}, batch {args.batch_size}, lr {args.lr}, pooling {args.pooling}, seed {args.seed}, "
+          f"documents of <= {args.doc_bytes} bytes")
     print("\n| setting | held-out accuracy | macro-F1 | held-out docs | tokens read in training | wall s |")
     print("|---|---|---|---|---|---|")
     for label, acc, f1, n, tokens, wall, _, tgt, mem in rows:

@@ -21,7 +21,7 @@ class FitResult:
     Attributes:
         steps: optimizer steps taken.
         documents: documents read in training (steps x batch size).
-        tokens: real (unpadded) tokens read in training.
+        tokens: real (unpadded) tokens read in training (at most tgt_len per document in "first" mode).
         wall_s: seconds of training.
         final_loss: mean cross-entropy (nats) over the last 10 steps.
     """
@@ -84,7 +84,7 @@ def fit_classifier(model, docs: Sequence[np.ndarray], labels: Sequence[int], *, 
         opt.step()
         losses.append(float(out.loss.detach()))
         n_docs += len(chunk)
-        n_tokens += int(lengths.sum())
+        n_tokens += int((lengths.clamp(max=model.config.tgt_len) if model.classifier.mode == "first" else lengths).sum())
         if log is not None:
             log(step, losses[-1])
     model.eval()
