@@ -59,3 +59,22 @@ def update_mems(mems: Mems | None, hids: Mems, mem_len: int) -> Mems:
         start = max(0, cat.size(1) - mem_len)
         new.append(cat[:, start:].detach().contiguous())
     return new
+
+
+def extend_mems(mems: Mems | None, hids: Mems, mem_len: int) -> Mems:
+    """Like :func:`update_mems` but keeping the autograd graph (truncated back-propagation through time).
+
+    Args:
+        mems: old memory, ``n_layer`` tensors [B, M, d] or None.
+        hids: inputs of each layer for the current segment, ``n_layer`` tensors [B, T, d].
+        mem_len: memory length to keep.
+
+    Returns:
+        ``n_layer`` tensors [B, min(M + T, mem_len), d], not detached: a loss computed on a later
+        segment back-propagates into the segments whose states they hold.
+    """
+    new = []
+    for i, h in enumerate(hids):
+        cat = h if mems is None else torch.cat([mems[i], h], dim=1)
+        new.append(cat[:, max(0, cat.size(1) - mem_len):])
+    return new

@@ -13,7 +13,7 @@ from torch import nn
 from txl.model.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, tie_adaptive
 from txl.model.attention import MultiHeadAttention, attention_mask, relative_positions, sinusoid
 from txl.model.config import TransformerXLConfig
-from txl.model.memory import Mems, check_mems, update_mems
+from txl.model.memory import Mems, check_mems, extend_mems, update_mems
 from txl.errors import TxlError
 
 
@@ -151,6 +151,38 @@ class TransformerXLLM(nn.Module):
             TxlError: bad input rank/dtype, ids outside the vocabulary, a memory that does not match
                 the input, or labels of a different shape.
         """
+        h, new_mems = self._body(input_ids, mems, caches, detach_mems=True)
+        if labels is not None and labels.shape != input_ids.shape:
+            raise TxlError(f"labels shape {tuple(labels.shape)} differs from input_ids {tuple(input_ids.shape)}")
+        logits, token_loss, loss = self._output(h, labels)
+        return LMOutput(logits=logits, loss=loss, mems=new_mems, token_loss=token_loss)
+
+    def hidden_states(self, input_ids: torch.Tensor, mems: Mems | None = None,
+                      detach_mems: bool = True) -> tuple[torch.Tensor, Mems | None]:
+        """The last layer's output for one segment and the new memory, without the softmax.
+
+        Same computation as :meth:`forward` up to the output layer (final dropout included), for
+        heads other than the language-model softmax (e.g. :mod:`txl.classification`).
+
+        Args:
+            input_ids: int64 [B, T] token ids in ``[0, vocab_size)``.
+            mems: ``n_layer`` tensors [B, M, d_model] from the previous segment, or None.
+            detach_mems: True (the paper's stop-gradient, §3.2): the new memory is detached, as in
+                :meth:`forward`. False: the new memory keeps the autograd graph of this segment, so
+                a loss on a later segment back-propagates into this one (truncated BPTT).
+
+        Returns:
+            ``(h, new_mems)``: float [B, T, d_model] hidden states and ``n_layer`` tensors
+            [B, <= mem_len, d_model] (None for ``attn_type="abs"``).
+
+        Raises:
+            TxlError: as :meth:`forward` for bad input or memory.
+        """
+        return self._body(input_ids, mems, None, detach_mems)
+
+    def _body(self, input_ids: torch.Tensor, mems: Mems | None, caches: list[dict] | None,
+              detach_mems: bool) -> tuple[torch.Tensor, Mems | None]:
+        """Embedding and layers: hidden states [B, T, d_model] and the new memory (see :meth:`forward`)."""
         c = self.config
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
             raise TxlError(f"input_ids must be an integer tensor [batch, seq_len], got {input_ids.dtype} "
@@ -194,11 +226,9 @@ class TransformerXLLM(nn.Module):
                       None if caches is None else caches[i])
         h = self.drop(h)
 
-        new_mems = update_mems(mems, hids, c.mem_len) if c.attn_type == "rel" else None
-        if labels is not None and labels.shape != input_ids.shape:
-            raise TxlError(f"labels shape {tuple(labels.shape)} differs from input_ids {tuple(input_ids.shape)}")
-        logits, token_loss, loss = self._output(h, labels)
-        return LMOutput(logits=logits, loss=loss, mems=new_mems, token_loss=token_loss)
+        if c.attn_type != "rel":
+            return h, None
+        return h, (update_mems(mems, hids, c.mem_len) if detach_mems else extend_mems(mems, hids, c.mem_len))
 
     def _output(self, h: torch.Tensor, labels: torch.Tensor | None):
         """Logits [B, T, V] (or None), per-token NLL [B, T] and mean NLL for hidden states h [B, T, d]."""

@@ -1,0 +1,11 @@
+"""Document classification with Transformer-XL recurrence (see :mod:`txl.classification.model`)."""
+
+from txl.classification.model import (
+    ClassifierConfig,
+    ClassifierOutput,
+    TransformerXLForSequenceClassification,
+)
+from txl.classification.train import classification_metrics, evaluate_classifier, fit_classifier
+
+__all__ = ["ClassifierConfig", "ClassifierOutput", "TransformerXLForSequenceClassification",
+           "classification_metrics", "evaluate_classifier", "fit_classifier"]

@@ -1,0 +1,183 @@
+"""Labelled documents: reading (folder per label or JSON Lines), a seeded stratified split, encoding, batching."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from txl.errors import TxlError
+
+
+@dataclass
+class Document:
+    """One document: its text, its label name and where it came from (``path`` or ``path:line``)."""
+
+    text: str
+    label: str | None
+    source: str
+
+
+def read_jsonl(path: str | Path, need_label: bool = True) -> list[Document]:
+    """Documents from a JSON Lines file, one object ``{"text": ..., "label": ...}`` per line.
+
+    Blank lines are skipped; labels may be strings or integers (kept as their string form).
+
+    Raises:
+        TxlError: unreadable file, a line that is not a JSON object with a string ``text`` (and a
+            ``label`` when ``need_label``), naming the file and line number.
+    """
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as err:
+        raise TxlError(f"cannot read {path}: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise TxlError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    docs = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise TxlError(f"{path} line {number} is not valid JSON ({err.msg}); each line must be "
+                           '{"text": ..., "label": ...}') from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+            raise TxlError(f'{path} line {number} must be a JSON object with a string "text"')
+        label = obj.get("label")
+        if label is None and need_label:
+            raise TxlError(f'{path} line {number} has no "label"')
+        if label is not None and (not isinstance(label, (str, int)) or isinstance(label, bool)):
+            raise TxlError(f'{path} line {number}: "label" must be a string or an integer, got {label!r}')
+        docs.append(Document(obj["text"], None if label is None else str(label), f"{path}:{number}"))
+    return docs
+
+
+def read_text_file(path: str | Path) -> str:
+    """A file's text; bytes that are not UTF-8 are kept as lone surrogates (byte tokenizers restore them).
+
+    Raises:
+        TxlError: the file cannot be read.
+    """
+    try:
+        return Path(path).read_bytes().decode("utf-8", errors="surrogateescape")
+    except OSError as err:
+        raise TxlError(f"cannot read {path}: {err.strerror or err}") from None
+
+
+def read_folder(root: str | Path) -> list[Document]:
+    """Documents from ``root/LABEL/...``: every non-hidden file below a label folder, sorted by path.
+
+    Raises:
+        TxlError: ``root`` has no label folders with files.
+    """
+    root = Path(root)
+    docs = []
+    for label_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        for dirpath, dirnames, filenames in os.walk(label_dir):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "__pycache__")
+            for name in sorted(filenames):
+                full = Path(dirpath) / name
+                if not name.startswith(".") and full.is_file():
+                    docs.append(Document(read_text_file(full), label_dir.name, str(full)))
+    if not docs:
+        raise TxlError(f"{root} has no labelled documents: expected {root}/LABEL/FILE for each label")
+    return docs
+
+
+def load_labelled(path: str | Path) -> list[Document]:
+    """Labelled documents from a folder per label or a JSON Lines file, checked for training.
+
+    Raises:
+        TxlError: missing path, malformed input, an empty document, or fewer than two labels.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise TxlError(f"data {path} does not exist; give a folder DIR/LABEL/FILE or a .jsonl file")
+    docs = read_folder(path) if path.is_dir() else read_jsonl(path)
+    for doc in docs:
+        if not doc.text:
+            raise TxlError(f"document {doc.source} is empty; remove it or give it text")
+    labels = sorted({d.label for d in docs})
+    if len(labels) < 2:
+        raise TxlError(f"{path} has {len(labels)} label(s) ({', '.join(labels) or 'none'}); "
+                       "classification needs at least 2")
+    return docs
+
+
+def stratified_split(labels: Sequence[str], valid_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Deterministic held-out split: per label, a seeded shuffle puts ``round(fraction * n)`` documents
+    (at least 1 and at most n - 1, none for a single document) into the held-out set.
+
+    Returns:
+        ``(train_indices, valid_indices)``, each sorted.
+
+    Raises:
+        TxlError: ``valid_fraction`` outside (0, 1), or no label with two documents.
+    """
+    if not 0.0 < valid_fraction < 1.0:
+        raise TxlError(f"the held-out fraction must be in (0, 1), got {valid_fraction}")
+    rng = np.random.default_rng(seed)
+    train, valid = [], []
+    for label in sorted(set(labels)):
+        idx = np.array([i for i, x in enumerate(labels) if x == label])
+        rng.shuffle(idx)
+        n_valid = 0 if len(idx) < 2 else min(len(idx) - 1, max(1, round(valid_fraction * len(idx))))
+        valid += idx[:n_valid].tolist()
+        train += idx[n_valid:].tolist()
+    if not valid:
+        raise TxlError("no label has two documents, so nothing can be held out; add documents")
+    return sorted(train), sorted(valid)
+
+
+def encode_texts(tokenizer, texts: Sequence[str], max_tokens: int | None = None,
+                 sources: Sequence[str] | None = None) -> list[np.ndarray]:
+    """Token ids (int64 [n_i]) of each text, cut to the first ``max_tokens`` (None: whole text).
+
+    Raises:
+        TxlError: a text that encodes to no tokens (named by ``sources`` when given).
+    """
+    out = []
+    for i, text in enumerate(texts):
+        ids = np.asarray(tokenizer.encode(text), dtype=np.int64)
+        if ids.size == 0:
+            raise TxlError(f"document {sources[i] if sources else i} is empty (no tokens); give it text")
+        out.append(ids[:max_tokens] if max_tokens else ids)
+    return out
+
+
+def pad_batch(docs: Sequence[np.ndarray], max_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad token sequences: int64 ids [B, L] (padding id 0) and int64 lengths [B].
+
+    Raises:
+        TxlError: an empty sequence.
+    """
+    docs = [d[:max_tokens] if max_tokens else d for d in docs]
+    lengths = torch.tensor([len(d) for d in docs], dtype=torch.long)
+    if len(docs) == 0 or int(lengths.min()) < 1:
+        raise TxlError("every document needs at least one token")
+    ids = torch.zeros(len(docs), int(lengths.max()), dtype=torch.long)
+    for row, d in enumerate(docs):
+        ids[row, :len(d)] = torch.as_tensor(np.asarray(d, dtype=np.int64))
+    return ids, lengths
+
+
+def batch_documents(docs: Sequence[np.ndarray], batch_size: int, max_tokens: int | None = None
+                    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Batches of documents of similar length (sorted by length, longest first) for inference.
+
+    Yields:
+        ``(index, ids, lengths)``: int64 [B] positions in ``docs``, int64 [B, L] right-padded ids,
+        int64 [B] real lengths.
+    """
+    order = sorted(range(len(docs)), key=lambda i: -min(len(docs[i]), max_tokens or len(docs[i])))
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        ids, lengths = pad_batch([docs[i] for i in chunk], max_tokens)
+        yield torch.tensor(chunk, dtype=torch.long), ids, lengths

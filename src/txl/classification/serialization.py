@@ -1,0 +1,92 @@
+"""Saving and loading document classifiers: safetensors weights + JSON configs, nothing unpickled."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from txl.data import load_tokenizer
+from txl.errors import TxlError
+from txl.fileio import atomic_write, read_json_object, write_json
+from txl.model.serialization import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, read_model_config, unique_state
+
+CLASSIFIER_NAME = "classifier.json"
+
+
+def save_classifier(model, directory: str | Path, extra: dict[str, Any] | None = None) -> None:
+    """Write ``model.safetensors``, ``config.json``, ``classifier.json`` (+ ``vocab.json``) into ``directory``.
+
+    The files go to ``directory.tmp`` first; the folder is swapped in only once complete, so a crash
+    leaves any previous checkpoint intact. ``extra`` (JSON-able) is stored under ``"extra"`` in
+    ``classifier.json`` (e.g. training settings and held-out metrics).
+    """
+    directory = Path(directory)
+    tmp = directory.with_name(directory.name + ".tmp")
+    old = directory.with_name(directory.name + ".old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in unique_state(model).items()}
+    atomic_write(tmp / WEIGHTS_NAME, lambda path: save_file(tensors, path, metadata={"format": "pt"}))
+    write_json(tmp / CONFIG_NAME, model.config.to_dict())
+    write_json(tmp / CLASSIFIER_NAME, {**model.classifier.to_dict(), "extra": extra or {}})
+    if model.tokenizer is not None:
+        model.tokenizer.save(tmp / VOCAB_NAME)
+    if directory.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        directory.rename(old)
+    tmp.rename(directory)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def read_classifier_extra(directory: str | Path) -> dict[str, Any]:
+    """The ``extra`` object stored in ``classifier.json`` (training settings, metrics); {} if none."""
+    extra = read_json_object(Path(directory) / CLASSIFIER_NAME).get("extra", {})
+    return extra if isinstance(extra, dict) else {}
+
+
+def load_classifier(directory: str | Path, map_location: str = "cpu"):
+    """Build a :class:`TransformerXLForSequenceClassification` from ``directory`` (eval mode).
+
+    Raises:
+        TxlError: the folder is missing or is not a classifier checkpoint (e.g. a language-model
+            checkpoint), invalid JSON, a vocabulary of the wrong size, or weights that do not match.
+    """
+    from txl.classification.model import ClassifierConfig, TransformerXLForSequenceClassification
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise TxlError(f"classifier checkpoint {directory} does not exist")
+    if not (directory / CLASSIFIER_NAME).is_file():
+        raise TxlError(f"{directory} is not a txl classifier checkpoint (no {CLASSIFIER_NAME}); "
+                       "give the folder written by `txl classify train --out`")
+    values = read_json_object(directory / CLASSIFIER_NAME)
+    values.pop("extra", None)
+    classifier = ClassifierConfig.from_dict(values)
+    model = TransformerXLForSequenceClassification(read_model_config(directory), classifier=classifier)
+    path = directory / WEIGHTS_NAME
+    if not path.is_file():
+        raise TxlError(f"{directory} has no {WEIGHTS_NAME}")
+    try:
+        tensors = load_file(str(path), device=str(map_location))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise TxlError(f"cannot read weights {path}: {err}") from None
+    expected = unique_state(model)
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise TxlError(f"weights in {path} do not match its configs: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for key, value in tensors.items():
+        if value.shape != expected[key].shape:
+            raise TxlError(f"weights in {path} do not match its configs: {key} has shape {tuple(value.shape)}, "
+                           f"expected {tuple(expected[key].shape)}")
+    model.load_state_dict(tensors, strict=False)  # tied second names are filled by the ties
+    if (directory / VOCAB_NAME).is_file():
+        model.tokenizer = load_tokenizer(directory / VOCAB_NAME)
+        if model.tokenizer.vocab_size != model.config.vocab_size:
+            raise TxlError(f"{directory / VOCAB_NAME} has {model.tokenizer.vocab_size} tokens but the model "
+                           f"expects {model.config.vocab_size}")
+    return model.to(map_location).eval()

@@ -1,0 +1,170 @@
+"""``txl classify``: fine-tune a language model into a long-document classifier, and predict with it.
+
+``txl classify train --data DATA --checkpoint LM --out RUN`` reads labelled documents (a folder per
+label, or JSON Lines ``{"text": ..., "label": ...}``), holds out a seeded stratified part, fine-tunes
+a :class:`~txl.classification.TransformerXLForSequenceClassification` initialised from the LM and
+writes the classifier checkpoint folder RUN. ``txl classify predict RUN FILE...`` prints one JSON
+line per document with the predicted label and the probabilities.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from txl.errors import TxlError
+
+NAME = "classify"
+
+
+def register(subparsers) -> None:
+    """Add the ``classify`` parser with its ``train`` and ``predict`` subcommands (no torch import)."""
+    p = subparsers.add_parser("classify", help="long-document classification with memory (fine-tune an LM)")
+    sub = p.add_subparsers(dest="classify_command", required=True)
+
+    t = sub.add_parser("train", help="fine-tune a classifier from a txl LM checkpoint; report held-out accuracy")
+    t.add_argument("--data", required=True, help="folder DIR/LABEL/FILE... or a .jsonl file of {\"text\", \"label\"}")
+    t.add_argument("--checkpoint", required=True, help="txl LM checkpoint or run directory (uses best/)")
+    t.add_argument("--out", "-o", required=True, help="classifier checkpoint folder to write")
+    t.add_argument("--mode", choices=["memory", "first"], default=None,
+                   help="memory: whole document with the memory; first: first tgt_len tokens only "
+                        "(default: memory, or first for an attn_type=abs model)")
+    t.add_argument("--pooling", choices=["last", "mean"], default="last",
+                   help="last: state of the last token; mean: mean over the last segment (default last)")
+    t.add_argument("--grad-segments", "--grad_segments", type=int, default=1,
+                   help="back-propagate through the last K segments of each document (0: all; default 1)")
+    t.add_argument("--tgt-len", "--tgt_len", type=int, default=None, help="segment length (default: the LM's)")
+    t.add_argument("--mem-len", "--mem_len", type=int, default=None, help="memory length (default: the LM's)")
+    t.add_argument("--max-tokens", "--max_tokens", type=int, default=0,
+                   help="cut documents to their first N tokens (0: whole documents)")
+    t.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200)")
+    t.add_argument("--batch-size", "--batch_size", type=int, default=8)
+    t.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (AdamW, warm-up then cosine)")
+    t.add_argument("--warmup", type=int, default=10, help="warm-up steps")
+    t.add_argument("--weight-decay", "--weight_decay", type=float, default=0.0)
+    t.add_argument("--clip", type=float, default=1.0, help="max gradient norm (0: none)")
+    t.add_argument("--dropout", type=float, default=0.1, help="dropout before the linear head")
+    t.add_argument("--valid-fraction", "--valid_fraction", type=float, default=0.2,
+                   help="held-out fraction per label (default 0.2)")
+    t.add_argument("--seed", type=int, default=0, help="seeds the split, the batches and the head")
+    t.add_argument("--device", default="auto")
+    t.add_argument("--quiet", "-q", action="store_true", help="no per-step log")
+
+    q = sub.add_parser("predict", help="print the label and probabilities of each document (JSON lines)")
+    q.add_argument("run", metavar="RUN_DIR", help="classifier folder written by `txl classify train`")
+    q.add_argument("inputs", nargs="+", metavar="FILE_OR_JSONL",
+                   help="text files (one document each) or .jsonl files (one {\"text\": ...} per line)")
+    q.add_argument("--batch-size", "--batch_size", type=int, default=8)
+    q.add_argument("--device", default="auto")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Dispatch ``txl classify train|predict``; returns the exit status."""
+    return _train(args) if args.classify_command == "train" else _predict(args)
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    for name in ("steps", "batch_size"):
+        if getattr(args, name) < 1:
+            raise TxlError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("grad_segments", "max_tokens", "warmup"):
+        if getattr(args, name) < 0:
+            raise TxlError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if args.tgt_len is not None and args.tgt_len < 1:
+        raise TxlError(f"--tgt-len must be >= 1, got {args.tgt_len}")
+    if args.mem_len is not None and args.mem_len < 0:
+        raise TxlError(f"--mem-len must be >= 0, got {args.mem_len}")
+    if not args.lr > 0:
+        raise TxlError(f"--lr must be > 0, got {args.lr}")
+
+
+def _train(args: argparse.Namespace) -> int:
+    import torch
+
+    from txl.classification.data import encode_texts, load_labelled, stratified_split
+    from txl.classification.model import TransformerXLForSequenceClassification
+    from txl.classification.train import evaluate_classifier, fit_classifier
+    from txl.model.serialization import read_model_config
+    from txl.training.checkpoint import resolve_checkpoint_dir
+    from txl.training.loop import resolve_device
+
+    _check_args(args)
+    device = resolve_device(args.device)
+    lm_dir = resolve_checkpoint_dir(args.checkpoint)
+    attn_type = read_model_config(lm_dir).attn_type
+    mode = args.mode or ("memory" if attn_type == "rel" else "first")
+    docs = load_labelled(args.data)
+    names = sorted({d.label for d in docs})
+    targets = [names.index(d.label) for d in docs]
+    train_idx, valid_idx = stratified_split([d.label for d in docs], args.valid_fraction, args.seed)
+    torch.manual_seed(args.seed)
+    model = TransformerXLForSequenceClassification.from_pretrained_lm(
+        lm_dir, len(names), labels=names, mode=mode, pooling=args.pooling,
+        grad_segments=args.grad_segments or None, classifier_dropout=args.dropout,
+        max_tokens=args.max_tokens or None, tgt_len=args.tgt_len, mem_len=args.mem_len, map_location=str(device))
+    encoded = encode_texts(model.tokenizer, [d.text for d in docs], model.classifier.max_tokens,
+                           [d.source for d in docs])
+    print(f"data: {len(docs)} documents, {len(names)} labels ({', '.join(names)}); "
+          f"train {len(train_idx)}, held-out {len(valid_idx)} (seed {args.seed})")
+    c = model.config
+    print(f"model: {lm_dir} (attn_type {c.attn_type}), mode {mode}, tgt_len {c.tgt_len}, mem_len {c.mem_len}, "
+          f"pooling {args.pooling}, grad_segments {args.grad_segments or 'all'}")
+
+    def log(step: int, loss: float) -> None:
+        if not args.quiet and (step % 10 == 0 or step == args.steps):
+            print(f"step {step}/{args.steps} loss {loss:.4f}", flush=True)
+
+    fit = fit_classifier(model, [encoded[i] for i in train_idx], [targets[i] for i in train_idx],
+                         steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup,
+                         weight_decay=args.weight_decay, clip=args.clip, seed=args.seed, log=log)
+    metrics = evaluate_classifier(model, [encoded[i] for i in valid_idx], [targets[i] for i in valid_idx],
+                                  batch_size=args.batch_size)
+    settings = {"data": str(args.data), "checkpoint": str(lm_dir), "steps": args.steps, "batch_size": args.batch_size,
+                "lr": args.lr, "warmup": args.warmup, "weight_decay": args.weight_decay, "clip": args.clip,
+                "valid_fraction": args.valid_fraction, "seed": args.seed, "tgt_len": c.tgt_len, "mem_len": c.mem_len}
+    extra = {"settings": settings, "heldout": {k: metrics[k] for k in ("accuracy", "macro_f1", "n", "confusion")},
+             "train": {"documents": fit.documents, "tokens": fit.tokens, "wall_s": round(fit.wall_s, 1),
+                       "final_loss": fit.final_loss},
+             "heldout_sources": [docs[i].source for i in valid_idx]}
+    model.save_pretrained(args.out, extra)
+    print(f"trained {fit.steps} steps ({fit.documents} documents, {fit.tokens:,} tokens) in {fit.wall_s:.0f} s")
+    print(f"held-out: accuracy {metrics['accuracy']:.4f}, macro-F1 {metrics['macro_f1']:.4f} "
+          f"({metrics['n']} documents)")
+    print(f"checkpoint: {args.out}")
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from txl.classification.data import Document, encode_texts, read_jsonl, read_text_file
+    from txl.classification.model import TransformerXLForSequenceClassification
+    from txl.training.loop import resolve_device
+
+    if args.batch_size < 1:
+        raise TxlError(f"--batch-size must be >= 1, got {args.batch_size}")
+    model = TransformerXLForSequenceClassification.from_pretrained(args.run, map_location=str(resolve_device(args.device)))
+    if model.tokenizer is None:
+        raise TxlError(f"{args.run} has no vocab.json: cannot encode text for this classifier")
+    docs: list[Document] = []
+    for item in args.inputs:
+        path = Path(item)
+        if not path.is_file():
+            raise TxlError(f"input {item} is not a file; give text files or .jsonl files")
+        if path.suffix == ".jsonl":
+            docs += read_jsonl(path, need_label=False)
+        else:
+            docs.append(Document(read_text_file(path), None, str(path)))
+    if not docs:
+        raise TxlError("no documents to classify (the .jsonl inputs hold no lines)")
+    encoded = encode_texts(model.tokenizer, [d.text for d in docs], model.classifier.max_tokens,
+                           [d.source for d in docs])
+    probs = model.predict_proba(encoded, batch_size=args.batch_size).numpy()
+    names = model.classifier.labels
+    for doc, row in zip(docs, probs):
+        record = {"source": doc.source, "label": names[int(row.argmax())],
+                  "probs": {name: round(float(p), 6) for name, p in zip(names, row)}}
+        if doc.label is not None:
+            record["true_label"] = doc.label
+        sys.stdout.write(json.dumps(record) + "\n")
+    return 0
