@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Subcommands that live in their own modules. Each module defines ``NAME``, ``register(subparsers)``
 # (adds its parser; must not import torch) and ``run(args) -> int``.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("txl.cli_ablate",)
 
 
 def _command_modules():
