@@ -131,3 +131,39 @@ def test_refuses_a_used_output_folder_and_bad_settings(tmp_path, corpus, capsys)
     assert main(["ablate", "--data", str(tmp_path / "missing.txt")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "cli").exists()
+
+
+@pytest.mark.slow
+def test_ablate_on_tiny_shakespeare(tmp_path):
+    """A CPU-affordable `txl ablate` (2 layers, d_model 64, 300 steps of 16 x 64 characters per variant).
+
+    At such budgets the models are far from converged and the ranking of the variants is not stable
+    (this configuration gave the paper's order, txl < rel-no-recurrence < shaw < abs, but the README's
+    4-layer run ranks rel-no-recurrence first), so the test asserts only what held with wide margins
+    in both: every variant learns; the vanilla model, whose absolute positions past its training
+    segment were never trained, gets worse beyond it, while full Transformer-XL does not; and full
+    Transformer-XL beats the vanilla model at the best length of each.
+    """
+    assert SHAKESPEARE.is_file(), f"tiny Shakespeare not found at {SHAKESPEARE}; set TXL_SHAKESPEARE"
+    config = tmp_path / "base.toml"
+    config.write_text(
+        "[model]\nn_layer = 2\nd_model = 64\nn_head = 4\nd_head = 16\nd_inner = 256\ndropout = 0.0\n"
+        "tgt_len = 64\nmem_len = 64\n"
+        f"[data]\ntokenizer = \"char\"\ncache_dir = \"{tmp_path / 'cache'}\"\n"
+        "[train]\nbatch_size = 16\nlr = 3e-3\nmin_lr = 3e-4\nwarmup_steps = 30\nlog_interval = 50\ndevice = \"cpu\"\n")
+    out = tmp_path / "ablate"
+    assert main(["ablate", "--data", str(SHAKESPEARE), "--config", str(config), "--out", str(out),
+                 "--budget-tokens", str(300 * 16 * 64), "--lengths", "64,256", "--eval-tokens", "2000", "-q"]) == 0
+    res = json.loads((out / JSON_NAME).read_text())
+    assert (out / PLOT_NAME).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / TABLE_NAME).read_text().count("\n| `") == 4
+    rows = {r["name"]: r for r in res["variants"]}
+    assert {r["tokens"] for r in rows.values()} == {300 * 16 * 64}
+    assert max(r["params"] for r in rows.values()) - min(r["params"] for r in rows.values()) <= res["param_tolerance"] * 2
+    at = {name: {e["length"]: e["value"] for e in r["results"]} for name, r in rows.items()}
+    for name, r in rows.items():  # a uniform guess over 65 characters is 6.02 bpc
+        assert r["best"]["value"] < 4.0, (name, r["best"])
+    assert rows["txl"]["best"]["value"] < rows["abs"]["best"]["value"]
+    assert at["abs"][256] > at["abs"][64]  # untrained absolute positions past the segment
+    assert at["txl"][256] < at["abs"][256]
+    assert at["txl"][256] <= at["txl"][64] + 0.02  # a longer memory does not hurt the relative encoding

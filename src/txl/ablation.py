@@ -296,7 +296,8 @@ def run_ablation(base: RunConfig, data: str, out_dir: str | Path, *, budget_toke
                    if budget_tokens is None and budget_minutes is None else None},
         "tokens_per_step": tokens_per_step,
         "param_tolerance": planned[0][1].n_layer * (2 * planned[0][1].d_model + 1) // 2,
-        "base": base.to_dict(), "variants": rows,
+        "base": dataclasses.replace(base, model=dataclasses.replace(base.model, vocab_size=corpus.vocab_size)).to_dict(),
+        "variants": rows,
     }
     write_json(out_dir / JSON_NAME, results)
     table = format_table(results)

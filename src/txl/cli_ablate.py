@@ -23,7 +23,8 @@ def register(subparsers) -> None:
                         help="training tokens per variant (equal for all; default: the base train.max_steps)")
     budget.add_argument("--budget-minutes", type=float, default=None, metavar="N",
                         help="total training wall-clock minutes, split equally between the variants")
-    p.add_argument("--config", "-c", help="base TOML run config (default: a 4-layer d_model 128 char model)")
+    p.add_argument("--config", "-c", help="base TOML run config (default: a 4-layer d_model 128 char model; "
+                                           "data.tokenizer defaults to char)")
     p.add_argument("--out", "-o", default="runs/ablate", help="output folder, new or empty (default runs/ablate)")
     p.add_argument("--lengths", default="64,128,256", help="attention lengths L for evaluation (default 64,128,256)")
     p.add_argument("--eval-tokens", type=int, default=4000, help="targets scored per length (default 4000)")
