@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Subcommands that live in their own modules. Each module defines ``NAME``, ``register(subparsers)``
 # (adds its parser; must not import torch) and ``run(args) -> int``.
-COMMAND_MODULES: tuple[str, ...] = ("txl.cli_score", "txl.cli_classify")
+COMMAND_MODULES: tuple[str, ...] = ("txl.cli_score", "txl.cli_classify", "txl.cli_ablate")
 
 
 def _command_modules():

@@ -104,7 +104,7 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
         warm = (model.config.mem_len if mem_len is None else mem_len) if warmup else 0
         tokens = tokens[: max_tokens + 1 + warm]
     with attention_span(model, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length) as cfg:
-        context = cfg.mem_len if warmup and cfg.attn_type == "rel" else 0
+        context = cfg.mem_len if warmup and cfg.attn_type != "abs" else 0
         batches = LMOrderedIterator(tokens, batch_size, cfg.tgt_len, context=context, device=device)
         rows = dist.rows(batch_size) if dist is not None else slice(None)
         sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, targets
@@ -124,7 +124,7 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
             all_sum(dist, sums)
         total, count = sums.tolist()
         count = int(count)
-        settings = {"tgt_len": cfg.tgt_len, "mem_len": cfg.mem_len if cfg.attn_type == "rel" else 0,
+        settings = {"tgt_len": cfg.tgt_len, "mem_len": cfg.mem_len if cfg.attn_type != "abs" else 0,
                     "clamp_len": cfg.clamp_len, "same_length": cfg.same_length, "warmup": warmup}
     return EvalResult(loss=total / count, n_tokens=count, unit=unit, settings=settings)
 

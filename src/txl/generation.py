@@ -68,7 +68,7 @@ def generate_stream(model, input_ids: torch.Tensor, max_new_tokens: int, tempera
                     generator: torch.Generator | None = None) -> Iterator[torch.Tensor]:
     """Yield ``max_new_tokens`` sampled tokens (int64 [B] each), one forward of one token per step.
 
-    For ``attn_type="rel"`` the prompt (all but its last token) is fed once in chunks of ``tgt_len`` to
+    For ``attn_type`` "rel" and "shaw" the prompt (all but its last token) is fed once in chunks of ``tgt_len`` to
     build the memory; then each step feeds only the newest token with the memory (cost per token grows
     with ``mem_len``, not with the length of the text). ``attn_type="abs"`` has no memory: each step
     recomputes a sliding window of the last ``tgt_len`` tokens (the vanilla protocol).

@@ -1,4 +1,4 @@
-"""Multi-head attention for Transformer-XL: relative (paper §3.3) and absolute (vanilla baseline).
+"""Multi-head attention for Transformer-XL: relative (paper §3.3), Shaw et al. (2018) and absolute.
 
 Shapes use B = batch, T = query length (current segment), M = memory length, K = M + T keys,
 H = heads, D = d_head. Everything is batch-first.
@@ -109,21 +109,31 @@ def attention_mask(qlen: int, mlen: int, same_length: bool, mem_len: int, device
     return mask
 
 
+def shaw_distances(klen: int, max_dist: int, device: torch.device | str) -> torch.Tensor:
+    """Distances ``klen-1, ..., 1, 0`` (int64 [klen]) clipped at ``max_dist``: rows of the Shaw table."""
+    return torch.arange(klen - 1, -1, -1, device=device).clamp(max=max_dist)
+
+
 class MultiHeadAttention(nn.Module):
     """Masked multi-head attention over [memory + current] with relative or absolute positions.
 
     ``attn_type="rel"`` scores query i against key j as (paper §3.3)
     ``A = (q_i + u)·k_j + (q_i + v)·W_kR R_{i-j}`` scaled by ``1/sqrt(d_head)``, where
     u = ``r_w_bias``, v = ``r_r_bias`` [H, D]; terms (a)+(c) and (b)+(d) respectively.
+    ``attn_type="shaw"`` scores ``(q_i·k_j + q_i·a_{min(i-j, max_dist)}) / sqrt(d_head)`` (Shaw et al.
+    2018, relative positions on the keys, as Transformer-XL's Table 6 compares it): terms (a) and (b)
+    only, with ``W_kR R`` replaced by a learned table ``r_emb`` [max_dist + 1, H, D] of this layer
+    (one vector per clipped distance and head) and no u, v. Distances count over [memory + current],
+    so it works with memory exactly like "rel".
     ``attn_type="abs"`` scores ``q_i·k_j / sqrt(d_head)`` (positions were added to the input).
 
     Parameters: ``qkv_net`` (W_q, W_kE, W_v stacked, no bias), ``o_net`` (no bias), ``layer_norm``,
-    and for "rel" ``r_net`` (W_kR, no bias) and, with ``untie_r``, this layer's own
-    ``r_w_bias``/``r_r_bias``.
+    for "rel" ``r_net`` (W_kR, no bias) and, with ``untie_r``, this layer's own
+    ``r_w_bias``/``r_r_bias``; for "shaw" ``r_emb``.
     """
 
     def __init__(self, d_model: int, n_head: int, d_head: int, dropout: float, dropatt: float,
-                 pre_lnorm: bool, attn_type: str, own_biases: bool) -> None:
+                 pre_lnorm: bool, attn_type: str, own_biases: bool, shaw_max_dist: int = 0) -> None:
         super().__init__()
         self.n_head, self.d_head, self.attn_type, self.pre_lnorm = n_head, d_head, attn_type, pre_lnorm
         self.scale = 1.0 / math.sqrt(d_head)
@@ -137,6 +147,11 @@ class MultiHeadAttention(nn.Module):
             if own_biases:
                 self.r_w_bias = nn.Parameter(torch.empty(n_head, d_head))
                 self.r_r_bias = nn.Parameter(torch.empty(n_head, d_head))
+        elif attn_type == "shaw":
+            if shaw_max_dist < 1:
+                raise ValueError(f"attn_type='shaw' needs shaw_max_dist >= 1, got {shaw_max_dist}")
+            self.max_dist = shaw_max_dist
+            self.r_emb = nn.Parameter(torch.empty(shaw_max_dist + 1, n_head, d_head))
 
     def forward(self, h: torch.Tensor, mem: torch.Tensor | None, pos_emb: torch.Tensor | None,
                 mask: torch.Tensor, r_w_bias: torch.Tensor | None = None,
@@ -146,14 +161,15 @@ class MultiHeadAttention(nn.Module):
         Args:
             h: [B, T, d_model] input of this layer for the current segment.
             mem: [B, M, d_model] memory of this layer (detached states of earlier segments) or None.
-            pos_emb: [K, d_model] sinusoidal R for distances K-1 ... 0 ("rel" only).
+            pos_emb: [K, d_model] sinusoidal R for distances K-1 ... 0 ("rel" only; None otherwise).
             mask: bool [T, K], True = not visible (see :func:`attention_mask`).
             r_w_bias, r_r_bias: shared u, v [H, D] when this layer has no biases of its own.
             cache: for incremental decoding without autograd (see :mod:`txl.generation`), a dict
                 owned by the caller with ``mem_len``; this call stores in it the keys and values of
                 the next memory's positions ([B, H, <= mem_len, D]) and the projected positions of
                 this key length, and the next call reuses them instead of projecting the memory
-                again. Keys do not depend on position in relative attention, so this is exact.
+                again. Keys do not depend on position in relative attention ("rel" and "shaw"),
+                so this is exact.
 
         Returns:
             [B, T, d_model]: the sub-layer output after residual (and LayerNorm unless ``pre_lnorm``).
@@ -191,6 +207,12 @@ class MultiHeadAttention(nn.Module):
             bias = rel_shift_bias(torch.matmul((q + vb[:, None, :]) * self.scale, r_k), mask)  # [B, H, T, K]
             vec = F.scaled_dot_product_attention(q + u[:, None, :], k, v, attn_mask=bias, dropout_p=dropatt,
                                                  scale=self.scale)
+        elif self.attn_type == "shaw":
+            # the learned a_d for distances K-1 ... 0 (clipped), then the same realignment as "rel":
+            # (b) = q·a becomes the additive bias, the kernel adds (a) = q·k
+            r_k = self.r_emb[shaw_distances(klen, self.max_dist, q.device)].permute(1, 2, 0)  # [H, D, K]
+            bias = rel_shift_bias(torch.matmul(q * self.scale, r_k.to(q.dtype)), mask)  # [B, H, T, K]
+            vec = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropatt, scale=self.scale)
         else:
             vec = F.scaled_dot_product_attention(q, k, v, attn_mask=~mask, dropout_p=dropatt, scale=self.scale)
         vec = vec.transpose(1, 2).reshape(bsz, qlen, hd)  # [B, T, H*D]

@@ -9,7 +9,7 @@ from typing import Any
 
 from txl.errors import TxlError
 
-ATTN_TYPES = ("rel", "abs")
+ATTN_TYPES = ("rel", "shaw", "abs")
 
 
 def check_fields(cls: type, values: dict[str, Any], where: str) -> dict[str, Any]:
@@ -95,8 +95,13 @@ class TransformerXLConfig:
         pre_lnorm: LayerNorm before each sub-layer instead of after the residual (post-LN default).
         untie_r: one pair of biases u, v (``r_w_bias``, ``r_r_bias``) per layer instead of one shared.
         tie_weight: share the input embedding matrix with the output softmax weights.
-        attn_type: ``"rel"`` (Transformer-XL relative attention, §3.3) or ``"abs"`` (the vanilla
-            Transformer baseline: absolute sinusoidal positions added to the input, no memory).
+        attn_type: ``"rel"`` (Transformer-XL relative attention, §3.3), ``"shaw"`` (Shaw et al. 2018:
+            a learned vector per clipped distance added to the keys, with memory; the paper's Table 6
+            comparison) or ``"abs"`` (the vanilla Transformer baseline: absolute sinusoidal positions
+            added to the input, no memory).
+        shaw_max_dist: for ``attn_type="shaw"``, the largest distance with its own learned vector
+            (Shaw's clipping distance k); longer distances share the vector of ``shaw_max_dist``. Each
+            layer holds a table [shaw_max_dist + 1, n_head, d_head]. Unused by the other types.
         init_std: standard deviation of the normal initialisation of weights and of u, v.
         d_embed: width of the (first cluster's) embedding table; None means ``d_model``. When it
             differs from ``d_model`` the embedding and softmax are projected (adaptive input/softmax).
@@ -127,6 +132,7 @@ class TransformerXLConfig:
     untie_r: bool = False
     tie_weight: bool = True
     attn_type: str = "rel"
+    shaw_max_dist: int = 0
     init_std: float = 0.02
     d_embed: int | None = None
     cutoffs: list[int] = dataclasses.field(default_factory=list)
@@ -154,6 +160,11 @@ class TransformerXLConfig:
                 raise TxlError(f"model.{name} must be in [0, 1), got {value}")
         if self.attn_type not in ATTN_TYPES:
             raise TxlError(f"model.attn_type must be one of {', '.join(ATTN_TYPES)}, got {self.attn_type!r}")
+        if self.attn_type == "shaw" and self.shaw_max_dist < 1:
+            raise TxlError(f"model.attn_type='shaw' needs model.shaw_max_dist >= 1 (the clipping distance, e.g. "
+                           f"tgt_len + mem_len - 1), got {self.shaw_max_dist}")
+        if self.shaw_max_dist < 0:
+            raise TxlError(f"model.shaw_max_dist must be >= 0, got {self.shaw_max_dist}")
         if not self.init_std > 0 or not self.proj_init_std > 0:
             raise TxlError(f"model.init_std and model.proj_init_std must be > 0, got {self.init_std}, {self.proj_init_std}")
         if self.d_embed is not None and self.d_embed < 1:

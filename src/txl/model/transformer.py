@@ -63,7 +63,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         c = config
         self.attn = MultiHeadAttention(c.d_model, c.n_head, c.d_head, c.dropout, c.dropatt, c.pre_lnorm,
-                                       c.attn_type, own_biases=c.untie_r)
+                                       c.attn_type, own_biases=c.untie_r, shaw_max_dist=c.shaw_max_dist)
         self.ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm)
 
     def forward(self, h: torch.Tensor, mem: torch.Tensor | None, pos_emb: torch.Tensor | None,
@@ -77,6 +77,8 @@ class TransformerXLLM(nn.Module):
     """Transformer-XL language model with segment-level recurrence and relative attention.
 
     ``attn_type="rel"``: the paper's model (§3.2 recurrence, §3.3 relative positions).
+    ``attn_type="shaw"``: the same recurrence with Shaw et al. (2018) learned relative positions
+    (per-layer tables ``layers[n].attn.r_emb``, no u/v): the paper's Table 6 comparison.
     ``attn_type="abs"``: the vanilla Transformer baseline (absolute sinusoidal positions added to the
     scaled embedding, causal attention within the segment, no memory).
 
@@ -103,7 +105,7 @@ class TransformerXLLM(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Normal(0, init_std) for weights, embeddings, u/v and cluster weights; normal(0, proj_init_std)
+        """Normal(0, init_std) for weights, embeddings, u/v, Shaw tables and cluster weights; normal(0, proj_init_std)
         for adaptive projections; zeros for biases; ones for LayerNorm gains."""
         c = self.config
         for name, p in self.named_parameters():  # a tied parameter appears once
@@ -113,7 +115,7 @@ class TransformerXLLM(nn.Module):
                 nn.init.zeros_(p)
             elif "projs" in name:
                 nn.init.normal_(p, 0.0, c.proj_init_std)
-            else:  # weights, embeddings, r_w_bias, r_r_bias, cluster_weight
+            else:  # weights, embeddings, r_w_bias, r_r_bias, r_emb, cluster_weight
                 nn.init.normal_(p, 0.0, c.init_std)
 
     def set_attention_span(self, *, tgt_len: int | None = None, mem_len: int | None = None,
@@ -142,7 +144,7 @@ class TransformerXLLM(nn.Module):
                 here); positions equal to -100 are ignored.
             caches: incremental-decoding state, one caller-owned dict per layer, passed with the
                 matching ``mems`` on every call (see :func:`txl.generation.generate_stream`); only
-                without autograd and for ``attn_type="rel"``. The result is the same without it.
+                without autograd and for ``attn_type`` "rel" or "shaw". The result is the same without it.
 
         Returns:
             :class:`LMOutput` with logits [B, T, V], the mean NLL (nats) and the new memory.
@@ -198,15 +200,18 @@ class TransformerXLLM(nn.Module):
             raise TxlError("attn_type='abs' (vanilla Transformer) has no memory: pass mems=None")
         mlen = check_mems(mems, c.n_layer, bsz, c.d_model)
         if caches is not None:
-            if c.attn_type != "rel" or torch.is_grad_enabled() or len(caches) != c.n_layer:
-                raise TxlError("caches are for incremental decoding: attn_type='rel', no autograd, one per layer")
+            if c.attn_type == "abs" or torch.is_grad_enabled() or len(caches) != c.n_layer:
+                raise TxlError("caches are for incremental decoding: attn_type 'rel' or 'shaw', no autograd, "
+                               "one per layer")
             for cache in caches:
                 cache["mem_len"] = c.mem_len
         klen = mlen + qlen
 
         emb = self.word_emb(input_ids)  # [B, T, d_model], scaled by sqrt(d_model)
-        if c.attn_type == "rel":
-            if caches is not None and all(cache.get("r_klen") == klen for cache in caches):
+        if c.attn_type != "abs":  # "rel" and "shaw": positions enter in every layer's attention
+            if c.attn_type == "shaw":
+                pos_emb = None  # each layer looks its distances up in its own table
+            elif caches is not None and all(cache.get("r_klen") == klen for cache in caches):
                 pos_emb = None  # every layer reuses its projected positions for this key length
             else:
                 pos_emb = self.drop(sinusoid(relative_positions(klen, c.clamp_len, emb.device), c.d_model).to(emb.dtype))
@@ -226,7 +231,7 @@ class TransformerXLLM(nn.Module):
                       None if caches is None else caches[i])
         h = self.drop(h)
 
-        if c.attn_type != "rel":
+        if c.attn_type == "abs":
             return h, None
         return h, (update_mems(mems, hids, c.mem_len) if detach_mems else extend_mems(mems, hids, c.mem_len))
 

@@ -1,0 +1,170 @@
+"""Shaw et al. (2018) relative attention with memory (attn_type="shaw"), the Table 6 comparison."""
+
+import math
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from txl.errors import TxlError
+from txl.model import TransformerXLConfig, TransformerXLLM
+from txl.model.attention import MultiHeadAttention, attention_mask
+
+
+def shaw_brute_force(attn, h, mem, max_dist, mask):
+    """Per-(b, head, i, j) score (q_i·k_j + q_i·a_{min(i-j, max_dist)}) / sqrt(D), softmax, output."""
+    bsz, qlen, d = h.shape
+    cat = torch.cat([mem, h], 1) if mem is not None else h
+    mlen = cat.size(1) - qlen
+    x = attn.layer_norm(cat) if attn.pre_lnorm else cat
+    H, D = attn.n_head, attn.d_head
+    wq, wk, wv = attn.qkv_net.weight.split(H * D, dim=0)
+    out = torch.zeros(bsz, qlen, H * D, dtype=h.dtype)
+    for b in range(bsz):
+        for n in range(H):
+            sl = slice(n * D, (n + 1) * D)
+            for i in range(qlen):
+                qi = wq[sl] @ x[b, mlen + i]
+                scores, values = [], []
+                for j in range(cat.size(1)):
+                    if mask[i, j]:
+                        continue
+                    dist = min(mlen + i - j, max_dist)  # query i sits at key index mlen + i
+                    a = attn.r_emb[dist, n]
+                    scores.append((qi @ (wk[sl] @ x[b, j]) + qi @ a) / math.sqrt(D))
+                    values.append(wv[sl] @ x[b, j])
+                p = torch.softmax(torch.stack(scores), 0)
+                out[b, i, sl] = (p[:, None] * torch.stack(values)).sum(0)
+    o = attn.o_net(out)
+    return h + o if attn.pre_lnorm else attn.layer_norm(h + o)
+
+
+@pytest.mark.parametrize("mlen,max_dist,same_length,pre_lnorm", [
+    (0, 10, False, False), (3, 10, False, False), (3, 2, False, True), (5, 3, True, False), (4, 1, True, True)])
+def test_shaw_attention_equals_brute_force(mlen, max_dist, same_length, pre_lnorm):
+    torch.manual_seed(2)
+    d, H, D, qlen, mem_len = 8, 2, 3, 4, 5
+    attn = MultiHeadAttention(d, H, D, 0.0, 0.0, pre_lnorm, "shaw", own_biases=False,
+                              shaw_max_dist=max_dist).double()
+    for p in attn.parameters():
+        torch.nn.init.normal_(p, 0, 0.5)
+    assert attn.r_emb.shape == (max_dist + 1, H, D)  # per layer: one vector per clipped distance and head
+    assert not hasattr(attn, "r_net") and not hasattr(attn, "r_w_bias")  # no W_kR, no u/v
+    h = torch.randn(2, qlen, d, dtype=torch.float64)
+    mem = torch.randn(2, mlen, d, dtype=torch.float64) if mlen else None
+    mask = attention_mask(qlen, mlen, same_length, mem_len, "cpu")
+    fast = attn(h, mem, None, mask)
+    slow = shaw_brute_force(attn, h, mem, max_dist, mask)
+    assert torch.allclose(fast, slow, atol=1e-10), (fast - slow).abs().max()
+
+
+def test_shaw_positions_matter():
+    # the table is really used: changing the vector of distance 1 changes the output of every query
+    # with a visible key at distance 1, and nothing else
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(8, 2, 4, 0.0, 0.0, False, "shaw", own_biases=False, shaw_max_dist=6).double()
+    for p in attn.parameters():
+        torch.nn.init.normal_(p, 0, 0.5)
+    h = torch.randn(1, 4, 8, dtype=torch.float64)
+    mask = attention_mask(4, 0, False, 0, "cpu")
+    base = attn(h, None, None, mask)
+    with torch.no_grad():
+        attn.r_emb[1] += 1.0
+    changed = attn(h, None, None, mask)
+    assert torch.equal(changed[:, 0], base[:, 0])  # query 0 sees only itself (distance 0)
+    assert not torch.allclose(changed[:, 1:], base[:, 1:])
+
+
+def test_shaw_model_is_causal_with_memory():
+    model = tiny_model(attn_type="shaw", shaw_max_dist=6, mem_len=8)
+    ids = torch.randint(0, 37, (2, 10))
+    mems = model(torch.randint(0, 37, (2, 6))).mems
+    base = model(ids, mems=mems).logits
+    for t in range(ids.size(1)):
+        changed = ids.clone()
+        changed[:, t] = (changed[:, t] + 1) % 37
+        logits = model(changed, mems=mems).logits
+        assert torch.equal(logits[:, :t], base[:, :t])
+        assert not torch.allclose(logits[:, t:], base[:, t:])
+
+
+@pytest.mark.parametrize("overrides", [{}, {"pre_lnorm": True}, {"shaw_max_dist": 3}])
+def test_shaw_two_segments_with_memory_equal_one_long_pass(overrides):
+    model = tiny_model(dtype=torch.float32, attn_type="shaw", mem_len=6, **{"shaw_max_dist": 11, **overrides})
+    ids = torch.randint(0, 37, (3, 12))
+    full = model(ids).logits
+    first = model(ids[:, :6])
+    second = model(ids[:, 6:], mems=first.mems)
+    assert torch.allclose(first.logits, full[:, :6], atol=1e-5)
+    assert torch.allclose(second.logits, full[:, 6:], atol=1e-5)
+
+
+def test_shaw_mixed_segments_equal_one_long_pass_and_memory_is_updated():
+    model = tiny_model(dtype=torch.float32, attn_type="shaw", shaw_max_dist=9, mem_len=40)
+    ids = torch.randint(0, 37, (2, 23))
+    full = model(ids).logits
+    mems, pieces, start = None, [], 0
+    for n in (5, 1, 7, 3, 7):
+        out = model(ids[:, start:start + n], mems=mems)
+        mems, start = out.mems, start + n
+        pieces.append(out.logits)
+    assert torch.allclose(torch.cat(pieces, 1), full, atol=1e-5)
+    assert [m.shape for m in mems] == [(2, 23, 16)] * 3 and all(not m.requires_grad for m in mems)
+
+
+def test_shaw_sliding_memory_equals_same_length_window():
+    # with same_length and mem_len = L every query sees exactly its last L tokens, whether the
+    # earlier ones come from the memory or from one long pass
+    model = tiny_model(dtype=torch.float32, attn_type="shaw", shaw_max_dist=4, mem_len=6, same_length=True)
+    ids = torch.randint(0, 37, (2, 18))
+    full = model(ids).logits
+    mems, pieces = None, []
+    for start in range(0, 18, 6):
+        out = model(ids[:, start:start + 6], mems=mems)
+        mems = out.mems
+        pieces.append(out.logits)
+    assert torch.allclose(torch.cat(pieces, 1), full, atol=1e-5)
+
+
+@pytest.mark.parametrize("overrides", [{"mem_len": 64}, {"mem_len": 5, "same_length": True}, {"mem_len": 7, "shaw_max_dist": 2}])
+def test_shaw_cached_generation_equals_recomputation(overrides):
+    model = tiny_model(tgt_len=4, attn_type="shaw", **{"shaw_max_dist": 8, **overrides})
+    prompt = torch.randint(0, 37, (2, 9))
+    ours = model.generate(prompt, 15, temperature=0)  # keys/values of the memory cached across steps
+    mems = None
+    for start in range(0, 8, 4):
+        mems = model(prompt[:, start:min(start + 4, 8)], mems=mems).mems
+    seq, last = prompt, prompt[:, -1:]
+    for _ in range(15):  # the same steps without caches: the memory re-projected every time
+        out = model(last, mems=mems)
+        mems = out.mems
+        last = out.logits[:, -1].argmax(-1, keepdim=True)
+        seq = torch.cat([seq, last], 1)
+    assert torch.equal(ours, seq)
+    if overrides["mem_len"] == 64:  # the memory holds the whole text: equal to recomputing the prefix
+        full = prompt
+        for _ in range(15):
+            full = torch.cat([full, model(full).logits[:, -1].argmax(-1, keepdim=True)], 1)
+        assert torch.equal(ours, full)
+
+
+def test_shaw_table_is_trained_and_saved(tmp_path):
+    model = tiny_model(dtype=torch.float32, attn_type="shaw", shaw_max_dist=5, mem_len=4)
+    model.train()
+    ids = torch.randint(0, 37, (2, 6))
+    out = model(ids, labels=ids)
+    model(ids, mems=out.mems, labels=ids).loss.backward()
+    for layer in model.layers:
+        assert layer.attn.r_emb.grad is not None and layer.attn.r_emb.grad.abs().sum() > 0
+    model.eval()
+    model.save_pretrained(tmp_path)
+    again = TransformerXLLM.from_pretrained(tmp_path)
+    assert again.config.attn_type == "shaw" and again.config.shaw_max_dist == 5
+    assert torch.equal(again(ids).logits, model(ids).logits)
+
+
+def test_shaw_needs_a_clipping_distance():
+    with pytest.raises(TxlError, match="shaw_max_dist"):
+        TransformerXLConfig(attn_type="shaw")
+    with pytest.raises(TxlError, match="shaw_max_dist"):
+        TransformerXLConfig(shaw_max_dist=-1)
