@@ -215,6 +215,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise TxlError("--dynamic reads the text from its start without warm-up; drop --warmup")
     if not args.dynamic and (args.dynamic_lr is not None or args.dynamic_decay or args.dynamic_method != "rms"):
         raise TxlError("--dynamic-lr/--dynamic-decay/--dynamic-method apply to --dynamic; add --dynamic")
+    if args.dynamic and (not 0.0 <= args.dynamic_decay < 1.0 or (args.dynamic_lr is not None and args.dynamic_lr < 0)):
+        raise TxlError(f"--dynamic-decay must be in [0, 1) and --dynamic-lr >= 0, got {args.dynamic_decay}, "
+                       f"{args.dynamic_lr}")
     if args.sweep_mem is not None:
         from txl.mem_sweep import parse_mem_lens
 
