@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dynamic", action="store_true",
                    help="dynamic evaluation (Krause et al. 2019): score each segment, then adapt the weights to it")
     p.add_argument("--dynamic-lr", type=float, default=None,
-                   help="dynamic evaluation step size (default 3e-5 for rms, 0.01 for sgd)")
+                   help="dynamic evaluation step size (default 1e-4 for rms, 0.01 for sgd)")
     p.add_argument("--dynamic-decay", type=float, default=0.0,
                    help="pull towards the trained weights per segment (lambda, default 0)")
     p.add_argument("--dynamic-method", choices=["sgd", "rms"], default="rms",
@@ -275,7 +275,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.plot:
             from txl.plots import plot_mem_sweep
 
-            plot_mem_sweep(sweep, [r.value for r in results], unit, args.plot, label=str(ckpt.path))
+            name = ckpt.path.parent.name if ckpt.path.name in ("best", "last") else ckpt.path.name
+            plot_mem_sweep(sweep, [r.value for r in results], unit, args.plot, label=name)
             print(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
         return 0
     if args.sliding_window is not None:
@@ -300,7 +301,7 @@ def _eval_dynamic(args, ckpt, tokens, where, unit, max_tokens, e, pick) -> int:
     from txl.evaluation import evaluate
     from txl.training.loop import load_run_corpus
 
-    lr = args.dynamic_lr if args.dynamic_lr is not None else (3e-5 if args.dynamic_method == "rms" else 0.01)
+    lr = args.dynamic_lr if args.dynamic_lr is not None else (1e-4 if args.dynamic_method == "rms" else 0.01)
     span = dict(tgt_len=pick(args.tgt_len, e.tgt_len), mem_len=pick(args.mem_len, e.mem_len),
                 clamp_len=pick(args.clamp_len, e.clamp_len), same_length=pick(args.same_length, e.same_length))
     stats = None

@@ -13,10 +13,13 @@ is cut into consecutive segments s_1, s_2, ... of ``tgt_len`` targets. For each 
    segment only) and update the weights:
 
    * ``sgd``: ``theta_i = theta_{i-1} - lr * g + decay * (theta_g - theta_{i-1})``
-   * ``rms``: ``theta_i = theta_{i-1} - lr * g / (sqrt(MS) + eps)
+   * ``rms``: ``theta_i = theta_{i-1} - lr * g / (sqrt(MS) + eps * mean(sqrt(MS)))
      + decay * min(RMS_norm, 1/decay) * (theta_g - theta_{i-1})`` with
      ``RMS_norm = sqrt(MS) / mean(sqrt(MS))`` (Krause et al. 2018, eq. 8-10: the decay towards the
-     trained weights theta_g is stronger for parameters whose gradients are usually large).
+     trained weights theta_g is stronger for parameters whose gradients are usually large). txl
+     makes eps relative to the mean RMS gradient, so that parameters whose statistics are
+     (nearly) zero, e.g. embeddings of characters absent from the statistics, do not take
+     unbounded steps.
 
    MS is the mean squared gradient. By default (:func:`gradient_statistics`) it is collected on
    ``tgt_len`` segments of the *training* data with the trained weights, as in Krause et al.;
@@ -99,7 +102,7 @@ def gradient_statistics(model, tokens: np.ndarray, *, tgt_len: int | None = None
 
 
 def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float = 1e-4, decay: float = 0.0,
-                     method: str = "rms", stats: dict[str, torch.Tensor] | None = None, eps: float = 1e-8,
+                     method: str = "rms", stats: dict[str, torch.Tensor] | None = None, eps: float = 0.1,
                      tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
                      same_length: bool | None = None, max_tokens: int = 0, dtype: str = "float32") -> DynamicEvalResult:
     """Score a token stream while adapting the weights to it (see the module docstring for the rules).
@@ -113,7 +116,7 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
         method: "sgd" or "rms".
         stats: mean squared gradients for "rms" (:func:`gradient_statistics`); None collects them
             on the fly from the evaluation segments already scored.
-        eps: added to sqrt(MS) in "rms".
+        eps: in "rms", ``eps * mean(sqrt(MS))`` is added to sqrt(MS) (a relative floor).
         tgt_len, mem_len, clamp_len, same_length: evaluation span (None: the model's own).
         max_tokens: score only the first ``max_tokens`` targets (0: all).
         dtype: "float32" or an autocast dtype for the forward passes.
@@ -180,7 +183,7 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
                                 pull = pull * (decay * norm).clamp(max=1.0)
                             else:
                                 pull = torch.zeros_like(p)
-                            step = p.grad / (roots[n] + eps) if p.grad is not None else torch.zeros_like(p)
+                            step = p.grad / (roots[n] + eps * mean_root + 1e-12) if p.grad is not None else torch.zeros_like(p)
                         else:
                             pull = pull * decay
                             step = p.grad if p.grad is not None else torch.zeros_like(p)

@@ -180,9 +180,11 @@ def plot_attention_distance(distance: np.ndarray, path, title: str = "") -> dict
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(1.0 + 0.8 * distance.shape[1], 1.0 + 0.6 * distance.shape[0]))
     im = ax.imshow(distance, cmap="viridis", aspect="auto")
+    middle = (distance.min() + distance.max()) / 2
     for i in range(distance.shape[0]):
         for j in range(distance.shape[1]):
-            ax.text(j, i, f"{distance[i, j]:.0f}", ha="center", va="center", color="w", fontsize=8)
+            ax.text(j, i, f"{distance[i, j]:.0f}", ha="center", va="center", fontsize=8,
+                    color="w" if distance[i, j] < middle else "k")
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_xticks(range(distance.shape[1]))
