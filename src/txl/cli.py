@@ -70,6 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     p.add_argument("--device", default="auto")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--dynamic", action="store_true",
+                   help="dynamic evaluation (Krause et al. 2019): score each segment, then adapt the weights to it")
+    p.add_argument("--dynamic-lr", type=float, default=None,
+                   help="dynamic evaluation step size (default 1e-4 for rms, 0.01 for sgd)")
+    p.add_argument("--dynamic-decay", type=float, default=0.0,
+                   help="pull towards the trained weights per segment (lambda, default 0)")
+    p.add_argument("--dynamic-method", choices=["sgd", "rms"], default="rms",
+                   help="rms: updates divided by RMS gradients from training data (default); sgd: plain steps")
+    p.add_argument("--sweep-mem", metavar="M1,M2,...", default=None,
+                   help="evaluate at each of these memory lengths and print a table")
+    p.add_argument("--plot", metavar="FILE", default=None, help="with --sweep-mem: write a PNG of the metric against mem_len")
 
     p = sub.add_parser("generate", help="sample text from a checkpoint, reusing the memory")
     p.add_argument("checkpoint", help="checkpoint directory or run directory (uses best/)")
@@ -121,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Subcommands that live in their own modules. Each module defines ``NAME``, ``register(subparsers)``
 # (adds its parser; must not import torch) and ``run(args) -> int``.
-COMMAND_MODULES: tuple[str, ...] = ("txl.cli_score", "txl.cli_classify", "txl.cli_ablate")
+COMMAND_MODULES: tuple[str, ...] = ("txl.cli_score", "txl.cli_classify", "txl.cli_ablate", "txl.cli_recl", "txl.cli_plot")
 
 
 def _command_modules():
@@ -227,6 +238,29 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise TxlError("--stride applies to --sliding-window evaluation; give --sliding-window CONTEXT too")
     if args.data and args.split:
         raise TxlError("--split chooses a split of the run's corpus; with --data the whole file is evaluated")
+    modes = [name for name, on in (("--dynamic", args.dynamic), ("--sweep-mem", args.sweep_mem is not None),
+                                   ("--sliding-window", args.sliding_window is not None)) if on]
+    if len(modes) > 1:
+        raise TxlError(f"choose one of {' and '.join(modes)}")
+    if args.plot and args.sweep_mem is None:
+        raise TxlError("--plot draws the --sweep-mem results; give --sweep-mem M1,M2,... too")
+    if args.dynamic and args.warmup:
+        raise TxlError("--dynamic reads the text from its start without warm-up; drop --warmup")
+    if not args.dynamic and (args.dynamic_lr is not None or args.dynamic_decay or args.dynamic_method != "rms"):
+        raise TxlError("--dynamic-lr/--dynamic-decay/--dynamic-method apply to --dynamic; add --dynamic")
+    if args.dynamic and (not 0.0 <= args.dynamic_decay < 1.0 or (args.dynamic_lr is not None and args.dynamic_lr < 0)):
+        raise TxlError(f"--dynamic-decay must be in [0, 1) and --dynamic-lr >= 0, got {args.dynamic_decay}, "
+                       f"{args.dynamic_lr}")
+    if args.sweep_mem is not None:
+        from txl.mem_sweep import parse_mem_lens
+
+        sweep = parse_mem_lens(args.sweep_mem)
+        if args.mem_len is not None:
+            raise TxlError("--sweep-mem sets the memory length itself; drop --mem_len")
+    if args.plot:
+        from txl.plots import pyplot
+
+        pyplot()  # fail before the evaluation if matplotlib is missing
     device = resolve_device(args.device)
     ckpt = load_checkpoint(args.checkpoint, map_location=str(device))
     e = ckpt.run.eval
@@ -252,12 +286,36 @@ def cmd_eval(args: argparse.Namespace) -> int:
     unit = metric_unit(ckpt.tokenizer.kind)
     batch_size = args.batch_size or e.batch_size
     max_tokens = e.max_tokens if args.max_tokens is None else args.max_tokens
+    def pick(cli, cfg):
+        return cli if cli is not None else cfg
+    if args.dynamic:
+        return _eval_dynamic(args, ckpt, tokens, where, unit, max_tokens, e, pick)
+    if args.sweep_mem is not None:
+        from txl.mem_sweep import format_sweep, sweep_mem_len
+
+        results = sweep_mem_len(ckpt.model, tokens, sweep, warmup=args.warmup or e.warmup, unit=unit,
+                                batch_size=batch_size, tgt_len=pick(args.tgt_len, e.tgt_len),
+                                clamp_len=pick(args.clamp_len, e.clamp_len),
+                                same_length=pick(args.same_length, e.same_length), max_tokens=max_tokens,
+                                dtype=args.dtype)
+        if args.json:
+            print(json.dumps({"checkpoint": str(ckpt.path), "data": where, "unit": unit,
+                              "results": [{"value": r.value, "loss_nats": r.loss, "n_tokens": r.n_tokens,
+                                           **r.settings} for r in results]}))
+        else:
+            print(f"{where}: {unit} against evaluation memory length")
+            print(format_sweep(sweep, results))
+        if args.plot:
+            from txl.plots import plot_mem_sweep
+
+            name = ckpt.path.parent.name if ckpt.path.name in ("best", "last") else ckpt.path.name
+            plot_mem_sweep(sweep, [r.value for r in results], unit, args.plot, label=name)
+            print(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
+        return 0
     if args.sliding_window is not None:
         res = evaluate_sliding_window(ckpt.model, tokens, context=args.sliding_window, stride=args.stride, unit=unit,
                                       batch_size=max(batch_size, 1), max_tokens=max_tokens, dtype=args.dtype)
     else:
-        def pick(cli, cfg):
-            return cli if cli is not None else cfg
         res = evaluate(ckpt.model, tokens, unit=unit, batch_size=batch_size,
                        tgt_len=pick(args.tgt_len, e.tgt_len), mem_len=pick(args.mem_len, e.mem_len),
                        clamp_len=pick(args.clamp_len, e.clamp_len), same_length=pick(args.same_length, e.same_length),
@@ -267,6 +325,37 @@ def cmd_eval(args: argparse.Namespace) -> int:
                           "loss_nats": res.loss, "n_tokens": res.n_tokens, **res.settings}))
     else:
         print(f"{where}: {res}")
+    return 0
+
+
+def _eval_dynamic(args, ckpt, tokens, where, unit, max_tokens, e, pick) -> int:
+    """``txl eval --dynamic``: the static and the dynamic number on the same segments (batch size 1)."""
+    from txl.dynamic_eval import dynamic_evaluate, gradient_statistics
+    from txl.evaluation import evaluate
+    from txl.training.loop import load_run_corpus
+
+    lr = args.dynamic_lr if args.dynamic_lr is not None else (1e-4 if args.dynamic_method == "rms" else 0.01)
+    span = dict(tgt_len=pick(args.tgt_len, e.tgt_len), mem_len=pick(args.mem_len, e.mem_len),
+                clamp_len=pick(args.clamp_len, e.clamp_len), same_length=pick(args.same_length, e.same_length))
+    stats = None
+    if args.dynamic_method == "rms" and ckpt.has_run_config and not ckpt.state.get("converted_from"):
+        try:
+            train_tokens = load_run_corpus(ckpt.run, tokenizer=ckpt.tokenizer).train
+        except TxlError:
+            train_tokens = None  # corpus gone: statistics on the fly instead
+        if train_tokens is not None and len(train_tokens) >= 2:
+            stats = gradient_statistics(ckpt.model, train_tokens, tgt_len=span["tgt_len"], mem_len=span["mem_len"])
+    static = evaluate(ckpt.model, tokens, unit=unit, batch_size=1, max_tokens=max_tokens, dtype=args.dtype, **span)
+    dyn = dynamic_evaluate(ckpt.model, tokens, unit=unit, lr=lr, decay=args.dynamic_decay, method=args.dynamic_method,
+                           stats=stats, max_tokens=max_tokens, dtype=args.dtype, **span)
+    if args.json:
+        print(json.dumps({"checkpoint": str(ckpt.path), "data": where, "unit": unit, "static": static.value,
+                          "dynamic": dyn.value, "static_loss_nats": static.loss, "dynamic_loss_nats": dyn.loss,
+                          "n_tokens": dyn.n_tokens, **dyn.settings}))
+    else:
+        print(f"{where}:")
+        print(f"  static  {static}")
+        print(f"  dynamic {dyn}")
     return 0
 
 

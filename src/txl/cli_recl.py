@@ -1,0 +1,100 @@
+"""``txl recl CHECKPOINT... --data FILE``: relative effective context length of a model group (paper §4.3)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from txl.errors import TxlError
+
+NAME = "recl"
+
+
+def register(subparsers) -> None:
+    """Add the ``recl`` parser (no torch import here)."""
+    p = subparsers.add_parser(NAME, help="relative effective context length (RECL) of a group of models")
+    p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
+                   help="checkpoint or run directories (uses best/); the group shares one baseline")
+    p.add_argument("--data", required=True, help="text file or directory to score (encoded with each model's tokenizer)")
+    p.add_argument("--names", help="comma-separated labels for the models (default: directory names)")
+    p.add_argument("--start", type=int, default=16, help="first context length c (tokens, default 16)")
+    p.add_argument("--delta", type=int, default=16, help="step between context lengths (default 16)")
+    p.add_argument("--max-context", type=int, default=256, help="longest context length (default 256)")
+    p.add_argument("--ratios", default="0.1,0.5,1.0", help="top-r ratios (default 0.1,0.5,1.0)")
+    p.add_argument("--threshold", type=float, default=0.01, help="relative gain threshold (paper: 0.01)")
+    p.add_argument("--positions", type=int, default=2000,
+                   help="number of scored positions, evenly spread over the text (0: all; default 2000)")
+    p.add_argument("--batch-size", type=int, default=64, help="windows per forward pass")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", "-o", help="folder for recl.json, recl.md and recl_gain.png")
+    p.add_argument("--no-plot", action="store_true", help="do not draw recl_gain.png")
+
+
+def _check(args: argparse.Namespace) -> tuple[list[int], list[float], list[str]]:
+    if args.start < 1 or args.delta < 1 or args.max_context < args.start + args.delta:
+        raise TxlError("need --start >= 1, --delta >= 1 and --max-context >= start + delta")
+    if args.batch_size < 1 or args.positions < 0:
+        raise TxlError("--batch-size must be >= 1 and --positions >= 0")
+    if not 0.0 <= args.threshold < 1.0:
+        raise TxlError(f"--threshold must be in [0, 1), got {args.threshold}")
+    try:
+        ratios = [float(v) for v in args.ratios.split(",") if v.strip()]
+    except ValueError:
+        raise TxlError(f"--ratios must be comma-separated numbers, got {args.ratios!r}") from None
+    if not ratios or any(not 0.0 < r <= 1.0 for r in ratios):
+        raise TxlError(f"--ratios must lie in (0, 1], got {args.ratios!r}")
+    contexts = list(range(args.start, args.max_context + 1, args.delta))
+    names = ([n.strip() for n in args.names.split(",")] if args.names
+             else [Path(c).resolve().name for c in args.checkpoints])
+    if len(names) != len(args.checkpoints):
+        raise TxlError(f"--names gives {len(names)} labels for {len(args.checkpoints)} checkpoints")
+    if len(set(names)) != len(names):
+        names = [str(c) for c in args.checkpoints]
+        if len(set(names)) != len(names):
+            raise TxlError("the same checkpoint is given twice")
+    return contexts, ratios, names
+
+
+def run(args: argparse.Namespace) -> int:
+    """Score every model at every context length, then print the RECL table (and write files)."""
+    contexts, ratios, names = _check(args)
+    if not args.no_plot and args.out:
+        from txl.plots import pyplot
+
+        pyplot()  # a missing matplotlib fails before the slow part
+    import numpy as np
+
+    from txl.data import load_bytes, read_corpus_files
+    from txl.fileio import atomic_write, write_json
+    from txl.recl import context_losses, plot_gains, recl_table, scored_positions
+    from txl.training.checkpoint import load_checkpoint
+    from txl.training.loop import resolve_device
+
+    device = resolve_device(args.device)
+    raw = load_bytes(read_corpus_files(args.data))
+    losses, reference = [], None
+    for name, path in zip(names, args.checkpoints):
+        ckpt = load_checkpoint(path, map_location=str(device))
+        tokens = np.asarray(ckpt.tokenizer.encode_file_bytes(raw, source=args.data))
+        if reference is None:
+            reference = tokens
+            positions = scored_positions(len(tokens), contexts[-1], args.positions)
+        elif len(tokens) != len(reference) or not np.array_equal(tokens, reference):
+            raise TxlError(f"{path} tokenizes {args.data} differently from the first model; RECL compares "
+                           "models position by position, so they need the same tokenizer")
+        print(f"scoring {name}: {len(positions)} positions x {len(contexts)} context lengths", flush=True)
+        losses.append(context_losses(ckpt.model, tokens, contexts, positions, batch_size=args.batch_size))
+    settings = {"data": args.data, "protocol": "exact window: each scored token is predicted from exactly c "
+                "previous tokens, no memory", "start": args.start, "delta": args.delta}
+    result = recl_table(np.stack(losses), names, contexts, ratios, args.threshold, settings=settings)
+    table = result.markdown()
+    print(table)
+    if args.out:
+        out = Path(args.out)
+        write_json(out / "recl.json", result.to_dict())
+        atomic_write(out / "recl.md", lambda tmp: Path(tmp).write_text(table + "\n", encoding="utf-8"))
+        if not args.no_plot:
+            plot_gains(result, out / "recl_gain.png")
+        print(f"wrote {out}/recl.json, recl.md" + ("" if args.no_plot else ", recl_gain.png"))
+    return 0

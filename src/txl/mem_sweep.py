@@ -1,0 +1,61 @@
+"""Evaluate one model at several evaluation memory lengths (paper §3.2: mem_len may grow at test time)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from txl.errors import TxlError
+from txl.evaluation import EvalResult, evaluate
+
+
+def parse_mem_lens(text: str) -> list[int]:
+    """``"0,128,256"`` -> ``[0, 128, 256]`` (sorted, distinct).
+
+    Raises:
+        TxlError: a non-integer or negative value, or an empty list.
+    """
+    try:
+        values = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        raise TxlError(f"--sweep-mem needs comma-separated integers such as 0,128,256, got {text!r}") from None
+    if not values or values[0] < 0:
+        raise TxlError(f"--sweep-mem needs memory lengths >= 0, got {text!r}")
+    return values
+
+
+def sweep_mem_len(model, tokens: np.ndarray, mem_lens: list[int], *, warmup: bool = False,
+                  **eval_kwargs) -> list[EvalResult]:
+    """:func:`~txl.evaluation.evaluate` once per memory length, on the same scored tokens.
+
+    Without ``warmup`` every run scores all targets from the start of the text. With ``warmup``
+    the run at memory m starts ``max(mem_lens) - m`` tokens into the text and uses its first m
+    tokens as warm-up context, so all runs score exactly the targets after index ``max(mem_lens)``
+    (same streams), each with a full memory.
+
+    Args:
+        mem_lens: memory lengths >= 0 (tokens); eval_kwargs: passed to ``evaluate`` (unit,
+            batch_size, tgt_len, clamp_len, same_length, max_tokens, dtype).
+
+    Returns:
+        one :class:`~txl.evaluation.EvalResult` per memory length, in order.
+
+    Raises:
+        TxlError: a vanilla (``attn_type="abs"``) model, which has no memory, or evaluation errors.
+    """
+    if model.config.attn_type != "rel":
+        raise TxlError("--sweep-mem needs a Transformer-XL model (attn_type rel); a vanilla model has no memory")
+    top = max(mem_lens)
+    results = []
+    for m in mem_lens:
+        part = tokens[top - m:] if warmup else tokens
+        results.append(evaluate(model, part, mem_len=m, warmup=warmup, **eval_kwargs))
+    return results
+
+
+def format_sweep(mem_lens: list[int], results: list[EvalResult]) -> str:
+    """A Markdown table: mem_len, the metric (bpc or ppl), loss in nats/token, scored tokens."""
+    unit = results[0].unit
+    rows = [f"| mem_len | {unit} | loss (nats/token) | tokens |", "|---:|---:|---:|---:|"]
+    for m, r in zip(mem_lens, results):
+        rows.append(f"| {m} | {r.value:.4f} | {r.loss:.4f} | {r.n_tokens} |")
+    return "\n".join(rows)
