@@ -198,7 +198,7 @@ PROTOCOL_TEXT = {
 }
 
 
-def run_ablation(base: RunConfig, data: str, out_dir: str | Path, *, budget_tokens: int | None = None,
+def run_ablation(base: RunConfig, data: str | None, out_dir: str | Path, *, budget_tokens: int | None = None,
                  budget_minutes: float | None = None, lengths: list[int] = (64, 128, 256), eval_tokens: int = 4000,
                  progress: bool = False, log: Callable[[str], None] = print) -> dict:
     """Train and evaluate the four variants of Table 6 and write the table, JSON and plot into ``out_dir``.
@@ -206,7 +206,7 @@ def run_ablation(base: RunConfig, data: str, out_dir: str | Path, *, budget_toke
     Args:
         base: the base run (model, data tokenizer, training hyper-parameters); its ``train.max_steps``
             is the budget when neither budget is given.
-        data: corpus file or folder (``data.path``).
+        data: corpus file or folder (``data.path``); None: the built-in default corpus.
         out_dir: new or empty folder; each variant trains into ``out_dir/<name>/``.
         budget_tokens: training target tokens per variant (steps = round(budget / (batch_size * tgt_len))).
         budget_minutes: total training wall-clock minutes, split equally between the variants.
@@ -240,7 +240,7 @@ def run_ablation(base: RunConfig, data: str, out_dir: str | Path, *, budget_toke
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise TxlError(f"{out_dir} exists and is not an empty folder; choose another --out or remove it")
 
-    base = dataclasses.replace(base, data=dataclasses.replace(base.data, path=str(data)))
+    base = dataclasses.replace(base, data=dataclasses.replace(base.data, path=None if data is None else str(data)))
     base.validate()
     corpus = load_run_corpus(base)
     unit = metric_unit(corpus.tokenizer.kind)
@@ -290,7 +290,7 @@ def run_ablation(base: RunConfig, data: str, out_dir: str | Path, *, budget_toke
             "paper_table6_ppl": PAPER_TABLE6_PPL[variant.name]})
 
     results = {
-        "data": str(Path(data).resolve()), "unit": unit, "eval_split": base.eval.split,
+        "data": str(Path(data).resolve()) if data is not None else "built-in default corpus", "unit": unit, "eval_split": base.eval.split,
         "eval_tokens": rows[0]["results"][0]["n_tokens"], "lengths": lengths,
         "budget": {"tokens": budget_tokens, "minutes": budget_minutes, "default_steps": base.train.max_steps
                    if budget_tokens is None and budget_minutes is None else None},

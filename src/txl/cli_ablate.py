@@ -17,7 +17,8 @@ def register(subparsers) -> None:
                     "al. (2018) encoding and a vanilla absolute-position Transformer at equal parameter count "
                     "and budget, score them at several attention lengths, and write ablation.md, results.json "
                     "and ablation.png into --out.")
-    p.add_argument("--data", required=True, help="corpus file or folder")
+    p.add_argument("--data", default=None, help="corpus file or folder (default: the built-in default corpus, "
+                                                "as for txl train)")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--budget-tokens", type=int, default=None, metavar="N",
                         help="training tokens per variant (equal for all; default: the base train.max_steps)")
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     lengths = parse_lengths(args.lengths)
-    if not Path(args.data).exists():
+    if args.data is not None and not Path(args.data).exists():
         raise TxlError(f"--data {args.data} does not exist")
     from txl.ablation import TABLE_NAME, default_base, describe, run_ablation
     from txl.config import load_run_config

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from txl.errors import TxlError
@@ -16,7 +15,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(NAME, help="relative effective context length (RECL) of a group of models")
     p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
                    help="checkpoint or run directories (uses best/); the group shares one baseline")
-    p.add_argument("--data", required=True, help="text file or directory to score (encoded with each model's tokenizer)")
+    p.add_argument("--data", default=None, help="text file or directory to score (encoded with each model's "
+                                                "tokenizer; default: the test split of the runs' own corpus)")
     p.add_argument("--names", help="comma-separated labels for the models (default: directory names)")
     p.add_argument("--start", type=int, default=16, help="first context length c (tokens, default 16)")
     p.add_argument("--delta", type=int, default=16, help="step between context lengths (default 16)")
@@ -56,6 +56,16 @@ def _check(args: argparse.Namespace) -> tuple[list[int], list[float], list[str]]
     return contexts, ratios, names
 
 
+def _run_test_split(ckpt):
+    """The test split (else valid) of the corpus a checkpoint was trained on, with its own tokenizer."""
+    from txl.training.loop import load_run_corpus
+
+    if not ckpt.has_run_config or ckpt.state.get("converted_from"):
+        raise TxlError(f"{ckpt.path} has no run.json naming its corpus; pass --data FILE")
+    corpus = load_run_corpus(ckpt.run, tokenizer=ckpt.tokenizer)
+    return corpus.test if len(corpus.test) > 1 else corpus.valid
+
+
 def run(args: argparse.Namespace) -> int:
     """Score every model at every context length, then print the RECL table (and write files)."""
     contexts, ratios, names = _check(args)
@@ -72,20 +82,21 @@ def run(args: argparse.Namespace) -> int:
     from txl.training.loop import resolve_device
 
     device = resolve_device(args.device)
-    raw = load_bytes(read_corpus_files(args.data))
+    raw = load_bytes(read_corpus_files(args.data)) if args.data else None
     losses, reference = [], None
     for name, path in zip(names, args.checkpoints):
         ckpt = load_checkpoint(path, map_location=str(device))
-        tokens = np.asarray(ckpt.tokenizer.encode_file_bytes(raw, source=args.data))
+        tokens = np.asarray(ckpt.tokenizer.encode_file_bytes(raw, source=args.data) if raw is not None
+                            else _run_test_split(ckpt))
         if reference is None:
             reference = tokens
             positions = scored_positions(len(tokens), contexts[-1], args.positions)
         elif len(tokens) != len(reference) or not np.array_equal(tokens, reference):
-            raise TxlError(f"{path} tokenizes {args.data} differently from the first model; RECL compares "
+            raise TxlError(f"{path} tokenizes {args.data or 'its test split'} differently from the first model; RECL compares "
                            "models position by position, so they need the same tokenizer")
         print(f"scoring {name}: {len(positions)} positions x {len(contexts)} context lengths", flush=True)
         losses.append(context_losses(ckpt.model, tokens, contexts, positions, batch_size=args.batch_size))
-    settings = {"data": args.data, "protocol": "exact window: each scored token is predicted from exactly c "
+    settings = {"data": args.data or "test split of the runs' corpus", "protocol": "exact window: each scored token is predicted from exactly c "
                 "previous tokens, no memory", "start": args.start, "delta": args.delta}
     result = recl_table(np.stack(losses), names, contexts, ratios, args.threshold, settings=settings)
     table = result.markdown()
