@@ -8,6 +8,7 @@ import pytest
 from txl.cli import main
 from txl.evaluation import evaluate
 from txl.recl import context_losses, recl_table, scored_positions
+from txl.training.loop import load_run_corpus
 from txl.training.checkpoint import load_checkpoint
 
 TINY = ["model.n_layer=1", "model.d_model=16", "model.n_head=2", "model.d_head=8", "model.d_inner=32",
@@ -55,6 +56,20 @@ def test_recl_command_writes_table_json_and_plot(runs, capsys):
     np.testing.assert_allclose(saved["gains"]["0.1"], again.gains[0.1], rtol=1e-9)
     code, out, err = run_cli(capsys, "recl", base / "xl", "--data", corpus, "--start", "4", "--max-context", "6")
     assert code == 2 and "max-context" in err and out == ""
+
+
+def test_recl_without_data_scores_the_runs_own_test_split(runs, capsys):
+    base, corpus = runs
+    code, out, err = run_cli(capsys, "recl", base / "xl", base / "vanilla", "--start", "2", "--delta", "2",
+                             "--max-context", "6", "--positions", "5", "--out", base / "recl-own")
+    assert code == 0, err
+    saved = json.loads((base / "recl-own" / "recl.json").read_text())
+    ckpt = load_checkpoint(base / "xl")
+    test_split = load_run_corpus(ckpt.run, tokenizer=ckpt.tokenizer).test
+    losses = [context_losses(load_checkpoint(base / n).model, test_split, saved["contexts"],
+                             scored_positions(len(test_split), 6, 5)) for n in ("xl", "vanilla")]
+    again = recl_table(np.stack(losses), ["xl", "vanilla"], saved["contexts"])
+    assert saved["recl"] == {str(r): again.recl[r] for r in again.ratios}
 
 
 def test_eval_dynamic_prints_static_and_dynamic_on_the_same_segments(runs, capsys):
