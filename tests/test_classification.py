@@ -190,13 +190,13 @@ def test_cli_abs_model_defaults_to_first_mode(tmp_path, capsys):
     assert main(["classify", "train", "--data", str(data), "--checkpoint", str(lm), "--out", str(tmp_path / "r"),
                  "--steps", "1", "--quiet", "--device", "cpu"]) == 0
     assert json.loads((tmp_path / "r" / "classifier.json").read_text())["mode"] == "first"
-    assert main(["classify", "train", "--data", str(data), "--checkpoint", str(lm), "--out", str(tmp_path / "r"),
+    assert main(["classify", "train", "--data", str(data), "--checkpoint", str(lm), "--out", str(tmp_path / "r2"),
                  "--mode", "memory", "--steps", "1", "--device", "cpu"]) == 2
     assert "no memory" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("case", ["one_label", "empty_doc", "bad_line", "unknown_checkpoint", "lm_as_classifier",
-                                  "missing_data"])
+                                  "missing_data", "out_is_the_lm"])
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case):
     _, lm = _save_lm(tmp_path)
     data = tmp_path / "d.jsonl"
@@ -216,11 +216,15 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case):
         argv[argv.index(str(data))] = str(tmp_path / "nope.jsonl")
     elif case == "lm_as_classifier":
         argv = ["classify", "predict", str(lm), str(data)]
+    elif case == "out_is_the_lm":  # an existing folder (here the LM itself) is never replaced
+        argv[argv.index(str(out))], out = str(lm), lm
+    before = sorted((p.name, p.read_bytes()) for p in lm.rglob("*") if p.is_file())
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("txl: error: ") and err.count("\n") == 1, err
-    assert not out.exists()
+    assert sorted((p.name, p.read_bytes()) for p in lm.rglob("*") if p.is_file()) == before
+    assert case == "out_is_the_lm" or not out.exists()
     expected = {"one_label": "1 label", "empty_doc": "is empty", "bad_line": "line 3 is not valid JSON",
                 "unknown_checkpoint": "does not exist", "lm_as_classifier": "not a txl classifier",
-                "missing_data": "does not exist"}[case]
+                "missing_data": "does not exist", "out_is_the_lm": "already exists and is not empty"}[case]
     assert expected in err

@@ -1,6 +1,10 @@
 """Several processes (torchrun, gloo on CPU) and gradient accumulation train exactly like one process."""
 
 import csv
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 from safetensors.torch import load_file
 
@@ -45,6 +49,22 @@ def test_rows_split_the_streams_into_blocks():
     assert Dist().rows(5) == slice(0, 5)
 
 
+def test_two_ranks_step_equals_the_whole_batch_gradient(tmp_path):
+    """With plain SGD the weights after one step show the gradient itself (AdamW would hide its scale)."""
+    worker = str(Path(__file__).with_name("ddp_step_worker.py"))
+    results = {}
+    for name, cmd in (("one", [sys.executable, worker, tmp_path / "one.st", "1"]),
+                      ("two", [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                               worker, tmp_path / "two.st", "2"])):
+        proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        results[name] = load_file(tmp_path / f"{name}.st")
+    one, two = results["one"], results["two"]
+    assert abs(float(one["loss_sum"]) - float(two["loss_sum"])) < 1e-4
+    worst = max(float((one[k] - two[k]).abs().max()) for k in one if k != "loss_sum")
+    assert worst < 1e-5, worst
+
+
 def test_gradient_accumulation_equals_the_whole_batch(tmp_path, corpus):
     whole = train_cli(tmp_path, corpus, "whole")
     accum = train_cli(tmp_path, corpus, "accum", "train.grad_accum_steps=4")  # one stream per piece
@@ -57,8 +77,12 @@ def test_two_gloo_processes_equal_one_process(tmp_path, corpus, capsys):
     # txl train --nproc 2 runs torchrun: two ranks of 2 streams each, each split in 2 accumulation pieces
     double = train_cli(tmp_path, corpus, "double", "--nproc", "2", "train.grad_accum_steps=2")
     assert_same_run(single, double)
-    assert {p.name for p in double.iterdir()} >= {"run.json", "metrics.csv", "best", "last"}
+    assert {p.name for p in double.iterdir()} >= {"run.json", "metrics.csv", "best", "last", "last.10"}
     assert not list(double.glob("*.tmp"))
+    # the 2-process checkpoint of step 10 (memory of all streams) resumed by one process
+    shutil.rmtree(double / "last")
+    assert main(["train", "--resume", str(double), "-q"]) == 0
+    assert_same_run(single, double)
 
 
 def test_batch_must_split_evenly_over_ranks(tmp_path, corpus, capsys):

@@ -12,7 +12,8 @@ from txl.plots import plot_attention_distance, plot_learning_curves, plot_mem_sw
 
 
 @pytest.mark.parametrize("overrides", [dict(), dict(same_length=True), dict(pre_lnorm=True, untie_r=True),
-                                       dict(attn_type="abs", mem_len=0)])
+                                       dict(attn_type="abs", mem_len=0),
+                                       dict(attn_type="shaw", shaw_max_dist=4)])
 def test_recomputed_probabilities_reproduce_each_attention_output(make_model, overrides):
     """probs @ V -> o_net -> residual/LayerNorm equals the layer's real (SDPA) output, with a memory."""
     model = make_model(seed=7, **overrides)

@@ -266,3 +266,15 @@ def test_cli_bad_input_gives_one_line_and_no_output(checkpoint, tmp_path, capsys
     assert expect in lines[0]
     assert out == "" and not out_file.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".scores.jsonl")]  # no temporary left
+
+
+def test_model_score_takes_texts_with_a_tokenizer():
+    from txl.data.tokenizers import ByteTokenizer
+
+    model = tiny_model(vocab_size=256)
+    texts = ["hello there", "a longer second document."]
+    by_text = model.score(texts, tokenizer=ByteTokenizer(), tgt_len=4, mem_len=8)
+    by_ids = model.score([list(t.encode()) for t in texts], tgt_len=4, mem_len=8)
+    assert [s.total for s in by_text] == [s.total for s in by_ids]
+    with pytest.raises(TxlError, match="tokenizer="):
+        model.score(texts)

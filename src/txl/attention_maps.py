@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from txl.errors import TxlError
+from txl.model.attention import shaw_distances
 
 
 def layer_probabilities(attn, h, mem, pos_emb, mask, r_w_bias=None, r_r_bias=None) -> torch.Tensor:
@@ -21,7 +22,7 @@ def layer_probabilities(attn, h, mem, pos_emb, mask, r_w_bias=None, r_r_bias=Non
 
     Args:
         attn: the attention module; h: [B, T, d_model] layer input; mem: [B, M, d_model] or None;
-        pos_emb: [K, d_model] R for distances K-1 .. 0 ("rel"); mask: bool [T, K], True = hidden;
+        pos_emb: [K, d_model] R for distances K-1 .. 0 ("rel"; None for "shaw" and "abs"); mask: bool [T, K], True = hidden;
         r_w_bias, r_r_bias: shared u, v [H, D] (ignored when the layer has its own).
 
     Returns:
@@ -36,10 +37,14 @@ def layer_probabilities(attn, h, mem, pos_emb, mask, r_w_bias=None, r_r_bias=Non
     q = attn._heads(F.linear(x[:, mlen:], w[:hd]))  # [B, H, T, D]
     k = attn._heads(F.linear(x, w[hd:2 * hd]))  # [B, H, K, D]
     klen = k.size(2)
-    if attn.attn_type == "rel":
-        u = attn.r_w_bias if hasattr(attn, "r_w_bias") else r_w_bias
-        v = attn.r_r_bias if hasattr(attn, "r_r_bias") else r_r_bias
-        r_k = attn.r_net(pos_emb).view(klen, attn.n_head, attn.d_head)  # [K, H, D], slot m = distance K-1-m
+    if attn.attn_type in ("rel", "shaw"):
+        if attn.attn_type == "rel":
+            u = attn.r_w_bias if hasattr(attn, "r_w_bias") else r_w_bias
+            v = attn.r_r_bias if hasattr(attn, "r_r_bias") else r_r_bias
+            r_k = attn.r_net(pos_emb).view(klen, attn.n_head, attn.d_head)  # [K, H, D], slot m = distance K-1-m
+        else:  # Shaw: no u, v; the learned a_d of this layer for the same slots (distances clipped)
+            u = v = torch.zeros(attn.n_head, attn.d_head, dtype=q.dtype, device=q.device)
+            r_k = attn.r_emb[shaw_distances(klen, attn.max_dist, q.device)].to(q.dtype)  # [K, H, D]
         content = torch.einsum("bhtd,bhkd->bhtk", q + u[:, None, :], k)
         by_slot = torch.einsum("bhtd,mhd->bhtm", q + v[:, None, :], r_k)  # [B, H, T, K] by distance slot
         # entry (i, j) needs distance M + i - j, which sits in slot K-1-(M+i-j)

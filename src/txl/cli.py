@@ -483,7 +483,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"txl: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("txl: interrupted", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":
+            print("txl: interrupted", file=sys.stderr)
         return 130
     except OSError as err:
         print(f"txl: error: {err.strerror or err}{f' ({err.filename})' if err.filename else ''}", file=sys.stderr)

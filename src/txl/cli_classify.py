@@ -91,10 +91,13 @@ def _train(args: argparse.Namespace) -> int:
     from txl.training.loop import resolve_device
 
     _check_args(args)
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise TxlError(f"--out {out} already exists and is not empty; choose a new folder (nothing was changed)")
     device = resolve_device(args.device)
     lm_dir = resolve_checkpoint_dir(args.checkpoint)
     attn_type = read_model_config(lm_dir).attn_type
-    mode = args.mode or ("memory" if attn_type == "rel" else "first")
+    mode = args.mode or ("first" if attn_type == "abs" else "memory")
     docs = load_labelled(args.data)
     names = sorted({d.label for d in docs})
     targets = [names.index(d.label) for d in docs]

@@ -190,7 +190,7 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
                         p.add_(step, alpha=-lr).add_(pull)
             settings = {"protocol": f"dynamic-{method}", "lr": lr, "decay": decay,
                         "stats": "online" if online is not None else ("train" if method == "rms" else "none"),
-                        "tgt_len": cfg.tgt_len, "mem_len": cfg.mem_len if cfg.attn_type == "rel" else 0,
+                        "tgt_len": cfg.tgt_len, "mem_len": cfg.mem_len if cfg.attn_type != "abs" else 0,
                         "clamp_len": cfg.clamp_len, "same_length": cfg.same_length, "batch_size": 1}
     finally:
         with torch.no_grad():

@@ -42,8 +42,8 @@ def sweep_mem_len(model, tokens: np.ndarray, mem_lens: list[int], *, warmup: boo
     Raises:
         TxlError: a vanilla (``attn_type="abs"``) model, which has no memory, or evaluation errors.
     """
-    if model.config.attn_type != "rel":
-        raise TxlError("--sweep-mem needs a Transformer-XL model (attn_type rel); a vanilla model has no memory")
+    if model.config.attn_type == "abs":
+        raise TxlError("--sweep-mem needs a model with memory (attn_type rel or shaw); a vanilla model has none")
     top = max(mem_lens)
     results = []
     for m in mem_lens:

@@ -76,13 +76,21 @@ def read_metrics(path) -> dict[str, np.ndarray]:
 
 def _metric_label(run_dir: Path) -> str:
     """The unit of ``train_metric``/``val_metric`` for a run: "bpc" or "ppl" (from run.json)."""
-    try:
-        from txl.evaluation import metric_unit
-        from txl.fileio import read_json_object
+    from txl.evaluation import metric_unit
+    from txl.fileio import read_json_object
 
-        return metric_unit((read_json_object(run_dir / "run.json").get("data") or {}).get("tokenizer") or "byte")
+    for folder in ("best", "last"):  # the unit the run itself chose (its tokenizer may have been detected)
+        try:
+            unit = read_json_object(run_dir / folder / "state.json").get("unit")
+        except TxlError:
+            continue
+        if unit in ("bpc", "ppl"):
+            return unit
+    try:
+        tokenizer = (read_json_object(run_dir / "run.json").get("data") or {}).get("tokenizer")
     except TxlError:
         return "metric"
+    return metric_unit(tokenizer) if tokenizer else "metric"
 
 
 def plot_learning_curves(run_dirs: list, out_dir, labels: list[str] | None = None) -> dict:

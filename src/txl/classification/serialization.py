@@ -23,18 +23,29 @@ def save_classifier(model, directory: str | Path, extra: dict[str, Any] | None =
     The files go to ``directory.tmp`` first; the folder is swapped in only once complete, so a crash
     leaves any previous checkpoint intact. ``extra`` (JSON-able) is stored under ``"extra"`` in
     ``classifier.json`` (e.g. training settings and held-out metrics).
+
+    Raises:
+        TxlError: ``directory`` exists and is neither empty nor a classifier checkpoint (it is never
+            replaced then); the write failed (disk full, permissions).
     """
     directory = Path(directory)
+    if directory.exists() and (not directory.is_dir() or (any(directory.iterdir())
+                                                           and not (directory / CLASSIFIER_NAME).is_file())):
+        raise TxlError(f"{directory} exists and is not a classifier checkpoint; choose a new folder")
     tmp = directory.with_name(directory.name + ".tmp")
     old = directory.with_name(directory.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    tensors = {k: v.detach().contiguous().cpu() for k, v in unique_state(model).items()}
-    atomic_write(tmp / WEIGHTS_NAME, lambda path: save_file(tensors, path, metadata={"format": "pt"}))
-    write_json(tmp / CONFIG_NAME, model.config.to_dict())
-    write_json(tmp / CLASSIFIER_NAME, {**model.classifier.to_dict(), "extra": extra or {}})
-    if model.tokenizer is not None:
-        model.tokenizer.save(tmp / VOCAB_NAME)
+    try:
+        tmp.mkdir(parents=True)
+        tensors = {k: v.detach().contiguous().cpu() for k, v in unique_state(model).items()}
+        atomic_write(tmp / WEIGHTS_NAME, lambda path: save_file(tensors, path, metadata={"format": "pt"}))
+        write_json(tmp / CONFIG_NAME, model.config.to_dict())
+        write_json(tmp / CLASSIFIER_NAME, {**model.classifier.to_dict(), "extra": extra or {}})
+        if model.tokenizer is not None:
+            model.tokenizer.save(tmp / VOCAB_NAME)
+    except (OSError, SafetensorError) as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise TxlError(f"could not write the classifier to {directory}: {getattr(err, 'strerror', None) or err}") from None
     if directory.exists():
         shutil.rmtree(old, ignore_errors=True)
         directory.rename(old)

@@ -268,15 +268,28 @@ class TransformerXLLM(nn.Module):
         return generate(self, input_ids, max_new_tokens, temperature=temperature, top_k=top_k,
                         top_p=top_p, mems=mems, generator=generator)
 
-    def score(self, token_ids, **options: Any) -> list:
-        """Per-token log-probabilities (nats) of documents given as 1-D token-id sequences, with memory.
+    def score(self, documents, tokenizer: Any = None, **options: Any) -> list:
+        """Per-token log-probabilities (nats) of documents, with memory through each document.
 
-        See :func:`txl.scoring.score_tokens` (options: batch_size, tgt_len, mem_len, clamp_len,
-        same_length, carry_memory, dtype). Returns a list of :class:`txl.scoring.DocumentScore`.
+        Args:
+            documents: texts (with ``tokenizer``, e.g. the checkpoint's) or 1-D token-id sequences.
+            options: batch_size, tgt_len, mem_len, clamp_len, same_length, carry_memory, dtype
+                (see :func:`txl.scoring.score_tokens`).
+
+        Returns:
+            a list of :class:`txl.scoring.DocumentScore`, one per document, in order.
+
+        Raises:
+            TxlError: texts without a tokenizer, or see :func:`txl.scoring.score_tokens`.
         """
-        from txl.scoring import score_tokens
+        from txl.scoring import score_texts, score_tokens
 
-        return score_tokens(self, token_ids, **options)
+        if isinstance(documents, str) or (len(documents) and isinstance(documents[0], str)):
+            if tokenizer is None:
+                raise TxlError("model.score got text: pass tokenizer= (e.g. load_checkpoint(...).tokenizer) "
+                               "or use Checkpoint.score(texts)")
+            return score_texts(self, tokenizer, documents, **options)
+        return score_tokens(self, documents, **options)
 
     def save_pretrained(self, directory: str | Path, tokenizer: Any = None) -> None:
         """Write ``model.safetensors`` and ``config.json`` (and ``vocab.json`` if a tokenizer is given).

@@ -2,13 +2,14 @@
 
 A run directory holds ``run.json`` (the resolved config), ``metrics.csv`` and the checkpoints
 ``best/`` (lowest validation loss), ``last/`` (the newest) and up to ``train.keep_last - 1`` older
-ones, ``last.1/`` (the one before), ``last.2/``, ... A checkpoint directory holds
+ones named by their step, ``last.<step>/``. A checkpoint directory holds
 ``model.safetensors``, ``config.json`` (model), ``vocab.json``, ``run.json``, ``state.json`` (step,
 metrics) and ``checksums.json`` (sha256 of every other file, written last).
 
 Writing is crash-safe: a checkpoint is written into a temporary sibling directory (each file
-fsynced), its checksums are written, and only then is it renamed into place (older ones shifted
-down first), so a crash at any moment leaves every previously completed checkpoint intact. Loading
+fsynced), its checksums are written, and only then is it renamed into place (the previous one
+renamed to ``last.<step>/`` first; the oldest deleted last), so a crash at any moment leaves every
+previously completed checkpoint intact. Loading
 verifies the checksums; a run directory whose newest checkpoint is torn or corrupt falls back to the
 previous good one with a warning.
 """
@@ -44,8 +45,9 @@ def save_checkpoint(directory: str | Path, model: TransformerXLLM, tokenizer: To
 
     Args:
         extra: ``extra(folder)`` may write more files (e.g. the trainer state) before the swap.
-        keep: checkpoints kept under this name: ``keep=3`` keeps ``last/``, ``last.1/``, ``last.2/``
-            (the previous ones shifted down, the oldest deleted).
+        keep: checkpoints kept under this name: with ``keep=3`` the previous ``last/`` becomes
+            ``last.<its step>/`` and only the two newest of those are kept (deleted only once the
+            new checkpoint is in place).
 
     Raises:
         TxlError: the write failed (e.g. disk full); the partial folder is removed and every
@@ -67,22 +69,32 @@ def save_checkpoint(directory: str | Path, model: TransformerXLLM, tokenizer: To
         raise TxlError(f"could not write checkpoint {directory}: {reason}; the previous checkpoints "
                        "are intact (free some space, then continue with --resume)") from None
     _fsync_dir(tmp)
-    older = [directory.with_name(f"{directory.name}.{k}") for k in range(1, max(keep, 1))]
-    if older:
-        shutil.rmtree(older[-1], ignore_errors=True)
-        chain = [directory] + older
-        for k in range(len(chain) - 1, 0, -1):  # last.(N-2) -> last.(N-1), ..., last -> last.1
-            if chain[k - 1].exists():
-                chain[k - 1].rename(chain[k])
-        tmp.rename(directory)
+    old = directory.with_name(directory.name + ".old")
+    if directory.exists():
+        if keep > 1:  # the current one stays as NAME.<its step>; nothing is deleted before tmp is in place
+            old = directory.with_name(f"{directory.name}.{_step_of(directory)}")
+        shutil.rmtree(old, ignore_errors=True)
+        directory.rename(old)
+    tmp.rename(directory)
+    if keep > 1:
+        for stale in _numbered(directory.parent, directory.name)[keep - 1:]:
+            shutil.rmtree(stale, ignore_errors=True)
     else:
-        old = directory.with_name(directory.name + ".old")
-        if directory.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            directory.rename(old)
-        tmp.rename(directory)
         shutil.rmtree(old, ignore_errors=True)
     _fsync_dir(directory.parent)
+
+
+def _step_of(folder: Path) -> int:
+    try:
+        return int(_read_json(folder / STATE_NAME).get("step", 0))
+    except (TxlError, TypeError, ValueError):
+        return 0
+
+
+def _numbered(run_dir: Path, name: str) -> list[Path]:
+    """``NAME.<step>`` folders, newest step first."""
+    found = [p for p in run_dir.glob(f"{name}.*") if p.is_dir() and p.suffix[1:].isdigit()]
+    return sorted(found, key=lambda p: int(p.suffix[1:]), reverse=True)
 
 
 def _payload(folder: Path) -> list[str]:
@@ -135,12 +147,10 @@ def verify_checkpoint(directory: str | Path) -> bool:
 
 
 def checkpoint_candidates(run_dir: str | Path, name: str = "last") -> list[Path]:
-    """``last/``, ``last.1/``, ``last.2/``, ... (newest first) and a ``last.old/`` left by a crash."""
+    """``last/``, then the older ``last.<step>/`` (newest first) and a ``last.old/`` left by a crash."""
     run_dir = Path(run_dir)
     found = [run_dir / name] if (run_dir / name).is_dir() else []
-    numbered = sorted((p for p in run_dir.glob(f"{name}.*") if p.is_dir() and p.suffix[1:].isdigit()),
-                      key=lambda p: int(p.suffix[1:]))
-    found += numbered
+    found += _numbered(run_dir, name)
     if (run_dir / f"{name}.old").is_dir():
         found.append(run_dir / f"{name}.old")
     return found
@@ -242,3 +252,12 @@ def load_checkpoint(path: str | Path, map_location: str = "cpu") -> Checkpoint:
 
 
 
+
+
+def quarantine(bad: list[Path]) -> None:
+    """Rename checkpoints that failed verification to ``NAME.corrupt`` (kept for inspection, never
+    loaded or rotated), so that the next save cannot push the good one out."""
+    for path in bad:
+        target = path.with_name(path.name.split(".")[0] + ".corrupt")
+        shutil.rmtree(target, ignore_errors=True)
+        path.rename(target)

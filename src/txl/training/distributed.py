@@ -130,13 +130,16 @@ def launch(nproc: int, argv: list[str]) -> int:
     """Run ``txl <argv>`` in ``nproc`` processes on this machine (torchrun's agent, standalone
     rendezvous); return 0 when every rank succeeded, else the failing rank's exit status.
 
-    Each rank prints its own ``txl: error: ...`` line; the agent's report is not repeated.
+    Each rank prints its own ``txl: error: ...`` line; the agent's report is not repeated. On
+    Ctrl-C or SIGTERM the agent passes the signal on to the ranks (which finish the step and write
+    ``last/``) and 130 is returned.
 
     Raises:
         TxlError: ``nproc`` < 1.
     """
     import logging
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
@@ -152,4 +155,6 @@ def launch(nproc: int, argv: list[str]) -> int:
     except ChildFailedError as err:
         codes = [f.exitcode for f in err.failures.values()]
         return next((c for c in codes if c and c > 0), 1)
+    except (SignalException, KeyboardInterrupt):  # Ctrl-C/SIGTERM: the ranks finished their step and wrote last/
+        return 130
     return 0

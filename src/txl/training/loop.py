@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
 import sys
 import time
@@ -24,7 +25,7 @@ from txl.fileio import write_json
 from txl.model import TransformerXLLM
 from txl.training import distributed
 from txl.training.checkpoint import (RUN_NAME, checkpoint_candidates, first_good_checkpoint, load_checkpoint,
-                                     save_checkpoint)
+                                     quarantine, save_checkpoint)
 from txl.training.resume import JSON_NAME as TRAINER_JSON
 from txl.training.resume import load_trainer_state, rank_rng_state, save_trainer_state
 from txl.training.runlog import METRIC_FIELDS, StopRequest, open_metrics, remove_unfinished  # noqa: F401
@@ -184,7 +185,8 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
                        f"{t.grad_accum_steps} equal pieces")
     if not d.enabled and t.grad_accum_steps > t.batch_size:
         raise TxlError(f"train.grad_accum_steps {t.grad_accum_steps} exceeds train.batch_size {t.batch_size}")
-    if t.deterministic:
+    if t.deterministic:  # cuBLAS needs a fixed workspace for deterministic matmuls (read when CUDA starts)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     seed_everything(t.seed)
     device = distributed.device_for(d, resolve_device(t.device))
@@ -245,6 +247,9 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
         start_step, pos, mems, state = restored["step"], restored["position"], restored["mems"], restored["state"]
         if mems is not None:
             mems = [m[rows] for m in mems]
+        distributed.barrier(d)  # every rank has read it
+        if d.is_main and resume_dir != candidates[0]:
+            quarantine(candidates[:candidates.index(resume_dir)])  # the torn/corrupt newer ones
         best = state["best_val_loss"] if state.get("best_val_loss") is not None else float("inf")
         log(f"resuming {out_dir} after step {start_step} (from {resume_dir.name}/)")
     ddp = model
@@ -261,7 +266,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
         metrics_file, writer = open_metrics(out_dir / "metrics.csv", start_step)
     total_tokens = torch.tensor(state["tokens"], dtype=torch.int64, device=device)  # on the device: no sync per step
     window_loss, window_tokens, window_start = 0.0, state["tokens"], time.perf_counter()
-    start = time.perf_counter()
+    start = time.perf_counter() - float(state.get("elapsed_s") or 0.0)  # a resumed run's clock goes on
     bar = tqdm(total=t.max_steps, initial=start_step, disable=not progress or not d.is_main, dynamic_ncols=True,
                file=sys.stderr)
     step = start_step
@@ -284,7 +289,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
             raise TxlError(error)
 
     def save_last(extra_state: dict[str, Any] | None = None) -> None:
-        state.update(step=step, tokens=int(total_tokens), **(extra_state or {}))
+        state.update(step=step, tokens=int(total_tokens), elapsed_s=time.perf_counter() - start, **(extra_state or {}))
         write_checkpoint("last", t.keep_last, trainer=True)
 
     def validate_and_save() -> float:
@@ -392,7 +397,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     bar.close()
     if metrics_file:
         metrics_file.close()
-    wall = time.perf_counter() - start
+    wall = time.perf_counter() - start  # training wall-clock time, earlier sessions of a resumed run included
     state["tokens"] = int(total_tokens)
 
     distributed.barrier(d)  # best/ is complete on disk for every rank
