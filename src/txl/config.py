@@ -106,7 +106,7 @@ class TrainConfig:
         sample_prompt: prompt for that sample ("": the first tokens of the valid split).
         save_interval: steps between ``last/`` checkpoints (0: at each validation only; every
             validation also writes one).
-        keep_last: ``last/`` checkpoints kept (``last/``, ``last.1/``, ...): a corrupt newest one
+        keep_last: ``last`` checkpoints kept (``last/``, then ``last.<step>/``): a corrupt newest one
             falls back to the one before.
         deterministic: ``torch.use_deterministic_algorithms(True)`` (bit-identical reruns on GPU too,
             at some speed cost; CPU runs are deterministic anyway).

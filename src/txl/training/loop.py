@@ -160,7 +160,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
 
     Writes into ``run.train.out_dir``: ``run.json`` (resolved config), ``metrics.csv`` (one row per
     ``log_interval`` steps and per validation), ``best/`` and ``last/`` checkpoints (plus
-    ``keep_last - 1`` older ``last.N/``). ``last/`` holds the trainer state (optimizer, RNG states,
+    ``keep_last - 1`` older ``last.<step>/``). ``last/`` holds the trainer state (optimizer, RNG states,
     data position, memory), so ``resume=True`` continues a run from its newest intact checkpoint
     exactly as if it had not stopped (float32, same device and number of ranks; shuffled-sentence
     corpora restart their shard order). SIGINT/SIGTERM finish the current step, write ``last/`` and
