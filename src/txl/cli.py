@@ -196,6 +196,10 @@ def _launch(args: argparse.Namespace, argv: list[str] | None, run) -> int:
     if not args.resume and (Path(t.out_dir) / "run.json").exists():
         raise TxlError(f"{t.out_dir} already holds a run; choose another train.out_dir (--out), remove it, "
                        "or continue it with --resume")
+    import torch
+
+    if t.device in ("auto", "cuda") and torch.cuda.is_available() and args.nproc > torch.cuda.device_count():
+        raise TxlError(f"--nproc {args.nproc} exceeds the {torch.cuda.device_count()} GPUs here (one rank per GPU)")
     rest = list(sys.argv[1:] if argv is None else argv)
     for i, item in enumerate(rest):  # drop --nproc N / --nproc=N, keep everything else as given
         if item == "--nproc":

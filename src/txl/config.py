@@ -100,7 +100,7 @@ class TrainConfig:
         seed: seeds python, numpy and torch.
         device: "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
         dtype: "float32", or "bfloat16"/"float16" autocast.
-        max_bad_steps: a step whose loss is NaN or inf is skipped (no update, memory kept) and
+        max_bad_steps: a step whose loss is NaN or inf is skipped (no update, fresh memory) and
             counted; this many in a row stop the run with a message.
         sample_tokens: tokens sampled at the end of training (0: none).
         sample_prompt: prompt for that sample ("": the first tokens of the valid split).

@@ -247,6 +247,8 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
         start_step, pos, mems, state = restored["step"], restored["position"], restored["mems"], restored["state"]
         if mems is not None:
             mems = [m[rows] for m in mems]
+        if d.rank and not restored["own_rng"]:  # a rank the saved run did not have: its own dropout stream
+            torch.manual_seed(t.seed + 7919 * d.rank + start_step)
         distributed.barrier(d)  # every rank has read it
         if d.is_main and resume_dir != candidates[0]:
             quarantine(candidates[:candidates.index(resume_dir)])  # the torn/corrupt newer ones
@@ -335,7 +337,8 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
                 mems = out.mems
                 total_tokens += n_tok
                 window_loss = window_loss + out.loss_sum
-            else:  # skipped: no update, the memory stays as it was
+            else:  # skipped: no update; the data moved on, so the memory starts afresh
+                mems = None
                 bad_in_a_row += 1
                 state["skipped_steps"] = state.get("skipped_steps", 0) + 1
                 if d.is_main:

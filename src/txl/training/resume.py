@@ -68,7 +68,7 @@ def save_trainer_state(directory: Path, *, optimizer: torch.optim.Optimizer, sca
 
 def load_trainer_state(directory: Path, *, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                        generator: torch.Generator, device: torch.device, rank: int = 0) -> dict[str, Any]:
-    """Restore optimizer, scaler, every RNG; return ``{step, position, mems, state}``.
+    """Restore optimizer, scaler, every RNG; return ``{step, position, mems, state, own_rng}``.
 
     ``mems`` is the memory of all streams; a torchrun rank keeps its own rows. Rank ``rank`` gets
     its own saved RNG states when the run had that rank (otherwise those of rank 0).
@@ -108,4 +108,5 @@ def load_trainer_state(directory: Path, *, optimizer: torch.optim.Optimizer, sca
         if len(own) > 1 and device.type == "cuda":
             torch.cuda.set_rng_state(own[1], device)
     mems = [tensors[f"mems.{i}"].to(device) for i in range(meta["n_mems"])] or None
-    return {"step": meta["step"], "position": meta["position"], "mems": mems, "state": meta["state"]}
+    return {"step": meta["step"], "position": meta["position"], "mems": mems, "state": meta["state"],
+            "own_rng": bool(own)}
