@@ -43,7 +43,7 @@ def sweep_mem_len(model, tokens: np.ndarray, mem_lens: list[int], *, warmup: boo
         TxlError: a vanilla (``attn_type="abs"``) model, which has no memory, or evaluation errors.
     """
     if model.config.attn_type == "abs":
-        raise TxlError("--sweep-mem needs a model with memory (attn_type rel or shaw); a vanilla model has none")
+        raise TxlError("--sweep-mem needs a model with memory (attn_type rel or shaw); a vanilla model has no memory")
     top = max(mem_lens)
     results = []
     for m in mem_lens:
