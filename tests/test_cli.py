@@ -82,7 +82,8 @@ def test_train_eval_generate_end_to_end(tmp_path, corpus, capsys, monkeypatch):
     save_file({k: v * float("nan") for k, v in tensors.items()}, broken / "model.safetensors")
     code, out, err = run_cli(capsys, "generate", broken, "--prompt", "the ", "-n", "5")
     assert code == 2 and "model.safetensors does not match its checksum" in one_error_line(err)
-    (broken / "checksums.json").unlink()  # a hand-edited folder without checksums is loaded unverified
+    (broken / "checksums.json").unlink()  # a hand-made folder (no checksums, no state) is loaded unverified
+    (broken / "state.json").unlink()
     code, out, err = run_cli(capsys, "generate", broken, "--prompt", "the ", "-n", "5")
     assert code == 2 and "non-finite" in one_error_line(err)
     (broken / "run.json").unlink()
@@ -114,6 +115,12 @@ def test_train_eval_generate_end_to_end(tmp_path, corpus, capsys, monkeypatch):
     (lambda d, c: ["eval", d], "not a txl checkpoint"),
     (lambda d, c: ["eval", d / "nothing-here"], "does not exist"),
     (lambda d, c: ["generate", d], "not a txl checkpoint"),
+    (lambda d, c: ["train", c, "train.seed=-1"], "train.seed must be in"),
+    (lambda d, c: ["train", c, "train.lr=inf"], "must be finite"),
+    (lambda d, c: ["train", c, "--config", d], "is not a file"),
+    (lambda d, c: ["generate", d, "--temperature", "nan"], "temperature must be a finite number"),
+    (lambda d, c: ["generate", d, "--seed", "99999999999999999999"], "--seed must be in"),
+    (lambda d, c: ["generate", d, "--prompt", "a", "--prompt-file", c], "not both"),
 ])
 def test_bad_input_gives_one_clear_line(tmp_path, corpus, capsys, monkeypatch, make_args, expect):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

@@ -61,6 +61,20 @@ def test_crash_then_resume_equals_uninterrupted_run(tmp_path, corpus, monkeypatc
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
 
 
+def test_resume_refuses_a_changed_model_or_vocabulary(tmp_path, corpus, capsys):
+    run = make_run(tmp_path, "short", corpus)
+    run.train.max_steps = 10
+    train(run, progress=False, log=lambda m: None)
+    before = sorted((p.name, p.read_bytes()) for p in (tmp_path / "short").rglob("*") if p.is_file())
+    for change, expect in (("model.d_model=24", "model shapes cannot change"),
+                           ("data.tokenizer=byte", "different vocabulary")):
+        capsys.readouterr()
+        assert main(["train", "--resume", str(tmp_path / "short"), "-q", "--allow-config-change", change]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert expect in err[-1] and err[-1].startswith("txl: error:")
+    assert sorted((p.name, p.read_bytes()) for p in (tmp_path / "short").rglob("*") if p.is_file()) == before
+
+
 def test_resume_refusals(tmp_path, corpus, capsys):
     with pytest.raises(TxlError, match="no resumable checkpoint"):
         train(make_run(tmp_path, "nothing", corpus), progress=False, resume=True)

@@ -255,6 +255,9 @@ def run_ablation(base: RunConfig, data: str | None, out_dir: str | Path, *, budg
         steps = {name: max(1, int(share / s)) for name, s in timing.items()}
         log("measured s/step: " + ", ".join(f"{k} {v:.3f}" for k, v in timing.items()))
     else:
+        if budget_tokens is not None and budget_tokens < tokens_per_step:
+            raise TxlError(f"--budget-tokens {budget_tokens} is less than one training step "
+                           f"({tokens_per_step} tokens: batch_size x tgt_len); give at least that")
         n = base.train.max_steps if budget_tokens is None else max(1, round(budget_tokens / tokens_per_step))
         steps = {v.name: n for v, _, _ in planned}
     target_params = planned[0][2]

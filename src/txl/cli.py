@@ -252,9 +252,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise TxlError("--dynamic reads the text from its start without warm-up; drop --warmup")
     if not args.dynamic and (args.dynamic_lr is not None or args.dynamic_decay or args.dynamic_method != "rms"):
         raise TxlError("--dynamic-lr/--dynamic-decay/--dynamic-method apply to --dynamic; add --dynamic")
-    if args.dynamic and (not 0.0 <= args.dynamic_decay < 1.0 or (args.dynamic_lr is not None and args.dynamic_lr < 0)):
-        raise TxlError(f"--dynamic-decay must be in [0, 1) and --dynamic-lr >= 0, got {args.dynamic_decay}, "
-                       f"{args.dynamic_lr}")
+    if args.dynamic and not 0.0 <= args.dynamic_decay < 1.0:
+        raise TxlError(f"--dynamic-decay must be in [0, 1), got {args.dynamic_decay}")
+    if args.dynamic and args.dynamic_lr is not None and not 0 <= args.dynamic_lr < float("inf"):
+        raise TxlError(f"--dynamic-lr must be a finite number >= 0, got {args.dynamic_lr}")
+    if args.dynamic and args.batch_size is not None and args.batch_size != 1:
+        raise TxlError("--dynamic reads the text as one stream (batch size 1); drop --batch-size")
     if args.sweep_mem is not None:
         from txl.mem_sweep import parse_mem_lens
 
@@ -374,6 +377,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from txl.generation import check_sampling
 
     check_sampling(args.temperature, args.top_k, args.top_p)
+    if args.seed is not None and not 0 <= args.seed < 2**63:
+        raise TxlError(f"--seed must be in [0, 2**63), got {args.seed}")
+    if args.prompt is not None and args.prompt_file:
+        raise TxlError("give either --prompt or --prompt-file, not both")
     if args.max_new_tokens < 0:
         raise TxlError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     if args.mem_len is not None and args.mem_len < 0:

@@ -76,8 +76,10 @@ def _check_args(args: argparse.Namespace) -> None:
         raise TxlError(f"--tgt-len must be >= 1, got {args.tgt_len}")
     if args.mem_len is not None and args.mem_len < 0:
         raise TxlError(f"--mem-len must be >= 0, got {args.mem_len}")
-    if not args.lr > 0:
-        raise TxlError(f"--lr must be > 0, got {args.lr}")
+    if not 0 < args.lr < float("inf"):
+        raise TxlError(f"--lr must be a finite number > 0, got {args.lr}")
+    if not 0 <= args.seed < 2**32:
+        raise TxlError(f"--seed must be in [0, 2**32), got {args.seed}")
 
 
 def _train(args: argparse.Namespace) -> int:

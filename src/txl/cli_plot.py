@@ -52,8 +52,10 @@ def run(args: argparse.Namespace) -> int:
 def _attention(args: argparse.Namespace) -> int:
     if bool(args.text) == bool(args.text_file):
         raise TxlError("--attention needs the text to read: give --text TEXT or --text-file FILE")
-    if args.max_segments < 1 or (args.mem_len is not None and args.mem_len < 0):
-        raise TxlError("--max-segments must be >= 1 and --mem_len >= 0")
+    if args.max_segments < 1:
+        raise TxlError(f"--max-segments must be >= 1, got {args.max_segments}")
+    if args.mem_len is not None and args.mem_len < 0:
+        raise TxlError(f"--mem-len must be >= 0, got {args.mem_len}")
     if args.text_file:
         try:
             text = Path(args.text_file).read_text(encoding="utf-8")

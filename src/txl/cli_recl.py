@@ -50,6 +50,8 @@ def _check(args: argparse.Namespace) -> tuple[list[int], list[float], list[str]]
     if len(names) != len(args.checkpoints):
         raise TxlError(f"--names gives {len(names)} labels for {len(args.checkpoints)} checkpoints")
     if len(set(names)) != len(names):
+        if args.names:
+            raise TxlError(f"--names must give each model its own label, got {args.names!r}")
         names = [str(c) for c in args.checkpoints]
         if len(set(names)) != len(names):
             raise TxlError("the same checkpoint is given twice")

@@ -20,6 +20,7 @@ anything else is taken as a string. Unknown keys and wrong types are errors.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -141,6 +142,10 @@ class TrainConfig:
                      "keep_last"):
             if getattr(self, name) < 1:
                 raise TxlError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.seed < 2**32:
+            raise TxlError(f"train.seed must be in [0, 2**32), got {self.seed}")
+        if not math.isfinite(self.lr) or not math.isfinite(self.clip) or not math.isfinite(self.weight_decay):
+            raise TxlError("train.lr, train.clip and train.weight_decay must be finite numbers")
         if not self.lr > 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise TxlError(f"train.lr must be > 0 and 0 <= train.min_lr <= train.lr, got lr={self.lr}, min_lr={self.min_lr}")
         for name in ("warmup_steps", "eval_max_tokens", "sample_tokens", "save_interval"):
@@ -298,7 +303,7 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | tuple
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise TxlError(f"config file {path} does not exist")
+            raise TxlError(f"config file {path} " + ("is not a file" if path.exists() else "does not exist"))
         try:
             values = tomllib.loads(path.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:

@@ -15,14 +15,23 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
 
     Raises:
         OSError: when the write fails (disk full, permissions); ``path`` is left as it was.
+        TxlError: ``path`` is a folder, or a file stands where its folder should be.
     """
+    from txl.errors import TxlError
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise TxlError(f"cannot write {path}: it is a folder; give a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise TxlError(f"cannot write {path}: {path.parent} or a folder above it is a file") from None
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # writers that replace the file (safetensors) would leave 0600
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -12,8 +12,8 @@ from txl.model.memory import Mems
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
     """Raise :class:`TxlError` for temperature < 0, top_k < 1 or top_p outside (0, 1]."""
-    if temperature < 0:
-        raise TxlError(f"temperature must be >= 0, got {temperature}")
+    if not temperature >= 0 or temperature == float("inf"):  # also catches NaN
+        raise TxlError(f"temperature must be a finite number >= 0, got {temperature}")
     if top_k is not None and top_k < 1:
         raise TxlError(f"top_k must be >= 1, got {top_k}")
     if top_p is not None and not 0.0 < top_p <= 1.0:

@@ -34,11 +34,21 @@ def pyplot():
 
 
 def save_figure(fig, path) -> Path:
-    """Write ``fig`` as a PNG at ``path`` atomically (parent folders created) and close it."""
+    """Write ``fig`` at ``path`` atomically (parent folders created) in the format its suffix names
+    (``.png``, ``.pdf``, ``.svg``, ...; no suffix: PNG), and close it.
+
+    Raises:
+        TxlError: a suffix matplotlib cannot write, or a path that cannot be written.
+    """
     path = Path(path)
     try:
+        kind = path.suffix[1:].lower() or "png"
+        supported = fig.canvas.get_supported_filetypes()
+        if kind not in supported:
+            raise TxlError(f"cannot draw {path}: unknown image type .{kind}; use one of "
+                           f"{', '.join('.' + k for k in sorted(supported))}")
         fig.tight_layout()
-        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format=kind, dpi=100))
     finally:
         pyplot().close(fig)
     return path

@@ -70,7 +70,8 @@ def load_classifier(directory: str | Path, map_location: str = "cpu"):
 
     directory = Path(directory)
     if not directory.is_dir():
-        raise TxlError(f"classifier checkpoint {directory} does not exist")
+        raise TxlError(f"classifier checkpoint {directory} " + ("is a file, not a folder" if directory.exists()
+                                                                  else "does not exist"))
     if not (directory / CLASSIFIER_NAME).is_file():
         raise TxlError(f"{directory} is not a txl classifier checkpoint (no {CLASSIFIER_NAME}); "
                        "give the folder written by `txl classify train --out`")

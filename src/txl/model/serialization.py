@@ -45,7 +45,8 @@ def read_model_config(directory: str | Path) -> TransformerXLConfig:
     """
     directory = Path(directory)
     if not directory.is_dir():
-        raise TxlError(f"checkpoint directory {directory} does not exist")
+        raise TxlError(f"checkpoint directory {directory} " + ("is a file, not a folder" if directory.exists()
+                                                              else "does not exist"))
     path = directory / CONFIG_NAME
     if not path.is_file():
         raise TxlError(f"{directory} has no {CONFIG_NAME}: not a txl checkpoint (expected {CONFIG_NAME} and {WEIGHTS_NAME})")
@@ -63,6 +64,9 @@ def load_model(directory: str | Path, map_location: str | torch.device = "cpu"):
 
     directory = Path(directory)
     config = read_model_config(directory)
+    if (directory / "classifier.json").is_file():
+        raise TxlError(f"{directory} is a document classifier (txl classify), not a language model; use "
+                       "txl classify predict, or give the language-model checkpoint it was made from")
     path = directory / WEIGHTS_NAME
     if not path.is_file():
         raise TxlError(f"{directory} has no {WEIGHTS_NAME}")

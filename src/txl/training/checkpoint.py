@@ -66,8 +66,10 @@ def save_checkpoint(directory: str | Path, model: TransformerXLLM, tokenizer: To
     except (OSError, SafetensorError) as err:  # safetensors reports I/O failures (disk full) as its own error
         shutil.rmtree(tmp, ignore_errors=True)
         reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-        raise TxlError(f"could not write checkpoint {directory}: {reason}; the previous checkpoints "
-                       "are intact (free some space, then continue with --resume)") from None
+        after = ("the previous checkpoints are intact (free some space, then continue with --resume)"
+                 if any(p.is_dir() for p in directory.parent.glob("last*")) else
+                 "no checkpoint was written yet (free some space and start again)")
+        raise TxlError(f"could not write checkpoint {directory}: {reason}; {after}") from None
     _fsync_dir(tmp)
     old = directory.with_name(directory.name + ".old")
     if directory.exists():
@@ -137,6 +139,8 @@ def verify_checkpoint(directory: str | Path) -> bool:
     if not (directory / CHECKSUMS_NAME).is_file():
         return False
     listed = _read_json(directory / CHECKSUMS_NAME)
+    if not listed:
+        return False
     for name, digest in listed.items():
         f = directory / name
         if not f.is_file():
@@ -236,7 +240,8 @@ def load_checkpoint(path: str | Path, map_location: str = "cpu") -> Checkpoint:
             weights replaced after saving), a vocabulary whose size differs from the model's.
     """
     directory = resolve_checkpoint_dir(path)
-    verify_checkpoint(directory)
+    if not verify_checkpoint(directory) and (directory / STATE_NAME).is_file():  # written by txl, checksums lost
+        print(f"txl: warning: {directory} has no {CHECKSUMS_NAME}; its files cannot be verified", file=sys.stderr)
     model = TransformerXLLM.from_pretrained(directory, map_location=map_location)
     if not (directory / VOCAB_NAME).is_file():
         raise TxlError(f"{directory} has no {VOCAB_NAME}: cannot decode or encode text for this model")

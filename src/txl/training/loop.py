@@ -197,7 +197,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
         candidates = checkpoint_candidates(out_dir, "last")
         if not candidates:
             raise TxlError(f"{out_dir} has no resumable checkpoint (last/{TRAINER_JSON}); start a new run instead")
-        resume_dir = first_good_checkpoint(candidates, required=TRAINER_JSON, warn=lambda m: log(f"warning: {m}"))
+        resume_dir = first_good_checkpoint(candidates, required=TRAINER_JSON, warn=lambda m: log(f"txl: warning: {m}"))
     elif (out_dir / RUN_NAME).exists():
         raise TxlError(f"{out_dir} already holds a run; choose another train.out_dir (--out), remove it, "
                        "or continue it with --resume")
@@ -241,7 +241,14 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     pos, mems, best, start_step = 0, None, float("inf"), 0
     if resume:
         saved = load_checkpoint(resume_dir, map_location=str(device))
-        model.load_state_dict(saved.model.state_dict())
+        if saved.tokenizer.to_dict() != corpus.tokenizer.to_dict():
+            raise TxlError(f"the corpus now gives a different vocabulary than {resume_dir} was trained with; data "
+                           "settings cannot change when resuming (start a new run instead)")
+        try:
+            model.load_state_dict(saved.model.state_dict())
+        except RuntimeError:
+            raise TxlError(f"the weights in {resume_dir} do not fit the changed model config; model shapes cannot "
+                           "change when resuming (start a new run instead)") from None
         restored = load_trainer_state(resume_dir, optimizer=optimizer, scaler=scaler, generator=generator,
                                       device=device, rank=d.rank)
         start_step, pos, mems, state = restored["step"], restored["position"], restored["mems"], restored["state"]
@@ -268,6 +275,9 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
         metrics_file, writer = open_metrics(out_dir / "metrics.csv", start_step)
     total_tokens = torch.tensor(state["tokens"], dtype=torch.int64, device=device)  # on the device: no sync per step
     window_loss, window_tokens, window_start = 0.0, state["tokens"], time.perf_counter()
+    if "window" in state:  # resumed inside a logging window: its first row averages the whole window again
+        saved_loss, window_tokens, window_elapsed = state["window"]
+        window_loss, window_start = saved_loss, window_start - window_elapsed
     start = time.perf_counter() - float(state.get("elapsed_s") or 0.0)  # a resumed run's clock goes on
     bar = tqdm(total=t.max_steps, initial=start_step, disable=not progress or not d.is_main, dynamic_ncols=True,
                file=sys.stderr)
@@ -291,7 +301,8 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
             raise TxlError(error)
 
     def save_last(extra_state: dict[str, Any] | None = None) -> None:
-        state.update(step=step, tokens=int(total_tokens), elapsed_s=time.perf_counter() - start, **(extra_state or {}))
+        state.update(step=step, tokens=int(total_tokens), elapsed_s=time.perf_counter() - start,
+                     window=[float(window_loss), window_tokens, time.perf_counter() - window_start], **(extra_state or {}))
         write_checkpoint("last", t.keep_last, trainer=True)
 
     def validate_and_save() -> float:
