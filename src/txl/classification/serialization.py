@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from txl.data import load_tokenizer
 from txl.errors import TxlError
 from txl.fileio import atomic_write, read_json_object, write_json
-from txl.model.serialization import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, read_model_config, unique_state
+from txl.model.serialization import (CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, load_weights, read_model_config,
+                                     unique_state)
 
 CLASSIFIER_NAME = "classifier.json"
 
@@ -79,23 +80,7 @@ def load_classifier(directory: str | Path, map_location: str = "cpu"):
     values.pop("extra", None)
     classifier = ClassifierConfig.from_dict(values)
     model = TransformerXLForSequenceClassification(read_model_config(directory), classifier=classifier)
-    path = directory / WEIGHTS_NAME
-    if not path.is_file():
-        raise TxlError(f"{directory} has no {WEIGHTS_NAME}")
-    try:
-        tensors = load_file(str(path), device=str(map_location))
-    except (SafetensorError, OSError, ValueError) as err:
-        raise TxlError(f"cannot read weights {path}: {err}") from None
-    expected = unique_state(model)
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    if missing or unexpected:
-        raise TxlError(f"weights in {path} do not match its configs: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    for key, value in tensors.items():
-        if value.shape != expected[key].shape:
-            raise TxlError(f"weights in {path} do not match its configs: {key} has shape {tuple(value.shape)}, "
-                           f"expected {tuple(expected[key].shape)}")
-    model.load_state_dict(tensors, strict=False)  # tied second names are filled by the ties
+    load_weights(model, directory, map_location, f"{CONFIG_NAME} and {CLASSIFIER_NAME}")
     if (directory / VOCAB_NAME).is_file():
         model.tokenizer = load_tokenizer(directory / VOCAB_NAME)
         if model.tokenizer.vocab_size != model.config.vocab_size:

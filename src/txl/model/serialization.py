@@ -67,6 +67,19 @@ def load_model(directory: str | Path, map_location: str | torch.device = "cpu"):
     if (directory / "classifier.json").is_file():
         raise TxlError(f"{directory} is a document classifier (txl classify), not a language model; use "
                        "txl classify predict, or give the language-model checkpoint it was made from")
+    model = TransformerXLLM(config)
+    load_weights(model, directory, map_location, CONFIG_NAME)
+    return model.to(map_location).eval()  # inference mode, like a freshly loaded model anywhere
+
+
+def load_weights(model: torch.nn.Module, directory: Path, map_location, described_by: str) -> None:
+    """Load ``directory/model.safetensors`` into ``model``, refusing missing, unexpected or
+    wrongly shaped tensors (tied parameters are stored once and filled by the ties).
+
+    Raises:
+        TxlError: no or unreadable weights, or weights that do not match ``described_by`` (the
+            config file(s) the model was built from).
+    """
     path = directory / WEIGHTS_NAME
     if not path.is_file():
         raise TxlError(f"{directory} has no {WEIGHTS_NAME}")
@@ -74,15 +87,13 @@ def load_model(directory: str | Path, map_location: str | torch.device = "cpu"):
         tensors = load_file(str(path), device=str(map_location))
     except (SafetensorError, OSError, ValueError) as err:
         raise TxlError(f"cannot read weights {path}: {err}") from None
-    model = TransformerXLLM(config)
     expected = unique_state(model)
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     if missing or unexpected:
-        raise TxlError(f"weights in {path} do not match {CONFIG_NAME}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise TxlError(f"weights in {path} do not match {described_by}: missing {missing[:5]}, unexpected {unexpected[:5]}")
     for key, value in tensors.items():
         if value.shape != expected[key].shape:
-            raise TxlError(f"weights in {path} do not match {CONFIG_NAME}: {key} has shape {tuple(value.shape)}, "
+            raise TxlError(f"weights in {path} do not match {described_by}: {key} has shape {tuple(value.shape)}, "
                            f"config implies {tuple(expected[key].shape)}")
-    model.load_state_dict(tensors, strict=False)  # the tied second names are filled by the ties
-    return model.to(map_location).eval()  # inference mode, like a freshly loaded model anywhere
+    model.load_state_dict(tensors, strict=False)
