@@ -389,9 +389,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     ckpt = load_checkpoint(args.checkpoint, map_location=str(device))
     if args.prompt_file:
         try:
-            prompt = Path(args.prompt_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            raise TxlError(f"cannot read prompt file {args.prompt_file}: {err}") from None
+            raw = Path(args.prompt_file).read_bytes()
+        except OSError as err:
+            raise TxlError(f"cannot read prompt file {args.prompt_file}: {err.strerror or err}") from None
+        if ckpt.tokenizer.kind == "byte":  # any bytes: undecodable ones travel as surrogate escapes
+            prompt = raw.decode("utf-8", errors="surrogateescape")
+        else:
+            from txl.data.tokenizers import decode_utf8
+
+            prompt = decode_utf8(raw, source=f"prompt file {args.prompt_file}", kind=ckpt.tokenizer.kind)
     else:
         prompt = args.prompt if args.prompt is not None else "\n"
     if prompt == "":
@@ -403,7 +409,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise TxlError("the prompt encodes to no tokens; give a longer prompt")
     generator = torch.Generator(device=device)
     generator.manual_seed(args.seed if args.seed is not None else torch.seed() % (2**63))
-    sys.stdout.write(prompt)
+    sys.stdout.write(prompt.encode("utf-8", "surrogateescape").decode("utf-8", "replace"))
     sys.stdout.flush()
     pending: list[int] = []
     at_line_start = prompt.endswith("\n")
