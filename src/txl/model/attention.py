@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from txl.model.dropout import Dropout
+
 
 def inverse_frequencies(dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """``10000^(-2k/dim)`` for k = 0 .. dim/2 - 1 (float32 [dim/2]): the sinusoid frequencies."""
@@ -140,7 +142,7 @@ class MultiHeadAttention(nn.Module):
         self.qkv_net = nn.Linear(d_model, 3 * n_head * d_head, bias=False)
         self.o_net = nn.Linear(n_head * d_head, d_model, bias=False)
         self.layer_norm = nn.LayerNorm(d_model)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.dropatt = nn.Dropout(dropatt)
         if attn_type == "rel":
             self.r_net = nn.Linear(d_model, n_head * d_head, bias=False)

@@ -13,6 +13,7 @@ from torch import nn
 from txl.model.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, tie_adaptive
 from txl.model.attention import MultiHeadAttention, attention_mask, relative_positions, sinusoid
 from txl.model.config import TransformerXLConfig
+from txl.model.dropout import Dropout
 from txl.model.memory import Mems, check_mems, extend_mems, update_mems
 from txl.errors import TxlError
 
@@ -45,8 +46,8 @@ class PositionwiseFF(nn.Module):
     def __init__(self, d_model: int, d_inner: int, dropout: float, pre_lnorm: bool) -> None:
         super().__init__()
         self.pre_lnorm = pre_lnorm
-        self.net = nn.Sequential(nn.Linear(d_model, d_inner), nn.ReLU(inplace=True), nn.Dropout(dropout),
-                                 nn.Linear(d_inner, d_model), nn.Dropout(dropout))
+        self.net = nn.Sequential(nn.Linear(d_model, d_inner), nn.ReLU(inplace=True), Dropout(dropout),
+                                 nn.Linear(d_inner, d_model), Dropout(dropout))
         self.layer_norm = nn.LayerNorm(d_model)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
@@ -95,7 +96,7 @@ class TransformerXLLM(nn.Module):
         self.config = config
         c = config
         self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val)
-        self.drop = nn.Dropout(c.dropout)
+        self.drop = Dropout(c.dropout)
         if c.attn_type == "rel" and not c.untie_r:
             self.r_w_bias = nn.Parameter(torch.empty(c.n_head, c.d_head))
             self.r_r_bias = nn.Parameter(torch.empty(c.n_head, c.d_head))
