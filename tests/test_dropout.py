@@ -6,7 +6,7 @@ import torch
 from txl.model.dropout import Dropout, keep_mask
 
 
-@pytest.mark.parametrize("p", [0.05, 0.1, 0.3, 0.5, 0.9])
+@pytest.mark.parametrize("p", [0.05, 0.1, 0.3, 0.5, 0.9, 0.999999])
 def test_keep_rate_per_lane_matches_one_minus_p(p):
     mask = keep_mask((1_000_003,), p, generator=torch.Generator().manual_seed(0))
     assert mask.shape == (1_000_003,) and mask.dtype == torch.bool
@@ -32,7 +32,10 @@ def test_training_output_is_unbiased_and_the_gradient_is_the_mask():
 def test_eval_mode_p0_p1_seed_and_dtype():
     x = torch.randn(3, 5, 7)
     assert Dropout(0.3).eval()(x) is x and Dropout(0.0).train()(x) is x
-    assert not Dropout(1.0).train()(x).any()
+    x.requires_grad_(True)
+    dropped = Dropout(1.0).train()(x)
+    assert not dropped.any() and dropped.requires_grad
+    x = x.detach()
     torch.manual_seed(5)
     a = Dropout(0.3).train()(x)
     torch.manual_seed(5)

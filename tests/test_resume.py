@@ -67,7 +67,8 @@ def test_resume_refuses_a_changed_model_or_vocabulary(tmp_path, corpus, capsys):
     train(run, progress=False, log=lambda m: None)
     before = sorted((p.name, p.read_bytes()) for p in (tmp_path / "short").rglob("*") if p.is_file())
     for change, expect in (("model.d_model=24", "model shapes cannot change"),
-                           ("data.tokenizer=byte", "different vocabulary")):
+                           ("data.tokenizer=byte", "different vocabulary"),
+                           ("train.batch_size=8", "batch size cannot change")):
         capsys.readouterr()
         assert main(["train", "--resume", str(tmp_path / "short"), "-q", "--allow-config-change", change]) == 2
         err = capsys.readouterr().err.strip().splitlines()

@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rms: updates divided by RMS gradients from training data (default); sgd: plain steps")
     p.add_argument("--sweep-mem", metavar="M1,M2,...", default=None,
                    help="evaluate at each of these memory lengths and print a table")
-    p.add_argument("--plot", metavar="FILE", default=None, help="with --sweep-mem: write a PNG of the metric against mem_len")
+    p.add_argument("--plot", metavar="FILE", default=None, help="with --sweep-mem: draw the metric against mem_len (.png, .pdf, .svg, ...)")
 
     p = sub.add_parser("generate", help="sample text from a checkpoint, reusing the memory")
     p.add_argument("checkpoint", help="checkpoint directory or run directory (uses best/)")
@@ -267,7 +267,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.plot:
         from txl.plots import pyplot
 
-        pyplot()  # fail before the evaluation if matplotlib is missing
+        plt = pyplot()  # fail before the evaluation if matplotlib is missing, the type is unknown or the path unusable
+        kind = Path(args.plot).suffix[1:].lower() or "png"
+        if kind not in plt.figure().canvas.get_supported_filetypes() or kind == "pgf":
+            raise TxlError(f"--plot {args.plot}: unknown image type .{kind}; use .png, .pdf or .svg")
+        plt.close("all")
+        if Path(args.plot).is_dir():
+            raise TxlError(f"--plot {args.plot} is a folder; give a file name")
     device = resolve_device(args.device)
     ckpt = load_checkpoint(args.checkpoint, map_location=str(device))
     e = ckpt.run.eval

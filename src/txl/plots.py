@@ -48,7 +48,10 @@ def save_figure(fig, path) -> Path:
             raise TxlError(f"cannot draw {path}: unknown image type .{kind}; use one of "
                            f"{', '.join('.' + k for k in sorted(supported))}")
         fig.tight_layout()
-        atomic_write(path, lambda tmp: fig.savefig(tmp, format=kind, dpi=100))
+        try:
+            atomic_write(path, lambda tmp: fig.savefig(tmp, format=kind, dpi=100))
+        except RuntimeError as err:  # e.g. .pgf needs a LaTeX installation
+            raise TxlError(f"cannot draw {path}: {err}; use .png, .pdf or .svg") from None
     finally:
         pyplot().close(fig)
     return path

@@ -31,7 +31,7 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.devic
         n *= size
     words = torch.randint(0, 2**62, ((n + 3) // 4,), dtype=torch.int64, device=device, generator=generator)
     lanes = words.view(torch.int16).view(-1, 4)
-    full, short = round(p * 65536) - 32768, round(p * 16384)
+    full, short = min(round(p * 65536), 65535) - 32768, min(round(p * 16384), 16383)
     thresholds = torch.full((4,), full, dtype=torch.int16, device=device)
     thresholds[_SHORT_LANE] = short
     keep = (lanes >= thresholds).view(-1)
@@ -53,7 +53,7 @@ class Dropout(nn.Module):
         if not self.training or self.p == 0.0:
             return x
         if self.p == 1.0:
-            return torch.zeros_like(x)
+            return x * 0.0
         if x.device.type != "cpu":
             return F.dropout(x, self.p, training=True)
         scale = torch.tensor(1.0 / (1.0 - self.p), dtype=x.dtype)

@@ -263,6 +263,6 @@ def quarantine(bad: list[Path]) -> None:
     """Rename checkpoints that failed verification to ``NAME.corrupt`` (kept for inspection, never
     loaded or rotated), so that the next save cannot push the good one out."""
     for path in bad:
-        target = path.with_name(path.name.split(".")[0] + ".corrupt")
+        target = path.with_name(path.name + ".corrupt")  # last.corrupt, last.25.corrupt, ...
         shutil.rmtree(target, ignore_errors=True)
         path.rename(target)

@@ -252,6 +252,9 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
         restored = load_trainer_state(resume_dir, optimizer=optimizer, scaler=scaler, generator=generator,
                                       device=device, rank=d.rank)
         start_step, pos, mems, state = restored["step"], restored["position"], restored["mems"], restored["state"]
+        if mems is not None and mems[0].size(0) != t.batch_size:
+            raise TxlError(f"{resume_dir} holds the memory of {mems[0].size(0)} streams but train.batch_size is now "
+                           f"{t.batch_size}; the batch size cannot change when resuming (start a new run instead)")
         if mems is not None:
             mems = [m[rows] for m in mems]
         if d.rank and not restored["own_rng"]:  # a rank the saved run did not have: its own dropout stream
