@@ -1,11 +1,9 @@
 """txl ablate: the Table 6 runner (variants, equal parameters and tokens, evaluation protocols, outputs)."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from conftest import tiny_model
 from test_training import SHAKESPEARE

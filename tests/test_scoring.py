@@ -14,7 +14,7 @@ from txl.config import RunConfig
 from txl.data import ByteTokenizer, CharTokenizer
 from txl.errors import TxlError
 from txl.evaluation import evaluate
-from txl.scoring import score_tokens, token_text, total_metric
+from txl.scoring import token_text, total_metric
 from txl.training.checkpoint import load_checkpoint, save_checkpoint
 
 @pytest.fixture(autouse=True, scope="module")

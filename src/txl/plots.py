@@ -58,7 +58,7 @@ def save_figure(fig, path) -> Path:
 
 
 def read_metrics(path) -> dict[str, np.ndarray]:
-    """Columns of a run's ``metrics.csv`` (see ``txl.training.loop.METRIC_FIELDS``) as float64 arrays.
+    """Columns of a run's ``metrics.csv`` (see ``txl.training.runlog.METRIC_FIELDS``) as float64 arrays.
 
     Empty cells (e.g. ``val_loss`` on steps without validation) become NaN.
 

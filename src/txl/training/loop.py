@@ -28,7 +28,7 @@ from txl.training.checkpoint import (RUN_NAME, checkpoint_candidates, first_good
                                      quarantine, save_checkpoint)
 from txl.training.resume import JSON_NAME as TRAINER_JSON
 from txl.training.resume import load_trainer_state, rank_rng_state, save_trainer_state
-from txl.training.runlog import METRIC_FIELDS, StopRequest, open_metrics, remove_unfinished  # noqa: F401
+from txl.training.runlog import StopRequest, open_metrics, remove_unfinished
 from txl.training.step import train_step
 from txl.training.schedules import learning_rate, segment_span
 
