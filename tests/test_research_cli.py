@@ -56,6 +56,9 @@ def test_recl_command_writes_table_json_and_plot(runs, capsys):
     np.testing.assert_allclose(saved["gains"]["0.1"], again.gains[0.1], rtol=1e-9)
     code, out, err = run_cli(capsys, "recl", base / "xl", "--data", corpus, "--start", "4", "--max-context", "6")
     assert code == 2 and "max-context" in err and out == ""
+    before = (out_dir / "recl.json").read_bytes()
+    code, out, err = run_cli(capsys, "recl", base / "xl", "--data", corpus, "--out", out_dir)
+    assert code == 2 and "already exists" in err and (out_dir / "recl.json").read_bytes() == before
 
 
 def test_recl_without_data_scores_the_runs_own_test_split(runs, capsys):

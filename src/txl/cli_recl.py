@@ -71,6 +71,8 @@ def _run_test_split(ckpt):
 def run(args: argparse.Namespace) -> int:
     """Score every model at every context length, then print the RECL table (and write files)."""
     contexts, ratios, names = _check(args)
+    if args.out and Path(args.out).exists() and (not Path(args.out).is_dir() or any(Path(args.out).iterdir())):
+        raise TxlError(f"--out {args.out} already exists and is not empty; choose a new folder")
     if not args.no_plot and args.out:
         from txl.plots import pyplot
 
