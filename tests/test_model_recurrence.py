@@ -56,8 +56,9 @@ def test_memory_window_holds_the_most_recent_layer_inputs():
     assert torch.allclose(mems[0], emb, atol=1e-12)  # layer-0 memory = embeddings of tokens 6..9
 
 
-def test_changing_a_token_changes_no_earlier_logit():
-    model = tiny_model(mem_len=8)
+@pytest.mark.parametrize("overrides", [{}, {"attn_type": "shaw", "shaw_max_dist": 6}])
+def test_changing_a_token_changes_no_earlier_logit(overrides):
+    model = tiny_model(mem_len=8, **overrides)
     ids = torch.randint(0, 37, (2, 10))
     warm = torch.randint(0, 37, (2, 6))
     mems = model(warm).mems

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from txl.errors import TxlError
-from txl.evaluation import EvalResult, attention_span, autocast
+from txl.evaluation import EvalResult, attention_span, autocast, token_tensor
 
 METHODS = ("sgd", "rms")
 
@@ -132,11 +132,7 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
         raise TxlError(f"dynamic evaluation method must be one of {', '.join(METHODS)}, got {method!r}")
     if lr < 0 or not 0.0 <= decay < 1.0:
         raise TxlError(f"dynamic evaluation needs lr >= 0 and 0 <= decay < 1, got lr={lr}, decay={decay}")
-    data = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
-    if max_tokens:
-        data = data[: max_tokens + 1]
-    if data.numel() < 2:
-        raise TxlError("the text has fewer than 2 tokens: nothing to score")
+    data = token_tensor(tokens, max_tokens)
     device = next(model.parameters()).device
     params = _params(model)
     if stats is not None:

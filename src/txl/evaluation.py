@@ -129,6 +129,20 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     return EvalResult(loss=total / count, n_tokens=count, unit=unit, settings=settings)
 
 
+def token_tensor(tokens, max_tokens: int = 0) -> torch.Tensor:
+    """``tokens`` as int64 [N] (CPU), cut to ``max_tokens`` targets (+1 input) when ``max_tokens`` > 0.
+
+    Raises:
+        TxlError: fewer than 2 tokens (nothing to score).
+    """
+    data = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
+    if max_tokens:
+        data = data[: max_tokens + 1]
+    if data.numel() < 2:
+        raise TxlError("the text has fewer than 2 tokens: nothing to score")
+    return data
+
+
 @torch.no_grad()
 def evaluate_sliding_window(model, tokens: np.ndarray, *, context: int, stride: int = 1, unit: str = "bpc",
                             batch_size: int = 32, max_tokens: int = 0, dtype: str = "float32") -> EvalResult:
@@ -150,11 +164,7 @@ def evaluate_sliding_window(model, tokens: np.ndarray, *, context: int, stride: 
     """
     if context < 1 or not 1 <= stride <= context:
         raise TxlError(f"sliding window needs context >= 1 and 1 <= stride <= context, got {context}, {stride}")
-    data = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
-    if max_tokens:
-        data = data[: max_tokens + 1]
-    if data.numel() < 2:
-        raise TxlError("the split has fewer than 2 tokens: nothing to score")
+    data = token_tensor(tokens, max_tokens)
     device = next(model.parameters()).device
     n_targets = data.numel() - 1
     first = min(context, n_targets)
