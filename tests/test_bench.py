@@ -1,6 +1,6 @@
 """`txl bench` runs end to end on a tiny config (speed itself is measured by the benchmark, not by tests)."""
 
-from txl.bench import eval_speedup, format_table, run_bench, train_flops_per_token
+from txl.analysis.bench import eval_speedup, format_table, run_bench, train_flops_per_token
 from txl.model import TransformerXLConfig
 
 TINY = dict(vocab_size=64, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, tgt_len=16, mem_len=16,

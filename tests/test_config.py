@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from txl.config import RunConfig, load_run_config, parse_override
+from txl.training.config import RunConfig, load_run_config, parse_override
 from txl.errors import TxlError
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

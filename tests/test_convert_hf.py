@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import TransfoXLConfig, TransfoXLLMHeadModel
 
+from txl.generation import generate
 from txl.convert.hf_transfo_xl import (hf_initial_mems, hf_model_to_txl, model_from_hf_state,
                                         read_hf_checkpoint, write_hf_checkpoint)
 from txl.convert.safe_pickle import read_transfo_xl_vocab
@@ -92,7 +93,7 @@ def test_greedy_generation_equals_hf_generate():
     prompt = torch.randint(0, V, (2, 6))
     with torch.no_grad():
         theirs = hf.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)
-    ours = txl.generate(prompt, 12, temperature=0, mems=hf_initial_mems(txl.config, 2))
+    ours = generate(txl, prompt, 12, temperature=0, mems=hf_initial_mems(txl.config, 2))
     assert torch.equal(ours, theirs)
 
 

@@ -11,14 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from txl.data.corpus import build_tokenizer, load_corpus
-from txl.data.bpe import BPETokenizer, _chunks
+from txl.data.tokenizers.bpe import BPETokenizer, _chunks
 from txl.data.tokenizers import (
     TOKENIZER_KINDS,
     WordTokenizer,
     load_tokenizer,
     tokenizer_from_dict,
 )
-from txl.data.wikitext import wikitext_detokenize, wikitext_tokenize
+from txl.data.tokenizers.wikitext import wikitext_detokenize, wikitext_tokenize
 from txl.errors import TxlError
 
 # Raw sentences in the style of Wikipedia articles, and their WikiText-103 tokenisation

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from txl.dynamic_eval import dynamic_evaluate, gradient_statistics
+from txl.evaluation.dynamic import dynamic_evaluate, gradient_statistics
 from txl.errors import TxlError
-from txl.evaluation import evaluate
+from txl.evaluation.stream import evaluate
 
 
 def _tokens(n, seed=0, vocab=37):

@@ -5,7 +5,7 @@ import torch
 
 from conftest import tiny_model
 from txl.errors import TxlError
-from txl.generation import sample_next
+from txl.generation import generate, sample_next
 
 
 def greedy_by_recomputation(model, prompt, n):
@@ -20,7 +20,7 @@ def greedy_by_recomputation(model, prompt, n):
 def test_cached_greedy_equals_full_recomputation(prompt_len):
     model = tiny_model(mem_len=64, tgt_len=4)
     prompt = torch.randint(0, 37, (3, prompt_len))
-    cached = model.generate(prompt, 20, temperature=0)
+    cached = generate(model, prompt, 20, temperature=0)
     assert cached.shape == (3, prompt_len + 20)
     assert torch.equal(cached, greedy_by_recomputation(model, prompt, 20))
 
@@ -29,7 +29,7 @@ def test_generation_feeds_one_token_per_step():
     model = tiny_model(mem_len=64, tgt_len=4)
     seen = []
     handle = model.register_forward_pre_hook(lambda m, args, kwargs: seen.append(args[0].shape[1]), with_kwargs=True)
-    model.generate(torch.randint(0, 37, (1, 9)), 6, temperature=0)
+    generate(model, torch.randint(0, 37, (1, 9)), 6, temperature=0)
     handle.remove()
     assert seen == [4, 4] + [1] * 6  # prompt[:-1] primes the memory in tgt_len chunks, then one token each
 
@@ -37,7 +37,7 @@ def test_generation_feeds_one_token_per_step():
 def test_abs_generation_uses_sliding_window():
     model = tiny_model(attn_type="abs", tgt_len=6)
     prompt = torch.randint(0, 37, (2, 3))
-    out = model.generate(prompt, 8, temperature=0)
+    out = generate(model, prompt, 8, temperature=0)
     seq = prompt
     for _ in range(8):
         nxt = model(seq[:, -6:]).logits[:, -1].argmax(-1, keepdim=True)
@@ -49,8 +49,8 @@ def test_seeded_sampling_is_reproducible_and_restores_train_mode():
     model = tiny_model(mem_len=16)
     model.train()
     prompt = torch.randint(0, 37, (2, 3))
-    a = model.generate(prompt, 10, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(7))
-    b = model.generate(prompt, 10, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(7))
+    a = generate(model, prompt, 10, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(7))
+    b = generate(model, prompt, 10, temperature=1.0, top_k=5, generator=torch.Generator().manual_seed(7))
     assert torch.equal(a, b)
     assert model.training
 
@@ -78,7 +78,7 @@ def test_top_k_and_top_p_restrict_the_support():
 def test_decoding_caches_change_nothing_with_a_sliding_memory(overrides):
     model = tiny_model(tgt_len=4, **overrides)
     prompt = torch.randint(0, 37, (2, 9))
-    ours = model.generate(prompt, 15, temperature=0)  # keys/values of the memory cached across steps
+    ours = generate(model, prompt, 15, temperature=0)  # keys/values of the memory cached across steps
     # the same steps, the memory re-projected every time
     mems = None
     for start in range(0, 8, 4):

@@ -7,6 +7,7 @@ import torch
 
 from conftest import tiny_model
 from txl.errors import TxlError
+from txl.generation import generate
 from txl.model import TransformerXLConfig, TransformerXLLM
 from txl.model.attention import MultiHeadAttention, attention_mask
 
@@ -118,7 +119,7 @@ def test_shaw_cached_generation_equals_recomputing_the_prefix():
     (cached = uncached with a sliding memory is tested with the other attention types in test_generation)."""
     model = tiny_model(tgt_len=4, attn_type="shaw", shaw_max_dist=8, mem_len=64)
     prompt = torch.randint(0, 37, (2, 9))
-    ours = model.generate(prompt, 15, temperature=0)
+    ours = generate(model, prompt, 15, temperature=0)
     full = prompt
     for _ in range(15):
         full = torch.cat([full, model(full).logits[:, -1].argmax(-1, keepdim=True)], 1)

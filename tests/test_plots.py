@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from txl.attention_maps import attention_probabilities, distance_matrix, mean_attention_distance
+from txl.analysis.attention_maps import attention_probabilities, distance_matrix, mean_attention_distance
 from txl.errors import TxlError
-from txl.plots import plot_attention_distance, plot_learning_curves, plot_mem_sweep, read_metrics
+from txl.analysis.plots import plot_attention_distance, plot_learning_curves, plot_mem_sweep, read_metrics
 
 
 @pytest.mark.parametrize("overrides", [dict(), dict(same_length=True), dict(pre_lnorm=True, untie_r=True),

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from txl.errors import TxlError
-from txl.recl import (baseline, context_losses, gain_curve, recl_from_gains, recl_table, relative_gain,
+from txl.analysis.recl import (baseline, context_losses, gain_curve, recl_from_gains, recl_table, relative_gain,
                       top_positions)
 
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from txl.cli import main
-from txl.evaluation import evaluate
-from txl.recl import context_losses, recl_table, scored_positions
-from txl.training.loop import load_run_corpus
+from txl.evaluation.stream import evaluate
+from txl.analysis.recl import context_losses, recl_table, scored_positions
+from txl.data.corpus import load_run_corpus
 from txl.training.checkpoint import load_checkpoint
 
 TINY = ["model.n_layer=1", "model.d_model=16", "model.n_head=2", "model.d_head=8", "model.d_inner=32",
@@ -68,7 +68,7 @@ def test_recl_without_data_scores_the_runs_own_test_split(runs, capsys):
     assert code == 0, err
     saved = json.loads((base / "recl-own" / "recl.json").read_text())
     ckpt = load_checkpoint(base / "xl")
-    test_split = load_run_corpus(ckpt.run, tokenizer=ckpt.tokenizer).test
+    test_split = load_run_corpus(ckpt.run.data, tokenizer=ckpt.tokenizer).test
     losses = [context_losses(load_checkpoint(base / n).model, test_split, saved["contexts"],
                              scored_positions(len(test_split), 6, 5)) for n in ("xl", "vanilla")]
     again = recl_table(np.stack(losses), ["xl", "vanilla"], saved["contexts"])

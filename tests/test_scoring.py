@@ -10,11 +10,11 @@ import torch
 
 from conftest import tiny_model
 from txl.cli import main
-from txl.config import RunConfig
+from txl.training.config import RunConfig
 from txl.data import ByteTokenizer, CharTokenizer
 from txl.errors import TxlError
-from txl.evaluation import evaluate
-from txl.scoring import token_text, total_metric
+from txl.evaluation.stream import evaluate
+from txl.evaluation.scoring import score, score_texts, token_text, total_metric
 from txl.training.checkpoint import load_checkpoint, save_checkpoint
 
 @pytest.fixture(autouse=True, scope="module")
@@ -47,10 +47,10 @@ def causal_logprobs(model, doc):
 def test_scores_do_not_depend_on_the_other_documents(overrides):
     model = tiny_model(**overrides)
     docs = random_docs()
-    alone = [model.score([d])[0] for d in docs]
+    alone = [score(model, [d])[0] for d in docs]
     for batch_size in (2, 3, len(docs)):
-        batched = model.score(docs, batch_size=batch_size)
-        shuffled = model.score(docs[::-1], batch_size=batch_size)[::-1]
+        batched = score(model, docs, batch_size=batch_size)
+        shuffled = score(model, docs[::-1], batch_size=batch_size)[::-1]
         for a, b, c in zip(alone, batched, shuffled):
             np.testing.assert_array_equal(a.tokens, b.tokens)
             np.testing.assert_allclose(b.logprobs, a.logprobs, rtol=0, atol=1e-12, equal_nan=True)
@@ -60,21 +60,21 @@ def test_scores_do_not_depend_on_the_other_documents(overrides):
 def test_float32_batching_within_1e5():
     model = tiny_model(dtype=torch.float32)
     docs = random_docs(seed=3)
-    batched = model.score(docs, batch_size=4)
+    batched = score(model, docs, batch_size=4)
     for doc, b in zip(docs, batched):
-        a = model.score([doc])[0]
+        a = score(model, [doc])[0]
         assert np.nanmax(np.abs(a.logprobs - b.logprobs)) < 1e-5
 
 
 def test_segmenting_with_memory_equals_one_long_causal_pass():
     model = tiny_model()  # tgt_len 5
     docs = random_docs((40, 23, 7), seed=1)
-    scores = model.score(docs, batch_size=2, tgt_len=5, mem_len=64)
+    scores = score(model, docs, batch_size=2, tgt_len=5, mem_len=64)
     for doc, s in zip(docs, scores):
         assert math.isnan(s.logprobs[0])  # the first token has no context: not scored
         np.testing.assert_allclose(s.logprobs[1:], causal_logprobs(model, doc), rtol=0, atol=1e-12)
     # a short memory really loses context: segmenting is then not the long pass
-    short = model.score(docs[:1], tgt_len=5, mem_len=2)[0]
+    short = score(model, docs[:1], tgt_len=5, mem_len=2)[0]
     assert np.abs(short.logprobs[1:] - causal_logprobs(model, docs[0])).max() > 1e-6
 
 
@@ -83,7 +83,7 @@ def test_segmenting_with_memory_equals_one_long_causal_pass():
 def test_document_loss_equals_evaluate_on_the_same_tokens(span):
     model = tiny_model()
     docs = random_docs(seed=2)
-    for doc, s in zip(docs, model.score(docs, batch_size=3, **span)):
+    for doc, s in zip(docs, score(model, docs, batch_size=3, **span)):
         ref = evaluate(model, doc, batch_size=1, **span)
         assert s.n_scored == ref.n_tokens == doc.size - 1
         assert s.loss == pytest.approx(ref.loss, rel=1e-12)
@@ -91,7 +91,7 @@ def test_document_loss_equals_evaluate_on_the_same_tokens(span):
 
 def test_totals_and_metrics_follow_from_the_token_logprobs():
     model = tiny_model()
-    scores = model.score(random_docs(seed=4), batch_size=3)
+    scores = score(model, random_docs(seed=4), batch_size=3)
     for s in scores:
         lp = s.logprobs[1:]
         assert s.n_scored == s.n_tokens - 1 and np.all(lp < 0)
@@ -107,10 +107,10 @@ def test_totals_and_metrics_follow_from_the_token_logprobs():
 def test_carry_memory_treats_documents_as_one_stream():
     model = tiny_model()
     docs = random_docs((12, 9, 14), seed=5)
-    reset = model.score(docs)
-    carried = model.score(docs, carry_memory=True)
+    reset = score(model, docs)
+    carried = score(model, docs, carry_memory=True)
     # reset: the second document scores as if alone; carried: its scores change, its first token is scored
-    np.testing.assert_allclose(reset[1].logprobs, model.score([docs[1]])[0].logprobs, atol=1e-12, equal_nan=True)
+    np.testing.assert_allclose(reset[1].logprobs, score(model, [docs[1]])[0].logprobs, atol=1e-12, equal_nan=True)
     assert math.isnan(reset[1].logprobs[0]) and not math.isnan(carried[1].logprobs[0])
     assert np.nanmax(np.abs(carried[1].logprobs[1:] - reset[1].logprobs[1:])) > 1e-6
     np.testing.assert_allclose(carried[0].logprobs, reset[0].logprobs, atol=1e-12, equal_nan=True)
@@ -120,7 +120,7 @@ def test_carry_memory_treats_documents_as_one_stream():
     assert sum(s.n_scored for s in carried) == ref.n_tokens
     assert -sum(s.total for s in carried) / ref.n_tokens == pytest.approx(ref.loss, rel=1e-12)
     # with no memory at all nothing but the one boundary token can carry over
-    no_mem = model.score(docs, carry_memory=True, mem_len=0, tgt_len=100)
+    no_mem = score(model, docs, carry_memory=True, mem_len=0, tgt_len=100)
     assert no_mem[1].n_scored == docs[1].size
 
 
@@ -128,15 +128,15 @@ def test_score_restores_the_model_and_rejects_bad_documents():
     model = tiny_model()
     model.train()
     before = model.config
-    model.score(random_docs(), tgt_len=3, mem_len=11)
+    score(model, random_docs(), tgt_len=3, mem_len=11)
     assert model.training and model.config is before
     for docs, expect in (([], "no documents"), ([np.array([3])], "document 0 has 1 token"),
                          ([np.zeros((2, 3), dtype=np.int64)], "1-D"), ([np.array([1, 99])], "outside the vocabulary")):
         with pytest.raises(TxlError, match=expect):
-            model.score(docs)
+            score(model, docs)
     with pytest.raises(TxlError, match="batch_size"):
-        model.score(random_docs(), batch_size=0)
-    model.score([np.array([3]), np.array([4])], carry_memory=True)  # one token each: fine as a stream
+        score(model, random_docs(), batch_size=0)
+    score(model, [np.array([3]), np.array([4])], carry_memory=True)  # one token each: fine as a stream
 
 
 def test_token_text_is_printable():
@@ -189,7 +189,10 @@ def test_cli_jsonl_and_tsv_outputs(checkpoint, inputs, tmp_path, capsys):
     assert "scored 5 document(s)" in err and "tgt_len=6, mem_len=10" in err
     rows = [json.loads(line) for line in out.splitlines()]
     assert [r["document"] for r in rows] == names
-    expected = load_checkpoint(checkpoint).score(texts)  # eval span and batch size from the run config
+    ckpt = load_checkpoint(checkpoint)
+    e = ckpt.run.eval  # eval span and batch size from the run config
+    expected = score_texts(ckpt.model, ckpt.tokenizer, texts, batch_size=e.batch_size, tgt_len=e.tgt_len,
+                           mem_len=e.mem_len, clamp_len=e.clamp_len, same_length=e.same_length)
     for row, text, s in zip(rows, texts, expected):
         toks = row["tokens"]
         assert row["n_tokens"] == len(text) == len(toks) and row["n_scored"] == len(text) - 1
@@ -273,8 +276,8 @@ def test_model_score_takes_texts_with_a_tokenizer():
 
     model = tiny_model(vocab_size=256)
     texts = ["hello there", "a longer second document."]
-    by_text = model.score(texts, tokenizer=ByteTokenizer(), tgt_len=4, mem_len=8)
-    by_ids = model.score([list(t.encode()) for t in texts], tgt_len=4, mem_len=8)
+    by_text = score(model, texts, tokenizer=ByteTokenizer(), tgt_len=4, mem_len=8)
+    by_ids = score(model, [list(t.encode()) for t in texts], tgt_len=4, mem_len=8)
     assert [s.total for s in by_text] == [s.total for s in by_ids]
     with pytest.raises(TxlError, match="tokenizer="):
-        model.score(texts)
+        score(model, texts)

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_model
-from txl.config import load_run_config
-from txl.evaluation import evaluate, evaluate_sliding_window
+from txl.training.config import load_run_config
+from txl.evaluation.stream import evaluate, evaluate_sliding_window
 from txl.training.checkpoint import load_checkpoint
 from txl.training.loop import train
 from txl.training.schedules import learning_rate, segment_span
@@ -118,8 +118,8 @@ def test_short_training_run_on_tiny_shakespeare(tmp_path):
 
     # evaluation with a memory several times the training one is no worse than without memory
     ckpt = load_checkpoint(tmp_path / "run")
-    from txl.training.loop import load_run_corpus
-    corpus = load_run_corpus(ckpt.run, tokenizer=ckpt.tokenizer)
+    from txl.data.corpus import load_run_corpus
+    corpus = load_run_corpus(ckpt.run.data, tokenizer=ckpt.tokenizer)
     with_mem = evaluate(ckpt.model, corpus.valid, tgt_len=32, mem_len=128, max_tokens=8000)
     without = evaluate(ckpt.model, corpus.valid, tgt_len=32, mem_len=0, max_tokens=8000)
     assert with_mem.value < without.value

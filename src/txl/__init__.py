@@ -1,19 +1,31 @@
 """txl: Transformer-XL language models with segment-level memory (Dai et al. 2019).
 
-``from txl import TransformerXLConfig, TransformerXLLM`` — the model classes load torch on first use,
-so that the command line starts (and reports usage errors) without it.
+``from txl import TransformerXLConfig, TransformerXLLM, load_checkpoint, generate, score`` — these
+load torch on first use, so that the command line starts (and reports usage errors) without it.
 """
 
 from txl.errors import TxlError
 
 __version__ = "0.1.0"
 
-__all__ = ["LMOutput", "TransformerXLConfig", "TransformerXLLM", "TxlError", "__version__"]
+_LAZY = {
+    "LMOutput": "txl.model",
+    "TransformerXLConfig": "txl.model",
+    "TransformerXLLM": "txl.model",
+    "load_checkpoint": "txl.training.checkpoint",
+    "generate": "txl.generation",
+    "evaluate": "txl.evaluation.stream",
+    "score": "txl.evaluation.scoring",
+    "score_texts": "txl.evaluation.scoring",
+    "score_tokens": "txl.evaluation.scoring",
+}
+
+__all__ = sorted([*_LAZY, "TxlError", "__version__"])
 
 
 def __getattr__(name: str):
-    if name in ("LMOutput", "TransformerXLConfig", "TransformerXLLM"):
-        from txl import model
+    if name in _LAZY:
+        import importlib
 
-        return getattr(model, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'txl' has no attribute {name!r}")

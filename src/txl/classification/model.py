@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from txl.classification.serialization import load_classifier_weights, read_classifier, save_classifier
 from txl.errors import TxlError
 from txl.model.config import TransformerXLConfig, check_fields
 from txl.model.transformer import TransformerXLLM
@@ -314,8 +315,6 @@ class TransformerXLForSequenceClassification(nn.Module):
         ``classifier.json`` (:class:`ClassifierConfig` plus ``extra``) and, when a tokenizer is set,
         ``vocab.json``. An existing folder is replaced only once the new one is complete.
         """
-        from txl.classification.serialization import save_classifier
-
         save_classifier(self, directory, extra)
 
     @classmethod
@@ -326,6 +325,7 @@ class TransformerXLForSequenceClassification(nn.Module):
         Raises:
             TxlError: missing folder or files, invalid JSON, or weights that do not match the configs.
         """
-        from txl.classification.serialization import load_classifier
-
-        return load_classifier(directory, map_location)
+        config, values = read_classifier(directory)
+        model = cls(config, classifier=ClassifierConfig.from_dict(values))
+        load_classifier_weights(model, directory, map_location)
+        return model.to(map_location).eval()

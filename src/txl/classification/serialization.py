@@ -12,10 +12,10 @@ from safetensors.torch import save_file
 from txl.data import load_tokenizer
 from txl.errors import TxlError
 from txl.fileio import atomic_write, read_json_object, write_json
+from txl.training.checkpoint import CLASSIFIER_NAME
 from txl.model.serialization import (CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, load_weights, read_model_config,
                                      unique_state)
 
-CLASSIFIER_NAME = "classifier.json"
 
 
 def save_classifier(model, directory: str | Path, extra: dict[str, Any] | None = None) -> None:
@@ -60,15 +60,16 @@ def read_classifier_extra(directory: str | Path) -> dict[str, Any]:
     return extra if isinstance(extra, dict) else {}
 
 
-def load_classifier(directory: str | Path, map_location: str = "cpu"):
-    """Build a :class:`TransformerXLForSequenceClassification` from ``directory`` (eval mode).
+def read_classifier(directory: str | Path) -> tuple[Any, dict[str, Any]]:
+    """The model config and the ``classifier.json`` values (without ``extra``) of a classifier folder.
+
+    Returns:
+        ``(TransformerXLConfig, dict)``: the body's config and the classifier settings to build from.
 
     Raises:
         TxlError: the folder is missing or is not a classifier checkpoint (e.g. a language-model
-            checkpoint), invalid JSON, a vocabulary of the wrong size, or weights that do not match.
+            checkpoint), or invalid JSON.
     """
-    from txl.classification.model import ClassifierConfig, TransformerXLForSequenceClassification
-
     directory = Path(directory)
     if not directory.is_dir():
         raise TxlError(f"classifier checkpoint {directory} " + ("is a file, not a folder" if directory.exists()
@@ -78,12 +79,19 @@ def load_classifier(directory: str | Path, map_location: str = "cpu"):
                        "give the folder written by `txl classify train --out`")
     values = read_json_object(directory / CLASSIFIER_NAME)
     values.pop("extra", None)
-    classifier = ClassifierConfig.from_dict(values)
-    model = TransformerXLForSequenceClassification(read_model_config(directory), classifier=classifier)
+    return read_model_config(directory), values
+
+
+def load_classifier_weights(model, directory: str | Path, map_location: str = "cpu") -> None:
+    """Load the weights and (when present) the vocabulary of a classifier folder into ``model``.
+
+    Raises:
+        TxlError: weights that do not match the configs, or a vocabulary of the wrong size.
+    """
+    directory = Path(directory)
     load_weights(model, directory, map_location, f"{CONFIG_NAME} and {CLASSIFIER_NAME}")
     if (directory / VOCAB_NAME).is_file():
         model.tokenizer = load_tokenizer(directory / VOCAB_NAME)
         if model.tokenizer.vocab_size != model.config.vocab_size:
             raise TxlError(f"{directory / VOCAB_NAME} has {model.tokenizer.vocab_size} tokens but the model "
                            f"expects {model.config.vocab_size}")
-    return model.to(map_location).eval()

@@ -14,7 +14,7 @@ from txl.data.corpus import (
 )
 from txl.data.datasets import DATASETS, dataset_info, prepare_dataset, standard_split
 from txl.data.iterators import IGNORE_INDEX, LMOrderedIterator, LMShuffledIterator, sample_segment_length
-from txl.data.bpe import BPETokenizer
+from txl.data.tokenizers.bpe import BPETokenizer
 from txl.data.tokenizers import (
     TOKENIZER_KINDS,
     ByteTokenizer,
@@ -25,7 +25,7 @@ from txl.data.tokenizers import (
     load_tokenizer,
     tokenizer_from_dict,
 )
-from txl.data.wikitext import wikitext_detokenize, wikitext_tokenize
+from txl.data.tokenizers.wikitext import wikitext_detokenize, wikitext_tokenize
 
 __all__ = [
     "DATASETS",

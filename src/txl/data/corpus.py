@@ -11,10 +11,9 @@ import hashlib
 import json
 import math
 import os
-import sysconfig
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import numpy as np
 
@@ -22,8 +21,10 @@ from txl.data.datasets import dataset_info
 from txl.data.tokenizers import (
     TOKENIZER_KINDS, ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer, decode_utf8,
 )
+from txl.data.files import _file_size, _read, _read_text, default_corpus_files, load_bytes, read_corpus_files
 from txl.errors import TxlError
 from txl.fileio import atomic_write
+from txl.runtime import default_cache_dir
 
 __all__ = [
     "CorpusSplits", "build_tokenizer", "default_corpus_files", "encode_corpus", "load_bytes",
@@ -33,85 +34,6 @@ __all__ = [
 CACHE_FORMAT = "txl-token-cache-v1"
 SPLITS = ("train", "valid", "test")
 PathLike = str | os.PathLike[str]
-
-
-def read_corpus_files(path: PathLike, pattern: str = "*") -> list[Path]:
-    """The corpus files at ``path``.
-
-    A file gives ``[file]`` (``pattern`` is not applied). A directory gives every regular file
-    below it, recursively, whose relative path matches the glob ``pattern`` (``PurePath.match``
-    rules: ``"*.txt"`` matches at any depth), skipping hidden files and folders (name starting
-    with ``"."``) and ``__pycache__``, sorted by relative path.
-
-    Raises :class:`TxlError` if ``path`` does not exist, no file matches, or all are empty.
-    """
-    root = Path(path)
-    if not root.exists():
-        raise TxlError(f"corpus path {root} does not exist; give an existing file or folder")
-    if root.is_file():
-        files = [root]
-    elif root.is_dir():
-        found: list[tuple[tuple[str, ...], Path]] = []
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".") and d != "__pycache__"]
-            for name in filenames:
-                full = Path(dirpath) / name
-                rel = full.relative_to(root)
-                if name.startswith(".") or not full.is_file():
-                    continue
-                if PurePosixPath(rel.as_posix()).match(pattern):
-                    found.append((rel.parts, full))
-        files = [f for _, f in sorted(found)]
-        if not files:
-            raise TxlError(f"no corpus files matching {pattern!r} under {root}; check the path and pattern")
-    else:
-        raise TxlError(f"corpus path {root} is not a regular file or folder")
-    if sum(_file_size(f) for f in files) == 0:
-        raise TxlError(f"corpus {root} is empty ({len(files)} file(s) of size 0); give a non-empty corpus")
-    return files
-
-
-def default_corpus_files() -> list[Path]:
-    """txl's built-in corpus: the running Python's top-level standard-library modules.
-
-    ``sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))``: about 170 files, ~4.7 MB
-    of text, present on every machine without network access. Raises :class:`TxlError` if
-    none are found.
-    """
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in stdlib.glob("*.py") if p.is_file())
-    if not files:
-        raise TxlError(f"default corpus not found: no *.py files in {stdlib}; give a corpus path")
-    return files
-
-
-def _file_size(f: Path) -> int:
-    return _io(f, lambda: f.stat().st_size)
-
-
-def _read(f: Path) -> bytes:
-    return _io(f, Path(f).read_bytes)
-
-
-def _io(f: Path, op: Callable):
-    """Run ``op()``; an ``OSError`` becomes a :class:`TxlError` naming the file."""
-    try:
-        return op()
-    except OSError as e:
-        raise TxlError(f"cannot read corpus file {f}: {e.strerror or e}") from None
-
-
-def load_bytes(files: Sequence[PathLike]) -> bytes:
-    """The files' contents concatenated in order (no separators added).
-
-    Raises :class:`TxlError` if a file cannot be read.
-    """
-    return b"".join(_read(Path(f)) for f in files)
-
-
-def _read_text(files: Sequence[PathLike], kind: str) -> str:
-    """All files decoded as strict UTF-8 and joined; errors name the offending file."""
-    return "".join(decode_utf8(_read(Path(f)), f"corpus file {f}", kind) for f in files)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -264,7 +186,7 @@ def build_tokenizer(
     if kind == "char":
         return CharTokenizer.build(text)
     if kind == "bpe":
-        from txl.data.bpe import BPETokenizer
+        from txl.data.tokenizers.bpe import BPETokenizer
 
         return BPETokenizer.build([text], vocab_size=max_size or BPE_DEFAULT_VOCAB, min_frequency=min_freq)
     return WordTokenizer.build([text], min_freq=min_freq, max_size=max_size, lower=lower, normalize=normalize)
@@ -512,3 +434,23 @@ def _load_fractions(
         parts = split_tokens(encode_corpus(files, tok, cache_dir), fr)
     _check_sizes(parts, {"valid": fr[1] > 0, "test": fr[2] > 0}, source)
     return CorpusSplits(tok, parts["train"], parts["valid"], parts["test"], source, [str(f) for f in files])
+
+
+def load_run_corpus(data, tokenizer: Tokenizer | None = None) -> CorpusSplits:
+    """Load the corpus a run's data section describes (with a given tokenizer, e.g. a checkpoint's).
+
+    Args:
+        data: a :class:`txl.config.DataConfig` (``run.data``).
+        tokenizer: use this tokenizer instead of building one from the training split.
+
+    Returns:
+        :class:`CorpusSplits` with train/valid/test token arrays.
+
+    Raises:
+        TxlError: see :func:`load_corpus`.
+    """
+    kind = data.tokenizer or ((dataset_info(data.path) or {}).get("tokenizer") if data.path else None) or "byte"
+    return load_corpus(data.path, kind, train=data.train, valid=data.valid, test=data.test, split=data.split,
+                       pattern=data.pattern, min_freq=data.min_freq, max_size=data.max_size, lower=data.lower,
+                       normalize=data.normalize, cache_dir=data.cache_dir or default_cache_dir(),
+                       tokenizer_obj=tokenizer)

@@ -3,75 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass
 from typing import Any
 
+from txl.config import check_fields
 from txl.errors import TxlError
 
 ATTN_TYPES = ("rel", "shaw", "abs")
-
-
-def check_fields(cls: type, values: dict[str, Any], where: str) -> dict[str, Any]:
-    """Check that ``values`` only names fields of dataclass ``cls`` and that each has the right type.
-
-    Ints are accepted for float fields (converted); bools are not accepted for int fields.
-    Lists are accepted for list/tuple fields.
-
-    Raises:
-        TxlError: an unknown key (with the list of known ones) or a value of the wrong type.
-    """
-    hints = typing.get_type_hints(cls)
-    known = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise TxlError(f"unknown key(s) {', '.join(unknown)} in {where}; known keys: {', '.join(known)}")
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        out[key] = _coerce(hints[key], value, f"{where}.{key}")
-    return out
-
-
-def _coerce(hint: Any, value: Any, name: str) -> Any:
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin is typing.Union or str(origin) == "types.UnionType":
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(arg, value, name)
-            except TxlError as err:
-                errors.append(str(err))
-        raise TxlError(errors[0] if errors else f"{name} may not be null")
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise TxlError(f"{name} must be a list, got {type(value).__name__} {value!r}")
-        inner = args[0] if args else Any
-        items = [_coerce(inner, v, f"{name}[{i}]") if inner is not Any else v for i, v in enumerate(value)]
-        return items if origin is list else tuple(items)
-    if hint is Any:
-        return value
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise TxlError(f"{name} must be true or false, got {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TxlError(f"{name} must be an integer, got {value!r}")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TxlError(f"{name} must be a number, got {value!r}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise TxlError(f"{name} must be a string, got {value!r}")
-        return value
-    return value
 
 
 @dataclass

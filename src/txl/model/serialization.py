@@ -53,25 +53,6 @@ def read_model_config(directory: str | Path) -> TransformerXLConfig:
     return TransformerXLConfig.from_dict(read_json_object(path))
 
 
-def load_model(directory: str | Path, map_location: str | torch.device = "cpu"):
-    """Build a :class:`~txl.model.TransformerXLLM` from ``directory`` and load its weights strictly.
-
-    Raises:
-        TxlError: missing/corrupt weights, missing or unexpected tensors, or shapes that differ from
-            what the config describes.
-    """
-    from txl.model.transformer import TransformerXLLM
-
-    directory = Path(directory)
-    config = read_model_config(directory)
-    if (directory / "classifier.json").is_file():
-        raise TxlError(f"{directory} is a document classifier (txl classify), not a language model; use "
-                       "txl classify predict, or give the language-model checkpoint it was made from")
-    model = TransformerXLLM(config)
-    load_weights(model, directory, map_location, CONFIG_NAME)
-    return model.to(map_location).eval()  # inference mode, like a freshly loaded model anywhere
-
-
 def load_weights(model: torch.nn.Module, directory: Path, map_location, described_by: str) -> None:
     """Load ``directory/model.safetensors`` into ``model``, refusing missing, unexpected or
     wrongly shaped tensors (tied parameters are stored once and filled by the ties).

@@ -15,6 +15,7 @@ from txl.model.attention import MultiHeadAttention, attention_mask, relative_pos
 from txl.model.config import TransformerXLConfig
 from txl.model.dropout import Dropout
 from txl.model.memory import Mems, check_mems, extend_mems, update_mems
+from txl.model.serialization import CONFIG_NAME, load_weights, read_model_config, save_model
 from txl.errors import TxlError
 
 
@@ -256,49 +257,11 @@ class TransformerXLLM(nn.Module):
             loss = token_loss.sum() / (labels != -100).sum().clamp(min=1)
         return logits, token_loss, loss
 
-    @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, top_p: float | None = None, mems: Mems | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
-        """Sample continuations token by token, feeding only the new token and reusing the memory.
-
-        See :func:`txl.generation.generate`. Returns int64 [B, T + max_new_tokens] (prompt included).
-        """
-        from txl.generation import generate
-
-        return generate(self, input_ids, max_new_tokens, temperature=temperature, top_k=top_k,
-                        top_p=top_p, mems=mems, generator=generator)
-
-    def score(self, documents, tokenizer: Any = None, **options: Any) -> list:
-        """Per-token log-probabilities (nats) of documents, with memory through each document.
-
-        Args:
-            documents: texts (with ``tokenizer``, e.g. the checkpoint's) or 1-D token-id sequences.
-            options: batch_size, tgt_len, mem_len, clamp_len, same_length, carry_memory, dtype
-                (see :func:`txl.scoring.score_tokens`).
-
-        Returns:
-            a list of :class:`txl.scoring.DocumentScore`, one per document, in order.
-
-        Raises:
-            TxlError: texts without a tokenizer, or see :func:`txl.scoring.score_tokens`.
-        """
-        from txl.scoring import score_texts, score_tokens
-
-        if isinstance(documents, str) or (len(documents) and isinstance(documents[0], str)):
-            if tokenizer is None:
-                raise TxlError("model.score got text: pass tokenizer= (e.g. load_checkpoint(...).tokenizer) "
-                               "or use Checkpoint.score(texts)")
-            return score_texts(self, tokenizer, documents, **options)
-        return score_tokens(self, documents, **options)
-
     def save_pretrained(self, directory: str | Path, tokenizer: Any = None) -> None:
         """Write ``model.safetensors`` and ``config.json`` (and ``vocab.json`` if a tokenizer is given).
 
         Each file is written atomically (temporary file, then rename).
         """
-        from txl.model.serialization import save_model
-
         save_model(self, directory, tokenizer)
 
     @classmethod
@@ -308,6 +271,6 @@ class TransformerXLLM(nn.Module):
         Raises:
             TxlError: missing directory/config/weights, invalid JSON, or weights that do not match the config.
         """
-        from txl.model.serialization import load_model
-
-        return load_model(directory, map_location)
+        model = cls(read_model_config(directory))
+        load_weights(model, Path(directory), map_location, CONFIG_NAME)
+        return model.to(map_location).eval()  # inference mode, like a freshly loaded model anywhere

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from safetensors import SafetensorError
 
-from txl.config import RunConfig
+from txl.training.config import RunConfig
 from txl.data import Tokenizer, load_tokenizer
 from txl.errors import TxlError
 from txl.fileio import read_json_object as _read_json
@@ -34,6 +34,7 @@ from txl.fileio import write_json
 from txl.model import TransformerXLLM
 from txl.model.serialization import CONFIG_NAME, VOCAB_NAME
 
+CLASSIFIER_NAME = "classifier.json"  # written beside config.json by txl classify
 RUN_NAME = "run.json"
 STATE_NAME = "state.json"
 CHECKSUMS_NAME = "checksums.json"
@@ -198,20 +199,6 @@ class Checkpoint:
     path: Path
     has_run_config: bool = True
 
-    def score(self, texts: list[str], **options: Any) -> list:
-        """Score ``texts`` (one document each) with this model and tokenizer.
-
-        The attention span and batch size default to the run's ``eval`` section, as in ``txl eval``;
-        ``options`` override them (see :func:`txl.scoring.score_tokens`). Returns a list of
-        :class:`txl.scoring.DocumentScore` (log-probabilities in nats).
-        """
-        from txl.scoring import score_texts
-
-        e = self.run.eval
-        defaults = {"batch_size": e.batch_size, "tgt_len": e.tgt_len, "mem_len": e.mem_len,
-                    "clamp_len": e.clamp_len, "same_length": e.same_length}
-        return score_texts(self.model, self.tokenizer, texts, **{**defaults, **options})
-
 
 def resolve_checkpoint_dir(path: str | Path) -> Path:
     """Accept a checkpoint directory or a run directory (then its ``best/``, else ``last/``).
@@ -242,6 +229,9 @@ def load_checkpoint(path: str | Path, map_location: str = "cpu") -> Checkpoint:
     directory = resolve_checkpoint_dir(path)
     if not verify_checkpoint(directory) and (directory / STATE_NAME).is_file():  # written by txl, checksums lost
         print(f"txl: warning: {directory} has no {CHECKSUMS_NAME}; its files cannot be verified", file=sys.stderr)
+    if (directory / CLASSIFIER_NAME).is_file():
+        raise TxlError(f"{directory} is a document classifier (txl classify), not a language model; use "
+                       "txl classify predict, or give the language-model checkpoint it was made from")
     model = TransformerXLLM.from_pretrained(directory, map_location=map_location)
     if not (directory / VOCAB_NAME).is_file():
         raise TxlError(f"{directory} has no {VOCAB_NAME}: cannot decode or encode text for this model")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import random
 import sys
 import time
 from dataclasses import dataclass
@@ -16,12 +15,15 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from txl.config import RunConfig
-from txl.data import CorpusSplits, LMOrderedIterator, LMShuffledIterator, dataset_info, load_corpus, shard_sentences
+from txl.training.config import RunConfig
+from txl.data import CorpusSplits, LMOrderedIterator, LMShuffledIterator, shard_sentences
 from txl.data.iterators import sample_segment_length
+from txl.data.corpus import load_run_corpus
 from txl.errors import TxlError
-from txl.evaluation import EvalResult, evaluate, metric_unit, metric_value
+from txl.runtime import resolve_device, seed_everything
+from txl.evaluation.stream import EvalResult, evaluate, metric_unit, metric_value
 from txl.fileio import write_json
+from txl.generation import generate
 from txl.model import TransformerXLLM
 from txl.training import distributed
 from txl.training.checkpoint import (RUN_NAME, checkpoint_candidates, first_good_checkpoint, load_checkpoint,
@@ -58,47 +60,6 @@ class TrainResult:
     sample_prompt: str
     sample: str
     rank: int = 0
-
-
-def resolve_device(name: str) -> torch.device:
-    """"auto" → cuda when available, else cpu; otherwise the named device.
-
-    Raises:
-        TxlError: an unknown device name or an unavailable CUDA device.
-    """
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise TxlError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise TxlError(f"device {name!r} requested but CUDA is not available; use device=cpu")
-    return device
-
-
-def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch (all devices)."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def load_run_corpus(run: RunConfig, tokenizer=None) -> CorpusSplits:
-    """Load the corpus described by ``run.data`` (with a given tokenizer, e.g. a checkpoint's)."""
-    d = run.data
-    kind = d.tokenizer or ((dataset_info(d.path) or {}).get("tokenizer") if d.path else None) or "byte"
-    return load_corpus(d.path, kind, train=d.train, valid=d.valid, test=d.test, split=d.split,
-                       pattern=d.pattern, min_freq=d.min_freq, max_size=d.max_size, lower=d.lower,
-                       normalize=d.normalize, cache_dir=d.cache_dir or default_cache_dir(), tokenizer_obj=tokenizer)
-
-
-def default_cache_dir() -> str:
-    """``$XDG_CACHE_HOME/txl`` or ``~/.cache/txl``: where encoded corpora are cached."""
-    import os
-
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return str(Path(base) / "txl")
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
@@ -202,7 +163,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
         raise TxlError(f"{out_dir} already holds a run; choose another train.out_dir (--out), remove it, "
                        "or continue it with --resume")
 
-    corpus = load_run_corpus(run)
+    corpus = load_run_corpus(run.data)
     unit = metric_unit(corpus.tokenizer.kind)
     run = dataclasses.replace(run, model=dataclasses.replace(run.model, vocab_size=corpus.vocab_size),
                               data=_absolute_paths(run.data))
@@ -460,6 +421,6 @@ def sample_text(model: TransformerXLLM, corpus: CorpusSplits, prompt: str, n_tok
     ids = tok.encode(prompt)
     device = next(model.parameters()).device
     x = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=device)[None]
-    out = model.generate(x, n_tokens, temperature=temperature, top_p=top_p,
+    out = generate(model, x, n_tokens, temperature=temperature, top_p=top_p,
                          generator=torch.Generator(device=device).manual_seed(seed))
     return prompt, tok.decode(out[0, x.size(1):].tolist())

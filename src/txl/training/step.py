@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from txl.evaluation import autocast
+from txl.runtime import autocast
 from txl.training.distributed import Dist, all_sum
 
 

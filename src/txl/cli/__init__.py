@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Subcommands that live in their own modules. Each module defines ``NAME``, ``register(subparsers)``
 # (adds its parser; must not import torch) and ``run(args) -> int``.
-COMMAND_MODULES: tuple[str, ...] = ("txl.cli_score", "txl.cli_classify", "txl.cli_ablate", "txl.cli_recl", "txl.cli_plot")
+COMMAND_MODULES: tuple[str, ...] = ("txl.cli.score", "txl.cli.classify", "txl.cli.ablate", "txl.cli.recl", "txl.cli.plot")
 
 
 def _command_modules():
@@ -142,7 +142,7 @@ def _command_modules():
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str] | None = None) -> int:
-    from txl.config import RunConfig, load_run_config, parse_override
+    from txl.training.config import RunConfig, load_run_config, parse_override
     from txl.fileio import read_json_object
 
     overrides, paths = [], []
@@ -228,9 +228,10 @@ def _report(result, run) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from txl.data import load_bytes, read_corpus_files
-    from txl.evaluation import evaluate, evaluate_sliding_window, metric_unit
+    from txl.evaluation.stream import evaluate, evaluate_sliding_window, metric_unit
     from txl.training.checkpoint import load_checkpoint
-    from txl.training.loop import load_run_corpus, resolve_device
+    from txl.data.corpus import load_run_corpus
+    from txl.runtime import resolve_device
 
     for name in ("batch_size", "tgt_len"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -259,13 +260,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.dynamic and args.batch_size is not None and args.batch_size != 1:
         raise TxlError("--dynamic reads the text as one stream (batch size 1); drop --batch-size")
     if args.sweep_mem is not None:
-        from txl.mem_sweep import parse_mem_lens
+        from txl.evaluation.mem_sweep import parse_mem_lens
 
         sweep = parse_mem_lens(args.sweep_mem)
         if args.mem_len is not None:
             raise TxlError("--sweep-mem sets the memory length itself; drop --mem_len")
     if args.plot:
-        from txl.plots import pyplot
+        from txl.analysis.plots import pyplot
 
         plt = pyplot()  # fail before the evaluation if matplotlib is missing, the type is unknown or the path unusable
         kind = Path(args.plot).suffix[1:].lower() or "png"
@@ -289,7 +290,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         where = args.data
     else:
         try:
-            corpus = load_run_corpus(ckpt.run, tokenizer=ckpt.tokenizer)
+            corpus = load_run_corpus(ckpt.run.data, tokenizer=ckpt.tokenizer)
         except TxlError as err:
             raise TxlError(f"{err} (the run's corpus; pass --data FILE to evaluate other text)") from None
         tokens = corpus.valid if split == "valid" else corpus.test
@@ -304,7 +305,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.dynamic:
         return _eval_dynamic(args, ckpt, tokens, where, unit, max_tokens, e, pick)
     if args.sweep_mem is not None:
-        from txl.mem_sweep import format_sweep, sweep_mem_len
+        from txl.evaluation.mem_sweep import format_sweep, sweep_mem_len
 
         results = sweep_mem_len(ckpt.model, tokens, sweep, warmup=args.warmup or e.warmup, unit=unit,
                                 batch_size=batch_size, tgt_len=pick(args.tgt_len, e.tgt_len),
@@ -319,7 +320,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             print(f"{where}: {unit} against evaluation memory length")
             print(format_sweep(sweep, results))
         if args.plot:
-            from txl.plots import plot_mem_sweep
+            from txl.analysis.plots import plot_mem_sweep
 
             name = ckpt.path.parent.name if ckpt.path.name in ("best", "last") else ckpt.path.name
             plot_mem_sweep(sweep, [r.value for r in results], unit, args.plot, label=name)
@@ -343,9 +344,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def _eval_dynamic(args, ckpt, tokens, where, unit, max_tokens, e, pick) -> int:
     """``txl eval --dynamic``: the static and the dynamic number on the same segments (batch size 1)."""
-    from txl.dynamic_eval import dynamic_evaluate, gradient_statistics
-    from txl.evaluation import evaluate
-    from txl.training.loop import load_run_corpus
+    from txl.evaluation.dynamic import dynamic_evaluate, gradient_statistics
+    from txl.evaluation.stream import evaluate
+    from txl.data.corpus import load_run_corpus
 
     lr = args.dynamic_lr if args.dynamic_lr is not None else (1e-4 if args.dynamic_method == "rms" else 0.01)
     span = dict(tgt_len=pick(args.tgt_len, e.tgt_len), mem_len=pick(args.mem_len, e.mem_len),
@@ -353,7 +354,7 @@ def _eval_dynamic(args, ckpt, tokens, where, unit, max_tokens, e, pick) -> int:
     stats = None
     if args.dynamic_method == "rms" and ckpt.has_run_config and not ckpt.state.get("converted_from"):
         try:
-            train_tokens = load_run_corpus(ckpt.run, tokenizer=ckpt.tokenizer).train
+            train_tokens = load_run_corpus(ckpt.run.data, tokenizer=ckpt.tokenizer).train
         except TxlError:
             train_tokens = None  # corpus gone: statistics on the fly instead
         if train_tokens is not None and len(train_tokens) >= 2:
@@ -375,7 +376,7 @@ def _eval_dynamic(args, ckpt, tokens, where, unit, max_tokens, e, pick) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from txl.generation import generate_stream
     from txl.training.checkpoint import load_checkpoint
-    from txl.training.loop import resolve_device
+    from txl.runtime import resolve_device
 
     import numpy as np
     import torch
@@ -446,7 +447,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from txl.bench import eval_speedup, format_table, run_bench
+    from txl.analysis.bench import eval_speedup, format_table, run_bench
     from txl.fileio import write_json
 
     if args.batch < 1 or args.repeats < 1:

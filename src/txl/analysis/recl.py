@@ -254,7 +254,7 @@ def context_losses(model, tokens: np.ndarray, contexts: list[int], positions: np
     import torch
     import torch.nn.functional as F
 
-    from txl.evaluation import attention_span
+    from txl.evaluation.stream import attention_span
 
     data = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
     positions = np.asarray(positions, dtype=np.int64)
@@ -299,7 +299,7 @@ def plot_gains(result: ReclResult, path) -> dict:
     Raises:
         TxlError: matplotlib is not installed.
     """
-    from txl.plots import pyplot, save_figure
+    from txl.analysis.plots import pyplot, save_figure
 
     plt = pyplot()
     fig, axes = plt.subplots(1, len(result.ratios), figsize=(4.2 * len(result.ratios), 3.4), squeeze=False)

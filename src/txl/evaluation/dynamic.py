@@ -37,7 +37,8 @@ import numpy as np
 import torch
 
 from txl.errors import TxlError
-from txl.evaluation import EvalResult, attention_span, autocast, token_tensor
+from txl.evaluation.stream import EvalResult, attention_span, token_tensor
+from txl.runtime import autocast
 
 METHODS = ("sgd", "rms")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from txl.errors import TxlError
-from txl.evaluation import EvalResult, evaluate
+from txl.evaluation.stream import EvalResult, evaluate
 
 
 def parse_mem_lens(text: str) -> list[int]:

@@ -29,9 +29,10 @@ import numpy as np
 import torch
 
 from txl.errors import TxlError
-from txl.evaluation import attention_span, autocast, metric_value
+from txl.evaluation.stream import attention_span, metric_value
+from txl.runtime import autocast
 
-__all__ = ["DocumentScore", "score_tokens", "score_texts", "token_text", "total_metric"]
+__all__ = ["DocumentScore", "score", "score_tokens", "score_texts", "token_text", "total_metric"]
 
 IGNORE_INDEX = -100
 
@@ -231,3 +232,26 @@ def token_text(tokenizer, token_id: int) -> str:
     if kind == "word":
         return tokenizer.words[token_id]
     return tokenizer.decode([token_id])
+
+
+def score(model, documents: Sequence[Any], tokenizer: Any = None, **options: Any) -> list[DocumentScore]:
+    """Per-token log-probabilities (nats) of documents, with memory through each document.
+
+    Args:
+        model: a :class:`~txl.model.TransformerXLLM`.
+        documents: texts (with ``tokenizer``, e.g. a checkpoint's) or 1-D token-id sequences.
+        tokenizer: turns texts into ids; not needed for token ids.
+        options: batch_size, tgt_len, mem_len, clamp_len, same_length, carry_memory, dtype
+            (see :func:`score_tokens`).
+
+    Returns:
+        one :class:`DocumentScore` per document, in order.
+
+    Raises:
+        TxlError: texts without a tokenizer, or see :func:`score_tokens`.
+    """
+    if isinstance(documents, str) or (len(documents) and isinstance(documents[0], str)):
+        if tokenizer is None:
+            raise TxlError("scoring text needs a tokenizer: pass tokenizer= (e.g. load_checkpoint(...).tokenizer)")
+        return score_texts(model, tokenizer, documents, **options)
+    return score_tokens(model, documents, **options)

@@ -1,137 +1,16 @@
-"""Tokenizers: byte (enwik8 style), char, word (WikiText style) and byte-level BPE.
-
-All tokenizers share the :class:`Tokenizer` interface: ``encode(text)`` gives a 1-D ``int64``
-numpy array of token ids, ``decode(ids)`` turns ids back into text, and ``to_dict()`` /
-``save(path)`` / :func:`load_tokenizer` store the vocabulary as JSON (never pickle).
-"""
+"""Byte (enwik8 style), character and word (WikiText style) tokenizers."""
 
 from __future__ import annotations
 
-import json
-import os
-from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from txl.data.wikitext import wikitext_detokenize, wikitext_tokenize
 from txl.errors import TxlError
-from txl.fileio import atomic_write
-
-__all__ = [
-    "Tokenizer",
-    "ByteTokenizer",
-    "CharTokenizer",
-    "WordTokenizer",
-    "tokenizer_from_dict",
-    "load_tokenizer",
-    "decode_utf8",
-    "TOKENIZER_KINDS",
-]
-
-TOKENIZER_KINDS = ("byte", "char", "word", "bpe")
-WORD_NORMALIZERS = ("none", "wikitext")
-
-
-def decode_utf8(data: bytes, source: str = "input", kind: str = "char") -> str:
-    """Decode ``data`` as strict UTF-8 for the ``kind`` tokenizer.
-
-    Raises :class:`TxlError` naming ``source``, the invalid byte and its byte offset, and
-    suggesting ``tokenizer=byte``, if ``data`` is not valid UTF-8.
-    """
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        bad = data[e.start]
-        raise TxlError(
-            f"{source} is not UTF-8 text (invalid byte 0x{bad:02x} at byte offset {e.start}); "
-            f"the {kind} tokenizer needs UTF-8 text: use tokenizer=byte for arbitrary bytes"
-        ) from None
-
-
-def _ids_array(ids: Any, vocab_size: int, kind: str) -> np.ndarray:
-    """Turn a sequence / ndarray / 1-D tensor of ids into a 1-D int64 ndarray, range-checked."""
-    if hasattr(ids, "detach"):  # torch tensor, on any device
-        ids = ids.detach().cpu().numpy()
-    arr = np.asarray(ids)
-    if arr.ndim != 1:
-        raise ValueError(f"decode expects a 1-D sequence of token ids, got shape {arr.shape}")
-    if arr.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"decode expects integer token ids, got dtype {arr.dtype}")
-    arr = arr.astype(np.int64, copy=False)
-    lo, hi = int(arr.min()), int(arr.max())
-    if lo < 0 or hi >= vocab_size:
-        bad = lo if lo < 0 else hi
-        raise TxlError(
-            f"token id {bad} is out of range for the {kind} tokenizer (vocab_size {vocab_size}); "
-            "the model and the tokenizer do not match"
-        )
-    return arr
-
-
-class Tokenizer(ABC):
-    """Common interface of all tokenizers.
-
-    Attributes:
-        kind: ``"byte"``, ``"char"``, ``"word"`` or ``"bpe"``.
-    """
-
-    kind: str = ""
-
-    @property
-    @abstractmethod
-    def vocab_size(self) -> int:
-        """Number of distinct token ids; ids are ``0 .. vocab_size - 1``."""
-
-    @abstractmethod
-    def encode(self, text: str) -> np.ndarray:
-        """Encode ``text`` to a 1-D ``int64`` array of token ids (shape ``[n_tokens]``)."""
-
-    @abstractmethod
-    def decode(self, ids: Any) -> str:
-        """Decode token ids (list, 1-D ndarray or 1-D tensor of ints) back to text.
-
-        Raises ``ValueError`` if ``ids`` is not 1-D integer data, :class:`TxlError` if an id is
-        outside ``0 .. vocab_size - 1``.
-        """
-
-    @abstractmethod
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-able description of the tokenizer, including ``"kind"``."""
-
-    def encode_file_bytes(self, data: bytes, source: str = "input") -> np.ndarray:
-        """Encode the raw bytes of a file to a 1-D ``int64`` id array.
-
-        Char and word tokenizers decode ``data`` as strict UTF-8 first and raise
-        :class:`TxlError` (naming ``source`` and the byte offset) if it is not UTF-8 text.
-        """
-        return self.encode(decode_utf8(data, source, self.kind))
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write :meth:`to_dict` as JSON to ``path`` (atomically; parent folders are created).
-
-        Raises :class:`TxlError` if the file cannot be written.
-        """
-        payload = json.dumps(self.to_dict(), ensure_ascii=False, indent=1).encode("utf-8")
-        try:
-            atomic_write(path, lambda tmp: Path(tmp).write_bytes(payload))
-        except OSError as e:
-            raise TxlError(f"cannot write tokenizer vocabulary to {path}: {e.strerror or e}") from None
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Tokenizer):
-            return NotImplemented
-        return self.to_dict() == other.to_dict()
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(vocab_size={self.vocab_size})"
+from txl.data.tokenizers.base import WORD_NORMALIZERS, Tokenizer, _ids_array
+from txl.data.tokenizers.wikitext import wikitext_detokenize, wikitext_tokenize
 
 
 class ByteTokenizer(Tokenizer):
@@ -270,7 +149,7 @@ class WordTokenizer(Tokenizer):
         lower: lower-case the words before lookup (the vocabulary was built lower-cased).
         normalize: how a line becomes words: ``"none"`` splits at whitespace (for pre-tokenised
             corpora such as WikiText ``*.tokens`` and PTB); ``"wikitext"`` tokenises raw text the
-            WikiText way first (:func:`~txl.data.wikitext.wikitext_tokenize`), so raw text gets
+            WikiText way first (:func:`~txl.data.tokenizers.wikitext.wikitext_tokenize`), so raw text gets
             the same ids as the pre-tokenised corpus.
 
     Raises :class:`TxlError` for a malformed vocabulary or an unknown ``normalize``.
@@ -362,7 +241,7 @@ class WordTokenizer(Tokenizer):
         """Words joined by single spaces; ``<eos>`` becomes ``"\\n"`` (no spaces around it).
 
         With ``detokenize=True`` each line is passed through
-        :func:`~txl.data.wikitext.wikitext_detokenize` (``well @-@ known`` → ``well-known``;
+        :func:`~txl.data.tokenizers.wikitext.wikitext_detokenize` (``well @-@ known`` → ``well-known``;
         best effort, see its limits).
         """
         arr = _ids_array(ids, self.vocab_size, self.kind)
@@ -389,51 +268,3 @@ def _line_words(line: str, lower: bool, normalize: str) -> list[str]:
         words = [w for ln in line.split("\n") for w in wikitext_tokenize(ln)]
         return [w.lower() for w in words] if lower else words
     return (line.lower() if lower else line).split()
-
-
-def tokenizer_from_dict(d: Any) -> Tokenizer:
-    """Rebuild a tokenizer from :meth:`Tokenizer.to_dict` output.
-
-    Raises :class:`TxlError` for a non-dict, an unknown ``"kind"`` or malformed content.
-    """
-    if not isinstance(d, dict):
-        raise TxlError(f"tokenizer description must be a JSON object, got {type(d).__name__}")
-    kind = d.get("kind")
-    if kind == "byte":
-        return ByteTokenizer()
-    if kind == "char":
-        chars = d.get("chars")
-        if not isinstance(chars, list):
-            raise TxlError("char tokenizer description needs a 'chars' list")
-        return CharTokenizer(chars)
-    if kind == "word":
-        words = d.get("words")
-        if not isinstance(words, list):
-            raise TxlError("word tokenizer description needs a 'words' list")
-        return WordTokenizer(words, lower=d.get("lower", False), normalize=d.get("normalize", "none"))
-    if kind == "bpe":
-        from txl.data.bpe import BPETokenizer
-
-        return BPETokenizer(d.get("tokenizer"))
-    raise TxlError(f"unknown tokenizer kind {kind!r}; expected one of {', '.join(TOKENIZER_KINDS)}")
-
-
-def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
-    """Load a tokenizer saved with :meth:`Tokenizer.save`.
-
-    Raises :class:`TxlError` if the file is missing or unreadable, is not valid JSON, or does
-    not describe a tokenizer.
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise TxlError(f"tokenizer file {p} not found; give the path of a saved vocabulary JSON")
-    try:
-        d = json.loads(p.read_bytes().decode("utf-8"))
-    except OSError as e:
-        raise TxlError(f"cannot read tokenizer file {p}: {e.strerror or e}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TxlError(f"tokenizer file {p} is not valid JSON ({e}); re-save the vocabulary") from None
-    try:
-        return tokenizer_from_dict(d)
-    except TxlError as e:
-        raise TxlError(f"tokenizer file {p}: {e}") from None

@@ -90,7 +90,7 @@ def _train(args: argparse.Namespace) -> int:
     from txl.classification.train import evaluate_classifier, fit_classifier
     from txl.model.serialization import read_model_config
     from txl.training.checkpoint import resolve_checkpoint_dir
-    from txl.training.loop import resolve_device
+    from txl.runtime import resolve_device
 
     _check_args(args)
     out = Path(args.out)
@@ -144,7 +144,7 @@ def _train(args: argparse.Namespace) -> int:
 def _predict(args: argparse.Namespace) -> int:
     from txl.classification.data import Document, encode_texts, read_jsonl, read_text_file
     from txl.classification.model import TransformerXLForSequenceClassification
-    from txl.training.loop import resolve_device
+    from txl.runtime import resolve_device
 
     if args.batch_size < 1:
         raise TxlError(f"--batch-size must be >= 1, got {args.batch_size}")

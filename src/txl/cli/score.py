@@ -9,7 +9,7 @@ Output: JSON Lines (default; one object per document, with a ``tokens`` list unl
 ``--no-per-token``), to stdout or atomically to ``--output``. A summary line goes to stderr.
 Every input is read and tokenised before anything is scored or written, so bad input leaves no
 output file. Scoring rules (first token not scored, memory reset per document unless
-``--carry-memory``) are those of :mod:`txl.scoring`.
+``--carry-memory``) are those of :mod:`txl.evaluation.scoring`.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def _cell(x: float) -> str:
 
 def format_scores(names: list[str], scores: list, tokenizer, unit: str, fmt: str, per_token: bool) -> str:
     """The whole output text for ``scores`` (see the module docstring for the layouts)."""
-    from txl.scoring import token_text
+    from txl.evaluation.scoring import token_text
 
     out: list[str] = []
     if fmt == "tsv":
@@ -176,11 +176,11 @@ def run(args: argparse.Namespace) -> int:
     if args.output and Path(args.output).is_dir():
         raise TxlError(f"--output {args.output} is a directory; give a file name")
 
-    from txl.evaluation import metric_unit
+    from txl.evaluation.stream import metric_unit
     from txl.fileio import atomic_write
-    from txl.scoring import score_tokens, total_metric
+    from txl.evaluation.scoring import score_tokens, total_metric
     from txl.training.checkpoint import load_checkpoint
-    from txl.training.loop import resolve_device
+    from txl.runtime import resolve_device
 
     device = resolve_device(args.device)
     ckpt = load_checkpoint(args.checkpoint, map_location=str(device))

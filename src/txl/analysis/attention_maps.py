@@ -106,7 +106,7 @@ def mean_attention_distance(model, tokens: np.ndarray, *, tgt_len: int | None = 
     Raises:
         TxlError: an empty text.
     """
-    from txl.evaluation import attention_span
+    from txl.evaluation.stream import attention_span
 
     data = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
     if data.numel() < 1:

@@ -27,7 +27,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Draw the requested plots; print the written paths."""
-    from txl.plots import pyplot
+    from txl.analysis.plots import pyplot
 
     if args.attention:
         if args.runs:
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if labels is not None and len(labels) != len(args.runs):
         raise TxlError(f"--labels gives {len(labels)} labels for {len(args.runs)} runs")
     pyplot()
-    from txl.plots import plot_learning_curves
+    from txl.analysis.plots import plot_learning_curves
 
     result = plot_learning_curves(args.runs, args.out, labels)
     for path in result["files"]:
@@ -63,13 +63,13 @@ def _attention(args: argparse.Namespace) -> int:
             raise TxlError(f"cannot read {args.text_file}: {err}") from None
     else:
         text = args.text
-    from txl.plots import pyplot
+    from txl.analysis.plots import pyplot
 
     pyplot()
-    from txl.attention_maps import mean_attention_distance
-    from txl.plots import plot_attention_distance
+    from txl.analysis.attention_maps import mean_attention_distance
+    from txl.analysis.plots import plot_attention_distance
     from txl.training.checkpoint import load_checkpoint
-    from txl.training.loop import resolve_device
+    from txl.runtime import resolve_device
 
     ckpt = load_checkpoint(args.attention, map_location=str(resolve_device(args.device)))
     tokens = ckpt.tokenizer.encode(text)

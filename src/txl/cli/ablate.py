@@ -55,8 +55,8 @@ def run(args: argparse.Namespace) -> int:
     lengths = parse_lengths(args.lengths)
     if args.data is not None and not Path(args.data).exists():
         raise TxlError(f"--data {args.data} does not exist")
-    from txl.ablation import TABLE_NAME, default_base, describe, run_ablation
-    from txl.config import load_run_config
+    from txl.analysis.ablation import TABLE_NAME, default_base, describe, run_ablation
+    from txl.training.config import load_run_config
 
     if args.config:
         base = load_run_config(args.config)

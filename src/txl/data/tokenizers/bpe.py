@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from txl.data.tokenizers import Tokenizer, _ids_array
+from txl.data.tokenizers.base import Tokenizer, _ids_array
 from txl.errors import TxlError
 
 

@@ -89,7 +89,7 @@ def read_metrics(path) -> dict[str, np.ndarray]:
 
 def _metric_label(run_dir: Path) -> str:
     """The unit of ``train_metric``/``val_metric`` for a run: "bpc" or "ppl" (from run.json)."""
-    from txl.evaluation import metric_unit
+    from txl.evaluation.stream import metric_unit
     from txl.fileio import read_json_object
 
     for folder in ("best", "last"):  # the unit the run itself chose (its tokenizer may have been detected)
@@ -191,7 +191,7 @@ def plot_attention_distance(distance: np.ndarray, path, title: str = "") -> dict
     """Heatmap of mean attention distance (tokens) per layer (rows) and head (columns).
 
     Args:
-        distance: float [n_layer, n_head] (see :func:`txl.attention_maps.mean_attention_distance`).
+        distance: float [n_layer, n_head] (see :func:`txl.analysis.attention_maps.mean_attention_distance`).
 
     Returns ``{"distance": distance}`` (the plotted array).
     """

@@ -1,6 +1,6 @@
 """The paper's ablation of recurrence and positional encoding (Dai et al. 2019, §4.3, Table 6) at small scale.
 
-Four variants are trained from one base :class:`~txl.config.RunConfig` at (nearly) equal parameter
+Four variants are trained from one base :class:`~txl.training.config.RunConfig` at (nearly) equal parameter
 count and on the same tokens, then each is scored on the same targets at several attention lengths L:
 
 1. ``txl``: recurrence + relative encoding (``attn_type="rel"``, the base ``mem_len``); evaluated
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from txl.config import RunConfig
+from txl.training.config import RunConfig
 from txl.errors import TxlError
 from txl.fileio import atomic_write, write_json
 from txl.model import TransformerXLConfig
@@ -151,7 +151,7 @@ def seconds_per_step(config: TransformerXLConfig, batch_size: int, device: str =
     import torch
 
     from txl.model import TransformerXLLM
-    from txl.training.loop import resolve_device
+    from txl.runtime import resolve_device
 
     dev = resolve_device(device)
     model = TransformerXLLM(config).to(dev).train()
@@ -181,7 +181,7 @@ def evaluate_variant(model, tokens, variant: Variant, length: int, unit: str, tg
     Returns:
         :class:`~txl.evaluation.EvalResult` (loss in nats per token).
     """
-    from txl.evaluation import evaluate, evaluate_sliding_window
+    from txl.evaluation.stream import evaluate, evaluate_sliding_window
 
     if variant.protocol == "memory":
         return evaluate(model, tokens, unit=unit, batch_size=1, tgt_len=tgt_len, mem_len=length, same_length=True,
@@ -221,8 +221,9 @@ def run_ablation(base: RunConfig, data: str | None, out_dir: str | Path, *, budg
             lengths, an ``out_dir`` that already holds results, bad data (from training).
     """
     from txl.training.checkpoint import load_checkpoint
-    from txl.training.loop import load_run_corpus, train
-    from txl.evaluation import metric_unit
+    from txl.data.corpus import load_run_corpus
+    from txl.training.loop import train
+    from txl.evaluation.stream import metric_unit
 
     if budget_tokens is not None and budget_minutes is not None:
         raise TxlError("give either --budget-tokens or --budget-minutes, not both")
@@ -242,7 +243,7 @@ def run_ablation(base: RunConfig, data: str | None, out_dir: str | Path, *, budg
 
     base = dataclasses.replace(base, data=dataclasses.replace(base.data, path=None if data is None else str(data)))
     base.validate()
-    corpus = load_run_corpus(base)
+    corpus = load_run_corpus(base.data)
     unit = metric_unit(corpus.tokenizer.kind)
     eval_split = corpus.valid if base.eval.split == "valid" else corpus.test
     if len(eval_split) < 2:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from txl.data import LMOrderedIterator
 from txl.errors import TxlError
+from txl.runtime import autocast
 
 
 @dataclass
@@ -53,13 +54,6 @@ def metric_value(loss: float, unit: str) -> float:
 def _wide(logits: torch.Tensor) -> torch.Tensor:
     """Logits in at least float32 (bf16/fp16 are widened; float64 stays float64)."""
     return logits.to(torch.promote_types(logits.dtype, torch.float32))
-
-
-def autocast(device: torch.device, dtype: str):
-    """Autocast context for "bfloat16"/"float16"; a no-op for "float32"."""
-    if dtype == "float32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
 
 
 @contextlib.contextmanager

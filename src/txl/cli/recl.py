@@ -60,11 +60,11 @@ def _check(args: argparse.Namespace) -> tuple[list[int], list[float], list[str]]
 
 def _run_test_split(ckpt):
     """The test split (else valid) of the corpus a checkpoint was trained on, with its own tokenizer."""
-    from txl.training.loop import load_run_corpus
+    from txl.data.corpus import load_run_corpus
 
     if not ckpt.has_run_config or ckpt.state.get("converted_from"):
         raise TxlError(f"{ckpt.path} has no run.json naming its corpus; pass --data FILE")
-    corpus = load_run_corpus(ckpt.run, tokenizer=ckpt.tokenizer)
+    corpus = load_run_corpus(ckpt.run.data, tokenizer=ckpt.tokenizer)
     return corpus.test if len(corpus.test) > 1 else corpus.valid
 
 
@@ -74,16 +74,16 @@ def run(args: argparse.Namespace) -> int:
     if args.out and Path(args.out).exists() and (not Path(args.out).is_dir() or any(Path(args.out).iterdir())):
         raise TxlError(f"--out {args.out} already exists and is not empty; choose a new folder")
     if not args.no_plot and args.out:
-        from txl.plots import pyplot
+        from txl.analysis.plots import pyplot
 
         pyplot()  # a missing matplotlib fails before the slow part
     import numpy as np
 
     from txl.data import load_bytes, read_corpus_files
     from txl.fileio import atomic_write, write_json
-    from txl.recl import context_losses, plot_gains, recl_table, scored_positions
+    from txl.analysis.recl import context_losses, plot_gains, recl_table, scored_positions
     from txl.training.checkpoint import load_checkpoint
-    from txl.training.loop import resolve_device
+    from txl.runtime import resolve_device
 
     device = resolve_device(args.device)
     raw = load_bytes(read_corpus_files(args.data)) if args.data else None

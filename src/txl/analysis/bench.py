@@ -21,6 +21,7 @@ from typing import Any, Callable
 import torch
 
 from txl.errors import TxlError
+from txl.generation import generate
 from txl.model import TransformerXLConfig, TransformerXLLM
 
 BENCH_SMALL = dict(vocab_size=256, n_layer=6, d_model=256, n_head=8, d_head=32, d_inner=1024, tgt_len=128,
@@ -112,7 +113,7 @@ class TxlRunner:
     @torch.no_grad()
     def generate(self, prompt: torch.Tensor, n: int) -> torch.Tensor:
         with self._ctx():
-            return self.model.generate(prompt, n, temperature=0)
+            return generate(self.model, prompt, n, temperature=0)
 
 
 class HFRunner(TxlRunner):
@@ -177,7 +178,7 @@ def gpt2_twin(c: TransformerXLConfig):
 
 def peak_memory_mb(impl: str, config: dict, batch: int, dtype: str, steps: int = 3) -> float:
     """Peak resident memory (MB) of a fresh process that builds ``impl`` and runs ``steps`` training steps."""
-    code = ("import json,sys; from txl.bench import _memory_child; "
+    code = ("import json,sys; from txl.analysis.bench import _memory_child; "
             f"print(json.dumps(_memory_child({impl!r}, {config!r}, {batch}, {dtype!r}, {steps})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
@@ -217,7 +218,7 @@ def run_bench(*, vs_hf: bool = False, device: str = "auto", dtype: str = "float3
     Raises:
         TxlError: an unavailable device or an unknown dtype.
     """
-    from txl.training.loop import resolve_device
+    from txl.runtime import resolve_device
 
     dev = resolve_device(device)
     if dtype not in ("float32", "bfloat16", "float16"):
@@ -299,7 +300,7 @@ def eval_speedup(lengths: list[int], *, device: str = "auto", batch: int = 8, re
     Per token the vanilla model does O(L) position-wise work plus O(L^2) attention, txl O(1)
     position-wise work plus O(L) attention, so the ratio grows at least linearly with L.
     """
-    from txl.training.loop import resolve_device
+    from txl.runtime import resolve_device
 
     dev = resolve_device(device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)

@@ -1,0 +1,92 @@
+"""Reading corpus files: the files at a path, the built-in default corpus, their bytes and text."""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from collections.abc import Callable, Sequence
+from pathlib import Path, PurePosixPath
+
+from txl.data.tokenizers import decode_utf8
+from txl.errors import TxlError
+
+PathLike = str | os.PathLike[str]
+
+
+def read_corpus_files(path: PathLike, pattern: str = "*") -> list[Path]:
+    """The corpus files at ``path``.
+
+    A file gives ``[file]`` (``pattern`` is not applied). A directory gives every regular file
+    below it, recursively, whose relative path matches the glob ``pattern`` (``PurePath.match``
+    rules: ``"*.txt"`` matches at any depth), skipping hidden files and folders (name starting
+    with ``"."``) and ``__pycache__``, sorted by relative path.
+
+    Raises :class:`TxlError` if ``path`` does not exist, no file matches, or all are empty.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise TxlError(f"corpus path {root} does not exist; give an existing file or folder")
+    if root.is_file():
+        files = [root]
+    elif root.is_dir():
+        found: list[tuple[tuple[str, ...], Path]] = []
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".") and d != "__pycache__"]
+            for name in filenames:
+                full = Path(dirpath) / name
+                rel = full.relative_to(root)
+                if name.startswith(".") or not full.is_file():
+                    continue
+                if PurePosixPath(rel.as_posix()).match(pattern):
+                    found.append((rel.parts, full))
+        files = [f for _, f in sorted(found)]
+        if not files:
+            raise TxlError(f"no corpus files matching {pattern!r} under {root}; check the path and pattern")
+    else:
+        raise TxlError(f"corpus path {root} is not a regular file or folder")
+    if sum(_file_size(f) for f in files) == 0:
+        raise TxlError(f"corpus {root} is empty ({len(files)} file(s) of size 0); give a non-empty corpus")
+    return files
+
+
+def default_corpus_files() -> list[Path]:
+    """txl's built-in corpus: the running Python's top-level standard-library modules.
+
+    ``sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))``: about 170 files, ~4.7 MB
+    of text, present on every machine without network access. Raises :class:`TxlError` if
+    none are found.
+    """
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.glob("*.py") if p.is_file())
+    if not files:
+        raise TxlError(f"default corpus not found: no *.py files in {stdlib}; give a corpus path")
+    return files
+
+
+def _file_size(f: Path) -> int:
+    return _io(f, lambda: f.stat().st_size)
+
+
+def _read(f: Path) -> bytes:
+    return _io(f, Path(f).read_bytes)
+
+
+def _io(f: Path, op: Callable):
+    """Run ``op()``; an ``OSError`` becomes a :class:`TxlError` naming the file."""
+    try:
+        return op()
+    except OSError as e:
+        raise TxlError(f"cannot read corpus file {f}: {e.strerror or e}") from None
+
+
+def load_bytes(files: Sequence[PathLike]) -> bytes:
+    """The files' contents concatenated in order (no separators added).
+
+    Raises :class:`TxlError` if a file cannot be read.
+    """
+    return b"".join(_read(Path(f)) for f in files)
+
+
+def _read_text(files: Sequence[PathLike], kind: str) -> str:
+    """All files decoded as strict UTF-8 and joined; errors name the offending file."""
+    return "".join(decode_utf8(_read(Path(f)), f"corpus file {f}", kind) for f in files)
