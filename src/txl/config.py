@@ -136,7 +136,8 @@ class TrainConfig:
         max_steps: optimizer steps.
         lr, min_lr: peak and final learning rate (AdamW; linear warm-up then cosine decay).
         warmup_steps: steps of linear warm-up from 0 to ``lr``.
-        weight_decay: AdamW decoupled weight decay on matrices (not on biases, gains, u/v).
+        weight_decay: AdamW decoupled weight decay on linear maps only (see txl.training.optim: not on
+            biases, LayerNorm gains, u/v, Shaw tables, embeddings or output tables).
         clip: max global gradient norm (0 disables).
         tgt_len_schedule: progressive segment length, ``[[step, tgt_len], ...]`` or
             ``[[step, tgt_len, mem_len], ...]``; from each step on that length is used; with pairs,
