@@ -77,6 +77,10 @@ def _coerce(hint: Any, value: Any, name: str) -> Any:
     return value
 
 
+#: Label of a position that is not scored (context, padding): the one value data, model, training and
+#: evaluation use (PyTorch's ``cross_entropy`` default ``ignore_index``).
+IGNORE_INDEX = -100
+
 TOKENIZERS = ("byte", "char", "word", "bpe")
 NORMALIZE = ("none", "wikitext")
 DTYPES = ("float32", "bfloat16", "float16")

@@ -40,10 +40,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
 from txl.model.parameters import init_weights
 
-IGNORE_INDEX = -100
 
 
 def _boundaries(vocab_size: int, d_embed: int, d_proj: int, cutoffs: list[int], div_val: int) -> list[int]:

@@ -17,6 +17,7 @@ from txl.model.dropout import Dropout
 from txl.model.parameters import init_weights
 from txl.model.memory import Mems, check_mems, extend_mems, update_mems
 from txl.model.serialization import CONFIG_NAME, load_weights, read_model_config, save_model
+from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
 
 
@@ -249,12 +250,12 @@ class TransformerXLLM(nn.Module):
             token_loss = None
             if labels is not None:
                 wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
-                token_loss = F.cross_entropy(wide, labels.reshape(-1), ignore_index=-100,
+                token_loss = F.cross_entropy(wide, labels.reshape(-1), ignore_index=IGNORE_INDEX,
                                              reduction="none").view(bsz, qlen)
             logits = logits.view(bsz, qlen, -1)
         loss = None
         if token_loss is not None:
-            loss = token_loss.sum() / (labels != -100).sum().clamp(min=1)
+            loss = token_loss.sum() / (labels != IGNORE_INDEX).sum().clamp(min=1)
         return logits, token_loss, loss
 
     def save_pretrained(self, directory: str | Path, tokenizer: Any = None) -> None:

@@ -19,6 +19,7 @@ from txl.training.config import RunConfig
 from txl.data import CorpusSplits, LMOrderedIterator, LMShuffledIterator, shard_sentences
 from txl.data.iterators import sample_segment_length
 from txl.data.corpus import load_run_corpus
+from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
 from txl.runtime import resolve_device, seed_everything
 from txl.evaluation.stream import EvalResult, evaluate, metric_unit, metric_value
@@ -293,7 +294,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
                 seq_len = sample_segment_length(tgt_len, generator) if t.varlen else tgt_len
                 x, y = batches.segment(pos, seq_len)
                 pos += x.size(1)
-            n_tok = (y != -100).sum()  # the global batch's targets
+            n_tok = (y != IGNORE_INDEX).sum()  # the global batch's targets
             lr = learning_rate(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps, max_steps=t.max_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
