@@ -7,7 +7,6 @@ states, the data position and step). Loaded with safetensors and JSON only: noth
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from txl.errors import TxlError
-from txl.fileio import atomic_write, write_json
+from txl.fileio import atomic_write, read_json_object, write_json
 
 TENSORS_NAME = "trainer.safetensors"
 JSON_NAME = "trainer.json"
@@ -117,8 +116,8 @@ def load_trainer_state(directory: Path, *, optimizer: torch.optim.Optimizer, sca
     """
     if not (directory / JSON_NAME).is_file() or not (directory / TENSORS_NAME).is_file():
         raise TxlError(f"{directory} has no trainer state ({JSON_NAME}, {TENSORS_NAME}): it cannot be resumed")
+    meta = read_json_object(directory / JSON_NAME, "trainer state")
     try:
-        meta = json.loads((directory / JSON_NAME).read_text(encoding="utf-8"))
         tensors = load_file(str(directory / TENSORS_NAME))
     except Exception as err:
         raise TxlError(f"cannot read the trainer state in {directory}: {err}") from None
