@@ -69,8 +69,8 @@ def parameter_kinds(model: nn.Module) -> Iterator[tuple[str, nn.Parameter, str]]
         if id(module) in seen_modules:
             return
         seen_modules.add(id(module))
-        for name, param in module._parameters.items():
-            if param is None or id(param) in seen_params:
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) in seen_params:
                 continue
             seen_params.add(id(param))
             kind = _kind(module, name, inherited)
@@ -79,9 +79,8 @@ def parameter_kinds(model: nn.Module) -> Iterator[tuple[str, nn.Parameter, str]]
                                f"(got {kind!r}); declare it in {type(module).__name__}.param_kinds")
             yield prefix + name, param, kind
         declared = getattr(module, "param_kinds", {})
-        for child_name, child in module._modules.items():
-            if child is not None:
-                yield from walk(child, f"{prefix}{child_name}.", declared.get(child_name, inherited))
+        for child_name, child in module.named_children():
+            yield from walk(child, f"{prefix}{child_name}.", declared.get(child_name, inherited))
 
     yield from walk(model, "", None)
 
