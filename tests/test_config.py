@@ -89,3 +89,26 @@ def test_paper_configs_have_the_papers_parameter_count(name):
     assert count == pytest.approx(ours, rel=1e-4)
     assert count == pytest.approx(paper, rel=tol)
     assert run.eval.mem_len is not None and run.eval.mem_len >= run.model.mem_len  # evaluation settings given
+
+
+def test_one_ignore_index():
+    """IGNORE_INDEX is defined once (txl.config) and no other module writes -100 in code."""
+    import io
+    import tokenize
+    from pathlib import Path
+
+    import txl
+    import txl.config
+    import txl.data
+    import txl.evaluation.scoring
+    import txl.model.adaptive
+
+    assert txl.config.IGNORE_INDEX == -100
+    assert txl.data.IGNORE_INDEX is txl.model.adaptive.IGNORE_INDEX is txl.evaluation.scoring.IGNORE_INDEX
+    found = []
+    for path in Path(txl.__file__).parent.rglob("*.py"):
+        tokens = list(tokenize.generate_tokens(io.StringIO(path.read_text(encoding="utf-8")).readline))
+        for a, b in zip(tokens, tokens[1:]):
+            if a.type == tokenize.OP and a.string == "-" and b.type == tokenize.NUMBER and b.string == "100":
+                found.append(f"{path.relative_to(Path(txl.__file__).parent)}:{a.start[0]}")
+    assert len(found) == 1 and found[0].startswith("config.py:"), found

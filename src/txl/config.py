@@ -77,6 +77,10 @@ def _coerce(hint: Any, value: Any, name: str) -> Any:
     return value
 
 
+#: Label of a position that is not scored (context, padding): the one value data, model, training and
+#: evaluation use (PyTorch's ``cross_entropy`` default ``ignore_index``).
+IGNORE_INDEX = -100
+
 TOKENIZERS = ("byte", "char", "word", "bpe")
 NORMALIZE = ("none", "wikitext")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -136,7 +140,8 @@ class TrainConfig:
         max_steps: optimizer steps.
         lr, min_lr: peak and final learning rate (AdamW; linear warm-up then cosine decay).
         warmup_steps: steps of linear warm-up from 0 to ``lr``.
-        weight_decay: AdamW decoupled weight decay on matrices (not on biases, gains, u/v).
+        weight_decay: AdamW decoupled weight decay on linear maps only (see txl.training.optim: not on
+            biases, LayerNorm gains, u/v, Shaw tables, embeddings or output tables).
         clip: max global gradient norm (0 disables).
         tgt_len_schedule: progressive segment length, ``[[step, tgt_len], ...]`` or
             ``[[step, tgt_len, mem_len], ...]``; from each step on that length is used; with pairs,

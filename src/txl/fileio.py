@@ -1,11 +1,12 @@
-"""Atomic file writes: a reader never sees a half-written file, and a failed write leaves the old one."""
+"""Atomic file writes (a reader never sees a half-written file, and a failed write leaves the old one),
+and the one JSON / JSON Lines reader, whose only exception is :class:`~txl.errors.TxlError`."""
 
 from __future__ import annotations
 
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,24 +47,83 @@ def _umask() -> int:
     return mask
 
 
-def read_json_object(path: str | Path) -> dict[str, Any]:
-    """The JSON object stored at ``path``.
+def _read_text(path: Path, what: str) -> str:
+    """The UTF-8 text of ``path``; TxlError naming ``what`` and the file otherwise."""
+    from txl.errors import TxlError
+
+    try:
+        data = path.read_bytes()
+    except (OSError, MemoryError) as err:
+        raise TxlError(f"cannot read {what}{path}: {getattr(err, 'strerror', None) or err}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise TxlError(f"{what}{path} is not valid JSON: not UTF-8 (invalid byte at offset {err.start})") from None
+
+
+def _parse(text: str, where: str) -> Any:
+    """``json.loads(text)``; any failure becomes one TxlError starting with ``where``."""
+    from txl.errors import TxlError
+
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise TxlError(f"{where} is not valid JSON ({err.msg}: line {err.lineno} column {err.colno})") from None
+    except RecursionError:
+        raise TxlError(f"{where} is not valid JSON for txl: nested too deeply") from None
+    except (ValueError, OverflowError, MemoryError) as err:  # e.g. integers past Python's digit limit
+        reason = str(err).split(";")[0] or type(err).__name__
+        raise TxlError(f"{where} is not valid JSON for txl ({reason})") from None
+
+
+def _label(what: str | None) -> str:
+    return f"{what} " if what else ""
+
+
+def read_json(path: str | Path, what: str | None = None) -> Any:
+    """The JSON value stored at ``path`` (any type), read as strict UTF-8.
+
+    ``what`` (e.g. ``"tokenizer file"``) prefixes the file name in error messages.
 
     Raises:
-        TxlError: unreadable file, invalid JSON or UTF-8, or JSON that is not an object.
+        TxlError: the only exception, for an unreadable file, bytes that are not UTF-8, invalid
+            JSON, nesting too deep for the parser (RecursionError) or numbers Python refuses
+            (ValueError/MemoryError); the message names the file.
+    """
+    path = Path(path)
+    label = _label(what)
+    return _parse(_read_text(path, label), f"{label}{path}")
+
+
+def read_json_object(path: str | Path, what: str | None = None) -> dict[str, Any]:
+    """The JSON object stored at ``path`` (see :func:`read_json`).
+
+    Raises:
+        TxlError: as :func:`read_json`, or JSON that is not an object.
     """
     from txl.errors import TxlError
 
-    path = Path(path)
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise TxlError(f"cannot read {path}: {err.strerror or err}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise TxlError(f"{path} is not valid JSON ({err})") from None
+    value = read_json(path, what)
     if not isinstance(value, dict):
-        raise TxlError(f"{path} must hold a JSON object")
+        raise TxlError(f"{_label(what)}{path} must hold a JSON object, not {type(value).__name__}")
     return value
+
+
+def read_jsonl(path: str | Path, what: str | None = None) -> Iterator[tuple[int, Any]]:
+    """``(line_number, value)`` for every non-blank line of a JSON Lines file, in order (1-based).
+
+    Lines are separated by ``\\n`` (a trailing ``\\r`` is JSON whitespace); the whole file is read
+    and decoded as strict UTF-8 before the first line is yielded.
+
+    Raises:
+        TxlError: the only exception, as :func:`read_json`; parse errors name the file and line
+            (``PATH line N is not valid JSON ...``).
+    """
+    path = Path(path)
+    label = _label(what)
+    for number, line in enumerate(_read_text(path, label).split("\n"), 1):
+        if line.strip():
+            yield number, _parse(line, f"{label}{path} line {number}")
 
 
 def write_json(path: str | Path, obj: Any) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ import numpy as np
 import torch
 
 from txl.errors import TxlError
+from txl.fileio import read_jsonl as _jsonl_lines
 
 
 @dataclass
@@ -33,21 +33,8 @@ def read_jsonl(path: str | Path, need_label: bool = True) -> list[Document]:
             ``label`` when ``need_label``), naming the file and line number.
     """
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as err:
-        raise TxlError(f"cannot read {path}: {err.strerror or err}") from None
-    except UnicodeDecodeError as err:
-        raise TxlError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
     docs = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise TxlError(f"{path} line {number} is not valid JSON ({err.msg}); each line must be "
-                           '{"text": ..., "label": ...}') from None
+    for number, obj in _jsonl_lines(path):
         if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
             raise TxlError(f'{path} line {number} must be a JSON object with a string "text"')
         label = obj.get("label")

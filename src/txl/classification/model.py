@@ -25,6 +25,7 @@ from torch import nn
 from txl.classification.serialization import load_classifier_weights, read_classifier, save_classifier
 from txl.errors import TxlError
 from txl.model.config import TransformerXLConfig, check_fields
+from txl.model.parameters import init_weights
 from txl.model.transformer import TransformerXLLM
 
 MODES = ("memory", "first")
@@ -141,8 +142,7 @@ class TransformerXLForSequenceClassification(nn.Module):
         self.body = TransformerXLLM(config)
         self.dropout = nn.Dropout(classifier.classifier_dropout)
         self.head = nn.Linear(config.d_model, classifier.num_labels)
-        nn.init.normal_(self.head.weight, 0.0, config.init_std)
-        nn.init.zeros_(self.head.bias)
+        init_weights(self.head, config.init_std, config.proj_init_std)  # normal(0, init_std) weight, zero bias
         self.tokenizer = None
 
     @property

@@ -11,6 +11,7 @@ import torch
 
 from txl.classification.data import pad_batch
 from txl.errors import TxlError
+from txl.training.optim import make_optimizer
 from txl.training.schedules import learning_rate
 
 
@@ -38,6 +39,8 @@ def fit_classifier(model, docs: Sequence[np.ndarray], labels: Sequence[int], *, 
                    seed: int = 0, log: Callable[[int, float], None] | None = None) -> FitResult:
     """Fine-tune ``model`` (body and head) with AdamW on cross-entropy, in shuffled epochs of batches.
 
+    Weight decay follows :func:`txl.training.optim.parameter_groups` (linear maps only).
+
     The learning rate warms up linearly over ``warmup_steps`` then decays with a cosine to lr/10.
     Documents are cut to ``model.classifier.max_tokens``. ``log(step, loss)`` is called every step.
 
@@ -56,10 +59,7 @@ def fit_classifier(model, docs: Sequence[np.ndarray], labels: Sequence[int], *, 
     if steps < 1 or batch_size < 1:
         raise TxlError(f"steps and batch_size must be >= 1, got {steps} and {batch_size}")
     device = next(model.parameters()).device
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "r_w_bias" not in n and "r_r_bias" not in n]
-    others = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "r_w_bias" not in n and "r_r_bias" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                             {"params": others, "weight_decay": 0.0}], lr=lr)
+    opt = make_optimizer(model, lr, weight_decay)
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)  # dropout draws depend on the global generator: seed it too
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))

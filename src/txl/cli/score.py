@@ -55,19 +55,11 @@ def register(subparsers) -> None:
 
 def _read_jsonl(path: Path, data: bytes) -> list[tuple[str, str]]:
     """(name, text) for each non-blank line of a JSON Lines file."""
-    try:
-        lines = data.decode("utf-8").split("\n")
-    except UnicodeDecodeError as err:
-        raise TxlError(f"{path} is not UTF-8 (invalid byte at offset {err.start}); JSON Lines must be UTF-8") from None
+    from txl.fileio import read_jsonl
+
     docs = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for number, obj in read_jsonl(path):
         where = f"{path}:{number}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise TxlError(f"{where} is not valid JSON ({err.msg}); each line must be {{\"text\": ...}}") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
             raise TxlError(f"{where} must be a JSON object with a \"text\" string")
         docs.append((where, obj["text"]))

@@ -24,7 +24,6 @@ TensorFlow's ``lm1b`` checksums):
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 import re
 import shutil
@@ -34,7 +33,7 @@ from pathlib import Path
 
 from txl.data.download import check_sha256, download, extract, is_url
 from txl.errors import TxlError
-from txl.fileio import atomic_write, write_json
+from txl.fileio import atomic_write, read_json, write_json
 
 __all__ = ["DATASETS", "DatasetSpec", "dataset_info", "prepare_dataset", "standard_split", "FORMAT"]
 
@@ -137,11 +136,9 @@ def dataset_info(path: str | os.PathLike[str] | None) -> dict | None:
     if not Path(path).is_dir() or not f.is_file():
         return None
     try:
-        d = json.loads(f.read_bytes().decode("utf-8"))
-    except OSError as e:
-        raise TxlError(f"cannot read {f}: {e.strerror or e}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TxlError(f"{f} is not valid JSON ({e}); run txl data prepare again") from None
+        d = read_json(f)
+    except TxlError as e:
+        raise TxlError(f"{e}; run txl data prepare again") from None
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise TxlError(f"{f} is not a txl dataset description (format {FORMAT}); run txl data prepare again")
     return d

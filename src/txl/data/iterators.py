@@ -18,11 +18,11 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
+from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
 
 __all__ = ["LMOrderedIterator", "LMShuffledIterator", "IGNORE_INDEX", "sample_segment_length"]
 
-IGNORE_INDEX = -100
 """Label value of positions that are not scored (context and padding); ``cross_entropy``'s default."""
 
 

@@ -28,13 +28,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
 from txl.evaluation.stream import attention_span, metric_value
 from txl.runtime import autocast
 
 __all__ = ["DocumentScore", "score", "score_tokens", "score_texts", "token_text", "total_metric"]
 
-IGNORE_INDEX = -100
 
 
 @dataclass

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from txl.data import LMOrderedIterator
+from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
 from txl.runtime import autocast
 
@@ -111,7 +112,7 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
                 out = model(x, mems=mems, labels=y)
             mems = out.mems
             sums[0] += out.token_loss.double().sum()
-            sums[1] += (y != -100).sum()
+            sums[1] += (y != IGNORE_INDEX).sum()
         if dist is not None:
             from txl.training.distributed import all_sum
 

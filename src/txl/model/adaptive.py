@@ -40,9 +40,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
+from txl.model.parameters import init_weights
 
-IGNORE_INDEX = -100
 
 
 def _boundaries(vocab_size: int, d_embed: int, d_proj: int, cutoffs: list[int], div_val: int) -> list[int]:
@@ -70,7 +71,8 @@ class AdaptiveEmbedding(nn.Module):
         d_proj: output dimension (the model width).
         cutoffs: cluster boundaries below V, strictly increasing; ``[]`` means one cluster.
         div_val: cluster i has dimension ``d_embed // div_val**i``; 1 means one shared table.
-        init_std / proj_init_std: std of the normal init of tables / projections.
+        init_std / proj_init_std: std of the normal init of tables / projections (by
+            :func:`txl.model.parameters.init_weights`; the language model passes its config's values).
 
     Parameters (HF names): ``emb_layers[i]`` an ``nn.Embedding``; ``emb_projs[i]`` ``[d_proj, d_i]``.
     With ``div_val == 1`` there is one table ``[V, d_embed]`` and a projection only when
@@ -79,6 +81,8 @@ class AdaptiveEmbedding(nn.Module):
     Raises:
         TxlError: bad cutoffs, ``div_val < 1``, or dimensions that would reach 0.
     """
+
+    param_kinds = {"emb_projs": "projection"}  # see txl.model.parameters
 
     def __init__(self, vocab_size: int, d_embed: int, d_proj: int, cutoffs: list[int], div_val: int = 1,
                  init_std: float = 0.02, proj_init_std: float = 0.01):
@@ -98,10 +102,7 @@ class AdaptiveEmbedding(nn.Module):
                 d_i = d_embed // div_val ** i
                 self.emb_layers.append(nn.Embedding(hi - lo, d_i))
                 self.emb_projs.append(nn.Parameter(torch.empty(d_proj, d_i)))
-        for layer in self.emb_layers:
-            nn.init.normal_(layer.weight, 0.0, init_std)
-        for proj in self.emb_projs:
-            nn.init.normal_(proj, 0.0, proj_init_std)
+        init_weights(self, init_std, proj_init_std)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Embed ``ids`` (LongTensor, any shape ``[...]``) -> ``[..., d_proj]``.
@@ -151,6 +152,10 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         TxlError: bad configuration (as :class:`AdaptiveEmbedding`); bad shapes or labels in calls.
     """
 
+    # Output tables are output embeddings (tied or not); see txl.model.parameters.
+    param_kinds = {"out_layers": "embedding", "out_projs": "projection", "cluster_weight": "embedding",
+                   "cluster_bias": "bias"}
+
     def __init__(self, vocab_size: int, d_embed: int, d_proj: int, cutoffs: list[int], div_val: int = 1,
                  init_std: float = 0.02, proj_init_std: float = 0.01):
         super().__init__()
@@ -173,13 +178,8 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
                 self.out_projs.append(nn.Parameter(torch.empty(d_proj, d_i)))
         if self.n_clusters > 0:
             self.cluster_weight = nn.Parameter(torch.empty(self.n_clusters, d_embed))
-            self.cluster_bias = nn.Parameter(torch.zeros(self.n_clusters))
-            nn.init.normal_(self.cluster_weight, 0.0, init_std)
-        for layer in self.out_layers:
-            nn.init.normal_(layer.weight, 0.0, init_std)
-            nn.init.zeros_(layer.bias)
-        for proj in self.out_projs:
-            nn.init.normal_(proj, 0.0, proj_init_std)
+            self.cluster_bias = nn.Parameter(torch.empty(self.n_clusters))
+        init_weights(self, init_std, proj_init_std)
 
     def _log_softmax(self, hidden: torch.Tensor, i: int) -> torch.Tensor:
         """Log-softmax of cluster i's logits for ``hidden`` [n, d_proj]: head -> [n, shortlist + K],

@@ -134,6 +134,8 @@ class MultiHeadAttention(nn.Module):
     ``r_w_bias``/``r_r_bias``; for "shaw" ``r_emb``.
     """
 
+    param_kinds = {"r_w_bias": "position_bias", "r_r_bias": "position_bias", "r_emb": "position_table"}
+
     def __init__(self, d_model: int, n_head: int, d_head: int, dropout: float, dropatt: float,
                  pre_lnorm: bool, attn_type: str, own_biases: bool, shaw_max_dist: int = 0) -> None:
         super().__init__()

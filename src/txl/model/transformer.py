@@ -14,8 +14,10 @@ from txl.model.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, t
 from txl.model.attention import MultiHeadAttention, attention_mask, relative_positions, sinusoid
 from txl.model.config import TransformerXLConfig
 from txl.model.dropout import Dropout
+from txl.model.parameters import init_weights
 from txl.model.memory import Mems, check_mems, extend_mems, update_mems
 from txl.model.serialization import CONFIG_NAME, load_weights, read_model_config, save_model
+from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
 
 
@@ -88,37 +90,36 @@ class TransformerXLLM(nn.Module):
     or per-cluster tables and projections with ``cutoffs``; output scaled by sqrt(d_model)), shared
     ``r_w_bias`` and ``r_r_bias`` [n_head, d_head] (unless ``untie_r``), ``layers`` and ``crit``
     (:class:`~txl.model.adaptive.ProjectedAdaptiveLogSoftmax`: output weights with bias, tied to the
-    embedding with ``tie_weight`` and ``tie_projs``). All are initialised here.
+    embedding with ``tie_weight`` and ``tie_projs``). All are initialised by :meth:`reset_parameters`
+    once they exist and are tied. (The adaptive modules also initialise themselves by the same rule
+    when built, so that they work alone; the language model's pass decides the values, and the
+    earlier draws keep the generator where it always was, so a seed gives the same weights as before.)
     """
+
+    param_kinds = {"r_w_bias": "position_bias", "r_r_bias": "position_bias"}  # see txl.model.parameters
 
     def __init__(self, config: TransformerXLConfig) -> None:
         super().__init__()
         config.validate()
         self.config = config
         c = config
-        self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val)
+        self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val,
+                                          c.init_std, c.proj_init_std)
         self.drop = Dropout(c.dropout)
         if c.attn_type == "rel" and not c.untie_r:
             self.r_w_bias = nn.Parameter(torch.empty(c.n_head, c.d_head))
             self.r_r_bias = nn.Parameter(torch.empty(c.n_head, c.d_head))
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_layer))
-        self.crit = ProjectedAdaptiveLogSoftmax(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val)
+        self.crit = ProjectedAdaptiveLogSoftmax(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val,
+                                                c.init_std, c.proj_init_std)
         tie_adaptive(self.word_emb, self.crit, c.tie_weight, c.tied_projections)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Normal(0, init_std) for weights, embeddings, u/v, Shaw tables and cluster weights; normal(0, proj_init_std)
-        for adaptive projections; zeros for biases; ones for LayerNorm gains."""
-        c = self.config
-        for name, p in self.named_parameters():  # a tied parameter appears once
-            if name.endswith("layer_norm.weight"):
-                nn.init.ones_(p)
-            elif name.endswith(".bias") or name.endswith("cluster_bias"):
-                nn.init.zeros_(p)
-            elif "projs" in name:
-                nn.init.normal_(p, 0.0, c.proj_init_std)
-            else:  # weights, embeddings, r_w_bias, r_r_bias, r_emb, cluster_weight
-                nn.init.normal_(p, 0.0, c.init_std)
+        """Initialise every parameter by its kind with :func:`~txl.model.parameters.init_weights`:
+        normal(0, init_std) for weights, embeddings, u/v, Shaw tables and cluster weights;
+        normal(0, proj_init_std) for adaptive projections; zeros for biases; ones for LayerNorm gains."""
+        init_weights(self, self.config.init_std, self.config.proj_init_std)
 
     def set_attention_span(self, *, tgt_len: int | None = None, mem_len: int | None = None,
                            clamp_len: int | None = None, same_length: bool | None = None) -> None:
@@ -249,12 +250,12 @@ class TransformerXLLM(nn.Module):
             token_loss = None
             if labels is not None:
                 wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
-                token_loss = F.cross_entropy(wide, labels.reshape(-1), ignore_index=-100,
+                token_loss = F.cross_entropy(wide, labels.reshape(-1), ignore_index=IGNORE_INDEX,
                                              reduction="none").view(bsz, qlen)
             logits = logits.view(bsz, qlen, -1)
         loss = None
         if token_loss is not None:
-            loss = token_loss.sum() / (labels != -100).sum().clamp(min=1)
+            loss = token_loss.sum() / (labels != IGNORE_INDEX).sum().clamp(min=1)
         return logits, token_loss, loss
 
     def save_pretrained(self, directory: str | Path, tokenizer: Any = None) -> None:

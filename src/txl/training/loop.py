@@ -19,6 +19,7 @@ from txl.training.config import RunConfig
 from txl.data import CorpusSplits, LMOrderedIterator, LMShuffledIterator, shard_sentences
 from txl.data.iterators import sample_segment_length
 from txl.data.corpus import load_run_corpus
+from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
 from txl.runtime import resolve_device, seed_everything
 from txl.evaluation.stream import EvalResult, evaluate, metric_unit, metric_value
@@ -31,6 +32,7 @@ from txl.training.checkpoint import (RUN_NAME, checkpoint_candidates, first_good
 from txl.training.resume import JSON_NAME as TRAINER_JSON
 from txl.training.resume import load_trainer_state, rank_rng_state, save_trainer_state
 from txl.training.runlog import StopRequest, open_metrics, remove_unfinished
+from txl.training.optim import make_optimizer
 from txl.training.step import train_step
 from txl.training.schedules import learning_rate, segment_span
 
@@ -60,15 +62,6 @@ class TrainResult:
     sample_prompt: str
     sample: str
     rank: int = 0
-
-
-def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not on biases, LayerNorm gains, u/v or embeddings)."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        (decay if p.dim() >= 2 and "emb" not in name else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr)
 
 
 def shuffled_batches(corpus: CorpusSplits, batch_size: int, tgt_len: int, device: torch.device, seed: int):
@@ -211,7 +204,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
             raise TxlError(f"the weights in {resume_dir} do not fit the changed model config; model shapes cannot "
                            "change when resuming (start a new run instead)") from None
         restored = load_trainer_state(resume_dir, optimizer=optimizer, scaler=scaler, generator=generator,
-                                      device=device, rank=d.rank)
+                                      device=device, rank=d.rank, model=model)
         start_step, pos, mems, state = restored["step"], restored["position"], restored["mems"], restored["state"]
         if mems is not None and mems[0].size(0) != t.batch_size:
             raise TxlError(f"{resume_dir} holds the memory of {mems[0].size(0)} streams but train.batch_size is now "
@@ -301,7 +294,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
                 seq_len = sample_segment_length(tgt_len, generator) if t.varlen else tgt_len
                 x, y = batches.segment(pos, seq_len)
                 pos += x.size(1)
-            n_tok = (y != -100).sum()  # the global batch's targets
+            n_tok = (y != IGNORE_INDEX).sum()  # the global batch's targets
             lr = learning_rate(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps, max_steps=t.max_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr

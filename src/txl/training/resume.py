@@ -7,7 +7,6 @@ states, the data position and step). Loaded with safetensors and JSON only: noth
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from txl.errors import TxlError
-from txl.fileio import atomic_write, write_json
+from txl.fileio import atomic_write, read_json_object, write_json
 
 TENSORS_NAME = "trainer.safetensors"
 JSON_NAME = "trainer.json"
@@ -66,20 +65,59 @@ def save_trainer_state(directory: Path, *, optimizer: torch.optim.Optimizer, sca
     write_json(directory / JSON_NAME, meta)
 
 
+def _legacy_names(model: torch.nn.Module) -> list[list[str]]:
+    """Parameter names per group of trainer states written before :mod:`txl.training.optim`
+    (groups without ``param_names``): [decay, no_decay] by the old rule, matrices whose name lacks
+    "emb" first. Used only to read such files."""
+    named = list(model.named_parameters())
+    return [[n for n, p in named if p.dim() >= 2 and "emb" not in n],
+            [n for n, p in named if not (p.dim() >= 2 and "emb" not in n)]]
+
+
+def _reorder(optimizer: torch.optim.Optimizer, groups: list[dict], slots: dict[int, dict],
+             model: torch.nn.Module | None) -> tuple[list[dict], dict[int, dict]]:
+    """Saved groups and per-parameter state renumbered to ``optimizer``'s layout, matched by
+    parameter name, when the saved layout names its parameters (or is the legacy one and ``model`` is
+    given) and holds the same names in another order; otherwise unchanged."""
+    current = [g.get("param_names") for g in optimizer.param_groups]
+    if all("param_names" in g for g in groups):
+        saved = [g["param_names"] for g in groups]
+    elif model is not None and len(groups) == 2:
+        saved = _legacy_names(model)
+    else:
+        return groups, slots
+    flat_saved = [n for names in saved for n in names]
+    flat_current = [n for names in current if names for n in names]
+    if None in current or len(saved) != len(current) or flat_saved == flat_current \
+            or sorted(flat_saved) != sorted(flat_current):
+        return groups, slots
+    old_index = {name: i for i, name in enumerate(flat_saved)}
+    new_slots = {i: slots[old_index[n]] for i, n in enumerate(flat_current) if old_index[n] in slots}
+    new_groups, start = [], 0
+    for group, names in zip(groups, current):
+        new_groups.append(dict(group, params=list(range(start, start + len(names))), param_names=list(names)))
+        start += len(names)
+    return new_groups, new_slots
+
+
 def load_trainer_state(directory: Path, *, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                       generator: torch.Generator, device: torch.device, rank: int = 0) -> dict[str, Any]:
+                       generator: torch.Generator, device: torch.device, rank: int = 0,
+                       model: torch.nn.Module | None = None) -> dict[str, Any]:
     """Restore optimizer, scaler, every RNG; return ``{step, position, mems, state, own_rng}``.
 
     ``mems`` is the memory of all streams; a torchrun rank keeps its own rows. Rank ``rank`` gets
     its own saved RNG states when the run had that rank (otherwise those of rank 0).
+    The optimizer state is matched to parameters by name when the file names them (the groups of
+    :func:`txl.training.optim.parameter_groups`); files from before that, without names, are
+    matched through the old grouping rule when ``model`` (the unwrapped model) is given.
 
     Raises:
         TxlError: missing or unreadable trainer files, or an optimizer state that does not fit.
     """
     if not (directory / JSON_NAME).is_file() or not (directory / TENSORS_NAME).is_file():
         raise TxlError(f"{directory} has no trainer state ({JSON_NAME}, {TENSORS_NAME}): it cannot be resumed")
+    meta = read_json_object(directory / JSON_NAME, "trainer state")
     try:
-        meta = json.loads((directory / JSON_NAME).read_text(encoding="utf-8"))
         tensors = load_file(str(directory / TENSORS_NAME))
     except Exception as err:
         raise TxlError(f"cannot read the trainer state in {directory}: {err}") from None
@@ -89,7 +127,8 @@ def load_trainer_state(directory: Path, *, optimizer: torch.optim.Optimizer, sca
             _, index, name = key.split(".", 2)
             slots.setdefault(int(index), {})[name] = value.to(device) if name != "step" else value
     try:
-        optimizer.load_state_dict({"state": slots, "param_groups": meta["param_groups"]})
+        groups, slots = _reorder(optimizer, meta["param_groups"], slots, model)
+        optimizer.load_state_dict({"state": slots, "param_groups": groups})
     except (ValueError, KeyError) as err:
         raise TxlError(f"the optimizer state in {directory} does not fit this model: {err}") from None
     scaler.load_state_dict(meta["scaler"])

@@ -7,7 +7,6 @@ numpy array of token ids, ``decode(ids)`` turns ids back into text, and ``to_dic
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from txl.data.tokenizers.base import TOKENIZER_KINDS, Tokenizer, decode_utf8
 from txl.data.tokenizers.bpe import BPETokenizer
 from txl.data.tokenizers.simple import ByteTokenizer, CharTokenizer, WordTokenizer
 from txl.errors import TxlError
+from txl.fileio import read_json
 
 __all__ = [
     "Tokenizer",
@@ -65,11 +65,9 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
     if not p.is_file():
         raise TxlError(f"tokenizer file {p} not found; give the path of a saved vocabulary JSON")
     try:
-        d = json.loads(p.read_bytes().decode("utf-8"))
-    except OSError as e:
-        raise TxlError(f"cannot read tokenizer file {p}: {e.strerror or e}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TxlError(f"tokenizer file {p} is not valid JSON ({e}); re-save the vocabulary") from None
+        d = read_json(p, "tokenizer file")
+    except TxlError as e:
+        raise TxlError(f"{e}; re-save the vocabulary") from None
     try:
         return tokenizer_from_dict(d)
     except TxlError as e:
