@@ -52,8 +52,8 @@ def test_train_eval_generate_end_to_end(tmp_path, corpus, capsys, monkeypatch):
     assert code == 0 and "sliding-window" in out, err
     code, out, err = run_cli(capsys, "eval", out_dir, "--data", corpus)
     assert code == 0 and "bpc" in out, err
-    for bad, expect in ((["--data", corpus, "--split", "test"], "whole file"), (["--max_tokens", "-5"], "max_tokens"),
-                        (["--batch_size", "0"], "batch_size")):
+    for bad, expect in ((["--data", corpus, "--split", "test"], "whole file"), (["--max_tokens", "-5"], "max-tokens"),
+                        (["--batch_size", "0"], "batch-size")):
         code, out, err = run_cli(capsys, "eval", out_dir, *bad)
         assert code == 2 and expect in one_error_line(err)
     code, out, err = run_cli(capsys, "generate", out_dir, "--prompt", "the ", "--top-k", "0")
