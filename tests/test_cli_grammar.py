@@ -141,3 +141,11 @@ def test_ablate_checks_matplotlib_before_training(monkeypatch, capsys, tmp_path)
     assert main(["ablate", "--out", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("txl: error: ") and "pip install" in err and len(err.strip().splitlines()) == 1
+
+
+def test_list_positionals_may_continue_after_an_option(capsys):
+    # argparse hands back the files after an option; main() appends them to the command's list
+    args, extra = build_parser().parse_known_args(["score", "ckpt", "a.txt", "--out", "o", "b.txt"])
+    assert (args.checkpoint, args.files, args._more, extra) == ("ckpt", ["a.txt"], "files", ["b.txt"])
+    assert main(["plot", "--out", "x", "--bogus"]) == 2  # options are never swallowed
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err

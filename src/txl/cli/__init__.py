@@ -91,13 +91,17 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         try:
             args, extra = parser.parse_known_args(argv)
-            unknown = [e for e in extra if e.startswith("-") or args.command != "train"]
+            # argparse fills a list positional from one run of arguments only; the rest of the list, placed
+            # after an option (`txl score CKPT --out F b.txt`, `txl train --tokenizer char a=1`), comes back
+            # here and joins the list the command names in ``_more``
+            more = getattr(args, "_more", None)
+            unknown = [e for e in extra if e.startswith("-") or more is None]
             if unknown:
                 parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         except SystemExit as exit_:  # usage errors (one line already printed), --help, --version
             return int(exit_.code or 0)
-        if extra:  # overrides placed after an option: `txl train --tokenizer char a=1`
-            args.items += extra
+        if extra:
+            setattr(args, more, getattr(args, more) + extra)
         args._argv = argv
         return args._run(args)
     except TxlError as err:

@@ -54,6 +54,7 @@ def _add_train(t: argparse.ArgumentParser) -> None:
 
 def _add_predict(q: argparse.ArgumentParser) -> None:
     q.add_argument("run", metavar="CHECKPOINT", help="classifier folder written by `txl classify train`")
+    q.set_defaults(_more="inputs")  # later items of the list, after an option (see txl.cli.main)
     q.add_argument("inputs", nargs="+", metavar="FILE",
                    help="text files (one document each) or .jsonl files (one {\"text\": ...} per line)")
     add_batch_size(q, default=8, text="documents per forward pass")

@@ -18,6 +18,7 @@ DETAILS = ("With RUN_DIR...: learning curves from each run's metrics.csv. With C
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``plot`` flags (no torch import here)."""
+    p.set_defaults(_more="runs")  # later items of the list, after an option (see txl.cli.main)
     p.add_argument("runs", nargs="*", metavar="RUN_DIR|CHECKPOINT",
                    help="run directories holding metrics.csv; with --attention: one checkpoint")
     p.add_argument("--out", "-o", default="plots", help="output folder (default: plots)")

@@ -15,6 +15,7 @@ EXAMPLE = "txl recl runs/xl runs/vanilla --data data/wikitext-103/test.txt --nam
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``recl`` flags (no torch import here)."""
+    p.set_defaults(_more="checkpoints")  # later items of the list, after an option (see txl.cli.main)
     p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
                    help="checkpoint or run directories (uses best/); the group shares one baseline")
     add_data(p, "text file or directory to score (encoded with each model's tokenizer; default: the test split "

@@ -34,6 +34,7 @@ DETAILS = ("Score documents with a checkpoint: log p(token | everything before i
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``score`` flags (no torch import here)."""
     add_checkpoint(p, option_alias=True)
+    p.set_defaults(_more="files")  # later items of the list, after an option (see txl.cli.main)
     p.add_argument("files", nargs="*", metavar="FILE",
                    help="a text file (one document), a directory (one document per file) or a .jsonl file "
                         "(one {\"text\": ...} document per line)")

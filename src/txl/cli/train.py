@@ -20,6 +20,7 @@ _OVERRIDES = {"data": "data.path", "device": "train.device", "dtype": "train.dty
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``train`` flags (no torch import here)."""
+    p.set_defaults(_more="items")  # later items of the list, after an option (see txl.cli.main)
     p.add_argument("items", nargs="*", metavar="[DATA] [KEY=VALUE ...]",
                    help="a text file or directory (default: Python's standard-library sources), then config "
                         "overrides such as model.n_layer=6 lr=1e-3")
