@@ -48,12 +48,17 @@ def test_train_eval_generate_end_to_end(tmp_path, corpus, capsys, monkeypatch):
     code, out, err = run_cli(capsys, "eval", out_dir, "--mem_len", "32", "--tgt_len", "4", "--same_length", "--json")
     assert code == 0, err
     assert '"mem_len": 32' in out and '"tgt_len": 4' in out and '"same_length": true' in out
+    code, out, err = run_cli(capsys, "eval", out_dir, "--json", tmp_path / "eval.json", "--seed", "3")
+    assert code == 0 and "bpc" in out and not out.startswith("{"), err  # the report, and the JSON in the file
+    assert '"value"' in (tmp_path / "eval.json").read_text(encoding="utf-8")
+    code, out, err = run_cli(capsys, "eval", out_dir, "--json", "-", "--tgt-len", "4")
+    assert code == 0 and out.count("\n") == 1 and '"tgt_len": 4' in out, err  # stdout holds only the JSON
     code, out, err = run_cli(capsys, "eval", out_dir, "--sliding-window", "8", "--stride", "2", "--max_tokens", "40")
     assert code == 0 and "sliding-window" in out, err
     code, out, err = run_cli(capsys, "eval", out_dir, "--data", corpus)
     assert code == 0 and "bpc" in out, err
-    for bad, expect in ((["--data", corpus, "--split", "test"], "whole file"), (["--max_tokens", "-5"], "max_tokens"),
-                        (["--batch_size", "0"], "batch_size")):
+    for bad, expect in ((["--data", corpus, "--split", "test"], "whole file"), (["--max_tokens", "-5"], "max-tokens"),
+                        (["--batch_size", "0"], "batch-size")):
         code, out, err = run_cli(capsys, "eval", out_dir, *bad)
         assert code == 2 and expect in one_error_line(err)
     code, out, err = run_cli(capsys, "generate", out_dir, "--prompt", "the ", "--top-k", "0")
@@ -64,6 +69,9 @@ def test_train_eval_generate_end_to_end(tmp_path, corpus, capsys, monkeypatch):
     assert out.startswith("the ") and len(out) >= 24
     code2, out2, _ = run_cli(capsys, "generate", out_dir, "--prompt", "the ", "-n", "20", "--seed", "1")
     assert out2 == out  # seeded sampling is reproducible
+    code, out, err = run_cli(capsys, "generate", out_dir, "--prompt", "the ", "--max_new_tokens", "5", "--dtype",
+                             "bfloat16", "--device", "cpu")
+    assert code == 0 and out.startswith("the "), err
 
     # the existing run is never overwritten
     before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in out_dir.rglob("*") if p.is_file()}

@@ -203,7 +203,7 @@ def test_cli_jsonl_and_tsv_outputs(checkpoint, inputs, tmp_path, capsys):
         assert row["logprob"] == pytest.approx(s.total, abs=1e-5)
 
     out_file = tmp_path / "out" / "scores.tsv"
-    code, out, err = run_cli(capsys, "score", "-c", checkpoint, *files, "--format", "tsv", "--output", out_file)
+    code, out, err = run_cli(capsys, "score", checkpoint, *files, "--format", "tsv", "--output", out_file)  # hidden old spelling
     assert code == 0 and out == "", err
     with open(out_file, newline="", encoding="utf-8") as f:
         table = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
@@ -214,12 +214,12 @@ def test_cli_jsonl_and_tsv_outputs(checkpoint, inputs, tmp_path, capsys):
         assert len(mine) == row["n_tokens"] and mine[0]["logprob"] == ""
         assert sum(float(r["logprob"]) for r in mine[1:]) == pytest.approx(row["logprob"], rel=1e-12)
 
-    code, out, err = run_cli(capsys, "score", "-c", checkpoint, *files, "--format", "tsv", "--no-per-token")
+    code, out, err = run_cli(capsys, "score", checkpoint, *files, "--format", "tsv", "--no-per-token")
     table = list(csv.DictReader(out.splitlines(), delimiter="\t", quoting=csv.QUOTE_NONE))
     assert code == 0 and [r["document"] for r in table] == names
     assert [float(r["bpc"]) for r in table] == pytest.approx([r["bpc"] for r in rows], rel=1e-12)
 
-    code, out, err = run_cli(capsys, "score", "-c", checkpoint, *files, "--no-per-token", "--carry-memory")
+    code, out, err = run_cli(capsys, "score", checkpoint, *files, "--no-per-token", "--carry-memory")
     carried = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and "memory carried" in err and "tokens" not in carried[0]
     assert carried[0]["logprob"] == pytest.approx(rows[0]["logprob"], abs=1e-4)  # nothing before the first
@@ -233,7 +233,7 @@ def test_cli_byte_checkpoint_scores_any_bytes(tmp_path, capsys):
     run.model = model.config
     save_checkpoint(tmp_path / "ckpt", model, ByteTokenizer(), run, {"step": 0})
     (tmp_path / "bin").write_bytes(b"caf\xc3\xa9\n\xff\x00tab\there")
-    code, out, err = run_cli(capsys, "score", "-c", tmp_path / "ckpt", tmp_path / "bin", "--format", "tsv")
+    code, out, err = run_cli(capsys, "score", tmp_path / "ckpt", tmp_path / "bin", "--format", "tsv")
     assert code == 0, err
     table = list(csv.reader(out.splitlines(), delimiter="\t", quoting=csv.QUOTE_NONE))
     assert [r[3] for r in table[1:]] == ["c", "a", "f", "\\xc3", "\\xa9", "\\x0a", "\\xff", "\\x00", "t", "a", "b",
@@ -249,9 +249,9 @@ def test_cli_byte_checkpoint_scores_any_bytes(tmp_path, capsys):
     (lambda d, c: [d / "bad.jsonl"], "bad.jsonl:2 must be a JSON object"),
     (lambda d, c: [d / "binary.txt"], "not UTF-8"),
     (lambda d, c: [d / "unknown.txt"], "unknown.txt: text contains 1 characters not in the char vocabulary"),
-    (lambda d, c: [d / "ok.txt", "--batch-size", "0"], "--batch_size must be >= 1"),
-    (lambda d, c: [d / "ok.txt", "--mem-len", "-1"], "--mem_len must be >= 0"),
-    (lambda d, c: [d / "ok.txt", "-c", d], "not a txl checkpoint"),
+    (lambda d, c: [d / "ok.txt", "--batch-size", "0"], "--batch-size must be >= 1"),
+    (lambda d, c: [d / "ok.txt", "--mem-len", "-1"], "--mem-len must be >= 0"),
+    (lambda d, c: [d / "ok.txt", "--checkpoint", d], "not a txl checkpoint"),  # the hidden option wins
     (lambda d, c: [d / "ok.txt", "--format", "csv"], "invalid choice"),
 ])
 def test_cli_bad_input_gives_one_line_and_no_output(checkpoint, tmp_path, capsys, make_args, expect):
@@ -263,7 +263,7 @@ def test_cli_bad_input_gives_one_line_and_no_output(checkpoint, tmp_path, capsys
     (tmp_path / "binary.txt").write_bytes(b"to be \xff\xfe")
     (tmp_path / "unknown.txt").write_text("to be Z")
     out_file = tmp_path / "scores.jsonl"
-    code, out, err = run_cli(capsys, "score", "-c", checkpoint, "--output", out_file, *make_args(tmp_path, checkpoint))
+    code, out, err = run_cli(capsys, "score", checkpoint, "--out", out_file, *make_args(tmp_path, checkpoint))
     lines = [line for line in err.strip().splitlines() if line]
     assert code == 2 and len(lines) == 1 and lines[0].startswith("txl: error: "), err
     assert expect in lines[0]

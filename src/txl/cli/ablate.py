@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import argparse
 
+from txl.cli.common import add_data
 from txl.errors import TxlError
 
 NAME = "ablate"
+HELP = "train and compare the paper's Table 6 variants (recurrence, relative/Shaw/absolute encoding)"
+EXAMPLE = "txl ablate --data data/shakespeare.txt --budget-minutes 20 --out runs/ablate"
+DETAILS = ("Train full Transformer-XL, relative encoding without recurrence, recurrence with Shaw et al. (2018) "
+           "encoding and a vanilla absolute-position Transformer at equal parameter count and budget, score them "
+           "at several attention lengths, and write ablation.md, results.json and ablation.png into --out. "
+           "Needs matplotlib (pip install 'txl[plot]').")
 
 
-def register(subparsers) -> None:
-    """Add the ``ablate`` parser (no torch import here)."""
-    p = subparsers.add_parser(
-        NAME, help="train and compare the paper's Table 6 variants (recurrence, relative/Shaw/absolute encoding)",
-        description="Train full Transformer-XL, relative encoding without recurrence, recurrence with Shaw et "
-                    "al. (2018) encoding and a vanilla absolute-position Transformer at equal parameter count "
-                    "and budget, score them at several attention lengths, and write ablation.md, results.json "
-                    "and ablation.png into --out.")
-    p.add_argument("--data", default=None, help="corpus file or folder (default: the built-in default corpus, "
-                                                "as for txl train)")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``ablate`` flags (no torch import here)."""
+    add_data(p, "corpus file or folder (default: the built-in default corpus, as for txl train)")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--budget-tokens", type=int, default=None, metavar="N",
                         help="training tokens per variant (equal for all; default: the base train.max_steps)")
@@ -55,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
     lengths = parse_lengths(args.lengths)
     if args.data is not None and not Path(args.data).exists():
         raise TxlError(f"--data {args.data} does not exist")
+    from txl.analysis.plots import pyplot
+
+    pyplot()  # the table ends in ablation.png: a missing matplotlib fails now, not after training every variant
     from txl.analysis.ablation import TABLE_NAME, default_base, describe, run_ablation
     from txl.training.config import load_run_config
 

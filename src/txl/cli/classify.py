@@ -1,6 +1,6 @@
 """``txl classify``: fine-tune a language model into a long-document classifier, and predict with it.
 
-``txl classify train --data DATA --checkpoint LM --out RUN`` reads labelled documents (a folder per
+``txl classify train LM --data DATA --out RUN`` reads labelled documents (a folder per
 label, or JSON Lines ``{"text": ..., "label": ...}``), holds out a seeded stratified part, fine-tunes
 a :class:`~txl.classification.TransformerXLForSequenceClassification` initialised from the LM and
 writes the classifier checkpoint folder RUN. ``txl classify predict RUN FILE...`` prints one JSON
@@ -14,62 +14,59 @@ import json
 import sys
 from pathlib import Path
 
+from txl.cli.common import (Command, add_batch_size, add_checkpoint, add_data, add_device, add_option, add_seed,
+                            add_span, checkpoint_arg, underscore)
 from txl.errors import TxlError
 
 NAME = "classify"
+HELP = "long-document classification with memory (fine-tune an LM)"
+EXAMPLE = "txl classify train runs/wt103 --data reviews.jsonl --out runs/reviews"
 
 
-def register(subparsers) -> None:
-    """Add the ``classify`` parser with its ``train`` and ``predict`` subcommands (no torch import)."""
-    p = subparsers.add_parser("classify", help="long-document classification with memory (fine-tune an LM)")
-    sub = p.add_subparsers(dest="classify_command", required=True)
-
-    t = sub.add_parser("train", help="fine-tune a classifier from a txl LM checkpoint; report held-out accuracy")
-    t.add_argument("--data", required=True, help="folder DIR/LABEL/FILE... or a .jsonl file of {\"text\", \"label\"}")
-    t.add_argument("--checkpoint", required=True, help="txl LM checkpoint or run directory (uses best/)")
+def _add_train(t: argparse.ArgumentParser) -> None:
+    add_checkpoint(t, option_alias=True, text="txl LM checkpoint, or a run directory (uses its best/)")
+    add_data(t, "folder DIR/LABEL/FILE... or a .jsonl file of {\"text\", \"label\"}", required=True)
     t.add_argument("--out", "-o", required=True, help="classifier checkpoint folder to write")
     t.add_argument("--mode", choices=["memory", "first"], default=None,
                    help="memory: whole document with the memory; first: first tgt_len tokens only "
                         "(default: memory, or first for an attn_type=abs model)")
     t.add_argument("--pooling", choices=["last", "mean"], default="last",
                    help="last: state of the last token; mean: mean over the last segment (default last)")
-    t.add_argument("--grad-segments", "--grad_segments", type=int, default=1,
-                   help="back-propagate through the last K segments of each document (0: all; default 1)")
-    t.add_argument("--tgt-len", "--tgt_len", type=int, default=None, help="segment length (default: the LM's)")
-    t.add_argument("--mem-len", "--mem_len", type=int, default=None, help="memory length (default: the LM's)")
-    t.add_argument("--max-tokens", "--max_tokens", type=int, default=0,
-                   help="cut documents to their first N tokens (0: whole documents)")
+    add_option(t, "--grad-segments", aliases=underscore("--grad-segments"), type=int, default=1, metavar="K",
+               help="back-propagate through the last K segments of each document (0: all; default 1)")
+    add_span(t, ("tgt_len", "mem_len"), default_text="the LM's")
+    add_option(t, "--max-tokens", aliases=underscore("--max-tokens"), type=int, default=0, metavar="N",
+               help="cut documents to their first N tokens (0: whole documents)")
     t.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200)")
-    t.add_argument("--batch-size", "--batch_size", type=int, default=8)
+    add_batch_size(t, default=8, text="documents per step")
     t.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (AdamW, warm-up then cosine)")
-    t.add_argument("--warmup", type=int, default=10, help="warm-up steps")
-    t.add_argument("--weight-decay", "--weight_decay", type=float, default=0.0)
+    add_option(t, "--warmup-steps", aliases=("--warmup", "--warmup_steps"), type=int, default=10, metavar="N",
+               help="learning-rate warm-up steps (default 10)")
+    add_option(t, "--weight-decay", aliases=underscore("--weight-decay"), type=float, default=0.0)
     t.add_argument("--clip", type=float, default=1.0, help="max gradient norm (0: none)")
     t.add_argument("--dropout", type=float, default=0.1, help="dropout before the linear head")
-    t.add_argument("--valid-fraction", "--valid_fraction", type=float, default=0.2,
-                   help="held-out fraction per label (default 0.2)")
-    t.add_argument("--seed", type=int, default=0, help="seeds the split, the batches and the head")
-    t.add_argument("--device", default="auto")
+    add_option(t, "--valid-fraction", aliases=underscore("--valid-fraction"), type=float, default=0.2,
+               help="held-out fraction per label (default 0.2)")
+    add_seed(t, default=0, text="seeds the split, the batches and the head")
+    add_device(t)
     t.add_argument("--quiet", "-q", action="store_true", help="no per-step log")
 
-    q = sub.add_parser("predict", help="print the label and probabilities of each document (JSON lines)")
-    q.add_argument("run", metavar="RUN_DIR", help="classifier folder written by `txl classify train`")
-    q.add_argument("inputs", nargs="+", metavar="FILE_OR_JSONL",
+
+def _add_predict(q: argparse.ArgumentParser) -> None:
+    q.add_argument("run", metavar="CHECKPOINT", help="classifier folder written by `txl classify train`")
+    q.set_defaults(_more="inputs")  # later items of the list, after an option (see txl.cli.main)
+    q.add_argument("inputs", nargs="+", metavar="FILE",
                    help="text files (one document each) or .jsonl files (one {\"text\": ...} per line)")
-    q.add_argument("--batch-size", "--batch_size", type=int, default=8)
-    q.add_argument("--device", default="auto")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Dispatch ``txl classify train|predict``; returns the exit status."""
-    return _train(args) if args.classify_command == "train" else _predict(args)
+    add_batch_size(q, default=8, text="documents per forward pass")
+    add_device(q)
 
 
 def _check_args(args: argparse.Namespace) -> None:
+    """Reject out-of-range training flags before anything is loaded."""
     for name in ("steps", "batch_size"):
         if getattr(args, name) < 1:
             raise TxlError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("grad_segments", "max_tokens", "warmup"):
+    for name in ("grad_segments", "max_tokens", "warmup_steps"):
         if getattr(args, name) < 0:
             raise TxlError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.tgt_len is not None and args.tgt_len < 1:
@@ -83,6 +80,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    """``txl classify train``: fine-tune, report held-out accuracy, write the classifier folder."""
     import torch
 
     from txl.classification.data import encode_texts, load_labelled, stratified_split
@@ -92,6 +90,7 @@ def _train(args: argparse.Namespace) -> int:
     from txl.training.checkpoint import resolve_checkpoint_dir
     from txl.runtime import resolve_device
 
+    checkpoint_arg(args)
     _check_args(args)
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -122,12 +121,12 @@ def _train(args: argparse.Namespace) -> int:
             print(f"step {step}/{args.steps} loss {loss:.4f}", flush=True)
 
     fit = fit_classifier(model, [encoded[i] for i in train_idx], [targets[i] for i in train_idx],
-                         steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup,
+                         steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
                          weight_decay=args.weight_decay, clip=args.clip, seed=args.seed, log=log)
     metrics = evaluate_classifier(model, [encoded[i] for i in valid_idx], [targets[i] for i in valid_idx],
                                   batch_size=args.batch_size)
     settings = {"data": str(args.data), "checkpoint": str(lm_dir), "steps": args.steps, "batch_size": args.batch_size,
-                "lr": args.lr, "warmup": args.warmup, "weight_decay": args.weight_decay, "clip": args.clip,
+                "lr": args.lr, "warmup": args.warmup_steps, "weight_decay": args.weight_decay, "clip": args.clip,
                 "valid_fraction": args.valid_fraction, "seed": args.seed, "tgt_len": c.tgt_len, "mem_len": c.mem_len}
     extra = {"settings": settings, "heldout": {k: metrics[k] for k in ("accuracy", "macro_f1", "n", "confusion")},
              "train": {"documents": fit.documents, "tokens": fit.tokens, "wall_s": round(fit.wall_s, 1),
@@ -142,6 +141,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
+    """``txl classify predict``: one JSON line per document with the label and the probabilities."""
     from txl.classification.data import Document, encode_texts, read_jsonl, read_text_file
     from txl.classification.model import TransformerXLForSequenceClassification
     from txl.runtime import resolve_device
@@ -173,3 +173,11 @@ def _predict(args: argparse.Namespace) -> int:
             record["true_label"] = doc.label
         sys.stdout.write(json.dumps(record) + "\n")
     return 0
+
+
+SUBCOMMANDS = (
+    Command("train", "fine-tune a classifier from a txl LM checkpoint; report held-out accuracy",
+            "txl classify train runs/wt103 --data reviews/ --out runs/reviews --steps 300", _add_train, _train),
+    Command("predict", "print the label and probabilities of each document (JSON lines)",
+            "txl classify predict runs/reviews new_review.txt more.jsonl", _add_predict, _predict),
+)

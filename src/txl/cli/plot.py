@@ -1,28 +1,43 @@
-"""``txl plot RUN_DIR... [--out DIR]``: learning curves; ``--attention CHECKPOINT``: attention distances."""
+"""``txl plot RUN_DIR... [--out DIR]``: learning curves; ``txl plot CHECKPOINT --attention``: attention distances."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from txl.cli.common import add_data, add_device, add_span, load_checkpoint
 from txl.errors import TxlError
 
 NAME = "plot"
+HELP = "learning curves of runs (metrics.csv) or the attention distances of a checkpoint"
+EXAMPLE = "txl plot runs/xl runs/vanilla --labels XL,vanilla --out plots"
+DETAILS = ("With RUN_DIR...: learning curves from each run's metrics.csv. With CHECKPOINT --attention: the mean "
+           "attention distance per layer and head while reading --text TEXT or --data FILE, e.g. "
+           "txl plot runs/xl --attention --data notes.txt")
 
 
-def register(subparsers) -> None:
-    """Add the ``plot`` parser (no torch import here)."""
-    p = subparsers.add_parser(NAME, help="learning curves of runs (metrics.csv) or attention-distance maps")
-    p.add_argument("runs", nargs="*", metavar="RUN_DIR", help="run directories holding metrics.csv")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``plot`` flags (no torch import here)."""
+    p.set_defaults(_more="runs")  # later items of the list, after an option (see txl.cli.main)
+    p.add_argument("runs", nargs="*", metavar="RUN_DIR|CHECKPOINT",
+                   help="run directories holding metrics.csv; with --attention: one checkpoint")
     p.add_argument("--out", "-o", default="plots", help="output folder (default: plots)")
     p.add_argument("--labels", help="comma-separated legend labels, one per run")
-    p.add_argument("--attention", metavar="CHECKPOINT",
-                   help="instead: mean attention distance per layer and head of this checkpoint")
+    # a switch: the older spelling `--attention CHECKPOINT` still parses, its CHECKPOINT landing in the positionals
+    p.add_argument("--attention", action="store_true",
+                   help="instead of curves: mean attention distance per layer and head of the CHECKPOINT")
     p.add_argument("--text", help="with --attention: the text to read")
-    p.add_argument("--text-file", help="with --attention: read the text from this file")
+    add_data(p, "with --attention: read the text from this file", aliases=("--text-file",))
     p.add_argument("--max-segments", type=int, default=8, help="with --attention: segments to read (default 8)")
-    p.add_argument("--mem_len", "--mem-len", type=int, default=None, help="with --attention: memory length")
-    p.add_argument("--device", default="auto")
+    add_span(p, ("mem_len",), default_text="the checkpoint's eval config")
+    add_device(p)
+
+
+def _attention_checkpoint(args: argparse.Namespace) -> str:
+    """The one checkpoint of ``txl plot CHECKPOINT --attention`` (or the older ``txl plot --attention CHECKPOINT``)."""
+    if len(args.runs) != 1:
+        raise TxlError(f"--attention reads one CHECKPOINT, got {len(args.runs)}: txl plot CHECKPOINT --attention")
+    return args.runs[0]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,13 +45,11 @@ def run(args: argparse.Namespace) -> int:
     from txl.analysis.plots import pyplot
 
     if args.attention:
-        if args.runs:
-            raise TxlError("give either RUN_DIR... (learning curves) or --attention CHECKPOINT, not both")
-        return _attention(args)
-    if args.text or args.text_file:
-        raise TxlError("--text/--text-file go with --attention CHECKPOINT")
+        return _attention(args, _attention_checkpoint(args))
+    if args.text or args.data:
+        raise TxlError("--text/--data go with CHECKPOINT --attention")
     if not args.runs:
-        raise TxlError("give at least one RUN_DIR (a directory with metrics.csv) or --attention CHECKPOINT")
+        raise TxlError("give at least one RUN_DIR (a directory with metrics.csv), or CHECKPOINT --attention")
     labels = [v.strip() for v in args.labels.split(",")] if args.labels else None
     if labels is not None and len(labels) != len(args.runs):
         raise TxlError(f"--labels gives {len(labels)} labels for {len(args.runs)} runs")
@@ -49,18 +62,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _attention(args: argparse.Namespace) -> int:
-    if bool(args.text) == bool(args.text_file):
-        raise TxlError("--attention needs the text to read: give --text TEXT or --text-file FILE")
+def _attention(args: argparse.Namespace, checkpoint: str) -> int:
+    """``txl plot CHECKPOINT --attention``: draw attention_distance.png and print the table."""
+    if bool(args.text) == bool(args.data):
+        raise TxlError("--attention needs the text to read: give --text TEXT or --data FILE")
     if args.max_segments < 1:
         raise TxlError(f"--max-segments must be >= 1, got {args.max_segments}")
     if args.mem_len is not None and args.mem_len < 0:
         raise TxlError(f"--mem-len must be >= 0, got {args.mem_len}")
-    if args.text_file:
+    if args.data:
         try:
-            text = Path(args.text_file).read_text(encoding="utf-8")
+            text = Path(args.data).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
-            raise TxlError(f"cannot read {args.text_file}: {err}") from None
+            raise TxlError(f"cannot read {args.data}: {err}") from None
     else:
         text = args.text
     from txl.analysis.plots import pyplot
@@ -68,10 +82,8 @@ def _attention(args: argparse.Namespace) -> int:
     pyplot()
     from txl.analysis.attention_maps import mean_attention_distance
     from txl.analysis.plots import plot_attention_distance
-    from txl.training.checkpoint import load_checkpoint
-    from txl.runtime import resolve_device
 
-    ckpt = load_checkpoint(args.attention, map_location=str(resolve_device(args.device)))
+    ckpt, _ = load_checkpoint(args, checkpoint)
     tokens = ckpt.tokenizer.encode(text)
     mem_len = args.mem_len if args.mem_len is not None else ckpt.run.eval.mem_len
     distance = mean_attention_distance(ckpt.model, tokens, mem_len=mem_len, max_segments=args.max_segments)

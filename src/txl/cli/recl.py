@@ -5,18 +5,21 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from txl.cli.common import add_batch_size, add_data, add_device, add_dtype, add_json, emit_json, human_stream
 from txl.errors import TxlError
 
 NAME = "recl"
+HELP = "relative effective context length (RECL) of a group of models"
+EXAMPLE = "txl recl runs/xl runs/vanilla --data data/wikitext-103/test.txt --names XL,vanilla --out results/recl"
 
 
-def register(subparsers) -> None:
-    """Add the ``recl`` parser (no torch import here)."""
-    p = subparsers.add_parser(NAME, help="relative effective context length (RECL) of a group of models")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``recl`` flags (no torch import here)."""
+    p.set_defaults(_more="checkpoints")  # later items of the list, after an option (see txl.cli.main)
     p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
                    help="checkpoint or run directories (uses best/); the group shares one baseline")
-    p.add_argument("--data", default=None, help="text file or directory to score (encoded with each model's "
-                                                "tokenizer; default: the test split of the runs' own corpus)")
+    add_data(p, "text file or directory to score (encoded with each model's tokenizer; default: the test split "
+                "of the runs' own corpus)")
     p.add_argument("--names", help="comma-separated labels for the models (default: directory names)")
     p.add_argument("--start", type=int, default=16, help="first context length c (tokens, default 16)")
     p.add_argument("--delta", type=int, default=16, help="step between context lengths (default 16)")
@@ -25,9 +28,11 @@ def register(subparsers) -> None:
     p.add_argument("--threshold", type=float, default=0.01, help="relative gain threshold (paper: 0.01)")
     p.add_argument("--positions", type=int, default=2000,
                    help="number of scored positions, evenly spread over the text (0: all; default 2000)")
-    p.add_argument("--batch-size", type=int, default=64, help="windows per forward pass")
-    p.add_argument("--device", default="auto")
+    add_batch_size(p, default=64, text="windows per forward pass")
+    add_dtype(p)
+    add_device(p)
     p.add_argument("--out", "-o", help="folder for recl.json, recl.md and recl_gain.png")
+    add_json(p)
     p.add_argument("--no-plot", action="store_true", help="do not draw recl_gain.png")
 
 
@@ -82,14 +87,14 @@ def run(args: argparse.Namespace) -> int:
     from txl.data import load_bytes, read_corpus_files
     from txl.fileio import atomic_write, write_json
     from txl.analysis.recl import context_losses, plot_gains, recl_table, scored_positions
-    from txl.training.checkpoint import load_checkpoint
-    from txl.runtime import resolve_device
+    from txl.cli.common import load_checkpoint
+    from txl.runtime import autocast
 
-    device = resolve_device(args.device)
+    report = human_stream(args)
     raw = load_bytes(read_corpus_files(args.data)) if args.data else None
     losses, reference = [], None
     for name, path in zip(names, args.checkpoints):
-        ckpt = load_checkpoint(path, map_location=str(device))
+        ckpt, device = load_checkpoint(args, path)
         tokens = np.asarray(ckpt.tokenizer.encode_file_bytes(raw, source=args.data) if raw is not None
                             else _run_test_split(ckpt))
         if reference is None:
@@ -98,18 +103,21 @@ def run(args: argparse.Namespace) -> int:
         elif len(tokens) != len(reference) or not np.array_equal(tokens, reference):
             raise TxlError(f"{path} tokenizes {args.data or 'its test split'} differently from the first model; RECL compares "
                            "models position by position, so they need the same tokenizer")
-        print(f"scoring {name}: {len(positions)} positions x {len(contexts)} context lengths", flush=True)
-        losses.append(context_losses(ckpt.model, tokens, contexts, positions, batch_size=args.batch_size))
+        print(f"scoring {name}: {len(positions)} positions x {len(contexts)} context lengths", file=report, flush=True)
+        with autocast(device, args.dtype):
+            losses.append(context_losses(ckpt.model, tokens, contexts, positions, batch_size=args.batch_size))
     settings = {"data": args.data or "test split of the runs' corpus", "protocol": "exact window: each scored token is predicted from exactly c "
                 "previous tokens, no memory", "start": args.start, "delta": args.delta}
     result = recl_table(np.stack(losses), names, contexts, ratios, args.threshold, settings=settings)
     table = result.markdown()
-    print(table)
+    print(table, file=report)
     if args.out:
         out = Path(args.out)
         write_json(out / "recl.json", result.to_dict())
         atomic_write(out / "recl.md", lambda tmp: Path(tmp).write_text(table + "\n", encoding="utf-8"))
         if not args.no_plot:
             plot_gains(result, out / "recl_gain.png")
-        print(f"wrote {out}/recl.json, recl.md" + ("" if args.no_plot else ", recl_gain.png"))
+        print(f"wrote {out}/recl.json, recl.md" + ("" if args.no_plot else ", recl_gain.png"), file=report)
+    if args.json:
+        emit_json(args.json, result.to_dict())
     return 0

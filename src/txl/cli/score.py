@@ -6,7 +6,7 @@ a directory) gives one document per non-blank line, each a JSON object with a ``
 
 Output: JSON Lines (default; one object per document, with a ``tokens`` list unless
 ``--no-per-token``) or TSV (``--format tsv``: one row per token, or one row per document with
-``--no-per-token``), to stdout or atomically to ``--output``. A summary line goes to stderr.
+``--no-per-token``), to stdout or atomically to ``--out``. A summary line goes to stderr.
 Every input is read and tokenised before anything is scored or written, so bad input leaves no
 output file. Scoring rules (first token not scored, memory reset per document unless
 ``--carry-memory``) are those of :mod:`txl.evaluation.scoring`.
@@ -19,38 +19,37 @@ import json
 import sys
 from pathlib import Path
 
+from txl.cli.common import (add_batch_size, add_checkpoint, add_device, add_dtype, add_option, add_span,
+                            check_range, checkpoint_arg, load_checkpoint, span_args)
 from txl.errors import TxlError
 
 NAME = "score"
+HELP = "per-token and per-document log-probabilities (bpc / perplexity)"
+EXAMPLE = "txl score runs/enwik8 docs/ notes.jsonl --format tsv --out scores.tsv"
+DETAILS = ("Score documents with a checkpoint: log p(token | everything before it in the document) in nats, "
+           "with the memory carried through each document and reset between documents. The first token of a "
+           "document is not scored.")
 
 
-def register(subparsers) -> None:
-    """Add the ``score`` parser (no torch import here)."""
-    p = subparsers.add_parser("score", help="per-token and per-document log-probabilities (bpc / perplexity)",
-                              description="Score documents with a checkpoint: log p(token | everything before "
-                              "it in the document) in nats, with the memory carried through each document and "
-                              "reset between documents. The first token of a document is not scored.")
-    p.add_argument("files", nargs="+", metavar="FILE",
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``score`` flags (no torch import here)."""
+    add_checkpoint(p, option_alias=True)
+    p.set_defaults(_more="files")  # later items of the list, after an option (see txl.cli.main)
+    p.add_argument("files", nargs="*", metavar="FILE",
                    help="a text file (one document), a directory (one document per file) or a .jsonl file "
                         "(one {\"text\": ...} document per line)")
-    p.add_argument("--checkpoint", "-c", required=True, help="checkpoint directory or run directory (uses best/)")
     p.add_argument("--format", choices=["jsonl", "tsv"], default="jsonl", help="output format (default jsonl)")
     p.add_argument("--per-token", action=argparse.BooleanOptionalAction, default=True,
                    help="one entry per token (default); --no-per-token: per-document summaries only")
     p.add_argument("--carry-memory", action="store_true",
                    help="treat the documents as one continuous stream: memory and context carry over from one "
                         "document to the next (scored as one sequence; --batch-size does not apply)")
-    for name, text in (("tgt_len", "tokens per segment"), ("mem_len", "memory length (0: none)"),
-                       ("clamp_len", "clamp relative distances at this value (<= 0: none)")):
-        p.add_argument(f"--{name}", f"--{name.replace('_', '-')}", type=int, default=None,
-                       help=f"{text} (default: the checkpoint's eval config)")
-    p.add_argument("--same_length", "--same-length", action=argparse.BooleanOptionalAction, default=None,
-                   help="every query sees the same number of keys (default: the checkpoint's eval config)")
-    p.add_argument("--batch_size", "--batch-size", type=int, default=None,
-                   help="documents scored side by side (default: the checkpoint's eval.batch_size)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--output", "-o", help="write here (atomically) instead of stdout")
+    add_span(p)
+    add_batch_size(p, text="documents scored side by side")
+    add_dtype(p)
+    add_device(p)
+    add_option(p, "--out", "-o", aliases=("--output",), metavar="FILE",
+               help="write here (atomically) instead of stdout")
 
 
 def _read_jsonl(path: Path, data: bytes) -> list[tuple[str, str]]:
@@ -160,37 +159,30 @@ def format_scores(names: list[str], scores: list, tokenizer, unit: str, fmt: str
 
 def run(args: argparse.Namespace) -> int:
     """Run ``txl score``; returns the exit status (user errors raise :class:`TxlError`)."""
-    for name in ("batch_size", "tgt_len"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise TxlError(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if args.mem_len is not None and args.mem_len < 0:
-        raise TxlError(f"--mem_len must be >= 0, got {args.mem_len}")
-    if args.output and Path(args.output).is_dir():
-        raise TxlError(f"--output {args.output} is a directory; give a file name")
+    checkpoint_arg(args, rest="files")
+    if not args.files:
+        raise TxlError("give at least one FILE to score after the CHECKPOINT")
+    check_range(args, 1, "batch_size", "tgt_len")
+    check_range(args, 0, "mem_len")
+    if args.out and Path(args.out).is_dir():
+        raise TxlError(f"--out {args.out} is a directory; give a file name")
 
+    from txl.evaluation.scoring import score_tokens, total_metric
     from txl.evaluation.stream import metric_unit
     from txl.fileio import atomic_write
-    from txl.evaluation.scoring import score_tokens, total_metric
-    from txl.training.checkpoint import load_checkpoint
-    from txl.runtime import resolve_device
 
-    device = resolve_device(args.device)
-    ckpt = load_checkpoint(args.checkpoint, map_location=str(device))
+    ckpt, _ = load_checkpoint(args)
     docs = read_documents(args.files, ckpt.tokenizer, min_tokens=1 if args.carry_memory else 2)
     names = [name for name, _ in docs]
     e = ckpt.run.eval
-
-    def pick(cli, cfg):
-        return cli if cli is not None else cfg
-
-    span = {"tgt_len": pick(args.tgt_len, e.tgt_len), "mem_len": pick(args.mem_len, e.mem_len),
-            "clamp_len": pick(args.clamp_len, e.clamp_len), "same_length": pick(args.same_length, e.same_length)}
-    scores = score_tokens(ckpt.model, [ids for _, ids in docs], batch_size=pick(args.batch_size, e.batch_size),
+    span = span_args(args, e)
+    scores = score_tokens(ckpt.model, [ids for _, ids in docs],
+                          batch_size=args.batch_size if args.batch_size is not None else e.batch_size,
                           carry_memory=args.carry_memory, dtype=args.dtype, **span)
     unit = metric_unit(ckpt.tokenizer.kind)
     text = format_scores(names, scores, ckpt.tokenizer, unit, args.format, args.per_token)
-    if args.output:
-        atomic_write(args.output, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    if args.out:
+        atomic_write(args.out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     else:
         sys.stdout.write(text)
         sys.stdout.flush()

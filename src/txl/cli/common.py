@@ -1,0 +1,208 @@
+"""What every ``txl`` command shares: the flags defined once, and loading a checkpoint.
+
+The grammar (see docs/cli.md): long flags are spelled with hyphens; the older underscore spellings
+(``--tgt_len``) are accepted as hidden aliases, never shown by ``--help``. The checkpoint is always
+a positional argument, data is always ``--data``, and ``--json FILE|-`` writes the result as JSON
+to FILE, or to stdout with ``-``.
+
+Nothing here imports torch at module level: building the parser and reporting a usage error must
+not need it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from txl.errors import TxlError
+
+DTYPES = ("float32", "bfloat16", "float16")  # the same as txl.runtime.DTYPES, without importing torch
+SPAN_FLAGS = ("tgt_len", "mem_len", "clamp_len", "same_length")
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand of a command group (``txl classify train``): the same attributes as a command module."""
+
+    NAME: str
+    HELP: str
+    EXAMPLE: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    DETAILS: str = ""
+
+
+def add_option(parser: argparse.ArgumentParser, *names: str, aliases: tuple[str, ...] = (), **kwargs) -> argparse.Action:
+    """``parser.add_argument(*names, **kwargs)`` plus each of ``aliases`` as a hidden spelling of it.
+
+    The aliases store into the same destination and are left out of ``--help``; they exist so that
+    scripts written against older spellings keep working.
+    """
+    action = parser.add_argument(*names, **kwargs)
+    hidden = {k: v for k, v in kwargs.items() if k not in ("help", "default", "required", "metavar", "dest")}
+    for alias in aliases:
+        parser.add_argument(alias, dest=action.dest, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **hidden)
+    return action
+
+
+def underscore(name: str) -> tuple[str, ...]:
+    """The hidden underscore alias of a hyphenated long flag (``--tgt-len`` -> ``("--tgt_len",)``), if any."""
+    alias = "--" + name[2:].replace("-", "_")
+    return (alias,) if alias != name else ()
+
+
+def add_device(parser: argparse.ArgumentParser) -> None:
+    """``--device auto|cpu|cuda|cuda:N`` (default auto: cuda when available)."""
+    parser.add_argument("--device", default="auto", help="auto (default: cuda when available), cpu, cuda or cuda:N")
+
+
+def add_dtype(parser: argparse.ArgumentParser, default: str | None = "float32") -> None:
+    """``--dtype float32|bfloat16|float16``: float32, or autocast to a half-precision type."""
+    parser.add_argument("--dtype", choices=DTYPES, default=default,
+                        help=f"float32, or autocast to bfloat16/float16 (default {default or 'the config'})")
+
+
+def add_batch_size(parser: argparse.ArgumentParser, default: int | None = None, text: str = "batch size",
+                   aliases: tuple[str, ...] = ()) -> None:
+    """``--batch-size N`` (hidden alias ``--batch_size``)."""
+    add_option(parser, "--batch-size", aliases=("--batch_size", *aliases), type=int, default=default, metavar="N",
+               help=f"{text} (default: {default if default is not None else 'the config'})")
+
+
+def add_span(parser: argparse.ArgumentParser, names: tuple[str, ...] = SPAN_FLAGS,
+             default_text: str = "the checkpoint's eval config") -> None:
+    """The attention-span flags ``--tgt-len --mem-len --clamp-len --same-length/--no-same-length``.
+
+    Each defaults to None (take the value from the checkpoint or config); ``names`` picks a subset.
+    """
+    texts = {"tgt_len": "tokens per segment", "mem_len": "memory length (0: none)",
+             "clamp_len": "clamp relative distances at this value (<= 0: none)"}
+    for name in names:
+        flag = "--" + name.replace("_", "-")
+        if name == "same_length":
+            add_option(parser, flag, aliases=("--same_length",), action=argparse.BooleanOptionalAction, default=None,
+                       help=f"every query sees the same number of keys (default: {default_text})")
+        else:
+            add_option(parser, flag, aliases=underscore(flag), type=int, default=None, metavar="N",
+                       help=f"{texts[name]} (default: {default_text})")
+
+
+def add_seed(parser: argparse.ArgumentParser, default: int | None = None, text: str = "random seed") -> None:
+    """``--seed N``."""
+    parser.add_argument("--seed", type=int, default=default, metavar="N",
+                        help=f"{text} (default: {default if default is not None else 'random'})")
+
+
+def add_json(parser: argparse.ArgumentParser, bare: bool = False) -> None:
+    """``--json FILE|-``: write the result as JSON to FILE, or to stdout with ``-``.
+
+    With ``bare``, a ``--json`` without a value means ``-`` (the older switch spelling of ``txl eval``).
+    """
+    extra = {"nargs": "?", "const": "-"} if bare else {}
+    parser.add_argument("--json", metavar="FILE|-", default=None, **extra,
+                        help="write the result as JSON to FILE, or to stdout with -" + (" (the default)" if bare else ""))
+
+
+def add_data(parser: argparse.ArgumentParser, text: str, required: bool = False,
+             aliases: tuple[str, ...] = ()) -> None:
+    """``--data PATH``: a text file or directory (or what ``text`` says)."""
+    add_option(parser, "--data", aliases=aliases, metavar="PATH", default=None, required=required, help=text)
+
+
+def add_checkpoint(parser: argparse.ArgumentParser, option_alias: bool = False,
+                   text: str = "checkpoint directory, or a run directory (uses its best/)") -> None:
+    """The positional ``checkpoint``; with ``option_alias``, also the older ``--checkpoint CKPT`` (hidden).
+
+    With the alias the positional is optional to argparse; :func:`checkpoint_arg` settles which was given.
+    """
+    if option_alias:
+        parser.add_argument("checkpoint", nargs="?", metavar="CHECKPOINT", help=text)
+        parser.add_argument("--checkpoint", dest="checkpoint_option", default=None, help=argparse.SUPPRESS)
+    else:
+        parser.add_argument("checkpoint", metavar="CHECKPOINT", help=text)
+
+
+def checkpoint_arg(args: argparse.Namespace, rest: str | None = None) -> str:
+    """The checkpoint a command was given, positionally or by the hidden ``--checkpoint`` option.
+
+    With ``rest`` (the name of a list of further positionals, e.g. score's files) and the option
+    given, the first positional belongs to that list: ``txl score --checkpoint CKPT a.txt b.txt``.
+
+    Raises:
+        TxlError: no checkpoint, or one given both ways.
+    """
+    option = getattr(args, "checkpoint_option", None)
+    if option is None:
+        if args.checkpoint is None:
+            raise TxlError("give the CHECKPOINT (a checkpoint or run directory) as the first argument")
+        return args.checkpoint
+    if args.checkpoint is not None:
+        if rest is None:
+            raise TxlError(f"give the checkpoint once: {args.checkpoint} and --checkpoint {option}")
+        setattr(args, rest, [args.checkpoint, *getattr(args, rest)])
+    args.checkpoint = option
+    return option
+
+
+def check_range(args: argparse.Namespace, minimum: int, *names: str) -> None:
+    """Every given (not None) option among ``names`` is >= ``minimum``.
+
+    Raises:
+        TxlError: naming the flag as the user spelled it in the documented grammar (``--tgt-len``).
+    """
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None and value < minimum:
+            raise TxlError(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
+
+
+def check_seed(seed: int | None, limit: int = 2**63) -> None:
+    """``seed`` is None or in ``[0, limit)``.
+
+    Raises:
+        TxlError: out of range.
+    """
+    if seed is not None and not 0 <= seed < limit:
+        raise TxlError(f"--seed must be in [0, 2**{limit.bit_length() - 1}), got {seed}")
+
+
+def pick(cli: Any, config: Any) -> Any:
+    """The value given on the command line, else the configured one."""
+    return cli if cli is not None else config
+
+
+def span_args(args: argparse.Namespace, eval_config) -> dict[str, Any]:
+    """``tgt_len``, ``mem_len``, ``clamp_len``, ``same_length``: the flags, else the checkpoint's eval config."""
+    return {name: pick(getattr(args, name), getattr(eval_config, name)) for name in SPAN_FLAGS}
+
+
+def load_checkpoint(args: argparse.Namespace, path: str | None = None):
+    """Load the command's checkpoint (``path``, else ``args.checkpoint``) onto ``--device``.
+
+    Returns:
+        (checkpoint, device): a :class:`txl.training.checkpoint.Checkpoint` and the resolved torch device.
+    """
+    from txl.runtime import resolve_device
+    from txl.training.checkpoint import load_checkpoint as load
+
+    device = resolve_device(args.device)
+    return load(path if path is not None else args.checkpoint, map_location=str(device)), device
+
+
+def emit_json(destination: str, obj: Any) -> None:
+    """``--json`` output: one line of JSON on stdout for ``-``, else an indented JSON file, written atomically."""
+    if destination == "-":
+        print(json.dumps(obj))
+        sys.stdout.flush()
+    else:
+        from txl.fileio import write_json
+
+        write_json(destination, obj)
+
+
+def human_stream(args: argparse.Namespace):
+    """Where the human-readable report goes: stderr when ``--json -`` claims stdout, else stdout."""
+    return sys.stderr if getattr(args, "json", None) == "-" else sys.stdout

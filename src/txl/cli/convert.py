@@ -1,0 +1,46 @@
+"""``txl convert hf|to-hf``: convert Hugging Face TransfoXL checkpoints to txl and back."""
+
+from __future__ import annotations
+
+import argparse
+
+from txl.cli.common import Command
+
+NAME = "convert"
+HELP = "convert Hugging Face TransfoXL checkpoints to txl and back"
+EXAMPLE = "txl convert hf hf-models/transfo-xl-wt103 runs/wt103-hf"
+
+
+def _add_from_hf(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", metavar="SRC", help="HF TransfoXLLMHeadModel folder (config.json, weights, vocab.pkl)")
+    p.add_argument("dst", metavar="DST", help="txl checkpoint folder to write (never overwritten)")
+    p.add_argument("--vocab", help="vocabulary to use instead of SRC/vocab.pkl (txl vocab.json or HF vocab.pkl)")
+
+
+def _add_to_hf(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", metavar="CHECKPOINT", help="txl checkpoint directory, or a run directory (uses its best/)")
+    p.add_argument("dst", metavar="DST", help="HF folder to write (never overwritten)")
+
+
+def _from_hf(args: argparse.Namespace) -> int:
+    """``txl convert hf SRC DST``."""
+    from txl.convert.commands import convert_from_hf
+
+    print(f"wrote {convert_from_hf(args.src, args.dst, vocab=args.vocab)}")
+    return 0
+
+
+def _to_hf(args: argparse.Namespace) -> int:
+    """``txl convert to-hf CHECKPOINT DST``."""
+    from txl.convert.commands import convert_to_hf
+
+    print(f"wrote {convert_to_hf(args.src, args.dst)}")
+    return 0
+
+
+SUBCOMMANDS = (
+    Command("hf", "an HF TransfoXLLMHeadModel folder (config.json, weights, vocab.pkl) -> a txl checkpoint",
+            "txl convert hf hf-models/transfo-xl-wt103 runs/wt103-hf", _add_from_hf, _from_hf),
+    Command("to-hf", "a txl checkpoint -> an HF TransfoXLLMHeadModel folder",
+            "txl convert to-hf runs/wt103 hf-models/my-transfo-xl", _add_to_hf, _to_hf),
+)

@@ -1,0 +1,36 @@
+"""``txl data prepare NAME``: download or unpack a standard benchmark corpus."""
+
+from __future__ import annotations
+
+import argparse
+
+from txl.cli.common import Command
+
+NAME = "data"
+HELP = "standard datasets (enwik8, text8, wikitext, ptb, lm1b)"
+EXAMPLE = "txl data prepare enwik8 --out data/enwik8"
+
+
+def _add_prepare(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME", help="enwik8, text8, wikitext-2, wikitext-103, wikitext-2-raw, "
+                                                "wikitext-103-raw, ptb, ptb-char or lm1b")
+    p.add_argument("--source", help="the official archive, a folder with its extracted files, or an http(s) URL")
+    p.add_argument("--out", "-o", help="output folder (default: data/NAME)")
+    p.add_argument("--sha256", help="expected sha256 of the archive (overrides the published checksum)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    """``txl data prepare``: write train/valid/test.txt and dataset.json, print the recommended tokenizer."""
+    from txl.data.datasets import prepare_dataset
+
+    info = prepare_dataset(args.name, args.source, args.out or f"data/{args.name}", sha256=args.sha256,
+                           progress=not args.quiet)
+    print(f"recommended tokenizer: {info['tokenizer']}")
+    return 0
+
+
+SUBCOMMANDS = (
+    Command("prepare", "download/unpack a benchmark into train/valid/test.txt + dataset.json",
+            "txl data prepare wikitext-103 --source wikitext-103-v1.zip", _add_prepare, _prepare),
+)

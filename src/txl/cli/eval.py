@@ -1,0 +1,222 @@
+"""``txl eval``: evaluate a checkpoint (bpc or perplexity) with memory, a sliding window, dynamic
+evaluation or a sweep over memory lengths."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from txl.cli.common import (add_batch_size, add_checkpoint, add_data, add_device, add_dtype, add_json, add_seed,
+                            add_span, check_range, check_seed, emit_json, human_stream, load_checkpoint, pick,
+                            span_args, underscore, add_option)
+from txl.errors import TxlError
+
+NAME = "eval"
+HELP = "evaluate a checkpoint (bpc or perplexity) with memory"
+EXAMPLE = "txl eval runs/enwik8 --split test --mem-len 1600 --clamp-len 1000 --json result.json"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``eval`` flags (no torch import here)."""
+    # optional to argparse only so that the older `txl eval --json CKPT` keeps working (see _checkpoint)
+    p.add_argument("checkpoint", nargs="?", metavar="CHECKPOINT",
+                   help="checkpoint directory, or a run directory (uses its best/)")
+    add_data(p, "evaluate this whole file/directory instead of the run's split")
+    p.add_argument("--split", choices=["valid", "test"], default=None, help="split of the run's corpus")
+    add_span(p)
+    p.add_argument("--warmup", action="store_true",
+                   help="fill the memory before scoring (every scored token sees a full memory)")
+    add_batch_size(p, text="sequences side by side")
+    add_option(p, "--max-tokens", aliases=underscore("--max-tokens"), type=int, default=None, metavar="N",
+               help="score only this many tokens")
+    add_option(p, "--sliding-window", aliases=underscore("--sliding-window"), type=int, default=None,
+               metavar="CONTEXT", help="vanilla protocol: recompute a window of CONTEXT tokens for each prediction")
+    p.add_argument("--stride", type=int, default=1, help="predictions per sliding window (default 1)")
+    add_dtype(p)
+    add_device(p)
+    add_seed(p, text="seeds python, numpy and torch (evaluation itself draws no random numbers)")
+    add_json(p, bare=True)
+    p.add_argument("--dynamic", action="store_true",
+                   help="dynamic evaluation (Krause et al. 2019): score each segment, then adapt the weights to it")
+    p.add_argument("--dynamic-lr", type=float, default=None,
+                   help="dynamic evaluation step size (default 1e-4 for rms, 0.01 for sgd)")
+    p.add_argument("--dynamic-decay", type=float, default=0.0,
+                   help="pull towards the trained weights per segment (lambda, default 0)")
+    p.add_argument("--dynamic-method", choices=["sgd", "rms"], default="rms",
+                   help="rms: updates divided by RMS gradients from training data (default); sgd: plain steps")
+    p.add_argument("--sweep-mem", metavar="M1,M2,...", default=None,
+                   help="evaluate at each of these memory lengths and print a table")
+    p.add_argument("--plot", metavar="FILE", default=None,
+                   help="with --sweep-mem: draw the metric against mem_len (.png, .pdf, .svg, ...)")
+
+
+def _checkpoint(args: argparse.Namespace) -> None:
+    """Settle the checkpoint argument: ``txl eval --json CKPT`` (the older switch) means ``txl eval CKPT --json -``."""
+    if args.checkpoint is None:
+        if args.json in (None, "-"):
+            raise TxlError("give the CHECKPOINT to evaluate (a checkpoint or run directory)")
+        args.checkpoint, args.json = args.json, "-"
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Reject flag combinations that make no sense, before anything is loaded."""
+    check_range(args, 1, "batch_size", "tgt_len")
+    check_range(args, 0, "max_tokens", "mem_len")
+    check_seed(args.seed, 2**32)
+    if args.stride != 1 and args.sliding_window is None:
+        raise TxlError("--stride applies to --sliding-window evaluation; give --sliding-window CONTEXT too")
+    if args.data and args.split:
+        raise TxlError("--split chooses a split of the run's corpus; with --data the whole file is evaluated")
+    modes = [name for name, on in (("--dynamic", args.dynamic), ("--sweep-mem", args.sweep_mem is not None),
+                                   ("--sliding-window", args.sliding_window is not None)) if on]
+    if len(modes) > 1:
+        raise TxlError(f"choose one of {' and '.join(modes)}")
+    if args.plot and args.sweep_mem is None:
+        raise TxlError("--plot draws the --sweep-mem results; give --sweep-mem M1,M2,... too")
+    if args.dynamic and args.warmup:
+        raise TxlError("--dynamic reads the text from its start without warm-up; drop --warmup")
+    if not args.dynamic and (args.dynamic_lr is not None or args.dynamic_decay or args.dynamic_method != "rms"):
+        raise TxlError("--dynamic-lr/--dynamic-decay/--dynamic-method apply to --dynamic; add --dynamic")
+    if args.dynamic and not 0.0 <= args.dynamic_decay < 1.0:
+        raise TxlError(f"--dynamic-decay must be in [0, 1), got {args.dynamic_decay}")
+    if args.dynamic and args.dynamic_lr is not None and not 0 <= args.dynamic_lr < float("inf"):
+        raise TxlError(f"--dynamic-lr must be a finite number >= 0, got {args.dynamic_lr}")
+    if args.dynamic and args.batch_size is not None and args.batch_size != 1:
+        raise TxlError("--dynamic reads the text as one stream (batch size 1); drop --batch-size")
+    if args.json not in (None, "-") and Path(args.json).is_dir():
+        raise TxlError(f"--json {args.json} is a folder; give a file name, or - for stdout")
+
+
+def _check_plot(path: str) -> None:
+    """Fail before the evaluation if matplotlib is missing, the image type is unknown or the path unusable."""
+    from txl.analysis.plots import pyplot
+
+    plt = pyplot()
+    kind = Path(path).suffix[1:].lower() or "png"
+    if kind not in plt.figure().canvas.get_supported_filetypes() or kind == "pgf":
+        raise TxlError(f"--plot {path}: unknown image type .{kind}; use .png, .pdf or .svg")
+    plt.close("all")
+    if Path(path).is_dir():
+        raise TxlError(f"--plot {path} is a folder; give a file name")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``txl eval``; returns the exit status (user errors raise :class:`TxlError`)."""
+    _checkpoint(args)
+    _check(args)
+    sweep = None
+    if args.sweep_mem is not None:
+        from txl.evaluation.mem_sweep import parse_mem_lens
+
+        sweep = parse_mem_lens(args.sweep_mem)
+        if args.mem_len is not None:
+            raise TxlError("--sweep-mem sets the memory length itself; drop --mem-len")
+    if args.plot:
+        _check_plot(args.plot)
+    from txl.data import load_bytes, read_corpus_files
+    from txl.data.corpus import load_run_corpus
+    from txl.evaluation.stream import evaluate, evaluate_sliding_window, metric_unit
+
+    if args.seed is not None:
+        from txl.runtime import seed_everything
+
+        seed_everything(args.seed)
+    ckpt, _ = load_checkpoint(args)
+    e = ckpt.run.eval
+    split = args.split or e.split
+    if not args.data and ckpt.state.get("converted_from"):
+        raise TxlError(f"{ckpt.path} was converted from another format and has no corpus of its own; "
+                       "pass --data FILE to evaluate it")
+    if not args.data and not ckpt.has_run_config:
+        raise TxlError(f"{ckpt.path} has no run.json saying which corpus it was trained on; pass --data FILE")
+    if args.data:
+        files = read_corpus_files(args.data)
+        tokens = ckpt.tokenizer.encode_file_bytes(load_bytes(files), source=args.data)
+        where = args.data
+    else:
+        try:
+            corpus = load_run_corpus(ckpt.run.data, tokenizer=ckpt.tokenizer)
+        except TxlError as err:
+            raise TxlError(f"{err} (the run's corpus; pass --data FILE to evaluate other text)") from None
+        tokens = corpus.valid if split == "valid" else corpus.test
+        where = f"{split} split of {corpus.source}"
+        if len(tokens) < 2:
+            raise TxlError(f"the {split} split is empty; use --split valid or --data FILE")
+    unit = metric_unit(ckpt.tokenizer.kind)
+    batch_size = args.batch_size or e.batch_size
+    max_tokens = e.max_tokens if args.max_tokens is None else args.max_tokens
+    if args.dynamic:
+        return _eval_dynamic(args, ckpt, tokens, where, unit, max_tokens, e)
+    if sweep is not None:
+        return _eval_sweep(args, ckpt, tokens, where, unit, max_tokens, e, sweep, batch_size)
+    if args.sliding_window is not None:
+        res = evaluate_sliding_window(ckpt.model, tokens, context=args.sliding_window, stride=args.stride, unit=unit,
+                                      batch_size=max(batch_size, 1), max_tokens=max_tokens, dtype=args.dtype)
+    else:
+        span = span_args(args, e)
+        res = evaluate(ckpt.model, tokens, unit=unit, batch_size=batch_size,
+                       tgt_len=span["tgt_len"], mem_len=span["mem_len"],
+                       clamp_len=span["clamp_len"], same_length=span["same_length"],
+                       warmup=args.warmup or e.warmup, max_tokens=max_tokens, dtype=args.dtype)
+    if args.json != "-":
+        print(f"{where}: {res}")
+    if args.json:
+        emit_json(args.json, {"checkpoint": str(ckpt.path), "data": where, "unit": res.unit, "value": res.value,
+                              "loss_nats": res.loss, "n_tokens": res.n_tokens, **res.settings})
+    return 0
+
+
+def _eval_sweep(args, ckpt, tokens, where, unit, max_tokens, e, sweep, batch_size) -> int:
+    """``txl eval --sweep-mem M1,M2,...``: one evaluation per memory length, as a table (and a plot)."""
+    from txl.evaluation.mem_sweep import format_sweep, sweep_mem_len
+
+    results = sweep_mem_len(ckpt.model, tokens, sweep, warmup=args.warmup or e.warmup, unit=unit,
+                            batch_size=batch_size, tgt_len=pick(args.tgt_len, e.tgt_len),
+                            clamp_len=pick(args.clamp_len, e.clamp_len),
+                            same_length=pick(args.same_length, e.same_length), max_tokens=max_tokens,
+                            dtype=args.dtype)
+    if args.json != "-":
+        print(f"{where}: {unit} against evaluation memory length")
+        print(format_sweep(sweep, results))
+    if args.json:
+        emit_json(args.json, {"checkpoint": str(ckpt.path), "data": where, "unit": unit,
+                              "results": [{"value": r.value, "loss_nats": r.loss, "n_tokens": r.n_tokens,
+                                           **r.settings} for r in results]})
+    if args.plot:
+        from txl.analysis.plots import plot_mem_sweep
+
+        name = ckpt.path.parent.name if ckpt.path.name in ("best", "last") else ckpt.path.name
+        plot_mem_sweep(sweep, [r.value for r in results], unit, args.plot, label=name)
+        print(f"wrote {args.plot}", file=human_stream(args))
+    return 0
+
+
+def _eval_dynamic(args, ckpt, tokens, where, unit, max_tokens, e) -> int:
+    """``txl eval --dynamic``: the static and the dynamic number on the same segments (batch size 1)."""
+    from txl.data.corpus import load_run_corpus
+    from txl.evaluation.dynamic import dynamic_evaluate, gradient_statistics
+    from txl.evaluation.stream import evaluate
+
+    lr = args.dynamic_lr if args.dynamic_lr is not None else (1e-4 if args.dynamic_method == "rms" else 0.01)
+    span = span_args(args, e)
+    stats = None
+    if args.dynamic_method == "rms" and ckpt.has_run_config and not ckpt.state.get("converted_from"):
+        try:
+            train_tokens = load_run_corpus(ckpt.run.data, tokenizer=ckpt.tokenizer).train
+        except TxlError:
+            train_tokens = None  # corpus gone: statistics on the fly instead
+        if train_tokens is not None and len(train_tokens) >= 2:
+            stats = gradient_statistics(ckpt.model, train_tokens, tgt_len=span["tgt_len"], mem_len=span["mem_len"])
+    static = evaluate(ckpt.model, tokens, unit=unit, batch_size=1, max_tokens=max_tokens, dtype=args.dtype, **span)
+    dyn = dynamic_evaluate(ckpt.model, tokens, unit=unit, lr=lr, decay=args.dynamic_decay, method=args.dynamic_method,
+                           stats=stats, max_tokens=max_tokens, dtype=args.dtype, **span)
+    if args.json != "-":
+        print(f"{where}:")
+        print(f"  static  {static}")
+        print(f"  dynamic {dyn}")
+    if args.json:
+        emit_json(args.json, {"checkpoint": str(ckpt.path), "data": where, "unit": unit, "static": static.value,
+                              "dynamic": dyn.value, "static_loss_nats": static.loss, "dynamic_loss_nats": dyn.loss,
+                              "n_tokens": dyn.n_tokens, **dyn.settings})
+    return 0

@@ -1,0 +1,137 @@
+"""``txl train``: train a model from a corpus and a run config, or continue a stopped run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from txl.cli.common import add_batch_size, add_data, add_device, add_dtype, add_seed
+from txl.errors import TxlError
+
+NAME = "train"
+HELP = "train a model (no DATA: the built-in default corpus)"
+EXAMPLE = "txl train data/enwik8 --config configs/enwik8-base.toml --out runs/enwik8 train.max_steps=2000"
+
+# shared flags that are config overrides here: flag destination -> config field
+_OVERRIDES = {"data": "data.path", "device": "train.device", "dtype": "train.dtype", "seed": "train.seed",
+              "batch_size": "train.batch_size"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``train`` flags (no torch import here)."""
+    p.set_defaults(_more="items")  # later items of the list, after an option (see txl.cli.main)
+    p.add_argument("items", nargs="*", metavar="[DATA] [KEY=VALUE ...]",
+                   help="a text file or directory (default: Python's standard-library sources), then config "
+                        "overrides such as model.n_layer=6 lr=1e-3")
+    add_data(p, "the corpus, as a flag (the same as the positional DATA)")
+    p.add_argument("--config", "-c", help="TOML run config (sections model, data, train, eval)")
+    p.add_argument("--out", "-o", help="run directory (train.out_dir)")
+    p.add_argument("--tokenizer", choices=["byte", "char", "word", "bpe"], help="data.tokenizer")
+    add_device(p)
+    p.set_defaults(device=None)  # None: train.device of the config
+    add_dtype(p, default=None)
+    add_batch_size(p, text="train.batch_size")
+    add_seed(p, text="train.seed")
+    p.set_defaults(seed=None)
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its last/ checkpoint")
+    p.add_argument("--allow-config-change", action="store_true",
+                   help="with --resume: accept KEY=VALUE overrides that change the saved config")
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="train in N processes on this machine (runs torchrun; one per GPU, or gloo on CPU)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``txl train``; returns the exit status (user errors raise :class:`TxlError`)."""
+    from txl.fileio import read_json_object
+    from txl.training.config import RunConfig, load_run_config, parse_override
+
+    overrides, paths = [], []
+    for item in args.items:
+        (overrides if "=" in item and not Path(item).exists() else paths).append(item)
+    if args.data is not None:
+        if paths:
+            raise TxlError(f"give the corpus once: DATA {paths[0]} or --data {args.data}")
+        paths = [args.data]
+    if len(paths) > 1:
+        raise TxlError(f"give one DATA path (a file or directory), got {len(paths)}: {' '.join(paths)}")
+    flags = [f"{field}={getattr(args, dest)}" for dest, field in _OVERRIDES.items()
+             if dest != "data" and getattr(args, dest) is not None]
+    if args.resume:
+        if paths or args.config or args.out or args.tokenizer:
+            raise TxlError("--resume continues a run with its saved config: give no DATA, --config, --out or "
+                           "--tokenizer")
+        overrides += flags
+        if overrides and not args.allow_config_change:
+            raise TxlError("--resume continues a run with its saved config; to change it anyway (e.g. "
+                           "train.max_steps=...), add --allow-config-change")
+        run_json = Path(args.resume) / "run.json"
+        if not run_json.is_file():
+            raise TxlError(f"{args.resume} is not a run directory (no run.json)")
+        saved = read_json_object(run_json)
+        changes: dict = {}
+        for text in overrides:
+            section, key, value = parse_override(text)
+            changes.setdefault(section, {})[key] = value
+        run_config = RunConfig.from_dict(changes, base=RunConfig.from_dict(saved))
+        run_config.train.out_dir = args.resume
+    else:
+        if paths:
+            overrides.append(f"data.path={paths[0]}")
+        if args.out:
+            overrides.append(f"train.out_dir={args.out}")
+        if args.tokenizer:
+            overrides.append(f"data.tokenizer={args.tokenizer}")
+        run_config = load_run_config(args.config, overrides + flags)
+    if args.nproc is not None:
+        return _launch(args, getattr(args, "_argv", None), run_config)
+    from txl.training.loop import train
+
+    return _report(train(run_config, progress=not args.quiet, resume=bool(args.resume)), run_config)
+
+
+def _launch(args: argparse.Namespace, argv: list[str] | None, run) -> int:
+    """``txl train --nproc N ...``: check what can be checked here, then run the same command in N ranks."""
+    from txl.training.distributed import launch
+
+    run.validate()
+    t = run.train
+    if args.nproc < 1:
+        raise TxlError(f"--nproc must be >= 1, got {args.nproc}")
+    if t.batch_size % (args.nproc * t.grad_accum_steps):
+        raise TxlError(f"train.batch_size {t.batch_size} must divide into {args.nproc} ranks × train.grad_accum_steps "
+                       f"{t.grad_accum_steps} equal pieces")
+    if not args.resume and (Path(t.out_dir) / "run.json").exists():
+        raise TxlError(f"{t.out_dir} already holds a run; choose another train.out_dir (--out), remove it, "
+                       "or continue it with --resume")
+    import torch
+
+    if t.device in ("auto", "cuda") and torch.cuda.is_available() and args.nproc > torch.cuda.device_count():
+        raise TxlError(f"--nproc {args.nproc} exceeds the {torch.cuda.device_count()} GPUs here (one rank per GPU)")
+    rest = list(sys.argv[1:] if argv is None else argv)
+    for i, item in enumerate(rest):  # drop --nproc N / --nproc=N, keep everything else as given
+        if item == "--nproc":
+            del rest[i:i + 2]
+            break
+        if item.startswith("--nproc="):
+            del rest[i]
+            break
+    return launch(args.nproc, rest)
+
+
+def _report(result, run) -> int:
+    if result.rank:  # torchrun: rank 0 reports for the run
+        return 0
+    print(f"trained {result.steps} steps, {result.tokens:,} tokens in {result.wall_s:.0f} s "
+          f"({result.tokens_per_s:,.0f} tokens/s including validation)")
+    print(f"{run.eval.split} {result.final}")
+    print(f"checkpoint: {result.best_dir}")
+    if result.sample:
+        print("--- prompt ---")
+        print(result.sample_prompt, end="" if result.sample_prompt.endswith("\n") else "\n")
+        print("--- sample ---")
+        print(result.sample)
+    return 0
+
+

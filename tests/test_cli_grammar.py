@@ -1,0 +1,151 @@
+"""The command-line grammar: one registry, one meaning per short flag, hyphenated flags with hidden
+underscore aliases, and a description plus an example in every ``--help``."""
+
+import argparse
+import re
+import subprocess
+import sys
+
+import pytest
+
+from txl.cli import all_parsers, build_parser, main
+
+PARSERS = all_parsers()
+COMMANDS = sorted(prog[len("txl "):] for prog in PARSERS if prog != "txl")
+
+
+def parse(*argv):
+    """Parse ``argv`` as the command line does (train keeps unknown KEY=VALUE items)."""
+    args, _ = build_parser().parse_known_args([str(a) for a in argv])
+    return args
+
+
+def test_every_command_is_registered():
+    assert {"train", "eval", "generate", "score", "bench", "convert", "convert hf", "convert to-hf", "data",
+            "data prepare", "classify", "classify train", "classify predict", "plot", "recl", "ablate"} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_has_a_description_and_an_example(command, capsys):
+    assert main([*command.split(), "--help"]) == 0
+    out = capsys.readouterr().out
+    parser = PARSERS[f"txl {command}"]
+    assert parser.description and "Example:" in out
+    example = out.split("Example:", 1)[1].strip().splitlines()[0]
+    assert example.startswith(f"txl {command.split()[0]}")
+    assert not re.search(r"--[a-z]+_[a-z_]+", out), "an underscore spelling leaked into --help"
+
+
+def test_each_short_flag_has_one_meaning():
+    meanings: dict[str, set[str]] = {}
+    for prog, parser in PARSERS.items():
+        for action in parser._actions:
+            shorts = [s for s in action.option_strings if not s.startswith("--")]
+            longs = [s for s in action.option_strings if s.startswith("--")]
+            for short in shorts:
+                meanings.setdefault(short, set()).add(longs[0] if longs else short)
+    shared = {short: names for short, names in meanings.items() if short != "-h" and len(names) > 1}
+    assert not shared, f"short flags with more than one meaning: {shared}"
+    assert meanings["-c"] == {"--config"} and meanings["-o"] == {"--out"}
+
+
+def test_long_flags_are_hyphenated():
+    for prog, parser in PARSERS.items():
+        for action in parser._actions:
+            if action.help == argparse.SUPPRESS:
+                continue  # the hidden older spellings
+            for name in action.option_strings:
+                assert "_" not in name, f"{prog}: {name}"
+
+
+@pytest.mark.parametrize("old,new", [("--tgt_len", "--tgt-len"), ("--mem_len", "--mem-len"),
+                                     ("--clamp_len", "--clamp-len"), ("--batch_size", "--batch-size"),
+                                     ("--max_tokens", "--max-tokens")])
+def test_underscore_spellings_are_hidden_aliases(old, new, capsys):
+    dest = new[2:].replace("-", "_")
+    assert getattr(parse("eval", "ckpt", old, "7"), dest) == getattr(parse("eval", "ckpt", new, "7"), dest) == 7
+    assert parse("eval", "ckpt").__dict__[dest] is None  # the alias does not change the default
+    main(["eval", "--help"])
+    out = capsys.readouterr().out
+    assert new in out and old not in out
+
+
+def test_same_length_both_spellings():
+    assert parse("score", "ckpt", "f", "--same_length").same_length is True
+    assert parse("score", "ckpt", "f", "--no-same-length").same_length is False
+    assert parse("score", "ckpt", "f").same_length is None
+
+
+def test_shared_flags_are_offered_where_they_make_sense():
+    def flags(command):
+        return {s for a in PARSERS[f"txl {command}"]._actions for s in a.option_strings}
+
+    for command in ("eval", "generate", "score", "recl", "bench", "plot", "classify train", "classify predict"):
+        assert "--device" in flags(command), command
+    for command in ("eval", "generate", "score", "recl", "bench", "train"):
+        assert "--dtype" in flags(command), command
+    for command in ("eval", "generate", "train", "classify train"):
+        assert "--seed" in flags(command), command
+    for command in ("eval", "bench", "recl"):
+        assert "--json" in flags(command), command
+    for command in ("train", "eval", "recl", "ablate", "classify train", "plot"):
+        assert "--data" in flags(command), command
+    for command in ("eval", "score"):
+        assert {"--tgt-len", "--mem-len", "--clamp-len", "--same-length", "--no-same-length"} <= flags(command)
+
+
+def test_checkpoint_is_positional_and_old_options_still_work():
+    assert parse("score", "ckpt", "a.txt").checkpoint == "ckpt"
+    from txl.cli.common import checkpoint_arg
+
+    args = parse("score", "--checkpoint", "ckpt", "a.txt", "b.txt")
+    assert checkpoint_arg(args, rest="files") == "ckpt" and args.files == ["a.txt", "b.txt"]
+    args = parse("classify", "train", "--checkpoint", "lm", "--data", "d", "--out", "o")
+    assert checkpoint_arg(args) == "lm"
+    args = parse("classify", "train", "lm", "--data", "d", "--out", "o", "--warmup", "3")
+    assert checkpoint_arg(args) == "lm" and args.warmup_steps == 3
+    assert parse("bench", "--batch", "4").batch_size == 4
+    args = parse("plot", "--attention", "ckpt", "--text-file", "t.txt")
+    assert args.attention and args.runs == ["ckpt"] and args.data == "t.txt"
+    assert parse("score", "ckpt", "a.txt", "--output", "x").out == "x"
+
+
+def test_json_takes_a_file_or_dash():
+    from txl.cli.eval import _checkpoint
+
+    assert parse("eval", "ckpt", "--json").json == "-"  # the older switch
+    assert parse("eval", "ckpt", "--json", "r.json").json == "r.json"
+    args = parse("eval", "--json", "ckpt")  # the older `--json` before the checkpoint
+    _checkpoint(args)
+    assert (args.checkpoint, args.json) == ("ckpt", "-")
+    assert parse("bench", "--json", "-").json == "-"
+
+
+def test_usage_errors_are_one_line_without_torch():
+    code = ("import sys; from txl.cli import main; rc = main(['eval', '--tgt-len', 'x']); "
+            "sys.exit(10 + rc if 'torch' in sys.modules else rc)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith("txl: error: ") and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_ablate_checks_matplotlib_before_training(monkeypatch, capsys, tmp_path):
+    import txl.analysis.ablation as ablation
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained although matplotlib is missing")
+
+    monkeypatch.setattr(ablation, "run_ablation", no_training)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+    monkeypatch.delitem(sys.modules, "matplotlib.pyplot", raising=False)
+    assert main(["ablate", "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("txl: error: ") and "pip install" in err and len(err.strip().splitlines()) == 1
+
+
+def test_list_positionals_may_continue_after_an_option(capsys):
+    # argparse hands back the files after an option; main() appends them to the command's list
+    args, extra = build_parser().parse_known_args(["score", "ckpt", "a.txt", "--out", "o", "b.txt"])
+    assert (args.checkpoint, args.files, args._more, extra) == ("ckpt", ["a.txt"], "files", ["b.txt"])
+    assert main(["plot", "--out", "x", "--bogus"]) == 2  # options are never swallowed
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
