@@ -94,7 +94,7 @@ def test_score_cli_deep_jsonl(tmp_path, capsys):
     save_checkpoint(tmp_path / "ckpt", model, tokenizer, run, {"step": 0})
     docs = tmp_path / "docs.jsonl"
     docs.write_text(json.dumps({"text": "to be"}) + "\n" + DEEP + "\n")
-    assert main(["score", "-c", str(tmp_path / "ckpt"), str(docs), "--device", "cpu"]) != 0
+    assert main(["score", str(tmp_path / "ckpt"), str(docs), "--device", "cpu"]) != 0
     _one_error_line(capsys, docs, 2)
 
 

@@ -4,12 +4,11 @@ evaluation or a sweep over memory lengths."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from txl.cli.common import (add_batch_size, add_checkpoint, add_data, add_device, add_dtype, add_json, add_seed,
-                            add_span, check_range, check_seed, emit_json, human_stream, load_checkpoint, pick,
-                            span_args, underscore, add_option)
+from txl.cli.common import (add_batch_size, add_data, add_device, add_dtype, add_json, add_seed, add_span,
+                            check_range, check_seed, emit_json, human_stream, load_checkpoint, pick, span_args,
+                            underscore, add_option)
 from txl.errors import TxlError
 
 NAME = "eval"
