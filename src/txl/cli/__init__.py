@@ -409,8 +409,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
         prompt = args.prompt if args.prompt is not None else "\n"
     if prompt == "":
         raise TxlError("the prompt is empty; give at least one character with --prompt")
-    if args.mem_len is not None:
-        ckpt.model.set_attention_span(mem_len=args.mem_len)
     ids = torch.as_tensor(np.asarray(ckpt.tokenizer.encode(prompt), dtype=np.int64), device=device)[None]
     if ids.size(1) == 0:
         raise TxlError("the prompt encodes to no tokens; give a longer prompt")
@@ -421,7 +419,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     pending: list[int] = []
     at_line_start = prompt.endswith("\n")
     for token in generate_stream(ckpt.model, ids, args.max_new_tokens, temperature=args.temperature,
-                                 top_k=args.top_k, top_p=args.top_p, generator=generator):
+                                 top_k=args.top_k, top_p=args.top_p, generator=generator, mem_len=args.mem_len):
         pending.append(int(token[0]))
         text = ckpt.tokenizer.decode(pending)
         if "\ufffd" not in text or len(pending) >= 4:  # wait for complete UTF-8 sequences (byte models)
