@@ -9,6 +9,7 @@ from txl.errors import TxlError
 __version__ = "0.1.0"
 
 _LAZY = {
+    "AttentionSpan": "txl.model",
     "LMOutput": "txl.model",
     "TransformerXLConfig": "txl.model",
     "TransformerXLLM": "txl.model",

@@ -7,7 +7,10 @@ from collections.abc import Iterator
 import torch
 
 from txl.errors import TxlError
+from txl.evaluation.segments import eval_mode, segments
+from txl.model.attention import LayerCache, empty_caches
 from txl.model.memory import Mems
+from txl.model.span import AttentionSpan, resolve_span
 
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
@@ -54,18 +57,26 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
 
 @torch.no_grad()
 def prime_memory(model, input_ids: torch.Tensor, mems: Mems | None = None,
-                 caches: list[dict] | None = None) -> Mems | None:
-    """Feed ``input_ids`` [B, T] through the model in chunks of ``tgt_len`` and return the memory
-    (filling ``caches``, the per-layer decoding state, when given)."""
-    for start in range(0, input_ids.size(1), model.config.tgt_len):
-        mems = model(input_ids[:, start:start + model.config.tgt_len], mems=mems, caches=caches).mems
+                 caches: list[LayerCache] | None = None, *, span: AttentionSpan | None = None) -> Mems | None:
+    """Feed ``input_ids`` (int64 [B, T], T >= 0) through the model in segments of ``span.tgt_len`` and
+    return the memory (``n_layer`` tensors [B, <= mem_len, d_model]; ``mems`` itself when T = 0).
+
+    The segments go through :func:`txl.evaluation.segments.segments` (paper §3.2 recurrence), filling
+    ``caches`` (the per-layer :class:`~txl.model.LayerCache` decoding state) when given. ``span``
+    None: the model's training span.
+    """
+    span = resolve_span(model.config, span)
+    for seg in segments(model, input_ids, span=span, mems=mems, caches=caches):
+        mems = seg.output.mems
     return mems
 
 
 @torch.no_grad()
 def generate_stream(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                     top_k: int | None = None, top_p: float | None = None, mems: Mems | None = None,
-                    generator: torch.Generator | None = None) -> Iterator[torch.Tensor]:
+                    generator: torch.Generator | None = None, *, span: AttentionSpan | None = None,
+                    tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
+                    same_length: bool | None = None) -> Iterator[torch.Tensor]:
     """Yield ``max_new_tokens`` sampled tokens (int64 [B] each), one forward of one token per step.
 
     For ``attn_type`` "rel" and "shaw" the prompt (all but its last token) is fed once in chunks of ``tgt_len`` to
@@ -74,46 +85,57 @@ def generate_stream(model, input_ids: torch.Tensor, max_new_tokens: int, tempera
     recomputes a sliding window of the last ``tgt_len`` tokens (the vanilla protocol).
     The model is put in eval mode for the duration and restored afterwards.
 
+    ``span`` (None: the model's training span) with ``tgt_len``, ``mem_len``, ``clamp_len``,
+    ``same_length`` overriding its fields (None keeps one) sets the priming segment length and the
+    memory kept while sampling (e.g. a longer memory than in training, paper §3.2). ``model.config``
+    is not changed.
+
     Raises:
-        TxlError: an empty prompt, a non-2-D prompt or bad sampling settings.
+        TxlError: an empty prompt, a non-2-D prompt, bad sampling settings or an impossible span.
     """
     if input_ids.dim() != 2 or input_ids.size(1) == 0:
         raise TxlError(f"the prompt must be a non-empty [batch, length] tensor, got shape {tuple(input_ids.shape)}")
     if max_new_tokens < 0:
         raise TxlError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    was_training = model.training
-    model.eval()
-    try:
+    span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
+                        same_length=same_length)
+    with eval_mode(model):
         if model.config.attn_type == "abs":
             seq = input_ids
             for _ in range(max_new_tokens):
-                logits = model(seq[:, -model.config.tgt_len:]).logits[:, -1]
+                logits = model(seq[:, -span.tgt_len:], span=span).logits[:, -1]
                 token = sample_next(logits, temperature, top_k, top_p, generator)
                 seq = torch.cat([seq, token[:, None]], dim=1)
                 yield token
             return
         # per-layer keys/values of the memory travel with it, so a step projects only the new token
-        caches: list[dict] = [{} for _ in range(model.config.n_layer)]
-        mems = prime_memory(model, input_ids[:, :-1], mems, caches)
+        caches = empty_caches(model.config.n_layer)
+        mems = prime_memory(model, input_ids[:, :-1], mems, caches, span=span)
         last = input_ids[:, -1:]
         for _ in range(max_new_tokens):
-            out = model(last, mems=mems, caches=caches)
+            out = model(last, mems=mems, caches=caches, span=span)
             mems = out.mems
             token = sample_next(out.logits[:, -1], temperature, top_k, top_p, generator)
             last = token[:, None]
             yield token
-    finally:
-        model.train(was_training)
 
 
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, mems: Mems | None = None,
-             generator: torch.Generator | None = None) -> torch.Tensor:
+             generator: torch.Generator | None = None, *, span: AttentionSpan | None = None,
+             tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
+             same_length: bool | None = None) -> torch.Tensor:
     """Sample continuations of ``input_ids`` (int64 [B, T]); returns int64 [B, T + max_new_tokens].
 
-    Memory-cached sampling as in :func:`generate_stream`; ``generator`` makes it reproducible.
+    Memory-cached sampling as in :func:`generate_stream` (same span arguments); ``generator`` makes
+    it reproducible.
+
+    Raises:
+        TxlError: as :func:`generate_stream`.
     """
-    tokens = list(generate_stream(model, input_ids, max_new_tokens, temperature, top_k, top_p, mems, generator))
+    tokens = list(generate_stream(model, input_ids, max_new_tokens, temperature, top_k, top_p, mems, generator,
+                                  span=span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
+                                  same_length=same_length))
     if not tokens:
         return input_ids
     return torch.cat([input_ids, torch.stack(tokens, dim=1)], dim=1)

@@ -1,7 +1,7 @@
 """Attention probabilities for analysis, recomputed outside the fast (fused SDPA) path.
 
 The model's attention never materialises its probabilities. Here forward pre-hooks record each
-layer's attention inputs (hidden states, memory, positional encodings, mask, u/v biases) during an
+layer's attention inputs (hidden states, memory, positional encodings, mask) during an
 ordinary forward pass, and :func:`layer_probabilities` recomputes the probabilities from them with
 the paper's score (§3.3): ``A = ((q_i + u)·k_j + (q_i + v)·W_kR R_{i-j}) / sqrt(d_head)``, masked,
 softmax over keys (or ``q·k / sqrt(d_head)`` for ``attn_type="abs"``). Nothing in the model changes.
@@ -9,21 +9,25 @@ softmax over keys (or ``q·k / sqrt(d_head)`` for ``attn_type="abs"``). Nothing 
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from txl.errors import TxlError
+from txl.evaluation.segments import eval_mode, segments
 from txl.model.attention import shaw_distances
+from txl.model.span import AttentionSpan, resolve_span
 
 
-def layer_probabilities(attn, h, mem, pos_emb, mask, r_w_bias=None, r_r_bias=None) -> torch.Tensor:
+def layer_probabilities(attn, h, mem, pos_emb, mask) -> torch.Tensor:
     """Attention probabilities of one :class:`~txl.model.attention.MultiHeadAttention` call.
 
     Args:
         attn: the attention module; h: [B, T, d_model] layer input; mem: [B, M, d_model] or None;
-        pos_emb: [K, d_model] R for distances K-1 .. 0 ("rel"; None for "shaw" and "abs"); mask: bool [T, K], True = hidden;
-        r_w_bias, r_r_bias: shared u, v [H, D] (ignored when the layer has its own).
+        pos_emb: [K, d_model] R for distances K-1 .. 0 ("rel"; None for "shaw" and "abs"); mask: bool [T, K], True = hidden.
+        The u, v of a "rel" layer are the ones it was built with (``attn.uv``: its own or the model's shared pair).
 
     Returns:
         float [B, H, T, K] probabilities over keys [memory + current]; rows sum to 1, and masked
@@ -39,8 +43,7 @@ def layer_probabilities(attn, h, mem, pos_emb, mask, r_w_bias=None, r_r_bias=Non
     klen = k.size(2)
     if attn.attn_type in ("rel", "shaw"):
         if attn.attn_type == "rel":
-            u = attn.r_w_bias if hasattr(attn, "r_w_bias") else r_w_bias
-            v = attn.r_r_bias if hasattr(attn, "r_r_bias") else r_r_bias
+            u, v = attn.uv
             r_k = attn.r_net(pos_emb).view(klen, attn.n_head, attn.d_head)  # [K, H, D], slot m = distance K-1-m
         else:  # Shaw: no u, v; the learned a_d of this layer for the same slots (distances clipped)
             u = v = torch.zeros(attn.n_head, attn.d_head, dtype=q.dtype, device=q.device)
@@ -58,28 +61,47 @@ def layer_probabilities(attn, h, mem, pos_emb, mask, r_w_bias=None, r_r_bias=Non
     return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
 
 
-@torch.no_grad()
-def attention_probabilities(model, input_ids: torch.Tensor, mems=None) -> tuple[list[torch.Tensor], object]:
-    """Run one forward pass and return every layer's attention probabilities.
+@contextlib.contextmanager
+def recording(model):
+    """Within the block, every layer's attention call appends ``(module, args)`` to the yielded list.
 
-    Args:
-        model: :class:`~txl.model.TransformerXLLM` (use eval mode: dropout is not re-applied here).
-        input_ids: int64 [B, T]; mems: memory from the previous segment or None.
-
-    Returns:
-        (probs, output): ``probs[l]`` float [B, H, T, M + T] for layer l, and the model's
-        :class:`~txl.model.transformer.LMOutput` (its ``mems`` feed the next segment).
+    ``args`` are the positional inputs of :meth:`~txl.model.attention.MultiHeadAttention.forward`
+    (h, mem, pos_emb, mask, cache); :func:`taken_probabilities` turns them into probabilities.
     """
     captured: list[tuple] = []
     hooks = [layer.attn.register_forward_pre_hook(lambda module, args: captured.append((module, args)))
              for layer in model.layers]
     try:
-        out = model(input_ids, mems=mems)
+        yield captured
     finally:
         for hook in hooks:
             hook.remove()
-    probs = [layer_probabilities(module, *args[:6]) for module, args in captured]
-    return probs, out
+
+
+def taken_probabilities(captured: list[tuple]) -> list[torch.Tensor]:
+    """The probabilities (float [B, H, T, K] per layer) of the calls in ``captured``, which is emptied."""
+    probs = [layer_probabilities(module, *args[:4]) for module, args in captured]
+    captured.clear()
+    return probs
+
+
+@torch.no_grad()
+def attention_probabilities(model, input_ids: torch.Tensor, mems=None,
+                            span: AttentionSpan | None = None) -> tuple[list[torch.Tensor], object]:
+    """Run one forward pass and return every layer's attention probabilities.
+
+    Args:
+        model: :class:`~txl.model.TransformerXLLM` (use eval mode: dropout is not re-applied here).
+        input_ids: int64 [B, T]; mems: memory from the previous segment or None.
+        span: the :class:`~txl.model.AttentionSpan` of the forward pass (None: the model's).
+
+    Returns:
+        (probs, output): ``probs[l]`` float [B, H, T, M + T] for layer l, and the model's
+        :class:`~txl.model.transformer.LMOutput` (its ``mems`` feed the next segment).
+    """
+    with recording(model) as captured:
+        out = model(input_ids, mems=mems, span=span)
+    return taken_probabilities(captured), out
 
 
 def distance_matrix(qlen: int, klen: int) -> torch.Tensor:
@@ -93,7 +115,8 @@ def mean_attention_distance(model, tokens: np.ndarray, *, tgt_len: int | None = 
                             mem_len: int | None = None, max_segments: int = 8) -> np.ndarray:
     """Average attention distance per layer and head over a text, with the memory carried.
 
-    The text is read in segments of ``tgt_len`` (memory of ``mem_len``, as in evaluation); for every
+    The text is read in segments of ``tgt_len`` (memory of ``mem_len``, as in evaluation, through
+    :func:`txl.evaluation.segments.segments`, in eval mode; ``model.config`` is not changed); for every
     query the expected distance ``sum_j p_ij (M + i - j)`` in tokens is averaged over queries and
     segments.
 
@@ -106,21 +129,16 @@ def mean_attention_distance(model, tokens: np.ndarray, *, tgt_len: int | None = 
     Raises:
         TxlError: an empty text.
     """
-    from txl.evaluation.stream import attention_span
-
     data = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
     if data.numel() < 1:
         raise TxlError("the text encodes to no tokens; give a longer --text")
     device = next(model.parameters()).device
     total, count = None, 0
-    with attention_span(model, tgt_len=tgt_len, mem_len=mem_len) as cfg:
-        mems = None
-        for n, start in enumerate(range(0, data.numel(), cfg.tgt_len)):
-            if n >= max_segments:
-                break
-            x = data[None, start:start + cfg.tgt_len].to(device)
-            probs, out = attention_probabilities(model, x, mems=mems)
-            mems = out.mems
+    span = resolve_span(model.config, tgt_len=tgt_len, mem_len=mem_len)
+    x_all = data[None, :span.tgt_len * max_segments].to(device)
+    with eval_mode(model), recording(model) as captured:
+        for seg in segments(model, x_all, span=span):
+            probs, x = taken_probabilities(captured), seg.inputs
             per_layer = []
             for p in probs:  # [1, H, T, K]
                 dist = distance_matrix(p.size(2), p.size(3)).to(p.device)

@@ -313,13 +313,14 @@ def eval_speedup(lengths: list[int], *, device: str = "auto", batch: int = 8, re
     paper = {800: 363, 1800: 773, 2800: 1409, 3800: 1874}
     for length in lengths:
         tgt = min(128, length)
-        rel.set_attention_span(tgt_len=tgt, mem_len=length, same_length=True)
+        span = rel.config.span.replace(tgt_len=tgt, mem_len=length, same_length=True)
         window = torch.randint(0, vocab, (batch, length), device=dev)
         seg = torch.randint(0, vocab, (batch, tgt), device=dev)
         with torch.no_grad():
-            mems = rel(torch.randint(0, vocab, (batch, length), device=dev)).mems  # a full memory
+            mems = rel(torch.randint(0, vocab, (batch, length), device=dev), span=span).mems  # a full memory
             t_van = statistics.median(median_time(lambda: vanilla(window), warmup=1, repeats=repeats, sync=sync))
-            t_xl = statistics.median(median_time(lambda: rel(seg, mems=mems), warmup=1, repeats=repeats, sync=sync))
+            t_xl = statistics.median(median_time(lambda: rel(seg, mems=mems, span=span), warmup=1, repeats=repeats,
+                                                 sync=sync))
         per_van = t_van / batch  # one predicted token per window
         per_xl = t_xl / (batch * tgt)
         row = {"attention_length": length, "vanilla_s_per_token": per_van, "txl_s_per_token": per_xl,

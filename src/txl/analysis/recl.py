@@ -241,7 +241,7 @@ def context_losses(model, tokens: np.ndarray, contexts: list[int], positions: np
     would carry information from beyond c. Windows are batched ``batch_size`` at a time.
 
     Args:
-        model: a :class:`~txl.model.TransformerXLLM` (its mode and span are restored afterwards).
+        model: a :class:`~txl.model.TransformerXLLM` (its mode is restored afterwards; its config is not changed).
         tokens: 1-D int token array; positions: int [P] indices t with ``t >= max(contexts)``.
         contexts: context lengths c >= 1.
 
@@ -254,7 +254,7 @@ def context_losses(model, tokens: np.ndarray, contexts: list[int], positions: np
     import torch
     import torch.nn.functional as F
 
-    from txl.evaluation.stream import attention_span
+    from txl.evaluation.segments import eval_mode, segments
 
     data = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
     positions = np.asarray(positions, dtype=np.int64)
@@ -265,12 +265,14 @@ def context_losses(model, tokens: np.ndarray, contexts: list[int], positions: np
     device = next(model.parameters()).device
     out = np.empty((len(contexts), positions.size), dtype=np.float64)
     offsets = torch.arange(-max(contexts), 0)
-    with torch.no_grad(), attention_span(model, mem_len=0):
+    with eval_mode(model):
         for k, c in enumerate(contexts):
+            window = model.config.span.replace(tgt_len=c, mem_len=0)  # one segment per window, no memory
             for s in range(0, positions.size, batch_size):
                 pos = torch.as_tensor(positions[s:s + batch_size])
                 windows = data[pos[:, None] + offsets[-c:][None, :]].to(device)  # [b, c]
-                logits = model(windows).logits[:, -1]
+                (seg,) = segments(model, windows, span=window)
+                logits = seg.output.logits[:, -1]
                 wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
                 out[k, s:s + pos.numel()] = F.cross_entropy(wide, data[pos].to(device), reduction="none").double().cpu().numpy()
     return out

@@ -289,7 +289,8 @@ class TransformerXLForSequenceClassification(nn.Module):
             checkpoint: folder written by ``txl train`` (run directory: its ``best/``) or by
                 ``save_pretrained``.
             num_labels: number of classes.
-            tgt_len, mem_len: segment and memory length for reading documents (None: the LM's).
+            tgt_len, mem_len: segment and memory length for reading documents (None: the LM's); the
+                classifier's own model config records them (the loaded LM is not changed).
             settings: the other :class:`ClassifierConfig` fields (labels, mode, pooling, ...).
 
         Returns:
@@ -302,8 +303,9 @@ class TransformerXLForSequenceClassification(nn.Module):
         from txl.training.checkpoint import load_checkpoint
 
         lm = load_checkpoint(checkpoint, map_location=map_location)
-        lm.model.set_attention_span(tgt_len=tgt_len, mem_len=mem_len)
-        model = cls(lm.model.config, num_labels, **settings).to(map_location)
+        reading = lm.model.config.span.replace(tgt_len=tgt_len, mem_len=mem_len)  # checked: TxlError
+        config = dataclasses.replace(lm.model.config, tgt_len=reading.tgt_len, mem_len=reading.mem_len)
+        model = cls(config, num_labels, **settings).to(map_location)
         model.body.load_state_dict(lm.model.state_dict())
         model.tokenizer = lm.tokenizer
         return model.train()

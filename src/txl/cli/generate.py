@@ -71,8 +71,6 @@ def run(args: argparse.Namespace) -> int:
 
     ckpt, device = load_checkpoint(args)
     prompt = _prompt(args, ckpt.tokenizer)
-    if args.mem_len is not None:
-        ckpt.model.set_attention_span(mem_len=args.mem_len)
     ids = torch.as_tensor(np.asarray(ckpt.tokenizer.encode(prompt), dtype=np.int64), device=device)[None]
     if ids.size(1) == 0:
         raise TxlError("the prompt encodes to no tokens; give a longer prompt")
@@ -84,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     at_line_start = prompt.endswith("\n")
     with autocast(device, args.dtype):
         for token in generate_stream(ckpt.model, ids, args.max_new_tokens, temperature=args.temperature,
-                                     top_k=args.top_k, top_p=args.top_p, generator=generator):
+                                     top_k=args.top_k, top_p=args.top_p, generator=generator,
+                                     mem_len=args.mem_len):
             pending.append(int(token[0]))
             text = ckpt.tokenizer.decode(pending)
             if "\ufffd" not in text or len(pending) >= 4:  # wait for complete UTF-8 sequences (byte models)

@@ -37,8 +37,9 @@ import numpy as np
 import torch
 
 from txl.errors import TxlError
-from txl.evaluation.stream import EvalResult, attention_span, token_tensor
-from txl.runtime import autocast
+from txl.evaluation.segments import eval_mode, segments
+from txl.evaluation.stream import EvalResult, token_tensor
+from txl.model.span import AttentionSpan, resolve_span
 
 METHODS = ("sgd", "rms")
 
@@ -61,17 +62,15 @@ def _params(model) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
-def _segments(n_targets: int, tgt_len: int):
-    return [(s, min(s + tgt_len, n_targets)) for s in range(0, n_targets, tgt_len)]
-
-
 def gradient_statistics(model, tokens: np.ndarray, *, tgt_len: int | None = None, mem_len: int | None = None,
-                        n_segments: int = 100) -> dict[str, torch.Tensor]:
+                        n_segments: int = 100, span: AttentionSpan | None = None) -> dict[str, torch.Tensor]:
     """Mean squared gradient ``MS = 1/N sum_k (grad L_k)^2`` per parameter over ``n_segments`` segments.
 
     Segments of ``tgt_len`` targets are read in order from ``tokens`` (typically the training
     split) with the memory carried, batch size 1, dropout off, as dynamic evaluation reads the test
-    text (Krause et al. 2018, §5). The weights are not changed.
+    text (Krause et al. 2018, §5), through :func:`txl.evaluation.segments.segments`. The weights
+    are not changed. ``tgt_len``/``mem_len`` override the model's span (or ``span``); ``model.config``
+    is not changed.
 
     Returns:
         ``{parameter name: float tensor shaped like the parameter}``.
@@ -86,18 +85,19 @@ def gradient_statistics(model, tokens: np.ndarray, *, tgt_len: int | None = None
     params = _params(model)
     sums = {n: torch.zeros_like(p) for n, p in params}
     count = 0
-    with attention_span(model, tgt_len=tgt_len, mem_len=mem_len) as cfg:
-        mems = None
-        for start, end in _segments(data.numel() - 1, cfg.tgt_len)[:n_segments]:
-            x, y = data[None, start:end].to(device), data[None, start + 1:end + 1].to(device)
-            model.zero_grad(set_to_none=True)
-            out = model(x, mems=mems, labels=y)
-            out.loss.backward()
-            mems = out.mems
+    span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len)
+    x, y = data[None, :-1].to(device), data[None, 1:].to(device)
+    with eval_mode(model):
+        model.zero_grad(set_to_none=True)
+        for seg in segments(model, x, y, span=span, grad=True):
+            seg.output.loss.backward()
             for n, p in params:
                 if p.grad is not None:
                     sums[n] += p.grad.detach() ** 2
+            model.zero_grad(set_to_none=True)
             count += 1
+            if count == n_segments:
+                break
     model.zero_grad(set_to_none=True)
     return {n: s / count for n, s in sums.items()}
 
@@ -105,7 +105,8 @@ def gradient_statistics(model, tokens: np.ndarray, *, tgt_len: int | None = None
 def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float = 1e-4, decay: float = 0.0,
                      method: str = "rms", stats: dict[str, torch.Tensor] | None = None, eps: float = 0.1,
                      tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
-                     same_length: bool | None = None, max_tokens: int = 0, dtype: str = "float32") -> DynamicEvalResult:
+                     same_length: bool | None = None, max_tokens: int = 0, dtype: str = "float32",
+                     span: AttentionSpan | None = None) -> DynamicEvalResult:
     """Score a token stream while adapting the weights to it (see the module docstring for the rules).
 
     Args:
@@ -118,7 +119,9 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
         stats: mean squared gradients for "rms" (:func:`gradient_statistics`); None collects them
             on the fly from the evaluation segments already scored.
         eps: in "rms", ``eps * mean(sqrt(MS))`` is added to sqrt(MS) (a relative floor).
-        tgt_len, mem_len, clamp_len, same_length: evaluation span (None: the model's own).
+        tgt_len, mem_len, clamp_len, same_length: evaluation span (None: the model's own, or
+            ``span``'s); ``model.config`` is not changed.
+        span: an :class:`~txl.model.AttentionSpan` to start from (None: the model's training span).
         max_tokens: score only the first ``max_tokens`` targets (0: all).
         dtype: "float32" or an autocast dtype for the forward passes.
 
@@ -144,22 +147,20 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
     online = {n: torch.zeros_like(p) for n, p in params} if method == "rms" and stats is None else None
     seg_losses, seg_tokens = [], []
     total = 0.0
+    span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
+                        same_length=same_length)
+    x, y = data[None, :-1].to(device), data[None, 1:].to(device)
     try:
-        with attention_span(model, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
-                            same_length=same_length) as cfg:
-            mems = None
-            for k, (start, end) in enumerate(_segments(data.numel() - 1, cfg.tgt_len)):
-                x, y = data[None, start:end].to(device), data[None, start + 1:end + 1].to(device)
-                model.zero_grad(set_to_none=True)
-                with autocast(device, dtype):
-                    out = model(x, mems=mems, labels=y)
-                mems = out.mems
+        with eval_mode(model):
+            model.zero_grad(set_to_none=True)
+            for seg in segments(model, x, y, span=span, dtype=dtype, grad=True):
+                k, out, n_seg = seg.index, seg.output, seg.inputs.size(1)
                 seg_sum = float(out.token_loss.detach().double().sum())  # scored before any update on it
                 if not np.isfinite(seg_sum):
                     raise TxlError(f"dynamic evaluation diverged at segment {k} (loss {seg_sum}); use a smaller lr")
                 total += seg_sum
-                seg_losses.append(seg_sum / (end - start))
-                seg_tokens.append(end - start)
+                seg_losses.append(seg_sum / n_seg)
+                seg_tokens.append(n_seg)
                 if lr == 0 and decay == 0:
                     continue
                 out.loss.backward()
@@ -185,10 +186,11 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
                             pull = pull * decay
                             step = p.grad if p.grad is not None else torch.zeros_like(p)
                         p.add_(step, alpha=-lr).add_(pull)
+                model.zero_grad(set_to_none=True)
             settings = {"protocol": f"dynamic-{method}", "lr": lr, "decay": decay,
                         "stats": "online" if online is not None else ("train" if method == "rms" else "none"),
-                        "tgt_len": cfg.tgt_len, "mem_len": cfg.mem_len if cfg.attn_type != "abs" else 0,
-                        "clamp_len": cfg.clamp_len, "same_length": cfg.same_length, "batch_size": 1}
+                        "tgt_len": span.tgt_len, "mem_len": span.mem_len if model.config.attn_type != "abs" else 0,
+                        "clamp_len": span.clamp_len, "same_length": span.same_length, "batch_size": 1}
     finally:
         with torch.no_grad():
             for n, p in params:

@@ -30,8 +30,9 @@ import torch
 
 from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
-from txl.evaluation.stream import attention_span, metric_value
-from txl.runtime import autocast
+from txl.evaluation.segments import eval_mode, segments
+from txl.evaluation.stream import metric_value
+from txl.model.span import AttentionSpan, resolve_span
 
 __all__ = ["DocumentScore", "score", "score_tokens", "score_texts", "token_text", "total_metric"]
 
@@ -112,8 +113,10 @@ def _as_ids(doc: Any, index: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def _score_rows(model, rows: list[np.ndarray], tgt_len: int, dtype: str) -> list[np.ndarray]:
-    """Score rows (inputs+1 tokens each, sorted by length) side by side; fresh memory.
+def _score_rows(model, rows: list[np.ndarray], span: AttentionSpan, dtype: str) -> list[np.ndarray]:
+    """Score rows (inputs+1 tokens each, sorted by length) side by side with :func:`segments`; fresh memory.
+
+    A row leaves the batch (with its rows of the memory) once its inputs are all read.
 
     Returns, per row, float64 [len - 1]: log p(row[t+1] | row[<=t]) in nats.
     """
@@ -130,19 +133,9 @@ def _score_rows(model, rows: list[np.ndarray], tgt_len: int, dtype: str) -> list
         labels[r, :n_in[r]] = t[1:]
     inputs, labels = inputs.to(device), labels.to(device)
     out_lp = np.zeros((len(rows), width), dtype=np.float64)
-    mems, first = None, 0
-    for pos in range(0, width, tgt_len):
-        before = first
-        while n_in[first] <= pos:  # rows that ended drop out, with their rows of the memory
-            first += 1
-        if first > before and mems is not None:
-            mems = [m[first - before:] for m in mems]
-        x = inputs[first:, pos:pos + tgt_len]
-        y = labels[first:, pos:pos + tgt_len]
-        with autocast(device, dtype):
-            out = model(x, mems=mems, labels=y)
-        mems = out.mems
-        out_lp[first:, pos:pos + x.size(1)] = -out.token_loss.detach().to(torch.float64).cpu().numpy()
+    for seg in segments(model, inputs, labels, span=span, lengths=n_in, dtype=dtype):
+        cols = slice(seg.start, seg.start + seg.inputs.size(1))
+        out_lp[seg.rows.cpu().numpy(), cols] = -seg.output.token_loss.detach().to(torch.float64).cpu().numpy()
     result = [out_lp[r, :n_in[r]] for r in range(len(rows))]
     if not all(np.isfinite(lp).all() for lp in result):
         raise TxlError("the model produced non-finite log-probabilities (NaN or inf): its weights are broken, or "
@@ -152,7 +145,8 @@ def _score_rows(model, rows: list[np.ndarray], tgt_len: int, dtype: str) -> list
 
 def score_tokens(model, documents: Sequence[Any], *, batch_size: int = 8, tgt_len: int | None = None,
                  mem_len: int | None = None, clamp_len: int | None = None, same_length: bool | None = None,
-                 carry_memory: bool = False, dtype: str = "float32") -> list[DocumentScore]:
+                 carry_memory: bool = False, dtype: str = "float32",
+                 span: AttentionSpan | None = None) -> list[DocumentScore]:
     """Per-token log-probabilities of token-id documents, with memory through each document.
 
     See the module docstring for the first-token policy and batching. Equals one long causal pass
@@ -163,7 +157,9 @@ def score_tokens(model, documents: Sequence[Any], *, batch_size: int = 8, tgt_le
         model: a :class:`~txl.model.TransformerXLLM` (put in eval mode during the call, then restored).
         documents: sequence of 1-D integer token-id arrays/lists/tensors, ids in ``[0, vocab_size)``.
         batch_size: documents scored side by side (ignored with ``carry_memory``: one stream).
-        tgt_len, mem_len, clamp_len, same_length: attention span (None: the model's own).
+        tgt_len, mem_len, clamp_len, same_length: attention span (None: the model's own, or
+            ``span``'s); ``model.config`` is not changed.
+        span: an :class:`~txl.model.AttentionSpan` to start from (None: the model's training span).
         carry_memory: treat the documents as one continuous stream (memory and context carry over).
         dtype: "float32", or "bfloat16"/"float16" autocast.
 
@@ -189,12 +185,14 @@ def score_tokens(model, documents: Sequence[Any], *, batch_size: int = 8, tgt_le
         if d.size < need:
             raise TxlError(f"document {i} has {d.size} token(s); scoring needs at least {need} (the first token of "
                            "a document has no context and is not scored)")
-    with attention_span(model, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length) as cfg:
+    span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
+                        same_length=same_length)
+    with eval_mode(model):
         if carry_memory:
             stream = np.concatenate(docs)
             if stream.size < 2:
                 raise TxlError("the documents hold 1 token in all; scoring needs at least 2")
-            (lp,) = _score_rows(model, [stream], cfg.tgt_len, dtype)
+            (lp,) = _score_rows(model, [stream], span, dtype)
             full = np.concatenate([[np.nan], lp])
             ends = np.cumsum([d.size for d in docs])
             return [DocumentScore(d, full[e - d.size:e]) for d, e in zip(docs, ends)]
@@ -202,7 +200,7 @@ def score_tokens(model, documents: Sequence[Any], *, batch_size: int = 8, tgt_le
         results: list[DocumentScore | None] = [None] * len(docs)
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
-            for i, lp in zip(idx, _score_rows(model, [docs[i] for i in idx], cfg.tgt_len, dtype)):
+            for i, lp in zip(idx, _score_rows(model, [docs[i] for i in idx], span, dtype)):
                 results[i] = DocumentScore(docs[i], np.concatenate([[np.nan], lp]))
     return results  # type: ignore[return-value]
 
@@ -241,7 +239,7 @@ def score(model, documents: Sequence[Any], tokenizer: Any = None, **options: Any
         model: a :class:`~txl.model.TransformerXLLM`.
         documents: texts (with ``tokenizer``, e.g. a checkpoint's) or 1-D token-id sequences.
         tokenizer: turns texts into ids; not needed for token ids.
-        options: batch_size, tgt_len, mem_len, clamp_len, same_length, carry_memory, dtype
+        options: batch_size, tgt_len, mem_len, clamp_len, same_length, carry_memory, dtype, span
             (see :func:`score_tokens`).
 
     Returns:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 
@@ -10,9 +9,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from txl.data import LMOrderedIterator
 from txl.config import IGNORE_INDEX
+from txl.data import LMOrderedIterator
 from txl.errors import TxlError
+from txl.evaluation.segments import eval_mode, segments
+from txl.model.span import AttentionSpan, resolve_span
 from txl.runtime import autocast
 
 
@@ -57,31 +58,23 @@ def _wide(logits: torch.Tensor) -> torch.Tensor:
     return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
-@contextlib.contextmanager
-def attention_span(model, **span):
-    """Temporarily set tgt_len/mem_len/clamp_len/same_length (None keeps a value) and eval mode."""
-    saved = model.config
-    was_training = model.training
-    model.set_attention_span(**span)
-    model.eval()
-    try:
-        yield model.config
-    finally:
-        model.config = saved
-        model.train(was_training)
-
-
 @torch.no_grad()
 def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 8, tgt_len: int | None = None,
              mem_len: int | None = None, clamp_len: int | None = None, same_length: bool | None = None,
-             warmup: bool = False, max_tokens: int = 0, dtype: str = "float32", dist=None) -> EvalResult:
+             warmup: bool = False, max_tokens: int = 0, dtype: str = "float32", dist=None,
+             span: AttentionSpan | None = None) -> EvalResult:
     """Score a token stream segment by segment, carrying the memory (paper §3.2 evaluation).
+
+    The streams are read with :func:`txl.evaluation.segments.segments`, in eval mode (the model's
+    mode is restored afterwards).
 
     Args:
         model: a :class:`~txl.model.TransformerXLLM`.
         tokens: 1-D token array (a whole split); scored in ``batch_size`` parallel streams.
         unit: "bpc" or "ppl" (see :func:`metric_unit`).
-        tgt_len, mem_len, clamp_len, same_length: evaluation span (None: the model's own).
+        tgt_len, mem_len, clamp_len, same_length: evaluation span (None: the model's own, or
+            ``span``'s); ``model.config`` is not changed.
+        span: an :class:`~txl.model.AttentionSpan` to start from (None: the model's training span).
         warmup: feed ``mem_len`` context tokens first so every scored token sees a full memory.
         max_tokens: score only the first ``max_tokens`` targets (0: all).
         dtype: "float32" or an autocast dtype.
@@ -92,35 +85,32 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
         :class:`EvalResult` (loss in nats/token). Every target token is scored exactly once.
 
     Raises:
-        TxlError: a split too short for one target (plus the warm-up context).
+        TxlError: a split too short for one target (plus the warm-up context), or an impossible span.
     """
     device = next(model.parameters()).device
+    span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
+                        same_length=same_length)
+    has_memory = model.config.attn_type != "abs"
+    context = span.mem_len if warmup and has_memory else 0
     if max_tokens:
-        warm = (model.config.mem_len if mem_len is None else mem_len) if warmup else 0
-        tokens = tokens[: max_tokens + 1 + warm]
-    with attention_span(model, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length) as cfg:
-        context = cfg.mem_len if warmup and cfg.attn_type != "abs" else 0
-        batches = LMOrderedIterator(tokens, batch_size, cfg.tgt_len, context=context, device=device)
-        rows = dist.rows(batch_size) if dist is not None else slice(None)
-        sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, targets
-        mems = None
-        for x, y in batches:
-            x, y = x[rows], y[rows]
-            if x.size(0) == 0:  # more ranks than streams: this rank has none
-                continue
-            with autocast(device, dtype):
-                out = model(x, mems=mems, labels=y)
-            mems = out.mems
-            sums[0] += out.token_loss.double().sum()
-            sums[1] += (y != IGNORE_INDEX).sum()
-        if dist is not None:
-            from txl.training.distributed import all_sum
+        tokens = tokens[: max_tokens + 1 + (span.mem_len if warmup else 0)]
+    batches = LMOrderedIterator(tokens, batch_size, span.tgt_len, context=context, device=device)
+    rows = dist.rows(batch_size) if dist is not None else slice(None)
+    inputs, labels = batches.inputs[rows], batches.labels[rows]
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, targets
+    if inputs.size(0):  # more ranks than streams: this rank has none
+        with eval_mode(model):
+            for seg in segments(model, inputs, labels, span=span, dtype=dtype, positions=batches.positions()):
+                sums[0] += seg.output.token_loss.double().sum()
+                sums[1] += (seg.labels != IGNORE_INDEX).sum()
+    if dist is not None:
+        from txl.training.distributed import all_sum
 
-            all_sum(dist, sums)
-        total, count = sums.tolist()
-        count = int(count)
-        settings = {"tgt_len": cfg.tgt_len, "mem_len": cfg.mem_len if cfg.attn_type != "abs" else 0,
-                    "clamp_len": cfg.clamp_len, "same_length": cfg.same_length, "warmup": warmup}
+        all_sum(dist, sums)
+    total, count = sums.tolist()
+    count = int(count)
+    settings = {"tgt_len": span.tgt_len, "mem_len": span.mem_len if has_memory else 0,
+                "clamp_len": span.clamp_len, "same_length": span.same_length, "warmup": warmup}
     return EvalResult(loss=total / count, n_tokens=count, unit=unit, settings=settings)
 
 
@@ -164,17 +154,18 @@ def evaluate_sliding_window(model, tokens: np.ndarray, *, context: int, stride: 
     n_targets = data.numel() - 1
     first = min(context, n_targets)
     ends = list(range(first + stride, n_targets + stride, stride))  # window end (exclusive, input index)
-    with attention_span(model, mem_len=0):
+    window = resolve_span(model.config, tgt_len=context, mem_len=0)  # windows carry no memory
+    with eval_mode(model), torch.no_grad():
         x0 = data[None, :first].to(device)
         with autocast(device, dtype):
-            logits = _wide(model(x0).logits)
+            logits = _wide(model(x0, span=window).logits)
         total = float(F.cross_entropy(logits[0], data[1:first + 1].to(device), reduction="sum"))
         count, prev = first, first
         for i in range(0, len(ends), batch_size):
             chunk = [min(e, n_targets) for e in ends[i:i + batch_size]]
             x = torch.stack([data[e - context:e] for e in chunk]).to(device)
             with autocast(device, dtype):
-                logits = _wide(model(x).logits)
+                logits = _wide(model(x, span=window).logits)
             for row, e in enumerate(chunk):
                 k = e - prev  # new targets in this window: data[prev+1 .. e]
                 total += float(F.cross_entropy(logits[row, -k:], data[prev + 1:e + 1].to(device), reduction="sum"))

@@ -7,6 +7,7 @@ H = heads, D = d_head. Everything is batch-first.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -116,6 +117,34 @@ def shaw_distances(klen: int, max_dist: int, device: torch.device | str) -> torc
     return torch.arange(klen - 1, -1, -1, device=device).clamp(max=max_dist)
 
 
+@dataclass
+class LayerCache:
+    """Incremental-decoding state of one layer, owned by the caller (see :mod:`txl.generation`).
+
+    Passed with the matching memory on every call, it lets a step project only the new tokens:
+    keys do not depend on position in relative attention ("rel", paper §3.3, and "shaw"), so the
+    keys and values of the memory can be kept instead of recomputed from the memory's states. Only
+    used without autograd. A fresh cache is empty (``keys is None``).
+
+    Attributes:
+        mem_len: memory length (tokens) of the span being decoded with; set by the model on each call.
+        keys, values: float [B, H, <= mem_len, D] keys and values of the next memory's positions.
+        pos_keys: float [H, D, K] projected relative encodings ``W_kR R`` for distances K-1 .. 0 ("rel").
+        pos_klen: the key length K that ``pos_keys`` belong to (-1: none yet).
+    """
+
+    mem_len: int = 0
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    pos_keys: torch.Tensor | None = None
+    pos_klen: int = -1
+
+
+def empty_caches(n_layer: int) -> list[LayerCache]:
+    """``n_layer`` fresh :class:`LayerCache` objects, one per layer, for a new decoding run."""
+    return [LayerCache() for _ in range(n_layer)]
+
+
 class MultiHeadAttention(nn.Module):
     """Masked multi-head attention over [memory + current] with relative or absolute positions.
 
@@ -130,14 +159,20 @@ class MultiHeadAttention(nn.Module):
     ``attn_type="abs"`` scores ``q_i·k_j / sqrt(d_head)`` (positions were added to the input).
 
     Parameters: ``qkv_net`` (W_q, W_kE, W_v stacked, no bias), ``o_net`` (no bias), ``layer_norm``,
-    for "rel" ``r_net`` (W_kR, no bias) and, with ``untie_r``, this layer's own
-    ``r_w_bias``/``r_r_bias``; for "shaw" ``r_emb``.
+    for "rel" ``r_net`` (W_kR, no bias) and, with ``own_biases``, this layer's own
+    ``r_w_bias``/``r_r_bias``; for "shaw" ``r_emb``. Which u, v a "rel" layer uses is decided once
+    here: its own, or ``shared_biases`` (the model's, passed by reference and not registered again
+    as parameters of this module). ``uv`` holds the pair ((u, v) [H, D] each; None unless "rel").
+
+    Raises:
+        ValueError: "shaw" without ``shaw_max_dist >= 1``, or "rel" with neither own nor shared biases.
     """
 
     param_kinds = {"r_w_bias": "position_bias", "r_r_bias": "position_bias", "r_emb": "position_table"}
 
     def __init__(self, d_model: int, n_head: int, d_head: int, dropout: float, dropatt: float,
-                 pre_lnorm: bool, attn_type: str, own_biases: bool, shaw_max_dist: int = 0) -> None:
+                 pre_lnorm: bool, attn_type: str, own_biases: bool, shaw_max_dist: int = 0,
+                 shared_biases: tuple[nn.Parameter, nn.Parameter] | None = None) -> None:
         super().__init__()
         self.n_head, self.d_head, self.attn_type, self.pre_lnorm = n_head, d_head, attn_type, pre_lnorm
         self.scale = 1.0 / math.sqrt(d_head)
@@ -151,15 +186,22 @@ class MultiHeadAttention(nn.Module):
             if own_biases:
                 self.r_w_bias = nn.Parameter(torch.empty(n_head, d_head))
                 self.r_r_bias = nn.Parameter(torch.empty(n_head, d_head))
+                shared_biases = (self.r_w_bias, self.r_r_bias)
+            elif shared_biases is None:
+                raise ValueError("attn_type='rel' without own biases needs shared_biases (u, v)")
         elif attn_type == "shaw":
             if shaw_max_dist < 1:
                 raise ValueError(f"attn_type='shaw' needs shaw_max_dist >= 1, got {shaw_max_dist}")
             self.max_dist = shaw_max_dist
             self.r_emb = nn.Parameter(torch.empty(shaw_max_dist + 1, n_head, d_head))
+        self.use_biases(shared_biases if attn_type == "rel" else None)
+
+    def use_biases(self, biases: tuple[nn.Parameter, nn.Parameter] | None) -> None:
+        """Set the (u, v) pair this layer adds to its queries (a plain attribute: not registered as parameters)."""
+        object.__setattr__(self, "uv", None if biases is None else tuple(biases))
 
     def forward(self, h: torch.Tensor, mem: torch.Tensor | None, pos_emb: torch.Tensor | None,
-                mask: torch.Tensor, r_w_bias: torch.Tensor | None = None,
-                r_r_bias: torch.Tensor | None = None, cache: dict | None = None) -> torch.Tensor:
+                mask: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         """Attend from the current segment to [memory + current segment].
 
         Args:
@@ -167,13 +209,11 @@ class MultiHeadAttention(nn.Module):
             mem: [B, M, d_model] memory of this layer (detached states of earlier segments) or None.
             pos_emb: [K, d_model] sinusoidal R for distances K-1 ... 0 ("rel" only; None otherwise).
             mask: bool [T, K], True = not visible (see :func:`attention_mask`).
-            r_w_bias, r_r_bias: shared u, v [H, D] when this layer has no biases of its own.
-            cache: for incremental decoding without autograd (see :mod:`txl.generation`), a dict
-                owned by the caller with ``mem_len``; this call stores in it the keys and values of
-                the next memory's positions ([B, H, <= mem_len, D]) and the projected positions of
-                this key length, and the next call reuses them instead of projecting the memory
-                again. Keys do not depend on position in relative attention ("rel" and "shaw"),
-                so this is exact.
+            cache: for incremental decoding without autograd (see :mod:`txl.generation`), this
+                layer's :class:`LayerCache`; this call stores in it the keys and values of the next
+                memory's positions ([B, H, <= mem_len, D]) and the projected positions of this key
+                length, and the next call reuses them instead of projecting the memory again. Keys
+                do not depend on position in relative attention ("rel" and "shaw"), so this is exact.
 
         Returns:
             [B, T, d_model]: the sub-layer output after residual (and LayerNorm unless ``pre_lnorm``).
@@ -182,10 +222,10 @@ class MultiHeadAttention(nn.Module):
         hd = self.n_head * self.d_head
         w = self.qkv_net.weight  # [3*H*D, d]: rows W_q, W_kE, W_v
         mlen = 0 if mem is None else mem.size(1)
-        if cache is not None and "k" in cache and cache["k"].size(2) == mlen:  # memory already projected
+        if cache is not None and cache.keys is not None and cache.keys.size(2) == mlen:  # memory already projected
             x = self.layer_norm(h) if self.pre_lnorm else h
             q, k, v = (self._heads(t) for t in F.linear(x, w).split(hd, dim=-1))
-            k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+            k, v = torch.cat([cache.keys, k], dim=2), torch.cat([cache.values, v], dim=2)
         else:
             cat = h if mlen == 0 else torch.cat([mem, h], dim=1)  # [B, K, d]
             x = self.layer_norm(cat) if self.pre_lnorm else cat
@@ -193,19 +233,18 @@ class MultiHeadAttention(nn.Module):
             k, v = (self._heads(t) for t in F.linear(x, w[hd:]).split(hd, dim=-1))  # [B, H, K, D] each
         klen = k.size(2)
         if cache is not None:  # the keys/values of the next memory: the last mem_len positions
-            keep = klen - min(klen, cache["mem_len"])
-            cache["k"], cache["v"] = k[:, :, keep:], v[:, :, keep:]
+            keep = klen - min(klen, cache.mem_len)
+            cache.keys, cache.values = k[:, :, keep:], v[:, :, keep:]
 
         dropatt = self.dropatt.p if self.training else 0.0
         if self.attn_type == "rel":
-            u = self.r_w_bias if hasattr(self, "r_w_bias") else r_w_bias
-            vb = self.r_r_bias if hasattr(self, "r_r_bias") else r_r_bias
-            if cache is not None and cache.get("r_klen") == klen:
-                r_k = cache["r_k"]
+            u, vb = self.uv
+            if cache is not None and cache.pos_klen == klen:
+                r_k = cache.pos_keys
             else:
                 r_k = self.r_net(pos_emb).view(klen, self.n_head, self.d_head).permute(1, 2, 0)  # [H, D, K]
                 if cache is not None:
-                    cache["r_klen"], cache["r_k"] = klen, r_k
+                    cache.pos_klen, cache.pos_keys = klen, r_k
             # (b) + (d), pre-scaled, realigned and masked, becomes an additive bias of the fused kernel,
             # which computes softmax(scale * (q + u)·k + bias) @ v, i.e. (a) + (c) + (b) + (d).
             bias = rel_shift_bias(torch.matmul((q + vb[:, None, :]) * self.scale, r_k), mask)  # [B, H, T, K]

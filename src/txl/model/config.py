@@ -8,6 +8,7 @@ from typing import Any
 
 from txl.config import check_fields
 from txl.errors import TxlError
+from txl.model.span import AttentionSpan
 
 ATTN_TYPES = ("rel", "shaw", "abs")
 
@@ -122,6 +123,11 @@ class TransformerXLConfig:
     def embed_dim(self) -> int:
         """``d_embed``, defaulting to ``d_model``."""
         return self.d_model if self.d_embed is None else self.d_embed
+
+    @property
+    def span(self) -> AttentionSpan:
+        """The training span (``tgt_len``, ``mem_len``, ``clamp_len``, ``same_length``) as an :class:`AttentionSpan`."""
+        return AttentionSpan.of(self)
 
     @property
     def tied_projections(self) -> list[bool]:

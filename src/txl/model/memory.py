@@ -6,6 +6,8 @@ positions, detached from the graph. It is passed in and returned explicitly; no 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from txl.errors import TxlError
@@ -41,40 +43,24 @@ def check_mems(mems: Mems | None, n_layer: int, batch_size: int, d_model: int) -
     return mlen
 
 
-@torch.no_grad()
-def update_mems(mems: Mems | None, hids: Mems, mem_len: int) -> Mems:
-    """New memory: the last ``mem_len`` states of concat(old memory, current layer inputs), detached.
+def update_mems(mems: Mems | None, hids: Mems, mem_len: int, detach: bool = True) -> Mems:
+    """New memory: the last ``mem_len`` states of concat(old memory, current layer inputs) (paper §3.2).
 
     Args:
         mems: old memory, ``n_layer`` tensors [B, M, d] or None.
         hids: inputs of each layer for the current segment, ``n_layer`` tensors [B, T, d].
-        mem_len: memory length to keep (0 gives empty [B, 0, d] tensors).
+        mem_len: memory length to keep in tokens (0 gives empty [B, 0, d] tensors).
+        detach: True (the paper's stop-gradient SG(.)): detached, contiguous tensors. False: the
+            tensors keep the autograd graph (truncated back-propagation through time), so a loss on
+            a later segment back-propagates into the segments whose states they hold.
 
     Returns:
-        ``n_layer`` detached, contiguous tensors [B, min(M + T, mem_len), d].
+        ``n_layer`` tensors [B, min(M + T, mem_len), d], same dtype and device as ``hids``.
     """
-    new = []
-    for i, h in enumerate(hids):
-        cat = h if mems is None else torch.cat([mems[i], h], dim=1)
-        start = max(0, cat.size(1) - mem_len)
-        new.append(cat[:, start:].detach().contiguous())
-    return new
-
-
-def extend_mems(mems: Mems | None, hids: Mems, mem_len: int) -> Mems:
-    """Like :func:`update_mems` but keeping the autograd graph (truncated back-propagation through time).
-
-    Args:
-        mems: old memory, ``n_layer`` tensors [B, M, d] or None.
-        hids: inputs of each layer for the current segment, ``n_layer`` tensors [B, T, d].
-        mem_len: memory length to keep.
-
-    Returns:
-        ``n_layer`` tensors [B, min(M + T, mem_len), d], not detached: a loss computed on a later
-        segment back-propagates into the segments whose states they hold.
-    """
-    new = []
-    for i, h in enumerate(hids):
-        cat = h if mems is None else torch.cat([mems[i], h], dim=1)
-        new.append(cat[:, max(0, cat.size(1) - mem_len):])
+    with torch.no_grad() if detach else contextlib.nullcontext():
+        new = []
+        for i, h in enumerate(hids):
+            cat = h if mems is None else torch.cat([mems[i], h], dim=1)
+            kept = cat[:, max(0, cat.size(1) - mem_len):]
+            new.append(kept.detach().contiguous() if detach else kept)
     return new

@@ -11,12 +11,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from txl.model.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, tie_adaptive
-from txl.model.attention import MultiHeadAttention, attention_mask, relative_positions, sinusoid
+from txl.model.attention import LayerCache, MultiHeadAttention, attention_mask, relative_positions, sinusoid
 from txl.model.config import TransformerXLConfig
 from txl.model.dropout import Dropout
 from txl.model.parameters import init_weights
-from txl.model.memory import Mems, check_mems, extend_mems, update_mems
+from txl.model.memory import Mems, check_mems, update_mems
 from txl.model.serialization import CONFIG_NAME, load_weights, read_model_config, save_model
+from txl.model.span import AttentionSpan
 from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
 
@@ -63,18 +64,19 @@ class PositionwiseFF(nn.Module):
 class DecoderLayer(nn.Module):
     """One Transformer-XL layer: attention over [memory + segment], then the feed-forward net."""
 
-    def __init__(self, config: TransformerXLConfig) -> None:
+    def __init__(self, config: TransformerXLConfig,
+                 shared_biases: tuple[nn.Parameter, nn.Parameter] | None = None) -> None:
         super().__init__()
         c = config
         self.attn = MultiHeadAttention(c.d_model, c.n_head, c.d_head, c.dropout, c.dropatt, c.pre_lnorm,
-                                       c.attn_type, own_biases=c.untie_r, shaw_max_dist=c.shaw_max_dist)
+                                       c.attn_type, own_biases=c.untie_r, shaw_max_dist=c.shaw_max_dist,
+                                       shared_biases=shared_biases)
         self.ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm)
 
     def forward(self, h: torch.Tensor, mem: torch.Tensor | None, pos_emb: torch.Tensor | None,
-                mask: torch.Tensor, r_w_bias: torch.Tensor | None, r_r_bias: torch.Tensor | None,
-                cache: dict | None = None) -> torch.Tensor:
+                mask: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         """[B, T, d_model] -> [B, T, d_model]; see :meth:`MultiHeadAttention.forward` for the arguments."""
-        return self.ff(self.attn(h, mem, pos_emb, mask, r_w_bias, r_r_bias, cache))
+        return self.ff(self.attn(h, mem, pos_emb, mask, cache))
 
 
 class TransformerXLLM(nn.Module):
@@ -94,6 +96,10 @@ class TransformerXLLM(nn.Module):
     once they exist and are tied. (The adaptive modules also initialise themselves by the same rule
     when built, so that they work alone; the language model's pass decides the values, and the
     earlier draws keep the generator where it always was, so a seed gives the same weights as before.)
+
+    Shared u/v are registered once, on this module; each layer's attention is handed them by
+    reference at construction (``layers[n].attn.uv``), so ``named_parameters()`` and the state
+    dict hold them once, under ``r_w_bias``/``r_r_bias``.
     """
 
     param_kinds = {"r_w_bias": "position_bias", "r_r_bias": "position_bias"}  # see txl.model.parameters
@@ -106,10 +112,13 @@ class TransformerXLLM(nn.Module):
         self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val,
                                           c.init_std, c.proj_init_std)
         self.drop = Dropout(c.dropout)
+        shared = None
         if c.attn_type == "rel" and not c.untie_r:
             self.r_w_bias = nn.Parameter(torch.empty(c.n_head, c.d_head))
             self.r_r_bias = nn.Parameter(torch.empty(c.n_head, c.d_head))
-        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_layer))
+            shared = (self.r_w_bias, self.r_r_bias)
+        self.layers = nn.ModuleList(DecoderLayer(c, shared) for _ in range(c.n_layer))
+        self.register_load_state_dict_post_hook(lambda module, keys: module._link_biases())
         self.crit = ProjectedAdaptiveLogSoftmax(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val,
                                                 c.init_std, c.proj_init_std)
         tie_adaptive(self.word_emb, self.crit, c.tie_weight, c.tied_projections)
@@ -121,22 +130,27 @@ class TransformerXLLM(nn.Module):
         normal(0, proj_init_std) for adaptive projections; zeros for biases; ones for LayerNorm gains."""
         init_weights(self, self.config.init_std, self.config.proj_init_std)
 
-    def set_attention_span(self, *, tgt_len: int | None = None, mem_len: int | None = None,
-                           clamp_len: int | None = None, same_length: bool | None = None) -> None:
-        """Change settings that do not touch weights (e.g. a longer memory for evaluation).
+    def _link_biases(self) -> None:
+        """Point every "rel" layer at the u/v Parameters it uses (its own, or the shared ones).
 
-        Raises:
-            TxlError: for impossible values (see :class:`TransformerXLConfig`).
+        Done at construction; repeated after :meth:`_apply` (``.to()``, ``.double()``, ...) and after
+        ``load_state_dict``, which may replace Parameter objects (``assign=True``).
         """
-        values = self.config.to_dict()
-        for key, value in (("tgt_len", tgt_len), ("mem_len", mem_len), ("clamp_len", clamp_len),
-                           ("same_length", same_length)):
-            if value is not None:
-                values[key] = value
-        self.config = TransformerXLConfig.from_dict(values)
+        for layer in self.layers:
+            attn = layer.attn
+            if attn.attn_type == "rel":
+                owner = attn if self.config.untie_r else self
+                attn.use_biases((owner.r_w_bias, owner.r_r_bias))
+
+    def _apply(self, fn, *args, **kwargs):
+        """``nn.Module._apply`` (device/dtype conversion), then re-link the u/v references."""
+        out = super()._apply(fn, *args, **kwargs)
+        self._link_biases()
+        return out
 
     def forward(self, input_ids: torch.Tensor, mems: Mems | None = None,
-                labels: torch.Tensor | None = None, caches: list[dict] | None = None) -> LMOutput:
+                labels: torch.Tensor | None = None, caches: list[LayerCache] | None = None,
+                span: AttentionSpan | None = None) -> LMOutput:
         """Score one segment given the memory of the previous ones.
 
         Args:
@@ -145,25 +159,30 @@ class TransformerXLLM(nn.Module):
                 None to start fresh. Must be None for ``attn_type="abs"``.
             labels: int64 [B, T] next tokens already aligned with ``input_ids`` (no shift is done
                 here); positions equal to -100 are ignored.
-            caches: incremental-decoding state, one caller-owned dict per layer, passed with the
-                matching ``mems`` on every call (see :func:`txl.generation.generate_stream`); only
-                without autograd and for ``attn_type`` "rel" or "shaw". The result is the same without it.
+            caches: incremental-decoding state, one caller-owned
+                :class:`~txl.model.attention.LayerCache` per layer, passed with the matching ``mems``
+                on every call (see :func:`txl.generation.generate_stream`); only without autograd
+                and for ``attn_type`` "rel" or "shaw". The result is the same without it.
+            span: the :class:`~txl.model.AttentionSpan` to read with (``mem_len`` of the new
+                memory, ``clamp_len``, ``same_length``; ``tgt_len`` is the caller's business: the
+                segment is ``input_ids``). None: the config's training span. ``self.config`` is
+                never changed.
 
         Returns:
             :class:`LMOutput` with logits [B, T, V], the mean NLL (nats) and the new memory.
 
         Raises:
             TxlError: bad input rank/dtype, ids outside the vocabulary, a memory that does not match
-                the input, or labels of a different shape.
+                the input, labels of a different shape, or a ``span`` that is not an AttentionSpan.
         """
-        h, new_mems = self._body(input_ids, mems, caches, detach_mems=True)
+        h, new_mems = self._body(input_ids, mems, caches, True, span)
         if labels is not None and labels.shape != input_ids.shape:
             raise TxlError(f"labels shape {tuple(labels.shape)} differs from input_ids {tuple(input_ids.shape)}")
         logits, token_loss, loss = self._output(h, labels)
         return LMOutput(logits=logits, loss=loss, mems=new_mems, token_loss=token_loss)
 
     def hidden_states(self, input_ids: torch.Tensor, mems: Mems | None = None,
-                      detach_mems: bool = True) -> tuple[torch.Tensor, Mems | None]:
+                      detach_mems: bool = True, span: AttentionSpan | None = None) -> tuple[torch.Tensor, Mems | None]:
         """The last layer's output for one segment and the new memory, without the softmax.
 
         Same computation as :meth:`forward` up to the output layer (final dropout included), for
@@ -175,6 +194,7 @@ class TransformerXLLM(nn.Module):
             detach_mems: True (the paper's stop-gradient, §3.2): the new memory is detached, as in
                 :meth:`forward`. False: the new memory keeps the autograd graph of this segment, so
                 a loss on a later segment back-propagates into this one (truncated BPTT).
+            span: as in :meth:`forward` (None: the config's span).
 
         Returns:
             ``(h, new_mems)``: float [B, T, d_model] hidden states and ``n_layer`` tensors
@@ -183,12 +203,16 @@ class TransformerXLLM(nn.Module):
         Raises:
             TxlError: as :meth:`forward` for bad input or memory.
         """
-        return self._body(input_ids, mems, None, detach_mems)
+        return self._body(input_ids, mems, None, detach_mems, span)
 
-    def _body(self, input_ids: torch.Tensor, mems: Mems | None, caches: list[dict] | None,
-              detach_mems: bool) -> tuple[torch.Tensor, Mems | None]:
+    def _body(self, input_ids: torch.Tensor, mems: Mems | None, caches: list[LayerCache] | None,
+              detach_mems: bool, span: AttentionSpan | None) -> tuple[torch.Tensor, Mems | None]:
         """Embedding and layers: hidden states [B, T, d_model] and the new memory (see :meth:`forward`)."""
         c = self.config
+        if span is None:
+            span = c.span
+        elif not isinstance(span, AttentionSpan):
+            raise TxlError(f"span must be an AttentionSpan, got {type(span).__name__}")
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
             raise TxlError(f"input_ids must be an integer tensor [batch, seq_len], got {input_ids.dtype} "
                            f"{tuple(input_ids.shape)}")
@@ -207,36 +231,33 @@ class TransformerXLLM(nn.Module):
                 raise TxlError("caches are for incremental decoding: attn_type 'rel' or 'shaw', no autograd, "
                                "one per layer")
             for cache in caches:
-                cache["mem_len"] = c.mem_len
+                cache.mem_len = span.mem_len
         klen = mlen + qlen
 
         emb = self.word_emb(input_ids)  # [B, T, d_model], scaled by sqrt(d_model)
         if c.attn_type != "abs":  # "rel" and "shaw": positions enter in every layer's attention
             if c.attn_type == "shaw":
                 pos_emb = None  # each layer looks its distances up in its own table
-            elif caches is not None and all(cache.get("r_klen") == klen for cache in caches):
+            elif caches is not None and all(cache.pos_klen == klen for cache in caches):
                 pos_emb = None  # every layer reuses its projected positions for this key length
             else:
-                pos_emb = self.drop(sinusoid(relative_positions(klen, c.clamp_len, emb.device), c.d_model).to(emb.dtype))
+                pos_emb = self.drop(sinusoid(relative_positions(klen, span.clamp_len, emb.device), c.d_model).to(emb.dtype))
             h = self.drop(emb)
-            mask = attention_mask(qlen, mlen, c.same_length, c.mem_len, emb.device)
+            mask = attention_mask(qlen, mlen, span.same_length, span.mem_len, emb.device)
         else:
             pos_emb = None
             h = self.drop(emb + sinusoid(torch.arange(qlen, device=emb.device), c.d_model).to(emb.dtype))
             mask = attention_mask(qlen, 0, False, 0, emb.device)
 
-        r_w_bias = getattr(self, "r_w_bias", None)
-        r_r_bias = getattr(self, "r_r_bias", None)
         hids = []
         for i, layer in enumerate(self.layers):
             hids.append(h)
-            h = layer(h, None if mems is None else mems[i], pos_emb, mask, r_w_bias, r_r_bias,
-                      None if caches is None else caches[i])
+            h = layer(h, None if mems is None else mems[i], pos_emb, mask, None if caches is None else caches[i])
         h = self.drop(h)
 
         if c.attn_type == "abs":
             return h, None
-        return h, (update_mems(mems, hids, c.mem_len) if detach_mems else extend_mems(mems, hids, c.mem_len))
+        return h, update_mems(mems, hids, span.mem_len, detach=detach_mems)
 
     def _output(self, h: torch.Tensor, labels: torch.Tensor | None):
         """Logits [B, T, V] (or None), per-token NLL [B, T] and mean NLL for hidden states h [B, T, d]."""

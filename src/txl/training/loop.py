@@ -193,6 +193,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
 
     state: dict[str, Any] = {"step": 0, "tokens": 0, "best_val_loss": None, "unit": unit}
     pos, mems, best, start_step = 0, None, float("inf"), 0
+    span = model.config.span  # the phase of train.tgt_len_schedule in force (set each step)
     if resume:
         saved = load_checkpoint(resume_dir, map_location=str(device))
         if saved.tokenizer.to_dict() != corpus.tokenizer.to_dict():
@@ -247,7 +248,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
         error = None
         if d.is_main:
             try:
-                save_checkpoint(out_dir / name, model, corpus.tokenizer, _resolved(run, model), dict(state), keep=keep,
+                save_checkpoint(out_dir / name, model, corpus.tokenizer, _resolved(run, model, span), dict(state), keep=keep,
                                 extra=None if not trainer else lambda folder: save_trainer_state(
                                     folder, optimizer=optimizer, scaler=scaler, generator=generator, mems=full_mems,
                                     position=pos, step=step, state=dict(state), rank_rng=rng))
@@ -265,7 +266,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     def validate_and_save() -> float:
         nonlocal best
         res = evaluate(model, corpus.valid, unit=unit, batch_size=run.eval.batch_size, max_tokens=t.eval_max_tokens,
-                       dtype=t.dtype, dist=d)
+                       dtype=t.dtype, dist=d, span=span)
         model.train()
         if not math.isfinite(res.loss):
             save_last()
@@ -285,7 +286,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     try:
         for step in range(start_step + 1, t.max_steps + 1):
             tgt_len, mem_len = segment_span(step, t.tgt_len_schedule, run.model.tgt_len, run.model.mem_len)
-            model.set_attention_span(tgt_len=tgt_len, mem_len=mem_len)
+            span = model.config.span.replace(tgt_len=tgt_len, mem_len=mem_len)
             if corpus.train_shards:
                 x, y = next(stream)  # streams of shuffled sentences; the memory runs on
             else:
@@ -299,7 +300,8 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
             for group in optimizer.param_groups:
                 group["lr"] = lr
             out = train_step(ddp, x[rows], y[rows], mems, n_global=n_tok, optimizer=optimizer, scaler=scaler,
-                             clip=t.clip, dtype=t.dtype, chunks=t.grad_accum_steps, d=d, stop=stop.requested)
+                             clip=t.clip, dtype=t.dtype, chunks=t.grad_accum_steps, d=d, stop=stop.requested,
+                             span=span)
             if out.finite:
                 bad_in_a_row = 0
                 mems = out.mems
@@ -383,8 +385,10 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
                        sample=sample, rank=d.rank)
 
 
-def _resolved(run: RunConfig, model: TransformerXLLM) -> RunConfig:
-    return dataclasses.replace(run, model=model.config)
+def _resolved(run: RunConfig, model: TransformerXLLM, span) -> RunConfig:
+    """``run`` with the model's config, its ``tgt_len``/``mem_len`` those of the schedule phase ``span``
+    (what a checkpoint records, so that it is read with the span it was last trained with)."""
+    return dataclasses.replace(run, model=dataclasses.replace(model.config, tgt_len=span.tgt_len, mem_len=span.mem_len))
 
 
 def evaluate_run(model: TransformerXLLM, corpus: CorpusSplits, run: RunConfig,

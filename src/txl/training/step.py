@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from txl.model.span import AttentionSpan
 from txl.runtime import autocast
 from txl.training.distributed import Dist, all_sum
 
@@ -37,7 +38,8 @@ class StepResult:
 
 def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, mems: list[torch.Tensor] | None, *,
                n_global: torch.Tensor, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-               clip: float, dtype: str, chunks: int = 1, d: Dist = Dist(), stop: bool = False) -> StepResult:
+               clip: float, dtype: str, chunks: int = 1, d: Dist = Dist(), stop: bool = False,
+               span: AttentionSpan | None = None) -> StepResult:
     """Forward and backward this rank's rows in ``chunks`` pieces, then (if the loss is finite) clip and step.
 
     Args:
@@ -48,6 +50,9 @@ def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, mems: l
         chunks: gradient-accumulation pieces the rows are split into (``train.grad_accum_steps``).
         stop: this rank received a stop signal; the flag is combined over ranks in the same collective
             as the loss, so that every rank stops after the same step.
+        span: the :class:`~txl.model.AttentionSpan` in force (e.g. a phase of
+            ``train.tgt_len_schedule``: its ``mem_len`` is the length of the memory returned);
+            None: the model's training span.
 
     One host synchronisation per step (the finiteness check), one all-reduce of two numbers.
     """
@@ -63,7 +68,7 @@ def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, mems: l
         with contextlib.nullcontext() if sync else model.no_sync():
             with autocast(device, dtype):
                 out = model(pieces_x[i], mems=None if pieces_m is None else [m[i] for m in pieces_m],
-                            labels=pieces_y[i])
+                            labels=pieces_y[i], span=span)
             chunk_sum = out.token_loss.float().sum()
             scaler.scale(chunk_sum * scale).backward()
         loss_sum += chunk_sum.detach().double()

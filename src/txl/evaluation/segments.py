@@ -1,0 +1,134 @@
+"""The one segment loop: read token rows segment by segment, carrying the memory (paper §3.2).
+
+Evaluation, document scoring, dynamic evaluation, gradient statistics, attention maps, RECL's
+exact-context windows and generation's prompt priming all read text the same way: cut the rows into
+consecutive segments of ``span.tgt_len`` columns, run each with the memory of the previous one, and
+carry the new memory on. :func:`segments` is that loop; callers consume what it yields. State is
+explicit: the memory goes in (``mems``) and comes out with every :class:`Segment`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from txl.errors import TxlError
+from txl.model.attention import LayerCache
+from txl.model.memory import Mems
+from txl.model.span import AttentionSpan
+from txl.model.transformer import LMOutput
+from txl.runtime import autocast
+
+
+@dataclass
+class Segment:
+    """One segment read by :func:`segments`.
+
+    Attributes:
+        index: 0, 1, ... in reading order.
+        start: column of the segment's first input in the given rows (tokens).
+        rows: int64 [b] indices (into the given rows) of the rows in this segment, in order; rows
+            whose ``lengths`` ended before ``start`` have left (with their rows of the memory).
+        inputs: int64 [b, t] the segment's inputs, ``t <= span.tgt_len``.
+        labels: int64 [b, t] its labels, or None when none were given.
+        mems: the memory the segment was read with (``n_layer`` tensors [b, M, d_model]) or None.
+        output: the model's :class:`~txl.model.LMOutput`; ``output.mems`` is the memory carried
+            to the next segment (detached). Holds the autograd graph when read with ``grad=True``.
+    """
+
+    index: int
+    start: int
+    rows: torch.Tensor
+    inputs: torch.Tensor
+    labels: torch.Tensor | None
+    mems: Mems | None
+    output: LMOutput
+
+
+def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *, span: AttentionSpan,
+             mems: Mems | None = None, lengths: torch.Tensor | list[int] | None = None, dtype: str = "float32",
+             grad: bool = False, caches: list[LayerCache] | None = None,
+             positions: Sequence[tuple[int, int]] | None = None) -> Iterator[Segment]:
+    """Read ``inputs`` in segments of ``span.tgt_len`` columns, carrying the memory; yield each :class:`Segment`.
+
+    Segment k covers columns ``[k * tgt_len, (k + 1) * tgt_len)`` (the last may be shorter) and is
+    read with the memory returned by segment k - 1 (``mems`` for k = 0), so every column is read
+    exactly once, in order. The generator is lazy: segment k + 1 is computed only when asked for,
+    after the caller has used segment k (e.g. back-propagated its loss and changed the weights).
+
+    Args:
+        model: a :class:`~txl.model.TransformerXLLM` (its mode is the caller's business).
+        inputs: int64 [B, N] token ids, N >= 0 (N = 0 yields nothing).
+        labels: int64 [B, N] targets aligned with ``inputs`` (-100: not scored), or None (no loss).
+        span: the :class:`~txl.model.AttentionSpan` (``tgt_len`` cuts the segments; the rest goes
+            to the model).
+        mems: memory to start from (``n_layer`` tensors [B, M, d_model]) or None.
+        lengths: int [B] number of real inputs per row (None: all N). A row leaves, with its rows
+            of the memory, at the first segment starting at or after its length (document
+            scoring: finished documents stop costing compute).
+        dtype: "float32" or an autocast dtype ("bfloat16", "float16") for the forward passes.
+        grad: run the forward passes with autograd (dynamic evaluation, gradient statistics);
+            False runs them under ``torch.no_grad``. The grad mode of the caller is not changed.
+        caches: per-layer decoding caches passed to every forward (generation; needs ``grad=False``).
+        positions: ``(start, length)`` of each segment, in order, instead of the regular cut (e.g.
+            :meth:`txl.data.LMOrderedIterator.positions`, whose warm-up context ends on a segment
+            boundary); each length must be in ``[1, span.tgt_len]``.
+
+    Yields:
+        :class:`Segment` objects, one per segment with at least one row.
+
+    Raises:
+        TxlError: inputs that are not [B, N], labels or lengths of another shape, or a ``span``
+            that is not an :class:`~txl.model.AttentionSpan`; and what the model raises.
+    """
+    if not isinstance(span, AttentionSpan):
+        raise TxlError(f"span must be an AttentionSpan, got {type(span).__name__}")
+    if inputs.dim() != 2:
+        raise TxlError(f"inputs must be [rows, tokens], got shape {tuple(inputs.shape)}")
+    if labels is not None and labels.shape != inputs.shape:
+        raise TxlError(f"labels shape {tuple(labels.shape)} differs from inputs {tuple(inputs.shape)}")
+    n_rows, width = inputs.shape
+    device = inputs.device
+    rows = torch.arange(n_rows, device=device)
+    ends = None
+    if lengths is not None:
+        ends = torch.as_tensor(lengths, dtype=torch.int64, device=device)
+        if ends.shape != (n_rows,):
+            raise TxlError(f"lengths must be [rows] = [{n_rows}], got shape {tuple(ends.shape)}")
+    if positions is None:
+        positions = [(start, min(span.tgt_len, width - start)) for start in range(0, width, span.tgt_len)]
+    for index, (start, size) in enumerate(positions):
+        if not 1 <= size <= span.tgt_len or start < 0 or start + size > width:
+            raise TxlError(f"segment {index} at ({start}, {size}) does not fit rows of {width} tokens and "
+                           f"tgt_len {span.tgt_len}")
+        if ends is not None:
+            running = ends[rows] > start
+            if not bool(running.all()):
+                rows = rows[running]
+                if mems is not None:
+                    mems = [m[running] for m in mems]
+            if rows.numel() == 0:
+                return
+        cols = slice(start, start + size)
+        if rows.numel() == n_rows:
+            x, y = inputs[:, cols], None if labels is None else labels[:, cols]
+        else:
+            x, y = inputs[rows, cols], None if labels is None else labels[rows, cols]
+        with torch.set_grad_enabled(grad), autocast(device, dtype):
+            out = model(x, mems=mems, labels=y, caches=caches, span=span)
+        yield Segment(index=index, start=start, rows=rows, inputs=x, labels=y, mems=mems, output=out)
+        mems = out.mems
+
+
+@contextlib.contextmanager
+def eval_mode(model):
+    """Put ``model`` in eval mode (no dropout) for a ``with`` block and restore its mode afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
