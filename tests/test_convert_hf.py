@@ -169,3 +169,15 @@ def test_cli_convert_hf_folder_and_back(tmp_path, capsys):
     capsys.readouterr()
     assert main(["convert", "hf", str(tmp_path / "hf"), str(tmp_path / "txl")]) == 2  # never overwrites
     assert "already exists" in capsys.readouterr().err
+
+
+def test_hf_config_with_an_impossible_size_is_refused(tmp_path):
+    import json
+
+    hf = make_hf(CASES["plain"])
+    hf.save_pretrained(tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    cfg["n_layer"] = 100_000_000
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(TxlError, match="more than this machine's memory"):
+        read_hf_checkpoint(tmp_path / "hf")

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from txl.errors import TxlError
+from txl.runtime import memory_bytes
 from txl.fileio import atomic_write, read_json_object, write_json
 from txl.model import TransformerXLConfig, TransformerXLLM
 from txl.model.attention import inverse_frequencies
@@ -216,6 +217,7 @@ def read_hf_checkpoint(directory: str | Path) -> tuple[TransformerXLConfig, dict
     if not (directory / "config.json").is_file():
         raise TxlError(f"{directory} has no config.json: not a Hugging Face model directory")
     config = config_from_hf(read_json_object(directory / "config.json"))
+    config.check_fits(memory_bytes(), str(directory / "config.json"))  # before reading or building anything
     if (directory / "model.safetensors").is_file():
         from safetensors.torch import load_file
 
