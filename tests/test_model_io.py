@@ -94,3 +94,23 @@ def test_parameter_count_bounds_the_real_count():
         model = tiny_model(**overrides)
         real = sum(p.numel() for p in model.parameters())
         assert real <= model.config.parameter_count() <= 2 * real
+
+
+def test_negative_clamp_len_is_refused():
+    with pytest.raises(TxlError, match="clamp_len must be >= 0"):
+        TransformerXLConfig(clamp_len=-1)
+
+
+@pytest.mark.parametrize("broken", ["nan", "inf", "int", "bool"])
+def test_weights_that_are_not_finite_floats_are_refused(tmp_path, broken):
+    from safetensors.torch import load_file, save_file
+
+    tiny_model(dtype=torch.float32).save_pretrained(tmp_path)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    key = "layers.1.ff.net.0.weight"
+    value = tensors[key]
+    tensors[key] = {"nan": torch.full_like(value, float("nan")), "inf": value.masked_fill(value > 0, float("inf")),
+                    "int": value.round().to(torch.int32), "bool": value > 0}[broken]
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(TxlError, match=rf"{key} (holds NaN|has dtype)"):
+        TransformerXLLM.from_pretrained(tmp_path)

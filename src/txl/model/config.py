@@ -27,7 +27,8 @@ class TransformerXLConfig:
         dropatt: dropout on attention probabilities.
         tgt_len: number of tokens predicted per segment (the training segment length).
         mem_len: number of past hidden states kept per layer as memory (0: no memory).
-        clamp_len: relative distances above this use the encoding of ``clamp_len`` (<= 0: no clamping).
+        clamp_len: relative distances above this use the encoding of ``clamp_len`` (0: no clamping; the
+            reference's -1 is written 0 here).
         same_length: every query attends to the same number of keys, the last ``mem_len`` keys up to
             and including itself. With ``mem_len == 0`` it has no effect (plain causal attention).
         pre_lnorm: LayerNorm before each sub-layer instead of after the residual (post-LN default).
@@ -92,6 +93,8 @@ class TransformerXLConfig:
             raise TxlError(f"model.d_model must be even (sinusoidal positions), got {self.d_model}")
         if self.mem_len < 0:
             raise TxlError(f"model.mem_len must be >= 0, got {self.mem_len}")
+        if self.clamp_len < 0:
+            raise TxlError(f"model.clamp_len must be >= 0 (0: no clamping), got {self.clamp_len}")
         for name in ("dropout", "dropatt"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:

@@ -87,8 +87,9 @@ def load_weights(model: torch.nn.Module, directory: Path, map_location, describe
     wrongly shaped tensors (tied parameters are stored once and filled by the ties).
 
     Raises:
-        TxlError: no or unreadable weights, or weights that do not match ``described_by`` (the
-            config file(s) the model was built from).
+        TxlError: no or unreadable weights, weights that do not match ``described_by`` (the
+            config file(s) the model was built from), or tensors that are not floating point or hold
+            NaN/infinity.
     """
     path = directory / WEIGHTS_NAME
     if not path.is_file():
@@ -99,4 +100,10 @@ def load_weights(model: torch.nn.Module, directory: Path, map_location, describe
         raise TxlError(f"cannot read weights {path}: {err}") from None
     _compare({k: tuple(v.shape) for k, v in tensors.items()}, {k: tuple(v.shape) for k, v in unique_state(model).items()},
              path, described_by)
+    for key, value in tensors.items():
+        if not value.is_floating_point():
+            raise TxlError(f"weights in {path} are broken: {key} has dtype {value.dtype}, not a floating-point type")
+        if not bool(torch.isfinite(value).all()):
+            raise TxlError(f"weights in {path} are broken: {key} holds NaN or infinite values (e.g. saved from a "
+                           "diverged run); use an earlier checkpoint")
     model.load_state_dict(tensors, strict=False)
