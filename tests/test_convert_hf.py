@@ -169,3 +169,48 @@ def test_cli_convert_hf_folder_and_back(tmp_path, capsys):
     capsys.readouterr()
     assert main(["convert", "hf", str(tmp_path / "hf"), str(tmp_path / "txl")]) == 2  # never overwrites
     assert "already exists" in capsys.readouterr().err
+
+
+def test_hf_config_with_an_impossible_size_is_refused(tmp_path):
+    import json
+
+    hf = make_hf(CASES["plain"])
+    hf.save_pretrained(tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    cfg["n_layer"] = 100_000_000
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(TxlError, match="more than this machine's memory"):
+        read_hf_checkpoint(tmp_path / "hf")
+
+
+def test_vocabulary_saved_by_transformers_4_converts_and_encodes_like_hf(tmp_path):
+    from transformers import TransfoXLTokenizer
+
+    from txl.convert.commands import read_hf_vocab
+    from txl.data import WordTokenizer
+
+    words = ["<eos>", "the", "cat", "sat", ",", "@-@", "@,@", "@.@", "well", "known", "1", "000", "3", "5", ".",
+             "cats", "<unk>"]
+    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
+    hf_tok = TransfoXLTokenizer(vocab_file=str(tmp_path / "vocab.txt"), unk_token="<unk>")
+    hf_tok.build_vocab()
+    assert hf_tok.idx2sym == words
+    hf_tok.save_pretrained(tmp_path / "saved")  # pickles sacremoses objects, a Trie and AddedTokens too
+    ours = read_hf_vocab(tmp_path / "saved" / "vocab.pkl")
+    assert ours.words == words and ours.lower is False
+    raw = WordTokenizer(ours.words, normalize="wikitext")  # raw text through txl's WikiText tokenisation
+    for line in ["The well-known cat sat, 1,000 cats.", "the cat sat 3.5 well known .", "the dog"]:
+        theirs = hf_tok.convert_tokens_to_ids(hf_tok.tokenize(line))  # HF: Moses + number splitting
+        assert raw.encode(line).tolist() == theirs + [0]  # txl ends every line with <eos> (id 0 here)
+
+
+def test_vocabulary_reader_still_refuses_other_globals():
+    from txl.convert.safe_pickle import load_restricted_pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("ran",))
+
+    for payload in (pickle.dumps(Evil()), pickle.dumps({"x": collections.defaultdict(int)})):
+        with pytest.raises(TxlError, match="refusing to load"):
+            load_restricted_pickle(payload)

@@ -489,3 +489,45 @@ def test_lm1b_trains_on_shuffled_sentences(tmp_path: Path, capsys, monkeypatch) 
     assert code == 0, captured.err
     assert "valid ppl" in captured.out
     assert main(["eval", str(tmp_path / "run"), "--split", "test"]) == 0
+
+
+# ---------------------------------------------------------------- damaged and hostile archives
+
+
+@pytest.mark.parametrize("keep", [0.3, 0.6, 0.95])
+def test_truncated_tgz_is_one_clear_error(tmp_path: Path, keep: float) -> None:
+    whole = _tar(tmp_path / "whole.tgz", _ptb_members() + [("./simple-examples/data/big.txt", bytes(range(256)) * 400)])
+    data = whole.read_bytes()
+    cut = tmp_path / "simple-examples.tgz"
+    cut.write_bytes(data[: int(len(data) * keep)])  # an interrupted download
+    with pytest.raises(TxlError, match="corrupt|truncated|neither"):
+        _prepare("ptb", cut, tmp_path / "out")
+    assert not (tmp_path / "out" / "dataset.json").exists()
+
+
+def test_truncated_zip_is_one_clear_error(tmp_path: Path) -> None:
+    whole = _zip(tmp_path / "whole.zip", {"enwik8": bytes(range(256)) * 400})
+    cut = tmp_path / "enwik8.zip"
+    cut.write_bytes(whole.read_bytes()[:-100])
+    with pytest.raises(TxlError, match="corrupt|neither"):
+        _prepare("enwik8", cut, tmp_path / "out", sha256=_sha(cut))
+
+
+def test_decompression_bomb_stops_at_the_member_limit(tmp_path: Path) -> None:
+    # 20 MB of zeros compress to ~20 kB; the limit (here 1 MB) stops the copy long before the end
+    bomb = tmp_path / "text8.zip"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("text8", b"\0" * 20_000_000)
+    assert bomb.stat().st_size < 100_000
+    with pytest.raises(TxlError, match="larger than 1,000,000 bytes"):
+        _prepare("text8", bomb, tmp_path / "out", max_member_bytes=1_000_000)
+    assert not any(p.name.endswith((".partial", ".member")) for p in (tmp_path / "out").rglob("*"))
+    assert not (tmp_path / "out" / "dataset.json").exists()
+
+
+def test_every_dataset_has_a_member_limit_above_its_real_size() -> None:
+    real = {"enwik8": 100_000_000, "text8": 100_000_000, "wikitext-103": 539_000_000, "wikitext-103-raw": 541_000_000,
+            "wikitext-2": 11_000_000, "wikitext-2-raw": 11_000_000, "ptb": 5_100_000, "ptb-char": 5_100_000,
+            "lm1b": 45_000_000}
+    for name, spec in DATASETS.items():
+        assert real[name] < spec.max_member_bytes <= 2 * real[name] + 150_000_000

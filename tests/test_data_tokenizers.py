@@ -17,6 +17,7 @@ from txl.data.tokenizers import (
     load_tokenizer,
     tokenizer_from_dict,
 )
+from txl.data.tokenizers.base import normalize_text
 from txl.errors import TxlError
 
 
@@ -77,8 +78,8 @@ def test_char_unsorted_vocabulary_ids_follow_list_order() -> None:
 def test_char_round_trip_property(text: str) -> None:
     tok = CharTokenizer.build(text)
     ids = tok.encode(text)
-    assert len(ids) == len(text)
-    assert tok.decode(ids) == text
+    assert len(ids) == len(normalize_text(text))
+    assert tok.decode(ids) == normalize_text(text)  # no leading BOM, CRLF/CR read as LF
 
 
 def test_char_unknown_character_error() -> None:
@@ -197,3 +198,69 @@ def test_word_vocabulary_with_specials_anywhere_keeps_ids():
     assert tok.decode(ids) == "the cat ,\nthe <unk>\n"
     again = tokenizer_from_dict(tok.to_dict())
     assert again.encode("dog cat\n").tolist() == [3, 4, 0]
+
+
+TEXT_KINDS = ["char", "word", "bpe"]
+
+
+def _build(kind: str, texts: list[str]):
+    if kind == "char":
+        return CharTokenizer.build("".join(texts))
+    if kind == "word":
+        return WordTokenizer.build(texts)
+    from txl.data import BPETokenizer
+
+    return BPETokenizer.build(texts, vocab_size=260, min_frequency=1)
+
+
+@pytest.mark.parametrize("kind", TEXT_KINDS)
+def test_bom_and_line_endings_read_the_same_everywhere(kind: str) -> None:
+    plain = "Hello world\nLine two\n"
+    variants = ["\ufeff" + plain, plain.replace("\n", "\r\n"), plain.replace("\n", "\r"),
+                "\ufeffHello world\r\nLine two\r"]
+    tok = _build(kind, [plain])
+    for text in variants:
+        np.testing.assert_array_equal(tok.encode(text), tok.encode(plain))
+        # a vocabulary built from the variant is the one built from the plain text
+        assert _build(kind, [text]) == tok
+    if kind == "word":
+        assert tok.tokens("\ufeffHello world\n") == ["Hello", "world", "<eos>"]  # not <unk> for "\ufeffHello"
+
+
+@pytest.mark.parametrize("kind", TEXT_KINDS)
+def test_text_files_with_a_bom_and_crlf_encode_like_plain_ones(kind: str, tmp_path) -> None:
+    tok = _build(kind, ["Hello world\nLine two\n"])
+    plain = tok.encode_file_bytes(b"Hello world\nLine two\n")
+    np.testing.assert_array_equal(tok.encode_file_bytes(b"\xef\xbb\xbfHello world\r\nLine two\r\n"), plain)
+
+
+def test_byte_tokenizer_keeps_bom_and_crlf() -> None:
+    assert ByteTokenizer().encode("\ufeffa\r\n").tolist() == [0xEF, 0xBB, 0xBF, 0x61, 0x0D, 0x0A]
+
+
+@pytest.mark.parametrize("build", [lambda t: WordTokenizer.build(t), lambda t: __import__("txl.data").data.BPETokenizer.build(t)])
+def test_build_refuses_a_single_string(build) -> None:
+    with pytest.raises(TxlError, match="single string"):
+        build("some text")
+
+
+@pytest.mark.parametrize("entries", [{"kind": "char", "chars": ["a", "\ud800"]},
+                                     {"kind": "word", "words": ["<unk>", "<eos>", "x\udfff"]},
+                                     {"kind": "word", "words": ["<unk>", "<eos>", 3]},
+                                     {"kind": "char", "chars": ["a", "a"]}])
+def test_vocabulary_files_with_bad_entries_are_refused(entries, tmp_path) -> None:
+    path = tmp_path / "vocab.json"
+    path.write_text(json.dumps(entries))  # json.dumps writes a lone surrogate as a \\ud800 escape
+    with pytest.raises(TxlError, match=str(path)):
+        load_tokenizer(path)
+
+
+def test_bpe_vocabulary_with_a_lone_surrogate_is_refused(tmp_path) -> None:
+    from txl.data import BPETokenizer
+
+    good = BPETokenizer.build(["abc abc\n"], vocab_size=260, min_frequency=1).to_dict()
+    good["tokenizer"] = good["tokenizer"].replace('"a"', '"\\ud800"', 1)
+    path = tmp_path / "vocab.json"
+    path.write_text(json.dumps(good))
+    with pytest.raises(TxlError, match="surrogate|not valid"):
+        load_tokenizer(path)

@@ -19,6 +19,7 @@ from txl.data.tokenizers import (
     tokenizer_from_dict,
 )
 from txl.data.tokenizers.wikitext import wikitext_detokenize, wikitext_tokenize
+from txl.data.tokenizers.base import normalize_text
 from txl.errors import TxlError
 
 # Raw sentences in the style of Wikipedia articles, and their WikiText-103 tokenisation
@@ -135,7 +136,7 @@ def test_bpe_build_round_trip_and_json(bpe: BPETokenizer, tmp_path: Path) -> Non
     for s in ["The lobster is blue.", "never seen: ж Ω 漢字 \x00 \r\n  spaces  ", "", "\n\n"]:
         ids = bpe.encode(s)
         assert ids.dtype == np.int64 and ids.ndim == 1
-        assert bpe.decode(ids) == s
+        assert bpe.decode(ids) == normalize_text(s)  # CRLF reads as LF
     assert len(bpe.encode("The lobster is blue.")) < len("The lobster is blue.".encode())  # merges were learned
     path = tmp_path / "bpe.json"
     bpe.save(path)
@@ -156,7 +157,7 @@ def test_bpe_round_trips_any_text(s: str) -> None:
         with pytest.raises(TxlError, match="surrogate"):
             tok.encode(s)
         return
-    assert tok.decode(tok.encode(s)) == s
+    assert tok.decode(tok.encode(s)) == normalize_text(s)
 
 
 _cache: dict = {}

@@ -249,5 +249,7 @@ class EvalConfig:
             raise TxlError(f"eval.tgt_len must be >= 1, got {self.tgt_len}")
         if self.mem_len is not None and self.mem_len < 0:
             raise TxlError(f"eval.mem_len must be >= 0, got {self.mem_len}")
+        if self.clamp_len is not None and self.clamp_len < 0:
+            raise TxlError(f"eval.clamp_len must be >= 0 (0: no clamping), got {self.clamp_len}")
         if self.max_tokens < 0:
             raise TxlError(f"eval.max_tokens must be >= 0, got {self.max_tokens}")

@@ -34,13 +34,15 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
         TxlError: temperature < 0, top_k < 1 or top_p outside (0, 1].
     """
     check_sampling(temperature, top_k, top_p)
-    logits = logits.float()
     if not bool(torch.isfinite(logits).all()):
         raise TxlError("the model produced non-finite scores (NaN or inf): its weights are broken, e.g. by a "
                        "diverged training run; use an earlier checkpoint")
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits / temperature
+    # float64 and shifted so that the best score is 0: dividing by any temperature > 0 then gives
+    # scores <= 0 (-inf at worst for a tiny temperature), never inf or NaN, and the limit T -> 0 is greedy
+    logits = logits.double()
+    logits = (logits - logits.max(dim=-1, keepdim=True).values) / temperature
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -48,7 +50,8 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         probs = torch.softmax(sorted_logits, dim=-1)
         before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
-        drop_sorted = before >= top_p  # the first token always stays (before == 0)
+        drop_sorted = before >= top_p
+        drop_sorted[:, 0] = False  # the most likely token always stays, however small top_p is
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     probs = torch.softmax(logits, dim=-1)

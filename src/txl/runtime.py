@@ -56,6 +56,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def memory_bytes() -> int:
+    """This machine's physical memory in bytes (a very large number where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
 def default_cache_dir() -> str:
     """``$XDG_CACHE_HOME/txl`` or ``~/.cache/txl``: where encoded corpora are cached."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from txl.errors import TxlError
+from txl.runtime import memory_bytes
 from txl.fileio import atomic_write, read_json_object, write_json
 from txl.model import TransformerXLConfig, TransformerXLLM
 from txl.model.attention import inverse_frequencies
@@ -105,7 +106,8 @@ def config_from_hf(hf: dict[str, Any]) -> TransformerXLConfig:
             vocab_size=hf["vocab_size"], n_layer=hf["n_layer"], d_model=hf["d_model"], n_head=hf["n_head"],
             d_head=hf["d_head"], d_inner=hf["d_inner"], dropout=float(hf.get("dropout", 0.1)),
             dropatt=float(hf.get("dropatt", 0.0)), tgt_len=int(hf.get("tgt_len", 128)), mem_len=hf["mem_len"],
-            clamp_len=hf.get("clamp_len", 0), same_length=bool(hf.get("same_length", False)),
+            clamp_len=max(0, hf.get("clamp_len", 0)),  # HF: <= 0 is no clamping
+            same_length=bool(hf.get("same_length", False)),
             pre_lnorm=bool(hf.get("pre_lnorm", False)), untie_r=bool(hf.get("untie_r", True)),
             tie_weight=bool(hf.get("tie_word_embeddings", True)), attn_type="rel",
             init_std=float(hf.get("init_std", 0.02)), d_embed=hf.get("d_embed", hf["d_model"]), cutoffs=cutoffs,
@@ -216,6 +218,7 @@ def read_hf_checkpoint(directory: str | Path) -> tuple[TransformerXLConfig, dict
     if not (directory / "config.json").is_file():
         raise TxlError(f"{directory} has no config.json: not a Hugging Face model directory")
     config = config_from_hf(read_json_object(directory / "config.json"))
+    config.check_fits(memory_bytes(), str(directory / "config.json"))  # before reading or building anything
     if (directory / "model.safetensors").is_file():
         from safetensors.torch import load_file
 

@@ -4,7 +4,8 @@ The vocabulary of a ``transfo-xl`` download (``vocab.pkl``) is the pickled ``__d
 tokenizer. txl never unpickles it normally: this reader builds only plain values (dict, list, tuple,
 set, str, bytes, int, float, bool, None) plus ``collections.OrderedDict``/``Counter`` (read as
 dicts). Compiled regular expressions that newer tokenizers pickle are replaced by their pattern
-text without compiling anything. Any other global (a class or function reference, the way a
+text without compiling anything; the sacremoses, trie and added-token objects that transformers 4.x
+pickles with the tokenizer become inert records (nothing of theirs is imported or called). Any other global (a class or function reference, the way a
 malicious pickle runs code) is refused before it is ever called.
 """
 
@@ -25,10 +26,29 @@ class _PatternText(str):
         return super().__new__(cls, pattern if isinstance(pattern, str) else repr(pattern))
 
 
+class _Inert:
+    """Stands in for a helper object that transformers 4.x pickles with the tokenizer (sacremoses'
+    normalizer/tokenizers, the added-token trie, ``AddedToken``): it records what the pickle gives it
+    and has no behaviour, so nothing of the original class is imported or run."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args, self.kwargs = args, kwargs
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+
 _ALLOWED = {
     ("collections", "OrderedDict"): collections.OrderedDict,
     ("collections", "Counter"): collections.Counter,
     ("re", "_compile"): _PatternText,
+    # saved beside the vocabulary by transformers 4.x TransfoXLTokenizer.save_pretrained; only
+    # idx2sym and lower_case are read, these stay inert
+    ("sacremoses.normalize", "MosesPunctNormalizer"): _Inert,
+    ("sacremoses.tokenize", "MosesTokenizer"): _Inert,
+    ("sacremoses.tokenize", "MosesDetokenizer"): _Inert,
+    ("transformers.tokenization_utils", "Trie"): _Inert,
+    ("tokenizers", "AddedToken"): _Inert,
 }
 
 

@@ -31,7 +31,7 @@ __all__ = [
     "load_corpus", "read_corpus_files", "split_tokens", "token_dtype",
 ]
 
-CACHE_FORMAT = "txl-token-cache-v1"
+CACHE_FORMAT = "txl-token-cache-v2"  # v2: text tokenizers drop a BOM and read CRLF/CR as LF
 SPLITS = ("train", "valid", "test")
 PathLike = str | os.PathLike[str]
 

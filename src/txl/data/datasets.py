@@ -23,6 +23,7 @@ TensorFlow's ``lm1b`` checksums):
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import os
 import re
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from txl.data.download import check_sha256, download, extract, is_url
+from txl.data.download import check_sha256, download, extract, is_archive, is_url
 from txl.errors import TxlError
 from txl.fileio import atomic_write, read_json, write_json
 
@@ -54,6 +55,8 @@ class DatasetSpec:
         members: pattern per role (a path suffix; the last part may be a glob).
         unit: ``"bytes"`` or ``"characters"`` for the ``"split"`` layout.
         sha256: published sha256 of ``archive`` (None if no public sha256 is known).
+        max_member_bytes: no member of the official archive is larger (with a margin); extraction
+            stops at this size, so a damaged or hostile archive cannot fill the disk.
     """
 
     name: str
@@ -64,6 +67,7 @@ class DatasetSpec:
     members: dict
     unit: str = "bytes"
     sha256: str | None = None
+    max_member_bytes: int = 200_000_000
 
 
 _WT = "https://s3.amazonaws.com/research.metamind.io/wikitext/"
@@ -72,7 +76,9 @@ _PTB = "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz"
 
 def _wikitext(name: str, folder: str, ext: str, zip_name: str, sha: str) -> DatasetSpec:
     members = {s: f"{folder}/wiki.{s}.{ext}" for s in SPLITS}
-    return DatasetSpec(name, _WT + zip_name, zip_name, "word", "files", members, sha256=sha)
+    largest = 1_000_000_000 if "103" in name else 50_000_000  # train files: 540 MB and 11 MB
+    return DatasetSpec(name, _WT + zip_name, zip_name, "word", "files", members, sha256=sha,
+                       max_member_bytes=largest)
 
 
 # sha256 values: only published ones. enwik8 and the four WikiText zips: Hugging Face datasets,
@@ -84,9 +90,10 @@ DATASETS: dict[str, DatasetSpec] = {
     for s in [
         DatasetSpec("enwik8", "http://mattmahoney.net/dc/enwik8.zip", "enwik8.zip", "byte", "split",
                     {"all": "enwik8"}, "bytes",
-                    "547994d9980ebed1288380d652999f38a14fe291a6247c157c3d33d4932534bc"),
+                    "547994d9980ebed1288380d652999f38a14fe291a6247c157c3d33d4932534bc",
+                    max_member_bytes=110_000_000),  # the file is exactly 100,000,000 bytes
         DatasetSpec("text8", "http://mattmahoney.net/dc/text8.zip", "text8.zip", "char", "split",
-                    {"all": "text8"}, "characters"),
+                    {"all": "text8"}, "characters", max_member_bytes=110_000_000),
         _wikitext("wikitext-2", "wikitext-2", "tokens", "wikitext-2-v1.zip",
                   "92675f1d63015c1c8b51f1656a52d5bdbc33aafa60cc47a218a66e7ee817488c"),
         _wikitext("wikitext-2-raw", "wikitext-2-raw", "raw", "wikitext-2-raw-v1.zip",
@@ -96,9 +103,9 @@ DATASETS: dict[str, DatasetSpec] = {
         _wikitext("wikitext-103-raw", "wikitext-103-raw", "raw", "wikitext-103-raw-v1.zip",
                   "91c00ae287f0d699e18605c84afc9e45c192bc6b7797ff8837e5474655a33794"),
         DatasetSpec("ptb", _PTB, "simple-examples.tgz", "word", "files",
-                    {s: f"simple-examples/data/ptb.{s}.txt" for s in SPLITS}),
+                    {s: f"simple-examples/data/ptb.{s}.txt" for s in SPLITS}, max_member_bytes=50_000_000),
         DatasetSpec("ptb-char", _PTB, "simple-examples.tgz", "char", "files",
-                    {s: f"simple-examples/data/ptb.char.{s}.txt" for s in SPLITS}),
+                    {s: f"simple-examples/data/ptb.char.{s}.txt" for s in SPLITS}, max_member_bytes=50_000_000),
         DatasetSpec("lm1b", "http://www.statmt.org/lm-benchmark/1-billion-word-language-modeling-benchmark-r13output.tar.gz",
                     "1-billion-word-language-modeling-benchmark-r13output.tar.gz", "word", "lm1b",
                     {"train": "training-monolingual.tokenized.shuffled/news.en-?????-of-00100",
@@ -206,16 +213,6 @@ def _one(found: dict[str, list], role: str, spec: DatasetSpec, where: str) -> ob
     return hits[0]
 
 
-def _is_archive(path: Path) -> bool:
-    import tarfile
-    import zipfile
-
-    try:
-        return zipfile.is_zipfile(path) or tarfile.is_tarfile(path)
-    except OSError:
-        return False
-
-
 def _extract_roles(archive: Path, spec: DatasetSpec, dests: Callable[[str, str], list[Path]]) -> dict[str, list[str]]:
     """Extract the members matching each role; ``dests(role, member)`` gives their destinations."""
     hits: dict[str, list[str]] = {role: [] for role in spec.members}
@@ -230,7 +227,7 @@ def _extract_roles(archive: Path, spec: DatasetSpec, dests: Callable[[str, str],
                 return dests(role, name)
         return []
 
-    extract(archive, select)
+    extract(archive, select, max_member_bytes=spec.max_member_bytes)
     for role, pat in spec.members.items():
         if not hits[role]:
             raise TxlError(f"{archive} has no member matching {pat!r}; is it the official {spec.archive}?")
@@ -243,7 +240,7 @@ def _prepare_split(spec: DatasetSpec, src: Path, out: Path) -> dict:
     if src.is_dir():
         data_file = _one(_find_in_folder(src, spec.members), "all", spec, str(src))
         data = _read_bytes(Path(data_file))
-    elif _is_archive(src):
+    elif is_archive(src):
         tmp = out / ".download" / f"{spec.name}.member"
         _extract_roles(src, spec, lambda role, name: [tmp])
         data = _read_bytes(tmp)
@@ -277,7 +274,7 @@ def _prepare_files(spec: DatasetSpec, src: Path, out: Path) -> dict:
             f = Path(_one(found, role, spec, str(src)))
             _copy_file(f, out / f"{role}.txt")
             members[role] = str(f)
-    elif _is_archive(src):
+    elif is_archive(src):
         hits = _extract_roles(src, spec, lambda role, name: [out / f"{role}.txt"])
         members = {role: hits[role][0] for role in SPLITS}
     else:
@@ -295,7 +292,7 @@ def _prepare_lm1b(spec: DatasetSpec, src: Path, out: Path) -> dict:
         for role in ("valid", "test"):
             _copy_file(heldout, out / f"{role}.txt")
         heldout_name = str(heldout)
-    elif _is_archive(src):
+    elif is_archive(src):
         def dests(role: str, name: str) -> list[Path]:
             if role == "heldout":
                 return [out / "valid.txt", out / "test.txt"]
@@ -338,7 +335,7 @@ def _resolve_source(spec: DatasetSpec, source: str, out: Path, sha256: str | Non
     if path.is_dir():
         log(f"using the extracted files in {path} (no checksum: a folder is not verified)")
         return path, None, False
-    if not sha256 and not _is_archive(path):
+    if not sha256 and not is_archive(path):
         expected = None  # the published checksum is the archive's, not that of an extracted file
     digest, ok = check_sha256(path, expected, what=what, keep_aside=False, log=log)
     return path, digest, ok
@@ -353,6 +350,7 @@ def prepare_dataset(
     progress: bool = True,
     timeout: float = 60.0,
     log: Callable[[str], None] = print,
+    max_member_bytes: int | None = None,
 ) -> dict:
     """Prepare benchmark ``name`` from ``source`` into the folder ``out``; returns its dataset.json.
 
@@ -368,6 +366,8 @@ def prepare_dataset(
             neither is used, and its computed sha256 is logged as not verified.
         progress: show a download progress bar. timeout: seconds per network operation.
         log: receives one-line progress messages.
+        max_member_bytes: refuse archive members larger than this (None: the dataset's known
+            size with a margin, :attr:`DatasetSpec.max_member_bytes`).
 
     Raises :class:`TxlError` for an unknown name, a missing source, a checksum mismatch (a bad
     download is kept aside as ``.bad``), an unsafe or unexpected archive, or unwritable output.
@@ -375,6 +375,10 @@ def prepare_dataset(
     spec = DATASETS.get(name)
     if spec is None:
         raise TxlError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+    if max_member_bytes is not None:
+        if max_member_bytes < 1:
+            raise TxlError(f"max_member_bytes must be >= 1, got {max_member_bytes}")
+        spec = dataclasses.replace(spec, max_member_bytes=max_member_bytes)
     if source is None or str(source) == "":
         raise TxlError(f"give --source: the {spec.archive} archive, its extracted folder, or a URL "
                        f"(official: {spec.url})")

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import hashlib
 import http.client
 import lzma
@@ -29,7 +31,7 @@ from pathlib import Path
 
 from txl.errors import TxlError
 
-__all__ = ["is_url", "sha256_file", "check_sha256", "download", "extract", "safe_member_name"]
+__all__ = ["is_url", "is_archive", "sha256_file", "check_sha256", "download", "extract", "safe_member_name"]
 
 CHUNK = 1 << 20  # bytes read per network / copy step
 Log = Callable[[str], None]
@@ -191,7 +193,8 @@ def _check_link(member: str, target: str, *, hard: bool) -> None:
         raise TxlError(f"archive member {member!r} is a {kind} to {target!r} outside the output folder; refusing this archive")
 
 
-def extract(archive: Path, select: Callable[[str], Sequence[Path]]) -> dict[str, list[Path]]:
+def extract(archive: Path, select: Callable[[str], Sequence[Path]], *,
+            max_member_bytes: int | None = None) -> dict[str, list[Path]]:
     """Check every member of a zip/tar ``archive`` and copy the selected regular files.
 
     ``select(name)`` gets each member's clean relative path (see :func:`safe_member_name`) and
@@ -201,16 +204,20 @@ def extract(archive: Path, select: Callable[[str], Sequence[Path]]) -> dict[str,
     as ``<dest>.partial`` and renamed only after the whole archive passed). Other link, device
     or folder members are never extracted.
 
+    Members are streamed in chunks; a selected member that grows past ``max_member_bytes`` (when
+    given) stops the extraction, so a decompression bomb never fills the disk or the memory.
+
     Returns ``{member name: destinations}`` of the files written. Raises :class:`TxlError` for a
-    file that is neither zip nor tar, a corrupt archive, or a selected member that is not a file.
+    file that is neither zip nor tar, a corrupt or truncated archive, a selected member that is not
+    a file, or one larger than ``max_member_bytes``.
     """
     written: dict[str, list[Path]] = {}
     temps: list[tuple[Path, Path]] = []
     try:
-        if zipfile.is_zipfile(archive):
-            _extract_zip(archive, select, written, temps)
-        elif _is_tar(archive):
-            _extract_tar(archive, select, written, temps)
+        if _kind(archive) == "zip":
+            _extract_zip(archive, select, written, temps, max_member_bytes)
+        elif _kind(archive) is not None:
+            _extract_tar(archive, select, written, temps, max_member_bytes)
         else:
             raise TxlError(f"{archive} is neither a zip nor a tar archive")
         for tmp, dest in temps:
@@ -222,15 +229,31 @@ def extract(archive: Path, select: Callable[[str], Sequence[Path]]) -> dict[str,
     return written
 
 
-def _is_tar(path: Path) -> bool:
+_MAGIC = {b"PK\x03\x04": "zip", b"PK\x05\x06": "zip", b"\x1f\x8b": "gz", b"BZh": "bz2", b"\xfd7zXZ": "xz"}
+
+
+def _kind(path: Path) -> str | None:
+    """``"zip"``, ``"gz"``, ``"bz2"``, ``"xz"`` (compressed, presumably tar), ``"tar"`` or None, by the
+    file's first bytes (so a truncated archive is still recognised as one)."""
     try:
-        return tarfile.is_tarfile(path)
+        with open(path, "rb") as f:
+            head = f.read(512)
     except OSError:
-        return False
+        return None
+    for magic, kind in _MAGIC.items():
+        if head.startswith(magic):
+            return kind
+    return "tar" if len(head) == 512 and head[257:262] == b"ustar" else None
 
 
-def _copy_to(src, name: str, dests: Sequence[Path], written: dict, temps: list) -> None:
-    """Copy the open member ``src`` to the first destination, then duplicate it to the others."""
+def is_archive(path: str | Path) -> bool:
+    """True if ``path`` is (or starts like) a zip or a plain/gzip/bzip2/xz tar archive."""
+    return Path(path).is_file() and _kind(Path(path)) is not None
+
+
+def _copy_to(src, name: str, dests: Sequence[Path], written: dict, temps: list, limit: int | None) -> None:
+    """Copy the open member ``src`` to the first destination, then duplicate it to the others,
+    refusing to write more than ``limit`` bytes (None: no limit)."""
     first = None
     for dest in dests:
         tmp = dest.with_name(dest.name + ".partial")
@@ -240,8 +263,14 @@ def _copy_to(src, name: str, dests: Sequence[Path], written: dict, temps: list) 
             continue
         _write_op(dest, lambda: dest.parent.mkdir(parents=True, exist_ok=True))
         out = _write_op(dest, lambda: open(tmp, "wb"))
+        size = 0
         with out:
             while chunk := src.read(CHUNK):  # reading errors propagate as archive errors
+                size += len(chunk)
+                if limit is not None and size > limit:
+                    raise TxlError(f"archive member {name!r} is larger than {limit:,} bytes, more than the dataset "
+                                   "can hold: the archive is damaged or hostile (a decompression bomb); if it is "
+                                   "genuine, raise the limit (max_member_bytes)")
                 _write_op(dest, lambda: out.write(chunk))
         first = tmp
     written[name] = list(dests)
@@ -255,7 +284,7 @@ def _write_op(dest: Path, op: Callable):
         raise TxlError(f"cannot write {dest}: {e.strerror or e}") from None
 
 
-def _extract_zip(archive: Path, select, written: dict, temps: list) -> None:
+def _extract_zip(archive: Path, select, written: dict, temps: list, limit: int | None) -> None:
     try:
         with zipfile.ZipFile(archive) as zf:
             infos = zf.infolist()
@@ -268,14 +297,15 @@ def _extract_zip(archive: Path, select, written: dict, temps: list) -> None:
                 dests = [] if info.is_dir() or stat.S_ISLNK(info.external_attr >> 16) else select(name)
                 if dests:
                     with zf.open(info) as src:
-                        _copy_to(src, name, dests, written, temps)
+                        _copy_to(src, name, dests, written, temps, limit)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, zlib.error) as e:
         raise TxlError(f"{archive} is a corrupt zip archive ({e}); download it again") from None
 
 
-def _extract_tar(archive: Path, select, written: dict, temps: list) -> None:
+def _extract_tar(archive: Path, select, written: dict, temps: list, limit: int | None) -> None:
+    opener = {"gz": gzip.open, "bz2": bz2.open, "xz": lzma.open}.get(_kind(archive), open)
     try:
-        with tarfile.open(archive, "r|*") as tf:  # one streaming pass: big .tar.gz files are read once
+        with opener(archive, "rb") as raw, tarfile.open(fileobj=raw, mode="r|") as tf:  # one streaming pass
             for member in tf:
                 name = safe_member_name(member.name)
                 if member.issym() or member.islnk():
@@ -288,6 +318,8 @@ def _extract_tar(archive: Path, select, written: dict, temps: list) -> None:
                     src = tf.extractfile(member)
                     if src is None:
                         raise TxlError(f"archive member {name!r} of {archive} cannot be read")
-                    _copy_to(src, name, dests, written, temps)
+                    _copy_to(src, name, dests, written, temps, limit)
+            while raw.read(CHUNK):  # read to the end: a truncated compressed stream raises EOFError here
+                pass
     except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as e:
-        raise TxlError(f"{archive} is a corrupt tar archive ({e}); download it again") from None
+        raise TxlError(f"{archive} is a corrupt or truncated tar archive ({e}); download it again") from None

@@ -28,7 +28,8 @@ class TransformerXLConfig:
         dropatt: dropout on attention probabilities.
         tgt_len: number of tokens predicted per segment (the training segment length).
         mem_len: number of past hidden states kept per layer as memory (0: no memory).
-        clamp_len: relative distances above this use the encoding of ``clamp_len`` (<= 0: no clamping).
+        clamp_len: relative distances above this use the encoding of ``clamp_len`` (0: no clamping; the
+            reference's -1 is written 0 here).
         same_length: every query attends to the same number of keys, the last ``mem_len`` keys up to
             and including itself. With ``mem_len == 0`` it has no effect (plain causal attention).
         pre_lnorm: LayerNorm before each sub-layer instead of after the residual (post-LN default).
@@ -93,6 +94,8 @@ class TransformerXLConfig:
             raise TxlError(f"model.d_model must be even (sinusoidal positions), got {self.d_model}")
         if self.mem_len < 0:
             raise TxlError(f"model.mem_len must be >= 0, got {self.mem_len}")
+        if self.clamp_len < 0:
+            raise TxlError(f"model.clamp_len must be >= 0 (0: no clamping), got {self.clamp_len}")
         for name in ("dropout", "dropatt"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
@@ -133,6 +136,37 @@ class TransformerXLConfig:
     def tied_projections(self) -> list[bool]:
         """``tie_projs`` with the reference default filled in (one flag per cluster)."""
         return list(self.tie_projs) if self.tie_projs else [False] + [True] * len(self.cutoffs)
+
+    def parameter_count(self) -> int:
+        """An upper bound on the number of parameters this config implies, computed without building it.
+
+        Counts the embedding and the output layer as untied and every adaptive cluster at full width,
+        so the true count (``sum(p.numel() for p in model.parameters())``) is never larger.
+        """
+        d, heads, d_inner = self.d_model, self.n_head * self.d_head, self.d_inner
+        clusters = len(self.cutoffs) + 1
+        table = self.vocab_size * self.embed_dim + clusters * self.embed_dim * d  # tables + projections
+        output = table + self.vocab_size + clusters * (self.embed_dim + 1)  # + biases and cluster weights
+        per_layer = 4 * heads * d + 4 * d + 2 * d * d_inner + d_inner + d  # attention, LayerNorms, feed-forward
+        if self.attn_type == "rel":
+            per_layer += heads * d + 2 * heads  # r_net and per-layer u/v (counted whether untied or not)
+        elif self.attn_type == "shaw":
+            per_layer += (self.shaw_max_dist + 1) * heads
+        return table + output + self.n_layer * per_layer + 2 * heads
+
+    def check_fits(self, memory_bytes: int, where: str = "the model config") -> None:
+        """Refuse a config whose float32 parameters alone would not fit in ``memory_bytes``.
+
+        Raises:
+            TxlError: naming the parameter count, the bytes needed and the memory there is.
+        """
+        need = 4 * self.parameter_count()
+        if need > memory_bytes:
+            raise TxlError(f"{where} describes a model of up to {self.parameter_count():.3g} parameters "
+                           f"({need / 2**30:.3g} GiB in float32), more than this machine's memory "
+                           f"({memory_bytes / 2**30:.3g} GiB): the config is damaged or meant for a bigger machine "
+                           f"(n_layer={self.n_layer}, d_model={self.d_model}, d_inner={self.d_inner}, "
+                           f"vocab_size={self.vocab_size})")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TransformerXLConfig":

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from txl.errors import TxlError
@@ -53,13 +53,43 @@ def read_model_config(directory: str | Path) -> TransformerXLConfig:
     return TransformerXLConfig.from_dict(read_json_object(path))
 
 
+def check_weights_header(model: torch.nn.Module, directory: Path, described_by: str) -> None:
+    """Compare the tensor names and shapes in the header of ``directory/model.safetensors`` with
+    ``model``'s (typically built on the meta device), reading nothing but the header.
+
+    Raises:
+        TxlError: no or unreadable weights, or names/shapes that differ from ``described_by``.
+    """
+    path = directory / WEIGHTS_NAME
+    if not path.is_file():
+        raise TxlError(f"{directory} has no {WEIGHTS_NAME}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+    except (SafetensorError, OSError, ValueError) as err:
+        raise TxlError(f"cannot read weights {path}: {err}") from None
+    _compare(shapes, {k: tuple(v.shape) for k, v in unique_state(model).items()}, path, described_by)
+
+
+def _compare(found: dict[str, tuple], expected: dict[str, tuple], path: Path, described_by: str) -> None:
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    if missing or unexpected:
+        raise TxlError(f"weights in {path} do not match {described_by}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for key, shape in found.items():
+        if shape != expected[key]:
+            raise TxlError(f"weights in {path} do not match {described_by}: {key} has shape {shape}, "
+                           f"config implies {expected[key]}")
+
+
 def load_weights(model: torch.nn.Module, directory: Path, map_location, described_by: str) -> None:
     """Load ``directory/model.safetensors`` into ``model``, refusing missing, unexpected or
     wrongly shaped tensors (tied parameters are stored once and filled by the ties).
 
     Raises:
-        TxlError: no or unreadable weights, or weights that do not match ``described_by`` (the
-            config file(s) the model was built from).
+        TxlError: no or unreadable weights, weights that do not match ``described_by`` (the
+            config file(s) the model was built from), or tensors that are not floating point or hold
+            NaN/infinity.
     """
     path = directory / WEIGHTS_NAME
     if not path.is_file():
@@ -68,13 +98,12 @@ def load_weights(model: torch.nn.Module, directory: Path, map_location, describe
         tensors = load_file(str(path), device=str(map_location))
     except (SafetensorError, OSError, ValueError) as err:
         raise TxlError(f"cannot read weights {path}: {err}") from None
-    expected = unique_state(model)
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    if missing or unexpected:
-        raise TxlError(f"weights in {path} do not match {described_by}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    _compare({k: tuple(v.shape) for k, v in tensors.items()}, {k: tuple(v.shape) for k, v in unique_state(model).items()},
+             path, described_by)
     for key, value in tensors.items():
-        if value.shape != expected[key].shape:
-            raise TxlError(f"weights in {path} do not match {described_by}: {key} has shape {tuple(value.shape)}, "
-                           f"config implies {tuple(expected[key].shape)}")
+        if not value.is_floating_point():
+            raise TxlError(f"weights in {path} are broken: {key} has dtype {value.dtype}, not a floating-point type")
+        if not bool(torch.isfinite(value).all()):
+            raise TxlError(f"weights in {path} are broken: {key} holds NaN or infinite values (e.g. saved from a "
+                           "diverged run); use an earlier checkpoint")
     model.load_state_dict(tensors, strict=False)

@@ -16,9 +16,10 @@ from txl.model.config import TransformerXLConfig
 from txl.model.dropout import Dropout
 from txl.model.parameters import init_weights
 from txl.model.memory import Mems, check_mems, update_mems
-from txl.model.serialization import CONFIG_NAME, load_weights, read_model_config, save_model
+from txl.model.serialization import CONFIG_NAME, check_weights_header, load_weights, read_model_config, save_model
 from txl.model.span import AttentionSpan
 from txl.config import IGNORE_INDEX
+from txl.runtime import memory_bytes
 from txl.errors import TxlError
 
 
@@ -107,6 +108,8 @@ class TransformerXLLM(nn.Module):
     def __init__(self, config: TransformerXLConfig) -> None:
         super().__init__()
         config.validate()
+        if torch.get_default_device().type != "meta":  # a meta model allocates nothing
+            config.check_fits(memory_bytes())
         self.config = config
         c = config
         self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val,
@@ -293,6 +296,10 @@ class TransformerXLLM(nn.Module):
         Raises:
             TxlError: missing directory/config/weights, invalid JSON, or weights that do not match the config.
         """
-        model = cls(read_model_config(directory))
+        config = read_model_config(directory)
+        config.check_fits(memory_bytes(), f"{Path(directory) / CONFIG_NAME}")
+        with torch.device("meta"):  # shapes only: compare them with the weights' header before allocating
+            check_weights_header(cls(config), Path(directory), CONFIG_NAME)
+        model = cls(config)
         load_weights(model, Path(directory), map_location, CONFIG_NAME)
         return model.to(map_location).eval()  # inference mode, like a freshly loaded model anywhere

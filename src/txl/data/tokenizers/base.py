@@ -18,14 +18,47 @@ TOKENIZER_KINDS = ("byte", "char", "word", "bpe")
 WORD_NORMALIZERS = ("none", "wikitext")
 
 
+BOM = "\ufeff"
+
+
+def normalize_text(text: str) -> str:
+    """``text`` as the text tokenizers (char, word, BPE) see it: without a leading byte-order mark
+    (U+FEFF) and with every line ending (CRLF, lone CR) written as ``"\n"``.
+
+    Byte tokenizers keep bytes as they are and never call this.
+    """
+    if text.startswith(BOM):
+        text = text[1:]
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text
+
+
+def check_vocabulary_entry(entry: Any, kind: str) -> str:
+    """Return ``entry`` if it is a string that is valid Unicode (encodable as UTF-8).
+
+    Raises:
+        TxlError: a non-string entry or one holding a lone surrogate such as ``"\\ud800"``.
+    """
+    if not isinstance(entry, str):
+        raise TxlError(f"{kind} vocabulary entry {entry!r} is not a string")
+    try:
+        entry.encode("utf-8")
+    except UnicodeEncodeError:
+        raise TxlError(f"{kind} vocabulary entry {entry!r} is not valid Unicode (a lone surrogate); "
+                       "the vocabulary file is damaged") from None
+    return entry
+
+
 def decode_utf8(data: bytes, source: str = "input", kind: str = "char") -> str:
-    """Decode ``data`` as strict UTF-8 for the ``kind`` tokenizer.
+    """Decode ``data`` as strict UTF-8 for the ``kind`` tokenizer, then :func:`normalize_text` it
+    (a file's leading byte-order mark and its CRLF/CR line endings are not text).
 
     Raises :class:`TxlError` naming ``source``, the invalid byte and its byte offset, and
     suggesting ``tokenizer=byte``, if ``data`` is not valid UTF-8.
     """
     try:
-        return data.decode("utf-8")
+        return normalize_text(data.decode("utf-8"))
     except UnicodeDecodeError as e:
         bad = data[e.start]
         raise TxlError(

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from txl.data.tokenizers.base import Tokenizer, _ids_array
+from txl.data.tokenizers.base import Tokenizer, _ids_array, check_vocabulary_entry, normalize_text
 from txl.errors import TxlError
 
 
@@ -43,6 +43,7 @@ class BPETokenizer(Tokenizer):
         tk = _import_tokenizers()
         if not isinstance(tokenizer_json, str):
             raise TxlError("bpe tokenizer description needs a 'tokenizer' JSON string")
+        check_vocabulary_entry(tokenizer_json, "bpe")
         try:
             self._tok = tk.Tokenizer.from_str(tokenizer_json)
         except Exception as e:  # the Rust side raises plain Exception subclasses
@@ -57,14 +58,17 @@ class BPETokenizer(Tokenizer):
         Merges of pairs seen fewer than ``min_frequency`` times are not learned.
 
         Raises :class:`TxlError` if ``vocab_size < 256`` (the byte alphabet), ``min_frequency < 1``,
-        the texts are empty, or ``tokenizers`` is missing.
+        the texts are empty or a single string (pass a list of texts), or ``tokenizers`` is missing.
+        Texts are :func:`normalize_text`-ed first (no leading byte-order mark, ``"\\n"`` line ends).
         """
+        if isinstance(texts, (str, bytes)):
+            raise TxlError("BPETokenizer.build takes a list of texts, got a single string; wrap it in a list")
         tk = _import_tokenizers()
         if vocab_size < 256:
             raise TxlError(f"bpe vocab_size must be at least 256 (the byte alphabet), got {vocab_size}")
         if min_frequency < 1:
             raise TxlError(f"bpe min_frequency must be at least 1, got {min_frequency}")
-        texts = [t for t in texts if t]
+        texts = [t for t in (normalize_text(t) for t in texts) if t]
         if not texts:
             raise TxlError("cannot build a bpe vocabulary from empty text; give a non-empty corpus")
         tok = tk.Tokenizer(tk.models.BPE())
@@ -86,8 +90,9 @@ class BPETokenizer(Tokenizer):
 
         Long texts are encoded in pieces (cut at a single newline between non-space
         characters), which gives the same ids as one call. Raises :class:`TxlError` for text that
-        is not valid Unicode (lone surrogates).
+        is not valid Unicode (lone surrogates). The text is :func:`normalize_text`-ed first.
         """
+        text = normalize_text(text)
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:

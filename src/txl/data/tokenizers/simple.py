@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from txl.errors import TxlError
-from txl.data.tokenizers.base import WORD_NORMALIZERS, Tokenizer, _ids_array
+from txl.data.tokenizers.base import WORD_NORMALIZERS, Tokenizer, _ids_array, check_vocabulary_entry, normalize_text
 from txl.data.tokenizers.wikitext import wikitext_detokenize, wikitext_tokenize
 
 
@@ -72,6 +72,7 @@ class CharTokenizer(Tokenizer):
         for c in chars:
             if not isinstance(c, str) or len(c) != 1:
                 raise TxlError(f"char vocabulary entry {c!r} is not a single character")
+            check_vocabulary_entry(c, "char")
         if len(set(chars)) != len(chars):
             raise TxlError("char vocabulary has duplicate characters")
         self.chars: list[str] = chars
@@ -82,10 +83,14 @@ class CharTokenizer(Tokenizer):
 
     @classmethod
     def build(cls, text: str) -> CharTokenizer:
-        """A vocabulary of the distinct characters of ``text``, sorted by code point.
+        """A vocabulary of the distinct characters of ``text`` (after :func:`normalize_text`), sorted
+        by code point.
 
-        Raises :class:`TxlError` if ``text`` is empty.
+        Raises :class:`TxlError` if ``text`` is empty or not a string.
         """
+        if not isinstance(text, str):
+            raise TxlError(f"CharTokenizer.build takes one text (a string), got {type(text).__name__}")
+        text = normalize_text(text)
         if not text:
             raise TxlError("cannot build a char vocabulary from empty text")
         codes = np.unique(_codepoints(text))
@@ -98,9 +103,10 @@ class CharTokenizer(Tokenizer):
     def encode(self, text: str) -> np.ndarray:
         """Ids of the characters of ``text``, ``int64``, shape ``[n_chars]``.
 
+        The text is :func:`normalize_text`-ed first (no leading byte-order mark, ``"\\n"`` line ends).
         Raises :class:`TxlError` naming the first unknown character and how many there are.
         """
-        codes = _codepoints(text)
+        codes = _codepoints(normalize_text(text))
         pos = np.searchsorted(self._sorted_codes, codes)
         pos_c = np.minimum(pos, len(self._sorted_codes) - 1)
         unknown = self._sorted_codes[pos_c] != codes
@@ -164,7 +170,8 @@ class WordTokenizer(Tokenizer):
         if self.UNK not in words or self.EOS not in words:
             raise TxlError("word vocabulary must contain '<unk>' and '<eos>'")
         for w in words:
-            if not isinstance(w, str) or not w or w.split() != [w]:
+            check_vocabulary_entry(w, "word")
+            if not w or w.split() != [w]:
                 raise TxlError(f"word vocabulary entry {w!r} is not a non-empty word without spaces")
         if len(set(words)) != len(words):
             raise TxlError("word vocabulary has duplicate words")
@@ -196,8 +203,14 @@ class WordTokenizer(Tokenizer):
         Literal ``<unk>``/``<eos>`` words are not counted. Words are counted after ``normalize``
         and ``lower`` (see the class docstring).
 
-        Raises :class:`TxlError` if ``min_freq < 1``, ``max_size < 2`` or ``normalize`` is unknown.
+        Texts are :func:`normalize_text`-ed first (a leading byte-order mark is dropped, CRLF and CR
+        end lines like LF).
+
+        Raises :class:`TxlError` if ``texts`` is a single string (pass a list of texts), ``min_freq < 1``,
+        ``max_size < 2`` or ``normalize`` is unknown.
         """
+        if isinstance(texts, (str, bytes)):
+            raise TxlError("WordTokenizer.build takes a list of texts, got a single string; wrap it in a list")
         if min_freq < 1:
             raise TxlError(f"min_freq must be at least 1, got {min_freq}")
         if max_size is not None and max_size < 2:
@@ -206,7 +219,7 @@ class WordTokenizer(Tokenizer):
             raise TxlError(f"word tokenizer 'normalize' must be one of {', '.join(WORD_NORMALIZERS)}, got {normalize!r}")
         counts: Counter[str] = Counter()
         for text in texts:
-            counts.update(_line_words(text, lower, normalize))
+            counts.update(_line_words(normalize_text(text), lower, normalize))
         for special in (cls.UNK, cls.EOS):
             counts.pop(special, None)
         ranked = sorted(counts.items(), key=lambda kv: -kv[1])  # stable: ties by first seen
@@ -220,7 +233,11 @@ class WordTokenizer(Tokenizer):
         return len(self.words)
 
     def tokens(self, text: str) -> list[str]:
-        """The word strings of ``text`` with ``<eos>`` at each line end (before id lookup)."""
+        """The word strings of ``text`` with ``<eos>`` at each line end (before id lookup).
+
+        The text is :func:`normalize_text`-ed first (no leading byte-order mark; CRLF and CR end lines).
+        """
+        text = normalize_text(text)
         lines = text.split("\n")
         if text.endswith("\n") or not text:
             lines.pop()
