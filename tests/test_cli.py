@@ -92,8 +92,12 @@ def test_train_eval_generate_end_to_end(tmp_path, corpus, capsys, monkeypatch):
     assert code == 2 and "model.safetensors does not match its checksum" in one_error_line(err)
     (broken / "checksums.json").unlink()  # a hand-made folder (no checksums, no state) is loaded unverified
     (broken / "state.json").unlink()
-    code, out, err = run_cli(capsys, "generate", broken, "--prompt", "the ", "-n", "5")
-    assert code == 2 and "non-finite" in one_error_line(err)
+    for command in ("generate", "eval", "score"):  # refused at load, naming the broken tensor and file
+        extra = ("--prompt", "the ", "-n", "5") if command == "generate" else (
+            ("--max-tokens", "50") if command == "eval" else (str(broken / "run.json"),))
+        code, out, err = run_cli(capsys, command, broken, *extra)
+        assert code == 2 and "model.safetensors are broken" in one_error_line(err) and "NaN" in err
+    save_file(tensors, broken / "model.safetensors")  # intact weights again, but no run.json
     (broken / "run.json").unlink()
     code, out, err = run_cli(capsys, "eval", broken)
     assert code == 2 and "--data" in one_error_line(err)
