@@ -18,34 +18,6 @@ def run_segments(model, ids, lengths):
     return torch.cat(logits, 1), mems
 
 
-@pytest.mark.parametrize("overrides", [{}, {"pre_lnorm": True}, {"untie_r": True}, {"tie_weight": False}])
-def test_two_segments_with_memory_equal_one_long_pass(overrides):
-    model = tiny_model(dtype=torch.float32, mem_len=6, **overrides)
-    ids = torch.randint(0, 37, (3, 12))
-    full = model(ids).logits
-    first = model(ids[:, :6])
-    second = model(ids[:, 6:], mems=first.mems)
-    assert torch.allclose(second.logits, full[:, 6:], atol=1e-5)
-    assert torch.allclose(first.logits, full[:, :6], atol=1e-5)
-
-
-def test_mixed_length_segments_equal_one_long_pass():
-    # memory must hold everything seen so far for exact equality: mem_len >= total length
-    model = tiny_model(dtype=torch.float32, mem_len=40)
-    ids = torch.randint(0, 37, (2, 23))
-    full = model(ids).logits
-    pieces, mems = run_segments(model, ids, [5, 1, 7, 3, 7])
-    assert torch.allclose(pieces, full, atol=1e-5)
-    assert mems[0].shape == (2, 23, 16)
-
-
-def test_clamp_len_segments_equal_one_long_pass():
-    model = tiny_model(dtype=torch.float32, mem_len=20, clamp_len=4)
-    ids = torch.randint(0, 37, (2, 15))
-    pieces, _ = run_segments(model, ids, [5, 5, 5])
-    assert torch.allclose(pieces, model(ids).logits, atol=1e-5)
-
-
 def test_memory_window_holds_the_most_recent_layer_inputs():
     # with mem_len < history the layer-0 memory after two segments is the scaled embedding of
     # exactly the last mem_len tokens seen
@@ -118,16 +90,6 @@ def test_training_with_carried_memory_has_no_autograd_error():
         mems = out.mems
         assert out.loss.dim() == 0 and torch.isfinite(out.loss)
     assert mems[0].grad_fn is None
-
-
-@pytest.mark.parametrize("mem_len", [0, 4])
-def test_same_length_is_finite_without_memory(mem_len):
-    model = tiny_model(same_length=True, mem_len=mem_len)
-    ids = torch.randint(0, 37, (2, 6))
-    out = model(ids)
-    assert torch.isfinite(out.logits).all()
-    out2 = model(ids, mems=out.mems)
-    assert torch.isfinite(out2.logits).all()
 
 
 @pytest.mark.parametrize("attn_type", ["rel", "abs"])
