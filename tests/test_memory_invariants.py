@@ -29,13 +29,7 @@ TOL = 1e-10  # float64 rounding differences between the batched and per-position
 CAUGHT = 1e-4  # a wrong memory must move some logit by at least this, 10^6 times the tolerance
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny float64 models: one thread is much faster than two fighting over busy cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def randomize(model, seed=0, scale=0.5):

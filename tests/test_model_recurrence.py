@@ -10,6 +10,8 @@ from test_memory_invariants import randomize
 from txl.errors import TxlError
 from txl.runtime import autocast
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def run_segments(model, ids, lengths):
     mems, logits = None, []
