@@ -18,6 +18,15 @@ def tiny_model(seed: int = 0, dtype=torch.float64, **overrides) -> TransformerXL
     return model
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """For modules of tiny models: one thread is much faster than several fighting over busy cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def make_model():
     return tiny_model

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_model
-from test_training import SHAKESPEARE
+from test_training import SHAKESPEARE, needs_shakespeare
 from txl.analysis.ablation import (JSON_NAME, PLOT_NAME, TABLE_NAME, VARIANTS, default_base, evaluate_variant,
                           plan_variants, run_ablation)
 from txl.cli import main
@@ -132,6 +132,7 @@ def test_refuses_a_used_output_folder_and_bad_settings(tmp_path, corpus, capsys)
 
 
 @pytest.mark.slow
+@needs_shakespeare
 def test_ablate_on_tiny_shakespeare(tmp_path):
     """A CPU-affordable `txl ablate` (2 layers, d_model 64, 300 steps of 16 x 64 characters per variant).
 
@@ -142,7 +143,6 @@ def test_ablate_on_tiny_shakespeare(tmp_path):
     segment were never trained, gets worse beyond it, while full Transformer-XL does not; and full
     Transformer-XL beats the vanilla model at the best length of each.
     """
-    assert SHAKESPEARE.is_file(), f"tiny Shakespeare not found at {SHAKESPEARE}; set TXL_SHAKESPEARE"
     config = tmp_path / "base.toml"
     config.write_text(
         "[model]\nn_layer = 2\nd_model = 64\nn_head = 4\nd_head = 16\nd_inner = 256\ndropout = 0.0\n"

@@ -9,11 +9,17 @@ from txl.model.attention import (MultiHeadAttention, attention_mask, rel_shift, 
                                   relative_positions, sinusoid)
 
 
-def test_rel_shift_matches_index_formula():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rel_shift_matches_index_formula(dtype):
     torch.manual_seed(0)
     for qlen, mlen in [(1, 0), (4, 0), (4, 3), (3, 9), (6, 2)]:
         klen = qlen + mlen
-        x = torch.randn(2, 3, qlen, klen)
+        x = torch.randn(2, 3, qlen, klen, dtype=dtype)
+        # one explicit gather: entry (i, j) reads slot j + qlen - 1 - i, masked where j > mlen + i
+        idx = torch.arange(klen)[None, :] + qlen - 1 - torch.arange(qlen)[:, None]
+        mask = attention_mask(qlen, mlen, False, 0, "cpu")
+        gathered = x.gather(-1, idx.clamp(max=klen - 1).expand_as(x))
+        assert torch.equal(rel_shift(x).masked_fill(mask, 0.0), gathered.masked_fill(mask, 0.0))
         out = rel_shift(x)
         for i in range(qlen):
             for j in range(mlen + i + 1):  # causal entries only

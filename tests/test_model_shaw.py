@@ -76,44 +76,6 @@ def test_shaw_positions_matter():
     assert not torch.allclose(changed[:, 1:], base[:, 1:])
 
 
-@pytest.mark.parametrize("overrides", [{}, {"pre_lnorm": True}, {"shaw_max_dist": 3}])
-def test_shaw_two_segments_with_memory_equal_one_long_pass(overrides):
-    model = tiny_model(dtype=torch.float32, attn_type="shaw", mem_len=6, **{"shaw_max_dist": 11, **overrides})
-    ids = torch.randint(0, 37, (3, 12))
-    full = model(ids).logits
-    first = model(ids[:, :6])
-    second = model(ids[:, 6:], mems=first.mems)
-    assert torch.allclose(first.logits, full[:, :6], atol=1e-5)
-    assert torch.allclose(second.logits, full[:, 6:], atol=1e-5)
-
-
-def test_shaw_mixed_segments_equal_one_long_pass_and_memory_is_updated():
-    model = tiny_model(dtype=torch.float32, attn_type="shaw", shaw_max_dist=9, mem_len=40)
-    ids = torch.randint(0, 37, (2, 23))
-    full = model(ids).logits
-    mems, pieces, start = None, [], 0
-    for n in (5, 1, 7, 3, 7):
-        out = model(ids[:, start:start + n], mems=mems)
-        mems, start = out.mems, start + n
-        pieces.append(out.logits)
-    assert torch.allclose(torch.cat(pieces, 1), full, atol=1e-5)
-    assert [m.shape for m in mems] == [(2, 23, 16)] * 3 and all(not m.requires_grad for m in mems)
-
-
-def test_shaw_sliding_memory_equals_same_length_window():
-    # with same_length and mem_len = L every query sees exactly its last L tokens, whether the
-    # earlier ones come from the memory or from one long pass
-    model = tiny_model(dtype=torch.float32, attn_type="shaw", shaw_max_dist=4, mem_len=6, same_length=True)
-    ids = torch.randint(0, 37, (2, 18))
-    full = model(ids).logits
-    mems, pieces = None, []
-    for start in range(0, 18, 6):
-        out = model(ids[:, start:start + 6], mems=mems)
-        mems = out.mems
-        pieces.append(out.logits)
-    assert torch.allclose(torch.cat(pieces, 1), full, atol=1e-5)
-
-
 def test_shaw_cached_generation_equals_recomputing_the_prefix():
     """With a memory holding the whole text, cached decoding equals re-reading everything each step
     (cached = uncached with a sliding memory is tested with the other attention types in test_generation)."""
