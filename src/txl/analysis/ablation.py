@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 from txl.training.config import RunConfig
+from txl.analysis.plots import plot_ablation
 from txl.errors import TxlError
 from txl.fileio import atomic_write, write_json
 from txl.model import TransformerXLConfig
@@ -306,7 +307,7 @@ def run_ablation(base: RunConfig, data: str | None, out_dir: str | Path, *, budg
     write_json(out_dir / JSON_NAME, results)
     table = format_table(results)
     atomic_write(out_dir / TABLE_NAME, lambda tmp: Path(tmp).write_text(table, encoding="utf-8"))
-    plot_results(results, out_dir / PLOT_NAME)
+    plot_ablation(results, out_dir / PLOT_NAME)
     return results
 
 
@@ -329,31 +330,6 @@ def format_table(results: dict) -> str:
     lines.append(f"Each cell scores the same {results['eval_tokens']:,} targets of the {results['eval_split']} split; "
                  f"parameter counts agree within {results['param_tolerance']:,} (half a feed-forward unit).")
     return "\n".join(lines) + "\n"
-
-
-def plot_results(results: dict, path: str | Path) -> None:
-    """Plot the metric against the attention length, one line per variant, as a PNG (written atomically)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=100)
-    for r in results["variants"]:
-        xs = [e["length"] for e in r["results"]]
-        ax.plot(xs, [e["value"] for e in r["results"]], marker="o", label=f"{r['name']} ({r['protocol']})")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(results["lengths"], [str(v) for v in results["lengths"]])
-    ax.set_xlabel("attention length L at evaluation (tokens)")
-    ax.set_ylabel(results["unit"] + (" (bits per character)" if results["unit"] == "bpc" else ""))
-    ax.set_title("Table 6 ablation at small scale")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    try:
-        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
-    finally:
-        plt.close(fig)
 
 
 def describe(results: dict) -> str:

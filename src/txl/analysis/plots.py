@@ -215,3 +215,58 @@ def plot_attention_distance(distance: np.ndarray, path, title: str = "") -> dict
         ax.set_title(title, fontsize=9)
     save_figure(fig, path)
     return {"distance": distance}
+
+
+def plot_ablation(results: dict, path) -> dict:
+    """Plot the metric against the attention length, one line per variant (``txl ablate``'s results).
+
+    Returns the plotted series ``{variant name: (lengths, values)}``.
+
+    Raises:
+        TxlError: matplotlib is not installed, or the path cannot be written.
+    """
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    series = {}
+    for r in results["variants"]:
+        xs = [e["length"] for e in r["results"]]
+        ys = [e["value"] for e in r["results"]]
+        ax.plot(xs, ys, marker="o", label=f"{r['name']} ({r['protocol']})")
+        series[r["name"]] = (xs, ys)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(results["lengths"], [str(v) for v in results["lengths"]])
+    ax.set_xlabel("attention length L at evaluation (tokens)")
+    ax.set_ylabel(results["unit"] + (" (bits per character)" if results["unit"] == "bpc" else ""))
+    ax.set_title("Table 6 ablation at small scale")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    save_figure(fig, path)
+    return series
+
+
+def plot_recl_gains(result, path) -> dict:
+    """Plot RECL's relative gain (a :class:`~txl.analysis.recl.ReclResult`) g(c, c + delta) against c, one panel per r, one line per model (PNG).
+
+    The threshold is drawn as a dashed line. Returns the plotted series
+    ``{r: {name: (c values, gains)}}`` so callers and tests can check the data.
+
+    Raises:
+        TxlError: matplotlib is not installed.
+    """
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(result.ratios), figsize=(4.2 * len(result.ratios), 3.4), squeeze=False)
+    series = {}
+    xs = result.contexts[:-1]
+    for ax, r in zip(axes[0], result.ratios):
+        series[r] = {}
+        for i, name in enumerate(result.names):
+            ys = result.gains[r][i]
+            ax.plot(xs, ys, marker="o", markersize=3, label=name)
+            series[r][name] = (list(xs), ys.tolist())
+        ax.axhline(result.threshold, color="grey", linestyle="--", linewidth=1)
+        ax.set_title(f"r = {r:g}")
+        ax.set_xlabel("context length c (tokens)")
+        ax.set_ylabel("relative gain g(c, c + Δ)")
+    axes[0][0].legend(fontsize=8)
+    save_figure(fig, path)
+    return series

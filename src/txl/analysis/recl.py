@@ -290,33 +290,3 @@ def scored_positions(n_tokens: int, max_context: int, n_positions: int) -> np.nd
     if n_positions <= 0 or n_positions >= available:
         return np.arange(max_context, n_tokens)
     return np.unique(np.linspace(max_context, n_tokens - 1, n_positions).round().astype(np.int64))
-
-
-def plot_gains(result: ReclResult, path) -> dict:
-    """Plot relative gain g(c, c + delta) against c, one panel per r, one line per model (PNG).
-
-    The threshold is drawn as a dashed line. Returns the plotted series
-    ``{r: {name: (c values, gains)}}`` so callers and tests can check the data.
-
-    Raises:
-        TxlError: matplotlib is not installed.
-    """
-    from txl.analysis.plots import pyplot, save_figure
-
-    plt = pyplot()
-    fig, axes = plt.subplots(1, len(result.ratios), figsize=(4.2 * len(result.ratios), 3.4), squeeze=False)
-    series = {}
-    xs = result.contexts[:-1]
-    for ax, r in zip(axes[0], result.ratios):
-        series[r] = {}
-        for i, name in enumerate(result.names):
-            ys = result.gains[r][i]
-            ax.plot(xs, ys, marker="o", markersize=3, label=name)
-            series[r][name] = (list(xs), ys.tolist())
-        ax.axhline(result.threshold, color="grey", linestyle="--", linewidth=1)
-        ax.set_title(f"r = {r:g}")
-        ax.set_xlabel("context length c (tokens)")
-        ax.set_ylabel("relative gain g(c, c + Δ)")
-    axes[0][0].legend(fontsize=8)
-    save_figure(fig, path)
-    return series

@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
 
     from txl.data import load_bytes, read_corpus_files
     from txl.fileio import atomic_write, write_json
-    from txl.analysis.recl import context_losses, plot_gains, recl_table, scored_positions
+    from txl.analysis.plots import plot_recl_gains
+    from txl.analysis.recl import context_losses, recl_table, scored_positions
     from txl.cli.common import load_checkpoint
     from txl.runtime import autocast
 
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         write_json(out / "recl.json", result.to_dict())
         atomic_write(out / "recl.md", lambda tmp: Path(tmp).write_text(table + "\n", encoding="utf-8"))
         if not args.no_plot:
-            plot_gains(result, out / "recl_gain.png")
+            plot_recl_gains(result, out / "recl_gain.png")
         print(f"wrote {out}/recl.json, recl.md" + ("" if args.no_plot else ", recl_gain.png"), file=report)
     if args.json:
         emit_json(args.json, result.to_dict())
