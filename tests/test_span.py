@@ -164,3 +164,11 @@ def test_generation_span_sets_the_memory_length():
     roomy = tiny_model(mem_len=64, tgt_len=2)
     assert torch.equal(long, generate(roomy, prompt, 12, temperature=0))
     assert model.config.mem_len == 3
+
+
+def test_negative_clamp_len_is_refused_in_a_span():
+    from txl.errors import TxlError
+    from txl.model import AttentionSpan
+
+    with pytest.raises(TxlError, match="clamp_len must be >= 0"):
+        AttentionSpan(4, 8, clamp_len=-1)

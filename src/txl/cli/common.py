@@ -79,7 +79,7 @@ def add_span(parser: argparse.ArgumentParser, names: tuple[str, ...] = SPAN_FLAG
     Each defaults to None (take the value from the checkpoint or config); ``names`` picks a subset.
     """
     texts = {"tgt_len": "tokens per segment", "mem_len": "memory length (0: none)",
-             "clamp_len": "clamp relative distances at this value (<= 0: none)"}
+             "clamp_len": "clamp relative distances at this value (0: none)"}
     for name in names:
         flag = "--" + name.replace("_", "-")
         if name == "same_length":

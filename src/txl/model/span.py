@@ -24,12 +24,13 @@ class AttentionSpan:
     Attributes:
         tgt_len: tokens per segment (>= 1): the query length T of one forward pass.
         mem_len: hidden states kept per layer as memory (>= 0 tokens; 0: no memory carried).
-        clamp_len: relative distances above this use the encoding of ``clamp_len`` (<= 0: none).
+        clamp_len: relative distances above this use the encoding of ``clamp_len`` (>= 0; 0: none).
         same_length: every query sees the last ``mem_len`` keys up to and including itself
             (no effect with ``mem_len == 0``).
 
     Raises:
-        TxlError: a non-integer length, ``tgt_len < 1``, ``mem_len < 0`` or a non-bool ``same_length``.
+        TxlError: a non-integer length, ``tgt_len < 1``, ``mem_len < 0``, ``clamp_len < 0`` or a non-bool
+            ``same_length``.
     """
 
     tgt_len: int
@@ -48,6 +49,8 @@ class AttentionSpan:
             raise TxlError(f"span.tgt_len must be >= 1, got {self.tgt_len}")
         if self.mem_len < 0:
             raise TxlError(f"span.mem_len must be >= 0, got {self.mem_len}")
+        if self.clamp_len < 0:
+            raise TxlError(f"span.clamp_len must be >= 0 (0: no clamping), got {self.clamp_len}")
 
     @classmethod
     def of(cls, config: Any) -> "AttentionSpan":
