@@ -27,7 +27,7 @@ def layer_probabilities(attn, h, mem, pos_emb, mask) -> torch.Tensor:
     Args:
         attn: the attention module; h: [B, T, d_model] layer input; mem: [B, M, d_model] or None;
         pos_emb: [K, d_model] R for distances K-1 .. 0 ("rel"; None for "shaw" and "abs"); mask: bool [T, K], True = hidden.
-        The u, v of a "rel" layer are the ones it was built with (``attn.uv``: its own or the model's shared pair).
+        The u, v of a "rel" layer are ``attn.r_w_bias``/``attn.r_r_bias`` (its own, or the model's shared pair tied in).
 
     Returns:
         float [B, H, T, K] probabilities over keys [memory + current]; rows sum to 1, and masked
@@ -43,7 +43,7 @@ def layer_probabilities(attn, h, mem, pos_emb, mask) -> torch.Tensor:
     klen = k.size(2)
     if attn.attn_type in ("rel", "shaw"):
         if attn.attn_type == "rel":
-            u, v = attn.uv
+            u, v = attn.r_w_bias, attn.r_r_bias
             r_k = attn.r_net(pos_emb).view(klen, attn.n_head, attn.d_head)  # [K, H, D], slot m = distance K-1-m
         else:  # Shaw: no u, v; the learned a_d of this layer for the same slots (distances clipped)
             u = v = torch.zeros(attn.n_head, attn.d_head, dtype=q.dtype, device=q.device)

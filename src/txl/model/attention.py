@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from txl.errors import TxlError
 from txl.model.dropout import Dropout
 
 
@@ -161,11 +162,12 @@ class MultiHeadAttention(nn.Module):
     Parameters: ``qkv_net`` (W_q, W_kE, W_v stacked, no bias), ``o_net`` (no bias), ``layer_norm``,
     for "rel" ``r_net`` (W_kR, no bias) and, with ``own_biases``, this layer's own
     ``r_w_bias``/``r_r_bias``; for "shaw" ``r_emb``. Which u, v a "rel" layer uses is decided once
-    here: its own, or ``shared_biases`` (the model's, passed by reference and not registered again
-    as parameters of this module). ``uv`` holds the pair ((u, v) [H, D] each; None unless "rel").
+    here: its own, or ``shared_biases`` (the model's Parameters, registered here as tied parameters,
+    as a tied softmax weight is: ``named_parameters()`` and saved checkpoints hold them once, under
+    the model's ``r_w_bias``/``r_r_bias``, and ``forward`` always reads ``self.r_w_bias``).
 
     Raises:
-        ValueError: "shaw" without ``shaw_max_dist >= 1``, or "rel" with neither own nor shared biases.
+        TxlError: "shaw" without ``shaw_max_dist >= 1``, or "rel" with neither own nor shared biases.
     """
 
     param_kinds = {"r_w_bias": "position_bias", "r_r_bias": "position_bias", "r_emb": "position_table"}
@@ -186,19 +188,15 @@ class MultiHeadAttention(nn.Module):
             if own_biases:
                 self.r_w_bias = nn.Parameter(torch.empty(n_head, d_head))
                 self.r_r_bias = nn.Parameter(torch.empty(n_head, d_head))
-                shared_biases = (self.r_w_bias, self.r_r_bias)
             elif shared_biases is None:
-                raise ValueError("attn_type='rel' without own biases needs shared_biases (u, v)")
+                raise TxlError("attn_type='rel' without own biases needs shared_biases (u, v)")
+            else:
+                self.r_w_bias, self.r_r_bias = shared_biases  # tied: the same Parameter objects
         elif attn_type == "shaw":
             if shaw_max_dist < 1:
-                raise ValueError(f"attn_type='shaw' needs shaw_max_dist >= 1, got {shaw_max_dist}")
+                raise TxlError(f"attn_type='shaw' needs shaw_max_dist >= 1, got {shaw_max_dist}")
             self.max_dist = shaw_max_dist
             self.r_emb = nn.Parameter(torch.empty(shaw_max_dist + 1, n_head, d_head))
-        self.use_biases(shared_biases if attn_type == "rel" else None)
-
-    def use_biases(self, biases: tuple[nn.Parameter, nn.Parameter] | None) -> None:
-        """Set the (u, v) pair this layer adds to its queries (a plain attribute: not registered as parameters)."""
-        object.__setattr__(self, "uv", None if biases is None else tuple(biases))
 
     def forward(self, h: torch.Tensor, mem: torch.Tensor | None, pos_emb: torch.Tensor | None,
                 mask: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
@@ -238,7 +236,7 @@ class MultiHeadAttention(nn.Module):
 
         dropatt = self.dropatt.p if self.training else 0.0
         if self.attn_type == "rel":
-            u, vb = self.uv
+            u, vb = self.r_w_bias, self.r_r_bias
             if cache is not None and cache.pos_klen == klen:
                 r_k = cache.pos_keys
             else:

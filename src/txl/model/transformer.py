@@ -98,9 +98,9 @@ class TransformerXLLM(nn.Module):
     when built, so that they work alone; the language model's pass decides the values, and the
     earlier draws keep the generator where it always was, so a seed gives the same weights as before.)
 
-    Shared u/v are registered once, on this module; each layer's attention is handed them by
-    reference at construction (``layers[n].attn.uv``), so ``named_parameters()`` and the state
-    dict hold them once, under ``r_w_bias``/``r_r_bias``.
+    Shared u/v are created on this module and tied into every layer's attention at construction
+    (the same Parameter objects, like a tied softmax weight), so ``named_parameters()`` and saved
+    checkpoints hold them once, under ``r_w_bias``/``r_r_bias``.
     """
 
     param_kinds = {"r_w_bias": "position_bias", "r_r_bias": "position_bias"}  # see txl.model.parameters
@@ -121,7 +121,6 @@ class TransformerXLLM(nn.Module):
             self.r_r_bias = nn.Parameter(torch.empty(c.n_head, c.d_head))
             shared = (self.r_w_bias, self.r_r_bias)
         self.layers = nn.ModuleList(DecoderLayer(c, shared) for _ in range(c.n_layer))
-        self.register_load_state_dict_post_hook(lambda module, keys: module._link_biases())
         self.crit = ProjectedAdaptiveLogSoftmax(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val,
                                                 c.init_std, c.proj_init_std)
         tie_adaptive(self.word_emb, self.crit, c.tie_weight, c.tied_projections)
@@ -132,24 +131,6 @@ class TransformerXLLM(nn.Module):
         normal(0, init_std) for weights, embeddings, u/v, Shaw tables and cluster weights;
         normal(0, proj_init_std) for adaptive projections; zeros for biases; ones for LayerNorm gains."""
         init_weights(self, self.config.init_std, self.config.proj_init_std)
-
-    def _link_biases(self) -> None:
-        """Point every "rel" layer at the u/v Parameters it uses (its own, or the shared ones).
-
-        Done at construction; repeated after :meth:`_apply` (``.to()``, ``.double()``, ...) and after
-        ``load_state_dict``, which may replace Parameter objects (``assign=True``).
-        """
-        for layer in self.layers:
-            attn = layer.attn
-            if attn.attn_type == "rel":
-                owner = attn if self.config.untie_r else self
-                attn.use_biases((owner.r_w_bias, owner.r_r_bias))
-
-    def _apply(self, fn, *args, **kwargs):
-        """``nn.Module._apply`` (device/dtype conversion), then re-link the u/v references."""
-        out = super()._apply(fn, *args, **kwargs)
-        self._link_biases()
-        return out
 
     def forward(self, input_ids: torch.Tensor, mems: Mems | None = None,
                 labels: torch.Tensor | None = None, caches: list[LayerCache] | None = None,
