@@ -156,3 +156,20 @@ def test_resume_with_allowed_config_change_trains_longer(tmp_path, corpus, capsy
     assert main(["train", "--resume", str(tmp_path / "short"), "-q", "--allow-config-change",
                  "train.max_steps=50"]) == 0
     assert max(losses(tmp_path / "short")) == 50
+
+
+def test_checkpoint_files_agree_on_the_schedule_span(tmp_path, corpus):
+    from txl.training.checkpoint import load_checkpoint
+
+    args = [a for a in ARGS if not a.startswith(("train.max_steps", "train.tgt_len_schedule", "train.eval_interval"))]
+    run = load_run_config(None, [f"data.path={corpus}", "data.tokenizer=char", f"data.cache_dir={tmp_path / 'c'}",
+                                 f"train.out_dir={tmp_path / 'sched'}", *args, "train.max_steps=6",
+                                 "train.eval_interval=3", "train.tgt_len_schedule=[[0, 6, 5]]"])
+    train(run, progress=False, log=lambda m: None)
+    for name in ("best", "last"):
+        folder = tmp_path / "sched" / name
+        config = json.loads((folder / "config.json").read_text())
+        model_section = json.loads((folder / "run.json").read_text())["model"]
+        assert (config["tgt_len"], config["mem_len"]) == (model_section["tgt_len"], model_section["mem_len"]) == (6, 5)
+        loaded = load_checkpoint(folder).model.config
+        assert (loaded.tgt_len, loaded.mem_len) == (6, 5)

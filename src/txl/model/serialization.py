@@ -18,14 +18,19 @@ CONFIG_NAME = "config.json"
 VOCAB_NAME = "vocab.json"
 
 
-def save_model(model: torch.nn.Module, directory: str | Path, tokenizer: Any = None) -> None:
-    """Write ``model.safetensors``, ``config.json`` and, with a tokenizer, ``vocab.json`` into ``directory``."""
+def save_model(model: torch.nn.Module, directory: str | Path, tokenizer: Any = None,
+               config: TransformerXLConfig | None = None) -> None:
+    """Write ``model.safetensors``, ``config.json`` and, with a tokenizer, ``vocab.json`` into ``directory``.
+
+    ``config`` (default ``model.config``) is what ``config.json`` records: training stores the span
+    of its current schedule phase there (same shapes, another ``tgt_len``/``mem_len``).
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     # a tied parameter is stored once, under its first name; loading re-ties it by construction
     tensors = {k: v.detach().contiguous().cpu() for k, v in unique_state(model).items()}
     atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
-    write_json(directory / CONFIG_NAME, model.config.to_dict())
+    write_json(directory / CONFIG_NAME, (config or model.config).to_dict())
     if tokenizer is not None:
         tokenizer.save(directory / VOCAB_NAME)
 

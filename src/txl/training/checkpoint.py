@@ -32,7 +32,7 @@ from txl.errors import TxlError
 from txl.fileio import read_json_object as _read_json
 from txl.fileio import write_json
 from txl.model import TransformerXLLM
-from txl.model.serialization import CONFIG_NAME, VOCAB_NAME
+from txl.model.serialization import CONFIG_NAME, VOCAB_NAME, save_model
 
 CLASSIFIER_NAME = "classifier.json"  # written beside config.json by txl classify
 RUN_NAME = "run.json"
@@ -58,7 +58,7 @@ def save_checkpoint(directory: str | Path, model: TransformerXLLM, tokenizer: To
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        model.save_pretrained(tmp, tokenizer)
+        save_model(model, tmp, tokenizer, config=run.model)  # config.json and run.json agree on the span
         write_json(tmp / RUN_NAME, run.to_dict())
         write_json(tmp / STATE_NAME, state)
         if extra is not None:
