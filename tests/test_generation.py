@@ -90,3 +90,9 @@ def test_decoding_caches_change_nothing_with_a_sliding_memory(overrides):
         last = out.logits[:, -1].argmax(-1, keepdim=True)
         seq = torch.cat([seq, last], 1)
     assert torch.equal(ours, seq)
+
+
+def test_vanilla_model_refuses_a_memory():
+    model = tiny_model(attn_type="abs")
+    with pytest.raises(TxlError, match="no memory"):
+        generate(model, torch.randint(0, 37, (1, 4)), 3, temperature=0, mems=[torch.zeros(1, 2, 16)] * 3)

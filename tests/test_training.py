@@ -129,3 +129,11 @@ def test_short_training_run_on_tiny_shakespeare(tmp_path):
     without = evaluate(ckpt.model, corpus.valid, tgt_len=32, mem_len=0, max_tokens=8000)
     assert with_mem.value < without.value
     assert math.isclose(with_mem.value, result.final.value, rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("attn_type", ["rel", "abs"])
+def test_max_tokens_scores_exactly_that_many_targets_with_warmup(attn_type):
+    model = tiny_model(attn_type=attn_type, mem_len=20, tgt_len=5)
+    tokens = np.random.default_rng(1).integers(0, 37, size=200)
+    for warmup in (False, True):
+        assert evaluate(model, tokens, batch_size=1, max_tokens=50, warmup=warmup).n_tokens == 50

@@ -94,12 +94,15 @@ def generate_stream(model, input_ids: torch.Tensor, max_new_tokens: int, tempera
     is not changed.
 
     Raises:
-        TxlError: an empty prompt, a non-2-D prompt, bad sampling settings or an impossible span.
+        TxlError: an empty prompt, a non-2-D prompt, bad sampling settings, an impossible span, or
+            ``mems`` for a vanilla (``attn_type="abs"``) model.
     """
     if input_ids.dim() != 2 or input_ids.size(1) == 0:
         raise TxlError(f"the prompt must be a non-empty [batch, length] tensor, got shape {tuple(input_ids.shape)}")
     if max_new_tokens < 0:
         raise TxlError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if model.config.attn_type == "abs" and mems is not None:
+        raise TxlError("attn_type='abs' (vanilla Transformer) has no memory: pass mems=None")
     span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
                         same_length=same_length)
     with eval_mode(model):

@@ -180,7 +180,7 @@ def evaluate_variant(model, tokens, variant: Variant, length: int, unit: str, tg
     Every protocol scores the same targets ``tokens[1 .. max_tokens]`` (one stream, no warm-up).
 
     Returns:
-        :class:`~txl.evaluation.EvalResult` (loss in nats per token).
+        :class:`~txl.evaluation.stream.EvalResult` (loss in nats per token).
     """
     from txl.evaluation.stream import evaluate, evaluate_sliding_window
 

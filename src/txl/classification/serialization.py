@@ -17,7 +17,6 @@ from txl.model.serialization import (CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, load
                                      unique_state)
 
 
-
 def save_classifier(model, directory: str | Path, extra: dict[str, Any] | None = None) -> None:
     """Write ``model.safetensors``, ``config.json``, ``classifier.json`` (+ ``vocab.json``) into ``directory``.
 

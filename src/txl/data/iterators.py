@@ -42,7 +42,7 @@ def sample_segment_length(
     Raises ``ValueError`` if ``tgt_len < 1`` or ``min_len < 1``.
     """
     if tgt_len < 1 or min_len < 1:
-        raise ValueError(f"tgt_len and min_len must be at least 1, got {tgt_len} and {min_len}")
+        raise TxlError(f"tgt_len and min_len must be at least 1, got {tgt_len} and {min_len}")
     u = torch.rand((), generator=generator).item()
     bptt = tgt_len if u < 0.95 else tgt_len / 2.0
     draw = bptt + std * torch.randn((), generator=generator).item()
@@ -133,9 +133,9 @@ class LMOrderedIterator:
         Raises ``ValueError`` if ``pos`` is outside ``[0, stream_len)`` or ``seq_len < 1``.
         """
         if not 0 <= pos < self.stream_len:
-            raise ValueError(f"segment position {pos} is outside [0, {self.stream_len})")
+            raise TxlError(f"segment position {pos} is outside [0, {self.stream_len})")
         if seq_len < 1:
-            raise ValueError(f"segment length must be at least 1, got {seq_len}")
+            raise TxlError(f"segment length must be at least 1, got {seq_len}")
         end = min(pos + seq_len, self.stream_len)
         return self.inputs[:, pos:end].contiguous(), self.labels[:, pos:end].contiguous()
 
@@ -184,7 +184,7 @@ class LMOrderedIterator:
         ``min_len < 1``.
         """
         if min_len < 1:
-            raise ValueError(f"min_len must be at least 1, got {min_len}")
+            raise TxlError(f"min_len must be at least 1, got {min_len}")
         for pos, seq_len in self._context_positions():
             yield self.segment(pos, seq_len)
         pos = self.context
@@ -314,12 +314,12 @@ def _as_int64_tensor(tokens: np.ndarray | torch.Tensor) -> torch.Tensor:
     if isinstance(tokens, torch.Tensor):
         t = tokens.detach().cpu()
         if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-            raise ValueError(f"tokens must be integers, got dtype {t.dtype}")
+            raise TxlError(f"tokens must be integers, got dtype {t.dtype}")
     else:
         arr = np.asarray(tokens)
         if arr.size and not np.issubdtype(arr.dtype, np.integer):
-            raise ValueError(f"tokens must be integers, got dtype {arr.dtype}")
+            raise TxlError(f"tokens must be integers, got dtype {arr.dtype}")
         t = torch.from_numpy(arr.astype(np.int64))
     if t.dim() != 1:
-        raise ValueError(f"tokens must be 1-D, got shape {tuple(t.shape)}")
+        raise TxlError(f"tokens must be 1-D, got shape {tuple(t.shape)}")
     return t.to(torch.int64)

@@ -4,7 +4,7 @@ Krause et al. 2018 ("Dynamic Evaluation of Neural Sequence Models") and 2019 ("D
 of Transformer Language Models", where Transformer-XL reached 0.940 bpc on enwik8, 1.038 bpc on
 text8 and 16.4 perplexity on WikiText-103).
 
-Protocol (one stream, batch size 1, memory carried as in :func:`txl.evaluation.evaluate`): the text
+Protocol (one stream, batch size 1, memory carried as in :func:`txl.evaluation.stream.evaluate`): the text
 is cut into consecutive segments s_1, s_2, ... of ``tgt_len`` targets. For each segment:
 
 1. score it with the current weights theta_{i-1} and the memory of the previous segment (this loss
@@ -46,7 +46,7 @@ METHODS = ("sgd", "rms")
 
 @dataclass
 class DynamicEvalResult(EvalResult):
-    """:class:`~txl.evaluation.EvalResult` of a dynamic evaluation.
+    """:class:`~txl.evaluation.stream.EvalResult` of a dynamic evaluation.
 
     Extra attributes:
         segment_losses: mean loss (nats/token) of each segment, in text order, each computed before

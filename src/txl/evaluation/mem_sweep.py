@@ -25,7 +25,7 @@ def parse_mem_lens(text: str) -> list[int]:
 
 def sweep_mem_len(model, tokens: np.ndarray, mem_lens: list[int], *, warmup: bool = False,
                   **eval_kwargs) -> list[EvalResult]:
-    """:func:`~txl.evaluation.evaluate` once per memory length, on the same scored tokens.
+    """:func:`~txl.evaluation.stream.evaluate` once per memory length, on the same scored tokens.
 
     Without ``warmup`` every run scores all targets from the start of the text. With ``warmup``
     the run at memory m starts ``max(mem_lens) - m`` tokens into the text and uses its first m
@@ -37,7 +37,7 @@ def sweep_mem_len(model, tokens: np.ndarray, mem_lens: list[int], *, warmup: boo
             batch_size, tgt_len, clamp_len, same_length, max_tokens, dtype).
 
     Returns:
-        one :class:`~txl.evaluation.EvalResult` per memory length, in order.
+        one :class:`~txl.evaluation.stream.EvalResult` per memory length, in order.
 
     Raises:
         TxlError: a vanilla (``attn_type="abs"``) model, which has no memory, or evaluation errors.

@@ -6,7 +6,7 @@ scored from everything before it: log p(x_t | x_<t) for t = 1 .. n-1, in nats.
 
 **The first token is not scored.** The model predicts token t+1 from tokens <= t and has no
 begin-of-document token, so p(x_0) is not something it defines. A document of n tokens therefore
-has n - 1 scored tokens, exactly as training and :func:`txl.evaluation.evaluate` count targets.
+has n - 1 scored tokens, exactly as training and :func:`txl.evaluation.stream.evaluate` count targets.
 With ``carry_memory=True`` the documents form one continuous stream: the first token of every
 document after the first is scored from the previous documents (only the stream's first token is
 not scored).
@@ -35,7 +35,6 @@ from txl.evaluation.stream import metric_value
 from txl.model.span import AttentionSpan, resolve_span
 
 __all__ = ["DocumentScore", "score", "score_tokens", "score_texts", "token_text", "total_metric"]
-
 
 
 @dataclass
@@ -87,7 +86,7 @@ class DocumentScore:
         return metric_value(self.loss, "ppl")
 
     def metric(self, unit: str) -> float:
-        """The document's bpc (``unit="bpc"``) or perplexity (``"ppl"``); see :func:`txl.evaluation.metric_unit`."""
+        """The document's bpc (``unit="bpc"``) or perplexity (``"ppl"``); see :func:`txl.evaluation.stream.metric_unit`."""
         return metric_value(self.loss, unit)
 
 
@@ -151,7 +150,7 @@ def score_tokens(model, documents: Sequence[Any], *, batch_size: int = 8, tgt_le
 
     See the module docstring for the first-token policy and batching. Equals one long causal pass
     over a document when ``mem_len`` >= its length (and ``same_length``/``clamp_len`` are off), and
-    :func:`txl.evaluation.evaluate` with ``batch_size=1`` on the document for any span.
+    :func:`txl.evaluation.stream.evaluate` with ``batch_size=1`` on the document for any span.
 
     Args:
         model: a :class:`~txl.model.TransformerXLLM` (put in eval mode during the call, then restored).

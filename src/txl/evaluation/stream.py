@@ -93,7 +93,7 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     has_memory = model.config.attn_type != "abs"
     context = span.mem_len if warmup and has_memory else 0
     if max_tokens:
-        tokens = tokens[: max_tokens + 1 + (span.mem_len if warmup else 0)]
+        tokens = tokens[: max_tokens + 1 + context]
     batches = LMOrderedIterator(tokens, batch_size, span.tgt_len, context=context, device=device)
     rows = dist.rows(batch_size) if dist is not None else slice(None)
     inputs, labels = batches.inputs[rows], batches.labels[rows]

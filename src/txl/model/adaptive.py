@@ -45,7 +45,6 @@ from txl.errors import TxlError
 from txl.model.parameters import init_weights
 
 
-
 def _boundaries(vocab_size: int, d_embed: int, d_proj: int, cutoffs: list[int], div_val: int) -> list[int]:
     """Validate the adaptive configuration and return ``[0, *cutoffs, vocab_size]``."""
     if vocab_size < 1 or d_embed < 1 or d_proj < 1:

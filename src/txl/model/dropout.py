@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from txl.errors import TxlError
+
 _SHORT_LANE = 3 if sys.byteorder == "little" else 0  # the 16 bits holding the int64's top (14 random) bits
 
 
@@ -46,7 +48,7 @@ class Dropout(nn.Module):
     def __init__(self, p: float = 0.5) -> None:
         super().__init__()
         if not 0.0 <= p <= 1.0:
-            raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+            raise TxlError(f"dropout probability must be in [0, 1], got {p}")
         self.p = p
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

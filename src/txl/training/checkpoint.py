@@ -246,9 +246,6 @@ def load_checkpoint(path: str | Path, map_location: str = "cpu") -> Checkpoint:
     return Checkpoint(model=model, tokenizer=tokenizer, run=run, state=state, path=directory, has_run_config=has_run)
 
 
-
-
-
 def quarantine(bad: list[Path]) -> None:
     """Rename checkpoints that failed verification to ``NAME.corrupt`` (kept for inspection, never
     loaded or rotated), so that the next save cannot push the good one out."""

@@ -37,7 +37,6 @@ from txl.training.step import train_step
 from txl.training.schedules import learning_rate, segment_span
 
 
-
 @dataclass
 class TrainResult:
     """Outcome of :func:`train`.

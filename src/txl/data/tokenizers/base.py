@@ -73,11 +73,11 @@ def _ids_array(ids: Any, vocab_size: int, kind: str) -> np.ndarray:
         ids = ids.detach().cpu().numpy()
     arr = np.asarray(ids)
     if arr.ndim != 1:
-        raise ValueError(f"decode expects a 1-D sequence of token ids, got shape {arr.shape}")
+        raise TxlError(f"decode expects a 1-D sequence of token ids, got shape {arr.shape}")
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64)
     if not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"decode expects integer token ids, got dtype {arr.dtype}")
+        raise TxlError(f"decode expects integer token ids, got dtype {arr.dtype}")
     arr = arr.astype(np.int64, copy=False)
     lo, hi = int(arr.min()), int(arr.max())
     if lo < 0 or hi >= vocab_size:
