@@ -1,4 +1,4 @@
-"""The one JSON / JSON Lines reader (txl.fileio): any bad input is one TxlError naming the file (and line)."""
+"""The JSON / JSON Lines readers (txl.fileio): any bad input is one TxlError naming the file (and line)."""
 
 from __future__ import annotations
 

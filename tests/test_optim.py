@@ -1,4 +1,4 @@
-"""The one parameter-group rule (txl.training.optim) and the one initialisation (txl.model.parameters)."""
+"""The parameter-group rule (txl.training.optim) and the initialisation (txl.model.parameters)."""
 
 from __future__ import annotations
 

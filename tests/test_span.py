@@ -1,4 +1,4 @@
-"""AttentionSpan, the one segment loop, and that nothing changes model.config at run time."""
+"""AttentionSpan, the segment loop, and that nothing changes model.config at run time."""
 
 import copy
 

@@ -18,7 +18,7 @@ from txl.training.checkpoint import load_checkpoint
 from txl.training.loop import train
 from txl.training.schedules import learning_rate, segment_span
 
-# the corpus lies in shared/ beside the checkout (as on the developers' machines and in CI); a clean
+# the corpus lies in shared/ beside the checkout; a clean
 # clone elsewhere skips the tests that need it (training on a small corpus is tested in
 # test_model_recurrence and test_resume with the corpus fixture of conftest)
 SHAKESPEARE = Path(os.environ.get("TXL_SHAKESPEARE",

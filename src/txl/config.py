@@ -1,6 +1,6 @@
 """Configuration fields shared by every config, and the data, training and evaluation sections of a run.
 
-:func:`check_fields` is the one field checker: the model, run, classifier and conversion configs all
+:func:`check_fields` checks the fields of every config: the model, run, classifier and conversion configs all
 validate their keys and value types through it. The sections here are plain dataclasses; a whole run
 (these sections plus the model) is :class:`txl.training.config.RunConfig`.
 """
@@ -77,7 +77,7 @@ def _coerce(hint: Any, value: Any, name: str) -> Any:
     return value
 
 
-#: Label of a position that is not scored (context, padding): the one value data, model, training and
+#: Label of a position that is not scored (context, padding): the value data, model, training and
 #: evaluation use (PyTorch's ``cross_entropy`` default ``ignore_index``).
 IGNORE_INDEX = -100
 

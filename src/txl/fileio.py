@@ -1,5 +1,5 @@
 """Atomic file writes (a reader never sees a half-written file, and a failed write leaves the old one),
-and the one JSON / JSON Lines reader, whose only exception is :class:`~txl.errors.TxlError`."""
+and the JSON / JSON Lines readers of every command, whose only exception is :class:`~txl.errors.TxlError`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Where and how computations run: the device, the autocast dtype, seeding and the cache folder.
 
 Every command and library function that needs one of these takes it from here, so that the
-analysis tools need nothing from the training loop.
+analysis tools and commands take them from one place.
 """
 
 from __future__ import annotations

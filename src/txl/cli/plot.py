@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _attention_checkpoint(args: argparse.Namespace) -> str:
-    """The one checkpoint of ``txl plot CHECKPOINT --attention`` (or the older ``txl plot --attention CHECKPOINT``)."""
+    """The checkpoint of ``txl plot CHECKPOINT --attention`` (or the older ``txl plot --attention CHECKPOINT``)."""
     if len(args.runs) != 1:
         raise TxlError(f"--attention reads one CHECKPOINT, got {len(args.runs)}: txl plot CHECKPOINT --attention")
     return args.runs[0]

@@ -1,4 +1,4 @@
-"""The one segment loop: read token rows segment by segment, carrying the memory (paper §3.2).
+"""The segment loop of every reading function: read token rows segment by segment, carrying the memory (paper §3.2).
 
 Evaluation, document scoring, dynamic evaluation, gradient statistics, attention maps, RECL's
 exact-context windows and generation's prompt priming all read text the same way: cut the rows into

@@ -1,4 +1,4 @@
-"""What kind each parameter of a model is, and the one initialisation that follows from it.
+"""What kind each parameter of a model is, and the initialisation that follows from it.
 
 A parameter's kind is decided by the module that owns it, never by substrings of its name:
 

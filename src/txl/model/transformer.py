@@ -94,9 +94,8 @@ class TransformerXLLM(nn.Module):
     ``r_w_bias`` and ``r_r_bias`` [n_head, d_head] (unless ``untie_r``), ``layers`` and ``crit``
     (:class:`~txl.model.adaptive.ProjectedAdaptiveLogSoftmax`: output weights with bias, tied to the
     embedding with ``tie_weight`` and ``tie_projs``). All are initialised by :meth:`reset_parameters`
-    once they exist and are tied. (The adaptive modules also initialise themselves by the same rule
-    when built, so that they work alone; the language model's pass decides the values, and the
-    earlier draws keep the generator where it always was, so a seed gives the same weights as before.)
+    once they exist and are tied, by the same rule the adaptive modules apply to themselves when built
+    alone (their draws come first, so a seed's weights depend on both passes).
 
     Shared u/v are created on this module and tied into every layer's attention at construction
     (the same Parameter objects, like a tied softmax weight), so ``named_parameters()`` and saved

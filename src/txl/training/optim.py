@@ -1,4 +1,4 @@
-"""The one parameter-group rule and optimizer of language-model training and classification.
+"""The parameter-group rule and optimizer shared by language-model training and classification.
 
 Weight decay (AdamW, decoupled) applies to linear maps only: ``nn.Linear`` weights (attention,
 feed-forward, classifier head) and the adaptive projections ``emb_projs``/``out_projs``. No decay on
