@@ -18,14 +18,11 @@ from txl.training.checkpoint import load_checkpoint
 from txl.training.loop import train
 from txl.training.schedules import learning_rate, segment_span
 
-# the corpus lies in shared/ beside the checkout; a clean
-# clone elsewhere skips the tests that need it (training on a small corpus is tested in
-# test_model_recurrence and test_resume with the corpus fixture of conftest)
+# tiny Shakespeare ships with the repository (data/); TXL_SHAKESPEARE points the tests at another copy
 SHAKESPEARE = Path(os.environ.get("TXL_SHAKESPEARE",
-                                  Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"))
+                                  Path(__file__).resolve().parents[1] / "data" / "tinyshakespeare.txt"))
 needs_shakespeare = pytest.mark.skipif(
-    not SHAKESPEARE.is_file(),
-    reason=f"tiny Shakespeare not found at {SHAKESPEARE} (../shared/data/ beside the checkout); set TXL_SHAKESPEARE")
+    not SHAKESPEARE.is_file(), reason=f"tiny Shakespeare not found at {SHAKESPEARE} (TXL_SHAKESPEARE names it)")
 
 
 def test_learning_rate_warmup_then_cosine():
