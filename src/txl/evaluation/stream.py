@@ -85,8 +85,10 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
         :class:`EvalResult` (loss in nats/token). Every target token is scored exactly once.
 
     Raises:
-        TxlError: a split too short for one target (plus the warm-up context), or an impossible span.
+        TxlError: ``tokens`` that is not 1-D integer data or holds ids outside the vocabulary, a split
+            too short for one target (plus the warm-up context), or an impossible span.
     """
+    tokens = token_tensor(tokens, vocab_size=model.config.vocab_size, min_tokens=0)  # the iterator says how many
     device = next(model.parameters()).device
     span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
                         same_length=same_length)
@@ -114,17 +116,36 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     return EvalResult(loss=total / count, n_tokens=count, unit=unit, settings=settings)
 
 
-def token_tensor(tokens, max_tokens: int = 0) -> torch.Tensor:
+def token_tensor(tokens, max_tokens: int = 0, vocab_size: int | None = None, min_tokens: int = 2) -> torch.Tensor:
     """``tokens`` as int64 [N] (CPU), cut to ``max_tokens`` targets (+1 input) when ``max_tokens`` > 0.
 
+    Args:
+        tokens: a 1-D sequence of integer token ids (list, numpy array or tensor).
+        max_tokens: keep ``max_tokens + 1`` tokens (0: all).
+        vocab_size: when given, every id must lie in ``[0, vocab_size)``.
+        min_tokens: the fewest tokens accepted (2: one input and one target).
+
     Raises:
-        TxlError: fewer than 2 tokens (nothing to score).
+        TxlError: ``tokens`` that is not 1-D integer data (floats are refused, not truncated), an id
+            outside the vocabulary, or fewer than ``min_tokens`` tokens (nothing to score).
     """
-    data = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
+    if isinstance(tokens, torch.Tensor):
+        tokens = tokens.detach().cpu().numpy()
+    try:
+        arr = np.asarray(tokens)
+    except (ValueError, TypeError) as e:  # ragged nested lists
+        raise TxlError(f"tokens must be a 1-D sequence of integer token ids: {e}") from None
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise TxlError(f"tokens must be a 1-D sequence of integer token ids, got shape {arr.shape} dtype {arr.dtype}")
+    data = torch.from_numpy(arr.astype(np.int64))
+    if vocab_size is not None and data.numel():
+        lo, hi = int(data.min()), int(data.max())
+        if lo < 0 or hi >= vocab_size:
+            raise TxlError(f"tokens: token id {lo if lo < 0 else hi} is outside the vocabulary [0, {vocab_size})")
     if max_tokens:
         data = data[: max_tokens + 1]
-    if data.numel() < 2:
-        raise TxlError("the text has fewer than 2 tokens: nothing to score")
+    if data.numel() < min_tokens:
+        raise TxlError(f"the text has fewer than {min_tokens} tokens: nothing to score")
     return data
 
 
@@ -145,11 +166,12 @@ def evaluate_sliding_window(model, tokens: np.ndarray, *, context: int, stride: 
         :class:`EvalResult`; every target is scored exactly once.
 
     Raises:
-        TxlError: bad context/stride or a split shorter than two tokens.
+        TxlError: bad context/stride, ``tokens`` that is not 1-D integer data or holds ids outside
+            the vocabulary, or a split shorter than two tokens.
     """
     if context < 1 or not 1 <= stride <= context:
         raise TxlError(f"sliding window needs context >= 1 and 1 <= stride <= context, got {context}, {stride}")
-    data = token_tensor(tokens, max_tokens)
+    data = token_tensor(tokens, max_tokens, model.config.vocab_size)
     device = next(model.parameters()).device
     n_targets = data.numel() - 1
     first = min(context, n_targets)
