@@ -1,4 +1,4 @@
-"""Evaluation: bits per character / perplexity with memory, and the vanilla sliding-window protocol."""
+"""Evaluation: bits per byte / bits per character / perplexity with memory, and the vanilla sliding-window protocol."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ class EvalResult:
     Attributes:
         loss: mean negative log-likelihood in nats per token.
         n_tokens: number of scored tokens.
-        unit: "bpc" (byte/char models: bits per token = loss / ln 2) or "ppl" (word models: exp(loss)).
+        unit: "bpb" (byte models: bits per byte), "bpc" (char models: bits per character), both
+            loss / ln 2, or "ppl" (word and BPE models: exp(loss)); see :func:`metric_unit`.
         settings: the attention span / protocol used, for reporting.
     """
 
@@ -35,7 +36,7 @@ class EvalResult:
 
     @property
     def value(self) -> float:
-        """The headline number in :attr:`unit` (bits per character or perplexity)."""
+        """The headline number in :attr:`unit` (bits per byte, bits per character or perplexity)."""
         return metric_value(self.loss, self.unit)
 
     def __str__(self) -> str:
@@ -43,13 +44,41 @@ class EvalResult:
         return f"{self.unit} {self.value:.4f} (loss {self.loss:.4f} nats/token over {self.n_tokens} tokens; {spans})"
 
 
+UNITS = ("bpb", "bpc", "ppl")
+"""The headline units: bits per byte (byte models), bits per character (char models), perplexity."""
+
+UNIT_NAMES = {"bpb": "bits per byte", "bpc": "bits per character", "ppl": "perplexity"}
+
+
 def metric_unit(tokenizer_kind: str) -> str:
-    """"bpc" for byte and char models (bits per byte/character), "ppl" (per token) for word and BPE ones."""
-    return "bpc" if tokenizer_kind in ("byte", "char") else "ppl"
+    """The headline unit of a tokenizer kind: "bpb" for byte models (bits per byte), "bpc" for char
+    models (bits per character), "ppl" (perplexity per token) for word and BPE models.
+
+    Byte and char models both report loss / ln 2 per token; the label says what a token is. (The
+    literature's enwik8 "bpc" is bits per byte: enwik8 is scored byte by byte.)
+    """
+    if tokenizer_kind == "byte":
+        return "bpb"
+    return "bpc" if tokenizer_kind == "char" else "ppl"
+
+
+def stored_unit(unit: str | None, tokenizer_kind: str | None = None) -> str | None:
+    """The unit of a metric read from a file (``state.json``, ``metrics.csv``, results JSON).
+
+    Files written before the bits-per-byte label say "bpc" for byte models too; with the run's
+    ``tokenizer_kind`` known, such a "bpc" is read as "bpb" (the number itself was always bits per
+    byte). Other known units are returned as they are; anything else gives None.
+    """
+    if unit not in UNITS:
+        return None
+    if unit == "bpc" and tokenizer_kind == "byte":
+        return "bpb"
+    return unit
 
 
 def metric_value(loss: float, unit: str) -> float:
-    """Convert a loss in nats/token to bits per character (``unit="bpc"``) or perplexity (``"ppl"``)."""
+    """Convert a loss in nats/token to the headline number: bits per token for ``"bpb"`` and ``"bpc"``
+    (loss / ln 2, per byte or per character), perplexity exp(loss) for ``"ppl"``."""
     return math.exp(min(loss, 50.0)) if unit == "ppl" else loss / math.log(2)
 
 
@@ -71,7 +100,7 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     Args:
         model: a :class:`~txl.model.TransformerXLLM`.
         tokens: 1-D token array (a whole split); scored in ``batch_size`` parallel streams.
-        unit: "bpc" or "ppl" (see :func:`metric_unit`).
+        unit: "bpb", "bpc" or "ppl" (see :func:`metric_unit`).
         tgt_len, mem_len, clamp_len, same_length: evaluation span (None: the model's own, or
             ``span``'s); ``model.config`` is not changed.
         span: an :class:`~txl.model.AttentionSpan` to start from (None: the model's training span).

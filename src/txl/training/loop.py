@@ -218,6 +218,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
         if d.is_main and resume_dir != candidates[0]:
             quarantine(candidates[:candidates.index(resume_dir)])  # the torn/corrupt newer ones
         best = state["best_val_loss"] if state.get("best_val_loss") is not None else float("inf")
+        state["unit"] = unit  # runs written before the "bpb" label said "bpc" for byte models
         log(f"resuming {out_dir} after step {start_step} (from {resume_dir.name}/)")
     ddp = model
     if d.enabled:
@@ -341,7 +342,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
             elif t.save_interval and step % t.save_interval == 0:
                 save_last()
             if row and writer is not None:
-                writer.writerow(row)
+                writer.writerow({**row, "unit": unit})
                 metrics_file.flush()
             if out.stop:  # Ctrl-C or SIGTERM (on any rank) during this step: every rank stops after it
                 stop.requested = True
