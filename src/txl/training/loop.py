@@ -211,7 +211,10 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
             raise TxlError(f"{resume_dir} holds the memory of {mems[0].size(0)} streams but train.batch_size is now "
                            f"{t.batch_size}; the batch size cannot change when resuming (start a new run instead)")
         if mems is not None:
-            mems = [m[rows] for m in mems]
+            # memory saved under another train.dtype: the model takes its parameter dtype or the autocast one
+            allowed = {model.word_emb.emb_layers[0].weight.dtype, getattr(torch, t.dtype)}
+            mems = [m[rows] if m.dtype in allowed else m[rows].to(model.word_emb.emb_layers[0].weight.dtype)
+                    for m in mems]
         if d.rank and not restored["own_rng"]:  # a rank the saved run did not have: its own dropout stream
             torch.manual_seed(t.seed + 7919 * d.rank + start_step)
         distributed.barrier(d)  # every rank has read it
