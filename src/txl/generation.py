@@ -9,6 +9,7 @@ import torch
 from txl.errors import TxlError
 from txl.evaluation.segments import eval_mode, segments
 from txl.model.attention import LayerCache, empty_caches
+from txl.model.inputs import check_input_ids
 from txl.model.memory import Mems
 from txl.model.span import AttentionSpan, resolve_span
 
@@ -94,15 +95,16 @@ def generate_stream(model, input_ids: torch.Tensor, max_new_tokens: int, tempera
     is not changed.
 
     Raises:
-        TxlError: an empty prompt, a non-2-D prompt, bad sampling settings, an impossible span, or
-            ``mems`` for a vanilla (``attn_type="abs"``) model.
+        TxlError: ``input_ids`` that is not a non-empty integer tensor [batch, length] of ids in the
+            vocabulary on the model's device (a Python list, an empty batch or prompt), ``mems`` of
+            another shape, dtype or device than the model's (see :meth:`~txl.model.TransformerXLLM.forward`),
+            bad sampling settings or an impossible span.
     """
-    if input_ids.dim() != 2 or input_ids.size(1) == 0:
-        raise TxlError(f"the prompt must be a non-empty [batch, length] tensor, got shape {tuple(input_ids.shape)}")
-    if max_new_tokens < 0:
-        raise TxlError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    check_input_ids(input_ids, model.config.vocab_size, next(model.parameters()).device)
     if model.config.attn_type == "abs" and mems is not None:
         raise TxlError("attn_type='abs' (vanilla Transformer) has no memory: pass mems=None")
+    if max_new_tokens < 0:
+        raise TxlError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
                         same_length=same_length)
     with eval_mode(model):

@@ -295,7 +295,8 @@ def run_ablation(base: RunConfig, data: str | None, out_dir: str | Path, *, budg
             "paper_table6_ppl": PAPER_TABLE6_PPL[variant.name]})
 
     results = {
-        "data": str(Path(data).resolve()) if data is not None else "built-in default corpus", "unit": unit, "eval_split": base.eval.split,
+        "data": str(Path(data).resolve()) if data is not None else "built-in default corpus", "unit": unit,
+        "tokenizer": corpus.tokenizer.kind, "eval_split": base.eval.split,
         "eval_tokens": rows[0]["results"][0]["n_tokens"], "lengths": lengths,
         "budget": {"tokens": budget_tokens, "minutes": budget_minutes, "default_steps": base.train.max_steps
                    if budget_tokens is None and budget_minutes is None else None},

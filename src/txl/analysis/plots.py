@@ -1,4 +1,4 @@
-"""Plots for runs and evaluations: learning curves, bpc against memory length, attention distances.
+"""Plots for runs and evaluations: learning curves, the metric against memory length, attention distances.
 
 matplotlib is an optional dependency (``pip install 'txl[plot]'``); it is imported lazily with the
 Agg backend, and its absence is one clear :class:`~txl.errors.TxlError`. Every plotting function
@@ -80,6 +80,8 @@ def read_metrics(path) -> dict[str, np.ndarray]:
         raise TxlError(f"{path} has no metric rows (expected a header with 'step' and one row per log step)")
     columns: dict[str, np.ndarray] = {}
     for name in rows[0]:
+        if name == "unit":  # text: the metric's unit (see metrics_unit)
+            continue
         try:
             columns[name] = np.array([float(r[name]) if r[name] not in ("", None) else math.nan for r in rows])
         except ValueError:
@@ -87,23 +89,57 @@ def read_metrics(path) -> dict[str, np.ndarray]:
     return columns
 
 
+def _unit_suffix(unit: str) -> str:
+    """" (bits per byte)" / " (bits per character)" after an axis label's unit; "" for others."""
+    from txl.evaluation.stream import UNIT_NAMES
+
+    return f" ({UNIT_NAMES[unit]})" if unit in ("bpb", "bpc") else ""
+
+
 def _metric_label(run_dir: Path) -> str:
-    """The unit of ``train_metric``/``val_metric`` for a run: "bpc" or "ppl" (from run.json)."""
-    from txl.evaluation.stream import metric_unit
+    """The unit of ``train_metric``/``val_metric`` for a run: "bpb", "bpc" or "ppl" ("metric" if unknown).
+
+    Read from ``metrics.csv``'s ``unit`` column, else the checkpoints' ``state.json``, else the
+    tokenizer in ``run.json``. Runs written before the bits-per-byte label say "bpc" for byte models;
+    with ``run.json`` naming a byte tokenizer that is read as "bpb" (the numbers are bits per byte).
+    """
+    from txl.evaluation.stream import metric_unit, stored_unit
     from txl.fileio import read_json_object
 
-    for folder in ("best", "last"):  # the unit the run itself chose (its tokenizer may have been detected)
-        try:
-            unit = read_json_object(run_dir / folder / "state.json").get("unit")
-        except TxlError:
-            continue
-        if unit in ("bpc", "ppl"):
-            return unit
     try:
         tokenizer = (read_json_object(run_dir / "run.json").get("data") or {}).get("tokenizer")
     except TxlError:
-        return "metric"
-    return metric_unit(tokenizer) if tokenizer else "metric"
+        tokenizer = None
+    candidates = [metrics_unit(run_dir)]
+    for folder in ("best", "last"):  # the unit the run itself chose (its tokenizer may have been detected)
+        try:
+            candidates.append(read_json_object(run_dir / folder / "state.json").get("unit"))
+        except TxlError:
+            continue
+    for unit in candidates:
+        known = stored_unit(unit, tokenizer)
+        if known:
+            return known
+    return metric_unit(tokenizer) if tokenizer and tokenizer != "auto" else "metric"
+
+
+def metrics_unit(path) -> str | None:
+    """The ``unit`` column of a run's ``metrics.csv`` (the last non-empty value), or None when the file
+    has none (runs written before the column existed) or cannot be read.
+
+    Args:
+        path: a ``metrics.csv`` file or a run directory holding one.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.csv"
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            units = [r.get("unit") for r in csv.DictReader(f)]
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+    units = [u for u in units if u]
+    return units[-1] if units else None
 
 
 def plot_learning_curves(run_dirs: list, out_dir, labels: list[str] | None = None) -> dict:
@@ -111,8 +147,9 @@ def plot_learning_curves(run_dirs: list, out_dir, labels: list[str] | None = Non
 
     Writes into ``out_dir``: ``curves_steps.png`` (train and validation metric against steps),
     ``curves_time.png`` (the same against wall-clock seconds), ``lr.png`` (learning rate) and
-    ``throughput.png`` (training tokens/s). The metric is bits per character for byte/char runs and
-    perplexity for word runs (``train_metric``/``val_metric`` columns).
+    ``throughput.png`` (training tokens/s). The metric is bits per byte for byte runs, bits per
+    character for char runs and perplexity for word/BPE runs (``train_metric``/``val_metric``
+    columns; the axis says which, see :func:`metrics_unit`; old runs labelled "bpc" still load).
 
     Returns:
         ``{"files": [paths], "series": {label: {"step", "elapsed_s", "train_metric", "val_step",
@@ -152,7 +189,7 @@ def plot_learning_curves(run_dirs: list, out_dir, labels: list[str] | None = Non
             if s["val_metric"].size:
                 ax.plot(s[vx_key], s["val_metric"], color=color, marker="o", label=f"{label} valid")
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(unit)
+        ax.set_ylabel(unit + _unit_suffix(unit))
         ax.legend(fontsize=8)
         files.append(save_figure(fig, out_dir / name))
     for key, name, ylabel in (("lr", "lr.png", "learning rate"), ("tokens_per_s", "throughput.png", "training tokens/s")):
@@ -167,7 +204,7 @@ def plot_learning_curves(run_dirs: list, out_dir, labels: list[str] | None = Non
 
 
 def plot_mem_sweep(mem_lens: list[int], values: list[float], unit: str, path, label: str = "") -> dict:
-    """Evaluation metric (bpc or perplexity) against evaluation memory length, as a PNG.
+    """Evaluation metric (bpb, bpc or perplexity) against evaluation memory length, as a PNG.
 
     Returns ``{"mem_len": [...], unit: [...]}``, the plotted series.
 
@@ -180,7 +217,7 @@ def plot_mem_sweep(mem_lens: list[int], values: list[float], unit: str, path, la
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     ax.plot(mem_lens, values, marker="o", label=label or None)
     ax.set_xlabel("evaluation mem_len (tokens)")
-    ax.set_ylabel(unit)
+    ax.set_ylabel(unit + _unit_suffix(unit))
     if label:
         ax.legend(fontsize=8)
     save_figure(fig, path)
@@ -236,7 +273,10 @@ def plot_ablation(results: dict, path) -> dict:
     ax.set_xscale("log", base=2)
     ax.set_xticks(results["lengths"], [str(v) for v in results["lengths"]])
     ax.set_xlabel("attention length L at evaluation (tokens)")
-    ax.set_ylabel(results["unit"] + (" (bits per character)" if results["unit"] == "bpc" else ""))
+    from txl.evaluation.stream import stored_unit
+
+    unit = stored_unit(results["unit"], results.get("tokenizer")) or results["unit"]
+    ax.set_ylabel(unit + _unit_suffix(unit))
     ax.set_title("Table 6 ablation at small scale")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -1,4 +1,4 @@
-"""``txl eval``: evaluate a checkpoint (bpc or perplexity) with memory, a sliding window, dynamic
+"""``txl eval``: evaluate a checkpoint (bpb, bpc or perplexity) with memory, a sliding window, dynamic
 evaluation or a sweep over memory lengths."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from txl.cli.common import (add_batch_size, add_data, add_device, add_dtype, add
 from txl.errors import TxlError
 
 NAME = "eval"
-HELP = "evaluate a checkpoint (bpc or perplexity) with memory"
+HELP = "evaluate a checkpoint (bpb, bpc or perplexity) with memory"
 EXAMPLE = "txl eval runs/enwik8 --split test --mem-len 1600 --clamp-len 1000 --json result.json"
 
 

@@ -24,7 +24,7 @@ from txl.cli.common import (add_batch_size, add_checkpoint, add_device, add_dtyp
 from txl.errors import TxlError
 
 NAME = "score"
-HELP = "per-token and per-document log-probabilities (bpc / perplexity)"
+HELP = "per-token and per-document log-probabilities (bpb / bpc / perplexity)"
 EXAMPLE = "txl score runs/enwik8 docs/ notes.jsonl --format tsv --out scores.tsv"
 DETAILS = ("Score documents with a checkpoint: log p(token | everything before it in the document) in nats, "
            "with the memory carried through each document and reset between documents. The first token of a "

@@ -80,8 +80,8 @@ class LMOrderedIterator:
         stream_len: W + L. n_targets: number of scored labels (n).
 
     Raises:
-        TxlError: bad ``batch_size`` / ``tgt_len`` / ``context``, or fewer than W+2 tokens.
-        ValueError: ``tokens`` is not 1-D integer data.
+        TxlError: bad ``batch_size`` / ``tgt_len`` / ``context``, fewer than W+2 tokens, or
+            ``tokens`` that is not 1-D integer data.
     """
 
     def __init__(
@@ -230,7 +230,7 @@ class LMShuffledIterator:
 
     Raises:
         TxlError: bad ``batch_size`` / ``tgt_len``, or no sentences.
-        ValueError: a sentence is not 1-D integer data.
+        TxlError: a sentence is not 1-D integer data.
     """
 
     def __init__(
@@ -310,7 +310,7 @@ class LMShuffledIterator:
 
 
 def _as_int64_tensor(tokens: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """A CPU int64 copy of 1-D integer ``tokens``; ValueError otherwise."""
+    """A CPU int64 copy of 1-D integer ``tokens``; TxlError (a ValueError) otherwise."""
     if isinstance(tokens, torch.Tensor):
         t = tokens.detach().cpu()
         if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:

@@ -1,2 +1,2 @@
-"""Evaluation: the segment loop with memory, bpc/perplexity, sliding windows, scoring, dynamic evaluation
+"""Evaluation: the segment loop with memory, bits per byte/character or perplexity, sliding windows, scoring, dynamic evaluation
 and memory sweeps."""

@@ -1,8 +1,8 @@
 """Dynamic evaluation: adapt the weights to the evaluation text as it is read.
 
 Krause et al. 2018 ("Dynamic Evaluation of Neural Sequence Models") and 2019 ("Dynamic Evaluation
-of Transformer Language Models", where Transformer-XL reached 0.940 bpc on enwik8, 1.038 bpc on
-text8 and 16.4 perplexity on WikiText-103).
+of Transformer Language Models", where Transformer-XL reached 0.940 "bpc" on enwik8 (bits per byte:
+enwik8 is scored byte by byte), 1.038 bpc on text8 and 16.4 perplexity on WikiText-103).
 
 Protocol (one stream, batch size 1, memory carried as in :func:`txl.evaluation.stream.evaluate`): the text
 is cut into consecutive segments s_1, s_2, ... of ``tgt_len`` targets. For each segment:
@@ -76,9 +76,10 @@ def gradient_statistics(model, tokens: np.ndarray, *, tgt_len: int | None = None
         ``{parameter name: float tensor shaped like the parameter}``.
 
     Raises:
-        TxlError: fewer than 2 tokens or n_segments < 1.
+        TxlError: ``tokens`` that is not 1-D integer ids in the vocabulary, fewer than 2 tokens or
+            n_segments < 1.
     """
-    data = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
+    data = token_tensor(tokens, vocab_size=model.config.vocab_size, min_tokens=0)
     if data.numel() < 2 or n_segments < 1:
         raise TxlError("gradient statistics need at least 2 tokens and n_segments >= 1")
     device = next(model.parameters()).device
@@ -112,7 +113,7 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
     Args:
         model: a :class:`~txl.model.TransformerXLLM`; its weights are restored on return.
         tokens: 1-D int array; the targets ``tokens[1:]`` are each scored exactly once.
-        unit: "bpc" or "ppl" for the headline number.
+        unit: "bpb", "bpc" or "ppl" for the headline number (see :func:`txl.evaluation.stream.metric_unit`).
         lr: step size (0 gives the static evaluation of the same segments exactly).
         decay: lambda, pull towards the trained weights per step (0: none; must be < 1).
         method: "sgd" or "rms".
@@ -129,14 +130,15 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
         :class:`DynamicEvalResult`: mean loss in nats/token over all targets and per segment.
 
     Raises:
-        TxlError: unknown method, negative lr, decay outside [0, 1), fewer than 2 tokens, stats
+        TxlError: unknown method, negative lr, decay outside [0, 1), ``tokens`` that is not 1-D
+            integer ids in the vocabulary, fewer than 2 tokens, stats
             missing a parameter, or a non-finite segment loss (the updates diverged: lower lr).
     """
     if method not in METHODS:
         raise TxlError(f"dynamic evaluation method must be one of {', '.join(METHODS)}, got {method!r}")
     if lr < 0 or not 0.0 <= decay < 1.0:
         raise TxlError(f"dynamic evaluation needs lr >= 0 and 0 <= decay < 1, got lr={lr}, decay={decay}")
-    data = token_tensor(tokens, max_tokens)
+    data = token_tensor(tokens, max_tokens, model.config.vocab_size)
     device = next(model.parameters()).device
     params = _params(model)
     if stats is not None:

@@ -53,7 +53,7 @@ def sweep_mem_len(model, tokens: np.ndarray, mem_lens: list[int], *, warmup: boo
 
 
 def format_sweep(mem_lens: list[int], results: list[EvalResult]) -> str:
-    """A Markdown table: mem_len, the metric (bpc or ppl), loss in nats/token, scored tokens."""
+    """A Markdown table: mem_len, the metric (bpb, bpc or ppl), loss in nats/token, scored tokens."""
     unit = results[0].unit
     rows = [f"| mem_len | {unit} | loss (nats/token) | tokens |", "|---:|---:|---:|---:|"]
     for m, r in zip(mem_lens, results):

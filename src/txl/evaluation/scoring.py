@@ -77,7 +77,8 @@ class DocumentScore:
 
     @property
     def bits_per_token(self) -> float:
-        """loss / ln 2: bits per character (bpc) for byte/char tokenizers, bits per token otherwise."""
+        """loss / ln 2: bits per byte (bpb) for byte tokenizers, bits per character (bpc) for char
+        tokenizers, bits per token otherwise."""
         return self.loss / math.log(2)
 
     @property
@@ -86,12 +87,13 @@ class DocumentScore:
         return metric_value(self.loss, "ppl")
 
     def metric(self, unit: str) -> float:
-        """The document's bpc (``unit="bpc"``) or perplexity (``"ppl"``); see :func:`txl.evaluation.stream.metric_unit`."""
+        """The document's bits per byte (``unit="bpb"``), bits per character (``"bpc"``) or perplexity
+        (``"ppl"``); see :func:`txl.evaluation.stream.metric_unit`."""
         return metric_value(self.loss, unit)
 
 
 def total_metric(scores: Sequence[DocumentScore], unit: str) -> tuple[float, int]:
-    """(bpc or perplexity over all scored tokens of ``scores``, number of scored tokens).
+    """(bpb, bpc or perplexity over all scored tokens of ``scores``, number of scored tokens).
 
     Tokens are pooled (not documents averaged): the value is ``metric(-sum(totals) / sum(n_scored))``.
     """

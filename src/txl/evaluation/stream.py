@@ -1,4 +1,4 @@
-"""Evaluation: bits per character / perplexity with memory, and the vanilla sliding-window protocol."""
+"""Evaluation: bits per byte / bits per character / perplexity with memory, and the vanilla sliding-window protocol."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ class EvalResult:
     Attributes:
         loss: mean negative log-likelihood in nats per token.
         n_tokens: number of scored tokens.
-        unit: "bpc" (byte/char models: bits per token = loss / ln 2) or "ppl" (word models: exp(loss)).
+        unit: "bpb" (byte models: bits per byte), "bpc" (char models: bits per character), both
+            loss / ln 2, or "ppl" (word and BPE models: exp(loss)); see :func:`metric_unit`.
         settings: the attention span / protocol used, for reporting.
     """
 
@@ -35,7 +36,7 @@ class EvalResult:
 
     @property
     def value(self) -> float:
-        """The headline number in :attr:`unit` (bits per character or perplexity)."""
+        """The headline number in :attr:`unit` (bits per byte, bits per character or perplexity)."""
         return metric_value(self.loss, self.unit)
 
     def __str__(self) -> str:
@@ -43,13 +44,41 @@ class EvalResult:
         return f"{self.unit} {self.value:.4f} (loss {self.loss:.4f} nats/token over {self.n_tokens} tokens; {spans})"
 
 
+UNITS = ("bpb", "bpc", "ppl")
+"""The headline units: bits per byte (byte models), bits per character (char models), perplexity."""
+
+UNIT_NAMES = {"bpb": "bits per byte", "bpc": "bits per character", "ppl": "perplexity"}
+
+
 def metric_unit(tokenizer_kind: str) -> str:
-    """"bpc" for byte and char models (bits per byte/character), "ppl" (per token) for word and BPE ones."""
-    return "bpc" if tokenizer_kind in ("byte", "char") else "ppl"
+    """The headline unit of a tokenizer kind: "bpb" for byte models (bits per byte), "bpc" for char
+    models (bits per character), "ppl" (perplexity per token) for word and BPE models.
+
+    Byte and char models both report loss / ln 2 per token; the label says what a token is. (The
+    literature's enwik8 "bpc" is bits per byte: enwik8 is scored byte by byte.)
+    """
+    if tokenizer_kind == "byte":
+        return "bpb"
+    return "bpc" if tokenizer_kind == "char" else "ppl"
+
+
+def stored_unit(unit: str | None, tokenizer_kind: str | None = None) -> str | None:
+    """The unit of a metric read from a file (``state.json``, ``metrics.csv``, results JSON).
+
+    Files written before the bits-per-byte label say "bpc" for byte models too; with the run's
+    ``tokenizer_kind`` known, such a "bpc" is read as "bpb" (the number itself was always bits per
+    byte). Other known units are returned as they are; anything else gives None.
+    """
+    if unit not in UNITS:
+        return None
+    if unit == "bpc" and tokenizer_kind == "byte":
+        return "bpb"
+    return unit
 
 
 def metric_value(loss: float, unit: str) -> float:
-    """Convert a loss in nats/token to bits per character (``unit="bpc"``) or perplexity (``"ppl"``)."""
+    """Convert a loss in nats/token to the headline number: bits per token for ``"bpb"`` and ``"bpc"``
+    (loss / ln 2, per byte or per character), perplexity exp(loss) for ``"ppl"``."""
     return math.exp(min(loss, 50.0)) if unit == "ppl" else loss / math.log(2)
 
 
@@ -71,7 +100,7 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     Args:
         model: a :class:`~txl.model.TransformerXLLM`.
         tokens: 1-D token array (a whole split); scored in ``batch_size`` parallel streams.
-        unit: "bpc" or "ppl" (see :func:`metric_unit`).
+        unit: "bpb", "bpc" or "ppl" (see :func:`metric_unit`).
         tgt_len, mem_len, clamp_len, same_length: evaluation span (None: the model's own, or
             ``span``'s); ``model.config`` is not changed.
         span: an :class:`~txl.model.AttentionSpan` to start from (None: the model's training span).
@@ -85,8 +114,10 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
         :class:`EvalResult` (loss in nats/token). Every target token is scored exactly once.
 
     Raises:
-        TxlError: a split too short for one target (plus the warm-up context), or an impossible span.
+        TxlError: ``tokens`` that is not 1-D integer data or holds ids outside the vocabulary, a split
+            too short for one target (plus the warm-up context), or an impossible span.
     """
+    tokens = token_tensor(tokens, vocab_size=model.config.vocab_size, min_tokens=0)  # the iterator says how many
     device = next(model.parameters()).device
     span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
                         same_length=same_length)
@@ -114,17 +145,36 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     return EvalResult(loss=total / count, n_tokens=count, unit=unit, settings=settings)
 
 
-def token_tensor(tokens, max_tokens: int = 0) -> torch.Tensor:
+def token_tensor(tokens, max_tokens: int = 0, vocab_size: int | None = None, min_tokens: int = 2) -> torch.Tensor:
     """``tokens`` as int64 [N] (CPU), cut to ``max_tokens`` targets (+1 input) when ``max_tokens`` > 0.
 
+    Args:
+        tokens: a 1-D sequence of integer token ids (list, numpy array or tensor).
+        max_tokens: keep ``max_tokens + 1`` tokens (0: all).
+        vocab_size: when given, every id must lie in ``[0, vocab_size)``.
+        min_tokens: the fewest tokens accepted (2: one input and one target).
+
     Raises:
-        TxlError: fewer than 2 tokens (nothing to score).
+        TxlError: ``tokens`` that is not 1-D integer data (floats are refused, not truncated), an id
+            outside the vocabulary, or fewer than ``min_tokens`` tokens (nothing to score).
     """
-    data = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
+    if isinstance(tokens, torch.Tensor):
+        tokens = tokens.detach().cpu().numpy()
+    try:
+        arr = np.asarray(tokens)
+    except (ValueError, TypeError) as e:  # ragged nested lists
+        raise TxlError(f"tokens must be a 1-D sequence of integer token ids: {e}") from None
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise TxlError(f"tokens must be a 1-D sequence of integer token ids, got shape {arr.shape} dtype {arr.dtype}")
+    data = torch.from_numpy(arr.astype(np.int64))
+    if vocab_size is not None and data.numel():
+        lo, hi = int(data.min()), int(data.max())
+        if lo < 0 or hi >= vocab_size:
+            raise TxlError(f"tokens: token id {lo if lo < 0 else hi} is outside the vocabulary [0, {vocab_size})")
     if max_tokens:
         data = data[: max_tokens + 1]
-    if data.numel() < 2:
-        raise TxlError("the text has fewer than 2 tokens: nothing to score")
+    if data.numel() < min_tokens:
+        raise TxlError(f"the text has fewer than {min_tokens} tokens: nothing to score")
     return data
 
 
@@ -145,11 +195,12 @@ def evaluate_sliding_window(model, tokens: np.ndarray, *, context: int, stride: 
         :class:`EvalResult`; every target is scored exactly once.
 
     Raises:
-        TxlError: bad context/stride or a split shorter than two tokens.
+        TxlError: bad context/stride, ``tokens`` that is not 1-D integer data or holds ids outside
+            the vocabulary, or a split shorter than two tokens.
     """
     if context < 1 or not 1 <= stride <= context:
         raise TxlError(f"sliding window needs context >= 1 and 1 <= stride <= context, got {context}, {stride}")
-    data = token_tensor(tokens, max_tokens)
+    data = token_tensor(tokens, max_tokens, model.config.vocab_size)
     device = next(model.parameters()).device
     n_targets = data.numel() - 1
     first = min(context, n_targets)

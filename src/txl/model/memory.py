@@ -15,20 +15,33 @@ from txl.errors import TxlError
 Mems = list[torch.Tensor]
 
 
-def check_mems(mems: Mems | None, n_layer: int, batch_size: int, d_model: int) -> int:
+def check_mems(mems: Mems | None, n_layer: int, batch_size: int, d_model: int, *,
+               dtypes: tuple[torch.dtype, ...] | None = None, device: torch.device | None = None) -> int:
     """Validate a memory against the input and return its length M (0 for None).
+
+    Only shapes, dtypes and devices are read (no values), so the check never waits for a GPU.
 
     Args:
         mems: ``n_layer`` tensors, each [B, M, d_model] with the same M, or None.
+        n_layer, batch_size, d_model: what the model and its input expect.
+        dtypes: the floating dtypes a memory tensor may have (the model's parameter dtype, and the
+            autocast dtype inside ``torch.autocast``); None accepts any floating dtype.
+        device: the model's device; None skips the device check.
 
     Raises:
-        TxlError: wrong number of layers, rank, batch size, width or unequal lengths.
+        TxlError: not a list of tensors, wrong number of layers, rank, batch size, width, unequal
+            lengths, a non-floating or unexpected dtype (e.g. float64 memory for a float32 model),
+            or another device.
     """
     if mems is None:
         return 0
     if not isinstance(mems, (list, tuple)) or len(mems) != n_layer:
         got = len(mems) if isinstance(mems, (list, tuple)) else type(mems).__name__
         raise TxlError(f"mems must be a list of {n_layer} tensors (one per layer), got {got}")
+    for i, m in enumerate(mems):
+        if not isinstance(m, torch.Tensor):
+            raise TxlError(f"mems[{i}] must be a torch.Tensor [batch, mem_len, d_model], got {type(m).__name__}; "
+                           "pass the mems returned by the previous call")
     mlen = mems[0].size(1) if mems[0].dim() == 3 else -1
     for i, m in enumerate(mems):
         if m.dim() != 3:
@@ -40,6 +53,12 @@ def check_mems(mems: Mems | None, n_layer: int, batch_size: int, d_model: int) -
             raise TxlError(f"mems width {m.size(2)} does not match d_model {d_model}")
         if m.size(1) != mlen:
             raise TxlError(f"mems[{i}] has length {m.size(1)} but mems[0] has {mlen}")
+        if not m.is_floating_point() or (dtypes is not None and m.dtype not in dtypes):
+            want = " or ".join(str(d).removeprefix("torch.") for d in dtypes) if dtypes else "a floating dtype"
+            raise TxlError(f"mems[{i}] has dtype {str(m.dtype).removeprefix('torch.')} but the model expects {want}; "
+                           "pass the mems returned by the previous call, or convert them with .to(dtype)")
+        if device is not None and m.device != device:
+            raise TxlError(f"mems[{i}] is on {m.device} but the model is on {device}")
     return mlen
 
 

@@ -15,6 +15,7 @@ from txl.model.attention import LayerCache, MultiHeadAttention, attention_mask, 
 from txl.model.config import TransformerXLConfig
 from txl.model.dropout import Dropout
 from txl.model.parameters import init_weights
+from txl.model.inputs import check_input_ids, check_labels
 from txl.model.memory import Mems, check_mems, update_mems
 from txl.model.serialization import CONFIG_NAME, check_weights_header, load_weights, read_model_config, save_model
 from txl.model.span import AttentionSpan
@@ -137,9 +138,9 @@ class TransformerXLLM(nn.Module):
         """Score one segment given the memory of the previous ones.
 
         Args:
-            input_ids: int64 [B, T] token ids in ``[0, vocab_size)``.
-            mems: memory from the previous segment's output (``n_layer`` tensors [B, M, d_model]) or
-                None to start fresh. Must be None for ``attn_type="abs"``.
+            input_ids: int64 [B, T] token ids in ``[0, vocab_size)`` (a tensor; B, T >= 1).
+            mems: memory from the previous segment's output (``n_layer`` tensors [B, M, d_model] of
+                the model's dtype and device) or None to start fresh. Must be None for ``attn_type="abs"``.
             labels: int64 [B, T] next tokens already aligned with ``input_ids`` (no shift is done
                 here); positions equal to -100 are ignored.
             caches: incremental-decoding state, one caller-owned
@@ -155,12 +156,17 @@ class TransformerXLLM(nn.Module):
             :class:`LMOutput` with logits [B, T, V], the mean NLL (nats) and the new memory.
 
         Raises:
-            TxlError: bad input rank/dtype, ids outside the vocabulary, a memory that does not match
-                the input, labels of a different shape, or a ``span`` that is not an AttentionSpan.
+            TxlError: ``input_ids`` that is not an integer tensor [B, T] with B, T >= 1 on the model's
+                device (a Python list, an empty batch), ids outside the vocabulary; ``mems`` that do
+                not match the input or have another dtype than the model's parameters (or the
+                autocast dtype inside ``torch.autocast``) or another device; ``labels`` that are not
+                an integer tensor shaped like ``input_ids``, or hold values outside ``[0, vocab_size)``
+                other than -100; a ``span`` that is not an AttentionSpan. Value (range) checks run on
+                CPU tensors only, to keep GPU steps free of host synchronisation.
         """
         h, new_mems = self._body(input_ids, mems, caches, True, span)
-        if labels is not None and labels.shape != input_ids.shape:
-            raise TxlError(f"labels shape {tuple(labels.shape)} differs from input_ids {tuple(input_ids.shape)}")
+        if labels is not None:  # after input_ids was checked (labels must have its shape and device)
+            labels = check_labels(labels, input_ids, self.config.vocab_size)
         logits, token_loss, loss = self._output(h, labels)
         return LMOutput(logits=logits, loss=loss, mems=new_mems, token_loss=token_loss)
 
@@ -184,7 +190,7 @@ class TransformerXLLM(nn.Module):
             [B, <= mem_len, d_model] (None for ``attn_type="abs"``).
 
         Raises:
-            TxlError: as :meth:`forward` for bad input or memory.
+            TxlError: as :meth:`forward` for bad ``input_ids``, ``mems`` or ``span``.
         """
         return self._body(input_ids, mems, None, detach_mems, span)
 
@@ -196,19 +202,12 @@ class TransformerXLLM(nn.Module):
             span = c.span
         elif not isinstance(span, AttentionSpan):
             raise TxlError(f"span must be an AttentionSpan, got {type(span).__name__}")
-        if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
-            raise TxlError(f"input_ids must be an integer tensor [batch, seq_len], got {input_ids.dtype} "
-                           f"{tuple(input_ids.shape)}")
-        bsz, qlen = input_ids.shape
-        if qlen == 0:
-            raise TxlError("input_ids is empty: a segment needs at least one token")
-        if not input_ids.is_cuda:  # a range check costs a host sync on a GPU: tokenizers guarantee it there
-            lo, hi = int(input_ids.min()), int(input_ids.max())
-            if lo < 0 or hi >= c.vocab_size:
-                raise TxlError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {c.vocab_size})")
+        weight = self.word_emb.emb_layers[0].weight
+        # value (range) checks run on CPU tensors only: on a GPU they would cost a host sync per step
+        bsz, qlen = check_input_ids(input_ids, c.vocab_size, weight.device)
         if c.attn_type == "abs" and mems is not None:
             raise TxlError("attn_type='abs' (vanilla Transformer) has no memory: pass mems=None")
-        mlen = check_mems(mems, c.n_layer, bsz, c.d_model)
+        mlen = check_mems(mems, c.n_layer, bsz, c.d_model, dtypes=self._mem_dtypes(weight), device=weight.device)
         if caches is not None:
             if c.attn_type == "abs" or torch.is_grad_enabled() or len(caches) != c.n_layer:
                 raise TxlError("caches are for incremental decoding: attn_type 'rel' or 'shaw', no autograd, "
@@ -241,6 +240,15 @@ class TransformerXLLM(nn.Module):
         if c.attn_type == "abs":
             return h, None
         return h, update_mems(mems, hids, span.mem_len, detach=detach_mems)
+
+    @staticmethod
+    def _mem_dtypes(weight: torch.Tensor) -> tuple[torch.dtype, ...]:
+        """The dtypes a memory may have: the parameters' and, inside ``torch.autocast`` for their
+        device, the autocast dtype (memory computed under autocast is partly in that dtype)."""
+        kind = weight.device.type
+        if kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind):
+            return (weight.dtype, torch.get_autocast_dtype(kind))
+        return (weight.dtype,)
 
     def _output(self, h: torch.Tensor, labels: torch.Tensor | None):
         """Logits [B, T, V] (or None), per-token NLL [B, T] and mean NLL for hidden states h [B, T, d]."""

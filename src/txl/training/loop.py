@@ -210,13 +210,17 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
             raise TxlError(f"{resume_dir} holds the memory of {mems[0].size(0)} streams but train.batch_size is now "
                            f"{t.batch_size}; the batch size cannot change when resuming (start a new run instead)")
         if mems is not None:
-            mems = [m[rows] for m in mems]
+            # memory saved under another train.dtype: the model takes its parameter dtype or the autocast one
+            allowed = {model.word_emb.emb_layers[0].weight.dtype, getattr(torch, t.dtype)}
+            mems = [m[rows] if m.dtype in allowed else m[rows].to(model.word_emb.emb_layers[0].weight.dtype)
+                    for m in mems]
         if d.rank and not restored["own_rng"]:  # a rank the saved run did not have: its own dropout stream
             torch.manual_seed(t.seed + 7919 * d.rank + start_step)
         distributed.barrier(d)  # every rank has read it
         if d.is_main and resume_dir != candidates[0]:
             quarantine(candidates[:candidates.index(resume_dir)])  # the torn/corrupt newer ones
         best = state["best_val_loss"] if state.get("best_val_loss") is not None else float("inf")
+        state["unit"] = unit  # runs written before the "bpb" label said "bpc" for byte models
         log(f"resuming {out_dir} after step {start_step} (from {resume_dir.name}/)")
     ddp = model
     if d.enabled:
@@ -340,7 +344,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
             elif t.save_interval and step % t.save_interval == 0:
                 save_last()
             if row and writer is not None:
-                writer.writerow(row)
+                writer.writerow({**row, "unit": unit})
                 metrics_file.flush()
             if out.stop:  # Ctrl-C or SIGTERM (on any rank) during this step: every rank stops after it
                 stop.requested = True

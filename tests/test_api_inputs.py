@@ -1,0 +1,211 @@
+"""Issue 12 item 7: bad inputs to the Python API are one TxlError naming the argument, never another exception.
+
+The space of bad inputs (property-based): token ids given as Python lists or of a non-integer dtype,
+empty batches and segments, labels outside ``[0, vocab)`` other than -100 or of a wrong dtype or
+shape, memories of the wrong dtype (float64, integer, bool, half precision outside autocast) or
+device, or not tensors at all. Each is tried at every public entry point that takes it: the
+model's ``forward`` and ``hidden_states``, ``generate`` and the token-stream functions
+(``evaluate``, ``evaluate_sliding_window``, ``dynamic_evaluate``, ``score``). Good inputs (any
+label in range or -100, the memory a previous call returned, bf16 autocast) still work.
+"""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import tiny_model
+from txl.config import IGNORE_INDEX
+from txl.errors import TxlError
+from txl.evaluation.dynamic import dynamic_evaluate
+from txl.evaluation.scoring import score
+from txl.evaluation.stream import evaluate, evaluate_sliding_window
+from txl.generation import generate
+
+V = 37  # tiny_model's vocabulary
+MODEL = tiny_model(dtype=torch.float32)
+ABS = tiny_model(dtype=torch.float32, attn_type="abs")
+SETTINGS = dict(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _ids(seed: int, b: int, t: int) -> torch.Tensor:
+    return torch.randint(0, V, (b, t), generator=torch.Generator().manual_seed(seed))
+
+
+def _mems(seed: int, b: int) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return MODEL(_ids(seed, b, 4)).mems
+
+
+def _raises_naming(call, name: str) -> None:
+    """``call()`` raises TxlError whose message names ``name``; any other exception fails the test."""
+    with pytest.raises(TxlError) as info:
+        call()
+    assert name in str(info.value), str(info.value)
+
+
+# --- the bad inputs -------------------------------------------------------------------------------
+
+bad_labels = st.one_of(st.integers(max_value=-1).filter(lambda v: v != IGNORE_INDEX),
+                       st.integers(min_value=V, max_value=2**62))
+bad_mem_dtypes = st.sampled_from([torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+                                  torch.uint8, torch.bool])
+bad_id_dtypes = st.sampled_from([torch.float32, torch.float64, torch.bool, torch.uint8, torch.int16, torch.int8])
+
+
+@st.composite
+def bad_model_call(draw):
+    """(kind, argument name, keyword arguments) for forward/hidden_states/generate."""
+    seed, b, t = draw(st.integers(0, 2**16)), draw(st.integers(1, 3)), draw(st.integers(1, 6))
+    ids = _ids(seed, b, t)
+    kind = draw(st.sampled_from(["list_ids", "empty_batch", "empty_segment", "id_dtype", "id_range", "label_range",
+                                 "label_dtype", "label_list", "label_shape", "mem_dtype", "mem_list", "mem_device",
+                                 "mem_not_tensor"]))
+    if kind == "list_ids":
+        return kind, "input_ids", dict(input_ids=ids.tolist())
+    if kind == "empty_batch":
+        return kind, "input_ids", dict(input_ids=torch.zeros(0, t, dtype=torch.int64))
+    if kind == "empty_segment":
+        return kind, "input_ids", dict(input_ids=torch.zeros(b, 0, dtype=torch.int64))
+    if kind == "id_dtype":
+        return kind, "input_ids", dict(input_ids=ids.to(draw(bad_id_dtypes)))
+    if kind == "id_range":
+        bad = draw(st.one_of(st.integers(min_value=-2**40, max_value=-1), st.integers(min_value=V, max_value=2**40)))
+        ids[draw(st.integers(0, b - 1)), draw(st.integers(0, t - 1))] = bad
+        return kind, "input_ids", dict(input_ids=ids)
+    if kind.startswith("label"):
+        labels = _ids(seed + 1, b, t)
+        if kind == "label_range":
+            labels[draw(st.integers(0, b - 1)), draw(st.integers(0, t - 1))] = draw(bad_labels)
+        elif kind == "label_dtype":
+            labels = labels.to(draw(st.sampled_from([torch.float32, torch.float64, torch.bool])))
+        elif kind == "label_list":
+            labels = labels.tolist()
+        else:
+            labels = _ids(seed + 1, b, t + draw(st.integers(1, 3)))
+        return kind, "labels", dict(input_ids=ids, labels=labels)
+    mems = _mems(seed, b)
+    if kind == "mem_dtype":
+        dtype = draw(bad_mem_dtypes)
+        mems = [m.to(dtype) for m in mems] if draw(st.booleans()) else [*mems[:-1], mems[-1].to(dtype)]
+    elif kind == "mem_list":
+        mems = [m.tolist() for m in mems]
+    elif kind == "mem_device":
+        mems = [m.to("meta") for m in mems]
+    else:
+        mems = draw(st.sampled_from([torch.stack(mems), "mems", 3.0, [None] * len(mems)]))
+    return kind, "mems", dict(input_ids=ids, mems=mems)
+
+
+@settings(**SETTINGS)
+@given(call=bad_model_call(), entry=st.sampled_from(["forward", "hidden_states", "generate"]))
+def test_bad_model_inputs_raise_txl_error_naming_the_argument(call, entry):
+    kind, name, kwargs = call
+    if "labels" in kwargs and entry != "forward":
+        entry = "forward"  # only forward takes labels
+    if entry == "forward":
+        _raises_naming(lambda: MODEL(**kwargs), name)
+    elif entry == "hidden_states":
+        _raises_naming(lambda: MODEL.hidden_states(**kwargs), name)
+    else:
+        _raises_naming(lambda: generate(MODEL, kwargs["input_ids"], 2, mems=kwargs.get("mems")), name)
+
+
+@settings(**SETTINGS)
+@given(call=bad_model_call())
+def test_bad_model_inputs_under_autocast(call):
+    """The same under bf16 autocast; memory in bf16 is allowed there, so only other dtypes are bad."""
+    kind, name, kwargs = call
+    mems = kwargs.get("mems")
+    if kind == "mem_dtype" and any(isinstance(m, torch.Tensor) and m.dtype == torch.bfloat16 for m in mems) \
+            and all(m.dtype in (torch.bfloat16, torch.float32) for m in mems):
+        return  # the autocast dtype: a good memory here
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _raises_naming(lambda: MODEL(**kwargs), name)
+
+
+@st.composite
+def bad_tokens(draw):
+    """A token stream that is not 1-D integer ids in the vocabulary."""
+    seed, n = draw(st.integers(0, 2**16)), draw(st.integers(20, 40))
+    ids = np.random.default_rng(seed).integers(0, V, n)
+    kind = draw(st.sampled_from(["range", "float", "2d", "ragged", "tensor_float"]))
+    if kind == "range":
+        ids[draw(st.integers(0, n - 1))] = draw(st.one_of(st.integers(-2**40, -1), st.integers(V, 2**40)))
+        return ids.tolist() if draw(st.booleans()) else ids
+    if kind == "float":
+        return ids.astype(draw(st.sampled_from([np.float32, np.float64])))
+    if kind == "2d":
+        return ids[: n // 2 * 2].reshape(2, -1)
+    if kind == "ragged":
+        return [ids[:3].tolist(), ids[:5].tolist()]
+    return torch.from_numpy(ids).float()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tokens=bad_tokens(), entry=st.sampled_from(["evaluate", "sliding", "dynamic"]))
+def test_bad_token_streams_raise_txl_error_naming_tokens(tokens, entry):
+    calls = {"evaluate": lambda: evaluate(MODEL, tokens, batch_size=2),
+             "sliding": lambda: evaluate_sliding_window(MODEL, tokens, context=4, stride=4),
+             "dynamic": lambda: dynamic_evaluate(MODEL, tokens, lr=0.0)}
+    _raises_naming(calls[entry], "tokens")
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**16), bad=st.one_of(st.integers(-2**40, -1), st.integers(V, 2**40)))
+def test_score_refuses_ids_outside_the_vocabulary(seed, bad):
+    doc = np.random.default_rng(seed).integers(0, V, 10)
+    doc[seed % 10] = bad
+    _raises_naming(lambda: score(MODEL, [doc]), "document 0")
+
+
+def test_abs_model_refuses_memory_everywhere():
+    mems = _mems(0, 1)
+    _raises_naming(lambda: ABS(_ids(0, 1, 3), mems=mems), "mem")
+    _raises_naming(lambda: generate(ABS, _ids(0, 1, 3), 2, mems=mems), "mem")
+
+
+# --- good inputs still work -----------------------------------------------------------------------
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**16), b=st.integers(1, 3), t=st.integers(1, 6), ignore=st.floats(0, 1),
+       id_dtype=st.sampled_from([torch.int64, torch.int32]))
+def test_good_inputs_work(seed, b, t, ignore, id_dtype):
+    ids = _ids(seed, b, t).to(id_dtype)
+    labels = _ids(seed + 1, b, t).to(id_dtype)
+    mask = torch.rand(b, t, generator=torch.Generator().manual_seed(seed)) < ignore
+    labels[mask] = IGNORE_INDEX  # -100 anywhere, including everywhere
+    with torch.no_grad():
+        out = MODEL(ids, labels=labels)
+        assert torch.isfinite(out.loss) and out.token_loss.shape == (b, t)
+        assert bool((out.token_loss[mask] == 0).all())
+        out2 = MODEL(ids, mems=out.mems, labels=labels)  # the memory a call returned is accepted
+        h, mems = MODEL.hidden_states(ids, mems=tuple(out2.mems))
+        assert h.shape == (b, t, MODEL.config.d_model) and len(mems) == MODEL.config.n_layer
+    assert generate(MODEL, ids.long(), 2, mems=mems).shape == (b, t + 2)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"d_embed": 8}, {"cutoffs": [10], "div_val": 2, "d_embed": 16}])
+def test_autocast_memory_is_accepted_from_segment_to_segment(overrides):
+    """bf16 autocast evaluation passes memory partly in bf16 between segments: still accepted, in and out."""
+    model = tiny_model(dtype=torch.float32, **overrides)
+    ids = _ids(0, 2, 5)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        mems = model(ids).mems
+        mems = model(ids, mems=mems, labels=ids).mems
+        mems = model(ids, mems=[m.bfloat16() for m in mems]).mems  # all in the autocast dtype
+    assert all(m.dtype in (torch.float32, torch.bfloat16) for m in mems)
+    tokens = np.random.default_rng(0).integers(0, V, 60)
+    assert np.isfinite(evaluate(model, tokens, batch_size=2, dtype="bfloat16").loss)
+
+
+def test_float64_model_takes_float64_memory_and_refuses_float32():
+    model = tiny_model(dtype=torch.float64)
+    ids = _ids(0, 1, 4)
+    mems = model(ids).mems
+    assert mems[0].dtype == torch.float64
+    model(ids, mems=mems)
+    _raises_naming(lambda: model(ids, mems=[m.float() for m in mems]), "mems[0]")
