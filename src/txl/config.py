@@ -8,12 +8,19 @@ validate their keys and value types through it. The sections here are plain data
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 from txl.errors import TxlError
+
+def did_you_mean(name: str, known: typing.Iterable[str]) -> str:
+    """``" (did you mean X?)"`` (or ``X or Y``) for the known names closest to a misspelt ``name``, else ""."""
+    close = difflib.get_close_matches(str(name), list(known), n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
 
 def check_fields(cls: type, values: dict[str, Any], where: str) -> dict[str, Any]:
     """Check that ``values`` only names fields of dataclass ``cls`` and that each has the right type.
@@ -22,13 +29,15 @@ def check_fields(cls: type, values: dict[str, Any], where: str) -> dict[str, Any
     Lists are accepted for list/tuple fields.
 
     Raises:
-        TxlError: an unknown key (with the list of known ones) or a value of the wrong type.
+        TxlError: an unknown key (with the closest known key when one is near, and the list of known
+            ones) or a value of the wrong type.
     """
     hints = typing.get_type_hints(cls)
     known = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(values) - set(known))
     if unknown:
-        raise TxlError(f"unknown key(s) {', '.join(unknown)} in {where}; known keys: {', '.join(known)}")
+        hints = "".join(did_you_mean(key, known) for key in unknown[:1])
+        raise TxlError(f"unknown key(s) {', '.join(map(str, unknown))} in {where}{hints}; known keys: {', '.join(known)}")
     out: dict[str, Any] = {}
     for key, value in values.items():
         out[key] = _coerce(hints[key], value, f"{where}.{key}")

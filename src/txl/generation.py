@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -147,3 +147,23 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: f
     if not tokens:
         return input_ids
     return torch.cat([input_ids, torch.stack(tokens, dim=1)], dim=1)
+
+
+def stream_text(tokenizer, tokens: Iterable[int], prompt_ids: Iterable[int] = ()) -> Iterator[str]:
+    """The text of ``prompt_ids`` followed by ``tokens``, piece by piece as the tokens arrive.
+
+    Yields first the text of the prompt (possibly holding back an incomplete UTF-8 sequence at its
+    end), then after each token the text it completes ("" when it completes none), then what is
+    still held back at the end. For every sequence of ids the pieces concatenated equal
+    ``tokenizer.decode([*prompt_ids, *tokens])`` (byte and byte-level BPE tokens go through an
+    incremental UTF-8 decoder, see :meth:`txl.data.Tokenizer.text_stream`), so a stream printed
+    as it is drawn reads exactly as the decoded sample. ``tokens`` is consumed lazily.
+
+    Raises:
+        TxlError: an id outside the tokenizer's vocabulary.
+    """
+    stream = tokenizer.text_stream()
+    yield "".join(stream.push(int(i)) for i in prompt_ids)
+    for token in tokens:
+        yield stream.push(int(token))
+    yield stream.finish()

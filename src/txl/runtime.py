@@ -49,6 +49,43 @@ def autocast(device: torch.device, dtype: str):
     return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
 
 
+# CPU feature flags (Linux /proc/cpuinfo) that mean native arithmetic in a half-precision type: x86
+# AVX512-BF16/AMX-BF16 and AVX512-FP16/AMX-FP16, Arm BF16 and half-precision SIMD
+_NATIVE_CPU_FLAGS = {"bfloat16": {"avx512_bf16", "amx_bf16", "bf16"},
+                     "float16": {"avx512fp16", "avx512_fp16", "amx_fp16", "asimdhp", "fphp"}}
+
+
+def cpu_flags() -> set[str] | None:
+    """The feature flags of this CPU from ``/proc/cpuinfo`` (x86 ``flags``, Arm ``Features``); None where
+    the system does not say (not Linux)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    flags: set[str] = set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() in ("flags", "features"):
+            flags.update(value.split())
+    return flags
+
+
+def native_dtype_support(device: torch.device, dtype: str) -> bool:
+    """Whether ``device`` computes in ``dtype`` natively rather than emulating it (many times slower).
+
+    float32 and CUDA devices are taken as native. On a CPU, bfloat16 needs AVX512-BF16 or AMX (x86)
+    or the BF16 extension (Arm), float16 AVX512-FP16/AMX-FP16 or Arm half-precision SIMD, as listed
+    by :func:`cpu_flags`; where the flags cannot be read, True (no false alarm).
+    """
+    if dtype == "float32" or device.type != "cpu" or dtype not in _NATIVE_CPU_FLAGS:
+        return True
+    flags = cpu_flags()
+    if flags is None:
+        return True
+    return bool(flags & _NATIVE_CPU_FLAGS[dtype])
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python's, numpy's and torch's (all devices) random number generators with ``seed``."""
     random.seed(seed)

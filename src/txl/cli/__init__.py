@@ -15,9 +15,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 import textwrap
+import threading
 
+from txl.cli.common import visible_flags
 from txl.errors import TxlError
 
 # torch and numpy are imported inside the commands, so that Ctrl-C during start-up or a usage
@@ -56,7 +59,7 @@ def _add_command(subparsers, spec, path: tuple[str, ...]) -> None:
             _add_command(sub, child, path + (spec.NAME,))
     else:
         spec.add_arguments(p)
-        p.set_defaults(_run=spec.run)
+        p.set_defaults(_run=spec.run, _flags=visible_flags(p))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,8 +88,36 @@ def all_parsers(parser: argparse.ArgumentParser | None = None) -> dict[str, argp
     return found
 
 
+def _interruptible():
+    """Make SIGINT raise :class:`KeyboardInterrupt` for the duration of a command; returns the handler to restore.
+
+    A shell that starts a command in the background without job control (``txl generate ... &`` in a
+    script) sets SIGINT to ignored, and Python then keeps it ignored: ``kill -INT`` or Ctrl-C would do
+    nothing. Every command is meant to stop on SIGINT (exit 130, one line; ``train`` writes ``last/``
+    first through its own handler), so the default handler is installed whatever was inherited.
+    Returns None (nothing to restore) outside the main thread, where signals cannot be handled.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``txl`` console script; returns the exit status."""
+    """Entry point of the ``txl`` console script; returns the exit status.
+
+    SIGINT ends any command with exit status 130 and the one line ``txl: interrupted``, even when the
+    process was started with SIGINT ignored (see :func:`_interruptible`).
+    """
+    previous = _interruptible()
+    try:
+        return _main(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _main(argv: list[str] | None) -> int:
+    """:func:`main` without the signal set-up."""
     try:
         parser = build_parser()
         try:

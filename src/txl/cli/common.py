@@ -125,6 +125,20 @@ def add_checkpoint(parser: argparse.ArgumentParser, option_alias: bool = False,
         parser.add_argument("checkpoint", metavar="CHECKPOINT", help=text)
 
 
+CHECKPOINT_NAMES = ("best", "last")  # the same as txl.training.checkpoint.CHECKPOINT_NAMES, without torch
+
+
+def add_checkpoint_name(parser: argparse.ArgumentParser) -> None:
+    """``--checkpoint-name best|last``: which checkpoint of a run directory to use (default best/, else last/).
+
+    After an interrupted run ``best/`` may be older than ``last/``; a checkpoint folder such as
+    ``RUN/last`` can also be given directly as the CHECKPOINT.
+    """
+    add_option(parser, "--checkpoint-name", aliases=underscore("--checkpoint-name"), choices=CHECKPOINT_NAMES,
+               default=None, help="with a run directory: use its best/ (the default; last/ when there is no best/) "
+                                  "or its last/ checkpoint")
+
+
 def checkpoint_arg(args: argparse.Namespace, rest: str | None = None) -> str:
     """The checkpoint a command was given, positionally or by the hidden ``--checkpoint`` option.
 
@@ -156,7 +170,26 @@ def check_range(args: argparse.Namespace, minimum: int, *names: str) -> None:
     for name in names:
         value = getattr(args, name, None)
         if value is not None and value < minimum:
-            raise TxlError(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
+            raise TxlError(f"{flag_name(args, name)} must be >= {minimum}, got {value}")
+
+
+def flag_name(args: argparse.Namespace, dest: str) -> str:
+    """The flag that sets ``dest`` as ``--help`` shows it, short form included (``-n/--max-new-tokens``).
+
+    Taken from the parser the command was built with (see :func:`txl.cli.main`); a namespace made
+    elsewhere gets the long form spelled from ``dest``.
+    """
+    flags = getattr(args, "_flags", None) or {}
+    return flags.get(dest) or f"--{dest.replace('_', '-')}"
+
+
+def visible_flags(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """``{dest: "-n/--max-new-tokens"}`` for every option of ``parser`` that ``--help`` shows (hidden aliases left out)."""
+    found: dict[str, str] = {}
+    for action in parser._actions:
+        if action.option_strings and action.help is not argparse.SUPPRESS and action.dest not in found:
+            found[action.dest] = "/".join(sorted(action.option_strings, key=lambda o: o.startswith("--")))
+    return found
 
 
 def check_seed(seed: int | None, limit: int = 2**63) -> None:
@@ -179,17 +212,38 @@ def span_args(args: argparse.Namespace, eval_config) -> dict[str, Any]:
     return {name: pick(getattr(args, name), getattr(eval_config, name)) for name in SPAN_FLAGS}
 
 
-def load_checkpoint(args: argparse.Namespace, path: str | None = None):
+def load_checkpoint(args: argparse.Namespace, path: str | None = None, announce: bool = False):
     """Load the command's checkpoint (``path``, else ``args.checkpoint``) onto ``--device``.
+
+    ``args.checkpoint_name`` (``--checkpoint-name``, when the command has it) picks best/ or last/ of a
+    run directory. With ``announce``, one line on stderr says which checkpoint was loaded and at which
+    step (``txl: using runs/x/best (step 600; last/ is at step 700)``), and a half-precision
+    ``--dtype`` the CPU has no native support for gets a warning (see :func:`warn_slow_dtype`).
 
     Returns:
         (checkpoint, device): a :class:`txl.training.checkpoint.Checkpoint` and the resolved torch device.
     """
     from txl.runtime import resolve_device
+    from txl.training.checkpoint import describe_checkpoint
     from txl.training.checkpoint import load_checkpoint as load
 
     device = resolve_device(args.device)
-    return load(path if path is not None else args.checkpoint, map_location=str(device)), device
+    ckpt = load(path if path is not None else args.checkpoint, map_location=str(device),
+                name=getattr(args, "checkpoint_name", None))
+    if announce:
+        print(f"txl: using {describe_checkpoint(ckpt.path)}", file=sys.stderr, flush=True)
+        warn_slow_dtype(device, getattr(args, "dtype", None))
+    return ckpt, device
+
+
+def warn_slow_dtype(device, dtype: str | None) -> None:
+    """One ``txl: warning:`` line on stderr when ``dtype`` on ``device`` is emulated (a CPU without
+    native bfloat16/float16 arithmetic), where it runs many times slower than float32."""
+    from txl.runtime import native_dtype_support
+
+    if dtype and dtype != "float32" and not native_dtype_support(device, dtype):
+        print(f"txl: warning: this CPU has no native {dtype} support: --dtype {dtype} will be much slower "
+              "than float32 (use --dtype float32 here)", file=sys.stderr, flush=True)
 
 
 def emit_json(destination: str, obj: Any) -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from txl.cli.common import (add_batch_size, add_data, add_device, add_dtype, add_json, add_seed, add_span,
-                            check_range, check_seed, emit_json, human_stream, load_checkpoint, pick, span_args,
-                            underscore, add_option)
+from txl.cli.common import (add_batch_size, add_checkpoint_name, add_data, add_device, add_dtype, add_json,
+                            add_option, add_seed, add_span, check_range, check_seed, emit_json, human_stream,
+                            load_checkpoint, pick, span_args, underscore)
 from txl.errors import TxlError
 
 NAME = "eval"
@@ -21,6 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # optional to argparse only so that the older `txl eval --json CKPT` keeps working (see _checkpoint)
     p.add_argument("checkpoint", nargs="?", metavar="CHECKPOINT",
                    help="checkpoint directory, or a run directory (uses its best/)")
+    add_checkpoint_name(p)
     add_data(p, "evaluate this whole file/directory instead of the run's split")
     p.add_argument("--split", choices=["valid", "test"], default=None, help="split of the run's corpus")
     add_span(p)
@@ -121,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         from txl.runtime import seed_everything
 
         seed_everything(args.seed)
-    ckpt, _ = load_checkpoint(args)
+    ckpt, _ = load_checkpoint(args, announce=True)
     e = ckpt.run.eval
     split = args.split or e.split
     if not args.data and ckpt.state.get("converted_from"):

@@ -1,4 +1,8 @@
-"""``txl generate``: sample text from a checkpoint, reusing the memory (one forward per new token)."""
+"""``txl generate``: sample text from a checkpoint, reusing the memory (one forward per new token).
+
+Without ``--prompt`` or ``--prompt-file`` the prompt is a single newline: the sample starts at the
+beginning of a line, conditioned on nothing else (unconditional sampling).
+"""
 
 from __future__ import annotations
 
@@ -6,21 +10,27 @@ import argparse
 import sys
 from pathlib import Path
 
-from txl.cli.common import (add_checkpoint, add_device, add_dtype, add_option, add_seed, add_span, check_range,
-                            check_seed, load_checkpoint, underscore)
+from txl.cli.common import (add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_option, add_seed,
+                            add_span, check_range, check_seed, load_checkpoint, underscore)
 from txl.errors import TxlError
 
 NAME = "generate"
 HELP = "sample text from a checkpoint, reusing the memory"
 EXAMPLE = "txl generate runs/enwik8 --prompt 'The ' -n 500 --temperature 0.8 --seed 1"
+DETAILS = ("Prints the prompt, then the sample as it is drawn, to stdout. Without --prompt or --prompt-file the "
+           "prompt is a single newline: the sample starts at the beginning of a line, conditioned on nothing "
+           "else (unconditional sampling; for a word-level model the newline is an <eos>).")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``generate`` flags (no torch import here)."""
     add_checkpoint(p)
-    p.add_argument("--prompt", "-p", default=None, help="prompt text (default: a newline)")
+    add_checkpoint_name(p)
+    p.add_argument("--prompt", "-p", default=None,
+                   help="prompt text (default: a newline, so the sample starts a new line, as unconditional "
+                        "sampling)")
     p.add_argument("--prompt-file", default=None, metavar="FILE", help="read the prompt from this file")
-    add_option(p, "--max-new-tokens", "-n", aliases=underscore("--max-new-tokens"), type=int, default=300,
+    add_option(p, "-n", "--max-new-tokens", aliases=underscore("--max-new-tokens"), type=int, default=300,
                metavar="N", help="tokens to sample (default 300)")
     p.add_argument("--temperature", "-t", type=float, default=0.8, help="0 = greedy (default 0.8)")
     add_option(p, "--top-k", aliases=underscore("--top-k"), type=int, default=None, metavar="K",
@@ -66,34 +76,28 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
-    from txl.generation import generate_stream
+    from txl.generation import generate_stream, stream_text
     from txl.runtime import autocast
 
-    ckpt, device = load_checkpoint(args)
+    ckpt, device = load_checkpoint(args, announce=True)
     prompt = _prompt(args, ckpt.tokenizer)
-    ids = torch.as_tensor(np.asarray(ckpt.tokenizer.encode(prompt), dtype=np.int64), device=device)[None]
+    prompt_ids = np.asarray(ckpt.tokenizer.encode(prompt), dtype=np.int64)
+    ids = torch.as_tensor(prompt_ids, device=device)[None]
     if ids.size(1) == 0:
         raise TxlError("the prompt encodes to no tokens; give a longer prompt")
     generator = torch.Generator(device=device)
     generator.manual_seed(args.seed if args.seed is not None else torch.seed() % (2**63))
-    sys.stdout.write(prompt.encode("utf-8", "surrogateescape").decode("utf-8", "replace"))
-    sys.stdout.flush()
-    pending: list[int] = []
-    at_line_start = prompt.endswith("\n")
     with autocast(device, args.dtype):
-        for token in generate_stream(ckpt.model, ids, args.max_new_tokens, temperature=args.temperature,
-                                     top_k=args.top_k, top_p=args.top_p, generator=generator,
-                                     mem_len=args.mem_len):
-            pending.append(int(token[0]))
-            text = ckpt.tokenizer.decode(pending)
-            if "\ufffd" not in text or len(pending) >= 4:  # wait for complete UTF-8 sequences (byte models)
-                if ckpt.tokenizer.kind == "word" and text != "\n" and not at_line_start:
-                    text = " " + text  # words are separated by spaces, lines end with <eos>
-                at_line_start = text.endswith("\n")
+        tokens = (int(t[0]) for t in generate_stream(ckpt.model, ids, args.max_new_tokens,
+                                                     temperature=args.temperature, top_k=args.top_k,
+                                                     top_p=args.top_p, generator=generator, mem_len=args.mem_len))
+        pieces = stream_text(ckpt.tokenizer, tokens, prompt_ids.tolist())
+        text = next(pieces)  # the prompt as the model reads it; words: as typed (decoding shows <unk>)
+        sys.stdout.write(prompt if ckpt.tokenizer.kind == "word" else text)
+        sys.stdout.flush()
+        for text in pieces:  # printed as drawn; all of it equals decode(prompt + sample)
+            if text:
                 sys.stdout.write(text)
                 sys.stdout.flush()
-                pending = []
-    if pending:
-        sys.stdout.write(ckpt.tokenizer.decode(pending))
     sys.stdout.write("\n")
     return 0

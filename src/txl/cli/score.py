@@ -19,8 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-from txl.cli.common import (add_batch_size, add_checkpoint, add_device, add_dtype, add_option, add_span,
-                            check_range, checkpoint_arg, load_checkpoint, span_args)
+from txl.cli.common import (add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_option,
+                            add_span, check_range, checkpoint_arg, load_checkpoint, span_args)
 from txl.errors import TxlError
 
 NAME = "score"
@@ -34,6 +34,7 @@ DETAILS = ("Score documents with a checkpoint: log p(token | everything before i
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the ``score`` flags (no torch import here)."""
     add_checkpoint(p, option_alias=True)
+    add_checkpoint_name(p)
     p.set_defaults(_more="files")  # later items of the list, after an option (see txl.cli.main)
     p.add_argument("files", nargs="*", metavar="FILE",
                    help="a text file (one document), a directory (one document per file) or a .jsonl file "
@@ -171,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     from txl.evaluation.stream import metric_unit
     from txl.fileio import atomic_write
 
-    ckpt, _ = load_checkpoint(args)
+    ckpt, _ = load_checkpoint(args, announce=True)
     docs = read_documents(args.files, ckpt.tokenizer, min_tokens=1 if args.carry_memory else 2)
     names = [name for name, _ in docs]
     e = ckpt.run.eval

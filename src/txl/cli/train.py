@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_seed(p, text="train.seed")
     p.set_defaults(seed=None)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its last/ checkpoint")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its last/ checkpoint (give the "
+                   "run folder; RUN_DIR/last is accepted too)")
     p.add_argument("--allow-config-change", action="store_true",
                    help="with --resume: accept KEY=VALUE overrides that change the saved config")
     p.add_argument("--nproc", type=int, default=None, metavar="N",
@@ -66,10 +67,10 @@ def run(args: argparse.Namespace) -> int:
         if overrides and not args.allow_config_change:
             raise TxlError("--resume continues a run with its saved config; to change it anyway (e.g. "
                            "train.max_steps=...), add --allow-config-change")
-        run_json = Path(args.resume) / "run.json"
-        if not run_json.is_file():
-            raise TxlError(f"{args.resume} is not a run directory (no run.json)")
-        saved = read_json_object(run_json)
+        from txl.training.checkpoint import resume_run_dir
+
+        args.resume = str(resume_run_dir(args.resume))  # RUN/last stands for RUN
+        saved = read_json_object(Path(args.resume) / "run.json")
         changes: dict = {}
         for text in overrides:
             section, key, value = parse_override(text)
@@ -84,6 +85,15 @@ def run(args: argparse.Namespace) -> int:
         if args.tokenizer:
             overrides.append(f"data.tokenizer={args.tokenizer}")
         run_config = load_run_config(args.config, overrides + flags)
+    if args.resume:
+        from txl.training.resume import saved_step
+
+        done = saved_step(args.resume)
+        if done is not None and done >= run_config.train.max_steps:
+            print(f"{args.resume} is already complete at step {done} (train.max_steps={run_config.train.max_steps}); "
+                  f"nothing to train. To train longer: txl train --resume {args.resume} --allow-config-change "
+                  "train.max_steps=N")
+            return 0
     if args.nproc is not None:
         return _launch(args, getattr(args, "_argv", None), run_config)
     from txl.training.loop import train
@@ -123,8 +133,12 @@ def _launch(args: argparse.Namespace, argv: list[str] | None, run) -> int:
 def _report(result, run) -> int:
     if result.rank:  # torchrun: rank 0 reports for the run
         return 0
-    print(f"trained {result.steps} steps, {result.tokens:,} tokens in {result.wall_s:.0f} s "
-          f"({result.tokens_per_s:,.0f} tokens/s including validation)")
+    speed = f"({result.tokens_per_s:,.0f} tokens/s including validation)"
+    if result.start_step:  # resumed: this call trained only the steps after start_step
+        print(f"trained steps {result.start_step + 1}-{result.steps} (resumed after step {result.start_step}); "
+              f"in all {result.steps} steps, {result.tokens:,} tokens in {result.wall_s:.0f} s {speed}")
+    else:
+        print(f"trained {result.steps} steps, {result.tokens:,} tokens in {result.wall_s:.0f} s {speed}")
     print(f"{run.eval.split} {result.final}")
     print(f"checkpoint: {result.best_dir}")
     if result.sample:

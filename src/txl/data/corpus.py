@@ -274,14 +274,22 @@ def _line_fraction_splits(
     return tokenizer, parts
 
 
-def _check_sizes(parts: dict[str, np.ndarray], requested: dict[str, bool], source: str) -> None:
+def _split_fix(name: str, fr: tuple[float, float, float] | None) -> str:
+    """What to change when the ``name`` split is too small: its fraction in ``data.split`` (``fr``, the
+    fractions in use) or, for separate split files (``fr`` None), the ``data.<name>`` file."""
+    if fr is None:
+        return f"give a longer {name} file (data.{name}; data.train, data.valid and data.test name the split files)"
+    now = "[" + ", ".join(f"{x:g}" for x in fr) + "]"
+    return (f"use a larger corpus or a larger {name} fraction in data.split (train, valid, test; now "
+            f"data.split={now})")
+
+
+def _check_sizes(parts: dict[str, np.ndarray], requested: dict[str, bool], source: str,
+                 fr: tuple[float, float, float] | None = None) -> None:
     for name in SPLITS:
         n = len(parts[name])
         if (name == "train" or requested[name]) and n < 2:
-            raise TxlError(
-                f"the {name} split of {source} has {n} token(s); it needs at least 2: "
-                "use a larger corpus or different split fractions"
-            )
+            raise TxlError(f"the {name} split of {source} has {n} token(s); it needs at least 2: {_split_fix(name, fr)}")
 
 
 def load_corpus(
@@ -426,13 +434,13 @@ def _load_fractions(
             if f > 0 and len(parts[name]) == 0:
                 raise TxlError(
                     f"the {name} split of {source} is empty: too few lines to split at line "
-                    "boundaries; use a larger corpus or a larger fraction"
+                    f"boundaries; {_split_fix(name, fr)}"
                 )
     else:
         if tok is None:
             tok = build_tokenizer(kind, _read_text(files, kind) if kind == "char" else None, **opts)
         parts = split_tokens(encode_corpus(files, tok, cache_dir), fr)
-    _check_sizes(parts, {"valid": fr[1] > 0, "test": fr[2] > 0}, source)
+    _check_sizes(parts, {"valid": fr[1] > 0, "test": fr[2] > 0}, source, fr)
     return CorpusSplits(tok, parts["train"], parts["valid"], parts["test"], source, [str(f) for f in files])
 
 

@@ -200,33 +200,109 @@ class Checkpoint:
     has_run_config: bool = True
 
 
-def resolve_checkpoint_dir(path: str | Path) -> Path:
+CHECKPOINT_NAMES = ("best", "last")  # the checkpoints of a run a command can be told to use
+
+
+def resolve_checkpoint_dir(path: str | Path, name: str | None = None) -> Path:
     """Accept a checkpoint directory or a run directory (then its ``best/``, else ``last/``).
 
+    ``name`` ("best" or "last") picks that checkpoint of a run directory (the newest intact one of
+    that name); it cannot be combined with a checkpoint directory.
+
     Raises:
-        TxlError: nothing that looks like a checkpoint there.
+        TxlError: nothing that looks like a checkpoint there, an unknown ``name``, ``name`` with a
+            checkpoint directory, or no checkpoint of that name in the run.
     """
     path = Path(path)
+    if name is not None and name not in CHECKPOINT_NAMES:
+        raise TxlError(f"the checkpoint name must be one of {', '.join(CHECKPOINT_NAMES)}, got {name!r}")
     if not path.exists():
         raise TxlError(f"checkpoint {path} does not exist")
     if (path / CONFIG_NAME).is_file():
+        if name is not None:
+            raise TxlError(f"{path} is a checkpoint, not a run directory: --checkpoint-name {name} chooses among "
+                           f"the checkpoints of a run; give the run directory, or {path} alone")
         return path
+    if name is not None:
+        candidates = checkpoint_candidates(path, name)
+        if not candidates:
+            raise TxlError(f"{path} has no {name}/ checkpoint; choose another with --checkpoint-name "
+                           f"({'/'.join(CHECKPOINT_NAMES)})")
+        return first_good_checkpoint(candidates)
     candidates = checkpoint_candidates(path, "best") + checkpoint_candidates(path, "last")
     if candidates:
         return first_good_checkpoint(candidates)
     raise TxlError(f"{path} is not a txl checkpoint or run directory: no {CONFIG_NAME} in it or in best/ or last/")
 
 
-def load_checkpoint(path: str | Path, map_location: str = "cpu") -> Checkpoint:
+def resume_run_dir(path: str | Path) -> Path:
+    """The run directory that ``txl train --resume PATH`` continues.
+
+    ``PATH`` is normally the run directory (it holds ``run.json``, ``last/``, ``best/``). Its newest
+    checkpoint, ``RUN/last``, is accepted too and stands for its run; any other checkpoint of a run
+    (``best/``, an older ``last.<step>/``) is refused with a line naming the run folder, because a
+    run always continues from its newest checkpoint.
+
+    Raises:
+        TxlError: ``PATH`` does not exist, or is neither a run directory nor its ``last/``.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise TxlError(f"{path} does not exist; --resume takes the folder of the run to continue")
+    if (path / CONFIG_NAME).is_file():  # a checkpoint, not a run
+        run_dir = path.parent
+        if not (run_dir / RUN_NAME).is_file():
+            raise TxlError(f"{path} is a checkpoint, not a run directory; --resume takes the folder of a run "
+                           f"(the one holding {RUN_NAME}, last/ and best/)")
+        if path.name == "last":
+            return run_dir
+        raise TxlError(f"{path} is a checkpoint of the run {run_dir}, which continues from its newest checkpoint "
+                       f"(last/): use --resume {run_dir}")
+    if not (path / RUN_NAME).is_file():
+        raise TxlError(f"{path} is not a run directory (no {RUN_NAME}); --resume takes the folder of the run "
+                       "to continue (the --out it was trained with)")
+    return path
+
+
+def checkpoint_step(folder: str | Path) -> int | None:
+    """The training step recorded in a checkpoint's ``state.json``; None when it records none."""
+    try:
+        step = _read_json(Path(folder) / STATE_NAME).get("step")
+    except TxlError:
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def describe_checkpoint(directory: str | Path) -> str:
+    """Which checkpoint this is, for the user: ``runs/x/best (step 600; last/ is at step 700)``.
+
+    The step comes from its ``state.json``; for a ``best``/``last`` checkpoint inside a run directory
+    the other one's step is added when it differs (after an interrupted run ``best/`` may be older).
+    """
+    directory = Path(directory)
+    step = checkpoint_step(directory)
+    notes = [f"step {step}"] if step is not None else []
+    base = directory.name.split(".")[0]
+    if base in CHECKPOINT_NAMES:
+        other = CHECKPOINT_NAMES[1 - CHECKPOINT_NAMES.index(base)]
+        if (directory.parent / other / CONFIG_NAME).is_file():
+            other_step = checkpoint_step(directory.parent / other)
+            if other_step is not None and other_step != step:
+                notes.append(f"{other}/ is at step {other_step}")
+    return f"{directory}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def load_checkpoint(path: str | Path, map_location: str = "cpu", name: str | None = None) -> Checkpoint:
     """Load model (in eval mode), tokenizer, run config and state (safetensors + JSON only).
 
-    ``path`` may be a run directory (its ``best/``, else the newest intact ``last*/``).
+    ``path`` may be a run directory (its ``best/``, else the newest intact ``last*/``; ``name``
+    "best" or "last" picks one, see :func:`resolve_checkpoint_dir`).
 
     Raises:
         TxlError: missing files, invalid JSON, a file that fails its checksum (e.g. a vocabulary or
             weights replaced after saving), a vocabulary whose size differs from the model's.
     """
-    directory = resolve_checkpoint_dir(path)
+    directory = resolve_checkpoint_dir(path, name)
     if not verify_checkpoint(directory) and (directory / STATE_NAME).is_file():  # written by txl, checksums lost
         print(f"txl: warning: {directory} has no {CHECKSUMS_NAME}; its files cannot be verified", file=sys.stderr)
     if (directory / CLASSIFIER_NAME).is_file():

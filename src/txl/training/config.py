@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from txl.errors import TxlError
-from txl.config import DataConfig, EvalConfig, TrainConfig, check_fields
+from txl.config import DataConfig, EvalConfig, TrainConfig, check_fields, did_you_mean
 from txl.model.config import TransformerXLConfig
 
 SECTIONS: dict[str, type] = {"model": TransformerXLConfig, "data": DataConfig, "train": TrainConfig, "eval": EvalConfig}
@@ -69,7 +69,8 @@ class RunConfig:
         base = base or cls()
         unknown = sorted(set(values) - set(SECTIONS))
         if unknown:
-            raise TxlError(f"unknown config section(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}")
+            raise TxlError(f"unknown config section(s) {', '.join(map(str, unknown))}{did_you_mean(unknown[0], SECTIONS)}; "
+                           f"known: {', '.join(SECTIONS)}")
         merged: dict[str, Any] = {}
         for name, section_cls in SECTIONS.items():
             current = dataclasses.asdict(getattr(base, name))
@@ -102,16 +103,27 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     if "." in name:
         section, key = name.split(".", 1)
         if section not in SECTIONS:
-            raise TxlError(f"unknown config section {section!r} in {text!r}; known: {', '.join(SECTIONS)}")
-        if key not in {f.name for f in dataclasses.fields(SECTIONS[section])}:
-            raise TxlError(f"unknown key {key!r} in section [{section}] (override {text!r})")
+            raise TxlError(f"unknown config section {section!r} in {text!r}{did_you_mean(section, SECTIONS)}; "
+                           f"known: {', '.join(SECTIONS)}")
+        keys = [f.name for f in dataclasses.fields(SECTIONS[section])]
+        if key not in keys:
+            elsewhere = [f"{other}.{key}" for other, c in SECTIONS.items() if key in {f.name for f in dataclasses.fields(c)}]
+            hint = (f" (did you mean {' or '.join(elsewhere)}?)" if elsewhere else
+                    did_you_mean(name, [f"{section}.{k}" for k in keys]) or did_you_mean(name, _qualified_keys()))
+            raise TxlError(f"unknown key {key!r} in section [{section}]{hint} (override {text!r})")
         return section, key, _keep_strings(section, key, value, raw)
     owners = [s for s, c in SECTIONS.items() if name in {f.name for f in dataclasses.fields(c)}]
     if not owners:
-        raise TxlError(f"unknown config key {name!r} (override {text!r})")
+        hint = did_you_mean(name, sorted({k.split(".", 1)[1] for k in _qualified_keys()}))
+        raise TxlError(f"unknown config key {name!r}{hint} (override {text!r})")
     if len(owners) > 1:
         raise TxlError(f"config key {name!r} is in sections {', '.join(owners)}: write e.g. {owners[0]}.{name}={raw}")
     return owners[0], name, _keep_strings(owners[0], name, value, raw)
+
+
+def _qualified_keys() -> list[str]:
+    """Every config key as ``section.key``."""
+    return [f"{section}.{f.name}" for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
 
 
 def _keep_strings(section: str, key: str, value: Any, raw: str) -> Any:

@@ -49,6 +49,8 @@ class TrainResult:
         sample_prompt, sample: the prompt and the text sampled after it from the best checkpoint
             ("" when ``sample_tokens`` is 0, and on ranks other than 0).
         rank: this process's torchrun rank (0 for a single process).
+        start_step: the step a resumed run continued after (0 for a new run); ``steps - start_step``
+            steps were trained by this call.
     """
 
     run_dir: Path
@@ -61,6 +63,7 @@ class TrainResult:
     sample_prompt: str
     sample: str
     rank: int = 0
+    start_step: int = 0
 
 
 def shuffled_batches(corpus: CorpusSplits, batch_size: int, tgt_len: int, device: torch.device, seed: int):
@@ -81,7 +84,8 @@ def _check_length(corpus: CorpusSplits, run: RunConfig, max_tgt: int) -> None:
     n, b = len(corpus.train), run.train.batch_size
     if n < b * max_tgt + 1:
         raise TxlError(f"the train split has {n} tokens, fewer than batch_size × tgt_len + 1 = {b * max_tgt + 1} "
-                       "needed for one segment per stream; use a longer corpus or lower train.batch_size/model.tgt_len")
+                       "needed for one segment per stream; use a longer corpus, give the train split more (data.split, or a "
+                       "longer data.train file) or lower train.batch_size/model.tgt_len")
 
 
 def _absolute_paths(data):
@@ -385,7 +389,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     distributed.shutdown(d)
     return TrainResult(run_dir=out_dir, best_dir=out_dir / "best", final=final, steps=step, tokens=state["tokens"],
                        wall_s=wall, tokens_per_s=state["tokens"] / wall, sample_prompt=prompt,
-                       sample=sample, rank=d.rank)
+                       sample=sample, rank=d.rank, start_step=start_step)
 
 
 def _resolved(run: RunConfig, model: TransformerXLLM, span) -> RunConfig:

@@ -149,3 +149,18 @@ def load_trainer_state(directory: Path, *, optimizer: torch.optim.Optimizer, sca
     mems = [tensors[f"mems.{i}"].to(device) for i in range(meta["n_mems"])] or None
     return {"step": meta["step"], "position": meta["position"], "mems": mems, "state": meta["state"],
             "own_rng": bool(own)}
+
+
+def saved_step(run_dir: str | Path) -> int | None:
+    """The step at which the newest intact resumable checkpoint (``last*/``) of ``run_dir`` was
+    written; None when the run has none. Torn or corrupt checkpoints are skipped silently (the
+    resumed run reports them)."""
+    from txl.training.checkpoint import checkpoint_candidates, first_good_checkpoint
+
+    candidates = checkpoint_candidates(run_dir, "last")
+    try:
+        folder = first_good_checkpoint(candidates, required=JSON_NAME, warn=lambda message: None)
+        step = read_json_object(folder / JSON_NAME, "trainer state").get("step")
+    except TxlError:
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None

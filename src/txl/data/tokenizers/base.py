@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 from abc import ABC, abstractmethod
@@ -127,6 +128,14 @@ class Tokenizer(ABC):
         """
         return self.encode(decode_utf8(data, source, self.kind))
 
+    def text_stream(self) -> TextStream:
+        """A :class:`TextStream` that turns ids given one at a time into the text of :meth:`decode`.
+
+        The default decodes each id on its own, which is exact for tokenizers whose text is the
+        concatenation of their tokens' texts (char); byte, word and BPE tokenizers override it.
+        """
+        return TextStream(self)
+
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write :meth:`to_dict` as JSON to ``path`` (atomically; parent folders are created).
 
@@ -147,3 +156,51 @@ class Tokenizer(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(vocab_size={self.vocab_size})"
+
+
+class TextStream:
+    """Incremental decoding: :meth:`push` ids one at a time, then :meth:`finish`.
+
+    The texts returned, concatenated, equal ``tokenizer.decode(all ids pushed)`` for every id
+    sequence; a piece of text is returned as soon as later ids can no longer change it. This base
+    class decodes each id on its own (exact when the text of a sequence is the concatenation of
+    its tokens' texts).
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def push(self, token_id: int) -> str:
+        """The new text that ``token_id`` completes ("" when it waits for more ids)."""
+        return self.tokenizer.decode([token_id])
+
+    def finish(self) -> str:
+        """The text still held back at the end (e.g. U+FFFD for an incomplete UTF-8 sequence)."""
+        return ""
+
+
+class Utf8TextStream(TextStream):
+    """Streaming text of tokens that stand for bytes (byte tokenizer, byte-level BPE).
+
+    The bytes go through an incremental UTF-8 decoder with ``errors="replace"``, which gives the
+    same characters and U+FFFD replacements as decoding all the bytes at once: a valid character
+    right after an invalid byte is not swallowed, and a character split over tokens waits for its
+    last byte.
+
+    Args:
+        tokenizer: the tokenizer (its ids are checked by ``token_bytes``).
+        token_bytes: the bytes of one token id.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, token_bytes) -> None:
+        super().__init__(tokenizer)
+        self._bytes = token_bytes
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        """The characters completed by the bytes of ``token_id``."""
+        return self._decoder.decode(self._bytes(token_id))
+
+    def finish(self) -> str:
+        """U+FFFD for an incomplete sequence left at the end, else ""."""
+        return self._decoder.decode(b"", final=True)

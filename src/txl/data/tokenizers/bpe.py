@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from txl.data.tokenizers.base import Tokenizer, _ids_array, check_vocabulary_entry, normalize_text
+from txl.data.tokenizers.base import (TextStream, Tokenizer, Utf8TextStream, _ids_array, check_vocabulary_entry,
+                                      normalize_text)
 from txl.errors import TxlError
 
 
@@ -108,6 +109,24 @@ class BPETokenizer(Tokenizer):
         arr = _ids_array(ids, self.vocab_size, self.kind)
         return self._tok.decode(arr.tolist(), skip_special_tokens=False)
 
+    def text_stream(self) -> TextStream:
+        """Streaming text: each token's bytes through an incremental UTF-8 decoder, so that a character
+        split over two tokens waits for its last byte (see :class:`Utf8TextStream`)."""
+        return Utf8TextStream(self, self.token_bytes)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token ``token_id`` stands for (its byte-level symbols mapped back to bytes).
+
+        A token that is not made of byte-level symbols (an added special token) gives the UTF-8
+        of its decoded text.
+        """
+        (i,) = _ids_array([token_id], self.vocab_size, self.kind).tolist()
+        symbols = self._tok.id_to_token(i) or ""
+        to_byte = _unicode_to_byte()
+        if all(c in to_byte for c in symbols):
+            return bytes(to_byte[c] for c in symbols)
+        return self._tok.decode([i], skip_special_tokens=False).encode("utf-8")
+
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "bpe", "tokenizer": self._json}
 
@@ -140,3 +159,25 @@ def _chunks(text: str, size: int) -> list[str]:
 
 
 _LINE_START = re.compile(r"(?<=\S\n)(?=\S)")
+
+
+_UNICODE_TO_BYTE: dict[str, int] = {}
+
+
+def _unicode_to_byte() -> dict[str, int]:
+    """The byte-level alphabet (GPT-2's ``bytes_to_unicode``) inverted: symbol -> byte.
+
+    Printable Latin-1 bytes stand for themselves; the other 68 bytes map, in order, to
+    U+0100 onwards.
+    """
+    if not _UNICODE_TO_BYTE:
+        direct = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                  *range(ord("\u00ae"), ord("\u00ff") + 1)]
+        extra = 0
+        for b in range(256):
+            if b in direct:
+                _UNICODE_TO_BYTE[chr(b)] = b
+            else:
+                _UNICODE_TO_BYTE[chr(256 + extra)] = b
+                extra += 1
+    return _UNICODE_TO_BYTE

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from txl.errors import TxlError
-from txl.data.tokenizers.base import WORD_NORMALIZERS, Tokenizer, _ids_array, check_vocabulary_entry, normalize_text
+from txl.data.tokenizers.base import (WORD_NORMALIZERS, TextStream, Tokenizer, Utf8TextStream, _ids_array,
+                                      check_vocabulary_entry, normalize_text)
 from txl.data.tokenizers.wikitext import wikitext_detokenize, wikitext_tokenize
 
 
@@ -48,6 +49,10 @@ class ByteTokenizer(Tokenizer):
     def decode(self, ids: Any) -> str:
         arr = _ids_array(ids, 256, self.kind)
         return arr.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
+
+    def text_stream(self) -> TextStream:
+        """Streaming text through an incremental UTF-8 decoder (see :class:`Utf8TextStream`)."""
+        return Utf8TextStream(self, lambda i: _ids_array([i], 256, self.kind).astype(np.uint8).tobytes())
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "byte"}
@@ -275,6 +280,10 @@ class WordTokenizer(Tokenizer):
             pieces.append(join(line))
         return "".join(pieces)
 
+    def text_stream(self) -> TextStream:
+        """Streaming text: words separated by single spaces, ``<eos>`` as ``"\\n"`` (as :meth:`decode`)."""
+        return _WordTextStream(self)
+
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "word", "lower": self.lower, "normalize": self.normalize, "words": list(self.words)}
 
@@ -285,3 +294,22 @@ def _line_words(line: str, lower: bool, normalize: str) -> list[str]:
         words = [w for ln in line.split("\n") for w in wikitext_tokenize(ln)]
         return [w.lower() for w in words] if lower else words
     return (line.lower() if lower else line).split()
+
+
+class _WordTextStream(TextStream):
+    """Words as :meth:`WordTokenizer.decode` joins them: a space before every word but the first of a line."""
+
+    def __init__(self, tokenizer: WordTokenizer) -> None:
+        super().__init__(tokenizer)
+        self._line_start = True
+
+    def push(self, token_id: int) -> str:
+        """The word (with its separating space) or ``"\\n"`` for ``<eos>``."""
+        tok = self.tokenizer
+        (i,) = _ids_array([token_id], tok.vocab_size, tok.kind).tolist()
+        if i == tok.eos_id:
+            self._line_start = True
+            return "\n"
+        text = tok.words[i] if self._line_start else " " + tok.words[i]
+        self._line_start = False
+        return text
