@@ -90,10 +90,11 @@ def add_span(parser: argparse.ArgumentParser, names: tuple[str, ...] = SPAN_FLAG
                        help=f"{texts[name]} (default: {default_text})")
 
 
-def add_seed(parser: argparse.ArgumentParser, default: int | None = None, text: str = "random seed") -> None:
-    """``--seed N``."""
+def add_seed(parser: argparse.ArgumentParser, default: int | None = None, text: str = "random seed",
+             unset: str = "random") -> None:
+    """``--seed N``; ``unset`` says in the help what happens without it (when ``default`` is None)."""
     parser.add_argument("--seed", type=int, default=default, metavar="N",
-                        help=f"{text} (default: {default if default is not None else 'random'})")
+                        help=f"{text} (default: {default if default is not None else unset})")
 
 
 def add_json(parser: argparse.ArgumentParser, bare: bool = False) -> None:

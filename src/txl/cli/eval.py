@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stride", type=int, default=1, help="predictions per sliding window (default 1)")
     add_dtype(p)
     add_device(p)
-    add_seed(p, text="seeds python, numpy and torch (evaluation itself draws no random numbers)")
+    add_seed(p, text="seeds python, numpy and torch (evaluation itself draws no random numbers)", unset="not seeded")
     add_json(p, bare=True)
     p.add_argument("--dynamic", action="store_true",
                    help="dynamic evaluation (Krause et al. 2019): score each segment, then adapt the weights to it")

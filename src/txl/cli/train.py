@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(device=None)  # None: train.device of the config
     add_dtype(p, default=None)
     add_batch_size(p, text="train.batch_size")
-    add_seed(p, text="train.seed")
+    add_seed(p, text="train.seed", unset="the config's train.seed, 1234 unless set")
     p.set_defaults(seed=None)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its last/ checkpoint (give the "
