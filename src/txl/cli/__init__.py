@@ -20,7 +20,7 @@ import sys
 import textwrap
 import threading
 
-from txl.cli.common import visible_flags
+from txl.cli.common import print_notes, visible_flags
 from txl.errors import TxlError
 
 # torch and numpy are imported inside the commands, so that Ctrl-C during start-up or a usage
@@ -134,7 +134,9 @@ def _main(argv: list[str] | None) -> int:
         if extra:
             setattr(args, more, getattr(args, more) + extra)
         args._argv = argv
-        return args._run(args)
+        code = args._run(args)
+        print_notes(args)  # a command that loaded a checkpoint but never said so
+        return code
     except TxlError as err:
         if os.environ.get("RANK", "0") == "0":  # torchrun: every rank meets the same error; rank 0 reports it
             print(f"txl: error: {err}", file=sys.stderr)

@@ -231,20 +231,35 @@ def load_checkpoint(args: argparse.Namespace, path: str | None = None, announce:
     device = resolve_device(args.device)
     ckpt = load(path if path is not None else args.checkpoint, map_location=str(device),
                 name=getattr(args, "checkpoint_name", None))
-    if announce:
-        print(f"txl: using {describe_checkpoint(ckpt.path)}", file=sys.stderr, flush=True)
-        warn_slow_dtype(device, getattr(args, "dtype", None))
+    if announce:  # said once the command's input has passed its checks (see print_notes)
+        notes = args.__dict__.setdefault("_notes", [])
+        notes.append(f"txl: using {describe_checkpoint(ckpt.path)}")
+        warning = slow_dtype_warning(device, getattr(args, "dtype", None))
+        if warning:
+            notes.append(warning)
     return ckpt, device
 
 
-def warn_slow_dtype(device, dtype: str | None) -> None:
-    """One ``txl: warning:`` line on stderr when ``dtype`` on ``device`` is emulated (a CPU without
-    native bfloat16/float16 arithmetic), where it runs many times slower than float32."""
-    from txl.runtime import native_dtype_support
+def print_notes(args: argparse.Namespace) -> None:
+    """Print (stderr) and forget the lines :func:`load_checkpoint` kept back: which checkpoint, slow dtype.
 
-    if dtype and dtype != "float32" and not native_dtype_support(device, dtype):
-        print(f"txl: warning: this CPU has no native {dtype} support: --dtype {dtype} will be much slower "
-              "than float32 (use --dtype float32 here)", file=sys.stderr, flush=True)
+    Commands call this when their input has passed its checks and the work begins, so that bad
+    input is still reported as one ``txl: error:`` line; :func:`txl.cli.main` calls it after a
+    command that returned without doing so.
+    """
+    for line in args.__dict__.pop("_notes", []):
+        print(line, file=sys.stderr, flush=True)
+
+
+def slow_dtype_warning(device, dtype: str | None) -> str | None:
+    """The ``txl: warning:`` line for a ``dtype`` that ``device`` only emulates (a CPU without native
+    bfloat16/float16 arithmetic, many times slower than float32); None when there is nothing to say."""
+    from txl import runtime
+
+    if dtype and dtype != "float32" and not runtime.native_dtype_support(device, dtype):
+        return (f"txl: warning: this CPU has no native {dtype} support: --dtype {dtype} will be much slower "
+                "than float32 (use --dtype float32 here)")
+    return None
 
 
 def emit_json(destination: str, obj: Any) -> None:

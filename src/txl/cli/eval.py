@@ -8,7 +8,7 @@ from pathlib import Path
 
 from txl.cli.common import (add_batch_size, add_checkpoint_name, add_data, add_device, add_dtype, add_json,
                             add_option, add_seed, add_span, check_range, check_seed, emit_json, human_stream,
-                            load_checkpoint, pick, span_args, underscore)
+                            load_checkpoint, pick, print_notes, span_args, underscore)
 from txl.errors import TxlError
 
 NAME = "eval"
@@ -144,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         if len(tokens) < 2:
             raise TxlError(f"the {split} split is empty; use --split valid or --data FILE")
     unit = metric_unit(ckpt.tokenizer.kind)
+    print_notes(args)  # which checkpoint (the input has passed its checks)
     batch_size = args.batch_size or e.batch_size
     max_tokens = e.max_tokens if args.max_tokens is None else args.max_tokens
     if args.dynamic:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from txl.cli.common import (add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_option, add_seed,
-                            add_span, check_range, check_seed, load_checkpoint, underscore)
+                            add_span, check_range, check_seed, load_checkpoint, print_notes, underscore)
 from txl.errors import TxlError
 
 NAME = "generate"
@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     ids = torch.as_tensor(prompt_ids, device=device)[None]
     if ids.size(1) == 0:
         raise TxlError("the prompt encodes to no tokens; give a longer prompt")
+    print_notes(args)  # which checkpoint (the input has passed its checks)
     generator = torch.Generator(device=device)
     generator.manual_seed(args.seed if args.seed is not None else torch.seed() % (2**63))
     with autocast(device, args.dtype):

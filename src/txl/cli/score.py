@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from txl.cli.common import (add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_option,
-                            add_span, check_range, checkpoint_arg, load_checkpoint, span_args)
+                            add_span, check_range, checkpoint_arg, load_checkpoint, print_notes, span_args)
 from txl.errors import TxlError
 
 NAME = "score"
@@ -174,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
 
     ckpt, _ = load_checkpoint(args, announce=True)
     docs = read_documents(args.files, ckpt.tokenizer, min_tokens=1 if args.carry_memory else 2)
+    print_notes(args)  # which checkpoint (the input has passed its checks)
     names = [name for name, _ in docs]
     e = ckpt.run.eval
     span = span_args(args, e)

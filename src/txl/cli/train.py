@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         if args.tokenizer:
             overrides.append(f"data.tokenizer={args.tokenizer}")
         run_config = load_run_config(args.config, overrides + flags)
-    if args.resume:
+    if args.resume and not overrides:  # with changes, train() checks them first (then reports the same)
         from txl.training.resume import saved_step
 
         done = saved_step(args.resume)
@@ -134,7 +134,10 @@ def _report(result, run) -> int:
     if result.rank:  # torchrun: rank 0 reports for the run
         return 0
     speed = f"({result.tokens_per_s:,.0f} tokens/s including validation)"
-    if result.start_step:  # resumed: this call trained only the steps after start_step
+    if result.start_step and result.steps <= result.start_step:
+        print(f"{run.train.out_dir} is already complete at step {result.start_step} (train.max_steps="
+              f"{run.train.max_steps}); nothing was trained")
+    elif result.start_step:  # resumed: this call trained only the steps after start_step
         print(f"trained steps {result.start_step + 1}-{result.steps} (resumed after step {result.start_step}); "
               f"in all {result.steps} steps, {result.tokens:,} tokens in {result.wall_s:.0f} s {speed}")
     else:

@@ -248,7 +248,8 @@ def resume_run_dir(path: str | Path) -> Path:
     """
     path = Path(path)
     if not path.exists():
-        raise TxlError(f"{path} does not exist; --resume takes the folder of the run to continue")
+        raise TxlError(f"{path} is not a run directory: it does not exist (--resume takes the folder of the run "
+                       "to continue)")
     if (path / CONFIG_NAME).is_file():  # a checkpoint, not a run
         run_dir = path.parent
         if not (run_dir / RUN_NAME).is_file():
