@@ -208,27 +208,25 @@ def _same_file(a: str | Path, b: str | Path) -> bool:
 
 def _input_conflict(path: Path, inputs) -> str | None:
     """Why writing ``path`` would touch one of ``inputs`` (files or folders), or None."""
-    real = Path(os.path.realpath(path))
-    exists = os.path.lexists(path)
+    try:
+        target = os.stat(path)  # follows a symlink: its target is what the name stands for
+    except OSError:
+        target = None
     for item in inputs:
         if item is None or str(item) == "-":
             continue
-        item_real = Path(os.path.realpath(item))
         if _same_file(path, item):
             return f"is the input {item}"
-        if item_real.is_dir():
-            if item_real in real.parents:
-                return f"is inside the input folder {item}"
-            if exists and os.path.exists(path):  # a hard link to a file inside an input folder
-                target = os.stat(path)
-                for root, _, names in os.walk(item_real):
-                    for name in names:
-                        try:
-                            st = os.stat(os.path.join(root, name))
-                        except OSError:
-                            continue
-                        if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
-                            return f"is the input {os.path.join(root, name)} (a link to it)"
+        if target is not None and os.path.isdir(item):
+            # an input folder is read whole: a file in it (or a link to one) is an input
+            for root, _, names in os.walk(item):
+                for name in names:
+                    try:
+                        st = os.stat(os.path.join(root, name))
+                    except OSError:
+                        continue
+                    if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+                        return f"is the input {os.path.join(root, name)} (read from the input folder {item})"
     return None
 
 
@@ -236,7 +234,7 @@ def check_output_path(path: str | Path, inputs=(), force: bool = False, flag: st
     """Check that a command may write the user-named output file ``path``; return it as a Path.
 
     Refused, in this order: ``path`` is a folder; it is (by resolved path, symlink or hard link) one
-    of ``inputs`` or lies inside an input folder; it lies inside a txl checkpoint or run folder
+    of ``inputs`` or an existing file inside an input folder (which is read whole); it lies inside a txl checkpoint or run folder
     (:func:`protected_folder`), even with ``force``; it exists and ``force`` is false. ``flag``
     names the option in the message (``--json``).
 
