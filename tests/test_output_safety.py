@@ -274,6 +274,7 @@ def test_resume_takes_over_the_lock_of_a_killed_run(tmp_path, trained, capsys):
     assert (tmp_path / f".run{LOCK_SUFFIX}").exists()
     code = main(["train", "--resume", str(copy), "--allow-config-change", "train.max_steps=9", "-q"])
     assert code == 0, capsys.readouterr().err
+    capsys.readouterr()
     assert json.loads((copy / "last" / "state.json").read_text())["step"] == 9
     # a new run on the existing run folder is still refused
     code = main(["train", str(corpus), "--tokenizer", "char", "--out", str(copy), "-q", *TINY])
