@@ -233,9 +233,10 @@ def _input_conflict(path: Path, inputs) -> str | None:
 def check_output_path(path: str | Path, inputs=(), force: bool = False, flag: str = "--out") -> Path:
     """Check that a command may write the user-named output file ``path``; return it as a Path.
 
-    Refused, in this order: ``path`` is a folder; it is (by resolved path, symlink or hard link) one
-    of ``inputs`` or an existing file inside an input folder (which is read whole); it lies inside a txl checkpoint or run folder
-    (:func:`protected_folder`), even with ``force``; it exists and ``force`` is false. ``flag``
+    Refused, in this order: ``path`` is a folder; it lies inside a txl checkpoint or run folder
+    (:func:`protected_folder`); it is (by resolved path, symlink or hard link) one of ``inputs`` or an
+    existing file inside an input folder (which is read whole); it exists and ``force`` is false.
+    ``force`` lifts only the last refusal. ``flag``
     names the option in the message (``--json``).
 
     Raises:
@@ -246,13 +247,13 @@ def check_output_path(path: str | Path, inputs=(), force: bool = False, flag: st
     path = Path(path)
     if path.is_dir():
         raise TxlError(f"{flag} {path} is a folder; give a file name")
-    conflict = _input_conflict(path, inputs)
-    if conflict:
-        raise TxlError(f"{flag} {path} {conflict}; txl never writes over its inputs: choose another file")
     folder = protected_folder(path)  # the resolved path's folders: a symlink into a checkpoint counts
     if folder is not None:
         raise TxlError(f"{flag} {path} is inside the txl checkpoint or run folder {folder}; txl never writes "
                        "into one: choose a file outside it")
+    conflict = _input_conflict(path, inputs)
+    if conflict:
+        raise TxlError(f"{flag} {path} {conflict}; txl never writes over its inputs: choose another file")
     if os.path.lexists(path) and not force:
         raise TxlError(f"{flag} {path} already exists; add --force to replace it, or choose another file")
     return path
@@ -336,16 +337,16 @@ def claim_folder(path: str | Path, *, flag: str = "--out", create: bool = True, 
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise TxlError(f"{flag} {path} is a file; choose a folder")
+    folder = protected_folder(Path(os.path.realpath(path)).parent)
+    if folder is not None:
+        raise TxlError(f"{flag} {path} is inside the txl checkpoint or run folder {folder}; choose a folder "
+                       "outside it")
     for item in inputs:
         if item is not None and os.path.isdir(item):
             item_real = Path(os.path.realpath(item))
             real = Path(os.path.realpath(path))
             if real == item_real or item_real in real.parents:
                 raise TxlError(f"{flag} {path} is the input folder {item} or inside it; choose another folder")
-    folder = protected_folder(Path(os.path.realpath(path)).parent)
-    if folder is not None:
-        raise TxlError(f"{flag} {path} is inside the txl checkpoint or run folder {folder}; choose a folder "
-                       "outside it")
     if not path.exists() and not create:
         raise TxlError(f"{flag} {path} does not exist")
     for _ in range(100):  # retried only when a releasing holder removed the lock file under us
