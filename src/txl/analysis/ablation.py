@@ -36,7 +36,7 @@ from typing import Callable
 from txl.training.config import RunConfig
 from txl.analysis.plots import plot_ablation
 from txl.errors import TxlError
-from txl.fileio import atomic_write, write_json
+from txl.fileio import atomic_write, claim_folder, write_json
 from txl.model import TransformerXLConfig
 
 TABLE_NAME, JSON_NAME, PLOT_NAME = "ablation.md", "results.json", "ablation.png"
@@ -219,13 +219,9 @@ def run_ablation(base: RunConfig, data: str | None, out_dir: str | Path, *, budg
 
     Raises:
         TxlError: both budgets, non-positive values, a base with a segment-length schedule or variable
-            lengths, an ``out_dir`` that already holds results, bad data (from training).
+            lengths, an ``out_dir`` that is not new or empty (or is in use by another process, or lies
+            inside a checkpoint or run folder), bad data (from training).
     """
-    from txl.training.checkpoint import load_checkpoint
-    from txl.data.corpus import load_run_corpus
-    from txl.training.loop import train
-    from txl.evaluation.stream import metric_unit
-
     if budget_tokens is not None and budget_minutes is not None:
         raise TxlError("give either --budget-tokens or --budget-minutes, not both")
     if (budget_tokens is not None and budget_tokens < 1) or (budget_minutes is not None and not budget_minutes > 0):
@@ -239,8 +235,21 @@ def run_ablation(base: RunConfig, data: str | None, out_dir: str | Path, *, budg
         raise TxlError("txl ablate trains every variant at model.tgt_len; remove train.tgt_len_schedule and "
                        "train.varlen from the base config")
     out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise TxlError(f"{out_dir} exists and is not an empty folder; choose another --out or remove it")
+    # one process per folder, claimed (new or empty) before anything is read; each variant's run inside
+    # it is claimed again by train()
+    with claim_folder(out_dir, empty=True, inputs=[data]):
+        return _run_claimed(base, data, out_dir, budget_tokens=budget_tokens, budget_minutes=budget_minutes,
+                            lengths=lengths, eval_tokens=eval_tokens, progress=progress, log=log)
+
+
+def _run_claimed(base: RunConfig, data: str | None, out_dir: Path, *, budget_tokens: int | None,
+                 budget_minutes: float | None, lengths: list[int], eval_tokens: int, progress: bool,
+                 log: Callable[[str], None]) -> dict:
+    """:func:`run_ablation` once the arguments are checked and ``out_dir`` is claimed."""
+    from txl.training.checkpoint import load_checkpoint
+    from txl.data.corpus import load_run_corpus
+    from txl.training.loop import train
+    from txl.evaluation.stream import metric_unit
 
     base = dataclasses.replace(base, data=dataclasses.replace(base.data, path=None if data is None else str(data)))
     base.validate()

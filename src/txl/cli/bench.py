@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from txl.cli.common import add_batch_size, add_device, add_dtype, add_json, emit_json
+from txl.cli.common import add_batch_size, add_device, add_dtype, add_force, add_json, check_output, emit_json
 from txl.errors import TxlError
 
 NAME = "bench"
@@ -24,6 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-speedup", action="store_true", help="vanilla sliding window vs memory (paper Table 9)")
     p.add_argument("--lengths", default="128,256,512,800", help="attention lengths for --eval-speedup")
     add_json(p)
+    add_force(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1 or args.repeats < 1:
         raise TxlError("--batch-size and --repeats must be >= 1")
+    check_output(args, args.json, flag="--json")
     # with --json - the JSON owns stdout: progress and the table go to stderr
     report = sys.stderr if args.json == "-" else sys.stdout
 
@@ -51,5 +53,5 @@ def run(args: argparse.Namespace) -> int:
                             repeats=args.repeats, memory=not args.no_memory, log=log)
         print(format_table(results), file=report)
     if args.json:
-        emit_json(args.json, results)
+        emit_json(args.json, results, force=args.force)
     return 0

@@ -81,6 +81,17 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     """``txl classify train``: fine-tune, report held-out accuracy, write the classifier folder."""
+    from txl.fileio import claim_folder
+
+    checkpoint_arg(args)
+    _check_args(args)
+    # one process per folder, claimed before anything is loaded; an empty folder it created goes on failure
+    with claim_folder(args.out, empty=True, inputs=[args.checkpoint, args.data]):
+        return _train_claimed(args)
+
+
+def _train_claimed(args: argparse.Namespace) -> int:
+    """:func:`_train` once ``--out`` is claimed."""
     import torch
 
     from txl.classification.data import encode_texts, load_labelled, stratified_split
@@ -90,11 +101,6 @@ def _train(args: argparse.Namespace) -> int:
     from txl.training.checkpoint import resolve_checkpoint_dir
     from txl.runtime import resolve_device
 
-    checkpoint_arg(args)
-    _check_args(args)
-    out = Path(args.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise TxlError(f"--out {out} already exists and is not empty; choose a new folder (nothing was changed)")
     device = resolve_device(args.device)
     lm_dir = resolve_checkpoint_dir(args.checkpoint)
     attn_type = read_model_config(lm_dir).attn_type

@@ -262,15 +262,42 @@ def slow_dtype_warning(device, dtype: str | None) -> str | None:
     return None
 
 
-def emit_json(destination: str, obj: Any) -> None:
-    """``--json`` output: one line of JSON on stdout for ``-``, else an indented JSON file, written atomically."""
+def emit_json(destination: str, obj: Any, force: bool = False) -> None:
+    """``--json`` output: one line of JSON on stdout for ``-``, else an indented JSON file, written atomically.
+
+    The file replaces an existing one only with ``force`` (check it first with :func:`check_output`).
+
+    Raises:
+        TxlError: without ``force``, a file that exists at ``destination`` (left as it was).
+    """
     if destination == "-":
         print(json.dumps(obj))
         sys.stdout.flush()
     else:
         from txl.fileio import write_json
 
-        write_json(destination, obj)
+        write_json(destination, obj, overwrite=force)
+
+
+def add_force(parser: argparse.ArgumentParser) -> None:
+    """``--force``: replace an existing output file (never an input, nor a file in a checkpoint or run folder)."""
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing output file (inputs and checkpoint or run folders are never written)")
+
+
+def check_output(args: argparse.Namespace, path: str | None, inputs=(), flag: str = "--out") -> None:
+    """Refuse the user-named output file ``path`` before any work (:func:`txl.fileio.check_output_path`
+    with ``args.force``); ``None`` and ``-`` (stdout) pass.
+
+    Raises:
+        TxlError: ``path`` is a folder, one of ``inputs`` or inside an input folder, inside a checkpoint
+            or run folder, or an existing file without ``--force``.
+    """
+    if path is None or path == "-":
+        return
+    from txl.fileio import check_output_path
+
+    check_output_path(path, inputs, force=getattr(args, "force", False), flag=flag)
 
 
 def human_stream(args: argparse.Namespace):

@@ -4,11 +4,12 @@ evaluation or a sweep over memory lengths."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
-from txl.cli.common import (add_batch_size, add_checkpoint_name, add_data, add_device, add_dtype, add_json,
-                            add_option, add_seed, add_span, check_range, check_seed, emit_json, human_stream,
-                            load_checkpoint, pick, print_notes, span_args, underscore)
+from txl.cli.common import (add_batch_size, add_checkpoint_name, add_data, add_device, add_dtype, add_force,
+                            add_json, add_option, add_seed, add_span, check_output, check_range, check_seed,
+                            emit_json, human_stream, load_checkpoint, pick, print_notes, span_args, underscore)
 from txl.errors import TxlError
 
 NAME = "eval"
@@ -49,6 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="evaluate at each of these memory lengths and print a table")
     p.add_argument("--plot", metavar="FILE", default=None,
                    help="with --sweep-mem: draw the metric against mem_len (.png, .pdf, .svg, ...)")
+    add_force(p)
 
 
 def _checkpoint(args: argparse.Namespace) -> None:
@@ -84,8 +86,15 @@ def _check(args: argparse.Namespace) -> None:
         raise TxlError(f"--dynamic-lr must be a finite number >= 0, got {args.dynamic_lr}")
     if args.dynamic and args.batch_size is not None and args.batch_size != 1:
         raise TxlError("--dynamic reads the text as one stream (batch size 1); drop --batch-size")
-    if args.json not in (None, "-") and Path(args.json).is_dir():
-        raise TxlError(f"--json {args.json} is a folder; give a file name, or - for stdout")
+    _check_outputs(args, [args.checkpoint, args.data])
+
+
+def _check_outputs(args: argparse.Namespace, inputs: list) -> None:
+    """``--json FILE`` and ``--plot FILE`` may be written: not an input, not in a checkpoint, not existing without --force."""
+    if args.json not in (None, "-") and args.plot and os.path.abspath(args.json) == os.path.abspath(args.plot):
+        raise TxlError(f"--json and --plot name the same file {args.json}; give two files")
+    check_output(args, args.json, inputs, flag="--json")
+    check_output(args, args.plot, inputs, flag="--plot")
 
 
 def _check_plot(path: str) -> None:
@@ -123,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
 
         seed_everything(args.seed)
     ckpt, _ = load_checkpoint(args, announce=True)
+    if not args.data and ckpt.has_run_config:  # the run's corpus is read too: never written over either
+        d = ckpt.run.data
+        _check_outputs(args, [args.checkpoint, d.path, d.train, d.valid, d.test])
     e = ckpt.run.eval
     split = args.split or e.split
     if not args.data and ckpt.state.get("converted_from"):
@@ -164,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{where}: {res}")
     if args.json:
         emit_json(args.json, {"checkpoint": str(ckpt.path), "data": where, "unit": res.unit, "value": res.value,
-                              "loss_nats": res.loss, "n_tokens": res.n_tokens, **res.settings})
+                              "loss_nats": res.loss, "n_tokens": res.n_tokens, **res.settings}, force=args.force)
     return 0
 
 
@@ -183,7 +195,7 @@ def _eval_sweep(args, ckpt, tokens, where, unit, max_tokens, e, sweep, batch_siz
     if args.json:
         emit_json(args.json, {"checkpoint": str(ckpt.path), "data": where, "unit": unit,
                               "results": [{"value": r.value, "loss_nats": r.loss, "n_tokens": r.n_tokens,
-                                           **r.settings} for r in results]})
+                                           **r.settings} for r in results]}, force=args.force)
     if args.plot:
         from txl.analysis.plots import plot_mem_sweep
 
@@ -219,5 +231,5 @@ def _eval_dynamic(args, ckpt, tokens, where, unit, max_tokens, e) -> int:
     if args.json:
         emit_json(args.json, {"checkpoint": str(ckpt.path), "data": where, "unit": unit, "static": static.value,
                               "dynamic": dyn.value, "static_loss_nats": static.loss, "dynamic_loss_nats": dyn.loss,
-                              "n_tokens": dyn.n_tokens, **dyn.settings})
+                              "n_tokens": dyn.n_tokens, **dyn.settings}, force=args.force)
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from txl.cli.common import add_data, add_device, add_span, load_checkpoint
+from txl.cli.common import add_data, add_device, add_force, add_span, check_output, load_checkpoint
 from txl.errors import TxlError
 
 NAME = "plot"
@@ -31,6 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-segments", type=int, default=8, help="with --attention: segments to read (default 8)")
     add_span(p, ("mem_len",), default_text="the checkpoint's eval config")
     add_device(p)
+    add_force(p)
+
+
+# the files txl.analysis.plots.plot_learning_curves writes into --out
+CURVE_FILES = ("curves_steps.png", "curves_time.png", "lr.png", "throughput.png")
+ATTENTION_FILE = "attention_distance.png"
 
 
 def _attention_checkpoint(args: argparse.Namespace) -> str:
@@ -53,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     labels = [v.strip() for v in args.labels.split(",")] if args.labels else None
     if labels is not None and len(labels) != len(args.runs):
         raise TxlError(f"--labels gives {len(labels)} labels for {len(args.runs)} runs")
+    for name in CURVE_FILES:
+        check_output(args, str(Path(args.out) / name), args.runs, flag="--out")
     pyplot()
     from txl.analysis.plots import plot_learning_curves
 
@@ -77,6 +85,7 @@ def _attention(args: argparse.Namespace, checkpoint: str) -> int:
             raise TxlError(f"cannot read {args.data}: {err}") from None
     else:
         text = args.text
+    check_output(args, str(Path(args.out) / ATTENTION_FILE), [checkpoint, args.data], flag="--out")
     from txl.analysis.plots import pyplot
 
     pyplot()
@@ -88,7 +97,7 @@ def _attention(args: argparse.Namespace, checkpoint: str) -> int:
     mem_len = args.mem_len if args.mem_len is not None else ckpt.run.eval.mem_len
     distance = mean_attention_distance(ckpt.model, tokens, mem_len=mem_len, max_segments=args.max_segments)
     cfg = ckpt.model.config
-    path = Path(args.out) / "attention_distance.png"
+    path = Path(args.out) / ATTENTION_FILE
     plot_attention_distance(distance, path, title=f"{ckpt.path.parent.name}: tgt_len {cfg.tgt_len}, mem_len {mem_len}")
     print(f"wrote {path}")
     for layer, row in enumerate(distance):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from txl.cli.common import add_batch_size, add_data, add_device, add_dtype, add_json, emit_json, human_stream
+from txl.cli.common import (add_batch_size, add_data, add_device, add_dtype, add_force, add_json, check_output,
+                            emit_json, human_stream)
 from txl.errors import TxlError
 
 NAME = "recl"
@@ -31,8 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_batch_size(p, default=64, text="windows per forward pass")
     add_dtype(p)
     add_device(p)
-    p.add_argument("--out", "-o", help="folder for recl.json, recl.md and recl_gain.png")
+    p.add_argument("--out", "-o", help="new or empty folder for recl.json, recl.md and recl_gain.png")
     add_json(p)
+    add_force(p)
     p.add_argument("--no-plot", action="store_true", help="do not draw recl_gain.png")
 
 
@@ -76,8 +78,18 @@ def _run_test_split(ckpt):
 def run(args: argparse.Namespace) -> int:
     """Score every model at every context length, then print the RECL table (and write files)."""
     contexts, ratios, names = _check(args)
-    if args.out and Path(args.out).exists() and (not Path(args.out).is_dir() or any(Path(args.out).iterdir())):
-        raise TxlError(f"--out {args.out} already exists and is not empty; choose a new folder")
+    inputs = [*args.checkpoints, args.data]
+    check_output(args, args.json, inputs, flag="--json")
+    if not args.out:
+        return _run(args, contexts, ratios, names)
+    from txl.fileio import claim_folder
+
+    with claim_folder(args.out, empty=True, inputs=inputs):  # one process per folder, before the slow part
+        return _run(args, contexts, ratios, names)
+
+
+def _run(args: argparse.Namespace, contexts: list[int], ratios: list[float], names: list[str]) -> int:
+    """:func:`run` once the arguments are checked and ``--out`` (if any) is claimed."""
     if not args.no_plot and args.out:
         from txl.analysis.plots import pyplot
 
@@ -120,5 +132,5 @@ def run(args: argparse.Namespace) -> int:
             plot_recl_gains(result, out / "recl_gain.png")
         print(f"wrote {out}/recl.json, recl.md" + ("" if args.no_plot else ", recl_gain.png"), file=report)
     if args.json:
-        emit_json(args.json, result.to_dict())
+        emit_json(args.json, result.to_dict(), force=args.force)
     return 0

@@ -19,8 +19,9 @@ import json
 import sys
 from pathlib import Path
 
-from txl.cli.common import (add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_option,
-                            add_span, check_range, checkpoint_arg, load_checkpoint, print_notes, span_args)
+from txl.cli.common import (add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_force,
+                            add_option, add_span, check_output, check_range, checkpoint_arg, load_checkpoint,
+                            print_notes, span_args)
 from txl.errors import TxlError
 
 NAME = "score"
@@ -50,7 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_dtype(p)
     add_device(p)
     add_option(p, "--out", "-o", aliases=("--output",), metavar="FILE",
-               help="write here (atomically) instead of stdout")
+               help="write here (atomically) instead of stdout; an existing file only with --force")
+    add_force(p)
 
 
 def _read_jsonl(path: Path, data: bytes) -> list[tuple[str, str]]:
@@ -165,8 +167,7 @@ def run(args: argparse.Namespace) -> int:
         raise TxlError("give at least one FILE to score after the CHECKPOINT")
     check_range(args, 1, "batch_size", "tgt_len")
     check_range(args, 0, "mem_len")
-    if args.out and Path(args.out).is_dir():
-        raise TxlError(f"--out {args.out} is a directory; give a file name")
+    check_output(args, args.out, [args.checkpoint, *args.files])
 
     from txl.evaluation.scoring import score_tokens, total_metric
     from txl.evaluation.stream import metric_unit
@@ -184,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     unit = metric_unit(ckpt.tokenizer.kind)
     text = format_scores(names, scores, ckpt.tokenizer, unit, args.format, args.per_token)
     if args.out:
-        atomic_write(args.out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+        atomic_write(args.out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), overwrite=args.force)
     else:
         sys.stdout.write(text)
         sys.stdout.flush()

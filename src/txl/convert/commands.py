@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
 from pathlib import Path
 
 from txl.training.config import EvalConfig, RunConfig
@@ -11,13 +12,13 @@ from txl.convert.hf_transfo_xl import model_from_hf_state, read_hf_checkpoint, w
 from txl.convert.safe_pickle import load_restricted_pickle
 from txl.data import Tokenizer, WordTokenizer, load_tokenizer
 from txl.errors import TxlError
-from txl.fileio import atomic_write
+from txl.fileio import FolderClaim, atomic_write, claim_folder
 from txl.training.checkpoint import load_checkpoint, save_checkpoint
 
 
-def _refuse_existing(dst: Path) -> None:
-    if dst.exists() and any(dst.iterdir()):
-        raise TxlError(f"{dst} already exists and is not empty; choose a new destination folder")
+def _claim(dst: Path, inputs: list) -> FolderClaim:
+    """Claim ``dst`` for this conversion: new or empty, not an input, not inside a checkpoint, one process."""
+    return claim_folder(dst, flag="DST", empty=True, inputs=inputs)
 
 
 def read_hf_vocab(path: Path) -> WordTokenizer:
@@ -41,10 +42,16 @@ def convert_from_hf(src: str | Path, dst: str | Path, vocab: str | Path | None =
 
     Raises:
         TxlError: unreadable or unsafe input, key-map mismatches, a vocabulary whose size differs
-            from the model's, or a non-empty ``dst``.
+            from the model's, or a ``dst`` that is not empty, is in use by another process or lies
+            inside a checkpoint or run folder.
     """
     src, dst = Path(src), Path(dst)
-    _refuse_existing(dst)
+    with _claim(dst, [src, vocab]):
+        return _from_hf(src, dst, vocab)
+
+
+def _from_hf(src: Path, dst: Path, vocab: str | Path | None) -> Path:
+    """:func:`convert_from_hf` once ``dst`` is claimed."""
     config, state = read_hf_checkpoint(src)
     model = model_from_hf_state(config, state)
     vocab_path = Path(vocab) if vocab else src / "vocab.pkl"
@@ -66,10 +73,21 @@ def convert_to_hf(src: str | Path, dst: str | Path) -> Path:
 
     Raises:
         TxlError: a model HF cannot express (``attn_type="abs"``, unusual ``tie_projs``) or a
-            non-empty ``dst``.
+            ``dst`` that is not empty, is in use by another process or lies inside a checkpoint or run
+            folder. A failed write removes what it wrote.
     """
     src, dst = Path(src), Path(dst)
-    _refuse_existing(dst)
+    with _claim(dst, [src]):
+        try:
+            return _to_hf(src, dst)
+        except BaseException:
+            for item in dst.iterdir():  # dst was empty when claimed: everything in it is this call's
+                shutil.rmtree(item) if item.is_dir() and not item.is_symlink() else item.unlink(missing_ok=True)
+            raise
+
+
+def _to_hf(src: Path, dst: Path) -> Path:
+    """:func:`convert_to_hf` once ``dst`` is claimed."""
     ckpt = load_checkpoint(src)
     write_hf_checkpoint(ckpt.model, dst)
     tok = ckpt.tokenizer

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from txl.data.download import check_sha256, download, extract, is_archive, is_url
 from txl.errors import TxlError
-from txl.fileio import atomic_write, read_json, write_json
+from txl.fileio import atomic_write, claim_folder, read_json, write_json
 
 __all__ = ["DATASETS", "DatasetSpec", "dataset_info", "prepare_dataset", "standard_split", "FORMAT"]
 
@@ -370,7 +370,8 @@ def prepare_dataset(
             size with a margin, :attr:`DatasetSpec.max_member_bytes`).
 
     Raises :class:`TxlError` for an unknown name, a missing source, a checksum mismatch (a bad
-    download is kept aside as ``.bad``), an unsafe or unexpected archive, or unwritable output.
+    download is kept aside as ``.bad``), an unsafe or unexpected archive, unwritable output, or an
+    ``out`` that another process is preparing (or that lies inside a checkpoint or run folder).
     """
     spec = DATASETS.get(name)
     if spec is None:
@@ -385,10 +386,14 @@ def prepare_dataset(
     if sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):
         raise TxlError(f"--sha256 must be 64 hexadecimal digits, got {sha256!r}")
     out = Path(out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise TxlError(f"cannot create output folder {out}: {e.strerror or e}") from None
+    # one process per output folder (a second prepare on it is refused while this one runs)
+    with claim_folder(out, flag="output folder"):
+        return _prepare(spec, source, out, sha256, progress, timeout, log)
+
+
+def _prepare(spec: DatasetSpec, source, out: Path, sha256: str | None, progress: bool, timeout: float,
+             log: Callable[[str], None]) -> dict:
+    """:func:`prepare_dataset` once ``out`` is claimed (and created)."""
     src, digest, verified = _resolve_source(spec, str(source), out, sha256, progress, timeout, log)
     build = {"split": _prepare_split, "files": _prepare_files, "lm1b": _prepare_lm1b}[spec.layout]
     details = build(spec, src, out)

@@ -23,7 +23,7 @@ from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
 from txl.runtime import resolve_device, seed_everything
 from txl.evaluation.stream import EvalResult, evaluate, metric_unit, metric_value
-from txl.fileio import write_json
+from txl.fileio import FolderClaim, claim_folder, write_json
 from txl.generation import generate
 from txl.model import TransformerXLLM
 from txl.training import distributed
@@ -127,10 +127,26 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     ``batch_size / world`` consecutive streams and their memory, DistributedDataParallel averages
     the gradients, validation is split over the ranks, and rank 0 alone writes files and logs.
 
+    Before anything is read or written, rank 0 claims ``out_dir`` (:func:`txl.fileio.claim_folder`):
+    a second run on the same folder, new or resumed, is refused while this one runs; the claim is
+    released when this function returns or raises (and dies with the process).
+
     Raises:
         TxlError: bad config or data, an ``out_dir`` that already holds a run (or, with ``resume``,
-            one without a resumable checkpoint), a checkpoint that cannot be written.
+            one without a resumable checkpoint), an ``out_dir`` in use by another process (or inside
+            a checkpoint or run folder, or an input folder), a checkpoint that cannot be written.
     """
+    claims: list[FolderClaim] = []
+    try:
+        return _train(run, progress=progress, log=log, resume=resume, claims=claims)
+    finally:
+        for claim in claims:
+            claim.release()
+
+
+def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None, resume: bool,
+           claims: list[FolderClaim]) -> TrainResult:
+    """:func:`train`; the folder claim it takes is appended to ``claims`` (released by the caller)."""
     d = distributed.from_environment()
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     if not d.is_main:
@@ -150,6 +166,13 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     out_dir = Path(t.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise TxlError(f"train.out_dir {out_dir} is a file; choose a folder for the run")
+    created = False
+    if d.is_main:  # one process per run folder: claimed before anything is read or written
+        data = run.data
+        claim = claim_folder(out_dir, flag="train.out_dir", create=not resume,
+                             inputs=[data.path, data.train, data.valid, data.test])
+        claims.append(claim)
+        created = claim.created
     if resume:
         candidates = checkpoint_candidates(out_dir, "last")
         if not candidates:
@@ -231,7 +254,6 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
                                                         else None)
 
-    created = not out_dir.exists()
     metrics_file = writer = None
     if d.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
