@@ -115,7 +115,7 @@ def test_refuses_a_used_output_folder_and_bad_settings(tmp_path, corpus, capsys)
     used = tmp_path / "used"
     used.mkdir()
     (used / "keep.txt").write_text("mine")
-    with pytest.raises(TxlError, match="not an empty folder"):
+    with pytest.raises(TxlError, match="not empty"):
         run_ablation(tiny_base(tmp_path), str(corpus), used, log=lambda m: None)
     assert [p.name for p in used.iterdir()] == ["keep.txt"]
     with pytest.raises(TxlError, match="tgt_len_schedule"):

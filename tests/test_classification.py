@@ -226,5 +226,5 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case):
     assert case == "out_is_the_lm" or not out.exists()
     expected = {"one_label": "1 label", "empty_doc": "is empty", "bad_line": "line 3 is not valid JSON",
                 "unknown_checkpoint": "does not exist", "lm_as_classifier": "not a txl classifier",
-                "missing_data": "does not exist", "out_is_the_lm": "already exists and is not empty"}[case]
+                "missing_data": "does not exist", "out_is_the_lm": "is the input folder"}[case]
     assert expected in err

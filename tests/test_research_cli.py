@@ -127,7 +127,7 @@ def test_plot_command_learning_curves_and_attention(runs, capsys):
     assert (base / "plots" / "attention_distance.png").stat().st_size > 5_000 and "layer 0:" in out
     (base / "fox.txt").write_text("the quick brown fox " * 3, encoding="utf-8")
     code, out2, err = run_cli(capsys, "plot", base / "xl", "--attention", "--data", base / "fox.txt",
-                              "--out", base / "plots")  # the grammar's spelling: the checkpoint positional
+                              "--out", base / "plots", "--force")  # the grammar's spelling; --force: replace it
     assert code == 0 and out2 == out, err
     code, out, err = run_cli(capsys, "plot", base / "nowhere")
     assert code == 2 and "metrics.csv" in err

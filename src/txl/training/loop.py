@@ -166,6 +166,8 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
     out_dir = Path(t.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise TxlError(f"train.out_dir {out_dir} is a file; choose a folder for the run")
+    if resume and not out_dir.is_dir():
+        raise TxlError(f"{out_dir} has no resumable checkpoint (last/{TRAINER_JSON}); start a new run instead")
     created = False
     if d.is_main:  # one process per run folder: claimed before anything is read or written
         data = run.data
