@@ -16,6 +16,8 @@ previous good one with a warning.
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import os
 import shutil
@@ -32,6 +34,7 @@ from txl.errors import TxlError
 from txl.fileio import read_json_object as _read_json
 from txl.fileio import write_json
 from txl.model import TransformerXLLM
+from txl.model.span import AttentionSpan
 from txl.model.serialization import CONFIG_NAME, VOCAB_NAME, save_model
 
 CLASSIFIER_NAME = "classifier.json"  # written beside config.json by txl classify
@@ -41,8 +44,12 @@ CHECKSUMS_NAME = "checksums.json"
 
 
 def save_checkpoint(directory: str | Path, model: TransformerXLLM, tokenizer: Tokenizer, run: RunConfig,
-                    state: dict[str, Any], extra: Callable[[Path], None] | None = None, keep: int = 1) -> None:
+                    state: dict[str, Any], extra: Callable[[Path], None] | None = None, keep: int = 1,
+                    span: AttentionSpan | None = None) -> None:
     """Write a complete checkpoint into ``directory``, replacing the previous one only once complete.
+
+    ``config.json`` and the model section of ``run.json`` both hold ``model.config``, with the
+    ``tgt_len``/``mem_len`` of ``span`` when given (training records the span of its schedule phase).
 
     Args:
         extra: ``extra(folder)`` may write more files (e.g. the trainer state) before the swap.
@@ -58,8 +65,10 @@ def save_checkpoint(directory: str | Path, model: TransformerXLLM, tokenizer: To
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        save_model(model, tmp, tokenizer, config=run.model)  # config.json and run.json agree on the span
-        write_json(tmp / RUN_NAME, run.to_dict())
+        config = model.config if span is None else dataclasses.replace(model.config, tgt_len=span.tgt_len,
+                                                                         mem_len=span.mem_len)
+        save_model(model, tmp, tokenizer, config=config)  # config.json and run.json agree on the span
+        write_json(tmp / RUN_NAME, dataclasses.replace(run, model=config).to_dict())
         write_json(tmp / STATE_NAME, state)
         if extra is not None:
             extra(tmp)

@@ -279,7 +279,7 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
         error = None
         if d.is_main:
             try:
-                save_checkpoint(out_dir / name, model, corpus.tokenizer, _resolved(run, model, span), dict(state), keep=keep,
+                save_checkpoint(out_dir / name, model, corpus.tokenizer, run, dict(state), keep=keep, span=span,
                                 extra=None if not trainer else lambda folder: save_trainer_state(
                                     folder, optimizer=optimizer, scaler=scaler, generator=generator, mems=full_mems,
                                     position=pos, step=step, state=dict(state), rank_rng=rng))
@@ -414,12 +414,6 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
     return TrainResult(run_dir=out_dir, best_dir=out_dir / "best", final=final, steps=step, tokens=state["tokens"],
                        wall_s=wall, tokens_per_s=state["tokens"] / wall, sample_prompt=prompt,
                        sample=sample, rank=d.rank, start_step=start_step)
-
-
-def _resolved(run: RunConfig, model: TransformerXLLM, span) -> RunConfig:
-    """``run`` with the model's config, its ``tgt_len``/``mem_len`` those of the schedule phase ``span``
-    (what a checkpoint records, so that it is read with the span it was last trained with)."""
-    return dataclasses.replace(run, model=dataclasses.replace(model.config, tgt_len=span.tgt_len, mem_len=span.mem_len))
 
 
 def evaluate_run(model: TransformerXLLM, corpus: CorpusSplits, run: RunConfig,
