@@ -39,3 +39,33 @@ def corpus(tmp_path):
     path.write_text("".join(f"line {i}: the quick brown fox {i * 7 % 13} jumps over {i % 5} dogs.\n"
                             for i in range(300)))
     return path
+
+
+def run_cli(capsys, *argv):
+    """Run ``txl ARGV`` in this process: (exit status, stdout, stderr)."""
+    from txl.cli import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_error_line(err: str) -> str:
+    """The single ``txl: error:`` line of ``err`` (asserts there is exactly one and no traceback)."""
+    lines = [line for line in err.strip().splitlines() if line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("txl: error: ") and "Traceback" not in err
+    return lines[0]
+
+
+def run_segments(model, ids, lengths, mems=None):
+    """Feed the first ``sum(lengths)`` columns of ``ids`` through ``model`` in segments of ``lengths``,
+    carrying the memory: (logits [B, sum(lengths), V], the last memory)."""
+    logits = []
+    start = 0
+    for n in lengths:
+        out = model(ids[:, start:start + n], mems=mems)
+        mems = out.mems
+        logits.append(out.logits)
+        start += n
+    return torch.cat(logits, 1), mems

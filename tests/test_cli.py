@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from txl.cli import main
+from conftest import one_error_line, run_cli
+
 
 TINY = ["model.n_layer=1", "model.d_model=16", "model.n_head=2", "model.d_head=8", "model.d_inner=32",
         "model.tgt_len=8", "model.mem_len=8", "train.batch_size=4", "train.max_steps=6", "train.eval_interval=3",
@@ -20,19 +21,6 @@ def corpus(tmp_path):
     path = tmp_path / "corpus.txt"
     path.write_text("the quick brown fox jumps over the lazy dog.\n" * 60, encoding="utf-8")
     return path
-
-
-def run_cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_error_line(err: str) -> str:
-    lines = [line for line in err.strip().splitlines() if line]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("txl: error: ") and "Traceback" not in err
-    return lines[0]
 
 
 def test_train_eval_generate_end_to_end(tmp_path, corpus, capsys, monkeypatch):

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 import txl.generation
 import txl.runtime
-from conftest import tiny_model
-from txl.cli import build_parser, main
+from conftest import one_error_line, run_cli, tiny_model
+from txl.cli import build_parser
 from txl.data import BPETokenizer, ByteTokenizer, CharTokenizer, WordTokenizer
 from txl.data.corpus import load_corpus
 from txl.errors import TxlError
@@ -30,19 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.n_layer=1", "model.d_model=16", "model.n_head=2", "model.d_head=8", "model.d_inner=32",
         "model.tgt_len=8", "model.mem_len=8", "train.batch_size=4", "train.max_steps=4", "train.eval_interval=2",
         "train.log_interval=2", "train.sample_tokens=0", "train.warmup_steps=1"]
-
-
-def run_cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_error_line(err: str) -> str:
-    lines = [line for line in err.strip().splitlines() if line]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("txl: error: ") and "Traceback" not in err
-    return lines[0]
 
 
 def make_checkpoint(folder: Path, tokenizer, step: int, seed: int = 0) -> Path:

@@ -22,7 +22,7 @@ import math
 import pytest
 import torch
 
-from conftest import tiny_model
+from conftest import run_segments, tiny_model
 from txl.model.attention import sinusoid
 
 TOL = 1e-10  # float64 rounding differences between the batched and per-position sums are ~1e-14
@@ -46,18 +46,6 @@ def randomize(model, seed=0, scale=0.5):
 def build(seed=0, **overrides):
     """A float64 three-layer model with randomized weights (vocabulary 37, d_model 16, two heads)."""
     return randomize(tiny_model(seed=seed, dtype=torch.float64, **overrides), seed)
-
-
-def run_segments(model, ids, lengths, mems=None):
-    logits = []
-    start = 0
-    for n in lengths:
-        out = model(ids[:, start:start + n], mems=mems)
-        mems = out.mems
-        logits.append(out.logits)
-        start += n
-    assert start == ids.size(1)
-    return torch.cat(logits, 1), mems
 
 
 def layer_norm(x, ln):

@@ -5,23 +5,12 @@ import math
 import pytest
 import torch
 
-from conftest import tiny_model
+from conftest import run_segments, tiny_model
 from test_memory_invariants import randomize
 from txl.errors import TxlError
 from txl.runtime import autocast
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def run_segments(model, ids, lengths):
-    mems, logits = None, []
-    start = 0
-    for n in lengths:
-        out = model(ids[:, start:start + n], mems=mems)
-        mems = out.mems
-        logits.append(out.logits)
-        start += n
-    return torch.cat(logits, 1), mems
 
 
 def test_memory_window_holds_the_most_recent_layer_inputs():
