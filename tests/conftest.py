@@ -1,5 +1,13 @@
+import os
+
 import pytest
 import torch
+from hypothesis import settings
+
+# CI runs a fixed set of examples (HYPOTHESIS_PROFILE=ci in .ci/run) so that a result is reproducible;
+# local runs draw new examples each time and add a failure found that way as an @example.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 from txl.model import TransformerXLConfig, TransformerXLLM
 

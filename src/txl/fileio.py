@@ -195,23 +195,30 @@ def protected_folder(path: str | Path) -> Path | None:
     return None
 
 
+def _stat(path: str | Path) -> os.stat_result | None:
+    """``os.stat`` of ``path`` as the kernel reads it, else of its lexically resolved form, else None.
+
+    The two differ for ``missing/../name``: refusing on either reading is the safe side.
+    """
+    for candidate in (path, os.path.realpath(path)):
+        try:
+            return os.stat(candidate)
+        except OSError:
+            continue
+    return None
+
+
 def _same_file(a: str | Path, b: str | Path) -> bool:
     """Whether ``a`` and ``b`` are one file: the same resolved path, or the same inode (hard links)."""
     if os.path.realpath(a) == os.path.realpath(b):
         return True
-    try:
-        sa, sb = os.stat(a), os.stat(b)
-    except OSError:
-        return False
-    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+    sa, sb = _stat(a), _stat(b)
+    return sa is not None and sb is not None and (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
 def _input_conflict(path: Path, inputs) -> str | None:
     """Why writing ``path`` would touch one of ``inputs`` (files or folders), or None."""
-    try:
-        target = os.stat(path)  # follows a symlink: its target is what the name stands for
-    except OSError:
-        target = None
+    target = _stat(path)  # follows a symlink: its target is what the name stands for
     for item in inputs:
         if item is None or str(item) == "-":
             continue
