@@ -134,7 +134,7 @@ class TransformerXLLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, mems: Mems | None = None,
                 labels: torch.Tensor | None = None, caches: list[LayerCache] | None = None,
-                span: AttentionSpan | None = None) -> LMOutput:
+                span: AttentionSpan | None = None, detach_mems: bool = True) -> LMOutput:
         """Score one segment given the memory of the previous ones.
 
         Args:
@@ -151,6 +151,9 @@ class TransformerXLLM(nn.Module):
                 memory, ``clamp_len``, ``same_length``; ``tgt_len`` is the caller's business: the
                 segment is ``input_ids``). None: the config's training span. ``self.config`` is
                 never changed.
+            detach_mems: True (the paper's stop-gradient, §3.2): the new memory is detached. False:
+                it keeps this segment's autograd graph (truncated back-propagation through time, see
+                :meth:`hidden_states`).
 
         Returns:
             :class:`LMOutput` with logits [B, T, V], the mean NLL (nats) and the new memory.
@@ -164,7 +167,7 @@ class TransformerXLLM(nn.Module):
                 other than -100; a ``span`` that is not an AttentionSpan. Value (range) checks run on
                 CPU tensors only, to keep GPU steps free of host synchronisation.
         """
-        h, new_mems = self._body(input_ids, mems, caches, True, span)
+        h, new_mems = self._body(input_ids, mems, caches, detach_mems, span)
         if labels is not None:  # after input_ids was checked (labels must have its shape and device)
             labels = check_labels(labels, input_ids, self.config.vocab_size)
         logits, token_loss, loss = self._output(h, labels)
