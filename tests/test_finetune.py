@@ -19,7 +19,8 @@ from txl.evaluation.completions import completion_losses, grad_window
 from txl.model import TransformerXLConfig, TransformerXLLM
 from txl.training.checkpoint import load_checkpoint, save_checkpoint
 from txl.training.config import RunConfig
-from txl.training.finetune import PairsObjective, finetune
+from txl.training.finetune import PairsObjective
+from txl.training.loop import finetune
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

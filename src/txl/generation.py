@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from txl.errors import TxlError
 from txl.evaluation.segments import eval_mode, segments
-from txl.model.attention import LayerCache, empty_caches
+from txl.model.attention import LayerCache, empty_caches, reorder_caches
 from txl.model.inputs import check_input_ids
 from txl.model.memory import Mems
 from txl.model.span import AttentionSpan, resolve_span
@@ -167,6 +168,44 @@ def prime_memory(model, input_ids: torch.Tensor, mems: Mems | None = None,
 
 
 @torch.no_grad()
+def prime_rows(model, prompts: Sequence[torch.Tensor], span: AttentionSpan) -> tuple[Mems | None, torch.Tensor | None]:
+    """The memories of prompts of different lengths, each primed alone (:func:`prime_memory` of all
+    but its last token), left-padded with zeros to one length M.
+
+    Returns:
+        ``(mems, mem_padding)``: ``n_layer`` tensors [B, M, d_model] and int64 [B], the padding
+        positions of each row (see :meth:`~txl.model.TransformerXLLM.forward`); (None, None) when no
+        prompt has more than one token.
+    """
+    alone = [prime_memory(model, p[None, :-1], span=span) for p in prompts]
+    width = max((m[0].size(1) for m in alone if m is not None), default=0)
+    if width == 0:
+        return None, None
+    layer = next(m for m in alone if m is not None)
+    mems = []
+    for i, ref in enumerate(layer):
+        rows = [ref.new_zeros(1, width, ref.size(2)) if m is None else
+                torch.cat([ref.new_zeros(1, width - m[i].size(1), ref.size(2)), m[i]], dim=1) for m in alone]
+        mems.append(torch.cat(rows))
+    padding = torch.as_tensor([width - (0 if m is None else m[0].size(1)) for m in alone], device=ref.device)
+    return mems, padding
+
+
+def _check_prompts(model, input_ids) -> tuple[torch.Tensor | list[torch.Tensor], bool]:
+    """``input_ids`` checked: a tensor [B, T], or a list of 1-D tensors of different lengths (ragged)."""
+    device = next(model.parameters()).device
+    if isinstance(input_ids, (list, tuple)):
+        if not input_ids:
+            raise TxlError("give at least one prompt")
+        for p in input_ids:
+            check_input_ids(p[None] if isinstance(p, torch.Tensor) and p.dim() == 1 else p,
+                            model.config.vocab_size, device)
+        return list(input_ids), True
+    check_input_ids(input_ids, model.config.vocab_size, device)
+    return input_ids, False
+
+
+@torch.no_grad()
 def generate_stream(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                     top_k: int | None = None, top_p: float | None = None, mems: Mems | None = None,
                     generator: Generators = None, *, span: AttentionSpan | None = None,
@@ -193,36 +232,51 @@ def generate_stream(model, input_ids: torch.Tensor, max_new_tokens: int, tempera
     stops early: the caller stops reading it (see :func:`complete`). ``generator``: one, or one per
     row (:data:`Generators`).
 
+    Prompts of different lengths: ``input_ids`` a list of int64 [T_b] tensors. Each prompt primes its
+    own memory alone (:func:`prime_rows`); the memories are left-padded to one length and the
+    padding is masked (``mem_padding``), so every row's tokens and scores are those it gets decoded
+    alone (scores equal up to float rounding), with its own generator when ``generator`` is a list.
+    ``mems`` must then be None. (``attn_type="abs"``: each row's window is read alone.)
+
     Raises:
         TxlError: ``input_ids`` that is not a non-empty integer tensor [batch, length] of ids in the
-            vocabulary on the model's device (a Python list, an empty batch or prompt), ``mems`` of
-            another shape, dtype or device than the model's (see :meth:`~txl.model.TransformerXLLM.forward`),
-            bad sampling settings or an impossible span.
+            vocabulary on the model's device (a Python list of ints, an empty batch or prompt), nor a
+            list of such 1-D tensors; ``mems`` of another shape, dtype or device than the model's (see
+            :meth:`~txl.model.TransformerXLLM.forward`), bad sampling settings or an impossible span.
     """
-    check_input_ids(input_ids, model.config.vocab_size, next(model.parameters()).device)
+    input_ids, ragged = _check_prompts(model, input_ids)
+    if ragged and mems is not None:
+        raise TxlError("prompts of different lengths start without a memory: pass mems=None")
     if model.config.attn_type == "abs" and mems is not None:
         raise TxlError("attn_type='abs' (vanilla Transformer) has no memory: pass mems=None")
     if max_new_tokens < 0:
         raise TxlError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
                         same_length=same_length)
-    choose = _Chooser(input_ids.size(0), temperature, top_k, top_p, generator, repetition_penalty,
+    choose = _Chooser(len(input_ids), temperature, top_k, top_p, generator, repetition_penalty,
                       no_repeat_ngram_size, min_new_tokens, end_ids)
     with eval_mode(model):
         if model.config.attn_type == "abs":
-            seq = input_ids
+            rows = [p[None] for p in input_ids] if ragged else [input_ids]
             for _ in range(max_new_tokens):
-                logits = model(seq[:, -span.tgt_len:], span=span).logits[:, -1]
+                logits = torch.cat([model(seq[:, -span.tgt_len:], span=span).logits[:, -1] for seq in rows])
                 token = choose(logits)
-                seq = torch.cat([seq, token[:, None]], dim=1)
+                rows = [torch.cat([seq, t[:, None]], dim=1) for seq, t in zip(rows, token.split(
+                    [seq.size(0) for seq in rows]))]
                 yield token
             return
         # per-layer keys/values of the memory travel with it, so a step projects only the new token
         caches = empty_caches(model.config.n_layer)
-        mems = prime_memory(model, input_ids[:, :-1], mems, caches, span=span)
-        last = input_ids[:, -1:]
+        if ragged:
+            mems, padding = prime_rows(model, input_ids, span)
+            last = torch.stack([p[-1:] for p in input_ids])
+        else:
+            mems, padding = prime_memory(model, input_ids[:, :-1], mems, caches, span=span), None
+            last = input_ids[:, -1:]
         for _ in range(max_new_tokens):
-            out = model(last, mems=mems, caches=caches, span=span)
+            out = model(last, mems=mems, caches=caches, span=span, mem_padding=padding)
+            if padding is not None:  # positions that left the memory on the left are padding first
+                padding = (padding - (mems[0].size(1) + 1 - out.mems[0].size(1))).clamp(min=0)
             mems = out.mems
             token = choose(out.logits[:, -1])
             last = token[:, None]
@@ -234,7 +288,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: f
              generator: Generators = None, *, span: AttentionSpan | None = None,
              tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
              same_length: bool | None = None, **rules) -> torch.Tensor:
-    """Sample continuations of ``input_ids`` (int64 [B, T]); returns int64 [B, T + max_new_tokens].
+    """Sample continuations of ``input_ids`` (int64 [B, T]); returns int64 [B, T + max_new_tokens]
+    (for a list of prompts of different lengths, a list of int64 [T_b + max_new_tokens]).
 
     Memory-cached sampling as in :func:`generate_stream` (same span arguments and decoding ``rules``:
     ``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``, ``end_ids``); ``generator``
@@ -246,9 +301,140 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: f
     tokens = list(generate_stream(model, input_ids, max_new_tokens, temperature, top_k, top_p, mems, generator,
                                   span=span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
                                   same_length=same_length, **rules))
+    if isinstance(input_ids, (list, tuple)):  # prompts of different lengths: one tensor each
+        new = torch.stack(tokens, dim=1) if tokens else None
+        return [p if new is None else torch.cat([p, new[b]]) for b, p in enumerate(input_ids)]
     if not tokens:
         return input_ids
     return torch.cat([input_ids, torch.stack(tokens, dim=1)], dim=1)
+
+
+@dataclass
+class BeamResult:
+    """The best sequence of :func:`beam_search`.
+
+    Attributes:
+        tokens: int64 [n] the new tokens (an end id, when one ended it, included).
+        logprob: float64 sum of the model's log-probabilities of ``tokens`` (nats, rules not applied).
+        score: the search score: the sum of the rule-adjusted log-probabilities / n ** length_penalty.
+    """
+
+    tokens: torch.Tensor
+    logprob: float
+    score: float
+
+
+@torch.no_grad()
+def beam_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: int, *,
+                length_penalty: float = 1.0, end_ids: Sequence[int] = (), min_new_tokens: int = 0,
+                repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0, span: AttentionSpan | None = None,
+                mem_len: int | None = None) -> BeamResult:
+    """The continuation of one prompt (int64 [1, T]) with the best score among ``num_beams`` beams.
+
+    Each step extends every beam by every token, scores ``sum log p`` (after the decoding rules of
+    :func:`adjust_logits`) and keeps the ``num_beams`` best; a candidate ending in one of ``end_ids``
+    is set aside as finished (scored ``sum / n ** length_penalty``, n its number of tokens). The memory
+    and the per-layer decoding caches follow their beams (:func:`reorder_state`), so a step costs one
+    forward of one token per beam. The search stops after ``max_new_tokens``, or once ``num_beams``
+    hypotheses are finished and no running beam can still beat them at its current length. The greedy
+    path is decoded alongside as one more row and returned when it scores higher, so the result never
+    scores below greedy decoding. ``num_beams=1`` is greedy decoding itself.
+
+    Raises:
+        TxlError: ``num_beams`` < 1, a batch other than 1, bad rules or an impossible span.
+    """
+    if num_beams < 1:
+        raise TxlError(f"num_beams must be >= 1, got {num_beams}")
+    check_input_ids(input_ids, model.config.vocab_size, next(model.parameters()).device)
+    if input_ids.size(0) != 1:
+        raise TxlError(f"beam search decodes one prompt at a time, got a batch of {input_ids.size(0)}")
+    check_decoding(repetition_penalty, no_repeat_ngram_size, min_new_tokens)
+    if max_new_tokens < 0:
+        raise TxlError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    span = resolve_span(model.config, span, mem_len=mem_len)
+    end = tuple(int(i) for i in end_ids)
+    rules = dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
+    k = num_beams
+    device = input_ids.device
+    norm = lambda total, n: total / max(n, 1) ** length_penalty  # noqa: E731
+    with eval_mode(model):
+        rows = list(range(k + 1))  # beams 0..k-1, then the greedy row
+        seqs = [[] for _ in rows]
+        scores = torch.full((k,), float("-inf"), dtype=torch.float64, device=device)
+        scores[0] = 0.0  # one live beam at the start: no duplicates
+        true_lp = [0.0] * (k + 1)
+        greedy_score, greedy_done = 0.0, False
+        finished: list[tuple[float, float, list[int]]] = []  # (score, logprob, tokens)
+        caches = empty_caches(model.config.n_layer) if model.config.attn_type != "abs" else None
+        mems = None
+        if caches is not None:
+            mems = prime_memory(model, input_ids[:, :-1], None, caches, span=span)
+            mems = reorder_state(mems, caches, torch.zeros(k + 1, dtype=torch.long, device=device))
+        last = input_ids[:, -1:].expand(k + 1, 1)
+        for n in range(1, max_new_tokens + 1):
+            if caches is None:  # attn_type "abs": each row's window of the last tgt_len tokens
+                logits = torch.cat([model(torch.cat([input_ids[0], torch.as_tensor(sq, dtype=torch.long, device=device)])
+                                          [None, -span.tgt_len:], span=span).logits[:, -1] for sq in seqs])
+            else:
+                out = model(last, mems=mems, caches=caches, span=span)
+                mems, logits = out.mems, out.logits[:, -1]
+            logp = torch.log_softmax(logits.double(), dim=-1)
+            banned = end if n <= min_new_tokens else ()
+            adj = torch.log_softmax(adjust_logits(logits, seqs, banned=banned, **rules).double(), dim=-1)
+            g = int(adj[k].argmax())  # the greedy row
+            greedy_seq = seqs[k] if greedy_done else seqs[k] + [g]
+            if not greedy_done:
+                greedy_score += float(adj[k, g])
+                true_lp[k] += float(logp[k, g])
+                greedy_done = g in end
+            seqs[k] = greedy_seq
+            if k == 1 and greedy_done:
+                break
+            # the beams: the 2k best extensions, so that k of them can go on after finished ones
+            total = (scores[:, None] + adj[:k]).view(-1)
+            top = torch.topk(total, min(2 * k, total.numel()))
+            parents, tokens, new_scores, new_lp = [], [], [], []
+            for rank, (value, flat) in enumerate(zip(top.values.tolist(), top.indices.tolist())):
+                if value == float("-inf") or len(parents) == k:
+                    break
+                beam, token = divmod(flat, logits.size(-1))
+                lp = true_lp[beam] + float(logp[beam, token])
+                if token in end:
+                    if rank < k:
+                        finished.append((norm(value, n), lp, seqs[beam] + [token]))
+                    continue
+                parents.append(beam)
+                tokens.append(token)
+                new_scores.append(value)
+                new_lp.append(lp)
+            finished = sorted(finished, key=lambda f: -f[0])[:k]
+            if not parents:
+                break
+            while len(parents) < k:  # fewer live extensions than beams: dead copies
+                parents.append(parents[0])
+                tokens.append(tokens[0])
+                new_scores.append(float("-inf"))
+                new_lp.append(float("-inf"))
+            seqs = [seqs[p] + [t] for p, t in zip(parents, tokens)] + [greedy_seq]
+            scores = torch.as_tensor(new_scores, dtype=torch.float64, device=device)
+            true_lp = new_lp + [true_lp[k]]
+            if caches is not None:
+                mems = reorder_state(mems, caches, torch.as_tensor(parents + [k], device=device))
+            last = torch.as_tensor([[t] for t in tokens] + [[g]], device=device)
+            if len(finished) >= k and norm(float(scores.max()), n) <= finished[-1][0]:
+                break  # no running beam beats the finished ones at its present length
+        greedy = (norm(greedy_score, len(seqs[k])), true_lp[k], seqs[k])
+        candidates = finished + [(norm(float(sc), len(sq)), lp, sq) for sc, lp, sq in
+                                 zip(scores.tolist(), true_lp[:k], seqs[:k]) if sc > float("-inf")]
+        best = max(candidates + [greedy], key=lambda c: c[0]) if k > 1 else greedy
+    return BeamResult(tokens=torch.as_tensor(best[2], dtype=torch.long, device=device), logprob=best[1], score=best[0])
+
+
+def reorder_state(mems: Mems | None, caches: list[LayerCache], index: torch.Tensor) -> Mems | None:
+    """The decoding state of rows ``index`` (int64 [B']): the memory's rows (returned) and, in place,
+    the per-layer caches' (:func:`txl.model.attention.reorder_caches`)."""
+    reorder_caches(caches, index)
+    return None if mems is None else [m.index_select(0, index) for m in mems]
 
 
 def stream_text(tokenizer, tokens: Iterable[int], prompt_ids: Iterable[int] = ()) -> Iterator[str]:
@@ -320,19 +506,102 @@ class StopText:
         return "" if self.stopped else held
 
 
-def complete(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 128, temperature: float = 0.0,
-             top_k: int | None = None, top_p: float | None = None, generator: Generators = None,
-             stop: Sequence[str] = (), min_new_tokens: int = 0, repetition_penalty: float = 1.0,
-             no_repeat_ngram_size: int = 0, max_prompt_tokens: int = 0, span: AttentionSpan | None = None,
-             mem_len: int | None = None) -> list[str]:
+def continue_texts(model, tokenizer, prompts: Sequence[torch.Tensor], *, max_new_tokens: int = 128,
+                   temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+                   generator: Generators = None, stop: Sequence[str] = (), end_ids: Sequence[int] = (),
+                   min_new_tokens: int = 0, repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
+                   num_beams: int = 1, length_penalty: float = 1.0, batch_size: int = 8,
+                   span: AttentionSpan | None = None, mem_len: int | None = None) -> list[str]:
+    """The text each prompt (int64 [T_b] ids, lengths may differ) continues with, decoded until one of
+    ``end_ids`` (not returned), a ``stop`` string (cut before it; stops count from ``min_new_tokens``
+    tokens on) or ``max_new_tokens`` tokens.
+
+    ``num_beams`` 1: up to ``batch_size`` prompts are decoded together (:func:`generate_stream` with
+    prompts of different lengths), each exactly as alone; give ``generator`` as one generator per
+    prompt for sampling that does not depend on the batching. ``num_beams`` > 1: :func:`beam_search`
+    for each prompt (``temperature``, ``top_k``, ``top_p`` and ``generator`` are not used).
+
+    Raises:
+        TxlError: bad settings, a generator list whose length is not the number of prompts.
+    """
+    StopText(stop)
+    if batch_size < 1:
+        raise TxlError(f"batch_size must be >= 1, got {batch_size}")
+    if generator is not None and not isinstance(generator, torch.Generator) and len(generator) != len(prompts):
+        raise TxlError(f"give one generator per prompt: {len(prompts)} prompts, {len(generator)} generators")
+    end = set(int(i) for i in end_ids)
+    rules = dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                 min_new_tokens=min_new_tokens)
+    texts: list[str] = []
+    if num_beams > 1:
+        for p in prompts:
+            result = beam_search(model, p[None], num_beams, max_new_tokens, length_penalty=length_penalty,
+                                 end_ids=tuple(end), span=span, mem_len=mem_len, **rules)
+            texts += _cut_texts(tokenizer, [iter(result.tokens.tolist())], end, stop, min_new_tokens)
+        return texts
+    for start in range(0, len(prompts), batch_size):
+        chunk = list(prompts[start:start + batch_size])
+        gen = generator if generator is None or isinstance(generator, torch.Generator) else \
+            list(generator[start:start + batch_size])
+        steps = generate_stream(model, chunk, max_new_tokens, temperature, top_k, top_p, generator=gen, span=span,
+                                mem_len=mem_len, end_ids=tuple(end), **rules)
+        texts += _cut_texts(tokenizer, _Columns(steps, len(chunk)).rows(), end, stop, min_new_tokens)
+    return texts
+
+
+class _Columns:
+    """The rows of a batched token stream (int64 [B] per step), each read one token at a time; a step
+    is computed only when a row that is still being read needs its next token."""
+
+    def __init__(self, steps: Iterator[torch.Tensor], n: int) -> None:
+        self.steps, self.buffer = steps, [[] for _ in range(n)]
+
+    def rows(self) -> list[Iterator[int]]:
+        return [self._row(b) for b in range(len(self.buffer))]
+
+    def _row(self, b: int) -> Iterator[int]:
+        while True:
+            if not self.buffer[b]:
+                step = next(self.steps, None)
+                if step is None:
+                    return
+                for row, t in zip(self.buffer, step.tolist()):
+                    row.append(t)
+            yield self.buffer[b].pop(0)
+
+
+def _cut_texts(tokenizer, rows: list[Iterator[int]], end: set, stop: Sequence[str], min_new_tokens: int) -> list[str]:
+    """Decode each row's tokens until an end id or a stop string (see :func:`continue_texts`)."""
+    cuts = [StopText(stop) for _ in rows]
+    streams = [tokenizer.text_stream() for _ in rows]
+    pieces: list[list[str]] = [[] for _ in rows]
+    active = list(range(len(rows)))
+    n = 0
+    while active:
+        n += 1
+        for b in list(active):
+            t = next(rows[b], None)
+            if t is None or t in end:
+                active.remove(b)
+                continue
+            cuts[b].armed = n >= min_new_tokens
+            pieces[b].append(cuts[b].push(streams[b].push(t)))
+            if cuts[b].stopped:
+                active.remove(b)
+    return ["".join(p) + ("" if c.stopped else c.push(s.finish()) + c.finish())
+            for p, c, s in zip(pieces, cuts, streams)]
+
+
+def complete(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 128, max_prompt_tokens: int = 0,
+             **settings) -> list[str]:
     """The completions of ``prompts`` by a model fine-tuned on prompt/completion pairs (``txl finetune``).
 
     Each prompt is fed as ``prompt + SEP`` (:mod:`txl.data.pairs`; only its last ``max_prompt_tokens``
     tokens when > 0), read segment by segment with the memory however long it is, and decoded until
-    the end-of-completion marker, a ``stop`` string (not before ``min_new_tokens`` tokens) or
-    ``max_new_tokens`` tokens; the text is returned without the marker or the stop string. Greedy
-    by default (``temperature`` 0); the decoding rules are those of :func:`generate_stream`.
-    ``generator`` is one for all prompts, or one per prompt.
+    the end-of-completion marker, a ``stop`` string or ``max_new_tokens`` tokens, by
+    :func:`continue_texts` (whose keyword ``settings`` apply: greedy by default, ``num_beams``,
+    ``batch_size``, ``generator`` one per prompt, the decoding rules ...). Returns the texts without
+    the marker or the stop string.
 
     Raises:
         TxlError: a tokenizer without the markers (a model that was not fine-tuned), a prompt holding
@@ -341,32 +610,8 @@ def complete(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
     from txl.data.pairs import encode_prompt, find_markers
 
     markers = find_markers(tokenizer)
-    check_sampling(temperature, top_k, top_p)
-    check_decoding(repetition_penalty, 0 if no_repeat_ngram_size is None else no_repeat_ngram_size, min_new_tokens)
-    if max_new_tokens < 0:
-        raise TxlError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if generator is not None and not isinstance(generator, torch.Generator) and len(generator) != len(prompts):
-        raise TxlError(f"give one generator per prompt: {len(prompts)} prompts, {len(generator)} generators")
     device = next(model.parameters()).device
-    texts = []
-    for i, prompt in enumerate(prompts):
-        ids = torch.as_tensor(encode_prompt(tokenizer, markers, prompt, max_prompt_tokens), device=device)[None]
-        gen = generator if generator is None or isinstance(generator, torch.Generator) else [generator[i]]
-        cut = StopText(stop)
-        pieces, stream = [], tokenizer.text_stream()
-        tokens = generate_stream(model, ids, max_new_tokens, temperature, top_k, top_p, generator=gen, span=span,
-                                 mem_len=mem_len, repetition_penalty=repetition_penalty,
-                                 no_repeat_ngram_size=no_repeat_ngram_size, min_new_tokens=min_new_tokens,
-                                 end_ids=(markers.end_id,))
-        for n, token in enumerate(tokens, 1):
-            t = int(token[0])
-            if t == markers.end_id:
-                break
-            cut.armed = n >= min_new_tokens
-            pieces.append(cut.push(stream.push(t)))
-            if cut.stopped:
-                break
-        if not cut.stopped:
-            pieces.append(cut.push(stream.finish()) + cut.finish())
-        texts.append("".join(pieces))
-    return texts
+    ids = [torch.as_tensor(encode_prompt(tokenizer, markers, p, max_prompt_tokens), device=device) for p in prompts]
+    return continue_texts(model, tokenizer, ids, max_new_tokens=max_new_tokens, end_ids=(markers.end_id,), **settings)
+
+

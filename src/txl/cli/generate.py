@@ -10,7 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from txl.cli.common import (add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_option, add_seed,
+from txl.cli.common import (add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_option,
+                            add_seed,
                             add_span, check_range, check_seed, load_checkpoint, print_notes, underscore)
 from txl.errors import TxlError
 
@@ -46,6 +47,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                  "negative ones (CTRL; 1: none, the default)")
     add_option(p, "--no-repeat-ngram-size", aliases=underscore("--no-repeat-ngram-size"), type=int, default=0,
                metavar="N", help="never repeat an N-gram of the generated tokens (0: off, the default)")
+    add_option(p, "--num-beams", aliases=underscore("--num-beams"), type=int, default=1, metavar="N",
+               help="beam search with N beams, the memory reordered per beam (default 1: no beam search); "
+                    "prints the best continuation at the end")
+    add_option(p, "--length-penalty", aliases=underscore("--length-penalty"), type=float, default=1.0, metavar="F",
+               help="beam search: finished hypotheses ranked by log-prob / length**F (default 1)")
+    p.add_argument("--input", metavar="PROMPTS.jsonl", default=None,
+                   help="decode every {\"prompt\": ...} line of this file, --batch-size at a time (prompts of "
+                        "different lengths decoded together, each exactly as alone); JSON Lines out")
+    add_batch_size(p, default=8, text="prompts of --input decoded together")
     add_seed(p)
     add_span(p, ("mem_len",), default_text="the model's")
     add_dtype(p)
@@ -83,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
     if args.prompt is not None and args.prompt_file:
         raise TxlError("give either --prompt or --prompt-file, not both")
     check_range(args, 0, "max_new_tokens", "mem_len")
+    check_range(args, 1, "num_beams", "batch_size")
+    if args.input is not None:
+        if args.prompt is not None or args.prompt_file:
+            raise TxlError("give prompts either with --input or with --prompt/--prompt-file, not both")
+        return _run_input(args)
 
     import numpy as np
     import torch
@@ -99,6 +114,17 @@ def run(args: argparse.Namespace) -> int:
     print_notes(args)  # which checkpoint (the input has passed its checks)
     generator = torch.Generator(device=device)
     generator.manual_seed(args.seed if args.seed is not None else torch.seed() % (2**63))
+    if args.num_beams > 1:  # the best continuation is known only at the end
+        from txl.generation import continue_texts
+
+        with autocast(device, args.dtype):
+            text = continue_texts(ckpt.model, ckpt.tokenizer, [ids[0]], max_new_tokens=args.max_new_tokens,
+                                  stop=args.stop, min_new_tokens=args.min_new_tokens,
+                                  repetition_penalty=args.repetition_penalty,
+                                  no_repeat_ngram_size=args.no_repeat_ngram_size, num_beams=args.num_beams,
+                                  length_penalty=args.length_penalty, mem_len=args.mem_len)[0]
+        sys.stdout.write(prompt + text + "\n")
+        return 0
     with autocast(device, args.dtype):
         tokens = (int(t[0]) for t in generate_stream(ckpt.model, ids, args.max_new_tokens,
                                                      temperature=args.temperature, top_k=args.top_k,
@@ -119,4 +145,44 @@ def run(args: argparse.Namespace) -> int:
                 break
         sys.stdout.write(cut.finish())
     sys.stdout.write("\n")
+    return 0
+
+
+def _run_input(args: argparse.Namespace) -> int:
+    """``txl generate --input PROMPTS.jsonl``: one JSON line ``{"prompt", "text"}`` per prompt on stdout;
+    prompt i samples with its own generator (seed + i), so the output does not depend on --batch-size."""
+    import json
+
+    import torch
+
+    from txl.fileio import read_jsonl
+    from txl.generation import continue_texts
+    from txl.runtime import autocast
+
+    prompts = []
+    for number, obj in read_jsonl(args.input, "prompts file"):
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
+            raise TxlError(f'{args.input} line {number} must be a JSON object with a non-empty "prompt" string')
+        prompts.append(obj["prompt"])
+    if not prompts:
+        raise TxlError(f"{args.input} holds no prompts")
+    ckpt, device = load_checkpoint(args, announce=True)
+    ids = []
+    for i, prompt in enumerate(prompts):
+        encoded = torch.as_tensor(ckpt.tokenizer.encode(prompt), dtype=torch.long, device=device)
+        if encoded.numel() == 0:
+            raise TxlError(f"prompt {i + 1} of {args.input} encodes to no tokens")
+        ids.append(encoded)
+    print_notes(args)
+    seed = args.seed if args.seed is not None else torch.seed() % (2**62)
+    generators = [torch.Generator(device=device).manual_seed(seed + i) for i in range(len(prompts))]
+    with autocast(device, args.dtype):
+        texts = continue_texts(ckpt.model, ckpt.tokenizer, ids, max_new_tokens=args.max_new_tokens,
+                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generators,
+                               stop=args.stop, min_new_tokens=args.min_new_tokens,
+                               repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
+                               num_beams=args.num_beams, length_penalty=args.length_penalty,
+                               batch_size=args.batch_size, mem_len=args.mem_len)
+    for prompt, text in zip(prompts, texts):
+        print(json.dumps({"prompt": prompt, "text": text}, ensure_ascii=False))
     return 0

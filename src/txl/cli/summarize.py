@@ -48,7 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                metavar="F")
     add_option(p, "--no-repeat-ngram-size", aliases=underscore("--no-repeat-ngram-size"), type=int, default=0,
                metavar="N")
-    add_seed(p, default=0, text="seeds sampling (document i draws with seed + i)")
+    add_option(p, "--num-beams", aliases=underscore("--num-beams"), type=int, default=1, metavar="N",
+               help="beam search with N beams (default 1: greedy or sampling)")
+    add_option(p, "--length-penalty", aliases=underscore("--length-penalty"), type=float, default=1.0, metavar="F",
+               help="beam search ranks finished summaries by log-prob / length**F (default 1)")
+    add_batch_size(p, default=8, text="documents decoded together")
+    add_seed(p, default=0, text="seeds sampling (document i draws with its own generator, seeded seed + i)")
     add_span(p, ("mem_len",), default_text="the model's")
     p.add_argument("--rouge", action="store_true", help="print ROUGE-1/2/L F1 against the references")
     add_json(p)
@@ -96,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
     check_decoding(args.repetition_penalty, args.no_repeat_ngram_size, args.min_new_tokens)
     StopText(args.stop)
     check_seed(args.seed)
+    if args.num_beams < 1 or args.batch_size < 1:
+        raise TxlError("--num-beams and --batch-size must be >= 1")
     for name in ("max_new_tokens", "prompt_tokens", "mem_len"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             raise TxlError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
@@ -119,19 +126,22 @@ def run(args: argparse.Namespace) -> int:
     print_notes(args)
     rows = []
     with autocast(device, args.dtype):
-        for i, doc in enumerate(docs):
-            generator = torch.Generator(device=device).manual_seed(args.seed + i)
-            summary = complete(ckpt.model, ckpt.tokenizer, [doc["text"]], max_new_tokens=args.max_new_tokens,
-                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator,
-                               stop=args.stop, min_new_tokens=args.min_new_tokens,
-                               repetition_penalty=args.repetition_penalty,
-                               no_repeat_ngram_size=args.no_repeat_ngram_size, max_prompt_tokens=args.prompt_tokens,
-                               mem_len=args.mem_len)[0]
-            row = {"source": doc["source"], "summary": summary}
-            row.update({k: doc[k] for k in ("reference", "name") if k in doc})
-            rows.append(row)
-            if args.out == "-":
-                print(json.dumps(row, ensure_ascii=False), flush=True)
+        for start in range(0, len(docs), args.batch_size):
+            chunk = docs[start:start + args.batch_size]
+            generators = [torch.Generator(device=device).manual_seed(args.seed + start + i) for i in range(len(chunk))]
+            summaries = complete(ckpt.model, ckpt.tokenizer, [d["text"] for d in chunk],
+                                 max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.prompt_tokens,
+                                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                 generator=generators, stop=args.stop, min_new_tokens=args.min_new_tokens,
+                                 repetition_penalty=args.repetition_penalty,
+                                 no_repeat_ngram_size=args.no_repeat_ngram_size, num_beams=args.num_beams,
+                                 length_penalty=args.length_penalty, batch_size=args.batch_size, mem_len=args.mem_len)
+            for doc, summary in zip(chunk, summaries):
+                row = {"source": doc["source"], "summary": summary}
+                row.update({k: doc[k] for k in ("reference", "name") if k in doc})
+                rows.append(row)
+                if args.out == "-":
+                    print(json.dumps(row, ensure_ascii=False), flush=True)
     if args.out != "-":
         from txl.fileio import atomic_write
 

@@ -146,6 +146,20 @@ def empty_caches(n_layer: int) -> list[LayerCache]:
     return [LayerCache() for _ in range(n_layer)]
 
 
+def reorder_caches(caches: list[LayerCache], index: torch.Tensor) -> None:
+    """Make row r of every cache the old row ``index[r]`` (int64 [B'], rows may repeat or go), in place.
+
+    The decoding state of beam search (:func:`txl.generation.beam_search`): after each step the
+    surviving beams continue from their parents' keys and values, as their memory does (reorder it
+    the same way: ``[m.index_select(0, index) for m in mems]``). The projected positions do not
+    depend on the row and stay.
+    """
+    for cache in caches:
+        if cache.keys is not None:
+            cache.keys = cache.keys.index_select(0, index)
+            cache.values = cache.values.index_select(0, index)
+
+
 class MultiHeadAttention(nn.Module):
     """Masked multi-head attention over [memory + current] with relative or absolute positions.
 

@@ -81,6 +81,20 @@ class DecoderLayer(nn.Module):
         return self.ff(self.attn(h, mem, pos_emb, mask, cache))
 
 
+def padding_mask(mem_padding: torch.Tensor, batch: int, mlen: int, klen: int) -> torch.Tensor:
+    """bool [B, 1, 1, K]: True at the first ``mem_padding[b]`` keys of row b (left padding of its memory).
+
+    Raises:
+        TxlError: ``mem_padding`` that is not an integer tensor [B] with values in ``[0, M]``.
+    """
+    if not isinstance(mem_padding, torch.Tensor) or mem_padding.shape != (batch,) or mem_padding.is_floating_point():
+        raise TxlError(f"mem_padding must be an integer tensor [batch] = [{batch}]")
+    if mem_padding.device.type == "cpu" and batch and (int(mem_padding.min()) < 0 or int(mem_padding.max()) > mlen):
+        raise TxlError(f"mem_padding values must be in [0, memory length {mlen}], got {mem_padding.tolist()}")
+    keys = torch.arange(klen, device=mem_padding.device)
+    return (keys[None, :] < mem_padding[:, None])[:, None, None, :]
+
+
 class TransformerXLLM(nn.Module):
     """Transformer-XL language model with segment-level recurrence and relative attention.
 
@@ -134,7 +148,8 @@ class TransformerXLLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, mems: Mems | None = None,
                 labels: torch.Tensor | None = None, caches: list[LayerCache] | None = None,
-                span: AttentionSpan | None = None, detach_mems: bool = True) -> LMOutput:
+                span: AttentionSpan | None = None, detach_mems: bool = True,
+                mem_padding: torch.Tensor | None = None) -> LMOutput:
         """Score one segment given the memory of the previous ones.
 
         Args:
@@ -154,6 +169,11 @@ class TransformerXLLM(nn.Module):
             detach_mems: True (the paper's stop-gradient, §3.2): the new memory is detached. False:
                 it keeps this segment's autograd graph (truncated back-propagation through time, see
                 :meth:`hidden_states`).
+            mem_padding: int64 [B]: the first ``mem_padding[b]`` memory positions of row b are padding
+                (a batch of rows whose memories have different lengths, left-padded to one length M);
+                no query attends to them. A row's real memory is its last ``M - mem_padding[b]``
+                positions, so its relative distances are those it has alone and its outputs equal
+                those of the row alone (up to float rounding). None: no padding.
 
         Returns:
             :class:`LMOutput` with logits [B, T, V], the mean NLL (nats) and the new memory.
@@ -167,7 +187,7 @@ class TransformerXLLM(nn.Module):
                 other than -100; a ``span`` that is not an AttentionSpan. Value (range) checks run on
                 CPU tensors only, to keep GPU steps free of host synchronisation.
         """
-        h, new_mems = self._body(input_ids, mems, caches, detach_mems, span)
+        h, new_mems = self._body(input_ids, mems, caches, detach_mems, span, mem_padding)
         if labels is not None:  # after input_ids was checked (labels must have its shape and device)
             labels = check_labels(labels, input_ids, self.config.vocab_size)
         logits, token_loss, loss = self._output(h, labels)
@@ -198,7 +218,8 @@ class TransformerXLLM(nn.Module):
         return self._body(input_ids, mems, None, detach_mems, span)
 
     def _body(self, input_ids: torch.Tensor, mems: Mems | None, caches: list[LayerCache] | None,
-              detach_mems: bool, span: AttentionSpan | None) -> tuple[torch.Tensor, Mems | None]:
+              detach_mems: bool, span: AttentionSpan | None,
+              mem_padding: torch.Tensor | None = None) -> tuple[torch.Tensor, Mems | None]:
         """Embedding and layers: hidden states [B, T, d_model] and the new memory (see :meth:`forward`)."""
         c = self.config
         if span is None:
@@ -229,6 +250,8 @@ class TransformerXLLM(nn.Module):
                 pos_emb = self.drop(sinusoid(relative_positions(klen, span.clamp_len, emb.device), c.d_model).to(emb.dtype))
             h = self.drop(emb)
             mask = attention_mask(qlen, mlen, span.same_length, span.mem_len, emb.device)
+            if mem_padding is not None:
+                mask = mask | padding_mask(mem_padding, bsz, mlen, klen)
         else:
             pos_emb = None
             h = self.drop(emb + sinusoid(torch.arange(qlen, device=emb.device), c.d_model).to(emb.dtype))

@@ -11,7 +11,7 @@ computes for any task.
 Everything else is :func:`txl.training.loop.train`: the run folder and its claim, ``best/`` and
 ``last/`` checkpoints, exact resume, the progress bar, ``metrics.csv``, several processes and the
 one-line errors. :class:`PairsTask` plugs into it (the task interface is described in
-:mod:`txl.training.lm_task`).
+:mod:`txl.training.lm_task`); :func:`txl.training.loop.finetune` is the Python form of the command.
 """
 
 from __future__ import annotations
@@ -269,26 +269,3 @@ def finetune_config(init: str | Path, data: str | Path | None = None, *, out_dir
         section, key, value = parse_override(text)
         values.setdefault(section, {})[key] = value
     return RunConfig.from_dict(values)
-
-
-def finetune(init: str | Path, data: str | Path | None = None, *, out_dir: str | Path,
-             config: str | Path | None = None, overrides: Sequence[str] = (), progress: bool = True,
-             log=None, resume: bool = False):
-    """Fine-tune the language model ``init`` on prompt/completion pairs; the Python form of ``txl finetune``.
-
-    Returns :func:`txl.training.loop.train`'s :class:`~txl.training.loop.TrainResult` (``final`` is
-    the completion loss on ``eval.split``). ``resume=True`` continues the run in ``out_dir`` from its
-    saved config (``init``, ``data``, ``config`` and ``overrides`` are then not used).
-
-    Raises:
-        TxlError: as :func:`finetune_config` and :func:`txl.training.loop.train`.
-    """
-    from txl.fileio import read_json_object
-    from txl.training.loop import train
-
-    if resume:
-        run = RunConfig.from_dict(read_json_object(Path(out_dir) / "run.json"))
-        run.train.out_dir = str(out_dir)
-    else:
-        run = finetune_config(init, data, out_dir=out_dir, config=config, overrides=overrides)
-    return train(run, progress=progress, log=log, resume=resume)

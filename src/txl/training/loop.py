@@ -376,3 +376,26 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
     return TrainResult(run_dir=out_dir, best_dir=out_dir / "best", final=final, steps=step, tokens=state["tokens"],
                        wall_s=wall, tokens_per_s=state["tokens"] / wall, sample_prompt=prompt,
                        sample=sample, rank=d.rank, start_step=start_step)
+
+
+def finetune(init: str | Path, data: str | Path | None = None, *, out_dir: str | Path,
+             config: str | Path | None = None, overrides: Sequence[str] = (), progress: bool = True,
+             log=None, resume: bool = False):
+    """Fine-tune the language model ``init`` on prompt/completion pairs; the Python form of ``txl finetune``.
+
+    Returns :func:`txl.training.loop.train`'s :class:`~txl.training.loop.TrainResult` (``final`` is
+    the completion loss on ``eval.split``). ``resume=True`` continues the run in ``out_dir`` from its
+    saved config (``init``, ``data``, ``config`` and ``overrides`` are then not used).
+
+    Raises:
+        TxlError: as :func:`finetune_config` and :func:`txl.training.loop.train`.
+    """
+    from txl.fileio import read_json_object
+    from txl.training.finetune import finetune_config
+
+    if resume:
+        run = RunConfig.from_dict(read_json_object(Path(out_dir) / "run.json"))
+        run.train.out_dir = str(out_dir)
+    else:
+        run = finetune_config(init, data, out_dir=out_dir, config=config, overrides=overrides)
+    return train(run, progress=progress, log=log, resume=resume)
