@@ -77,7 +77,7 @@ def test_loss_is_the_completion_nll_of_the_whole_row_read_in_segments():
 def test_known_value_a_uniform_model_costs_log_v_per_completion_token(tmp_path):
     tok = ByteTokenizer()
     lm = make_lm(tmp_path / "lm", tok, uniform=True)
-    pairs = write_pairs(tmp_path / "pairs.jsonl", n=10)
+    pairs = write_pairs(tmp_path / "pairs.jsonl", n=10, prompt_len=(3, 20))
     result = finetune(lm, pairs, out_dir=tmp_path / "run", progress=False, log=lambda m: None,
                       overrides=["train.max_steps=1", "train.batch_size=8", "train.log_interval=1", "train.eval_interval=1",
                                  "train.sample_tokens=0", "data.split=[0.8, 0.2, 0.0]"])
@@ -168,8 +168,8 @@ def losses(run_dir):
 
 
 def test_crash_then_resume_equals_the_uninterrupted_run(tmp_path, monkeypatch, capsys):
-    lm = make_lm(tmp_path / "lm", ByteTokenizer())
-    pairs = write_pairs(tmp_path / "pairs.jsonl", n=20)
+    lm = make_lm(tmp_path / "lm", ByteTokenizer(), tgt_len=12)
+    pairs = write_pairs(tmp_path / "pairs.jsonl", n=20, prompt_len=(3, 10))  # prompts of 2 to 6 segments
     args = ["train.max_steps=12", "train.batch_size=3", "train.eval_interval=4", "train.log_interval=1",
             "train.sample_tokens=0", "model.dropout=0.1", "finetune.grad_segments=2", "train.grad_accum_steps=3"]
     finetune(lm, pairs, out_dir=tmp_path / "straight", overrides=args, progress=False, log=lambda m: None)
