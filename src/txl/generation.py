@@ -8,7 +8,7 @@ import torch
 
 from txl.errors import TxlError
 from txl.evaluation.segments import eval_mode, segments
-from txl.model.attention import LayerCache, empty_caches
+from txl.model.decoding import DecodingState
 from txl.model.inputs import check_input_ids
 from txl.model.memory import Mems
 from txl.model.span import AttentionSpan, resolve_span
@@ -61,15 +61,16 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
 
 @torch.no_grad()
 def prime_memory(model, input_ids: torch.Tensor, mems: Mems | None = None,
-                 caches: list[LayerCache] | None = None, *, span: AttentionSpan | None = None) -> Mems | None:
+                 caches: DecodingState | None = None, *, span: AttentionSpan | None = None) -> Mems | None:
     """Feed ``input_ids`` (int64 [B, T], T >= 0) through the model in segments of ``span.tgt_len`` and
     return the memory (``n_layer`` tensors [B, <= mem_len, d_model]; ``mems`` itself when T = 0).
 
-    The segments go through :func:`txl.evaluation.segments.segments` (paper §3.2 recurrence), filling
-    ``caches`` (the per-layer :class:`~txl.model.LayerCache` decoding state) when given. ``span``
-    None: the model's training span.
+    The segments go through :func:`txl.evaluation.segments.segments` (paper §3.2 recurrence). With
+    ``caches`` (a :class:`~txl.model.DecodingState`, whose span is then used) the state is filled
+    instead and holds the memory: the return value is None once a segment was read. ``span`` None:
+    the model's training span.
     """
-    span = resolve_span(model.config, span)
+    span = caches.span if caches is not None else resolve_span(model.config, span)
     for seg in segments(model, input_ids, span=span, mems=mems, caches=caches):
         mems = seg.output.mems
     return mems
@@ -116,13 +117,13 @@ def generate_stream(model, input_ids: torch.Tensor, max_new_tokens: int, tempera
                 seq = torch.cat([seq, token[:, None]], dim=1)
                 yield token
             return
-        # per-layer keys/values of the memory travel with it, so a step projects only the new token
-        caches = empty_caches(model.config.n_layer)
-        mems = prime_memory(model, input_ids[:, :-1], mems, caches, span=span)
+        # the memory lives in ring buffers of keys/values: a step projects and writes only the new token
+        state = DecodingState(model.config.n_layer, span, keep_mems=False)
+        mems = prime_memory(model, input_ids[:, :-1], mems, state)
         last = input_ids[:, -1:]
         for _ in range(max_new_tokens):
-            out = model(last, mems=mems, caches=caches, span=span)
-            mems = out.mems
+            out = model(last, mems=mems, caches=state)
+            mems = None  # from the first step on, the state holds the memory
             token = sample_next(out.logits[:, -1], temperature, top_k, top_p, generator)
             last = token[:, None]
             yield token
