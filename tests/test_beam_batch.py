@@ -9,7 +9,7 @@ import torch
 from conftest import one_error_line, run_cli, tiny_model
 from txl.data import ByteTokenizer
 from txl.generation import beam_search, generate, prime_memory, prime_rows
-from txl.model.attention import empty_caches
+from txl.model.decoding import DecodingState
 from txl.training.checkpoint import save_checkpoint
 from txl.training.config import RunConfig
 
@@ -77,23 +77,26 @@ def test_padded_memories_give_each_row_its_own_logits(overrides):
     span = model.config.span
     steps = torch.randint(0, 37, (len(prompts), 10), generator=gen)  # teacher-forced next tokens
     with torch.no_grad():
-        mems, padding = prime_rows(model, prompts, span)
-        caches = empty_caches(model.config.n_layer)
-        last = torch.stack([p[-1:] for p in prompts])
-        batch = []
-        for t in range(steps.size(1)):
-            out = model(last, mems=mems, caches=caches, mem_padding=padding)
-            padding = (padding - (mems[0].size(1) + 1 - out.mems[0].size(1))).clamp(min=0)
-            mems, last = out.mems, steps[:, t:t + 1]
-            batch.append(out.logits[:, -1])
-        for b, p in enumerate(prompts):
-            caches = empty_caches(model.config.n_layer)
-            m = prime_memory(model, p[None, :-1], None, caches, span=span)
-            x = p[None, -1:]
+        for cached in (False, True):  # the general path, and the ring-buffer steps
+            mems, padding = prime_rows(model, prompts, span)
+            state = DecodingState(model.config.n_layer, span) if cached else None
+            last = torch.stack([p[-1:] for p in prompts])
+            batch = []
             for t in range(steps.size(1)):
-                out = model(x, mems=m, caches=caches)
-                m, x = out.mems, steps[b:b + 1, t:t + 1]
-                assert torch.allclose(out.logits[0, -1], batch[t][b], rtol=0, atol=1e-10), (b, t)
+                before = state.memory_length if cached and state.length else mems[0].size(1)
+                out = model(last, mems=mems, caches=state, mem_padding=padding)
+                after = state.memory_length if cached else out.mems[0].size(1)
+                padding = (padding - (before + 1 - after)).clamp(min=0)
+                mems, last = out.mems, steps[:, t:t + 1]
+                batch.append(out.logits[:, -1])
+            for b, p in enumerate(prompts):
+                state = DecodingState(model.config.n_layer, span)
+                m = prime_memory(model, p[None, :-1], None, state)
+                x = p[None, -1:]
+                for t in range(steps.size(1)):
+                    out = model(x, mems=m, caches=state)
+                    m, x = None, steps[b:b + 1, t:t + 1]
+                    assert torch.allclose(out.logits[0, -1], batch[t][b], rtol=0, atol=1e-10), (cached, b, t)
 
 
 @pytest.mark.parametrize("overrides", [{"mem_len": 5}, {"attn_type": "abs"}])

@@ -16,7 +16,7 @@ from txl.evaluation.scoring import score_tokens
 from txl.evaluation.segments import segments
 from txl.evaluation.stream import evaluate, evaluate_sliding_window
 from txl.generation import generate
-from txl.model import AttentionSpan, LayerCache, resolve_span
+from txl.model import AttentionSpan, DecodingState, resolve_span
 from txl.model.memory import update_mems
 
 
@@ -142,11 +142,16 @@ def test_uv_are_read_at_call_time_by_functional_call(untie_r):
 
 def test_decoding_cache_is_typed():
     model = tiny_model(mem_len=6, tgt_len=4)
-    caches = [LayerCache() for _ in range(model.config.n_layer)]
+    state = DecodingState(model.config.n_layer, AttentionSpan(4, 6))
     with torch.no_grad():
-        out = model(torch.randint(0, 37, (2, 9)), caches=caches, span=AttentionSpan(4, 6))
-    assert all(c.mem_len == 6 and c.keys.shape == (2, 2, 6, 6) and c.pos_klen == 9 for c in caches)
-    assert out.mems[0].size(1) == 6
+        out = model(torch.randint(0, 37, (2, 9)), caches=state, span=AttentionSpan(4, 6))
+    # capacity mem_len + 1: a one-token step sees the memory and itself
+    assert state.capacity == 7 and state.length == 7 and state.next_slot == 0
+    assert all(c.keys.shape == (2, 2, 7, 6) and c.hidden.shape == (2, 7, 16) for c in state.layers)
+    assert out.mems is None and [m.size(1) for m in state.mems()] == [6, 6, 6]
+    with pytest.raises(TxlError, match="differs from the decoding state"):
+        with torch.no_grad():
+            model(torch.randint(0, 37, (2, 1)), caches=state, span=AttentionSpan(4, 5))
 
 
 def test_no_function_changes_model_config():

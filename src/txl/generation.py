@@ -9,7 +9,7 @@ import torch
 
 from txl.errors import TxlError
 from txl.evaluation.segments import eval_mode, segments
-from txl.model.attention import LayerCache, empty_caches, reorder_caches
+from txl.model.decoding import DecodingState
 from txl.model.inputs import check_input_ids
 from txl.model.memory import Mems
 from txl.model.span import AttentionSpan, resolve_span
@@ -153,15 +153,16 @@ class _Chooser:
 
 @torch.no_grad()
 def prime_memory(model, input_ids: torch.Tensor, mems: Mems | None = None,
-                 caches: list[LayerCache] | None = None, *, span: AttentionSpan | None = None) -> Mems | None:
+                 caches: DecodingState | None = None, *, span: AttentionSpan | None = None) -> Mems | None:
     """Feed ``input_ids`` (int64 [B, T], T >= 0) through the model in segments of ``span.tgt_len`` and
     return the memory (``n_layer`` tensors [B, <= mem_len, d_model]; ``mems`` itself when T = 0).
 
-    The segments go through :func:`txl.evaluation.segments.segments` (paper §3.2 recurrence), filling
-    ``caches`` (the per-layer :class:`~txl.model.LayerCache` decoding state) when given. ``span``
-    None: the model's training span.
+    The segments go through :func:`txl.evaluation.segments.segments` (paper §3.2 recurrence). With
+    ``caches`` (a :class:`~txl.model.DecodingState`, whose span is then used) the state is filled
+    instead and holds the memory: the return value is None once a segment was read. ``span`` None:
+    the model's training span.
     """
-    span = resolve_span(model.config, span)
+    span = caches.span if caches is not None else resolve_span(model.config, span)
     for seg in segments(model, input_ids, span=span, mems=mems, caches=caches):
         mems = seg.output.mems
     return mems
@@ -265,19 +266,20 @@ def generate_stream(model, input_ids: torch.Tensor, max_new_tokens: int, tempera
                     [seq.size(0) for seq in rows]))]
                 yield token
             return
-        # per-layer keys/values of the memory travel with it, so a step projects only the new token
-        caches = empty_caches(model.config.n_layer)
-        if ragged:
+        # the memory lives in ring buffers of keys/values: a step projects and writes only the new token
+        state = DecodingState(model.config.n_layer, span, keep_mems=False)
+        if ragged:  # each prompt primes its memory alone; left-padded to one length, the padding masked
             mems, padding = prime_rows(model, input_ids, span)
             last = torch.stack([p[-1:] for p in input_ids])
         else:
-            mems, padding = prime_memory(model, input_ids[:, :-1], mems, caches, span=span), None
+            mems, padding = prime_memory(model, input_ids[:, :-1], mems, state), None
             last = input_ids[:, -1:]
         for _ in range(max_new_tokens):
-            out = model(last, mems=mems, caches=caches, span=span, mem_padding=padding)
+            before = state.memory_length if state.length else (0 if mems is None else mems[0].size(1))
+            out = model(last, mems=mems, caches=state, mem_padding=padding)
+            mems = None  # from the first step on, the state holds the memory
             if padding is not None:  # positions that left the memory on the left are padding first
-                padding = (padding - (mems[0].size(1) + 1 - out.mems[0].size(1))).clamp(min=0)
-            mems = out.mems
+                padding = (padding - (before + 1 - state.memory_length)).clamp(min=0)
             token = choose(out.logits[:, -1])
             last = token[:, None]
             yield token
@@ -333,9 +335,9 @@ def beam_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: 
 
     Each step extends every beam by every token, scores ``sum log p`` (after the decoding rules of
     :func:`adjust_logits`) and keeps the ``num_beams`` best; a candidate ending in one of ``end_ids``
-    is set aside as finished (scored ``sum / n ** length_penalty``, n its number of tokens). The memory
-    and the per-layer decoding caches follow their beams (:func:`reorder_state`), so a step costs one
-    forward of one token per beam. The search stops after ``max_new_tokens``, or once ``num_beams``
+    is set aside as finished (scored ``sum / n ** length_penalty``, n its number of tokens). The memory,
+    held in the ring buffers of a :class:`~txl.model.DecodingState`, follows its beams
+    (:func:`reorder_state`), so a step costs one forward of one token per beam. The search stops after ``max_new_tokens``, or once ``num_beams``
     hypotheses are finished and no running beam can still beat them at its current length. The greedy
     path is decoded alongside as one more row and returned when it scores higher, so the result never
     scores below greedy decoding. ``num_beams=1`` is greedy decoding itself.
@@ -365,19 +367,19 @@ def beam_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: 
         true_lp = [0.0] * (k + 1)
         greedy_score, greedy_done = 0.0, False
         finished: list[tuple[float, float, list[int]]] = []  # (score, logprob, tokens)
-        caches = empty_caches(model.config.n_layer) if model.config.attn_type != "abs" else None
+        state = DecodingState(model.config.n_layer, span, keep_mems=False) if model.config.attn_type != "abs" else None
         mems = None
-        if caches is not None:
-            mems = prime_memory(model, input_ids[:, :-1], None, caches, span=span)
-            mems = reorder_state(mems, caches, torch.zeros(k + 1, dtype=torch.long, device=device))
+        if state is not None:
+            mems = prime_memory(model, input_ids[:, :-1], None, state)  # None once the state holds the memory
+            mems = reorder_state(mems, state, torch.zeros(k + 1, dtype=torch.long, device=device))
         last = input_ids[:, -1:].expand(k + 1, 1)
         for n in range(1, max_new_tokens + 1):
-            if caches is None:  # attn_type "abs": each row's window of the last tgt_len tokens
+            if state is None:  # attn_type "abs": each row's window of the last tgt_len tokens
                 logits = torch.cat([model(torch.cat([input_ids[0], torch.as_tensor(sq, dtype=torch.long, device=device)])
                                           [None, -span.tgt_len:], span=span).logits[:, -1] for sq in seqs])
             else:
-                out = model(last, mems=mems, caches=caches, span=span)
-                mems, logits = out.mems, out.logits[:, -1]
+                out = model(last, mems=mems, caches=state)
+                mems, logits = None, out.logits[:, -1]
             logp = torch.log_softmax(logits.double(), dim=-1)
             banned = end if n <= min_new_tokens else ()
             adj = torch.log_softmax(adjust_logits(logits, seqs, banned=banned, **rules).double(), dim=-1)
@@ -418,8 +420,8 @@ def beam_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: 
             seqs = [seqs[p] + [t] for p, t in zip(parents, tokens)] + [greedy_seq]
             scores = torch.as_tensor(new_scores, dtype=torch.float64, device=device)
             true_lp = new_lp + [true_lp[k]]
-            if caches is not None:
-                mems = reorder_state(mems, caches, torch.as_tensor(parents + [k], device=device))
+            if state is not None:
+                reorder_state(None, state, torch.as_tensor(parents + [k], device=device))
             last = torch.as_tensor([[t] for t in tokens] + [[g]], device=device)
             if len(finished) >= k and norm(float(scores.max()), n) <= finished[-1][0]:
                 break  # no running beam beats the finished ones at its present length
@@ -430,10 +432,11 @@ def beam_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: 
     return BeamResult(tokens=torch.as_tensor(best[2], dtype=torch.long, device=device), logprob=best[1], score=best[0])
 
 
-def reorder_state(mems: Mems | None, caches: list[LayerCache], index: torch.Tensor) -> Mems | None:
-    """The decoding state of rows ``index`` (int64 [B']): the memory's rows (returned) and, in place,
-    the per-layer caches' (:func:`txl.model.attention.reorder_caches`)."""
-    reorder_caches(caches, index)
+def reorder_state(mems: Mems | None, state: DecodingState, index: torch.Tensor) -> Mems | None:
+    """The decoding of rows ``index`` (int64 [B']; beam search): the rows of the memory ``mems``
+    (returned; None stays None) and, in place, of the ring buffers of ``state``
+    (:meth:`txl.model.DecodingState.reorder`)."""
+    state.reorder(index)
     return None if mems is None else [m.index_select(0, index) for m in mems]
 
 

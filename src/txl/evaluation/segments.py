@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from txl.errors import TxlError
-from txl.model.attention import LayerCache
+from txl.model.decoding import DecodingState
 from txl.model.memory import Mems
 from txl.model.span import AttentionSpan
 from txl.model.transformer import LMOutput
@@ -50,7 +50,7 @@ class Segment:
 
 def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *, span: AttentionSpan,
              mems: Mems | None = None, lengths: torch.Tensor | list[int] | None = None, dtype: str = "float32",
-             grad: bool = False, caches: list[LayerCache] | None = None,
+             grad: bool = False, caches: DecodingState | None = None,
              positions: Sequence[tuple[int, int]] | None = None,
              grad_from: torch.Tensor | None = None) -> Iterator[Segment]:
     """Read ``inputs`` in segments of ``span.tgt_len`` columns, carrying the memory; yield each :class:`Segment`.
@@ -73,7 +73,9 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
         dtype: "float32" or an autocast dtype ("bfloat16", "float16") for the forward passes.
         grad: run the forward passes with autograd (dynamic evaluation, gradient statistics);
             False runs them under ``torch.no_grad``. The grad mode of the caller is not changed.
-        caches: per-layer decoding caches passed to every forward (generation; needs ``grad=False``).
+        caches: a :class:`~txl.model.DecodingState` passed to every forward (needs ``grad=False``):
+            it then holds the memory (each segment's ``output.mems`` is None; read
+            ``caches.mems()``) and keeps the memory's keys and values, so they are not re-projected.
         positions: ``(start, length)`` of each segment, in order, instead of the regular cut (e.g.
             :meth:`txl.data.LMOrderedIterator.positions`, whose warm-up context ends on a segment
             boundary); each length must be in ``[1, span.tgt_len]``.
@@ -123,6 +125,8 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
                 rows = rows[running]
                 if mems is not None:
                     mems = [m[running] for m in mems]
+                if caches is not None and caches.length > 0:
+                    caches.reorder(running.nonzero().squeeze(1))
             if rows.numel() == 0:
                 return
         cols = slice(start, start + size)

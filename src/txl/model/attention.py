@@ -7,13 +7,12 @@ H = heads, D = d_head. Everything is batch-first.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from txl.errors import TxlError
+from txl.model.decoding import LayerCache
 from txl.model.dropout import Dropout
 
 
@@ -118,48 +117,6 @@ def shaw_distances(klen: int, max_dist: int, device: torch.device | str) -> torc
     return torch.arange(klen - 1, -1, -1, device=device).clamp(max=max_dist)
 
 
-@dataclass
-class LayerCache:
-    """Incremental-decoding state of one layer, owned by the caller (see :mod:`txl.generation`).
-
-    Passed with the matching memory on every call, it lets a step project only the new tokens:
-    keys do not depend on position in relative attention ("rel", paper §3.3, and "shaw"), so the
-    keys and values of the memory can be kept instead of recomputed from the memory's states. Only
-    used without autograd. A fresh cache is empty (``keys is None``).
-
-    Attributes:
-        mem_len: memory length (tokens) of the span being decoded with; set by the model on each call.
-        keys, values: float [B, H, <= mem_len, D] keys and values of the next memory's positions.
-        pos_keys: float [H, D, K] projected relative encodings ``W_kR R`` for distances K-1 .. 0 ("rel").
-        pos_klen: the key length K that ``pos_keys`` belong to (-1: none yet).
-    """
-
-    mem_len: int = 0
-    keys: torch.Tensor | None = None
-    values: torch.Tensor | None = None
-    pos_keys: torch.Tensor | None = None
-    pos_klen: int = -1
-
-
-def empty_caches(n_layer: int) -> list[LayerCache]:
-    """``n_layer`` fresh :class:`LayerCache` objects, one per layer, for a new decoding run."""
-    return [LayerCache() for _ in range(n_layer)]
-
-
-def reorder_caches(caches: list[LayerCache], index: torch.Tensor) -> None:
-    """Make row r of every cache the old row ``index[r]`` (int64 [B'], rows may repeat or go), in place.
-
-    The decoding state of beam search (:func:`txl.generation.beam_search`): after each step the
-    surviving beams continue from their parents' keys and values, as their memory does (reorder it
-    the same way: ``[m.index_select(0, index) for m in mems]``). The projected positions do not
-    depend on the row and stay.
-    """
-    for cache in caches:
-        if cache.keys is not None:
-            cache.keys = cache.keys.index_select(0, index)
-            cache.values = cache.values.index_select(0, index)
-
-
 class MultiHeadAttention(nn.Module):
     """Masked multi-head attention over [memory + current] with relative or absolute positions.
 
@@ -219,13 +176,14 @@ class MultiHeadAttention(nn.Module):
         Args:
             h: [B, T, d_model] input of this layer for the current segment.
             mem: [B, M, d_model] memory of this layer (detached states of earlier segments) or None.
+                Ignored when ``cache`` already holds the memory's keys and values.
             pos_emb: [K, d_model] sinusoidal R for distances K-1 ... 0 ("rel" only; None otherwise).
             mask: bool [T, K], True = not visible (see :func:`attention_mask`).
-            cache: for incremental decoding without autograd (see :mod:`txl.generation`), this
-                layer's :class:`LayerCache`; this call stores in it the keys and values of the next
-                memory's positions ([B, H, <= mem_len, D]) and the projected positions of this key
-                length, and the next call reuses them instead of projecting the memory again. Keys
-                do not depend on position in relative attention ("rel" and "shaw"), so this is exact.
+            cache: this layer's part of a :class:`~txl.model.decoding.DecodingState` (incremental
+                decoding without autograd, "rel" and "shaw"): the keys and values of the memory are
+                read from it instead of being projected from ``mem``, and the last ``capacity``
+                keys/values of this call are stored in it. Keys do not depend on position in relative
+                attention, so this is exact.
 
         Returns:
             [B, T, d_model]: the sub-layer output after residual (and LayerNorm unless ``pre_lnorm``).
@@ -233,30 +191,31 @@ class MultiHeadAttention(nn.Module):
         bsz, qlen, _ = h.shape
         hd = self.n_head * self.d_head
         w = self.qkv_net.weight  # [3*H*D, d]: rows W_q, W_kE, W_v
-        mlen = 0 if mem is None else mem.size(1)
-        if cache is not None and cache.keys is not None and cache.keys.size(2) == mlen:  # memory already projected
+        state = None if cache is None else cache.state
+        if state is not None and state.length > 0:  # the memory's keys/values are in the cache
+            mlen = state.memory_length
             x = self.layer_norm(h) if self.pre_lnorm else h
             q, k, v = (self._heads(t) for t in F.linear(x, w).split(hd, dim=-1))
-            k, v = torch.cat([cache.keys, k], dim=2), torch.cat([cache.values, v], dim=2)
+            k = torch.cat([state.ordered(cache.keys, mlen, 2), k], dim=2)
+            v = torch.cat([state.ordered(cache.values, mlen, 2), v], dim=2)
+            hidden = None
+            if cache.hidden is not None:
+                hidden = torch.cat([state.ordered(cache.hidden, mlen, 1), h], dim=1)
         else:
+            mlen = 0 if mem is None else mem.size(1)
             cat = h if mlen == 0 else torch.cat([mem, h], dim=1)  # [B, K, d]
             x = self.layer_norm(cat) if self.pre_lnorm else cat
             q = self._heads(F.linear(x[:, mlen:], w[:hd]))  # queries only for the current segment: [B, H, T, D]
             k, v = (self._heads(t) for t in F.linear(x, w[hd:]).split(hd, dim=-1))  # [B, H, K, D] each
+            hidden = cat
         klen = k.size(2)
-        if cache is not None:  # the keys/values of the next memory: the last mem_len positions
-            keep = klen - min(klen, cache.mem_len)
-            cache.keys, cache.values = k[:, :, keep:], v[:, :, keep:]
+        if state is not None:
+            state.store(cache, k, v, hidden)
 
         dropatt = self.dropatt.p if self.training else 0.0
         if self.attn_type == "rel":
             u, vb = self.r_w_bias, self.r_r_bias
-            if cache is not None and cache.pos_klen == klen:
-                r_k = cache.pos_keys
-            else:
-                r_k = self.r_net(pos_emb).view(klen, self.n_head, self.d_head).permute(1, 2, 0)  # [H, D, K]
-                if cache is not None:
-                    cache.pos_klen, cache.pos_keys = klen, r_k
+            r_k = self.r_net(pos_emb).view(klen, self.n_head, self.d_head).permute(1, 2, 0)  # [H, D, K]
             # (b) + (d), pre-scaled, realigned and masked, becomes an additive bias of the fused kernel,
             # which computes softmax(scale * (q + u)·k + bias) @ v, i.e. (a) + (c) + (b) + (d).
             bias = rel_shift_bias(torch.matmul((q + vb[:, None, :]) * self.scale, r_k), mask)  # [B, H, T, K]
@@ -273,6 +232,61 @@ class MultiHeadAttention(nn.Module):
         vec = vec.transpose(1, 2).reshape(bsz, qlen, hd)  # [B, T, H*D]
         out = self.drop(self.o_net(vec))
         return h + out if self.pre_lnorm else self.layer_norm(h + out)
+
+    def step(self, h: torch.Tensor, cache: LayerCache, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """One decoding step of one new token per row, reading and updating the ring buffers.
+
+        Computes exactly what :meth:`forward` computes for a one-token segment after the memory held
+        in ``cache.state`` (same scores, same keys), without concatenating or copying the memory:
+        the token's key and value are written to slot ``state.next_slot`` and the position scores
+        are read from the doubled table at the rotation that gives each slot its distance. No key
+        is masked: every filled slot is in the past (with ``same_length`` the capacity is
+        ``mem_len``, so the oldest key has already been overwritten, as the mask would drop it).
+
+        Args:
+            h: [B, 1, d_model] input of this layer for the new token (eval mode, no autograd).
+            cache: this layer's :class:`~txl.model.decoding.LayerCache` ("rel" or "shaw"); its
+                ``pos_keys`` are computed on the first step from ``state.pos_emb``.
+            key_mask: bool [B, 1, 1, K] True for slots a row must not attend to (the padding of
+                memories of different lengths, see :func:`txl.model.transformer.slot_padding_mask`).
+
+        Returns:
+            [B, 1, d_model]: the sub-layer output, as :meth:`forward`.
+        """
+        state = cache.state
+        bsz = h.size(0)
+        hd = self.n_head * self.d_head
+        x = self.layer_norm(h) if self.pre_lnorm else h
+        q, k, v = (self._heads(t) for t in F.linear(x, self.qkv_net.weight).split(hd, dim=-1))  # [B, H, 1, D]
+        state.write(cache, k, v, h)
+        klen = min(state.length + 1, state.capacity)
+        keys, values = cache.keys[:, :, :klen], cache.values[:, :, :klen]
+        if cache.pos_keys is None:
+            cache.pos_keys = self._doubled_pos_keys(state, q.dtype)
+        off = state.pos_offset(klen)
+        r_k = cache.pos_keys[:, :, off:off + klen]  # [H, D, K]: slot s's distance in column s
+        if self.attn_type == "rel":
+            bias = torch.matmul((q + self.r_r_bias[:, None, :]) * self.scale, r_k)  # [B, H, 1, K]
+            if key_mask is not None:
+                bias = bias.masked_fill(key_mask, float("-inf"))
+            vec = F.scaled_dot_product_attention(q + self.r_w_bias[:, None, :], keys, values, attn_mask=bias,
+                                                 scale=self.scale)
+        else:
+            bias = torch.matmul(q * self.scale, r_k)
+            if key_mask is not None:
+                bias = bias.masked_fill(key_mask, float("-inf"))
+            vec = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=self.scale)
+        out = self.o_net(vec.transpose(1, 2).reshape(bsz, 1, hd))
+        return h + out if self.pre_lnorm else self.layer_norm(h + out)
+
+    def _doubled_pos_keys(self, state, dtype: torch.dtype) -> torch.Tensor:
+        """[H, D, 2 * S]: the position keys for distances S-1 ... 0, twice (see :class:`LayerCache`)."""
+        cap = state.capacity
+        if self.attn_type == "rel":
+            r_k = self.r_net(state.pos_emb).view(cap, self.n_head, self.d_head).permute(1, 2, 0)
+        else:
+            r_k = self.r_emb[shaw_distances(cap, self.max_dist, self.r_emb.device)].permute(1, 2, 0)
+        return torch.cat([r_k, r_k], dim=-1).to(dtype).contiguous()
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         """[B, L, H*D] -> [B, H, L, D]."""

@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from txl.model.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, tie_adaptive
-from txl.model.attention import LayerCache, MultiHeadAttention, attention_mask, relative_positions, sinusoid
+from txl.model.attention import MultiHeadAttention, attention_mask, relative_positions, sinusoid
 from txl.model.config import TransformerXLConfig
+from txl.model.decoding import DecodingState, LayerCache
 from txl.model.dropout import Dropout
 from txl.model.parameters import init_weights
 from txl.model.inputs import check_input_ids, check_labels
@@ -80,6 +81,10 @@ class DecoderLayer(nn.Module):
         """[B, T, d_model] -> [B, T, d_model]; see :meth:`MultiHeadAttention.forward` for the arguments."""
         return self.ff(self.attn(h, mem, pos_emb, mask, cache))
 
+    def step(self, h: torch.Tensor, cache: LayerCache, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """One decoding step [B, 1, d_model] -> [B, 1, d_model]; see :meth:`MultiHeadAttention.step`."""
+        return self.ff(self.attn.step(h, cache, key_mask))
+
 
 def padding_mask(mem_padding: torch.Tensor, batch: int, mlen: int, klen: int) -> torch.Tensor:
     """bool [B, 1, 1, K]: True at the first ``mem_padding[b]`` keys of row b (left padding of its memory).
@@ -93,6 +98,25 @@ def padding_mask(mem_padding: torch.Tensor, batch: int, mlen: int, klen: int) ->
         raise TxlError(f"mem_padding values must be in [0, memory length {mlen}], got {mem_padding.tolist()}")
     keys = torch.arange(klen, device=mem_padding.device)
     return (keys[None, :] < mem_padding[:, None])[:, None, None, :]
+
+
+def slot_padding_mask(state: DecodingState, mem_padding: torch.Tensor, batch: int) -> torch.Tensor:
+    """bool [B, 1, 1, K] over the ring-buffer slots a one-token step attends to: True where a slot
+    holds one of the first ``mem_padding[b]`` (oldest) tokens of row b's memory.
+
+    Before the step the state remembers L tokens, M = ``memory_length`` of them form the memory,
+    and the new token goes to slot ``w = next_slot``. While the buffer is not full the slots are in
+    time order (slot s is memory position s); once full, slot s holds the token (s - w) mod S from
+    the oldest, the oldest L - M of which are overwritten or beyond the memory.
+    """
+    S, L, w = state.capacity, state.length, state.next_slot
+    mlen = state.memory_length
+    padding_mask(mem_padding, batch, mlen, mlen)  # the checks
+    klen = min(L + 1, S)
+    slots = torch.arange(klen, device=mem_padding.device)
+    rank = slots if L < S else (slots - w) % S - (L - mlen)  # memory position of each slot
+    masked = (rank[None, :] < mem_padding[:, None]) & (slots != w)[None, :]
+    return masked[:, None, None, :]
 
 
 class TransformerXLLM(nn.Module):
@@ -147,7 +171,7 @@ class TransformerXLLM(nn.Module):
         init_weights(self, self.config.init_std, self.config.proj_init_std)
 
     def forward(self, input_ids: torch.Tensor, mems: Mems | None = None,
-                labels: torch.Tensor | None = None, caches: list[LayerCache] | None = None,
+                labels: torch.Tensor | None = None, caches: DecodingState | None = None,
                 span: AttentionSpan | None = None, detach_mems: bool = True,
                 mem_padding: torch.Tensor | None = None) -> LMOutput:
         """Score one segment given the memory of the previous ones.
@@ -158,10 +182,13 @@ class TransformerXLLM(nn.Module):
                 the model's dtype and device) or None to start fresh. Must be None for ``attn_type="abs"``.
             labels: int64 [B, T] next tokens already aligned with ``input_ids`` (no shift is done
                 here); positions equal to -100 are ignored.
-            caches: incremental-decoding state, one caller-owned
-                :class:`~txl.model.attention.LayerCache` per layer, passed with the matching ``mems``
-                on every call (see :func:`txl.generation.generate_stream`); only without autograd
-                and for ``attn_type`` "rel" or "shaw". The result is the same without it.
+            caches: a caller-owned :class:`~txl.model.DecodingState` for incremental decoding
+                (no autograd, ``attn_type`` "rel" or "shaw"; see :func:`txl.generation.generate_stream`).
+                It holds the memory as the keys and values of the remembered tokens: ``mems`` may
+                start it (first call only) and the returned ``mems`` is None; read the hidden-state
+                memory with ``caches.mems()``. One-token calls take the ring-buffer step (no copy of
+                the memory). The logits are the same as without it. Its span is used (``span``, if
+                given, must equal it).
             span: the :class:`~txl.model.AttentionSpan` to read with (``mem_len`` of the new
                 memory, ``clamp_len``, ``same_length``; ``tgt_len`` is the caller's business: the
                 segment is ``input_ids``). None: the config's training span. ``self.config`` is
@@ -217,12 +244,14 @@ class TransformerXLLM(nn.Module):
         """
         return self._body(input_ids, mems, None, detach_mems, span)
 
-    def _body(self, input_ids: torch.Tensor, mems: Mems | None, caches: list[LayerCache] | None,
+    def _body(self, input_ids: torch.Tensor, mems: Mems | None, caches: DecodingState | None,
               detach_mems: bool, span: AttentionSpan | None,
               mem_padding: torch.Tensor | None = None) -> tuple[torch.Tensor, Mems | None]:
         """Embedding and layers: hidden states [B, T, d_model] and the new memory (see :meth:`forward`)."""
         c = self.config
-        if span is None:
+        if caches is not None:
+            span = self._check_state(caches, mems, span)
+        elif span is None:
             span = c.span
         elif not isinstance(span, AttentionSpan):
             raise TxlError(f"span must be an AttentionSpan, got {type(span).__name__}")
@@ -233,20 +262,20 @@ class TransformerXLLM(nn.Module):
             raise TxlError("attn_type='abs' (vanilla Transformer) has no memory: pass mems=None")
         mlen = check_mems(mems, c.n_layer, bsz, c.d_model, dtypes=self._mem_dtypes(weight), device=weight.device)
         if caches is not None:
-            if c.attn_type == "abs" or torch.is_grad_enabled() or len(caches) != c.n_layer:
-                raise TxlError("caches are for incremental decoding: attn_type 'rel' or 'shaw', no autograd, "
-                               "one per layer")
-            for cache in caches:
-                cache.mem_len = span.mem_len
+            if caches.batch_size not in (None, bsz):
+                raise TxlError(f"the decoding state holds {caches.batch_size} rows but input_ids has {bsz}; "
+                               "make a new DecodingState for another batch")
+            caches.batch_size = bsz
+            if caches.length > 0:
+                if qlen == 1:  # the ring-buffer step: no mask (but the padding), no memory copy
+                    return self._step(input_ids, caches, mem_padding), None
+                mlen = caches.memory_length
         klen = mlen + qlen
 
         emb = self.word_emb(input_ids)  # [B, T, d_model], scaled by sqrt(d_model)
         if c.attn_type != "abs":  # "rel" and "shaw": positions enter in every layer's attention
-            if c.attn_type == "shaw":
-                pos_emb = None  # each layer looks its distances up in its own table
-            elif caches is not None and all(cache.pos_klen == klen for cache in caches):
-                pos_emb = None  # every layer reuses its projected positions for this key length
-            else:
+            pos_emb = None  # "shaw": each layer looks its distances up in its own table
+            if c.attn_type == "rel":
                 pos_emb = self.drop(sinusoid(relative_positions(klen, span.clamp_len, emb.device), c.d_model).to(emb.dtype))
             h = self.drop(emb)
             mask = attention_mask(qlen, mlen, span.same_length, span.mem_len, emb.device)
@@ -260,12 +289,48 @@ class TransformerXLLM(nn.Module):
         hids = []
         for i, layer in enumerate(self.layers):
             hids.append(h)
-            h = layer(h, None if mems is None else mems[i], pos_emb, mask, None if caches is None else caches[i])
+            h = layer(h, None if mems is None else mems[i], pos_emb, mask, None if caches is None else caches.layers[i])
         h = self.drop(h)
 
         if c.attn_type == "abs":
             return h, None
+        if caches is not None:
+            caches.advance_to(klen)
+            return h, None
         return h, update_mems(mems, hids, span.mem_len, detach=detach_mems)
+
+    def _check_state(self, state: DecodingState, mems: Mems | None, span: AttentionSpan | None) -> AttentionSpan:
+        """The span of a decoding ``state`` after checking that it may be used here (see :meth:`forward`)."""
+        c = self.config
+        if not isinstance(state, DecodingState):
+            raise TxlError(f"caches must be a txl.model.DecodingState, got {type(state).__name__}")
+        if c.attn_type == "abs" or torch.is_grad_enabled() or len(state.layers) != c.n_layer:
+            raise TxlError("a decoding state is for incremental decoding: attn_type 'rel' or 'shaw', no autograd, "
+                           f"made for {c.n_layer} layers")
+        if span is not None and span != state.span:
+            raise TxlError(f"span {span} differs from the decoding state's span {state.span}; make a new "
+                           "DecodingState for another span")
+        if mems is not None and state.length > 0:
+            raise TxlError("the decoding state already holds the memory: pass mems=None")
+        return state.span
+
+    def _step(self, input_ids: torch.Tensor, state: DecodingState,
+              mem_padding: torch.Tensor | None = None) -> torch.Tensor:
+        """One token per row after the memory held in ``state``: hidden states [B, 1, d_model].
+
+        Same result as the general path for a one-token segment (see :meth:`MultiHeadAttention.step`);
+        ``mem_padding`` (see :meth:`forward`) masks the slots holding each row's oldest padding.
+        """
+        c = self.config
+        h = self.drop(self.word_emb(input_ids))
+        if state.pos_emb is None and c.attn_type == "rel":
+            positions = relative_positions(state.capacity, state.span.clamp_len, h.device)
+            state.pos_emb = sinusoid(positions, c.d_model).to(h.dtype)
+        key_mask = None if mem_padding is None else slot_padding_mask(state, mem_padding, input_ids.size(0))
+        for layer, cache in zip(self.layers, state.layers):
+            h = layer.step(h, cache, key_mask)
+        state.advance()
+        return self.drop(h)
 
     @staticmethod
     def _mem_dtypes(weight: torch.Tensor) -> tuple[torch.dtype, ...]:

@@ -1,0 +1,171 @@
+"""Incremental-decoding state: the memory's keys and values in preallocated ring buffers.
+
+In relative attention (paper §3.3, and Shaw et al.) a key does not depend on its position: position
+enters only through the score term ``(q + v)·W_kR R_{i-j}``. So the keys and values of the memory can
+be projected once, kept, and reused at every later step, and a rotating (ring) buffer is exact: when
+the memory is full, the newest token's key overwrites the oldest one's slot, and the position scores
+are read with the rotation that gives each slot its distance to the query. A decoding step then
+costs O(mem_len) attention work per layer and O(1) copies, whatever the length of the text.
+
+The state is owned by the caller and passed to :meth:`txl.model.TransformerXLLM.forward` as
+``caches``; while it is in use it *is* the memory (``forward`` returns ``mems=None``; read the
+hidden-state memory with :meth:`DecodingState.mems`). Nothing is kept inside the model.
+
+Shapes: B = batch, H = heads, D = d_head, S = ``capacity`` slots.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from txl.errors import TxlError
+from txl.model.span import AttentionSpan
+
+
+class LayerCache:
+    """One layer's buffers inside a :class:`DecodingState` (allocated on the first write).
+
+    Attributes:
+        state: the :class:`DecodingState` this layer belongs to (it holds the shared slot counters).
+        keys, values: float [B, H, S, D], keys and values of the remembered tokens, slot by slot.
+        hidden: float [B, S, d_model], the layer's inputs for the same tokens (what the paper's memory
+            holds, §3.2), kept so that :meth:`DecodingState.mems` can hand it back; None with
+            ``keep_mems=False``.
+        pos_keys: float [H, D, 2 * S] projected relative encodings (``W_kR R`` for "rel", the Shaw
+            table's rows for "shaw") for distances S-1 ... 0, stored twice in a row so that the
+            rotated order of any step is one contiguous slice (see :meth:`DecodingState.pos_offset`).
+    """
+
+    def __init__(self, state: "DecodingState") -> None:
+        self.state = state
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.hidden: torch.Tensor | None = None
+        self.pos_keys: torch.Tensor | None = None
+
+
+class DecodingState:
+    """Caller-owned decoding state of a Transformer-XL model: the memory as ring buffers of keys/values.
+
+    ``capacity`` S is the number of keys a one-token step attends to once the memory is full:
+    ``mem_len + 1`` (the memory and the token itself), or ``mem_len`` with ``same_length`` (each query
+    then sees exactly the last ``mem_len`` keys including itself). A slot holds one token's key, value
+    and layer input; ``next_slot`` is the slot the next token is written to, ``length`` the number of
+    filled slots. While ``length < S`` the slots are in time order from slot 0; once full they rotate.
+
+    Args:
+        n_layer: the model's number of layers.
+        span: the :class:`~txl.model.AttentionSpan` every call with this state must use (its
+            ``mem_len``, ``clamp_len`` and ``same_length``).
+        keep_mems: keep each layer's inputs too, for :meth:`mems` (one [B, d_model] write per layer
+            and token). False saves that memory when the caller never reads the memory back.
+
+    Raises:
+        TxlError: ``span`` is not an AttentionSpan or ``n_layer < 1``.
+
+    Source: paper §3.2 (memory), §3.3 (relative scores: keys independent of position).
+    """
+
+    def __init__(self, n_layer: int, span: AttentionSpan, keep_mems: bool = True) -> None:
+        if not isinstance(span, AttentionSpan):
+            raise TxlError(f"span must be an AttentionSpan, got {type(span).__name__}")
+        if n_layer < 1:
+            raise TxlError(f"n_layer must be >= 1, got {n_layer}")
+        self.span = span
+        self.keep_mems = keep_mems
+        self.capacity = span.mem_len + (0 if span.same_length and span.mem_len > 0 else 1)
+        self.length = 0
+        self.next_slot = 0
+        self.batch_size: int | None = None
+        self.pos_emb: torch.Tensor | None = None  # [S, d_model] sinusoid R for distances S-1 ... 0 ("rel")
+        self.layers = [LayerCache(self) for _ in range(n_layer)]
+
+    @property
+    def memory_length(self) -> int:
+        """Tokens of memory a segment fed now attends to: ``min(length, mem_len)``."""
+        return min(self.length, self.span.mem_len)
+
+    def pos_offset(self, klen: int) -> int:
+        """First column of ``pos_keys`` for a one-token step over ``klen`` slots (slots 0 .. klen-1).
+
+        The query is written to slot ``w = next_slot``; slot ``s`` then holds distance
+        ``(w - s) mod S``, whose column in the doubled distance-order table is ``s + S - 1 - w``.
+        """
+        return self.capacity - 1 - self.next_slot
+
+    def ordered(self, buffer: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+        """The last ``n`` filled slots of ``buffer`` along ``dim``, oldest first (a copy when rotated)."""
+        if self.length < self.capacity or self.next_slot == 0:  # time order from slot 0
+            return buffer.narrow(dim, self.length - n, n)
+        index = torch.arange(self.next_slot - n, self.next_slot, device=buffer.device) % self.capacity
+        return buffer.index_select(dim, index)
+
+    def store(self, cache: LayerCache, keys: torch.Tensor, values: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        """Keep the last ``S`` of a segment's keys/values [B, H, K, D] and inputs [B, K, d], in time order.
+
+        Used after a multi-token segment; the counters move in :meth:`advance_to` once every layer
+        has stored (layers read the old contents first).
+        """
+        n = min(keys.size(2), self.capacity)
+        if cache.keys is None:
+            self._allocate(cache, keys, hidden)
+        cache.keys[:, :, :n].copy_(keys[:, :, -n:])
+        cache.values[:, :, :n].copy_(values[:, :, -n:])
+        if cache.hidden is not None and hidden is not None:
+            cache.hidden[:, :n].copy_(hidden[:, -n:])
+
+    def write(self, cache: LayerCache, key: torch.Tensor, value: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Write one token's key/value [B, H, 1, D] and input [B, 1, d] into slot ``next_slot``."""
+        if cache.keys is None:
+            self._allocate(cache, key, hidden)
+        w = self.next_slot
+        cache.keys[:, :, w:w + 1].copy_(key)
+        cache.values[:, :, w:w + 1].copy_(value)
+        if cache.hidden is not None:
+            cache.hidden[:, w:w + 1].copy_(hidden)
+
+    def advance_to(self, filled: int) -> None:
+        """After a multi-token segment: ``filled`` slots hold the newest tokens in time order."""
+        self.length = min(filled, self.capacity)
+        self.next_slot = self.length % self.capacity
+
+    def advance(self) -> None:
+        """After a one-token step: the token written to ``next_slot`` is now the newest."""
+        self.length = min(self.length + 1, self.capacity)
+        self.next_slot = (self.next_slot + 1) % self.capacity
+
+    def mems(self) -> list[torch.Tensor] | None:
+        """The hidden-state memory (paper §3.2): ``n_layer`` tensors [B, min(length, mem_len), d_model],
+        oldest first, as :meth:`~txl.model.TransformerXLLM.forward` would have returned it; None for an
+        empty state.
+
+        Raises:
+            TxlError: the state was made with ``keep_mems=False``.
+        """
+        if not self.keep_mems:
+            raise TxlError("this decoding state was made with keep_mems=False: it holds no hidden-state memory")
+        if self.length == 0:
+            return None
+        n = self.memory_length
+        return [self.ordered(c.hidden, n, 1).contiguous() for c in self.layers]
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Select batch rows: row ``b`` of the new state is row ``index[b]`` of the old (beam search).
+
+        Args:
+            index: int64 [B'] row indices (may repeat rows; B' may differ from B).
+        """
+        for cache in self.layers:
+            for name in ("keys", "values", "hidden"):
+                buffer = getattr(cache, name)
+                if buffer is not None:
+                    setattr(cache, name, buffer.index_select(0, index.to(buffer.device)))
+        if self.batch_size is not None:
+            self.batch_size = int(index.numel())
+
+    def _allocate(self, cache: LayerCache, like: torch.Tensor, hidden: torch.Tensor | None) -> None:
+        bsz, heads, _, d_head = like.shape
+        cache.keys = like.new_zeros(bsz, heads, self.capacity, d_head)
+        cache.values = like.new_zeros(bsz, heads, self.capacity, d_head)
+        if self.keep_mems and hidden is not None:
+            cache.hidden = hidden.new_zeros(bsz, self.capacity, hidden.size(-1))

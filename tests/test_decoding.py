@@ -1,0 +1,115 @@
+"""The decoding state (ring buffers of keys/values) computes exactly what the model computes without it."""
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from txl.errors import TxlError
+from txl.model import AttentionSpan, DecodingState
+
+CASES = [
+    {"mem_len": 5},
+    {"mem_len": 5, "same_length": True},
+    {"mem_len": 6, "clamp_len": 3, "untie_r": True},
+    {"mem_len": 4, "pre_lnorm": True, "same_length": True, "clamp_len": 2},
+    {"mem_len": 0},
+    {"mem_len": 1, "same_length": True},
+    {"attn_type": "shaw", "shaw_max_dist": 3, "mem_len": 6},
+    {"attn_type": "shaw", "shaw_max_dist": 8, "mem_len": 5, "same_length": True},
+]
+
+
+def _big_weights(model):
+    """Large random weights, so that a wrong key, slot or distance moves the logits visibly."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    return model
+
+
+@pytest.mark.parametrize("overrides", CASES)
+def test_state_equals_the_memory_recomputed_every_call(overrides):
+    """Segments of 1..4 tokens in an irregular order, through many rotations of the ring: the state's
+    logits and memory equal those of the plain model given the hidden-state memory (float64, 1e-10)."""
+    model = _big_weights(tiny_model(tgt_len=4, **overrides))
+    span = model.config.span
+    state = DecodingState(model.config.n_layer, span)
+    tokens = torch.randint(0, 37, (3, 60), generator=torch.Generator().manual_seed(2))
+    sizes = [3, 1, 1, 1, 4, 1, 1, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 1, 1, 1, 1, 1, 1, 1, 4, 1, 1, 1, 1, 1]
+    mems, start, steps = None, 0, 0
+    with torch.no_grad():
+        for size in sizes:
+            x = tokens[:, start:start + size]
+            want = model(x, mems=mems)
+            got = model(x, caches=state)
+            assert got.mems is None
+            torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-10)
+            mems, start = want.mems, start + size
+            steps += size
+            if span.mem_len > 0:
+                for ours, theirs in zip(state.mems(), mems):
+                    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-10)
+    assert steps > 3 * state.capacity  # the ring has turned over several times
+
+
+def test_state_takes_a_starting_memory_and_refuses_a_second_one():
+    model = _big_weights(tiny_model(tgt_len=4, mem_len=5))
+    tokens = torch.randint(0, 37, (2, 12))
+    with torch.no_grad():
+        mems = model(tokens[:, :7]).mems
+        want = model(tokens[:, 7:8], mems=mems)
+        state = DecodingState(model.config.n_layer, model.config.span)
+        got = model(tokens[:, 7:8], mems=mems, caches=state)
+        torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-10)
+        with pytest.raises(TxlError, match="already holds the memory"):
+            model(tokens[:, 8:9], mems=mems, caches=state)
+        with pytest.raises(TxlError, match="holds 2 rows"):
+            model(tokens[:1, 8:9], caches=state)
+    with pytest.raises(TxlError, match="no autograd"):
+        model(tokens[:, 8:9], caches=state)
+
+
+def test_reorder_selects_rows_of_the_state():
+    """Reordering the state's rows (beam search) equals decoding the selected rows from the start."""
+    model = _big_weights(tiny_model(tgt_len=4, mem_len=4))
+    tokens = torch.randint(0, 37, (3, 20))
+    index = torch.tensor([2, 0, 2])
+    with torch.no_grad():
+        state = DecodingState(model.config.n_layer, model.config.span)
+        for t in range(12):  # past one full turn of the ring (capacity 5)
+            model(tokens[:, t:t + 1], caches=state)
+        state.reorder(index)
+        got = model(tokens[index, 12:13], caches=state).logits
+        alone = DecodingState(model.config.n_layer, model.config.span)
+        for t in range(12):
+            model(tokens[index, t:t + 1], caches=alone)
+        want = model(tokens[index, 12:13], caches=alone).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_a_step_copies_nothing_of_the_memory():
+    """Once the ring is full a step writes one slot per layer: the buffers are never reallocated."""
+    model = tiny_model(tgt_len=4, mem_len=6)
+    state = DecodingState(model.config.n_layer, model.config.span, keep_mems=False)
+    with torch.no_grad():
+        model(torch.randint(0, 37, (2, 8)), caches=state)
+        buffers = [(c.keys.data_ptr(), c.values.data_ptr()) for c in state.layers]
+        for _ in range(20):
+            model(torch.randint(0, 37, (2, 1)), caches=state)
+    assert [(c.keys.data_ptr(), c.values.data_ptr()) for c in state.layers] == buffers
+    assert all(c.hidden is None for c in state.layers)
+    with pytest.raises(TxlError, match="keep_mems=False"):
+        state.mems()
+
+
+def test_state_refuses_what_it_cannot_serve():
+    model = tiny_model(attn_type="abs")
+    with pytest.raises(TxlError, match="attn_type 'rel' or 'shaw'"):
+        with torch.no_grad():
+            model(torch.randint(0, 37, (1, 2)), caches=DecodingState(3, AttentionSpan(4, 4)))
+    with pytest.raises(TxlError, match="must be a txl.model.DecodingState"):
+        with torch.no_grad():
+            tiny_model()(torch.randint(0, 37, (1, 2)), caches=[None, None, None])
+    with pytest.raises(TxlError, match="AttentionSpan"):
+        DecodingState(3, {"mem_len": 4})
