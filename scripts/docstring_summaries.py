@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 LM_ARGS = ["-q"]
-FT_ARGS = ["-q", "train.max_steps=300", "train.batch_size=8", "train.eval_interval=100", "train.lr=5e-4",
-           "finetune.max_prompt_tokens=1024"]
+FT_ARGS = ["-q", "train.max_steps=120", "train.batch_size=4", "train.eval_interval=60", "train.lr=5e-4",
+           "train.warmup_steps=10", "finetune.max_prompt_tokens=512"]
 
 
 def txl(*argv: str) -> float:
