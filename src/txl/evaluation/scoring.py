@@ -30,7 +30,7 @@ import torch
 
 from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
-from txl.evaluation.segments import eval_mode, segments
+from txl.evaluation.segments import decoding_state, eval_mode, segments
 from txl.evaluation.stream import metric_value
 from txl.model.span import AttentionSpan, resolve_span
 
@@ -134,7 +134,8 @@ def _score_rows(model, rows: list[np.ndarray], span: AttentionSpan, dtype: str) 
         labels[r, :n_in[r]] = t[1:]
     inputs, labels = inputs.to(device), labels.to(device)
     out_lp = np.zeros((len(rows), width), dtype=np.float64)
-    for seg in segments(model, inputs, labels, span=span, lengths=n_in, dtype=dtype):
+    for seg in segments(model, inputs, labels, span=span, lengths=n_in, dtype=dtype,
+                        caches=decoding_state(model, span)):
         cols = slice(seg.start, seg.start + seg.inputs.size(1))
         out_lp[seg.rows.cpu().numpy(), cols] = -seg.output.token_loss.detach().to(torch.float64).cpu().numpy()
     result = [out_lp[r, :n_in[r]] for r in range(len(rows))]

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from txl.config import IGNORE_INDEX
 from txl.data import LMOrderedIterator
 from txl.errors import TxlError
-from txl.evaluation.segments import eval_mode, segments
+from txl.evaluation.segments import decoding_state, eval_mode, segments
 from txl.model.span import AttentionSpan, resolve_span
 from txl.runtime import autocast
 
@@ -131,7 +131,8 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, targets
     if inputs.size(0):  # more ranks than streams: this rank has none
         with eval_mode(model):
-            for seg in segments(model, inputs, labels, span=span, dtype=dtype, positions=batches.positions()):
+            for seg in segments(model, inputs, labels, span=span, dtype=dtype, positions=batches.positions(),
+                                caches=decoding_state(model, span)):
                 sums[0] += seg.output.token_loss.double().sum()
                 sums[1] += (seg.labels != IGNORE_INDEX).sum()
     if dist is not None:

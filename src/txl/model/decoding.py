@@ -34,6 +34,9 @@ class LayerCache:
         pos_keys: float [H, D, 2 * S] projected relative encodings (``W_kR R`` for "rel", the Shaw
             table's rows for "shaw") for distances S-1 ... 0, stored twice in a row so that the
             rotated order of any step is one contiguous slice (see :meth:`DecodingState.pos_offset`).
+        segment_pos_keys: float [H, D, K] ``W_kR R`` of the last multi-token call, reused while the
+            key length K stays the same (``DecodingState.segment_klen``), as it does segment after
+            segment once the memory is full.
     """
 
     def __init__(self, state: "DecodingState") -> None:
@@ -42,6 +45,7 @@ class LayerCache:
         self.values: torch.Tensor | None = None
         self.hidden: torch.Tensor | None = None
         self.pos_keys: torch.Tensor | None = None
+        self.segment_pos_keys: torch.Tensor | None = None  # [H, D, K] of the last multi-token call ("rel")
 
 
 class DecodingState:
@@ -78,6 +82,7 @@ class DecodingState:
         self.next_slot = 0
         self.batch_size: int | None = None
         self.pos_emb: torch.Tensor | None = None  # [S, d_model] sinusoid R for distances S-1 ... 0 ("rel")
+        self.segment_klen = -1  # key length whose projected positions the layers hold (multi-token calls)
         self.layers = [LayerCache(self) for _ in range(n_layer)]
 
     @property
@@ -159,7 +164,7 @@ class DecodingState:
             for name in ("keys", "values", "hidden"):
                 buffer = getattr(cache, name)
                 if buffer is not None:
-                    setattr(cache, name, buffer.index_select(0, index.to(buffer.device)))
+                    setattr(cache, name, buffer.index_select(0, index.to(buffer.device)).contiguous())
         if self.batch_size is not None:
             self.batch_size = int(index.numel())
 

@@ -232,7 +232,11 @@ class TransformerXLLM(nn.Module):
         emb = self.word_emb(input_ids)  # [B, T, d_model], scaled by sqrt(d_model)
         if c.attn_type != "abs":  # "rel" and "shaw": positions enter in every layer's attention
             pos_emb = None  # "shaw": each layer looks its distances up in its own table
-            if c.attn_type == "rel":
+            if c.attn_type == "rel" and caches is not None and caches.segment_klen == klen:
+                pass  # each layer of the decoding state keeps its projected positions for this key length
+            elif c.attn_type == "rel":
+                if caches is not None:
+                    caches.segment_klen = klen
                 pos_emb = self.drop(sinusoid(relative_positions(klen, span.clamp_len, emb.device), c.d_model).to(emb.dtype))
             h = self.drop(emb)
             mask = attention_mask(qlen, mlen, span.same_length, span.mem_len, emb.device)
