@@ -41,3 +41,14 @@ def test_eval_speedup_rows():
     res = eval_speedup([16, 32], device="cpu", batch=2, repeats=1, config=TINY, log=lambda _: None)
     assert [r["attention_length"] for r in res["rows"]] == [16, 32]
     assert all(r["speedup"] > 0 for r in res["rows"])
+
+
+def test_bench_skips_an_emulated_half_precision_and_says_why(capsys, monkeypatch, tmp_path):
+    from conftest import run_cli
+    from txl import runtime
+
+    monkeypatch.setattr(runtime, "native_dtype_support", lambda device, dtype: False)
+    out_json = tmp_path / "b.json"
+    code, out, _ = run_cli(capsys, "bench", "--device", "cpu", "--dtype", "bfloat16", "--json", out_json)
+    assert code == 0 and "skipping --dtype bfloat16" in out and "AVX512-BF16 or AMX" in out
+    assert not out_json.exists()  # nothing measured, nothing written

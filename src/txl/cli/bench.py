@@ -44,6 +44,16 @@ def run(args: argparse.Namespace) -> int:
     def log(message: str) -> None:
         print(message, file=report, flush=True)
 
+    if args.dtype not in (None, "float32"):
+        from txl import runtime
+
+        device = runtime.resolve_device(args.device)
+        if not runtime.native_dtype_support(device, args.dtype):
+            # an emulated half-precision run measures the emulation, not txl: nothing worth reporting
+            log(f"txl bench: skipping --dtype {args.dtype}: this {device.type} has no native {args.dtype} "
+                "arithmetic (on x86 CPUs: AVX512-BF16 or AMX), so it would only be emulated, many times slower "
+                "than float32; run the float32 benchmark here, or this one on a CPU or GPU with native support")
+            return 0
     if args.eval_speedup:
         lengths = _lengths(args.lengths, "--lengths")
         results = eval_speedup(lengths, device=args.device, repeats=args.repeats, log=log)
