@@ -156,25 +156,32 @@ def hf_twin(model: TransformerXLLM):
     return hf
 
 
-def peak_memory_mb(impl: str, config: dict, batch: int, dtype: str, steps: int = 3) -> float:
-    """Peak resident memory (MB) of a fresh process that builds ``impl`` and runs ``steps`` training steps."""
+EVAL_MEM_LEN = 3800  # the paper's longest evaluation memory (Table 9)
+
+
+def peak_memory_mb(impl: str, config: dict, batch: int, dtype: str, steps: int = 3, mode: str = "train") -> float:
+    """Peak resident memory (MB) of a fresh process that builds ``impl`` and runs ``steps`` training
+    steps (``mode="train"``) or evaluation segments with a full memory of ``config["mem_len"]``
+    (``mode="eval"``)."""
     code = ("import json,sys; from txl.analysis.bench import _memory_child; "
-            f"print(json.dumps(_memory_child({impl!r}, {config!r}, {batch}, {dtype!r}, {steps})))")
+            f"print(json.dumps(_memory_child({impl!r}, {config!r}, {batch}, {dtype!r}, {steps}, {mode!r})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise TxlError(f"memory measurement of {impl} failed: {out.stderr.strip().splitlines()[-1:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _memory_child(impl: str, config: dict, batch: int, dtype: str, steps: int) -> float:
+def _memory_child(impl: str, config: dict, batch: int, dtype: str, steps: int, mode: str = "train") -> float:
     torch.manual_seed(0)
     model = TransformerXLLM(TransformerXLConfig(**config))
     if impl == "hf":
         model = hf_twin(model)
     runner = (HFRunner if impl == "hf" else TxlRunner)(model, torch.device("cpu"), _dtype(dtype))
     x = torch.randint(0, config["vocab_size"], (batch, config["tgt_len"]))
-    for _ in range(steps):
-        runner.train_step(x, x)
+    step = runner.train_step if mode == "train" else runner.eval_step
+    # evaluation: enough segments to fill the memory, then ``steps`` more with it full
+    for _ in range(steps if mode == "train" else steps + -(-config["mem_len"] // config["tgt_len"])):
+        step(x, x)
     # VmHWM is this process image's own peak (ru_maxrss would include the parent's, kept across exec)
     for line in open("/proc/self/status", encoding="utf-8"):
         if line.startswith("VmHWM:"):
@@ -242,7 +249,11 @@ def run_bench(*, vs_hf: bool = False, device: str = "auto", dtype: str = "float3
     if memory and dev.type == "cpu":
         for r in runners:
             results["impls"][r.name]["peak_rss_mb"] = peak_memory_mb(r.name, cfg_dict, batch, dtype)
-            log(f"{r.name:5s} peak RSS {results['impls'][r.name]['peak_rss_mb']:8.0f} MB")
+            log(f"{r.name:5s} peak RSS {results['impls'][r.name]['peak_rss_mb']:8.0f} MB (training)")
+            long_eval = {**cfg_dict, "mem_len": EVAL_MEM_LEN}
+            peak = peak_memory_mb(r.name, long_eval, batch, dtype, mode="eval")
+            results["impls"][r.name][f"eval_mem{EVAL_MEM_LEN}_peak_rss_mb"] = peak
+            log(f"{r.name:5s} peak RSS {peak:8.0f} MB (evaluation, mem_len {EVAL_MEM_LEN})")
     elif memory:
         for r in runners:
             torch.cuda.reset_peak_memory_stats(dev)
@@ -253,7 +264,7 @@ def run_bench(*, vs_hf: bool = False, device: str = "auto", dtype: str = "float3
         ours, theirs = results["impls"]["txl"], results["impls"]["hf"]
         results["ratios_txl_over_hf"] = {k: ours[k] / theirs[k] for k in ours
                                          if k.endswith("tokens_per_s") and k in theirs}
-        for key in ("peak_rss_mb", "peak_allocated_mb"):
+        for key in ("peak_rss_mb", f"eval_mem{EVAL_MEM_LEN}_peak_rss_mb", "peak_allocated_mb"):
             if key in ours:
                 results["ratios_txl_over_hf"][key] = ours[key] / theirs[key]
     return results
@@ -319,7 +330,8 @@ def hardware(device: torch.device) -> dict[str, Any]:
 def format_table(results: dict[str, Any]) -> str:
     """A Markdown table of a :func:`run_bench` result."""
     impls = results["impls"]
-    keys = ["train_tokens_per_s", "eval_tokens_per_s", "peak_rss_mb", "peak_allocated_mb", "train_fraction_of_matmul_peak"]
+    keys = ["train_tokens_per_s", "eval_tokens_per_s", "peak_rss_mb", f"eval_mem{EVAL_MEM_LEN}_peak_rss_mb",
+            "peak_allocated_mb", "train_fraction_of_matmul_peak"]
     names = list(impls)
     lines = ["| measure | " + " | ".join(names) + (" | txl/HF |" if "hf" in impls else " |"),
              "|---" * (len(names) + 1 + ("hf" in impls)) + "|"]
