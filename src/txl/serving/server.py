@@ -8,8 +8,10 @@ queued jobs) and returns.
 from __future__ import annotations
 
 import ipaddress
+import signal
 import socket
 import sys
+import threading
 from typing import Any
 
 from txl.errors import TxlError
@@ -67,8 +69,10 @@ def listen(host: str, port: int) -> socket.socket:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as err:
         raise TxlError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
-    family, _, _, _, address = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    family, kind, proto, _, address = infos[0]
+    # proto IPPROTO_TCP (not 0) matters: asyncio sets TCP_NODELAY only on such sockets, and without it
+    # a response written in two pieces waits for the client's delayed ACK (40 ms per request)
+    sock = socket.socket(family, kind, proto or socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
@@ -91,7 +95,18 @@ def serve(engine, sock: socket.socket, *, api_key: str | None = None, max_reques
     config = uvicorn.Config(app, log_level=log_level, access_log=log_level in ("debug", "info"), lifespan="on",
                             timeout_keep_alive=5)
     server = _Server(config, announce)
-    server.run(sockets=[sock])
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the handler found
+    # at start: with this one the process then ends normally (exit status 0) instead of dying of it
+    previous = signal.signal(signal.SIGTERM, _ignore) if threading.current_thread() is threading.main_thread() else None
+    try:
+        server.run(sockets=[sock])
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _ignore(_signum, _frame) -> None:
+    """A signal handler that does nothing."""
 
 
 def _server_class():
