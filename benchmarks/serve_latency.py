@@ -111,7 +111,7 @@ def main() -> int:
             sid = c.post("/v1/sessions").json()["id"]
             history, text, pending = 0, [], list(points)
             source = stdlib_lines(args.held_out)
-            while history < args.tokens:
+            while history < args.tokens or pending:  # the last point may lie at --tokens itself
                 point = pending[0] if pending and history >= pending[0] else None
                 pairs = []
                 for _ in range(args.repeats if point is not None else 1):
