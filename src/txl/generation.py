@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -76,13 +77,43 @@ def prime_memory(model, input_ids: torch.Tensor, mems: Mems | None = None,
     return mems
 
 
+@dataclass
+class GenerationStep:
+    """One step of :func:`generate_steps`.
+
+    Attributes:
+        token: int64 [B] the sampled token of each row.
+        logprob: float64 [B] its log-probability in nats under the model's distribution (temperature
+            1, before top-k/top-p), log p(token | everything before it).
+    """
+
+    token: torch.Tensor
+    logprob: torch.Tensor
+
+
 @torch.no_grad()
 def generate_stream(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                     top_k: int | None = None, top_p: float | None = None, mems: Mems | None = None,
                     generator: torch.Generator | None = None, *, span: AttentionSpan | None = None,
                     tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
                     same_length: bool | None = None) -> Iterator[torch.Tensor]:
-    """Yield ``max_new_tokens`` sampled tokens (int64 [B] each), one forward of one token per step.
+    """Yield ``max_new_tokens`` sampled tokens (int64 [B] each): the tokens of :func:`generate_steps`
+    (same arguments, same errors).
+    """
+    for step in generate_steps(model, input_ids, max_new_tokens, temperature, top_k, top_p, mems, generator,
+                               span=span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
+                               same_length=same_length):
+        yield step.token
+
+
+@torch.no_grad()
+def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                   top_k: int | None = None, top_p: float | None = None, mems: Mems | None = None,
+                   generator: torch.Generator | None = None, *, span: AttentionSpan | None = None,
+                   tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
+                   same_length: bool | None = None) -> Iterator[GenerationStep]:
+    """Yield ``max_new_tokens`` :class:`GenerationStep` objects (the sampled token [B] and its
+    log-probability), one forward of one token per step.
 
     For ``attn_type`` "rel" and "shaw" the prompt (all but its last token) is fed once in chunks of ``tgt_len`` to
     build the memory; then each step feeds only the newest token with the memory (cost per token grows
@@ -115,7 +146,7 @@ def generate_stream(model, input_ids: torch.Tensor, max_new_tokens: int, tempera
                 logits = model(seq[:, -span.tgt_len:], span=span).logits[:, -1]
                 token = sample_next(logits, temperature, top_k, top_p, generator)
                 seq = torch.cat([seq, token[:, None]], dim=1)
-                yield token
+                yield GenerationStep(token, _logprob_of(logits, token))
             return
         # the memory lives in ring buffers of keys/values: a step projects and writes only the new token
         state = DecodingState(model.config.n_layer, span, keep_mems=False)
@@ -126,7 +157,12 @@ def generate_stream(model, input_ids: torch.Tensor, max_new_tokens: int, tempera
             mems = None  # from the first step on, the state holds the memory
             token = sample_next(out.logits[:, -1], temperature, top_k, top_p, generator)
             last = token[:, None]
-            yield token
+            yield GenerationStep(token, _logprob_of(out.logits[:, -1], token))
+
+
+def _logprob_of(logits: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """float64 [B]: log softmax(``logits`` [B, V]) at ``token`` (int64 [B]), in nats."""
+    return torch.log_softmax(logits.double(), dim=-1).gather(-1, token[:, None]).squeeze(-1)
 
 
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
