@@ -27,8 +27,9 @@ from txl.errors import TxlError
 # error never needs them and never shows a traceback
 
 COMMAND_MODULES: tuple[str, ...] = (
-    "txl.cli.train", "txl.cli.eval", "txl.cli.generate", "txl.cli.score", "txl.cli.bench", "txl.cli.convert",
-    "txl.cli.data", "txl.cli.classify", "txl.cli.serve", "txl.cli.plot", "txl.cli.recl", "txl.cli.ablate",
+    "txl.cli.train", "txl.cli.finetune", "txl.cli.eval", "txl.cli.generate", "txl.cli.summarize", "txl.cli.score",
+    "txl.cli.bench", "txl.cli.convert", "txl.cli.data", "txl.cli.classify", "txl.cli.serve", "txl.cli.plot",
+    "txl.cli.recl", "txl.cli.ablate",
 )
 
 

@@ -7,7 +7,7 @@ import argparse
 from txl.cli.common import Command
 
 NAME = "data"
-HELP = "standard datasets (enwik8, text8, wikitext, ptb, lm1b)"
+HELP = "standard datasets (enwik8, text8, wikitext, ptb, lm1b) and the standard-library docstring pairs"
 EXAMPLE = "txl data prepare enwik8 --out data/enwik8"
 
 
@@ -30,7 +30,38 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_docstrings(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", "-o", default="data/docstrings", help="output folder, new or empty (default data/docstrings)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the shuffle of the modules (default 0)")
+    p.add_argument("--split", default="0.8,0.1,0.1", metavar="TRAIN,VALID,TEST",
+                   help="fractions of the modules per split (default 0.8,0.1,0.1)")
+    p.add_argument("--min-bytes", type=int, default=512, metavar="N", help="shortest document kept (default 512)")
+    p.add_argument("--max-bytes", type=int, default=4096, metavar="N", help="longest document kept (default 4096)")
+
+
+def _docstrings(args: argparse.Namespace) -> int:
+    """``txl data docstrings``: write the standard-library docstring pairs and the pre-training corpus without
+    the held-out modules."""
+    from txl.data.docstrings import prepare_docstrings
+    from txl.errors import TxlError
+
+    try:
+        fractions = tuple(float(f) for f in args.split.split(","))
+    except ValueError:
+        raise TxlError(f"--split must be three numbers like 0.8,0.1,0.1, got {args.split!r}") from None
+    info = prepare_docstrings(args.out, seed=args.seed, fractions=fractions, min_bytes=args.min_bytes,
+                              max_bytes=args.max_bytes)
+    n = info["pairs"]
+    m = info["modules"]
+    print(f"pairs train/valid/test {n['train']}/{n['valid']}/{n['test']} from {len(m['train'])}/{len(m['valid'])}/"
+          f"{len(m['test'])} modules; {args.out}/pretrain holds the {info['pretrain_files']} modules of the default "
+          f"corpus outside valid and test (pre-train on it: txl train {args.out}/pretrain)")
+    return 0
+
+
 SUBCOMMANDS = (
     Command("prepare", "download/unpack a benchmark into train/valid/test.txt + dataset.json",
             "txl data prepare wikitext-103 --source wikitext-103-v1.zip", _add_prepare, _prepare),
+    Command("docstrings", "standard-library functions/classes and their first docstring sentence, split by module",
+            "txl data docstrings --out data/docstrings", _add_docstrings, _docstrings),
 )

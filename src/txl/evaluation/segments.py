@@ -51,7 +51,8 @@ class Segment:
 def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *, span: AttentionSpan,
              mems: Mems | None = None, lengths: torch.Tensor | list[int] | None = None, dtype: str = "float32",
              grad: bool = False, caches: DecodingState | None = None,
-             positions: Sequence[tuple[int, int]] | None = None) -> Iterator[Segment]:
+             positions: Sequence[tuple[int, int]] | None = None,
+             grad_from: torch.Tensor | None = None) -> Iterator[Segment]:
     """Read ``inputs`` in segments of ``span.tgt_len`` columns, carrying the memory; yield each :class:`Segment`.
 
     Segment k covers columns ``[k * tgt_len, (k + 1) * tgt_len)`` (the last may be shorter) and is
@@ -78,6 +79,14 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
         positions: ``(start, length)`` of each segment, in order, instead of the regular cut (e.g.
             :meth:`txl.data.LMOrderedIterator.positions`, whose warm-up context ends on a segment
             boundary); each length must be in ``[1, span.tgt_len]``.
+        grad_from: with ``grad``, int64 [B]: row b is read with autograd from segment index
+            ``grad_from[b]`` on (truncated back-propagation through time, as
+            :class:`~txl.classification.ClassifierConfig`'s ``grad_segments``): earlier segments
+            of the row run without a graph, the memory entering segment ``grad_from[b]`` is
+            detached for that row, and from there on the memory keeps its graph, so a loss on a
+            later segment back-propagates through the earlier ones of the window. A segment in which
+            no row is inside its window runs under ``torch.no_grad``. None: every segment with
+            autograd and the memory detached between segments (the paper's stop-gradient).
 
     Yields:
         :class:`Segment` objects, one per segment with at least one row.
@@ -100,6 +109,10 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
         ends = torch.as_tensor(lengths, dtype=torch.int64, device=device)
         if ends.shape != (n_rows,):
             raise TxlError(f"lengths must be [rows] = [{n_rows}], got shape {tuple(ends.shape)}")
+    if grad_from is not None:
+        grad_from = torch.as_tensor(grad_from, dtype=torch.int64, device=device)
+        if grad_from.shape != (n_rows,):
+            raise TxlError(f"grad_from must be [rows] = [{n_rows}], got shape {tuple(grad_from.shape)}")
     if positions is None:
         positions = [(start, min(span.tgt_len, width - start)) for start in range(0, width, span.tgt_len)]
     for index, (start, size) in enumerate(positions):
@@ -121,8 +134,18 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
             x, y = inputs[:, cols], None if labels is None else labels[:, cols]
         else:
             x, y = inputs[rows, cols], None if labels is None else labels[rows, cols]
-        with torch.set_grad_enabled(grad), autocast(device, dtype):
-            out = model(x, mems=mems, labels=y, caches=caches, span=span)
+        keep_graph = grad
+        if grad and grad_from is not None:
+            window = grad_from[rows]
+            keep_graph = bool((window <= index).any())
+            if keep_graph and mems is not None:
+                cut = (window >= index)[:, None, None]  # the memory entering the window's first segment
+                mems = [torch.where(cut, m.detach(), m) for m in mems]
+        with torch.set_grad_enabled(keep_graph), autocast(device, dtype):
+            if grad_from is None or not keep_graph:
+                out = model(x, mems=mems, labels=y, caches=caches, span=span)
+            else:
+                out = model(x, mems=mems, labels=y, caches=caches, span=span, detach_mems=False)
         yield Segment(index=index, start=start, rows=rows, inputs=x, labels=y, mems=mems, output=out)
         mems = out.mems
 

@@ -239,7 +239,7 @@ class MultiHeadAttention(nn.Module):
         out = self.drop(self.o_net(vec))
         return h + out if self.pre_lnorm else self.layer_norm(h + out)
 
-    def step(self, h: torch.Tensor, cache: LayerCache) -> torch.Tensor:
+    def step(self, h: torch.Tensor, cache: LayerCache, key_mask: torch.Tensor | None = None) -> torch.Tensor:
         """One decoding step of one new token per row, reading and updating the ring buffers.
 
         Computes exactly what :meth:`forward` computes for a one-token segment after the memory held
@@ -253,6 +253,8 @@ class MultiHeadAttention(nn.Module):
             h: [B, 1, d_model] input of this layer for the new token (eval mode, no autograd).
             cache: this layer's :class:`~txl.model.decoding.LayerCache` ("rel" or "shaw"); its
                 ``pos_keys`` are computed on the first step from ``state.pos_emb``.
+            key_mask: bool [B, 1, 1, K] True for slots a row must not attend to (the padding of
+                memories of different lengths, see :func:`txl.model.transformer.slot_padding_mask`).
 
         Returns:
             [B, 1, d_model]: the sub-layer output, as :meth:`forward`.
@@ -271,10 +273,14 @@ class MultiHeadAttention(nn.Module):
         r_k = cache.pos_keys[:, :, off:off + klen]  # [H, D, K]: slot s's distance in column s
         if self.attn_type == "rel":
             bias = torch.matmul((q + self.r_r_bias[:, None, :]) * self.scale, r_k)  # [B, H, 1, K]
+            if key_mask is not None:
+                bias = bias.masked_fill(key_mask, float("-inf"))
             vec = F.scaled_dot_product_attention(q + self.r_w_bias[:, None, :], keys, values, attn_mask=bias,
                                                  scale=self.scale)
         else:
             bias = torch.matmul(q * self.scale, r_k)
+            if key_mask is not None:
+                bias = bias.masked_fill(key_mask, float("-inf"))
             vec = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=self.scale)
         out = self.o_net(vec.transpose(1, 2).reshape(bsz, 1, hd))
         return h + out if self.pre_lnorm else self.layer_norm(h + out)

@@ -81,9 +81,42 @@ class DecoderLayer(nn.Module):
         """[B, T, d_model] -> [B, T, d_model]; see :meth:`MultiHeadAttention.forward` for the arguments."""
         return self.ff(self.attn(h, mem, pos_emb, mask, cache))
 
-    def step(self, h: torch.Tensor, cache: LayerCache) -> torch.Tensor:
+    def step(self, h: torch.Tensor, cache: LayerCache, key_mask: torch.Tensor | None = None) -> torch.Tensor:
         """One decoding step [B, 1, d_model] -> [B, 1, d_model]; see :meth:`MultiHeadAttention.step`."""
-        return self.ff(self.attn.step(h, cache))
+        return self.ff(self.attn.step(h, cache, key_mask))
+
+
+def padding_mask(mem_padding: torch.Tensor, batch: int, mlen: int, klen: int) -> torch.Tensor:
+    """bool [B, 1, 1, K]: True at the first ``mem_padding[b]`` keys of row b (left padding of its memory).
+
+    Raises:
+        TxlError: ``mem_padding`` that is not an integer tensor [B] with values in ``[0, M]``.
+    """
+    if not isinstance(mem_padding, torch.Tensor) or mem_padding.shape != (batch,) or mem_padding.is_floating_point():
+        raise TxlError(f"mem_padding must be an integer tensor [batch] = [{batch}]")
+    if mem_padding.device.type == "cpu" and batch and (int(mem_padding.min()) < 0 or int(mem_padding.max()) > mlen):
+        raise TxlError(f"mem_padding values must be in [0, memory length {mlen}], got {mem_padding.tolist()}")
+    keys = torch.arange(klen, device=mem_padding.device)
+    return (keys[None, :] < mem_padding[:, None])[:, None, None, :]
+
+
+def slot_padding_mask(state: DecodingState, mem_padding: torch.Tensor, batch: int) -> torch.Tensor:
+    """bool [B, 1, 1, K] over the ring-buffer slots a one-token step attends to: True where a slot
+    holds one of the first ``mem_padding[b]`` (oldest) tokens of row b's memory.
+
+    Before the step the state remembers L tokens, M = ``memory_length`` of them form the memory,
+    and the new token goes to slot ``w = next_slot``. While the buffer is not full the slots are in
+    time order (slot s is memory position s); once full, slot s holds the token (s - w) mod S from
+    the oldest, the oldest L - M of which are overwritten or beyond the memory.
+    """
+    S, L, w = state.capacity, state.length, state.next_slot
+    mlen = state.memory_length
+    padding_mask(mem_padding, batch, mlen, mlen)  # the checks
+    klen = min(L + 1, S)
+    slots = torch.arange(klen, device=mem_padding.device)
+    rank = slots if L < S else (slots - w) % S - (L - mlen)  # memory position of each slot
+    masked = (rank[None, :] < mem_padding[:, None]) & (slots != w)[None, :]
+    return masked[:, None, None, :]
 
 
 class TransformerXLLM(nn.Module):
@@ -139,7 +172,8 @@ class TransformerXLLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, mems: Mems | None = None,
                 labels: torch.Tensor | None = None, caches: DecodingState | None = None,
-                span: AttentionSpan | None = None) -> LMOutput:
+                span: AttentionSpan | None = None, detach_mems: bool = True,
+                mem_padding: torch.Tensor | None = None) -> LMOutput:
         """Score one segment given the memory of the previous ones.
 
         Args:
@@ -159,6 +193,14 @@ class TransformerXLLM(nn.Module):
                 memory, ``clamp_len``, ``same_length``; ``tgt_len`` is the caller's business: the
                 segment is ``input_ids``). None: the config's training span. ``self.config`` is
                 never changed.
+            detach_mems: True (the paper's stop-gradient, §3.2): the new memory is detached. False:
+                it keeps this segment's autograd graph (truncated back-propagation through time, see
+                :meth:`hidden_states`).
+            mem_padding: int64 [B]: the first ``mem_padding[b]`` memory positions of row b are padding
+                (a batch of rows whose memories have different lengths, left-padded to one length M);
+                no query attends to them. A row's real memory is its last ``M - mem_padding[b]``
+                positions, so its relative distances are those it has alone and its outputs equal
+                those of the row alone (up to float rounding). None: no padding.
 
         Returns:
             :class:`LMOutput` with logits [B, T, V], the mean NLL (nats) and the new memory.
@@ -172,7 +214,7 @@ class TransformerXLLM(nn.Module):
                 other than -100; a ``span`` that is not an AttentionSpan. Value (range) checks run on
                 CPU tensors only, to keep GPU steps free of host synchronisation.
         """
-        h, new_mems = self._body(input_ids, mems, caches, True, span)
+        h, new_mems = self._body(input_ids, mems, caches, detach_mems, span, mem_padding)
         if labels is not None:  # after input_ids was checked (labels must have its shape and device)
             labels = check_labels(labels, input_ids, self.config.vocab_size)
         logits, token_loss, loss = self._output(h, labels)
@@ -203,7 +245,8 @@ class TransformerXLLM(nn.Module):
         return self._body(input_ids, mems, None, detach_mems, span)
 
     def _body(self, input_ids: torch.Tensor, mems: Mems | None, caches: DecodingState | None,
-              detach_mems: bool, span: AttentionSpan | None) -> tuple[torch.Tensor, Mems | None]:
+              detach_mems: bool, span: AttentionSpan | None,
+              mem_padding: torch.Tensor | None = None) -> tuple[torch.Tensor, Mems | None]:
         """Embedding and layers: hidden states [B, T, d_model] and the new memory (see :meth:`forward`)."""
         c = self.config
         if caches is not None:
@@ -224,8 +267,8 @@ class TransformerXLLM(nn.Module):
                                "make a new DecodingState for another batch")
             caches.batch_size = bsz
             if caches.length > 0:
-                if qlen == 1:  # the ring-buffer step: no mask, no memory copy
-                    return self._step(input_ids, caches), None
+                if qlen == 1:  # the ring-buffer step: no mask (but the padding), no memory copy
+                    return self._step(input_ids, caches, mem_padding), None
                 mlen = caches.memory_length
         klen = mlen + qlen
 
@@ -240,6 +283,8 @@ class TransformerXLLM(nn.Module):
                 pos_emb = self.drop(sinusoid(relative_positions(klen, span.clamp_len, emb.device), c.d_model).to(emb.dtype))
             h = self.drop(emb)
             mask = attention_mask(qlen, mlen, span.same_length, span.mem_len, emb.device)
+            if mem_padding is not None:
+                mask = mask | padding_mask(mem_padding, bsz, mlen, klen)
         else:
             pos_emb = None
             h = self.drop(emb + sinusoid(torch.arange(qlen, device=emb.device), c.d_model).to(emb.dtype))
@@ -273,18 +318,21 @@ class TransformerXLLM(nn.Module):
             raise TxlError("the decoding state already holds the memory: pass mems=None")
         return state.span
 
-    def _step(self, input_ids: torch.Tensor, state: DecodingState) -> torch.Tensor:
+    def _step(self, input_ids: torch.Tensor, state: DecodingState,
+              mem_padding: torch.Tensor | None = None) -> torch.Tensor:
         """One token per row after the memory held in ``state``: hidden states [B, 1, d_model].
 
-        Same result as the general path for a one-token segment (see :meth:`MultiHeadAttention.step`).
+        Same result as the general path for a one-token segment (see :meth:`MultiHeadAttention.step`);
+        ``mem_padding`` (see :meth:`forward`) masks the slots holding each row's oldest padding.
         """
         c = self.config
         h = self.drop(self.word_emb(input_ids))
         if state.pos_emb is None and c.attn_type == "rel":
             positions = relative_positions(state.capacity, state.span.clamp_len, h.device)
             state.pos_emb = sinusoid(positions, c.d_model).to(h.dtype)
+        key_mask = None if mem_padding is None else slot_padding_mask(state, mem_padding, input_ids.size(0))
         for layer, cache in zip(self.layers, state.layers):
-            h = layer.step(h, cache)
+            h = layer.step(h, cache, key_mask)
         state.advance()
         return self.drop(h)
 

@@ -30,7 +30,38 @@ from txl.errors import TxlError
 from txl.config import DataConfig, EvalConfig, TrainConfig, check_fields, did_you_mean
 from txl.model.config import TransformerXLConfig
 
-SECTIONS: dict[str, type] = {"model": TransformerXLConfig, "data": DataConfig, "train": TrainConfig, "eval": EvalConfig}
+
+
+@dataclass
+class FinetuneConfig:
+    """The ``[finetune]`` section: a run that fine-tunes a language model on prompt/completion pairs
+    (``txl finetune``, :mod:`txl.training.finetune`) instead of training one on a corpus.
+
+    Attributes:
+        init: the language-model checkpoint (or run directory: its best/) the weights start from.
+        grad_segments: K >= 1: gradients flow through the last K segments of each example (and
+            always through every segment holding completion tokens); earlier segments are read
+            without autograd and the memory entering the window is detached (truncated
+            back-propagation through time, as ``txl classify --grad-segments``). 0: all segments.
+        max_prompt_tokens: keep only the last N tokens of each prompt (0: whole prompts).
+    """
+
+    init: str = ""
+    grad_segments: int = 1
+    max_prompt_tokens: int = 0
+
+    def validate(self) -> None:
+        if not self.init:
+            raise TxlError("finetune.init must name the language-model checkpoint to start from (--init)")
+        if self.grad_segments < 0:
+            raise TxlError(f"finetune.grad_segments must be >= 0 (0: all segments), got {self.grad_segments}")
+        if self.max_prompt_tokens < 0:
+            raise TxlError(f"finetune.max_prompt_tokens must be >= 0 (0: whole prompts), got {self.max_prompt_tokens}")
+
+
+SECTIONS: dict[str, type] = {"model": TransformerXLConfig, "data": DataConfig, "train": TrainConfig, "eval": EvalConfig,
+                             "finetune": FinetuneConfig}
+OPTIONAL_SECTIONS = ("finetune",)  # absent (None) unless given: a plain language-model run has none
 
 
 @dataclass
@@ -47,6 +78,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(mem_len=256))
+    finetune: FinetuneConfig | None = None
 
     def validate(self) -> None:
         """Raise :class:`TxlError` for the first impossible value in any section."""
@@ -54,10 +86,15 @@ class RunConfig:
         self.data.validate()
         self.train.validate()
         self.eval.validate()
+        if self.finetune is not None:
+            self.finetune.validate()
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON/TOML-able nested dict."""
-        return dataclasses.asdict(self)
+        """Plain JSON/TOML-able nested dict (no ``finetune`` key for a language-model run)."""
+        values = dataclasses.asdict(self)
+        if self.finetune is None:
+            del values["finetune"]
+        return values
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], base: "RunConfig | None" = None) -> "RunConfig":
@@ -73,7 +110,10 @@ class RunConfig:
                            f"known: {', '.join(SECTIONS)}")
         merged: dict[str, Any] = {}
         for name, section_cls in SECTIONS.items():
-            current = dataclasses.asdict(getattr(base, name))
+            if name in OPTIONAL_SECTIONS and getattr(base, name) is None and values.get(name) is None:
+                merged[name] = None
+                continue
+            current = dataclasses.asdict(getattr(base, name) or section_cls())
             given = values.get(name, {})
             if not isinstance(given, dict):
                 raise TxlError(f"config section [{name}] must be a table")

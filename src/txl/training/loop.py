@@ -11,20 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 from txl.training.config import RunConfig
-from txl.data import CorpusSplits, LMOrderedIterator, LMShuffledIterator, shard_sentences
-from txl.data.iterators import sample_segment_length
-from txl.data.corpus import load_run_corpus
 from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
 from txl.runtime import resolve_device, seed_everything
-from txl.evaluation.stream import EvalResult, evaluate, metric_unit, metric_value
+from txl.evaluation.stream import EvalResult, metric_value
 from txl.fileio import FolderClaim, claim_folder, write_json
-from txl.generation import generate
 from txl.model import TransformerXLLM
 from txl.training import distributed
 from txl.training.checkpoint import (RUN_NAME, checkpoint_candidates, first_good_checkpoint, load_checkpoint,
@@ -34,6 +29,7 @@ from txl.training.resume import load_trainer_state, rank_rng_state, save_trainer
 from txl.training.runlog import StopRequest, open_metrics, remove_unfinished
 from txl.training.optim import make_optimizer
 from txl.training.step import train_step
+from txl.training.lm_task import LMTask, evaluate_run, sample_text, shuffled_batches  # noqa: F401 - public here too
 from txl.training.schedules import learning_rate, segment_span
 
 
@@ -66,28 +62,6 @@ class TrainResult:
     start_step: int = 0
 
 
-def shuffled_batches(corpus: CorpusSplits, batch_size: int, tgt_len: int, device: torch.device, seed: int):
-    """Endless (x, y) segments [B, tgt_len] from a shuffled-sentence corpus (lm1b), as the reference:
-    each pass visits the training shards in a new seeded order, each shard's sentences shuffled and
-    packed into ``batch_size`` streams (:class:`~txl.data.iterators.LMShuffledIterator`)."""
-    generator = torch.Generator().manual_seed(seed)
-    eos = corpus.tokenizer.eos_id
-    while True:
-        for k in torch.randperm(len(corpus.train_shards), generator=generator).tolist():
-            sentences = shard_sentences(corpus.train_shards[k], corpus.tokenizer)
-            if sentences:
-                shard_seed = int(torch.randint(0, 2**31 - 1, (), generator=generator))
-                yield from LMShuffledIterator(sentences, batch_size, tgt_len, eos_id=eos, seed=shard_seed, device=device)
-
-
-def _check_length(corpus: CorpusSplits, run: RunConfig, max_tgt: int) -> None:
-    n, b = len(corpus.train), run.train.batch_size
-    if n < b * max_tgt + 1:
-        raise TxlError(f"the train split has {n} tokens, fewer than batch_size × tgt_len + 1 = {b * max_tgt + 1} "
-                       "needed for one segment per stream; use a longer corpus, give the train split more (data.split, or a "
-                       "longer data.train file) or lower train.batch_size/model.tgt_len")
-
-
 def _absolute_paths(data):
     """The data section with absolute paths, so that a run's checkpoints work from any directory."""
     paths = {k: str(Path(v).resolve()) for k in ("path", "train", "valid", "test")
@@ -95,20 +69,21 @@ def _absolute_paths(data):
     return dataclasses.replace(data, **paths)
 
 
-def _check_splits(corpus: CorpusSplits, run: RunConfig) -> None:
-    """Fail before training when validation or the final evaluation could not run."""
-    if len(corpus.valid) < 2:
-        raise TxlError("the valid split is empty: validation needs it; give data.split a valid fraction > 0 "
-                       "or a data.valid file")
-    tokens = corpus.valid if run.eval.split == "valid" else corpus.test
-    if len(tokens) < 2:
-        raise TxlError(f"the {run.eval.split} split is empty: the final evaluation needs it; set eval.split=valid "
-                       "or give a test split")
-    if run.eval.warmup:
-        need = (run.model.mem_len if run.eval.mem_len is None else run.eval.mem_len) + 2
-        if len(tokens) < need:
-            raise TxlError(f"eval.warmup needs at least eval.mem_len + 2 = {need} tokens in the {run.eval.split} "
-                           f"split, which has {len(tokens)}; lower eval.mem_len or turn eval.warmup off")
+def make_task(run: RunConfig):
+    """The task ``run`` describes: :class:`~txl.training.finetune.PairsTask` when it has a
+    ``[finetune]`` section, else :class:`~txl.training.lm_task.LMTask` (loads the data)."""
+    if run.finetune is not None:
+        from txl.training.finetune import PairsTask
+
+        return PairsTask(run)
+    return LMTask(run)
+
+
+def task_inputs(run: RunConfig) -> list:
+    """The paths a run reads (its output folder may not be one of them, nor inside one)."""
+    data = run.data
+    inputs = [data.path, data.train, data.valid, data.test]
+    return inputs + ([run.finetune.init] if run.finetune is not None else [])
 
 
 def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] | None = None,
@@ -170,9 +145,7 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
         raise TxlError(f"{out_dir} has no resumable checkpoint (last/{TRAINER_JSON}); start a new run instead")
     created = False
     if d.is_main:  # one process per run folder: claimed before anything is read or written
-        data = run.data
-        claim = claim_folder(out_dir, flag="train.out_dir", create=not resume,
-                             inputs=[data.path, data.train, data.valid, data.test])
+        claim = claim_folder(out_dir, flag="train.out_dir", create=not resume, inputs=task_inputs(run))
         claims.append(claim)
         created = claim.created
     if resume:
@@ -184,34 +157,29 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
         raise TxlError(f"{out_dir} already holds a run; choose another train.out_dir (--out), remove it, "
                        "or continue it with --resume")
 
-    corpus = load_run_corpus(run.data)
-    unit = metric_unit(corpus.tokenizer.kind)
-    run = dataclasses.replace(run, model=dataclasses.replace(run.model, vocab_size=corpus.vocab_size),
+    task = make_task(run)
+    unit = task.unit
+    run = dataclasses.replace(run, model=dataclasses.replace(run.model, vocab_size=task.vocab_size),
                               data=_absolute_paths(run.data))
+    if run.finetune is not None:
+        run = dataclasses.replace(run, finetune=dataclasses.replace(run.finetune,
+                                                                    init=str(Path(run.finetune.init).resolve())))
     spans = [segment_span(s, t.tgt_len_schedule, run.model.tgt_len, run.model.mem_len) for s in
              [0] + [e[0] for e in t.tgt_len_schedule]]
-    if corpus.train_shards:  # shuffled sentences (lm1b): fixed segment length, no variable lengths
-        if t.tgt_len_schedule or t.varlen:
-            raise TxlError("train.tgt_len_schedule and train.varlen are not supported for a shuffled-sentence "
-                           "corpus (lm1b); remove them")
-    else:
-        _check_length(corpus, run, max(s[0] for s in spans))
-    _check_splits(corpus, run)
-    log(f"data: {corpus.source}; {corpus.tokenizer.kind} vocabulary of {corpus.vocab_size}; "
-        f"train/valid/test tokens {len(corpus.train)}/{len(corpus.valid)}/{len(corpus.test)}")
+    task.check(run, spans)
+    log(task.describe())
 
     distributed.init(d, device)
     model = TransformerXLLM(run.model).to(device)
+    if not resume:
+        task.init_weights(model)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters, {run.model.n_layer} layers, d_model {run.model.d_model}, "
         f"attn_type {run.model.attn_type}; device {device}, dtype {t.dtype}"
         + (f"; {d.world} processes" if d.enabled else ""))
     optimizer = make_optimizer(model, t.lr, t.weight_decay)
     # every rank reads the same global batch and keeps its own rows (same data as one process)
-    if corpus.train_shards:
-        stream = shuffled_batches(corpus, t.batch_size, run.model.tgt_len, device, t.seed)
-    else:
-        batches = LMOrderedIterator(corpus.train, t.batch_size, run.model.tgt_len, device=device)
+    batches = task.batches(run, device)
     rows = d.rows(t.batch_size)
     generator = torch.Generator().manual_seed(t.seed)  # segment lengths: identical on every rank
     if d.rank:  # dropout differs between ranks; rank 0 draws exactly what a single process would
@@ -224,7 +192,7 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
     span = model.config.span  # the phase of train.tgt_len_schedule in force (set each step)
     if resume:
         saved = load_checkpoint(resume_dir, map_location=str(device))
-        if saved.tokenizer.to_dict() != corpus.tokenizer.to_dict():
+        if saved.tokenizer.to_dict() != task.tokenizer.to_dict():
             raise TxlError(f"the corpus now gives a different vocabulary than {resume_dir} was trained with; data "
                            "settings cannot change when resuming (start a new run instead)")
         try:
@@ -251,9 +219,9 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
         best = state["best_val_loss"] if state.get("best_val_loss") is not None else float("inf")
         state["unit"] = unit  # runs written before the "bpb" label said "bpc" for byte models
         log(f"resuming {out_dir} after step {start_step} (from {resume_dir.name}/)")
-    ddp = model
+    ddp = task.objective(model)
     if d.enabled:
-        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
+        ddp = torch.nn.parallel.DistributedDataParallel(ddp, device_ids=[device.index] if device.type == "cuda"
                                                         else None)
 
     metrics_file = writer = None
@@ -279,7 +247,7 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
         error = None
         if d.is_main:
             try:
-                save_checkpoint(out_dir / name, model, corpus.tokenizer, run, dict(state), keep=keep, span=span,
+                save_checkpoint(out_dir / name, model, task.tokenizer, run, dict(state), keep=keep, span=span,
                                 extra=None if not trainer else lambda folder: save_trainer_state(
                                     folder, optimizer=optimizer, scaler=scaler, generator=generator, mems=full_mems,
                                     position=pos, step=step, state=dict(state), rank_rng=rng))
@@ -296,8 +264,7 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
 
     def validate_and_save() -> float:
         nonlocal best
-        res = evaluate(model, corpus.valid, unit=unit, batch_size=run.eval.batch_size, max_tokens=t.eval_max_tokens,
-                       dtype=t.dtype, dist=d, span=span)
+        res = task.validate(model, run, span, d)
         model.train()
         if not math.isfinite(res.loss):
             save_last()
@@ -318,14 +285,9 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
         for step in range(start_step + 1, t.max_steps + 1):
             tgt_len, mem_len = segment_span(step, t.tgt_len_schedule, run.model.tgt_len, run.model.mem_len)
             span = model.config.span.replace(tgt_len=tgt_len, mem_len=mem_len)
-            if corpus.train_shards:
-                x, y = next(stream)  # streams of shuffled sentences; the memory runs on
-            else:
-                if pos >= batches.stream_len:  # a new pass over the data: fresh memory
-                    pos, mems = 0, None
-                seq_len = sample_segment_length(tgt_len, generator) if t.varlen else tgt_len
-                x, y = batches.segment(pos, seq_len)
-                pos += x.size(1)
+            x, y, pos, fresh = batches.next(pos, tgt_len, generator)
+            if fresh:
+                mems = None
             n_tok = (y != IGNORE_INDEX).sum()  # the global batch's targets
             lr = learning_rate(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps, max_steps=t.max_steps)
             for group in optimizer.param_groups:
@@ -406,43 +368,34 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
 
     distributed.barrier(d)  # best/ is complete on disk for every rank
     best_ckpt = load_checkpoint(out_dir / "best", map_location=str(device))
-    final = evaluate_run(best_ckpt.model, corpus, run, dist=d)
+    final = task.final(best_ckpt.model, run, d)
     prompt, sample = "", ""
     if t.sample_tokens and d.is_main:
-        prompt, sample = sample_text(best_ckpt.model, corpus, t.sample_prompt, t.sample_tokens, seed=t.seed)
+        prompt, sample = task.sample(best_ckpt.model, run)
     distributed.shutdown(d)
     return TrainResult(run_dir=out_dir, best_dir=out_dir / "best", final=final, steps=step, tokens=state["tokens"],
                        wall_s=wall, tokens_per_s=state["tokens"] / wall, sample_prompt=prompt,
                        sample=sample, rank=d.rank, start_step=start_step)
 
 
-def evaluate_run(model: TransformerXLLM, corpus: CorpusSplits, run: RunConfig,
-                 dist: distributed.Dist = distributed.Dist()) -> EvalResult:
-    """Evaluate ``model`` on ``run.eval.split`` with the ``[eval]`` span settings (the final report),
-    the streams split over the ranks of ``dist``."""
-    e = run.eval
-    tokens = corpus.valid if e.split == "valid" else corpus.test
-    if len(tokens) < 2:
-        raise TxlError(f"the {e.split} split is empty; choose eval.split=valid or give a test split")
-    return evaluate(model, tokens, unit=metric_unit(corpus.tokenizer.kind), batch_size=e.batch_size,
-                    tgt_len=e.tgt_len, mem_len=e.mem_len, clamp_len=e.clamp_len, same_length=e.same_length,
-                    warmup=e.warmup, max_tokens=e.max_tokens, dtype=run.train.dtype, dist=dist)
+def finetune(init: str | Path, data: str | Path | None = None, *, out_dir: str | Path,
+             config: str | Path | None = None, overrides: Sequence[str] = (), progress: bool = True,
+             log=None, resume: bool = False):
+    """Fine-tune the language model ``init`` on prompt/completion pairs; the Python form of ``txl finetune``.
 
+    Returns :func:`txl.training.loop.train`'s :class:`~txl.training.loop.TrainResult` (``final`` is
+    the completion loss on ``eval.split``). ``resume=True`` continues the run in ``out_dir`` from its
+    saved config (``init``, ``data``, ``config`` and ``overrides`` are then not used).
 
-def sample_text(model: TransformerXLLM, corpus: CorpusSplits, prompt: str, n_tokens: int, seed: int,
-                temperature: float = 0.8, top_p: float = 0.95) -> tuple[str, str]:
-    """Sample ``n_tokens`` after ``prompt``; returns (prompt, continuation).
-
-    An empty ``prompt`` uses the first whole lines of the valid split.
+    Raises:
+        TxlError: as :func:`finetune_config` and :func:`txl.training.loop.train`.
     """
-    tok = corpus.tokenizer
-    if not prompt:
-        head = tok.decode(corpus.valid[:400])
-        lines = head.split("\n")
-        prompt = "\n".join(lines[1:-1]) + "\n" if len(lines) > 2 else head  # whole lines only
-    ids = tok.encode(prompt)
-    device = next(model.parameters()).device
-    x = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=device)[None]
-    out = generate(model, x, n_tokens, temperature=temperature, top_p=top_p,
-                         generator=torch.Generator(device=device).manual_seed(seed))
-    return prompt, tok.decode(out[0, x.size(1):].tolist())
+    from txl.fileio import read_json_object
+    from txl.training.finetune import finetune_config
+
+    if resume:
+        run = RunConfig.from_dict(read_json_object(Path(out_dir) / "run.json"))
+        run.train.out_dir = str(out_dir)
+    else:
+        run = finetune_config(init, data, out_dir=out_dir, config=config, overrides=overrides)
+    return train(run, progress=progress, log=log, resume=resume)

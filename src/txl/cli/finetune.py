@@ -1,0 +1,109 @@
+"""``txl finetune``: fine-tune a language model on prompt/completion pairs, or continue a stopped run.
+
+The run is a ``txl train`` run with a ``[finetune]`` section (see :mod:`txl.training.finetune`): the
+same run folder, checkpoints, ``--resume``, progress bar, ``metrics.csv``, ``--nproc`` and errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from txl.cli.common import add_batch_size, add_data, add_device, add_dtype, add_option, add_seed, add_span, underscore
+from txl.errors import TxlError
+
+NAME = "finetune"
+HELP = "fine-tune a language model on prompt/completion pairs (the prompt read with memory)"
+EXAMPLE = "txl finetune --init runs/default --data pairs.jsonl --out runs/pairs train.max_steps=500"
+DETAILS = ("DATA is a JSON Lines file of {\"prompt\": ..., \"completion\": ...} objects, cut into train/valid/test by "
+           "data.split (default 0.9/0.1/0), or give data.train=... data.valid=... [data.test=...]. Each example is "
+           "prompt + separator + completion + end marker; the loss counts the completion and the end marker only "
+           "(docs/finetuning.md).")
+
+# flags that are config overrides here: flag destination -> config field
+_OVERRIDES = {"device": "train.device", "dtype": "train.dtype", "seed": "train.seed", "batch_size": "train.batch_size",
+              "grad_segments": "finetune.grad_segments", "tgt_len": "model.tgt_len", "mem_len": "model.mem_len",
+              "max_prompt_tokens": "finetune.max_prompt_tokens"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``finetune`` flags (no torch import here)."""
+    p.set_defaults(_more="overrides")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="config overrides such as train.max_steps=500 finetune.grad_segments=2 lr=1e-4")
+    p.add_argument("--init", metavar="LM_RUN", help="the language-model checkpoint or run directory to start from")
+    add_data(p, "JSON Lines file of {\"prompt\", \"completion\"} pairs")
+    p.add_argument("--config", "-c", help="TOML run config (sections model, data, train, eval, finetune)")
+    p.add_argument("--out", "-o", help="run directory to write")
+    add_option(p, "--grad-segments", aliases=underscore("--grad-segments"), type=int, default=None, metavar="K",
+               help="back-propagate through the last K segments of each example (0: all; default 1)")
+    add_option(p, "--max-prompt-tokens", aliases=underscore("--max-prompt-tokens"), type=int, default=None,
+               metavar="N", help="keep only the last N tokens of each prompt (default 0: whole prompts)")
+    add_span(p, ("tgt_len", "mem_len"), default_text="the language model's")
+    add_device(p)
+    p.set_defaults(device=None)
+    add_dtype(p, default=None)
+    add_batch_size(p, text="examples per step (default 8)")
+    add_seed(p, text="train.seed", unset="1234")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped fine-tuning run from its last/ checkpoint")
+    p.add_argument("--allow-config-change", action="store_true",
+                   help="with --resume: accept KEY=VALUE overrides that change the saved config")
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="train in N processes on this machine (runs torchrun; one per GPU, or gloo on CPU)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``txl finetune``; returns the exit status (user errors raise :class:`TxlError`)."""
+    from txl.cli.train import _launch, _report
+    from txl.fileio import read_json_object
+    from txl.training.config import RunConfig, parse_override
+
+    for item in args.overrides:
+        if "=" not in item:
+            raise TxlError(f"unexpected argument {item!r}: give the pairs with --data and overrides as KEY=VALUE")
+    flags = [f"{field}={getattr(args, dest)}" for dest, field in _OVERRIDES.items() if getattr(args, dest) is not None]
+    if args.resume:
+        if args.init or args.data or args.config or args.out:
+            raise TxlError("--resume continues a run with its saved config: give no --init, --data, --config or --out")
+        overrides = [*args.overrides, *flags]
+        if overrides and not args.allow_config_change:
+            raise TxlError("--resume continues a run with its saved config; to change it anyway (e.g. "
+                           "train.max_steps=...), add --allow-config-change")
+        from txl.training.checkpoint import resume_run_dir
+
+        args.resume = str(resume_run_dir(args.resume))
+        saved = read_json_object(Path(args.resume) / "run.json")
+        if "finetune" not in saved:
+            raise TxlError(f"{args.resume} is a language-model run, not a fine-tuning run; continue it with "
+                           f"txl train --resume {args.resume}")
+        changes: dict = {}
+        for text in overrides:
+            section, key, value = parse_override(text)
+            changes.setdefault(section, {})[key] = value
+        run_config = RunConfig.from_dict(changes, base=RunConfig.from_dict(saved))
+        run_config.train.out_dir = args.resume
+        from txl.training.resume import saved_step
+
+        done = saved_step(args.resume)
+        if not overrides and done is not None and done >= run_config.train.max_steps:
+            print(f"{args.resume} is already complete at step {done} (train.max_steps={run_config.train.max_steps}); "
+                  f"nothing to train. To train longer: txl finetune --resume {args.resume} --allow-config-change "
+                  "train.max_steps=N")
+            return 0
+    else:
+        if not args.init:
+            raise TxlError("give the language model to start from: --init LM_RUN")
+        if not args.out:
+            raise TxlError("give the run directory to write: --out RUN")
+        if args.data is None and not any(o.split("=", 1)[0].strip() in ("data.train", "train") for o in args.overrides):
+            raise TxlError("give the pairs: --data PAIRS.jsonl (or data.train=... data.valid=...)")
+        from txl.training.finetune import finetune_config
+
+        run_config = finetune_config(args.init, args.data, out_dir=args.out, config=args.config,
+                                     overrides=[*args.overrides, *flags])
+    if args.nproc is not None:
+        return _launch(args, getattr(args, "_argv", None), run_config)
+    from txl.training.loop import train
+
+    return _report(train(run_config, progress=not args.quiet, resume=bool(args.resume)), run_config)

@@ -1,0 +1,158 @@
+"""``txl summarize``: write the completion of every document by a fine-tuned model, as JSON Lines.
+
+Each input is a text file (one document) or a ``.jsonl`` file (one ``{"prompt": ...}`` or
+``{"text": ...}`` object per line; a ``"completion"`` string there is the reference summary). The
+document is read segment by segment with the memory, however long it is, then the summary is
+decoded until the model's end-of-completion marker (``txl.generation.complete``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from txl.cli.common import (add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_force,
+                            add_json, add_option, add_seed, add_span, check_output, check_seed, load_checkpoint,
+                            print_notes, underscore, emit_json)
+from txl.errors import TxlError
+
+NAME = "summarize"
+HELP = "summaries of long documents by a fine-tuned model (JSON Lines out)"
+EXAMPLE = "txl summarize runs/docstrings data/docstrings/test.jsonl --out summaries.jsonl --rouge"
+DETAILS = ("One JSON object per document: source, summary, and the reference (\"completion\") and \"name\" when "
+           "the input line has them. --prompt-tokens N reads only the last N tokens of each document. --rouge "
+           "prints ROUGE-1/2/L F1 against the references (needs rouge-score: pip install -e '.[rouge]').")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``summarize`` flags (no torch import here)."""
+    add_checkpoint(p, text="a fine-tuned checkpoint or run directory (txl finetune; uses its best/)")
+    add_checkpoint_name(p)
+    p.set_defaults(_more="inputs")
+    p.add_argument("inputs", nargs="+", metavar="FILE_OR_JSONL",
+                   help="a text file (one document) or a .jsonl file of {\"prompt\" or \"text\", [\"completion\"]}")
+    add_option(p, "--out", "-o", metavar="FILE", default="-", help="JSON Lines output (default - : stdout)")
+    add_force(p)
+    add_option(p, "-n", "--max-new-tokens", aliases=underscore("--max-new-tokens"), type=int, default=128,
+               metavar="N", help="longest summary in tokens (default 128)")
+    add_option(p, "--prompt-tokens", aliases=underscore("--prompt-tokens"), type=int, default=0, metavar="N",
+               help="read only the last N tokens of each document (default 0: all of it, with the memory)")
+    p.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy (the default)")
+    add_option(p, "--top-k", aliases=underscore("--top-k"), type=int, default=None, metavar="K")
+    add_option(p, "--top-p", aliases=underscore("--top-p"), type=float, default=None, metavar="P")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="also stop after this text (repeatable)")
+    add_option(p, "--min-new-tokens", aliases=underscore("--min-new-tokens"), type=int, default=0, metavar="N")
+    add_option(p, "--repetition-penalty", aliases=underscore("--repetition-penalty"), type=float, default=1.0,
+               metavar="F")
+    add_option(p, "--no-repeat-ngram-size", aliases=underscore("--no-repeat-ngram-size"), type=int, default=0,
+               metavar="N")
+    add_option(p, "--num-beams", aliases=underscore("--num-beams"), type=int, default=1, metavar="N",
+               help="beam search with N beams (default 1: greedy or sampling)")
+    add_option(p, "--length-penalty", aliases=underscore("--length-penalty"), type=float, default=1.0, metavar="F",
+               help="beam search ranks finished summaries by log-prob / length**F (default 1)")
+    add_batch_size(p, default=8, text="documents decoded together")
+    add_seed(p, default=0, text="seeds sampling (document i draws with its own generator, seeded seed + i)")
+    add_span(p, ("mem_len",), default_text="the model's")
+    p.add_argument("--rouge", action="store_true", help="print ROUGE-1/2/L F1 against the references")
+    add_json(p)
+    add_dtype(p)
+    add_device(p)
+
+
+def read_inputs(items: list[str]) -> list[dict]:
+    """``{"source", "text", ["reference"], ["name"]}`` for every document of the inputs, in order.
+
+    Raises:
+        TxlError: a missing or unreadable file, a bad JSON line (naming it), no documents.
+    """
+    from txl.classification.data import read_text_file
+    from txl.fileio import read_jsonl
+
+    docs = []
+    for item in items:
+        path = Path(item)
+        if not path.is_file():
+            raise TxlError(f"{path} " + ("is not a file" if path.exists() else "does not exist"))
+        if path.suffix != ".jsonl":
+            docs.append({"source": str(path), "text": read_text_file(path)})
+            continue
+        for number, obj in read_jsonl(path):
+            where = f"{path}:{number}"
+            text = obj.get("prompt", obj.get("text")) if isinstance(obj, dict) else None
+            if not isinstance(text, str):
+                raise TxlError(f'{where} must be a JSON object with a "prompt" (or "text") string')
+            doc = {"source": where, "text": text}
+            for key, out in (("completion", "reference"), ("name", "name")):
+                if isinstance(obj.get(key), str):
+                    doc[out] = obj[key]
+            docs.append(doc)
+    if not docs:
+        raise TxlError("no documents in the inputs")
+    return docs
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``txl summarize``."""
+    from txl.generation import StopText, check_decoding, check_sampling
+
+    check_sampling(args.temperature, args.top_k, args.top_p)
+    check_decoding(args.repetition_penalty, args.no_repeat_ngram_size, args.min_new_tokens)
+    StopText(args.stop)
+    check_seed(args.seed)
+    if args.num_beams < 1 or args.batch_size < 1:
+        raise TxlError("--num-beams and --batch-size must be >= 1")
+    for name in ("max_new_tokens", "prompt_tokens", "mem_len"):
+        if getattr(args, name) is not None and getattr(args, name) < 0:
+            raise TxlError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    check_output(args, args.out, inputs=[args.checkpoint, *args.inputs])
+    check_output(args, args.json, inputs=[args.checkpoint, *args.inputs], flag="--json")
+    docs = read_inputs(args.inputs)
+    if args.rouge and not all("reference" in d for d in docs):
+        missing = next(d["source"] for d in docs if "reference" not in d)
+        raise TxlError(f"--rouge needs a reference (\"completion\") for every document; {missing} has none")
+
+    import torch
+
+    from txl.data.pairs import encode_prompt, find_markers
+    from txl.generation import complete
+    from txl.runtime import autocast
+
+    ckpt, device = load_checkpoint(args, announce=True)
+    markers = find_markers(ckpt.tokenizer)
+    for doc in docs:  # every document encodes before any work
+        encode_prompt(ckpt.tokenizer, markers, doc["text"], source=doc["source"])
+    print_notes(args)
+    rows = []
+    with autocast(device, args.dtype):
+        for start in range(0, len(docs), args.batch_size):
+            chunk = docs[start:start + args.batch_size]
+            generators = [torch.Generator(device=device).manual_seed(args.seed + start + i) for i in range(len(chunk))]
+            summaries = complete(ckpt.model, ckpt.tokenizer, [d["text"] for d in chunk],
+                                 max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.prompt_tokens,
+                                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                 generator=generators, stop=args.stop, min_new_tokens=args.min_new_tokens,
+                                 repetition_penalty=args.repetition_penalty,
+                                 no_repeat_ngram_size=args.no_repeat_ngram_size, num_beams=args.num_beams,
+                                 length_penalty=args.length_penalty, batch_size=args.batch_size, mem_len=args.mem_len)
+            for doc, summary in zip(chunk, summaries):
+                row = {"source": doc["source"], "summary": summary}
+                row.update({k: doc[k] for k in ("reference", "name") if k in doc})
+                rows.append(row)
+                if args.out == "-":
+                    print(json.dumps(row, ensure_ascii=False), flush=True)
+    if args.out != "-":
+        from txl.fileio import atomic_write
+
+        payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
+        atomic_write(args.out, lambda tmp: Path(tmp).write_bytes(payload), overwrite=args.force)
+    if args.rouge:
+        from txl.evaluation.rouge import rouge_scores
+
+        scores = rouge_scores([r["summary"] for r in rows], [r["reference"] for r in rows])
+        print(f"ROUGE-1 {scores['rouge1']:.4f}  ROUGE-2 {scores['rouge2']:.4f}  ROUGE-L {scores['rougeL']:.4f} "
+              f"(F1, stemmed; {scores['n']} documents)", file=sys.stderr)
+        if args.json:
+            emit_json(args.json, {k: scores[k] for k in ("rouge1", "rouge2", "rougeL", "n")}, force=args.force)
+    return 0

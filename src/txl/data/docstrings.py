@@ -1,0 +1,144 @@
+"""A summarisation data set every machine has: standard-library functions and classes and their docstrings.
+
+``txl data docstrings --out DIR`` (:func:`prepare_docstrings`) reads the modules of txl's built-in
+default corpus (:func:`txl.data.files.default_corpus_files`: this Python's top-level
+standard-library ``*.py`` files). Every function, method and class with a docstring becomes one
+pair: the *document* is its source with the docstring removed (decorators included, dedented),
+the *summary* is the first sentence of the docstring (:func:`first_sentence`). Only documents of
+``min_bytes`` to ``max_bytes`` UTF-8 bytes are kept (long enough to need the memory: several
+segments of the default ``tgt_len`` of 64). The modules, not the pairs, are split into
+train/valid/test by a seeded shuffle, so that no module is in two splits.
+
+Written into ``DIR``: ``train.jsonl``, ``valid.jsonl``, ``test.jsonl`` (one object per line:
+``prompt`` the document, ``completion`` the summary, ``name`` the qualified name, ``module``,
+``kind`` "function" or "class"), ``pretrain/``, a copy of the default corpus *without* the valid
+and test modules (pre-train the language model on it, or it has seen the answers), and
+``split.json`` (the modules of each split and the counts).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import random
+import re
+import shutil
+import textwrap
+from pathlib import Path
+
+from txl.data.files import default_corpus_files
+from txl.errors import TxlError
+from txl.fileio import atomic_write, claim_folder, write_json
+
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
+
+
+def first_sentence(docstring: str) -> str | None:
+    """The first sentence of a docstring: its first paragraph (up to a blank line) on one line, cut
+    after the first ``.``, ``!`` or ``?`` followed by a space or the end; None when that is shorter
+    than two words or longer than 300 characters (not a summary line)."""
+    paragraph = inspect.cleandoc(docstring).split("\n\n", 1)[0]
+    text = " ".join(paragraph.split())
+    end = _SENTENCE_END.search(text)
+    if end is not None:
+        text = text[:end.end()]
+    if len(text.split()) < 2 or len(text) > 300:
+        return None
+    return text
+
+
+def name_words(name: str) -> str:
+    """The words of an identifier as a sentence (the name baseline): ``Popen.send_signal`` ->
+    ``"Popen send signal."``, ``HTTPServer`` -> ``"HTTP server."`` (underscores and case changes
+    split words; words after the first are lower-cased unless all capitals)."""
+    words = []
+    for part in re.split(r"[._]+", name):
+        words += re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+", part)
+    words = [w if i == 0 or w.isupper() else w.lower() for i, w in enumerate(words)]
+    return (" ".join(words) + ".") if words else name
+
+
+def _documents(tree: ast.Module, lines: list[str], module: str) -> list[dict]:
+    """Pairs for every function, method and class of a parsed module that has a docstring."""
+    found = []
+
+    def visit(body, prefix: str) -> None:
+        for node in body:
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            name = f"{prefix}{node.name}"
+            doc = ast.get_docstring(node, clean=False)
+            summary = first_sentence(doc) if doc else None
+            first = node.body[0]
+            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            # the docstring must sit on its own lines, with code after it
+            if summary and len(node.body) > 1 and first.lineno > node.lineno and first.end_lineno < node.end_lineno:
+                kept = lines[start - 1:first.lineno - 1] + lines[first.end_lineno:node.end_lineno]
+                found.append({"prompt": textwrap.dedent("".join(kept)), "completion": summary, "name": name,
+                              "module": module, "kind": "class" if isinstance(node, ast.ClassDef) else "function"})
+            if isinstance(node, ast.ClassDef):
+                visit(node.body, f"{name}.")
+
+    visit(tree.body, "")
+    return found
+
+
+def module_documents(path: str | Path, min_bytes: int = 0, max_bytes: int | None = None) -> list[dict]:
+    """The docstring pairs of one Python file (see the module docstring), in source order, whose
+    document has ``min_bytes`` to ``max_bytes`` UTF-8 bytes. A file that does not parse gives none."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+        tree = ast.parse(text)
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return []
+    docs = _documents(tree, text.splitlines(keepends=True), path.name)
+    return [d for d in docs if min_bytes <= len(d["prompt"].encode("utf-8")) <= (max_bytes or float("inf"))]
+
+
+def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
+                       min_bytes: int = 512, max_bytes: int = 4096, files: list[Path] | None = None) -> dict:
+    """Write the docstring data set into ``out_dir`` (see the module docstring); returns ``split.json``'s content.
+
+    Args:
+        seed: seeds the shuffle of the modules.
+        fractions: train/valid/test fractions of the modules (those with at least one pair).
+        min_bytes, max_bytes: the document sizes kept.
+        files: the modules (default: :func:`~txl.data.files.default_corpus_files`).
+
+    Raises:
+        TxlError: bad fractions or sizes, an ``out_dir`` that is not empty or is in use, no pairs.
+    """
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6 or not fractions[0]:
+        raise TxlError(f"the split fractions must be three numbers >= 0 summing to 1 with train > 0, got {fractions}")
+    if min_bytes < 1 or max_bytes < min_bytes:
+        raise TxlError(f"need 1 <= min_bytes <= max_bytes, got {min_bytes} and {max_bytes}")
+    files = sorted(files or default_corpus_files())
+    with claim_folder(out_dir, empty=True, inputs=[files[0].parent]) as claim:
+        by_module = {f.name: module_documents(f, min_bytes, max_bytes) for f in files}
+        modules = sorted(m for m, docs in by_module.items() if docs)
+        if not modules:
+            raise TxlError("no function or class with a docstring has a document of the requested size")
+        random.Random(seed).shuffle(modules)
+        n_train = max(1, round(fractions[0] * len(modules)))
+        n_valid = round(fractions[1] * len(modules))
+        split = {"train": sorted(modules[:n_train]), "valid": sorted(modules[n_train:n_train + n_valid]),
+                 "test": sorted(modules[n_train + n_valid:])}
+        out = Path(claim.path)
+        counts = {}
+        for name, mods in split.items():
+            rows = [d for m in mods for d in by_module[m]]
+            counts[name] = len(rows)
+            payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
+            atomic_write(out / f"{name}.jsonl", lambda tmp, data=payload: Path(tmp).write_bytes(data))
+        held_out = set(split["valid"]) | set(split["test"])
+        (out / "pretrain").mkdir()
+        kept = [f for f in files if f.name not in held_out]
+        for f in kept:
+            shutil.copyfile(f, out / "pretrain" / f.name)
+        info = {"source": str(files[0].parent), "seed": seed, "fractions": list(fractions), "min_bytes": min_bytes,
+                "max_bytes": max_bytes, "pairs": counts, "modules": split,
+                "pretrain_files": len(kept), "pretrain_excludes": sorted(held_out)}
+        write_json(out / "split.json", info)
+    return info

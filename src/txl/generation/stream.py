@@ -1,0 +1,232 @@
+"""Token-by-token generation that reuses the Transformer-XL memory instead of recomputing the context,
+for a batch of prompts of one length or of different lengths."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from txl.errors import TxlError
+from txl.evaluation.segments import eval_mode, segments
+from txl.generation.sampling import Generators, _Chooser
+from txl.model.decoding import DecodingState
+from txl.model.inputs import check_input_ids
+from txl.model.memory import Mems
+from txl.model.span import AttentionSpan, resolve_span
+
+
+@torch.no_grad()
+def prime_memory(model, input_ids: torch.Tensor, mems: Mems | None = None,
+                 caches: DecodingState | None = None, *, span: AttentionSpan | None = None) -> Mems | None:
+    """Feed ``input_ids`` (int64 [B, T], T >= 0) through the model in segments of ``span.tgt_len`` and
+    return the memory (``n_layer`` tensors [B, <= mem_len, d_model]; ``mems`` itself when T = 0).
+
+    The segments go through :func:`txl.evaluation.segments.segments` (paper §3.2 recurrence). With
+    ``caches`` (a :class:`~txl.model.DecodingState`, whose span is then used) the state is filled
+    instead and holds the memory: the return value is None once a segment was read. ``span`` None:
+    the model's training span.
+    """
+    span = caches.span if caches is not None else resolve_span(model.config, span)
+    for seg in segments(model, input_ids, span=span, mems=mems, caches=caches):
+        mems = seg.output.mems
+    return mems
+
+
+@torch.no_grad()
+def prime_rows(model, prompts: Sequence[torch.Tensor], span: AttentionSpan) -> tuple[Mems | None, torch.Tensor | None]:
+    """The memories of prompts of different lengths, each primed alone (:func:`prime_memory` of all
+    but its last token), left-padded with zeros to one length M.
+
+    Returns:
+        ``(mems, mem_padding)``: ``n_layer`` tensors [B, M, d_model] and int64 [B], the padding
+        positions of each row (see :meth:`~txl.model.TransformerXLLM.forward`); (None, None) when no
+        prompt has more than one token.
+    """
+    alone = [prime_memory(model, p[None, :-1], span=span) for p in prompts]
+    width = max((m[0].size(1) for m in alone if m is not None), default=0)
+    if width == 0:
+        return None, None
+    layer = next(m for m in alone if m is not None)
+    mems = []
+    for i, ref in enumerate(layer):
+        rows = [ref.new_zeros(1, width, ref.size(2)) if m is None else
+                torch.cat([ref.new_zeros(1, width - m[i].size(1), ref.size(2)), m[i]], dim=1) for m in alone]
+        mems.append(torch.cat(rows))
+    padding = torch.as_tensor([width - (0 if m is None else m[0].size(1)) for m in alone], device=ref.device)
+    return mems, padding
+
+
+def _check_prompts(model, input_ids) -> tuple[torch.Tensor | list[torch.Tensor], bool]:
+    """``input_ids`` checked: a tensor [B, T], or a list of 1-D tensors of different lengths (ragged)."""
+    device = next(model.parameters()).device
+    if isinstance(input_ids, (list, tuple)):
+        if not input_ids:
+            raise TxlError("give at least one prompt")
+        for p in input_ids:
+            check_input_ids(p[None] if isinstance(p, torch.Tensor) and p.dim() == 1 else p,
+                            model.config.vocab_size, device)
+        return list(input_ids), True
+    check_input_ids(input_ids, model.config.vocab_size, device)
+    return input_ids, False
+
+
+@dataclass
+class GenerationStep:
+    """One step of :func:`generate_steps`.
+
+    Attributes:
+        token: int64 [B] the sampled token of each row.
+        logits: float [B, V] the model's scores for this step (before temperature, top-k/top-p and
+            the decoding rules).
+    """
+
+    token: torch.Tensor
+    logits: torch.Tensor
+
+    @property
+    def logprob(self) -> torch.Tensor:
+        """float64 [B]: log p(token | everything before it) in nats, under the model's distribution
+        (temperature 1, before top-k/top-p and the decoding rules); computed when asked for."""
+        return torch.log_softmax(self.logits.double(), dim=-1).gather(-1, self.token[:, None]).squeeze(-1)
+
+
+@torch.no_grad()
+def generate_stream(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                    top_k: int | None = None, top_p: float | None = None, mems: Mems | None = None,
+                    generator: Generators = None, *, span: AttentionSpan | None = None,
+                    tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
+                    same_length: bool | None = None, **rules) -> Iterator[torch.Tensor]:
+    """Yield ``max_new_tokens`` sampled tokens (int64 [B] each): the tokens of :func:`generate_steps`
+    (same arguments and decoding ``rules``, same errors)."""
+    for step in generate_steps(model, input_ids, max_new_tokens, temperature, top_k, top_p, mems, generator,
+                               span=span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
+                               same_length=same_length, **rules):
+        yield step.token
+
+
+@torch.no_grad()
+def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                   top_k: int | None = None, top_p: float | None = None, mems: Mems | None = None,
+                   generator: Generators = None, *, span: AttentionSpan | None = None,
+                   tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
+                   same_length: bool | None = None, repetition_penalty: float = 1.0,
+                   no_repeat_ngram_size: int = 0, min_new_tokens: int = 0,
+                   end_ids: Sequence[int] = ()) -> Iterator[GenerationStep]:
+    """Yield ``max_new_tokens`` :class:`GenerationStep` objects (the sampled tokens [B] and the scores
+    they were drawn from), one forward of one token per step.
+
+    For ``attn_type`` "rel" and "shaw" the prompt (all but its last token) is fed once in chunks of ``tgt_len`` to
+    build the memory; then each step feeds only the newest token with the memory (cost per token grows
+    with ``mem_len``, not with the length of the text). ``attn_type="abs"`` has no memory: each step
+    recomputes a sliding window of the last ``tgt_len`` tokens (the vanilla protocol).
+    The model is put in eval mode for the duration and restored afterwards.
+
+    ``span`` (None: the model's training span) with ``tgt_len``, ``mem_len``, ``clamp_len``,
+    ``same_length`` overriding its fields (None keeps one) sets the priming segment length and the
+    memory kept while sampling (e.g. a longer memory than in training, paper §3.2). ``model.config``
+    is not changed.
+
+    Decoding rules (:func:`adjust_logits`, over the tokens generated so far): ``repetition_penalty``
+    (1: none), ``no_repeat_ngram_size`` (0: off); ``end_ids`` (e.g. the end-of-completion marker of
+    :mod:`txl.data.pairs`) cannot be drawn before ``min_new_tokens`` tokens. The stream itself never
+    stops early: the caller stops reading it (see :func:`complete`). ``generator``: one, or one per
+    row (:data:`Generators`).
+
+    Prompts of different lengths: ``input_ids`` a list of int64 [T_b] tensors. Each prompt primes its
+    own memory alone (:func:`prime_rows`); the memories are left-padded to one length and the
+    padding is masked (``mem_padding``), so every row's tokens and scores are those it gets decoded
+    alone (scores equal up to float rounding), with its own generator when ``generator`` is a list.
+    ``mems`` must then be None. (``attn_type="abs"``: each row's window is read alone.)
+
+    Raises:
+        TxlError: ``input_ids`` that is not a non-empty integer tensor [batch, length] of ids in the
+            vocabulary on the model's device (a Python list of ints, an empty batch or prompt), nor a
+            list of such 1-D tensors; ``mems`` of another shape, dtype or device than the model's (see
+            :meth:`~txl.model.TransformerXLLM.forward`), bad sampling settings or an impossible span.
+    """
+    input_ids, ragged = _check_prompts(model, input_ids)
+    if ragged and mems is not None:
+        raise TxlError("prompts of different lengths start without a memory: pass mems=None")
+    if model.config.attn_type == "abs" and mems is not None:
+        raise TxlError("attn_type='abs' (vanilla Transformer) has no memory: pass mems=None")
+    if max_new_tokens < 0:
+        raise TxlError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
+                        same_length=same_length)
+    choose = _Chooser(len(input_ids), temperature, top_k, top_p, generator, repetition_penalty,
+                      no_repeat_ngram_size, min_new_tokens, end_ids)
+    with eval_mode(model):
+        if model.config.attn_type == "abs":
+            rows = [p[None] for p in input_ids] if ragged else [input_ids]
+            for _ in range(max_new_tokens):
+                logits = torch.cat([model(seq[:, -span.tgt_len:], span=span).logits[:, -1] for seq in rows])
+                token = choose(logits)
+                rows = [torch.cat([seq, t[:, None]], dim=1) for seq, t in zip(rows, token.split(
+                    [seq.size(0) for seq in rows]))]
+                yield GenerationStep(token, logits)
+            return
+        # the memory lives in ring buffers of keys/values: a step projects and writes only the new token
+        state = DecodingState(model.config.n_layer, span, keep_mems=False)
+        if ragged:  # each prompt primes its memory alone; left-padded to one length, the padding masked
+            mems, padding = prime_rows(model, input_ids, span)
+            last = torch.stack([p[-1:] for p in input_ids])
+        else:
+            mems, padding = prime_memory(model, input_ids[:, :-1], mems, state), None
+            last = input_ids[:, -1:]
+        for _ in range(max_new_tokens):
+            before = state.memory_length if state.length else (0 if mems is None else mems[0].size(1))
+            out = model(last, mems=mems, caches=state, mem_padding=padding)
+            mems = None  # from the first step on, the state holds the memory
+            if padding is not None:  # positions that left the memory on the left are padding first
+                padding = (padding - (before + 1 - state.memory_length)).clamp(min=0)
+            token = choose(out.logits[:, -1])
+            last = token[:, None]
+            yield GenerationStep(token, out.logits[:, -1])
+
+
+def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None, mems: Mems | None = None,
+             generator: Generators = None, *, span: AttentionSpan | None = None,
+             tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
+             same_length: bool | None = None, **rules) -> torch.Tensor:
+    """Sample continuations of ``input_ids`` (int64 [B, T]); returns int64 [B, T + max_new_tokens]
+    (for a list of prompts of different lengths, a list of int64 [T_b + max_new_tokens]).
+
+    Memory-cached sampling as in :func:`generate_stream` (same span arguments and decoding ``rules``:
+    ``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``, ``end_ids``); ``generator``
+    makes it reproducible.
+
+    Raises:
+        TxlError: as :func:`generate_stream`.
+    """
+    tokens = list(generate_stream(model, input_ids, max_new_tokens, temperature, top_k, top_p, mems, generator,
+                                  span=span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
+                                  same_length=same_length, **rules))
+    if isinstance(input_ids, (list, tuple)):  # prompts of different lengths: one tensor each
+        new = torch.stack(tokens, dim=1) if tokens else None
+        return [p if new is None else torch.cat([p, new[b]]) for b, p in enumerate(input_ids)]
+    if not tokens:
+        return input_ids
+    return torch.cat([input_ids, torch.stack(tokens, dim=1)], dim=1)
+
+
+def stream_text(tokenizer, tokens: Iterable[int], prompt_ids: Iterable[int] = ()) -> Iterator[str]:
+    """The text of ``prompt_ids`` followed by ``tokens``, piece by piece as the tokens arrive.
+
+    Yields first the text of the prompt (possibly holding back an incomplete UTF-8 sequence at its
+    end), then after each token the text it completes ("" when it completes none), then what is
+    still held back at the end. For every sequence of ids the pieces concatenated equal
+    ``tokenizer.decode([*prompt_ids, *tokens])`` (byte and byte-level BPE tokens go through an
+    incremental UTF-8 decoder, see :meth:`txl.data.Tokenizer.text_stream`), so a stream printed
+    as it is drawn reads exactly as the decoded sample. ``tokens`` is consumed lazily.
+
+    Raises:
+        TxlError: an id outside the tokenizer's vocabulary.
+    """
+    stream = tokenizer.text_stream()
+    yield "".join(stream.push(int(i)) for i in prompt_ids)
+    for token in tokens:
+        yield stream.push(int(token))
+    yield stream.finish()

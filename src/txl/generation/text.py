@@ -1,0 +1,172 @@
+"""Text out: stop strings, decoding prompts to texts in batches or with beams, and the completions of a
+model fine-tuned on prompt/completion pairs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from txl.errors import TxlError
+from txl.generation.beam import beam_search
+from txl.generation.sampling import Generators
+from txl.generation.stream import generate_stream
+from txl.model.span import AttentionSpan
+
+
+class StopText:
+    """Cuts streamed text at the first of some stop strings.
+
+    :meth:`push` takes the text pieces of a stream (e.g. from :func:`stream_text`) and returns the
+    text that can be shown: a tail that could still become a stop string is held back until it
+    cannot. Once a stop string has appeared, :attr:`stopped` is True and the text before it is all
+    that was ever returned (the stop string is not shown). Concatenated, the returned pieces and
+    :meth:`finish` equal the whole text cut before the stop string that is complete first (of those
+    complete at the same character, the longest), the whole text when none appears; how the text
+    is cut into pieces does not matter.
+
+    Args:
+        stops: the stop strings (empty ones are not allowed).
+        armed: stop strings count only once this is True (e.g. after ``min_new_tokens``); text seen
+            before is shown as it is.
+
+    Raises:
+        TxlError: an empty stop string.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        if any(not s for s in stops):
+            raise TxlError("a stop sequence must not be empty")
+        self.stops = tuple(stops)
+        self.stopped = False
+        self.armed = True
+        self._held = ""
+        self._hold = max((len(s) for s in self.stops), default=1) - 1
+
+    def push(self, piece: str) -> str:
+        """The text of ``piece`` (with what was held back) that can be shown now."""
+        if self.stopped:
+            return ""
+        text = self._held + piece
+        if self.armed and self.stops:
+            found = [(i + len(s), i) for s in self.stops if (i := text.find(s)) >= 0]
+            if found:  # the stop that is complete first (then the longest of those) ends the text
+                self.stopped, self._held = True, ""
+                return text[:min(found)[1]]
+        keep = self._hold if self.armed else 0
+        self._held = text[len(text) - keep:] if keep and len(text) > keep else (text if keep else "")
+        return text[:len(text) - len(self._held)]
+
+    def finish(self) -> str:
+        """What is still held back (the stream ended without a stop string there)."""
+        held, self._held = self._held, ""
+        return "" if self.stopped else held
+
+
+def continue_texts(model, tokenizer, prompts: Sequence[torch.Tensor], *, max_new_tokens: int = 128,
+                   temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+                   generator: Generators = None, stop: Sequence[str] = (), end_ids: Sequence[int] = (),
+                   min_new_tokens: int = 0, repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
+                   num_beams: int = 1, length_penalty: float = 1.0, batch_size: int = 8,
+                   span: AttentionSpan | None = None, mem_len: int | None = None) -> list[str]:
+    """The text each prompt (int64 [T_b] ids, lengths may differ) continues with, decoded until one of
+    ``end_ids`` (not returned), a ``stop`` string (cut before it; stops count from ``min_new_tokens``
+    tokens on) or ``max_new_tokens`` tokens.
+
+    ``num_beams`` 1: up to ``batch_size`` prompts are decoded together (:func:`generate_stream` with
+    prompts of different lengths), each exactly as alone; give ``generator`` as one generator per
+    prompt for sampling that does not depend on the batching. ``num_beams`` > 1: :func:`beam_search`
+    for each prompt (``temperature``, ``top_k``, ``top_p`` and ``generator`` are not used).
+
+    Raises:
+        TxlError: bad settings, a generator list whose length is not the number of prompts.
+    """
+    StopText(stop)
+    if batch_size < 1:
+        raise TxlError(f"batch_size must be >= 1, got {batch_size}")
+    if generator is not None and not isinstance(generator, torch.Generator) and len(generator) != len(prompts):
+        raise TxlError(f"give one generator per prompt: {len(prompts)} prompts, {len(generator)} generators")
+    end = set(int(i) for i in end_ids)
+    rules = dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                 min_new_tokens=min_new_tokens)
+    texts: list[str] = []
+    if num_beams > 1:
+        for p in prompts:
+            result = beam_search(model, p[None], num_beams, max_new_tokens, length_penalty=length_penalty,
+                                 end_ids=tuple(end), span=span, mem_len=mem_len, **rules)
+            texts += _cut_texts(tokenizer, [iter(result.tokens.tolist())], end, stop, min_new_tokens)
+        return texts
+    for start in range(0, len(prompts), batch_size):
+        chunk = list(prompts[start:start + batch_size])
+        gen = generator if generator is None or isinstance(generator, torch.Generator) else \
+            list(generator[start:start + batch_size])
+        steps = generate_stream(model, chunk, max_new_tokens, temperature, top_k, top_p, generator=gen, span=span,
+                                mem_len=mem_len, end_ids=tuple(end), **rules)
+        texts += _cut_texts(tokenizer, _Columns(steps, len(chunk)).rows(), end, stop, min_new_tokens)
+    return texts
+
+
+class _Columns:
+    """The rows of a batched token stream (int64 [B] per step), each read one token at a time; a step
+    is computed only when a row that is still being read needs its next token."""
+
+    def __init__(self, steps: Iterator[torch.Tensor], n: int) -> None:
+        self.steps, self.buffer = steps, [[] for _ in range(n)]
+
+    def rows(self) -> list[Iterator[int]]:
+        return [self._row(b) for b in range(len(self.buffer))]
+
+    def _row(self, b: int) -> Iterator[int]:
+        while True:
+            if not self.buffer[b]:
+                step = next(self.steps, None)
+                if step is None:
+                    return
+                for row, t in zip(self.buffer, step.tolist()):
+                    row.append(t)
+            yield self.buffer[b].pop(0)
+
+
+def _cut_texts(tokenizer, rows: list[Iterator[int]], end: set, stop: Sequence[str], min_new_tokens: int) -> list[str]:
+    """Decode each row's tokens until an end id or a stop string (see :func:`continue_texts`)."""
+    cuts = [StopText(stop) for _ in rows]
+    streams = [tokenizer.text_stream() for _ in rows]
+    pieces: list[list[str]] = [[] for _ in rows]
+    active = list(range(len(rows)))
+    n = 0
+    while active:
+        n += 1
+        for b in list(active):
+            t = next(rows[b], None)
+            if t is None or t in end:
+                active.remove(b)
+                continue
+            cuts[b].armed = n >= min_new_tokens
+            pieces[b].append(cuts[b].push(streams[b].push(t)))
+            if cuts[b].stopped:
+                active.remove(b)
+    return ["".join(p) + ("" if c.stopped else c.push(s.finish()) + c.finish())
+            for p, c, s in zip(pieces, cuts, streams)]
+
+
+def complete(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 128, max_prompt_tokens: int = 0,
+             **settings) -> list[str]:
+    """The completions of ``prompts`` by a model fine-tuned on prompt/completion pairs (``txl finetune``).
+
+    Each prompt is fed as ``prompt + SEP`` (:mod:`txl.data.pairs`; only its last ``max_prompt_tokens``
+    tokens when > 0), read segment by segment with the memory however long it is, and decoded until
+    the end-of-completion marker, a ``stop`` string or ``max_new_tokens`` tokens, by
+    :func:`continue_texts` (whose keyword ``settings`` apply: greedy by default, ``num_beams``,
+    ``batch_size``, ``generator`` one per prompt, the decoding rules ...). Returns the texts without
+    the marker or the stop string.
+
+    Raises:
+        TxlError: a tokenizer without the markers (a model that was not fine-tuned), a prompt holding
+            a marker, bad decoding settings.
+    """
+    from txl.data.pairs import encode_prompt, find_markers
+
+    markers = find_markers(tokenizer)
+    device = next(model.parameters()).device
+    ids = [torch.as_tensor(encode_prompt(tokenizer, markers, p, max_prompt_tokens), device=device) for p in prompts]
+    return continue_texts(model, tokenizer, ids, max_new_tokens=max_new_tokens, end_ids=(markers.end_id,), **settings)

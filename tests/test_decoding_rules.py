@@ -1,0 +1,115 @@
+"""Decoding rules at the sampling level: stop sequences, minimum length, repetition penalty, no repeated n-grams."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conftest import one_error_line, run_cli, tiny_model
+from txl.data import ByteTokenizer
+from txl.data.pairs import find_markers
+from txl.errors import TxlError
+from txl.generation import StopText, adjust_logits, banned_ngram_tokens, complete, generate, sample_next
+from txl.training.checkpoint import save_checkpoint
+from txl.training.config import RunConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_repetition_penalty_known_values():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0], [2.0, -1.0, 0.5, 3.0]])
+    out = adjust_logits(logits, [[0, 1, 1], []], repetition_penalty=2.0)
+    assert out.dtype == torch.float64
+    assert out.tolist() == [[1.0, -2.0, 0.5, 3.0], [2.0, -1.0, 0.5, 3.0]]
+    assert adjust_logits(logits, [[0], [1]]) is logits  # no rule: untouched (greedy stays bit-exact)
+
+
+@given(st.lists(st.integers(0, 3), max_size=12), st.integers(1, 4))
+def test_banned_ngram_tokens_is_the_brute_force_set(seq, n):
+    grams = {tuple(seq[i:i + n]) for i in range(len(seq) - n + 1)}
+    tail = seq[len(seq) - n + 1:] if n > 1 else []
+    want = {t for t in range(4) if len(seq) >= n - 1 and tuple(tail + [t]) in grams}
+    assert banned_ngram_tokens(seq, n) == want
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_generated_text_never_repeats_an_ngram(n):
+    model = tiny_model(vocab_size=37, mem_len=16)
+    prompt = torch.randint(0, 37, (3, 5), generator=torch.Generator().manual_seed(n))
+    plain = generate(model, prompt, 30, temperature=0)[:, 5:]
+    assert any(len({tuple(r[i:i + n]) for i in range(len(r) - n + 1)}) < len(r) - n + 1 for r in plain.tolist())
+    out = generate(model, prompt, 30, temperature=0, no_repeat_ngram_size=n)[:, 5:]
+    for row in out.tolist():
+        grams = [tuple(row[i:i + n]) for i in range(len(row) - n + 1)]
+        assert len(set(grams)) == len(grams)
+
+
+def test_min_new_tokens_holds_back_the_end_token():
+    model = tiny_model(vocab_size=37, mem_len=16)
+    with torch.no_grad():
+        model.crit.out_layers[0].bias[5] = 100.0  # token 5 is by far the most likely everywhere
+    prompt = torch.randint(0, 37, (2, 4))
+    assert (generate(model, prompt, 6, temperature=0)[:, 4:] == 5).all()
+    out = generate(model, prompt, 6, temperature=0, min_new_tokens=4, end_ids=[5])[:, 4:]
+    assert (out[:, :4] != 5).all() and (out[:, 4:] == 5).all()
+
+
+def test_per_row_generators_draw_as_each_row_alone():
+    logits = torch.randn(3, 11, generator=torch.Generator().manual_seed(0))
+    rows = sample_next(logits, 1.0, generator=[torch.Generator().manual_seed(s) for s in (1, 2, 3)])
+    alone = [sample_next(logits[b:b + 1], 1.0, generator=torch.Generator().manual_seed(s)) for b, s in enumerate((1, 2, 3))]
+    assert rows.tolist() == torch.cat(alone).tolist()
+    with pytest.raises(TxlError, match="one generator per row"):
+        sample_next(logits, 1.0, generator=[torch.Generator()])
+    banned = logits.clone()
+    banned[0, :] = float("-inf")
+    with pytest.raises(TxlError, match="non-finite"):
+        sample_next(banned, 1.0)
+
+
+@given(st.text("ab\n", max_size=30), st.lists(st.text("ab\n", min_size=1, max_size=3), max_size=3), st.randoms())
+def test_stop_text_cuts_before_the_first_stop_however_the_text_arrives(text, stops, rnd):
+    cut = StopText(stops)
+    pieces, i = [], 0
+    while i < len(text):
+        j = i + rnd.randint(0, 4)
+        pieces.append(text[i:j])
+        i = j
+    shown = "".join(cut.push(p) for p in pieces) + cut.finish()
+    hits = [(k + len(s), k) for s in stops if (k := text.find(s)) >= 0]  # the stop complete first
+    assert shown == (text[:min(hits)[1]] if hits else text)
+    assert cut.stopped == bool(hits)
+
+
+@pytest.fixture
+def byte_checkpoint(tmp_path):
+    model = tiny_model(vocab_size=256, mem_len=16, tgt_len=4, dtype=torch.float32)
+    save_checkpoint(tmp_path / "ckpt", model, ByteTokenizer(), RunConfig(model=model.config), {"step": 1})
+    return tmp_path / "ckpt", model
+
+
+def test_cli_stop_prints_the_sample_up_to_the_stop(byte_checkpoint, capsys):
+    ckpt, _ = byte_checkpoint
+    code, full, err = run_cli(capsys, "generate", ckpt, "--prompt", "ab", "-n", "60", "--seed", "3", "-t", "1")
+    assert code == 0
+    sample = full[2:-1]  # prompt "ab", then the sample, then a newline
+    stop = next(sample[i:i + 2] for i in range(5, len(sample) - 2) if "\ufffd" not in sample[i:i + 2])
+    code, out, err = run_cli(capsys, "generate", ckpt, "--prompt", "ab", "-n", "60", "--seed", "3", "-t", "1",
+                             "--stop", stop, "--stop", "\x00never")
+    assert code == 0 and out == "ab" + sample[:sample.index(stop)] + "\n"
+    code, out, err = run_cli(capsys, "generate", ckpt, "--prompt", "ab", "--repetition-penalty", "0")
+    assert code == 2 and "repetition_penalty" in one_error_line(err)
+
+
+def test_complete_stops_at_the_end_marker(byte_checkpoint):
+    _, model = byte_checkpoint
+    tok = ByteTokenizer()
+    end = find_markers(tok).end_id
+    with torch.no_grad():
+        model.crit.out_layers[0].bias[end] = 50.0
+    assert complete(model, tok, ["some prompt", "x"], max_new_tokens=10) == ["", ""]
+    with torch.no_grad():
+        model.crit.out_layers[0].bias[ord("x")] = 40.0
+    assert complete(model, tok, ["some prompt"], max_new_tokens=10, min_new_tokens=3) == ["xxx"]
+    with pytest.raises(TxlError, match="reserved marker"):
+        complete(model, tok, ["a\x1db"])

@@ -1,0 +1,30 @@
+"""The documented measurement of docs/finetuning.md, end to end at toy size (slow: about 2 minutes)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_docstring_summaries_script_end_to_end(tmp_path):
+    pytest.importorskip("rouge_score")
+    tiny = "model.n_layer=2 model.d_model=32 model.n_head=2 model.d_head=16 model.d_inner=64"
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "docstring_summaries.py"), "--work", str(tmp_path / "w"),
+         "--lm-args", f"-q train.max_steps=20 train.eval_interval=20 train.sample_tokens=0 eval.max_tokens=2000 {tiny}",
+         "--ft-args", "-q train.max_steps=4 train.batch_size=2 train.eval_interval=4 finetune.max_prompt_tokens=256",
+         "--max-new-tokens", "8"],
+        capture_output=True, text=True, env={"PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1",
+                                             "PATH": "/usr/bin:/bin"}, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rouge = json.loads((tmp_path / "w" / "rouge.json").read_text())
+    split = json.loads((tmp_path / "w" / "data" / "split.json").read_text())
+    assert set(rouge) == {"a", "b", "c"} and all(r["n"] == split["pairs"]["test"] for r in rouge.values())
+    pretrain = {p.name for p in (tmp_path / "w" / "data" / "pretrain").iterdir()}
+    assert not pretrain & set(split["modules"]["test"] + split["modules"]["valid"])  # the answers were not seen
+    assert "| (c) fine-tuned, whole document with memory |" in out.stdout
