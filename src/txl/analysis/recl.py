@@ -267,7 +267,7 @@ def context_losses(model, tokens: np.ndarray, contexts: list[int], positions: np
     offsets = torch.arange(-max(contexts), 0)
     with eval_mode(model):
         for k, c in enumerate(contexts):
-            window = model.config.span.replace(tgt_len=c, mem_len=0)  # one segment per window, no memory
+            window = model.config.span.replace(tgt_len=c, mem_len=0, cmem_len=0)  # one segment per window, no memory
             for s in range(0, positions.size, batch_size):
                 pos = torch.as_tensor(positions[s:s + batch_size])
                 windows = data[pos[:, None] + offsets[-c:][None, :]].to(device)  # [b, c]

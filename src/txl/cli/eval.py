@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         span = span_args(args, e)
         res = evaluate(ckpt.model, tokens, unit=unit, batch_size=batch_size,
                        tgt_len=span["tgt_len"], mem_len=span["mem_len"],
-                       clamp_len=span["clamp_len"], same_length=span["same_length"],
+                       clamp_len=span["clamp_len"], same_length=span["same_length"], cmem_len=span["cmem_len"],
                        warmup=args.warmup or e.warmup, max_tokens=max_tokens, dtype=args.dtype)
     if args.json != "-":
         print(f"{where}: {res}")

@@ -121,8 +121,12 @@ def config_to_hf(config: TransformerXLConfig) -> dict[str, Any]:
     """An HF ``config.json`` dict (``TransfoXLConfig``, transformers 4.35) for a txl config.
 
     Raises:
-        TxlError: ``attn_type="abs"`` or a ``tie_projs`` pattern HF cannot express.
+        TxlError: ``attn_type="abs"``, a compressed memory (``cmem_len > 0``: HF's TransfoXL has no
+            compression network) or a ``tie_projs`` pattern HF cannot express.
     """
+    if config.cmem_len > 0:
+        raise TxlError(f"this model has a compressed memory (cmem_len={config.cmem_len}, Compressive Transformer); "
+                       "HF's TransfoXL has no such model, so it cannot be written as an HF checkpoint")
     if config.attn_type != "rel":
         raise TxlError("only attn_type='rel' models can be written as HF TransfoXL checkpoints")
     ties = config.tied_projections

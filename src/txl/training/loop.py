@@ -264,6 +264,7 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
         metrics_file, writer = open_metrics(out_dir / "metrics.csv", start_step)
     total_tokens = torch.tensor(state["tokens"], dtype=torch.int64, device=device)  # on the device: no sync per step
     window_loss, window_tokens, window_start = 0.0, state["tokens"], time.perf_counter()
+    window_recon, window_steps = 0.0, 0  # attention-reconstruction loss (compressed memory) in the window
     if "window" in state:  # resumed inside a logging window: its first row averages the whole window again
         saved_loss, window_tokens, window_elapsed = state["window"]
         window_loss, window_start = saved_loss, window_start - window_elapsed
@@ -317,7 +318,7 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
     try:
         for step in range(start_step + 1, t.max_steps + 1):
             tgt_len, mem_len = segment_span(step, t.tgt_len_schedule, run.model.tgt_len, run.model.mem_len)
-            span = model.config.span.replace(tgt_len=tgt_len, mem_len=mem_len)
+            span = model.config.span.replace(tgt_len=tgt_len, mem_len=mem_len)  # cmem_len: the model's
             if corpus.train_shards:
                 x, y = next(stream)  # streams of shuffled sentences; the memory runs on
             else:
@@ -338,6 +339,8 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
                 mems = out.mems
                 total_tokens += n_tok
                 window_loss = window_loss + out.loss_sum
+                if out.recon_loss is not None:
+                    window_recon, window_steps = window_recon + out.recon_loss, window_steps + 1
             else:  # skipped: no update; the data moved on, so the memory starts afresh
                 mems = None
                 bad_in_a_row += 1
@@ -359,6 +362,9 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
                 row = {"step": step, "tokens": state["tokens"], "elapsed_s": round(now - start, 3), "lr": lr,
                        "tgt_len": tgt_len, "mem_len": mem_len, "train_loss": train_loss,
                        "train_metric": metric_value(train_loss, unit), "tokens_per_s": round(speed, 1)}
+                if window_steps:
+                    row["recon_loss"] = float(window_recon) / window_steps
+                    window_recon, window_steps = 0.0, 0
                 bar.set_postfix_str(f"loss {train_loss:.3f} {unit} {metric_value(train_loss, unit):.3f} "
                                     f"lr {lr:.2e} {speed:,.0f} tok/s")
                 window_loss, window_tokens, window_start = 0.0, state["tokens"], now
@@ -426,7 +432,7 @@ def evaluate_run(model: TransformerXLLM, corpus: CorpusSplits, run: RunConfig,
         raise TxlError(f"the {e.split} split is empty; choose eval.split=valid or give a test split")
     return evaluate(model, tokens, unit=metric_unit(corpus.tokenizer.kind), batch_size=e.batch_size,
                     tgt_len=e.tgt_len, mem_len=e.mem_len, clamp_len=e.clamp_len, same_length=e.same_length,
-                    warmup=e.warmup, max_tokens=e.max_tokens, dtype=run.train.dtype, dist=dist)
+                    cmem_len=e.cmem_len, warmup=e.warmup, max_tokens=e.max_tokens, dtype=run.train.dtype, dist=dist)
 
 
 def sample_text(model: TransformerXLLM, corpus: CorpusSplits, prompt: str, n_tokens: int, seed: int,

@@ -1,0 +1,240 @@
+"""Compressive memory (Rae et al. 2019) invariants, in float64 with large random weights.
+
+* ``cmem_len = 0`` is today's Transformer-XL: same parameters, bit-equal logits and memory;
+* segments read with memory and compressed memory give the logits of :func:`reference_logits`,
+  which owns no memory structure: it keeps every layer input it has computed and rebuilds, for each
+  segment, the keys the model should see from the positions alone (memory = the last ``mem_len``
+  positions, compressed slot k = f_c of positions ``k*c .. k*c + c - 1``, the newest ``cmem_len``
+  slots, pending = the evicted positions of the unfinished group), with f_c written out by hand;
+* with c = 1 and mean pooling the compressed memory is a longer plain memory;
+* causality; the decoding state (generation, evaluation) gives the same logits as plain calls;
+* the reconstruction loss trains the compression network alone, and the LM loss never reaches it.
+"""
+
+import pytest
+import torch
+
+from conftest import run_segments, tiny_model
+from test_memory_invariants import randomize
+from txl.errors import TxlError
+from txl.evaluation.segments import decoding_state, segments
+from txl.generation import generate
+from txl.model import AttentionSpan, DecodingState
+from txl.model.attention import attention_mask, relative_positions, sinusoid
+from txl.model.compressive import split_mems
+
+TOL = 1e-10
+CAUGHT = 1e-4
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def build(seed=0, **overrides):
+    return randomize(tiny_model(seed=seed, dtype=torch.float64, **overrides), seed)
+
+
+def compress_by_hand(layer, states):
+    """f_c of ``states`` [B, n*c, d] written out: conv1d as a sum over the c taps, or pooling."""
+    comp = layer.compress
+    b, length, d = states.shape
+    groups = states.view(b, length // comp.ratio, comp.ratio, d)  # [B, n, c, d]
+    if comp.kind == "conv1d":
+        return torch.einsum("bnki,oik->bno", groups, comp.weight) + comp.bias
+    return groups.amax(2) if comp.kind == "max_pool" else groups.mean(2)
+
+
+def reference_logits(model, ids, lengths, span, misalign=0):
+    """Logits of ``ids`` read in segments of ``lengths`` with ``span``, rebuilding each segment's keys
+    from the history of layer inputs. ``misalign`` shifts the compression groups (a wrong memory,
+    to show that the comparison catches it)."""
+    c = model.config.cmem_ratio
+    history = [[] for _ in model.layers]  # per layer, the [B, d] input of every position read so far
+    logits, start = [], 0
+    for n in lengths:
+        keep = min(span.mem_len, start)
+        evicted = start - keep  # positions 0 .. evicted-1 have left the memory, in order
+        first = min(misalign, evicted)
+        groups = (evicted - first) // c
+        h = model.word_emb(ids[:, start:start + n])
+        for i, layer in enumerate(model.layers):
+            past = torch.stack(history[i], 1) if start else h[:, :0]
+            history[i].extend(h.unbind(1))
+            slots = compress_by_hand(layer, past[:, first:first + groups * c]) if groups else past[:, :0]
+            slots = slots[:, max(0, slots.size(1) - span.cmem_len):]
+            keys = torch.cat([slots, past[:, first + groups * c:evicted], past[:, evicted:start]], 1)
+            extra = keys.size(1) - keep
+            klen = keys.size(1) + n
+            pos = sinusoid(relative_positions(klen, span.clamp_len, "cpu"), model.config.d_model).double()
+            mask = torch.cat([torch.zeros(n, extra, dtype=torch.bool),
+                              attention_mask(n, keep, span.same_length, span.mem_len, "cpu")], 1)
+            h = layer(h, keys if keys.size(1) else None, pos if model.config.attn_type == "rel" else None, mask)
+        logits.append(model.crit.logits(h.reshape(-1, h.size(-1))).view(h.size(0), n, -1))
+        start += n
+    return torch.cat(logits, 1)
+
+
+def read(model, ids, lengths, span):
+    mems, out, start = None, [], 0
+    for n in lengths:
+        o = model(ids[:, start:start + n], mems=mems, span=span)
+        mems, start = o.mems, start + n
+        out.append(o.logits)
+    return torch.cat(out, 1), mems
+
+
+def test_cmem_off_is_transformer_xl_bit_for_bit():
+    plain = build(mem_len=5)
+    assert plain.config.cmem_len == 0 and not any("compress" in k for k in plain.state_dict())
+    comp = tiny_model(dtype=torch.float64, mem_len=5, cmem_len=4, cmem_ratio=2)
+    missing, unexpected = comp.load_state_dict(plain.state_dict(), strict=False)
+    assert not unexpected and missing and all(".compress." in k for k in missing)
+    ids = torch.randint(0, 37, (2, 23), generator=torch.Generator().manual_seed(1))
+    lengths = [4, 7, 3, 9]
+    want, want_mems = run_segments(plain, ids, lengths)
+    got, got_mems = read(comp, ids, lengths, comp.config.span.replace(cmem_len=0))
+    assert torch.equal(want, got)
+    assert len(got_mems) == plain.config.n_layer and all(torch.equal(a, b) for a, b in zip(want_mems, got_mems))
+
+
+@pytest.mark.parametrize("compression", ["conv1d", "max_pool", "mean_pool"])
+@pytest.mark.parametrize("overrides", [
+    dict(mem_len=4, cmem_len=3, cmem_ratio=3),
+    dict(mem_len=0, cmem_len=5, cmem_ratio=2),
+    dict(mem_len=6, cmem_len=2, cmem_ratio=4, same_length=True, clamp_len=7),
+    dict(mem_len=3, cmem_len=4, cmem_ratio=2, attn_type="shaw", shaw_max_dist=9),
+])
+def test_segments_match_brute_force_recomputation(compression, overrides):
+    model = build(compression=compression, **overrides)
+    span = model.config.span
+    ids = torch.randint(0, 37, (2, 40), generator=torch.Generator().manual_seed(2))
+    lengths = [5, 3, 7, 1, 4, 6, 2, 8, 4]  # not multiples of c: pending states are exercised
+    got, mems = read(model, ids, lengths, span)
+    want = reference_logits(model, ids, lengths, span)
+    assert (got - want).abs().max() < TOL
+    memory, compressed, pending = split_mems(mems, model.config.n_layer)
+    seen = sum(lengths)
+    evicted = seen - min(span.mem_len, seen)
+    assert memory[0].size(1) == min(span.mem_len, seen)
+    assert compressed[0].size(1) == min(span.cmem_len, evicted // model.config.cmem_ratio)
+    assert pending[0].size(1) == evicted % model.config.cmem_ratio
+    if overrides["mem_len"] == 4 and compression == "conv1d":  # the comparison catches a misaligned grouping
+        assert (got - reference_logits(model, ids, lengths, span, misalign=1)).abs().max() > CAUGHT
+
+
+def test_longer_compressed_memory_at_evaluation_matches_reference():
+    model = build(mem_len=3, cmem_len=2, cmem_ratio=2)
+    span = model.config.span.replace(mem_len=5, cmem_len=6)  # longer than in training
+    ids = torch.randint(0, 37, (1, 30), generator=torch.Generator().manual_seed(3))
+    lengths = [4] * 7 + [2]
+    got, _ = read(model, ids, lengths, span)
+    assert (got - reference_logits(model, ids, lengths, span)).abs().max() < TOL
+
+
+def test_ratio_one_mean_pool_is_a_longer_plain_memory():
+    comp = build(mem_len=3, cmem_len=4, cmem_ratio=1, compression="mean_pool")
+    plain = tiny_model(dtype=torch.float64, mem_len=7)
+    plain.load_state_dict(comp.state_dict())
+    ids = torch.randint(0, 37, (2, 26), generator=torch.Generator().manual_seed(4))
+    lengths = [5, 2, 6, 4, 5, 4]
+    got, _ = read(comp, ids, lengths, comp.config.span)
+    want, _ = run_segments(plain, ids, lengths)
+    assert (got - want).abs().max() < TOL
+
+
+def test_causality_across_compressed_memory():
+    model = build(mem_len=3, cmem_len=3, cmem_ratio=2)
+    ids = torch.randint(0, 37, (1, 30), generator=torch.Generator().manual_seed(5))
+    lengths = [4, 5, 3, 6, 4, 5, 3]
+    base, _ = read(model, ids, lengths, model.config.span)
+    for t in (2, 11, 20):
+        changed = ids.clone()
+        changed[0, t] = (changed[0, t] + 1) % 37
+        other, _ = read(model, changed, lengths, model.config.span)
+        assert torch.equal(base[:, :t], other[:, :t])
+        assert (base[:, t:] - other[:, t:]).abs().max() > CAUGHT
+
+
+def test_decoding_state_equals_plain_calls():
+    model = build(mem_len=4, cmem_len=3, cmem_ratio=3)
+    span = model.config.span
+    ids = torch.randint(0, 37, (2, 21), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        plain = [s.output.logits for s in segments(model, ids, span=span.replace(tgt_len=5))]
+        state = decoding_state(model, span.replace(tgt_len=5))
+        cached = [s.output.logits for s in segments(model, ids, span=span.replace(tgt_len=5), caches=state)]
+        assert all(torch.equal(a, b) for a, b in zip(plain, cached))
+        # one token at a time (generation's steps) after a primed state, against plain calls
+        state = DecodingState(model.config.n_layer, span)
+        model(ids[:, :7], caches=state)
+        mems = model(ids[:, :7]).mems
+        for t in range(7, 21):
+            a = model(ids[:, t:t + 1], caches=state).logits
+            out = model(ids[:, t:t + 1], mems=mems)
+            mems = out.mems
+            assert torch.equal(a, out.logits)
+        assert all(torch.equal(a, b) for a, b in zip(state.mems(), mems))
+
+
+def test_cached_generation_equals_uncached():
+    """generate() (a DecodingState) against the same protocol with plain calls: the prompt but its last
+    token in segments of tgt_len, then one token per call, the memory carried by hand."""
+    model = build(mem_len=3, cmem_len=2, cmem_ratio=2)
+    prompt = torch.randint(0, 37, (2, 9), generator=torch.Generator().manual_seed(7))
+    got = generate(model, prompt, 12, temperature=0.0)
+    seq, mems = prompt, None
+    with torch.no_grad():
+        for s in segments(model, prompt[:, :-1], span=model.config.span):
+            mems = s.output.mems
+        for _ in range(12):
+            out = model(seq[:, -1:], mems=mems)
+            mems = out.mems
+            seq = torch.cat([seq, out.logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(got, seq)
+
+
+def test_reconstruction_loss_trains_only_the_compression_network():
+    model = build(mem_len=2, cmem_len=3, cmem_ratio=2)
+    model.train()
+    ids = torch.randint(0, 37, (2, 12), generator=torch.Generator().manual_seed(8))
+    mems = model(ids[:, :4]).mems
+    out = model(ids[:, 4:8], mems=mems, labels=ids[:, 5:9])
+    assert out.recon_loss is not None and float(out.recon_loss) > 0
+    out.recon_loss.backward(retain_graph=True)
+    for name, p in model.named_parameters():
+        if ".compress." in name:
+            assert p.grad is not None and p.grad.abs().max() > 0, name
+        else:
+            assert p.grad is None or not p.grad.any(), name
+    model.zero_grad(set_to_none=True)
+    out.loss.backward()
+    for name, p in model.named_parameters():
+        if ".compress." in name:
+            assert p.grad is None or not p.grad.any(), name
+    with torch.no_grad():
+        assert model(ids[:, 4:8], mems=mems).recon_loss is None  # evaluation computes none
+
+
+def test_reconstruction_loss_is_zero_for_an_exact_compression():
+    model = build(mem_len=2, cmem_len=4, cmem_ratio=1, compression="mean_pool")
+    ids = torch.randint(0, 37, (1, 10), generator=torch.Generator().manual_seed(9))
+    mems = model(ids[:, :5]).mems
+    assert float(model(ids[:, 5:], mems=mems).recon_loss) == 0.0
+
+
+def test_bad_compressive_input_is_refused():
+    plain = build(mem_len=3)
+    with pytest.raises(TxlError, match="needs a model with a compressed memory"):
+        plain(torch.zeros(1, 3, dtype=torch.long), span=plain.config.span.replace(cmem_len=2))
+    model = build(mem_len=3, cmem_len=2, cmem_ratio=2)
+    mems = model(torch.zeros(1, 5, dtype=torch.long)).mems
+    with pytest.raises(TxlError, match="3 × 3 tensors"):
+        model(torch.zeros(1, 3, dtype=torch.long), mems=mems[:4])
+    with pytest.raises(TxlError, match="pending"):
+        model(torch.zeros(1, 3, dtype=torch.long), mems=mems[:6] + [m.new_zeros(1, 2, m.size(2)) for m in mems[6:]])
+    with pytest.raises(TxlError, match="cmem_len"):
+        AttentionSpan(4, 4, cmem_len=-1)
+    with pytest.raises(TxlError, match="attn_type"):
+        tiny_model(attn_type="abs", cmem_len=2)
+    # a plain memory starts a compressive reading (no compressed states yet)
+    plain_mems = model(torch.zeros(1, 5, dtype=torch.long), span=model.config.span.replace(cmem_len=0)).mems
+    assert len(model(torch.zeros(1, 2, dtype=torch.long), mems=plain_mems).mems) == 9
