@@ -198,7 +198,7 @@ def test_reconstruction_loss_trains_only_the_compression_network():
     ids = torch.randint(0, 37, (2, 12), generator=torch.Generator().manual_seed(8))
     mems = model(ids[:, :4]).mems
     out = model(ids[:, 4:8], mems=mems, labels=ids[:, 5:9])
-    assert out.recon_loss is not None and float(out.recon_loss) > 0
+    assert out.recon_loss is not None and float(out.recon_loss.detach()) > 0
     out.recon_loss.backward(retain_graph=True)
     for name, p in model.named_parameters():
         if ".compress." in name:
@@ -238,3 +238,83 @@ def test_bad_compressive_input_is_refused():
     # a plain memory starts a compressive reading (no compressed states yet)
     plain_mems = model(torch.zeros(1, 5, dtype=torch.long), span=model.config.span.replace(cmem_len=0)).mems
     assert len(model(torch.zeros(1, 2, dtype=torch.long), mems=plain_mems).mems) == 9
+
+
+RUN_ARGS = ["model.n_layer=2", "model.d_model=16", "model.n_head=2", "model.d_head=8", "model.d_inner=32",
+            "model.tgt_len=8", "model.mem_len=4", "model.cmem_len=4", "model.cmem_ratio=3", "model.dropout=0.1",
+            "train.batch_size=4", "train.max_steps=24", "train.eval_interval=8", "train.log_interval=1",
+            "train.sample_tokens=8", "train.warmup_steps=2", "train.tgt_len_schedule=[[0, 6], [10, 8]]",
+            "train.varlen=true", "eval.cmem_len=6", "eval.max_tokens=200"]
+
+
+def test_training_resume_and_commands_with_compressed_memory(tmp_path, monkeypatch, capsys):
+    """Progressive segments with variable lengths (pending states), exact resume from last/ (the
+    compressive memory is in the trainer state), the reconstruction loss logged and training the
+    compression network; eval with a longer compressed memory; to-hf refuses."""
+    import csv
+    import json
+
+    import txl.training.loop as loop
+    from conftest import one_error_line, run_cli
+    from txl.cli import main
+    from txl.training.checkpoint import load_checkpoint
+    from txl.training.config import load_run_config
+    from txl.training.loop import train
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"line {i}: the quick brown fox {i * 7 % 13} jumps.\n" for i in range(300)))
+
+    def run(name):
+        return load_run_config(None, [f"data.path={corpus}", "data.tokenizer=char", f"data.cache_dir={tmp_path / 'c'}",
+                                      f"train.out_dir={tmp_path / name}", *RUN_ARGS])
+
+    def rows(name):
+        return {int(r["step"]): r for r in csv.DictReader(open(tmp_path / name / "metrics.csv"))}
+
+    result = train(run("straight"), progress=False, log=lambda m: None)
+    assert result.final.settings["cmem_len"] == 6
+    real_lr = loop.learning_rate
+
+    def crash(step, **kw):
+        if step == 20:
+            raise RuntimeError("simulated crash")
+        return real_lr(step, **kw)
+
+    monkeypatch.setattr(loop, "learning_rate", crash)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(run("crashed"), progress=False, log=lambda m: None)
+    monkeypatch.setattr(loop, "learning_rate", real_lr)
+    assert json.loads((tmp_path / "crashed" / "last" / "trainer.json").read_text())["n_mems"] == 6
+    assert main(["train", "--resume", str(tmp_path / "crashed"), "-q"]) == 0
+    straight, resumed = rows("straight"), rows("crashed")
+    assert all(straight[s]["train_loss"] == resumed[s]["train_loss"] for s in range(17, 25))
+    assert all(straight[s]["recon_loss"] == resumed[s]["recon_loss"] for s in range(17, 25))
+    assert float(straight[24]["recon_loss"]) > 0
+    assert load_checkpoint(tmp_path / "straight" / "best").model.config.cmem_len == 4
+    capsys.readouterr()
+
+    code, out, err = run_cli(capsys, "eval", tmp_path / "straight", "--cmem-len", "9", "--mem-len", "6", "--json")
+    assert code == 0 and '"cmem_len": 9' in out and '"mem_len": 6' in out
+    code, out, err = run_cli(capsys, "convert", "to-hf", tmp_path / "straight", tmp_path / "hf")
+    assert code != 0 and "compressed memory" in one_error_line(err) and not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("weight", [0.0, 1.0])
+def test_train_step_weights_the_reconstruction_loss(weight):
+    """One optimizer step: the compression network moves only through recon_loss_weight × recon_loss
+    (plain SGD, no weight decay); the LM loss sum is the same either way."""
+    from txl.training.step import train_step
+
+    model = build(mem_len=2, cmem_len=3, cmem_ratio=2, recon_loss_weight=weight)
+    model.train()
+    ids = torch.randint(0, 37, (4, 13), generator=torch.Generator().manual_seed(10))
+    mems = model(ids[:, :6]).mems
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = train_step(model, ids[:, 6:12], ids[:, 7:13], mems, n_global=torch.tensor(24), optimizer=optimizer,
+                     scaler=torch.amp.GradScaler("cpu", enabled=False), clip=0.0, dtype="float32", chunks=2)
+    assert out.recon_loss is not None and float(out.recon_loss) > 0 and len(out.mems) == 9
+    moved = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    compress = {k for k in before if ".compress." in k}
+    assert (compress <= moved) if weight else not (compress & moved)
+    assert moved - compress  # the LM loss trains the rest
