@@ -318,3 +318,39 @@ def test_train_step_weights_the_reconstruction_loss(weight):
     compress = {k for k in before if ".compress." in k}
     assert (compress <= moved) if weight else not (compress & moved)
     assert moved - compress  # the LM loss trains the rest
+
+
+def test_ablation_variant_attention_mass_and_classification():
+    """txl ablate's compressive variant keeps the attention span and the parameter count; the
+    attention share of the compressed slots is a probability mass; a classifier reads with it."""
+    import numpy as np
+
+    from txl.analysis.ablation import COMPRESSIVE, VARIANTS, evaluate_variant, plan_variants
+    from txl.analysis.attention_maps import compressed_attention_mass
+    from txl.evaluation.stream import evaluate
+    from txl.training.config import RunConfig
+
+    base = RunConfig.from_dict({"model": {"n_layer": 2, "d_model": 16, "n_head": 2, "d_head": 8, "d_inner": 64,
+                                          "tgt_len": 8, "mem_len": 8}})
+    planned = plan_variants(base, 40, VARIANTS[:1] + (COMPRESSIVE,))
+    (_, xl, n_xl), (_, cm, n_cm) = planned
+    assert (cm.mem_len, cm.cmem_len, cm.cmem_ratio, xl.cmem_len) == (4, 4, 3, 0)
+    assert abs(n_xl - n_cm) <= cm.n_layer * (2 * cm.d_model + 1) // 2
+    model = build(mem_len=4, cmem_len=4, cmem_ratio=2, tgt_len=4)
+    tokens = np.random.default_rng(0).integers(0, 37, size=60)
+    res = evaluate_variant(model, tokens, COMPRESSIVE, 10, "bpc", tgt_len=4, max_tokens=50)
+    same = evaluate(model, tokens, unit="bpc", batch_size=1, tgt_len=4, mem_len=5, cmem_len=5, same_length=True,
+                    max_tokens=50)
+    assert res.loss == same.loss and res.settings["cmem_len"] == 5
+    mass = compressed_attention_mass(model, tokens, max_segments=10)
+    assert mass.shape == (3, 2) and (mass > 0).all() and (mass < 1).all()
+    with pytest.raises(TxlError, match="without a compressed memory"):
+        compressed_attention_mass(model, tokens, cmem_len=0)
+
+    from txl.classification.model import TransformerXLForSequenceClassification
+
+    clf = TransformerXLForSequenceClassification(model.config, 3).double()
+    clf.body.load_state_dict(model.state_dict())
+    logits = clf(torch.randint(0, 37, (2, 19)), lengths=torch.tensor([19, 7])).logits
+    logits.sum().backward()
+    assert logits.shape == (2, 3)
