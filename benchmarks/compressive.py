@@ -39,14 +39,53 @@ print(json.dumps({"value": r.final.value, "unit": r.final.unit, "loss": r.final.
 """
 
 
+def speed(variants: list[str], rounds: int) -> dict:
+    """Training-step seconds per variant (byte model, batch 16 x tgt_len 32, one thread, AdamW, the
+    reconstruction loss included), measured interleaved (A B C A B C ...) so that the machine's other
+    load falls on every variant alike; the median over ``rounds`` timings of 5 steps each."""
+    import statistics
+    import time
+
+    import torch
+
+    from txl.model import TransformerXLLM
+    from txl.training.config import load_run_config
+
+    torch.set_num_threads(1)
+    base = load_run_config("configs/cpu-tiny.toml", ["model.tgt_len=32", "model.vocab_size=256"]).model
+    models = {}
+    for name in variants:
+        torch.manual_seed(0)
+        model = TransformerXLLM(base.__class__(**{**base.to_dict(), **VARIANTS[name]})).train()
+        models[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4))
+    x = torch.randint(0, 256, (16, 32), generator=torch.Generator().manual_seed(0))
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    mems = {name: None for name in variants}
+    for _ in range(rounds + 1):  # the first round warms up
+        for name, (model, opt) in models.items():
+            start = time.perf_counter()
+            for _ in range(5):
+                out = model(x, mems=mems[name], labels=x)
+                loss = out.loss if out.recon_loss is None else out.loss + out.recon_loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                mems[name] = out.mems
+            times[name].append((time.perf_counter() - start) / 5)
+    return {name: {"s_per_step": statistics.median(t[1:]), "tokens_per_s": 16 * 32 / statistics.median(t[1:]),
+                   "all": t[1:]} for name, t in times.items()}
+
+
 def table(results: dict) -> str:
     """Markdown: one row per corpus and variant, mean and spread (half the range) over the seeds."""
     rows = {}
     for key, r in results.items():
+        if key == "speed":
+            continue
         corpus, variant, _ = key.split("/")
         rows.setdefault((corpus, variant), []).append(r)
     lines = ["| corpus | variant | train mem_len / cmem_len (c) | seeds | valid (mean ± half range) | "
-             "train tokens/s | peak RSS MiB |", "|---|---|---|---|---|---|---|"]
+             "train tokens/s in the run | interleaved tokens/s | peak RSS MiB |", "|---|---|---|---|---|---|---|---|"]
     for (corpus, variant), rs in rows.items():
         values = [r["value"] for r in rs]
         v = VARIANTS[variant]
@@ -54,8 +93,9 @@ def table(results: dict) -> str:
         mean, half = sum(values) / len(values), (max(values) - min(values)) / 2
         speed = sum(r["tokens_per_s"] for r in rs) / len(rs)
         rss = max(r["peak_rss_mib"] for r in rs)
+        timed = results.get("speed", {}).get(variant, {}).get("tokens_per_s")
         lines.append(f"| {corpus} | {variant} | {span} | {len(rs)} | {rs[0]['unit']} {mean:.4f} ± {half:.4f} | "
-                     f"{speed:,.0f} | {rss:,.0f} |")
+                     f"{speed:,.0f} | {f'{timed:,.0f}' if timed else '-'} | {rss:,.0f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -67,6 +107,8 @@ def main() -> int:
     p.add_argument("--corpora", nargs="+", default=list(CORPORA))
     p.add_argument("--variants", nargs="+", default=list(VARIANTS))
     p.add_argument("--eval-tokens", type=int, default=16384)
+    p.add_argument("--speed-rounds", type=int, default=3,
+                   help="interleaved timing rounds of a training step per variant (0: none)")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -94,6 +136,9 @@ def main() -> int:
                     return 1
                 results[key] = json.loads(done.stdout.strip().splitlines()[-1])
                 results_path.write_text(json.dumps(results, indent=1))
+    if args.speed_rounds and "speed" not in results:
+        results["speed"] = speed(args.variants, args.speed_rounds)
+        results_path.write_text(json.dumps(results, indent=1))
     from txl.analysis.plots import plot_compressive
 
     (out / "compressive.md").write_text(table(results))

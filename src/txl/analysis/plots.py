@@ -326,6 +326,7 @@ def plot_compressive(results: dict, path) -> dict:
         TxlError: matplotlib is not installed, or the path cannot be written.
     """
     plt = pyplot()
+    results = {k: v for k, v in results.items() if k.count("/") == 2}  # runs only
     corpora = sorted({key.split("/")[0] for key in results})
     fig, axes = plt.subplots(1, len(corpora), figsize=(5.0 * len(corpora), 3.6), squeeze=False)
     points: dict[str, list] = {}
