@@ -347,3 +347,43 @@ def plot_serve_latency(session: tuple[list[int], list[float]], session_medians: 
         ax.set_title(title, fontsize=9)
     save_figure(fig, path)
     return series
+
+
+def plot_compressive(results: dict, path) -> dict:
+    """Validation metric against training tokens/s for the compressive-memory comparison
+    (``benchmarks/compressive.py``): one panel per corpus, one point per run, a marker per variant.
+
+    Args:
+        results: ``{"corpus/variant/seed": {"value", "unit", "tokens_per_s", ...}}``, and optionally
+            ``"speed": {variant: {"tokens_per_s"}}`` (interleaved timing), used for x when present.
+
+    Returns:
+        the plotted points ``{"corpus/variant": [(tokens_per_s, value), ...]}``.
+
+    Raises:
+        TxlError: matplotlib is not installed, or the path cannot be written.
+    """
+    plt = pyplot()
+    timed = results.get("speed", {})
+    results = {k: v for k, v in results.items() if k.count("/") == 2}  # runs only
+    corpora = sorted({key.split("/")[0] for key in results})
+    fig, axes = plt.subplots(1, len(corpora), figsize=(5.0 * len(corpora), 3.6), squeeze=False)
+    points: dict[str, list] = {}
+    for key, r in results.items():
+        corpus, variant, _ = key.split("/")
+        speed = timed.get(variant, {}).get("tokens_per_s", r["tokens_per_s"])
+        points.setdefault(f"{corpus}/{variant}", []).append((speed, r["value"]))
+    markers = "osD^vP"
+    for ax, corpus in zip(axes[0], corpora):
+        names = sorted({k.split("/")[1] for k in points if k.startswith(corpus + "/")})
+        for i, name in enumerate(names):
+            xs, ys = zip(*points[f"{corpus}/{name}"])
+            ax.scatter(xs, ys, marker=markers[i % len(markers)], label=name)
+        unit = next(r["unit"] for k, r in results.items() if k.startswith(corpus + "/"))
+        ax.set_xlabel("training tokens/s (interleaved timing)" if timed else "training tokens/s")
+        ax.set_ylabel(f"valid {unit}" + _unit_suffix(unit))
+        ax.set_title(corpus)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    save_figure(fig, path)
+    return points

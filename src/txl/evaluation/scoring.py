@@ -148,7 +148,7 @@ def _score_rows(model, rows: list[np.ndarray], span: AttentionSpan, dtype: str) 
 def score_tokens(model, documents: Sequence[Any], *, batch_size: int = 8, tgt_len: int | None = None,
                  mem_len: int | None = None, clamp_len: int | None = None, same_length: bool | None = None,
                  carry_memory: bool = False, dtype: str = "float32",
-                 span: AttentionSpan | None = None) -> list[DocumentScore]:
+                 span: AttentionSpan | None = None, cmem_len: int | None = None) -> list[DocumentScore]:
     """Per-token log-probabilities of token-id documents, with memory through each document.
 
     See the module docstring for the first-token policy and batching. Equals one long causal pass
@@ -159,8 +159,8 @@ def score_tokens(model, documents: Sequence[Any], *, batch_size: int = 8, tgt_le
         model: a :class:`~txl.model.TransformerXLLM` (put in eval mode during the call, then restored).
         documents: sequence of 1-D integer token-id arrays/lists/tensors, ids in ``[0, vocab_size)``.
         batch_size: documents scored side by side (ignored with ``carry_memory``: one stream).
-        tgt_len, mem_len, clamp_len, same_length: attention span (None: the model's own, or
-            ``span``'s); ``model.config`` is not changed.
+        tgt_len, mem_len, clamp_len, same_length, cmem_len: attention span (None: the model's own,
+            or ``span``'s); ``model.config`` is not changed.
         span: an :class:`~txl.model.AttentionSpan` to start from (None: the model's training span).
         carry_memory: treat the documents as one continuous stream (memory and context carry over).
         dtype: "float32", or "bfloat16"/"float16" autocast.
@@ -188,7 +188,7 @@ def score_tokens(model, documents: Sequence[Any], *, batch_size: int = 8, tgt_le
             raise TxlError(f"document {i} has {d.size} token(s); scoring needs at least {need} (the first token of "
                            "a document has no context and is not scored)")
     span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
-                        same_length=same_length)
+                        same_length=same_length, cmem_len=cmem_len)
     with eval_mode(model):
         if carry_memory:
             stream = np.concatenate(docs)
