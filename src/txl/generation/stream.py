@@ -176,7 +176,9 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
             mems, padding = prime_memory(model, input_ids[:, :-1], mems, state), None
             last = input_ids[:, -1:]
         for _ in range(max_new_tokens):
-            before = state.memory_length if state.length else (0 if mems is None else mems[0].size(1))
+            before = 0
+            if padding is not None:  # the memory length before this step (the model checks the memory first)
+                before = state.memory_length if state.length else (0 if mems is None else mems[0].size(1))
             out = model(last, mems=mems, caches=state, mem_padding=padding)
             mems = None  # from the first step on, the state holds the memory
             if padding is not None:  # positions that left the memory on the left are padding first
