@@ -1,6 +1,7 @@
 """`txl bench` runs end to end on a tiny config (speed itself is measured by the benchmark, not by tests)."""
 
 from txl.analysis.bench import eval_speedup, format_table, run_bench, train_flops_per_token
+from txl.analysis.bench_generation import generation_lengths
 from txl.model import TransformerXLConfig
 
 TINY = dict(vocab_size=64, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, tgt_len=16, mem_len=16,
@@ -9,15 +10,26 @@ TINY = dict(vocab_size=64, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=6
 
 def test_bench_against_hf_reports_every_measure():
     res = run_bench(vs_hf=True, device="cpu", batch=2, config=TINY, repeats=1, gen_tokens=4, memory=False,
-                    log=lambda _: None)
+                    gen_contexts=(8, 16), gen_batches=(1, 3), log=lambda _: None)
     for impl in ("txl", "hf"):
-        for key in ("train_tokens_per_s", "eval_tokens_per_s", "generate_b1_tokens_per_s", "generate_b8_tokens_per_s"):
+        for key in ("train_tokens_per_s", "eval_tokens_per_s"):
             assert res["impls"][impl][key] > 0
-    assert res["impls"]["gpt2"]["generate_b1_tokens_per_s"] > 0
     assert set(res["ratios_txl_over_hf"]) >= {"train_tokens_per_s", "eval_tokens_per_s"}
     assert 0 < res["impls"]["txl"]["train_fraction_of_matmul_peak"]
+    points = {(r["context"], r["batch"], r["mode"]) for r in res["generation"]}
+    assert points == {(c, b, m) for c in (8, 16) for b in (1, 3) for m in ("greedy", "top_p")}
+    for r in res["generation"]:
+        assert r["txl_tokens_per_s"] > 0 and r["gpt2_tokens_per_s"] > 0
+        assert abs(r["ratio"] - r["txl_tokens_per_s"] / r["gpt2_tokens_per_s"]) < 1e-9
     table = format_table(res)
-    assert "train_tokens_per_s" in table and "txl/HF" in table
+    assert "train_tokens_per_s" in table and "txl/HF" in table and "| 16 | 3 | top_p |" in table
+
+
+def test_generation_against_length_without_gpt2():
+    rows = generation_lengths(TINY, [4, 24], device="cpu", repeats=1, gen_tokens=3, with_gpt2=False,
+                              log=lambda _: None)
+    assert [r["length"] for r in rows] == [4, 24]
+    assert all(r["txl_tokens_per_s"] > 0 and r["gpt2_tokens_per_s"] is None for r in rows)
 
 
 def test_flop_count_grows_with_memory():
@@ -29,3 +41,14 @@ def test_eval_speedup_rows():
     res = eval_speedup([16, 32], device="cpu", batch=2, repeats=1, config=TINY, log=lambda _: None)
     assert [r["attention_length"] for r in res["rows"]] == [16, 32]
     assert all(r["speedup"] > 0 for r in res["rows"])
+
+
+def test_bench_skips_an_emulated_half_precision_and_says_why(capsys, monkeypatch, tmp_path):
+    from conftest import run_cli
+    from txl import runtime
+
+    monkeypatch.setattr(runtime, "native_dtype_support", lambda device, dtype: False)
+    out_json = tmp_path / "b.json"
+    code, out, _ = run_cli(capsys, "bench", "--device", "cpu", "--dtype", "bfloat16", "--json", out_json)
+    assert code == 0 and "skipping --dtype bfloat16" in out and "AVX512-BF16 or AMX" in out
+    assert not out_json.exists()  # nothing measured, nothing written

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from safetensors.torch import load_file
 
 from txl.cli import main
@@ -91,3 +92,24 @@ def test_batch_must_split_evenly_over_ranks(tmp_path, corpus, capsys):
     assert code == 2
     assert "must divide into 2 ranks" in capsys.readouterr().err  # refused before any process starts
     assert not (tmp_path / "odd").exists()
+
+
+CMEM = ["model.mem_len=4", "model.cmem_len=4", "model.cmem_ratio=3", "model.recon_loss_weight=2.0",
+        "train.varlen=true", "eval.cmem_len=6"]
+
+
+def test_gradient_accumulation_with_compressed_memory_equals_the_whole_batch(tmp_path, corpus):
+    """The reconstruction loss is a per-chunk mean, added with weight / chunks: accumulation over
+    equal pieces gives the whole batch's step (the compressive memory split by rows like the plain one)."""
+    whole = train_cli(tmp_path, corpus, "whole", *CMEM)
+    accum = train_cli(tmp_path, corpus, "accum", *CMEM, "train.grad_accum_steps=4")
+    assert_same_run(whole, accum)
+    assert all(r["recon_loss"] for s, r in rows(accum).items() if s > 3)
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_with_compressed_memory_equal_one_process(tmp_path, corpus, capsys):
+    single = train_cli(tmp_path, corpus, "single", *CMEM)
+    capsys.readouterr()
+    double = train_cli(tmp_path, corpus, "double", *CMEM, "--nproc", "2", "train.grad_accum_steps=2")
+    assert_same_run(single, double)

@@ -101,6 +101,17 @@ def test_sweep_and_attention_plots_return_their_data(tmp_path):
         plot_mem_sweep([0, 1], [1.0], "bpc", tmp_path / "x.png")
 
 
+def test_serve_latency_plot_returns_its_data(tmp_path):
+    from txl.analysis.plots import plot_serve_latency
+
+    data = plot_serve_latency(([0, 10, 100], [5.0, 6.0, 5.5]), ([10, 100], [6.0, 5.5]), ([10, 100], [7.0, 40.0]),
+                              tmp_path / "l.png", title="t")
+    assert data["stateless"] == ([10, 100], [7.0, 40.0]) and (tmp_path / "l.png").stat().st_size > 5_000
+    with pytest.raises(TxlError, match="stateless: 2 history lengths but 1 latencies"):
+        plot_serve_latency(([], []), ([], []), ([1, 2], [1.0]), tmp_path / "x.png")
+    assert not (tmp_path / "x.png").exists()
+
+
 def test_missing_matplotlib_is_one_clear_error(monkeypatch, tmp_path):
     import sys
 

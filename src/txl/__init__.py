@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "AttentionSpan": "txl.model",
+    "DecodingState": "txl.model",
     "LMOutput": "txl.model",
     "TransformerXLConfig": "txl.model",
     "TransformerXLLM": "txl.model",

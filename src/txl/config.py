@@ -234,7 +234,8 @@ class EvalConfig:
     Attributes:
         split: "valid" or "test".
         batch_size: parallel streams.
-        tgt_len, mem_len, clamp_len, same_length: attention span for evaluation (None: the model's).
+        tgt_len, mem_len, clamp_len, same_length, cmem_len: attention span for evaluation (None: the
+            model's; ``cmem_len``, the compressed-memory slots, needs a model trained with one).
         warmup: feed ``mem_len`` tokens before the first scored one so every scored token sees a full
             memory (those context tokens are not scored).
         max_tokens: score at most this many tokens (0: the whole split).
@@ -246,6 +247,7 @@ class EvalConfig:
     mem_len: int | None = None
     clamp_len: int | None = None
     same_length: bool | None = None
+    cmem_len: int | None = None
     warmup: bool = False
     max_tokens: int = 0
 
@@ -258,6 +260,8 @@ class EvalConfig:
             raise TxlError(f"eval.tgt_len must be >= 1, got {self.tgt_len}")
         if self.mem_len is not None and self.mem_len < 0:
             raise TxlError(f"eval.mem_len must be >= 0, got {self.mem_len}")
+        if self.cmem_len is not None and self.cmem_len < 0:
+            raise TxlError(f"eval.cmem_len must be >= 0, got {self.cmem_len}")
         if self.clamp_len is not None and self.clamp_len < 0:
             raise TxlError(f"eval.clamp_len must be >= 0 (0: no clamping), got {self.clamp_len}")
         if self.max_tokens < 0:

@@ -15,6 +15,12 @@ count and on the same tokens, then each is scored on the same targets at several
    sliding window of §3.1 (``context=L``, one prediction per window), so the query for target t sees
    min(L, t) tokens, as for the memory models.
 
+5. ``compressive`` (opt-in, ``compressive=True`` / ``txl ablate --compressive``): the Compressive
+   Transformer (Rae et al. 2019) at the same attention span: memory of ``mem_len // 2``, compressed
+   memory of the other half (``cmem_len``), rate ``model.cmem_ratio`` of the base (3 by default),
+   conv1d compression; evaluated at L with ``mem_len = L // 2``, ``cmem_len = L - L // 2`` and
+   ``same_length``: each query sees L key slots (up to L // 2 + c (L - L // 2) tokens back).
+
 Parameter counts are matched by giving each variant its own ``d_inner`` (the variants differ only
 in their position parameters: ``r_net`` and u/v for "rel", the ``r_emb`` tables for "shaw", nothing
 for "abs"); the remaining difference is at most half a feed-forward unit, ``n_layer * (2 * d_model + 1)
@@ -68,6 +74,8 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("shaw", "recurrence + Shaw et al. (2018) encoding", "shaw", True, "memory"),
     Variant("abs", "vanilla Transformer, absolute encoding", "abs", False, "sliding-window"),
 )
+COMPRESSIVE = Variant("compressive", "compressive memory (Rae et al. 2019), equal attention span", "rel", True,
+                      "compressive")
 
 
 def default_base() -> RunConfig:
@@ -104,6 +112,10 @@ def variant_model_config(base: TransformerXLConfig, variant: Variant) -> Transfo
     values["attn_type"] = variant.attn_type
     if not variant.memory:
         values["mem_len"] = 0
+    values["cmem_len"] = 0
+    if variant.protocol == "compressive":  # half the span as memory, half as compressed slots
+        values["mem_len"] = base.mem_len // 2
+        values["cmem_len"] = base.mem_len - base.mem_len // 2
     if variant.attn_type == "shaw" and values["shaw_max_dist"] < 1:
         values["shaw_max_dist"] = base.tgt_len + base.mem_len - 1  # every distance seen in training
     return TransformerXLConfig.from_dict(values)
@@ -187,6 +199,9 @@ def evaluate_variant(model, tokens, variant: Variant, length: int, unit: str, tg
     if variant.protocol == "memory":
         return evaluate(model, tokens, unit=unit, batch_size=1, tgt_len=tgt_len, mem_len=length, same_length=True,
                         max_tokens=max_tokens)
+    if variant.protocol == "compressive":
+        return evaluate(model, tokens, unit=unit, batch_size=1, tgt_len=tgt_len, mem_len=length // 2,
+                        cmem_len=length - length // 2, same_length=True, max_tokens=max_tokens)
     if variant.protocol == "segments":
         return evaluate(model, tokens, unit=unit, batch_size=1, tgt_len=length, mem_len=0, max_tokens=max_tokens)
     return evaluate_sliding_window(model, tokens, context=length, stride=1, unit=unit, max_tokens=max_tokens)
@@ -196,12 +211,13 @@ PROTOCOL_TEXT = {
     "memory": "tgt_len {T}, mem_len L, same_length: sees min(L, t) tokens",
     "segments": "segments of L, no memory: sees ((t-1) mod L)+1 tokens",
     "sliding-window": "sliding window of L, stride 1: sees min(L, t) tokens",
+    "compressive": "tgt_len {T}, mem_len L/2, cmem_len L/2, same_length: L key slots",
 }
 
 
 def run_ablation(base: RunConfig, data: str | None, out_dir: str | Path, *, budget_tokens: int | None = None,
                  budget_minutes: float | None = None, lengths: list[int] = (64, 128, 256), eval_tokens: int = 4000,
-                 progress: bool = False, log: Callable[[str], None] = print) -> dict:
+                 progress: bool = False, log: Callable[[str], None] = print, compressive: bool = False) -> dict:
     """Train and evaluate the four variants of Table 6 and write the table, JSON and plot into ``out_dir``.
 
     Args:
@@ -213,6 +229,7 @@ def run_ablation(base: RunConfig, data: str | None, out_dir: str | Path, *, budg
         budget_minutes: total training wall-clock minutes, split equally between the variants.
         lengths: attention lengths L (tokens) for evaluation.
         eval_tokens: targets scored at each length (the first ones of the ``eval.split`` split).
+        compressive: add the compressive-memory variant (see the module docstring).
 
     Returns:
         the results dict that is also written to ``results.json``.
@@ -239,12 +256,13 @@ def run_ablation(base: RunConfig, data: str | None, out_dir: str | Path, *, budg
     # it is claimed again by train()
     with claim_folder(out_dir, empty=True, inputs=[data]):
         return _run_claimed(base, data, out_dir, budget_tokens=budget_tokens, budget_minutes=budget_minutes,
-                            lengths=lengths, eval_tokens=eval_tokens, progress=progress, log=log)
+                            lengths=lengths, eval_tokens=eval_tokens, progress=progress, log=log,
+                            compressive=compressive)
 
 
 def _run_claimed(base: RunConfig, data: str | None, out_dir: Path, *, budget_tokens: int | None,
                  budget_minutes: float | None, lengths: list[int], eval_tokens: int, progress: bool,
-                 log: Callable[[str], None]) -> dict:
+                 log: Callable[[str], None], compressive: bool = False) -> dict:
     """:func:`run_ablation` once the arguments are checked and ``out_dir`` is claimed."""
     from txl.training.checkpoint import load_checkpoint
     from txl.data.corpus import load_run_corpus
@@ -258,7 +276,7 @@ def _run_claimed(base: RunConfig, data: str | None, out_dir: Path, *, budget_tok
     eval_split = corpus.valid if base.eval.split == "valid" else corpus.test
     if len(eval_split) < 2:
         raise TxlError(f"the {base.eval.split} split is empty: nothing to evaluate on")
-    planned = plan_variants(base, corpus.vocab_size)
+    planned = plan_variants(base, corpus.vocab_size, VARIANTS + ((COMPRESSIVE,) if compressive else ()))
     tokens_per_step = base.train.batch_size * base.model.tgt_len
     if budget_minutes is not None:
         share = budget_minutes * 60.0 / len(planned)
@@ -281,7 +299,7 @@ def _run_claimed(base: RunConfig, data: str | None, out_dir: Path, *, budget_tok
             train=dataclasses.replace(base.train, out_dir=str(out_dir / variant.name), max_steps=n_steps,
                                       eval_interval=n_steps, warmup_steps=min(base.train.warmup_steps, n_steps // 5),
                                       sample_tokens=0),
-            eval=dataclasses.replace(base.eval, mem_len=cfg.mem_len, max_tokens=min(eval_tokens, 2048), warmup=False))
+            eval=dataclasses.replace(base.eval, mem_len=cfg.mem_len, cmem_len=cfg.cmem_len, max_tokens=min(eval_tokens, 2048), warmup=False))
         log(f"{variant.name}: {params} parameters (d_inner {cfg.d_inner}), {n_steps} steps")
         result = train(run, progress=progress, log=log)
         model = load_checkpoint(result.best_dir).model
@@ -301,7 +319,7 @@ def _run_claimed(base: RunConfig, data: str | None, out_dir: Path, *, budget_tok
             "tokens_per_s": round(result.tokens_per_s, 1), "protocol": variant.protocol,
             "protocol_text": PROTOCOL_TEXT[variant.protocol].format(T=cfg.tgt_len), "results": evals,
             "best": {"length": best["length"], "value": best["value"]},
-            "paper_table6_ppl": PAPER_TABLE6_PPL[variant.name]})
+            "train_cmem_len": cfg.cmem_len, "paper_table6_ppl": PAPER_TABLE6_PPL.get(variant.name)})
 
     results = {
         "data": str(Path(data).resolve()) if data is not None else "built-in default corpus", "unit": unit,

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from txl.errors import TxlError
 from txl.evaluation.segments import eval_mode, segments
 from txl.model.attention import shaw_distances
+from txl.model.compressive import split_mems
 from txl.model.span import AttentionSpan, resolve_span
 
 
@@ -112,19 +113,22 @@ def distance_matrix(qlen: int, klen: int) -> torch.Tensor:
 
 @torch.no_grad()
 def mean_attention_distance(model, tokens: np.ndarray, *, tgt_len: int | None = None,
-                            mem_len: int | None = None, max_segments: int = 8) -> np.ndarray:
+                            mem_len: int | None = None, max_segments: int = 8,
+                            cmem_len: int | None = None) -> np.ndarray:
     """Average attention distance per layer and head over a text, with the memory carried.
 
     The text is read in segments of ``tgt_len`` (memory of ``mem_len``, as in evaluation, through
     :func:`txl.evaluation.segments.segments`, in eval mode; ``model.config`` is not changed); for every
     query the expected distance ``sum_j p_ij (M + i - j)`` in tokens is averaged over queries and
-    segments.
+    segments. With a compressed memory (``cmem_len``, None: the model's) distances count key slots:
+    a compressed slot is one step older than the slot after it (see :mod:`txl.model.compressive`);
+    :func:`compressed_attention_mass` says how much attention those slots get.
 
     Args:
         tokens: 1-D int array (at least 1 token); max_segments: stop after this many segments.
 
     Returns:
-        float64 [n_layer, n_head] mean distances in tokens.
+        float64 [n_layer, n_head] mean distances in tokens (key slots).
 
     Raises:
         TxlError: an empty text.
@@ -134,7 +138,7 @@ def mean_attention_distance(model, tokens: np.ndarray, *, tgt_len: int | None = 
         raise TxlError("the text encodes to no tokens; give a longer --text")
     device = next(model.parameters()).device
     total, count = None, 0
-    span = resolve_span(model.config, tgt_len=tgt_len, mem_len=mem_len)
+    span = resolve_span(model.config, tgt_len=tgt_len, mem_len=mem_len, cmem_len=cmem_len)
     x_all = data[None, :span.tgt_len * max_segments].to(device)
     with eval_mode(model), recording(model) as captured:
         for seg in segments(model, x_all, span=span):
@@ -146,4 +150,39 @@ def mean_attention_distance(model, tokens: np.ndarray, *, tgt_len: int | None = 
             stacked = torch.stack(per_layer)  # [L, H]
             total = stacked if total is None else total + stacked
             count += x.size(1)
+    return (total / count).numpy()
+
+
+@torch.no_grad()
+def compressed_attention_mass(model, tokens: np.ndarray, *, tgt_len: int | None = None, mem_len: int | None = None,
+                              cmem_len: int | None = None, max_segments: int = 8) -> np.ndarray:
+    """Share of attention on the compressed memory per layer and head (Rae et al. 2019, §5.6 / Figure 3).
+
+    The text is read as in :func:`mean_attention_distance`; for every query the probability mass on
+    the compressed slots (the first C keys; the pending states are not counted) is averaged over the
+    queries of every segment, also those read before the compressed memory filled (mass 0 there).
+
+    Returns:
+        float64 [n_layer, n_head] shares in [0, 1].
+
+    Raises:
+        TxlError: an empty text, or a span without compressed memory (``cmem_len`` 0).
+    """
+    data = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
+    if data.numel() < 1:
+        raise TxlError("the text encodes to no tokens; give a longer --text")
+    span = resolve_span(model.config, tgt_len=tgt_len, mem_len=mem_len, cmem_len=cmem_len)
+    if span.cmem_len == 0:
+        raise TxlError("this model is read without a compressed memory (cmem_len 0): there is no attention on it")
+    device = next(model.parameters()).device
+    x_all = data[None, :span.tgt_len * max_segments].to(device)
+    total, count = None, 0
+    with eval_mode(model), recording(model) as captured:
+        for seg in segments(model, x_all, span=span):
+            probs = taken_probabilities(captured)
+            _, compressed, _ = split_mems(seg.mems, model.config.n_layer)
+            slots = 0 if compressed is None else compressed[0].size(1)
+            mass = torch.stack([p[..., :slots].sum(-1).sum(-1)[0].double().cpu() for p in probs])  # [L, H]
+            total = mass if total is None else total + mass
+            count += seg.inputs.size(1)
     return (total / count).numpy()

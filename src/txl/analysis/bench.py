@@ -21,7 +21,8 @@ from typing import Any, Callable
 import torch
 
 from txl.errors import TxlError
-from txl.generation import generate
+from txl.analysis.bench_generation import GEN_BATCHES, GEN_CONTEXTS, format_generation, generation_table
+from txl.evaluation.segments import decoding_state
 from txl.model import TransformerXLConfig, TransformerXLLM
 
 BENCH_SMALL = dict(vocab_size=256, n_layer=6, d_model=256, n_head=8, d_head=32, d_inner=1024, tgt_len=128,
@@ -85,6 +86,7 @@ class TxlRunner:
         self.model, self.device, self.autocast = model.to(device), device, autocast
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         self.mems = None
+        self.state = None
 
     def _ctx(self):
         if self.autocast is None:
@@ -106,14 +108,12 @@ class TxlRunner:
 
     @torch.no_grad()
     def eval_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """One evaluation segment as ``txl eval`` reads it: the memory kept in a decoding state."""
         self.model.eval()
+        if self.state is None:
+            self.state = decoding_state(self.model, self.model.config.span)
         with self._ctx():
-            self.mems = self.model(x, mems=self.mems, labels=y).mems
-
-    @torch.no_grad()
-    def generate(self, prompt: torch.Tensor, n: int) -> torch.Tensor:
-        with self._ctx():
-            return generate(self.model, prompt, n, temperature=0)
+            self.model(x, labels=y, caches=self.state)
 
 
 class HFRunner(TxlRunner):
@@ -131,17 +131,6 @@ class HFRunner(TxlRunner):
         with self._ctx():
             self.mems = self.model(input_ids=x, mems=self.mems).mems
 
-    @torch.no_grad()
-    def generate(self, prompt: torch.Tensor, n: int) -> torch.Tensor:
-        self.model.eval()
-        with self._ctx():
-            return self.model.generate(prompt, max_new_tokens=n, do_sample=False, pad_token_id=0)
-
-
-class GPT2Runner(HFRunner):
-    """transformers' GPT-2 of the same depth and width, decoding with its KV cache (generation only)."""
-
-    name = "gpt2"
 
 
 def hf_twin(model: TransformerXLLM):
@@ -167,34 +156,32 @@ def hf_twin(model: TransformerXLLM):
     return hf
 
 
-def gpt2_twin(c: TransformerXLConfig):
-    """A transformers GPT-2 with the same number of layers, width, heads and vocabulary."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    cfg = GPT2Config(vocab_size=c.vocab_size, n_positions=2048, n_embd=c.d_model, n_layer=c.n_layer,
-                     n_head=c.n_head, n_inner=c.d_inner, eos_token_id=None, pad_token_id=0)
-    return GPT2LMHeadModel(cfg)
+EVAL_MEM_LEN = 3800  # the paper's longest evaluation memory (Table 9)
 
 
-def peak_memory_mb(impl: str, config: dict, batch: int, dtype: str, steps: int = 3) -> float:
-    """Peak resident memory (MB) of a fresh process that builds ``impl`` and runs ``steps`` training steps."""
+def peak_memory_mb(impl: str, config: dict, batch: int, dtype: str, steps: int = 3, mode: str = "train") -> float:
+    """Peak resident memory (MB) of a fresh process that builds ``impl`` and runs ``steps`` training
+    steps (``mode="train"``) or evaluation segments with a full memory of ``config["mem_len"]``
+    (``mode="eval"``)."""
     code = ("import json,sys; from txl.analysis.bench import _memory_child; "
-            f"print(json.dumps(_memory_child({impl!r}, {config!r}, {batch}, {dtype!r}, {steps})))")
+            f"print(json.dumps(_memory_child({impl!r}, {config!r}, {batch}, {dtype!r}, {steps}, {mode!r})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise TxlError(f"memory measurement of {impl} failed: {out.stderr.strip().splitlines()[-1:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _memory_child(impl: str, config: dict, batch: int, dtype: str, steps: int) -> float:
+def _memory_child(impl: str, config: dict, batch: int, dtype: str, steps: int, mode: str = "train") -> float:
     torch.manual_seed(0)
     model = TransformerXLLM(TransformerXLConfig(**config))
     if impl == "hf":
         model = hf_twin(model)
     runner = (HFRunner if impl == "hf" else TxlRunner)(model, torch.device("cpu"), _dtype(dtype))
     x = torch.randint(0, config["vocab_size"], (batch, config["tgt_len"]))
-    for _ in range(steps):
-        runner.train_step(x, x)
+    step = runner.train_step if mode == "train" else runner.eval_step
+    # evaluation: enough segments to fill the memory, then ``steps`` more with it full
+    for _ in range(steps if mode == "train" else steps + -(-config["mem_len"] // config["tgt_len"])):
+        step(x, x)
     # VmHWM is this process image's own peak (ru_maxrss would include the parent's, kept across exec)
     for line in open("/proc/self/status", encoding="utf-8"):
         if line.startswith("VmHWM:"):
@@ -208,12 +195,14 @@ def _dtype(name: str) -> torch.dtype | None:
 
 def run_bench(*, vs_hf: bool = False, device: str = "auto", dtype: str = "float32", batch: int = BENCH_BATCH,
               config: dict | None = None, repeats: int = 5, gen_tokens: int = 32, memory: bool = True,
-              log: Callable[[str], None] = print) -> dict[str, Any]:
+              gen_contexts=GEN_CONTEXTS, gen_batches=GEN_BATCHES, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Measure txl (and with ``vs_hf`` transformers' TransfoXL and GPT-2) on one model config.
 
-    Returns a JSON-able dict: hardware, config, per-implementation tokens/s for training, evaluation
-    with memory and cached generation at batch 1 and 8, peak memory, achieved FLOP/s and its fraction
-    of the measured matmul peak, and txl/HF ratios.
+    Returns a JSON-able dict: hardware, config, per-implementation tokens/s for training and
+    evaluation with memory, peak memory, achieved FLOP/s and its fraction of the measured matmul
+    peak, txl/HF ratios, and ``"generation"``: the rows of
+    :func:`txl.analysis.bench_generation.generation_table` (txl against GPT-2's KV cache at equal
+    context with ``vs_hf``; txl alone otherwise).
 
     Raises:
         TxlError: an unavailable device or an unknown dtype.
@@ -254,24 +243,17 @@ def run_bench(*, vs_hf: bool = False, device: str = "auto", dtype: str = "float3
         results["impls"][r.name]["train_flops_per_s"] = achieved
         results["impls"][r.name]["train_fraction_of_matmul_peak"] = achieved / peak
 
-    gen_runners = list(runners)
-    if vs_hf:
-        torch.manual_seed(0)
-        gen_runners.append(GPT2Runner(gpt2_twin(cfg), dev, autocast))
-    for gen_batch in (1, 8):
-        prompt = torch.randint(0, cfg.vocab_size, (gen_batch, cfg.tgt_len), device=dev)
-        for r in gen_runners:
-            n = gen_tokens
-            # generating 2n and n tokens after the same prompt: the difference is n new tokens only
-            t_2n = median_time(lambda: r.generate(prompt, 2 * n), warmup=1, repeats=max(3, repeats), sync=sync)
-            t_n = median_time(lambda: r.generate(prompt, n), warmup=1, repeats=max(3, repeats), sync=sync)
-            per_token = max(1e-9, (statistics.median(t_2n) - statistics.median(t_n)) / n)
-            results["impls"].setdefault(r.name, {})[f"generate_b{gen_batch}_tokens_per_s"] = gen_batch / per_token
-            log(f"{r.name:5s} generate batch {gen_batch}: {gen_batch / per_token:10,.1f} tokens/s")
+    results["generation"] = generation_table(cfg_dict, device=dev, contexts=gen_contexts, batches=gen_batches,
+                                             gen_tokens=gen_tokens, repeats=max(3, repeats), with_gpt2=vs_hf,
+                                             sync=sync, log=log)
     if memory and dev.type == "cpu":
         for r in runners:
             results["impls"][r.name]["peak_rss_mb"] = peak_memory_mb(r.name, cfg_dict, batch, dtype)
-            log(f"{r.name:5s} peak RSS {results['impls'][r.name]['peak_rss_mb']:8.0f} MB")
+            log(f"{r.name:5s} peak RSS {results['impls'][r.name]['peak_rss_mb']:8.0f} MB (training)")
+        # evaluation with the paper's longest memory, txl only (the reference takes many minutes there)
+        eval_peak = peak_memory_mb("txl", {**cfg_dict, "mem_len": EVAL_MEM_LEN}, batch, dtype, mode="eval")
+        results["impls"]["txl"][f"eval_mem{EVAL_MEM_LEN}_peak_rss_mb"] = eval_peak
+        log(f"txl   peak RSS {eval_peak:8.0f} MB (evaluation, mem_len {EVAL_MEM_LEN})")
     elif memory:
         for r in runners:
             torch.cuda.reset_peak_memory_stats(dev)
@@ -282,8 +264,6 @@ def run_bench(*, vs_hf: bool = False, device: str = "auto", dtype: str = "float3
         ours, theirs = results["impls"]["txl"], results["impls"]["hf"]
         results["ratios_txl_over_hf"] = {k: ours[k] / theirs[k] for k in ours
                                          if k.endswith("tokens_per_s") and k in theirs}
-        results["ratios_txl_over_gpt2"] = {k: ours[k] / results["impls"]["gpt2"][k]
-                                           for k in ours if k.startswith("generate")}
         for key in ("peak_rss_mb", "peak_allocated_mb"):
             if key in ours:
                 results["ratios_txl_over_hf"][key] = ours[key] / theirs[key]
@@ -296,7 +276,8 @@ def eval_speedup(lengths: list[int], *, device: str = "auto", batch: int = 8, re
 
     For attention length L, the vanilla model recomputes a window of L tokens for every predicted
     token (``attn_type="abs"``, one prediction per window); txl scores segments of ``tgt_len`` tokens
-    with a memory of L and ``same_length``, so that every query also attends to exactly L keys.
+    with a memory of L and ``same_length``, so that every query also attends to exactly L keys, the
+    memory kept in a decoding state as ``txl eval`` keeps it. Both costs are measured at every L.
     Per token the vanilla model does O(L) position-wise work plus O(L^2) attention, txl O(1)
     position-wise work plus O(L) attention, so the ratio grows at least linearly with L.
     """
@@ -316,10 +297,11 @@ def eval_speedup(lengths: list[int], *, device: str = "auto", batch: int = 8, re
         span = rel.config.span.replace(tgt_len=tgt, mem_len=length, same_length=True)
         window = torch.randint(0, vocab, (batch, length), device=dev)
         seg = torch.randint(0, vocab, (batch, tgt), device=dev)
+        state = decoding_state(rel, span)  # how txl eval reads: the memory's keys/values kept between segments
         with torch.no_grad():
-            mems = rel(torch.randint(0, vocab, (batch, length), device=dev), span=span).mems  # a full memory
+            rel(torch.randint(0, vocab, (batch, length), device=dev), caches=state)  # a full memory
             t_van = statistics.median(median_time(lambda: vanilla(window), warmup=1, repeats=repeats, sync=sync))
-            t_xl = statistics.median(median_time(lambda: rel(seg, mems=mems, span=span), warmup=1, repeats=repeats,
+            t_xl = statistics.median(median_time(lambda: rel(seg, caches=state), warmup=1, repeats=repeats,
                                                  sync=sync))
         per_van = t_van / batch  # one predicted token per window
         per_xl = t_xl / (batch * tgt)
@@ -348,8 +330,8 @@ def hardware(device: torch.device) -> dict[str, Any]:
 def format_table(results: dict[str, Any]) -> str:
     """A Markdown table of a :func:`run_bench` result."""
     impls = results["impls"]
-    keys = ["train_tokens_per_s", "eval_tokens_per_s", "generate_b1_tokens_per_s", "generate_b8_tokens_per_s",
-            "peak_rss_mb", "peak_allocated_mb", "train_fraction_of_matmul_peak"]
+    keys = ["train_tokens_per_s", "eval_tokens_per_s", "peak_rss_mb", f"eval_mem{EVAL_MEM_LEN}_peak_rss_mb",
+            "peak_allocated_mb", "train_fraction_of_matmul_peak"]
     names = list(impls)
     lines = ["| measure | " + " | ".join(names) + (" | txl/HF |" if "hf" in impls else " |"),
              "|---" * (len(names) + 1 + ("hf" in impls)) + "|"]
@@ -359,6 +341,8 @@ def format_table(results: dict[str, Any]) -> str:
         cells = [_fmt(impls[n].get(key)) for n in names]
         ratio = results.get("ratios_txl_over_hf", {}).get(key)
         lines.append(f"| {key} | " + " | ".join(cells) + (f" | {ratio:.2f}x |" if ratio else (" | |" if "hf" in impls else " |")))
+    if results.get("generation"):
+        lines += ["", format_generation(results["generation"])]
     return "\n".join(lines)
 
 

@@ -310,3 +310,80 @@ def plot_recl_gains(result, path) -> dict:
     axes[0][0].legend(fontsize=8)
     save_figure(fig, path)
     return series
+
+
+def plot_serve_latency(session: tuple[list[int], list[float]], session_medians: tuple[list[int], list[float]],
+                       stateless: tuple[list[int], list[float]], path, title: str = "") -> dict:
+    """Latency of one appended line against the history length, for a ``txl serve`` session and for
+    re-sending the whole history (a stateless server), log-log, as a PNG (docs/serving.md).
+
+    Args:
+        session: (history length in tokens, latency in ms) of every appended line (drawn as dots).
+        session_medians: (history length, median latency in ms) of the session at the measured points.
+        stateless: (history length, median latency in ms) of the stateless requests at the same points.
+
+    Returns the plotted series ``{"session": ..., "session_medians": ..., "stateless": ...}``.
+
+    Raises:
+        TxlError: series whose two lists differ in length, or matplotlib missing.
+    """
+    series = {"session": session, "session_medians": session_medians, "stateless": stateless}
+    for name, (xs, ys) in series.items():
+        if len(xs) != len(ys):
+            raise TxlError(f"{name}: {len(xs)} history lengths but {len(ys)} latencies")
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.2, 3.9))
+    ax.scatter([max(x, 1) for x in session[0]], session[1], s=2, alpha=0.25, color="tab:blue",
+               label="session: every appended line")
+    ax.plot(session_medians[0], session_medians[1], marker="o", color="tab:blue", label="session (median)")
+    ax.plot(stateless[0], stateless[1], marker="s", color="tab:red", label="stateless: re-send the history (median)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("history before the line (tokens)")
+    ax.set_ylabel("latency per appended line (ms)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=9)
+    save_figure(fig, path)
+    return series
+
+
+def plot_compressive(results: dict, path) -> dict:
+    """Validation metric against training tokens/s for the compressive-memory comparison
+    (``benchmarks/compressive.py``): one panel per corpus, one point per run, a marker per variant.
+
+    Args:
+        results: ``{"corpus/variant/seed": {"value", "unit", "tokens_per_s", ...}}``, and optionally
+            ``"speed": {variant: {"tokens_per_s"}}`` (interleaved timing), used for x when present.
+
+    Returns:
+        the plotted points ``{"corpus/variant": [(tokens_per_s, value), ...]}``.
+
+    Raises:
+        TxlError: matplotlib is not installed, or the path cannot be written.
+    """
+    plt = pyplot()
+    timed = results.get("speed", {})
+    results = {k: v for k, v in results.items() if k.count("/") == 2}  # runs only
+    corpora = sorted({key.split("/")[0] for key in results})
+    fig, axes = plt.subplots(1, len(corpora), figsize=(5.0 * len(corpora), 3.6), squeeze=False)
+    points: dict[str, list] = {}
+    for key, r in results.items():
+        corpus, variant, _ = key.split("/")
+        speed = timed.get(variant, {}).get("tokens_per_s", r["tokens_per_s"])
+        points.setdefault(f"{corpus}/{variant}", []).append((speed, r["value"]))
+    markers = "osD^vP"
+    for ax, corpus in zip(axes[0], corpora):
+        names = sorted({k.split("/")[1] for k in points if k.startswith(corpus + "/")})
+        for i, name in enumerate(names):
+            xs, ys = zip(*points[f"{corpus}/{name}"])
+            ax.scatter(xs, ys, marker=markers[i % len(markers)], label=name)
+        unit = next(r["unit"] for k, r in results.items() if k.startswith(corpus + "/"))
+        ax.set_xlabel("training tokens/s (interleaved timing)" if timed else "training tokens/s")
+        ax.set_ylabel(f"valid {unit}" + _unit_suffix(unit))
+        ax.set_title(corpus)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    save_figure(fig, path)
+    return points

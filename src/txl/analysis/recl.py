@@ -239,6 +239,10 @@ def context_losses(model, tokens: np.ndarray, contexts: list[int], positions: np
     ``tokens[t]``. Every scored token therefore sees exactly c tokens of context, for relative
     (Transformer-XL) and absolute (vanilla) models alike; with a memory, the cached hidden states
     would carry information from beyond c. Windows are batched ``batch_size`` at a time.
+    A compressive model (``cmem_len > 0``, Rae et al. 2019) reads each window from scratch in its
+    training segments, with its memory and compressed memory: still exactly c tokens of context,
+    but what lies beyond one segment reaches the scored token the way it does in use (read in one
+    segment, its compressed memory would never be filled).
 
     Args:
         model: a :class:`~txl.model.TransformerXLLM` (its mode is restored afterwards; its config is not changed).
@@ -267,11 +271,14 @@ def context_losses(model, tokens: np.ndarray, contexts: list[int], positions: np
     offsets = torch.arange(-max(contexts), 0)
     with eval_mode(model):
         for k, c in enumerate(contexts):
-            window = model.config.span.replace(tgt_len=c, mem_len=0)  # one segment per window, no memory
+            window = model.config.span.replace(tgt_len=c, mem_len=0, cmem_len=0)  # one segment per window, no memory
+            if model.config.cmem_len > 0:  # compressive: the window in training segments, memory and compressed memory
+                window = model.config.span
             for s in range(0, positions.size, batch_size):
                 pos = torch.as_tensor(positions[s:s + batch_size])
                 windows = data[pos[:, None] + offsets[-c:][None, :]].to(device)  # [b, c]
-                (seg,) = segments(model, windows, span=window)
+                for seg in segments(model, windows, span=window):
+                    pass  # the last segment ends on the window's last token
                 logits = seg.output.logits[:, -1]
                 wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
                 out[k, s:s + pos.numel()] = F.cross_entropy(wide, data[pos].to(device), reduction="none").double().cpu().numpy()

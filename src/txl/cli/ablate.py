@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", "-o", default="runs/ablate", help="output folder, new or empty (default runs/ablate)")
     p.add_argument("--lengths", default="64,128,256", help="attention lengths L for evaluation (default 64,128,256)")
     p.add_argument("--eval-tokens", type=int, default=4000, help="targets scored per length (default 4000)")
+    p.add_argument("--compressive", action="store_true",
+                   help="add a compressive-memory variant (Rae et al. 2019) at equal attention span: memory and "
+                        "compressed memory of mem_len/2 each")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
 
 
@@ -70,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     log = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     results = run_ablation(base, args.data, args.out, budget_tokens=args.budget_tokens,
                            budget_minutes=args.budget_minutes, lengths=lengths, eval_tokens=args.eval_tokens,
-                           progress=not args.quiet, log=log)
+                           progress=not args.quiet, log=log, compressive=args.compressive)
     print((Path(args.out) / TABLE_NAME).read_text(encoding="utf-8"))
     print(describe(results))
     print(f"wrote {Path(args.out) / TABLE_NAME}, results.json and ablation.png")

@@ -22,7 +22,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions (default 5)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--eval-speedup", action="store_true", help="vanilla sliding window vs memory (paper Table 9)")
-    p.add_argument("--lengths", default="128,256,512,800", help="attention lengths for --eval-speedup")
+    p.add_argument("--lengths", default="128,256,512,800,1800,2800,3800",
+                   help="attention lengths for --eval-speedup (default: 128-800 and the paper's 1800, 2800, 3800)")
+    p.add_argument("--gen-lengths", default=None, metavar="L,L,...",
+                   help="instead: greedy generation tokens/s against the length attended to (txl mem_len = L, "
+                        "GPT-2 after L tokens; needs --vs hf for GPT-2), e.g. 128,512,1024,2048,3800")
     add_json(p)
     add_force(p)
 
@@ -40,14 +44,28 @@ def run(args: argparse.Namespace) -> int:
     def log(message: str) -> None:
         print(message, file=report, flush=True)
 
+    if args.dtype not in (None, "float32"):
+        from txl import runtime
+
+        device = runtime.resolve_device(args.device)
+        if not runtime.native_dtype_support(device, args.dtype):
+            # an emulated half-precision run measures the emulation, not txl: nothing worth reporting
+            log(f"txl bench: skipping --dtype {args.dtype}: this {device.type} has no native {args.dtype} "
+                "arithmetic (on x86 CPUs: AVX512-BF16 or AMX), so it would only be emulated, many times slower "
+                "than float32; run the float32 benchmark here, or this one on a CPU or GPU with native support")
+            return 0
     if args.eval_speedup:
-        try:
-            lengths = [int(v) for v in args.lengths.split(",") if v.strip()]
-        except ValueError:
-            raise TxlError(f"--lengths must be comma-separated integers, got {args.lengths!r}") from None
-        if not lengths or min(lengths) < 1:
-            raise TxlError("--lengths needs positive integers")
+        lengths = _lengths(args.lengths, "--lengths")
         results = eval_speedup(lengths, device=args.device, repeats=args.repeats, log=log)
+    elif args.gen_lengths:
+        from txl.analysis.bench import BENCH_SMALL
+        from txl.analysis.bench_generation import generation_lengths
+        from txl.runtime import resolve_device
+
+        lengths = _lengths(args.gen_lengths, "--gen-lengths")
+        rows = generation_lengths(BENCH_SMALL, lengths, device=resolve_device(args.device), repeats=args.repeats,
+                                  with_gpt2=args.vs == "hf", log=log)
+        results = {"config": BENCH_SMALL, "generation_lengths": rows}
     else:
         results = run_bench(vs_hf=args.vs == "hf", device=args.device, dtype=args.dtype, batch=args.batch_size,
                             repeats=args.repeats, memory=not args.no_memory, log=log)
@@ -55,3 +73,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(args.json, results, force=args.force)
     return 0
+
+
+def _lengths(text: str, flag: str) -> list[int]:
+    """Comma-separated positive integers, or one error line naming ``flag``."""
+    try:
+        lengths = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise TxlError(f"{flag} must be comma-separated integers, got {text!r}") from None
+    if not lengths or min(lengths) < 1:
+        raise TxlError(f"{flag} needs positive integers")
+    return lengths

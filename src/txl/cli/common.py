@@ -20,7 +20,7 @@ from typing import Any, Callable
 from txl.errors import TxlError
 
 DTYPES = ("float32", "bfloat16", "float16")  # the same as txl.runtime.DTYPES, without importing torch
-SPAN_FLAGS = ("tgt_len", "mem_len", "clamp_len", "same_length")
+SPAN_FLAGS = ("tgt_len", "mem_len", "clamp_len", "same_length", "cmem_len")
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,8 @@ def add_span(parser: argparse.ArgumentParser, names: tuple[str, ...] = SPAN_FLAG
     Each defaults to None (take the value from the checkpoint or config); ``names`` picks a subset.
     """
     texts = {"tgt_len": "tokens per segment", "mem_len": "memory length (0: none)",
-             "clamp_len": "clamp relative distances at this value (0: none)"}
+             "clamp_len": "clamp relative distances at this value (0: none)",
+             "cmem_len": "compressed-memory slots per layer (0: none; a compressive model only)"}
     for name in names:
         flag = "--" + name.replace("_", "-")
         if name == "same_length":
@@ -209,8 +210,9 @@ def pick(cli: Any, config: Any) -> Any:
 
 
 def span_args(args: argparse.Namespace, eval_config) -> dict[str, Any]:
-    """``tgt_len``, ``mem_len``, ``clamp_len``, ``same_length``: the flags, else the checkpoint's eval config."""
-    return {name: pick(getattr(args, name), getattr(eval_config, name)) for name in SPAN_FLAGS}
+    """``tgt_len``, ``mem_len``, ``clamp_len``, ``same_length``, ``cmem_len``: the flags, else the
+    checkpoint's eval config (a flag the command does not have counts as not given)."""
+    return {name: pick(getattr(args, name, None), getattr(eval_config, name, None)) for name in SPAN_FLAGS}
 
 
 def load_checkpoint(args: argparse.Namespace, path: str | None = None, announce: bool = False):

@@ -64,7 +64,7 @@ def _checkpoint(args: argparse.Namespace) -> None:
 def _check(args: argparse.Namespace) -> None:
     """Reject flag combinations that make no sense, before anything is loaded."""
     check_range(args, 1, "batch_size", "tgt_len")
-    check_range(args, 0, "max_tokens", "mem_len")
+    check_range(args, 0, "max_tokens", "mem_len", "cmem_len")
     check_seed(args.seed, 2**32)
     if args.stride != 1 and args.sliding_window is None:
         raise TxlError("--stride applies to --sliding-window evaluation; give --sliding-window CONTEXT too")
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         span = span_args(args, e)
         res = evaluate(ckpt.model, tokens, unit=unit, batch_size=batch_size,
                        tgt_len=span["tgt_len"], mem_len=span["mem_len"],
-                       clamp_len=span["clamp_len"], same_length=span["same_length"],
+                       clamp_len=span["clamp_len"], same_length=span["same_length"], cmem_len=span["cmem_len"],
                        warmup=args.warmup or e.warmup, max_tokens=max_tokens, dtype=args.dtype)
     if args.json != "-":
         print(f"{where}: {res}")

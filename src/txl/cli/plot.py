@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text", help="with --attention: the text to read")
     add_data(p, "with --attention: read the text from this file", aliases=("--text-file",))
     p.add_argument("--max-segments", type=int, default=8, help="with --attention: segments to read (default 8)")
-    add_span(p, ("mem_len",), default_text="the checkpoint's eval config")
+    add_span(p, ("mem_len", "cmem_len"), default_text="the checkpoint's eval config")
     add_device(p)
     add_force(p)
 
@@ -78,6 +78,8 @@ def _attention(args: argparse.Namespace, checkpoint: str) -> int:
         raise TxlError(f"--max-segments must be >= 1, got {args.max_segments}")
     if args.mem_len is not None and args.mem_len < 0:
         raise TxlError(f"--mem-len must be >= 0, got {args.mem_len}")
+    if args.cmem_len is not None and args.cmem_len < 0:
+        raise TxlError(f"--cmem-len must be >= 0, got {args.cmem_len}")
     if args.data:
         try:
             text = Path(args.data).read_text(encoding="utf-8")
@@ -89,17 +91,26 @@ def _attention(args: argparse.Namespace, checkpoint: str) -> int:
     from txl.analysis.plots import pyplot
 
     pyplot()
-    from txl.analysis.attention_maps import mean_attention_distance
+    from txl.analysis.attention_maps import compressed_attention_mass, mean_attention_distance
     from txl.analysis.plots import plot_attention_distance
 
     ckpt, _ = load_checkpoint(args, checkpoint)
     tokens = ckpt.tokenizer.encode(text)
     mem_len = args.mem_len if args.mem_len is not None else ckpt.run.eval.mem_len
-    distance = mean_attention_distance(ckpt.model, tokens, mem_len=mem_len, max_segments=args.max_segments)
+    cmem_len = args.cmem_len if args.cmem_len is not None else (ckpt.run.eval.cmem_len if ckpt.run.eval.cmem_len
+                                                                   is not None else ckpt.model.config.cmem_len)
+    distance = mean_attention_distance(ckpt.model, tokens, mem_len=mem_len, max_segments=args.max_segments,
+                                       cmem_len=cmem_len)
     cfg = ckpt.model.config
     path = Path(args.out) / ATTENTION_FILE
     plot_attention_distance(distance, path, title=f"{ckpt.path.parent.name}: tgt_len {cfg.tgt_len}, mem_len {mem_len}")
     print(f"wrote {path}")
     for layer, row in enumerate(distance):
         print(f"layer {layer}: " + " ".join(f"{d:6.1f}" for d in row))
+    if cmem_len:
+        mass = compressed_attention_mass(ckpt.model, tokens, mem_len=mem_len, cmem_len=cmem_len,
+                                         max_segments=args.max_segments)
+        print(f"attention on the compressed memory ({cmem_len} slots), share per head:")
+        for layer, row in enumerate(mass):
+            print(f"layer {layer}: " + " ".join(f"{m:6.3f}" for m in row))
     return 0

@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.files:
         raise TxlError("give at least one FILE to score after the CHECKPOINT")
     check_range(args, 1, "batch_size", "tgt_len")
-    check_range(args, 0, "mem_len")
+    check_range(args, 0, "mem_len", "cmem_len")
     check_output(args, args.out, [args.checkpoint, *args.files])
 
     from txl.evaluation.scoring import score_tokens, total_metric

@@ -72,7 +72,8 @@ def convert_to_hf(src: str | Path, dst: str | Path) -> Path:
     (``config.json``, ``model.safetensors`` and, for word vocabularies, HF's ``vocab.pkl``).
 
     Raises:
-        TxlError: a model HF cannot express (``attn_type="abs"``, unusual ``tie_projs``) or a
+        TxlError: a model HF cannot express (``attn_type="abs"``, a compressed memory, unusual
+            ``tie_projs``) or a
             ``dst`` that is not empty, is in use by another process or lies inside a checkpoint or run
             folder. A failed write removes what it wrote.
     """

@@ -121,8 +121,12 @@ def config_to_hf(config: TransformerXLConfig) -> dict[str, Any]:
     """An HF ``config.json`` dict (``TransfoXLConfig``, transformers 4.35) for a txl config.
 
     Raises:
-        TxlError: ``attn_type="abs"`` or a ``tie_projs`` pattern HF cannot express.
+        TxlError: ``attn_type="abs"``, a compressed memory (``cmem_len > 0``: HF's TransfoXL has no
+            compression network) or a ``tie_projs`` pattern HF cannot express.
     """
+    if config.cmem_len > 0:
+        raise TxlError(f"this model has a compressed memory (cmem_len={config.cmem_len}, Compressive Transformer); "
+                       "HF's TransfoXL has no such model, so it cannot be written as an HF checkpoint")
     if config.attn_type != "rel":
         raise TxlError("only attn_type='rel' models can be written as HF TransfoXL checkpoints")
     ties = config.tied_projections
@@ -240,14 +244,19 @@ def read_hf_checkpoint(directory: str | Path) -> tuple[TransformerXLConfig, dict
 
 
 def write_hf_checkpoint(model: TransformerXLLM, directory: str | Path) -> None:
-    """Write ``config.json`` and ``model.safetensors`` that ``TransfoXLLMHeadModel.from_pretrained`` reads."""
+    """Write ``config.json`` and ``model.safetensors`` that ``TransfoXLLMHeadModel.from_pretrained`` reads.
+
+    Raises:
+        TxlError: what :func:`config_to_hf` refuses (e.g. a compressed memory), before anything is written.
+    """
     from safetensors.torch import save_file
 
     directory = Path(directory)
+    config = config_to_hf(model.config)  # refuses what HF cannot express before anything is written
     directory.mkdir(parents=True, exist_ok=True)
     state = hf_state_from_model(model)
     atomic_write(directory / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
-    write_json(directory / "config.json", config_to_hf(model.config))
+    write_json(directory / "config.json", config)
 
 
 def hf_initial_mems(config: TransformerXLConfig, batch_size: int, dtype=torch.float32, device="cpu") -> list[torch.Tensor]:

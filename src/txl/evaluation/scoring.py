@@ -30,7 +30,7 @@ import torch
 
 from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
-from txl.evaluation.segments import eval_mode, segments
+from txl.evaluation.segments import decoding_state, eval_mode, segments
 from txl.evaluation.stream import metric_value
 from txl.model.span import AttentionSpan, resolve_span
 
@@ -134,7 +134,8 @@ def _score_rows(model, rows: list[np.ndarray], span: AttentionSpan, dtype: str) 
         labels[r, :n_in[r]] = t[1:]
     inputs, labels = inputs.to(device), labels.to(device)
     out_lp = np.zeros((len(rows), width), dtype=np.float64)
-    for seg in segments(model, inputs, labels, span=span, lengths=n_in, dtype=dtype):
+    for seg in segments(model, inputs, labels, span=span, lengths=n_in, dtype=dtype,
+                        caches=decoding_state(model, span)):
         cols = slice(seg.start, seg.start + seg.inputs.size(1))
         out_lp[seg.rows.cpu().numpy(), cols] = -seg.output.token_loss.detach().to(torch.float64).cpu().numpy()
     result = [out_lp[r, :n_in[r]] for r in range(len(rows))]
@@ -147,7 +148,7 @@ def _score_rows(model, rows: list[np.ndarray], span: AttentionSpan, dtype: str) 
 def score_tokens(model, documents: Sequence[Any], *, batch_size: int = 8, tgt_len: int | None = None,
                  mem_len: int | None = None, clamp_len: int | None = None, same_length: bool | None = None,
                  carry_memory: bool = False, dtype: str = "float32",
-                 span: AttentionSpan | None = None) -> list[DocumentScore]:
+                 span: AttentionSpan | None = None, cmem_len: int | None = None) -> list[DocumentScore]:
     """Per-token log-probabilities of token-id documents, with memory through each document.
 
     See the module docstring for the first-token policy and batching. Equals one long causal pass
@@ -158,8 +159,8 @@ def score_tokens(model, documents: Sequence[Any], *, batch_size: int = 8, tgt_le
         model: a :class:`~txl.model.TransformerXLLM` (put in eval mode during the call, then restored).
         documents: sequence of 1-D integer token-id arrays/lists/tensors, ids in ``[0, vocab_size)``.
         batch_size: documents scored side by side (ignored with ``carry_memory``: one stream).
-        tgt_len, mem_len, clamp_len, same_length: attention span (None: the model's own, or
-            ``span``'s); ``model.config`` is not changed.
+        tgt_len, mem_len, clamp_len, same_length, cmem_len: attention span (None: the model's own,
+            or ``span``'s); ``model.config`` is not changed.
         span: an :class:`~txl.model.AttentionSpan` to start from (None: the model's training span).
         carry_memory: treat the documents as one continuous stream (memory and context carry over).
         dtype: "float32", or "bfloat16"/"float16" autocast.
@@ -187,7 +188,7 @@ def score_tokens(model, documents: Sequence[Any], *, batch_size: int = 8, tgt_le
             raise TxlError(f"document {i} has {d.size} token(s); scoring needs at least {need} (the first token of "
                            "a document has no context and is not scored)")
     span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
-                        same_length=same_length)
+                        same_length=same_length, cmem_len=cmem_len)
     with eval_mode(model):
         if carry_memory:
             stream = np.concatenate(docs)

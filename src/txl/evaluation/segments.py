@@ -150,6 +150,19 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
         mems = out.mems
 
 
+def decoding_state(model, span: AttentionSpan) -> DecodingState | None:
+    """A fresh :class:`~txl.model.DecodingState` for reading without autograd with ``span``, or None for
+    the vanilla model (``attn_type="abs"``, no memory).
+
+    Passed as ``caches`` to :func:`segments`, it keeps the memory's keys, values and projected
+    positions between segments instead of re-projecting them (the scores are the same; only the
+    order of float additions inside the projections differs). Its hidden-state memory is not kept.
+    """
+    if model.config.attn_type == "abs":
+        return None
+    return DecodingState(model.config.n_layer, span, keep_mems=False)
+
+
 @contextlib.contextmanager
 def eval_mode(model):
     """Put ``model`` in eval mode (no dropout) for a ``with`` block and restore its mode afterwards."""

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from txl.config import IGNORE_INDEX
 from txl.data import LMOrderedIterator
 from txl.errors import TxlError
-from txl.evaluation.segments import eval_mode, segments
+from txl.evaluation.segments import decoding_state, eval_mode, segments
 from txl.model.span import AttentionSpan, resolve_span
 from txl.runtime import autocast
 
@@ -91,7 +91,7 @@ def _wide(logits: torch.Tensor) -> torch.Tensor:
 def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 8, tgt_len: int | None = None,
              mem_len: int | None = None, clamp_len: int | None = None, same_length: bool | None = None,
              warmup: bool = False, max_tokens: int = 0, dtype: str = "float32", dist=None,
-             span: AttentionSpan | None = None) -> EvalResult:
+             span: AttentionSpan | None = None, cmem_len: int | None = None) -> EvalResult:
     """Score a token stream segment by segment, carrying the memory (paper §3.2 evaluation).
 
     The streams are read with :func:`txl.evaluation.segments.segments`, in eval mode (the model's
@@ -101,8 +101,9 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
         model: a :class:`~txl.model.TransformerXLLM`.
         tokens: 1-D token array (a whole split); scored in ``batch_size`` parallel streams.
         unit: "bpb", "bpc" or "ppl" (see :func:`metric_unit`).
-        tgt_len, mem_len, clamp_len, same_length: evaluation span (None: the model's own, or
-            ``span``'s); ``model.config`` is not changed.
+        tgt_len, mem_len, clamp_len, same_length, cmem_len: evaluation span (None: the model's own,
+            or ``span``'s); ``model.config`` is not changed. ``cmem_len`` (compressed-memory slots)
+            needs a model trained with a compressed memory.
         span: an :class:`~txl.model.AttentionSpan` to start from (None: the model's training span).
         warmup: feed ``mem_len`` context tokens first so every scored token sees a full memory.
         max_tokens: score only the first ``max_tokens`` targets (0: all).
@@ -120,7 +121,7 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     tokens = token_tensor(tokens, vocab_size=model.config.vocab_size, min_tokens=0)  # the iterator says how many
     device = next(model.parameters()).device
     span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
-                        same_length=same_length)
+                        same_length=same_length, cmem_len=cmem_len)
     has_memory = model.config.attn_type != "abs"
     context = span.mem_len if warmup and has_memory else 0
     if max_tokens:
@@ -131,7 +132,8 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, targets
     if inputs.size(0):  # more ranks than streams: this rank has none
         with eval_mode(model):
-            for seg in segments(model, inputs, labels, span=span, dtype=dtype, positions=batches.positions()):
+            for seg in segments(model, inputs, labels, span=span, dtype=dtype, positions=batches.positions(),
+                                caches=decoding_state(model, span)):
                 sums[0] += seg.output.token_loss.double().sum()
                 sums[1] += (seg.labels != IGNORE_INDEX).sum()
     if dist is not None:
@@ -142,6 +144,8 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     count = int(count)
     settings = {"tgt_len": span.tgt_len, "mem_len": span.mem_len if has_memory else 0,
                 "clamp_len": span.clamp_len, "same_length": span.same_length, "warmup": warmup}
+    if span.cmem_len:
+        settings["cmem_len"] = span.cmem_len
     return EvalResult(loss=total / count, n_tokens=count, unit=unit, settings=settings)
 
 
@@ -205,7 +209,7 @@ def evaluate_sliding_window(model, tokens: np.ndarray, *, context: int, stride: 
     n_targets = data.numel() - 1
     first = min(context, n_targets)
     ends = list(range(first + stride, n_targets + stride, stride))  # window end (exclusive, input index)
-    window = resolve_span(model.config, tgt_len=context, mem_len=0)  # windows carry no memory
+    window = resolve_span(model.config, tgt_len=context, mem_len=0, cmem_len=0)  # windows carry no memory
     with eval_mode(model), torch.no_grad():
         x0 = data[None, :first].to(device)
         with autocast(device, dtype):

@@ -8,9 +8,10 @@ Everything public is importable from ``txl.generation``.
 from txl.generation.beam import BeamResult, beam_search, reorder_state
 from txl.generation.sampling import (Generators, adjust_logits, banned_ngram_tokens, check_decoding, check_sampling,
                                      sample_next)
-from txl.generation.stream import generate, generate_stream, prime_memory, prime_rows, stream_text
+from txl.generation.stream import (GenerationStep, generate, generate_stream, generate_steps, prime_memory, prime_rows,
+                                   stream_text)
 from txl.generation.text import StopText, complete, continue_texts
 
-__all__ = ["BeamResult", "Generators", "StopText", "adjust_logits", "banned_ngram_tokens", "beam_search",
-           "check_decoding", "check_sampling", "complete", "continue_texts", "generate", "generate_stream",
+__all__ = ["BeamResult", "GenerationStep", "Generators", "StopText", "adjust_logits", "banned_ngram_tokens", "beam_search",
+           "check_decoding", "check_sampling", "complete", "continue_texts", "generate", "generate_stream", "generate_steps",
            "prime_memory", "prime_rows", "reorder_state", "sample_next", "stream_text"]

@@ -4,6 +4,7 @@ for a batch of prompts of one length or of different lengths."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -71,15 +72,50 @@ def _check_prompts(model, input_ids) -> tuple[torch.Tensor | list[torch.Tensor],
     return input_ids, False
 
 
+@dataclass
+class GenerationStep:
+    """One step of :func:`generate_steps`.
+
+    Attributes:
+        token: int64 [B] the sampled token of each row.
+        logits: float [B, V] the model's scores for this step (before temperature, top-k/top-p and
+            the decoding rules).
+    """
+
+    token: torch.Tensor
+    logits: torch.Tensor
+
+    @property
+    def logprob(self) -> torch.Tensor:
+        """float64 [B]: log p(token | everything before it) in nats, under the model's distribution
+        (temperature 1, before top-k/top-p and the decoding rules); computed when asked for."""
+        return torch.log_softmax(self.logits.double(), dim=-1).gather(-1, self.token[:, None]).squeeze(-1)
+
+
 @torch.no_grad()
 def generate_stream(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                     top_k: int | None = None, top_p: float | None = None, mems: Mems | None = None,
                     generator: Generators = None, *, span: AttentionSpan | None = None,
                     tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
-                    same_length: bool | None = None, repetition_penalty: float = 1.0,
-                    no_repeat_ngram_size: int = 0, min_new_tokens: int = 0,
-                    end_ids: Sequence[int] = ()) -> Iterator[torch.Tensor]:
-    """Yield ``max_new_tokens`` sampled tokens (int64 [B] each), one forward of one token per step.
+                    same_length: bool | None = None, **rules) -> Iterator[torch.Tensor]:
+    """Yield ``max_new_tokens`` sampled tokens (int64 [B] each): the tokens of :func:`generate_steps`
+    (same arguments and decoding ``rules``, same errors)."""
+    for step in generate_steps(model, input_ids, max_new_tokens, temperature, top_k, top_p, mems, generator,
+                               span=span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
+                               same_length=same_length, **rules):
+        yield step.token
+
+
+@torch.no_grad()
+def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                   top_k: int | None = None, top_p: float | None = None, mems: Mems | None = None,
+                   generator: Generators = None, *, span: AttentionSpan | None = None,
+                   tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
+                   same_length: bool | None = None, repetition_penalty: float = 1.0,
+                   no_repeat_ngram_size: int = 0, min_new_tokens: int = 0,
+                   end_ids: Sequence[int] = ()) -> Iterator[GenerationStep]:
+    """Yield ``max_new_tokens`` :class:`GenerationStep` objects (the sampled tokens [B] and the scores
+    they were drawn from), one forward of one token per step.
 
     For ``attn_type`` "rel" and "shaw" the prompt (all but its last token) is fed once in chunks of ``tgt_len`` to
     build the memory; then each step feeds only the newest token with the memory (cost per token grows
@@ -129,7 +165,7 @@ def generate_stream(model, input_ids: torch.Tensor, max_new_tokens: int, tempera
                 token = choose(logits)
                 rows = [torch.cat([seq, t[:, None]], dim=1) for seq, t in zip(rows, token.split(
                     [seq.size(0) for seq in rows]))]
-                yield token
+                yield GenerationStep(token, logits)
             return
         # the memory lives in ring buffers of keys/values: a step projects and writes only the new token
         state = DecodingState(model.config.n_layer, span, keep_mems=False)
@@ -140,14 +176,16 @@ def generate_stream(model, input_ids: torch.Tensor, max_new_tokens: int, tempera
             mems, padding = prime_memory(model, input_ids[:, :-1], mems, state), None
             last = input_ids[:, -1:]
         for _ in range(max_new_tokens):
-            before = 0 if padding is None else state.memory_length if state.length else mems[0].size(1)
+            before = 0
+            if padding is not None:  # the memory length before this step (the model checks the memory first)
+                before = state.memory_length if state.length else (0 if mems is None else mems[0].size(1))
             out = model(last, mems=mems, caches=state, mem_padding=padding)
             mems = None  # from the first step on, the state holds the memory
             if padding is not None:  # positions that left the memory on the left are padding first
                 padding = (padding - (before + 1 - state.memory_length)).clamp(min=0)
             token = choose(out.logits[:, -1])
             last = token[:, None]
-            yield token
+            yield GenerationStep(token, out.logits[:, -1])
 
 
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,

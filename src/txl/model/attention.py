@@ -177,7 +177,8 @@ class MultiHeadAttention(nn.Module):
             h: [B, T, d_model] input of this layer for the current segment.
             mem: [B, M, d_model] memory of this layer (detached states of earlier segments) or None.
                 Ignored when ``cache`` already holds the memory's keys and values.
-            pos_emb: [K, d_model] sinusoidal R for distances K-1 ... 0 ("rel" only; None otherwise).
+            pos_emb: [K, d_model] sinusoidal R for distances K-1 ... 0 ("rel" only; None otherwise,
+                and None with a ``cache`` whose ``segment_pos_keys`` already hold this key length's).
             mask: bool [T, K], True = not visible (see :func:`attention_mask`).
             cache: this layer's part of a :class:`~txl.model.decoding.DecodingState` (incremental
                 decoding without autograd, "rel" and "shaw"): the keys and values of the memory are
@@ -215,7 +216,12 @@ class MultiHeadAttention(nn.Module):
         dropatt = self.dropatt.p if self.training else 0.0
         if self.attn_type == "rel":
             u, vb = self.r_w_bias, self.r_r_bias
-            r_k = self.r_net(pos_emb).view(klen, self.n_head, self.d_head).permute(1, 2, 0)  # [H, D, K]
+            if pos_emb is None:  # a decoding state's layer: the positions of this key length are kept
+                r_k = cache.segment_pos_keys
+            else:
+                r_k = self.r_net(pos_emb).view(klen, self.n_head, self.d_head).permute(1, 2, 0)  # [H, D, K]
+                if cache is not None:
+                    cache.segment_pos_keys = r_k
             # (b) + (d), pre-scaled, realigned and masked, becomes an additive bias of the fused kernel,
             # which computes softmax(scale * (q + u)·k + bias) @ v, i.e. (a) + (c) + (b) + (d).
             bias = rel_shift_bias(torch.matmul((q + vb[:, None, :]) * self.scale, r_k), mask)  # [B, H, T, K]

@@ -11,6 +11,7 @@ from txl.errors import TxlError
 from txl.model.span import AttentionSpan
 
 ATTN_TYPES = ("rel", "shaw", "abs")
+COMPRESSIONS = ("conv1d", "max_pool", "mean_pool")  # the compression functions f_c of Rae et al. (2019) §3.1
 
 
 @dataclass
@@ -51,6 +52,16 @@ class TransformerXLConfig:
         tie_projs: per cluster, share the softmax projection with the embedding's; empty means
             the reference default ``[False] + [True] * len(cutoffs)``.
         proj_init_std: standard deviation of the normal initialisation of the projections.
+        cmem_len: compressed-memory slots kept per layer (Compressive Transformer, Rae et al. 2019;
+            0: off, the plain Transformer-XL). Needs ``attn_type`` "rel" or "shaw". See
+            :mod:`txl.model.compressive` and docs/compressive.md.
+        cmem_ratio: compression rate c: each group of c states leaving the memory becomes one
+            compressed slot (>= 1; the paper uses 3 for enwik8 and 4 for WikiText-103).
+        compression: the compression function f_c: ``"conv1d"`` (the paper's best: a learned 1-D
+            convolution with kernel and stride c, one per layer), ``"max_pool"`` or ``"mean_pool"``
+            (kernel and stride c, no parameters).
+        recon_loss_weight: weight of the attention-reconstruction loss (paper §3.2) in the training
+            objective; it trains the compression network only (see :class:`~txl.model.LMOutput`).
 
     Raises:
         TxlError: from :meth:`validate` for impossible values.
@@ -79,6 +90,10 @@ class TransformerXLConfig:
     div_val: int = 1
     tie_projs: list[bool] = dataclasses.field(default_factory=list)
     proj_init_std: float = 0.01
+    cmem_len: int = 0
+    cmem_ratio: int = 3
+    compression: str = "conv1d"
+    recon_loss_weight: float = 1.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -119,6 +134,16 @@ class TransformerXLConfig:
         if self.div_val > 1 and self.embed_dim // self.div_val ** len(self.cutoffs) < 1:
             raise TxlError(f"model.d_embed={self.embed_dim} is too small for div_val={self.div_val} with "
                            f"{len(self.cutoffs) + 1} clusters")
+        if self.cmem_len < 0:
+            raise TxlError(f"model.cmem_len must be >= 0 (0: no compressed memory), got {self.cmem_len}")
+        if self.cmem_ratio < 1:
+            raise TxlError(f"model.cmem_ratio must be >= 1 (the compression rate c), got {self.cmem_ratio}")
+        if self.compression not in COMPRESSIONS:
+            raise TxlError(f"model.compression must be one of {', '.join(COMPRESSIONS)}, got {self.compression!r}")
+        if not self.recon_loss_weight >= 0:
+            raise TxlError(f"model.recon_loss_weight must be >= 0, got {self.recon_loss_weight}")
+        if self.cmem_len and self.attn_type == "abs":
+            raise TxlError("model.cmem_len > 0 (compressed memory) needs a memory: attn_type 'rel' or 'shaw', not 'abs'")
         if self.tie_projs and len(self.tie_projs) != len(self.cutoffs) + 1:
             raise TxlError(f"model.tie_projs needs one flag per cluster ({len(self.cutoffs) + 1}), got {self.tie_projs}")
 
@@ -129,7 +154,7 @@ class TransformerXLConfig:
 
     @property
     def span(self) -> AttentionSpan:
-        """The training span (``tgt_len``, ``mem_len``, ``clamp_len``, ``same_length``) as an :class:`AttentionSpan`."""
+        """The training span (``tgt_len``, ``mem_len``, ``clamp_len``, ``same_length``, ``cmem_len``) as an :class:`AttentionSpan`."""
         return AttentionSpan.of(self)
 
     @property
@@ -152,6 +177,8 @@ class TransformerXLConfig:
             per_layer += heads * d + 2 * heads  # r_net and per-layer u/v (counted whether untied or not)
         elif self.attn_type == "shaw":
             per_layer += (self.shaw_max_dist + 1) * heads
+        if self.cmem_len and self.compression == "conv1d":
+            per_layer += d * d * self.cmem_ratio + d  # the compression convolution
         return table + output + self.n_layer * per_layer + 2 * heads
 
     def check_fits(self, memory_bytes: int, where: str = "the model config") -> None:

@@ -11,6 +11,12 @@ The state is owned by the caller and passed to :meth:`txl.model.TransformerXLLM.
 ``caches``; while it is in use it *is* the memory (``forward`` returns ``mems=None``; read the
 hidden-state memory with :meth:`DecodingState.mems`). Nothing is kept inside the model.
 
+With a compressive span (``span.cmem_len > 0``, Rae et al. 2019) the state holds the memory as
+tensors instead (:attr:`DecodingState.held`, the layout of :mod:`txl.model.compressive`) and the model
+takes its general path for every call: compressed slots change every c tokens, so the ring buffers'
+exactness argument does not cover them, and correctness comes first. The results are those of the
+same calls without a state.
+
 Shapes: B = batch, H = heads, D = d_head, S = ``capacity`` slots.
 """
 
@@ -34,6 +40,9 @@ class LayerCache:
         pos_keys: float [H, D, 2 * S] projected relative encodings (``W_kR R`` for "rel", the Shaw
             table's rows for "shaw") for distances S-1 ... 0, stored twice in a row so that the
             rotated order of any step is one contiguous slice (see :meth:`DecodingState.pos_offset`).
+        segment_pos_keys: float [H, D, K] ``W_kR R`` of the last multi-token call, reused while the
+            key length K stays the same (``DecodingState.segment_klen``), as it does segment after
+            segment once the memory is full.
     """
 
     def __init__(self, state: "DecodingState") -> None:
@@ -42,6 +51,7 @@ class LayerCache:
         self.values: torch.Tensor | None = None
         self.hidden: torch.Tensor | None = None
         self.pos_keys: torch.Tensor | None = None
+        self.segment_pos_keys: torch.Tensor | None = None  # [H, D, K] of the last multi-token call ("rel")
 
 
 class DecodingState:
@@ -78,7 +88,20 @@ class DecodingState:
         self.next_slot = 0
         self.batch_size: int | None = None
         self.pos_emb: torch.Tensor | None = None  # [S, d_model] sinusoid R for distances S-1 ... 0 ("rel")
+        self.segment_klen = -1  # key length whose projected positions the layers hold (multi-token calls)
         self.layers = [LayerCache(self) for _ in range(n_layer)]
+        self.held: list[torch.Tensor] | None = None  # compressive spans: the memory itself (see the module)
+
+    @property
+    def compressive(self) -> bool:
+        """Whether the span has a compressed memory (the state then holds the memory in :attr:`held`)."""
+        return self.span.cmem_len > 0
+
+    def hold(self, mems: list[torch.Tensor], qlen: int) -> None:
+        """Compressive spans: keep ``mems`` (``3 * n_layer`` tensors) as the memory after ``qlen`` more tokens."""
+        self.held = mems
+        self.length = min(self.length + qlen, self.capacity)
+        self.next_slot = self.length % self.capacity
 
     @property
     def memory_length(self) -> int:
@@ -137,11 +160,14 @@ class DecodingState:
     def mems(self) -> list[torch.Tensor] | None:
         """The hidden-state memory (paper §3.2): ``n_layer`` tensors [B, min(length, mem_len), d_model],
         oldest first, as :meth:`~txl.model.TransformerXLLM.forward` would have returned it; None for an
-        empty state.
+        empty state. A compressive state returns its :attr:`held` memory (``3 * n_layer`` tensors),
+        whatever ``keep_mems`` says.
 
         Raises:
             TxlError: the state was made with ``keep_mems=False``.
         """
+        if self.compressive:
+            return self.held
         if not self.keep_mems:
             raise TxlError("this decoding state was made with keep_mems=False: it holds no hidden-state memory")
         if self.length == 0:
@@ -159,7 +185,9 @@ class DecodingState:
             for name in ("keys", "values", "hidden"):
                 buffer = getattr(cache, name)
                 if buffer is not None:
-                    setattr(cache, name, buffer.index_select(0, index.to(buffer.device)))
+                    setattr(cache, name, buffer.index_select(0, index.to(buffer.device)).contiguous())
+        if self.held is not None:
+            self.held = [m.index_select(0, index.to(m.device)).contiguous() for m in self.held]
         if self.batch_size is not None:
             self.batch_size = int(index.numel())
 

@@ -40,6 +40,26 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.devic
     return (keep if keep.numel() == n else keep[:n]).view(shape)
 
 
+class _KeepScale(torch.autograd.Function):
+    """``x * (keep * scale)`` whose backward keeps the bool mask (1 byte per element), not a float copy."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return x * _factor(keep, scale, x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (keep,) = ctx.saved_tensors
+        return grad * _factor(keep, ctx.scale, grad.dtype), None, None
+
+
+def _factor(keep: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """``keep`` as 0 / ``scale`` of ``dtype`` (the same rounding in forward and backward)."""
+    return keep.to(dtype) * torch.tensor(scale, dtype=dtype)
+
+
 class Dropout(nn.Module):
     """Drop-in for ``nn.Dropout(p)``: in training, zero each element with probability ``p`` and scale
     the rest by ``1 / (1 - p)``; identity in eval mode or for p = 0. Any shape and float dtype (the
@@ -58,8 +78,7 @@ class Dropout(nn.Module):
             return x * 0.0
         if x.device.type != "cpu":
             return F.dropout(x, self.p, training=True)
-        scale = torch.tensor(1.0 / (1.0 - self.p), dtype=x.dtype)
-        return x * (keep_mask(x.shape, self.p, x.device).to(x.dtype) * scale)
+        return _KeepScale.apply(x, keep_mask(x.shape, self.p, x.device), 1.0 / (1.0 - self.p))
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

@@ -14,7 +14,7 @@ from typing import Any
 
 from txl.errors import TxlError
 
-SPAN_FIELDS = ("tgt_len", "mem_len", "clamp_len", "same_length")
+SPAN_FIELDS = ("tgt_len", "mem_len", "clamp_len", "same_length", "cmem_len")
 
 
 @dataclass(frozen=True)
@@ -26,20 +26,24 @@ class AttentionSpan:
         mem_len: hidden states kept per layer as memory (>= 0 tokens; 0: no memory carried).
         clamp_len: relative distances above this use the encoding of ``clamp_len`` (>= 0; 0: none).
         same_length: every query sees the last ``mem_len`` keys up to and including itself
-            (no effect with ``mem_len == 0``).
+            (no effect with ``mem_len == 0``; compressed slots stay visible to every query).
+        cmem_len: compressed-memory slots kept per layer (>= 0; 0: none). Only a model built with
+            ``cmem_len > 0`` (it owns the compression network) can read with ``cmem_len > 0``; with it
+            the memory ``mems`` has the compressive layout of :mod:`txl.model.compressive`.
 
     Raises:
         TxlError: a non-integer length, ``tgt_len < 1``, ``mem_len < 0``, ``clamp_len < 0`` or a non-bool
-            ``same_length``.
+            ``same_length``, ``cmem_len < 0``.
     """
 
     tgt_len: int
     mem_len: int
     clamp_len: int = 0
     same_length: bool = False
+    cmem_len: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("tgt_len", "mem_len", "clamp_len"):
+        for name in ("tgt_len", "mem_len", "clamp_len", "cmem_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TxlError(f"span.{name} must be an integer, got {value!r}")
@@ -51,30 +55,32 @@ class AttentionSpan:
             raise TxlError(f"span.mem_len must be >= 0, got {self.mem_len}")
         if self.clamp_len < 0:
             raise TxlError(f"span.clamp_len must be >= 0 (0: no clamping), got {self.clamp_len}")
+        if self.cmem_len < 0:
+            raise TxlError(f"span.cmem_len must be >= 0 (0: no compressed memory), got {self.cmem_len}")
 
     @classmethod
     def of(cls, config: Any) -> "AttentionSpan":
-        """The training span of a :class:`~txl.model.TransformerXLConfig` (its four span fields)."""
-        return cls(config.tgt_len, config.mem_len, config.clamp_len, config.same_length)
+        """The training span of a :class:`~txl.model.TransformerXLConfig` (its five span fields)."""
+        return cls(config.tgt_len, config.mem_len, config.clamp_len, config.same_length, getattr(config, "cmem_len", 0))
 
     def replace(self, *, tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
-                same_length: bool | None = None) -> "AttentionSpan":
+                same_length: bool | None = None, cmem_len: int | None = None) -> "AttentionSpan":
         """A copy with the given fields changed; None keeps a field.
 
         Raises:
             TxlError: an impossible resulting value (see the class).
         """
-        values = {k: v for k, v in zip(SPAN_FIELDS, (tgt_len, mem_len, clamp_len, same_length)) if v is not None}
+        values = {k: v for k, v in zip(SPAN_FIELDS, (tgt_len, mem_len, clamp_len, same_length, cmem_len)) if v is not None}
         return dataclasses.replace(self, **values) if values else self
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"tgt_len": ..., "mem_len": ..., "clamp_len": ..., "same_length": ...}`` for reports."""
+        """``{"tgt_len": ..., "mem_len": ..., "clamp_len": ..., "same_length": ..., "cmem_len": ...}`` for reports."""
         return dataclasses.asdict(self)
 
 
 def resolve_span(config: Any, span: AttentionSpan | None = None, *, tgt_len: int | None = None,
                  mem_len: int | None = None, clamp_len: int | None = None,
-                 same_length: bool | None = None) -> AttentionSpan:
+                 same_length: bool | None = None, cmem_len: int | None = None) -> AttentionSpan:
     """``span`` (None: the config's training span) with the given fields overridden (None keeps a field).
 
     This is how the library functions that take ``tgt_len=None, mem_len=None, ...`` keywords build
@@ -87,4 +93,5 @@ def resolve_span(config: Any, span: AttentionSpan | None = None, *, tgt_len: int
         span = AttentionSpan.of(config)
     elif not isinstance(span, AttentionSpan):
         raise TxlError(f"span must be an AttentionSpan, got {type(span).__name__}")
-    return span.replace(tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
+    return span.replace(tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length,
+                        cmem_len=cmem_len)

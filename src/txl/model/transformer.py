@@ -12,6 +12,7 @@ from torch import nn
 
 from txl.model.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, tie_adaptive
 from txl.model.attention import MultiHeadAttention, attention_mask, relative_positions, sinusoid
+from txl.model.compressive import Compressor, check_compressive_mems, layer_memory, split_mems, update_compressive
 from txl.model.config import TransformerXLConfig
 from txl.model.decoding import DecodingState, LayerCache
 from txl.model.dropout import Dropout
@@ -37,14 +38,21 @@ class LMOutput:
         loss: float scalar, mean negative log-likelihood in nats over labels != -100 (0 when every
             label is -100; None without labels).
         mems: new memory, ``n_layer`` detached tensors [B, <= mem_len, d_model]; None for ``attn_type="abs"``.
+            With a compressive span (``cmem_len > 0``): ``3 * n_layer`` tensors, memory, compressed
+            memory and pending states (layout in :mod:`txl.model.compressive`).
         token_loss: float [B, T] per-token negative log-likelihood in nats, 0 where labels == -100
             (None without labels).
+        recon_loss: the attention-reconstruction loss of the compressive memory (Rae et al. 2019,
+            §3.2), summed over layers: float scalar, computed only with autograd enabled and a
+            compressive span, else None. Not part of ``loss``; its gradient reaches only the
+            compression networks (training adds it weighted by ``recon_loss_weight``).
     """
 
     logits: torch.Tensor | None
     loss: torch.Tensor | None
     mems: Mems | None
     token_loss: torch.Tensor | None = None
+    recon_loss: torch.Tensor | None = None
 
 
 class PositionwiseFF(nn.Module):
@@ -75,6 +83,8 @@ class DecoderLayer(nn.Module):
                                        c.attn_type, own_biases=c.untie_r, shaw_max_dist=c.shaw_max_dist,
                                        shared_biases=shared_biases)
         self.ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm)
+        if c.cmem_len > 0:  # the compression function f_c of this layer (Rae et al. 2019)
+            self.compress = Compressor(c.d_model, c.cmem_ratio, c.compression)
 
     def forward(self, h: torch.Tensor, mem: torch.Tensor | None, pos_emb: torch.Tensor | None,
                 mask: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
@@ -214,11 +224,11 @@ class TransformerXLLM(nn.Module):
                 other than -100; a ``span`` that is not an AttentionSpan. Value (range) checks run on
                 CPU tensors only, to keep GPU steps free of host synchronisation.
         """
-        h, new_mems = self._body(input_ids, mems, caches, detach_mems, span, mem_padding)
+        h, new_mems, recon = self._body(input_ids, mems, caches, detach_mems, span, mem_padding)
         if labels is not None:  # after input_ids was checked (labels must have its shape and device)
             labels = check_labels(labels, input_ids, self.config.vocab_size)
         logits, token_loss, loss = self._output(h, labels)
-        return LMOutput(logits=logits, loss=loss, mems=new_mems, token_loss=token_loss)
+        return LMOutput(logits=logits, loss=loss, mems=new_mems, token_loss=token_loss, recon_loss=recon)
 
     def hidden_states(self, input_ids: torch.Tensor, mems: Mems | None = None,
                       detach_mems: bool = True, span: AttentionSpan | None = None) -> tuple[torch.Tensor, Mems | None]:
@@ -242,12 +252,13 @@ class TransformerXLLM(nn.Module):
         Raises:
             TxlError: as :meth:`forward` for bad ``input_ids``, ``mems`` or ``span``.
         """
-        return self._body(input_ids, mems, None, detach_mems, span)
+        return self._body(input_ids, mems, None, detach_mems, span)[:2]
 
     def _body(self, input_ids: torch.Tensor, mems: Mems | None, caches: DecodingState | None,
               detach_mems: bool, span: AttentionSpan | None,
-              mem_padding: torch.Tensor | None = None) -> tuple[torch.Tensor, Mems | None]:
-        """Embedding and layers: hidden states [B, T, d_model] and the new memory (see :meth:`forward`)."""
+              mem_padding: torch.Tensor | None = None) -> tuple[torch.Tensor, Mems | None, torch.Tensor | None]:
+        """Embedding and layers: hidden states [B, T, d_model], the new memory and the reconstruction
+        loss (see :meth:`forward`)."""
         c = self.config
         if caches is not None:
             span = self._check_state(caches, mems, span)
@@ -260,6 +271,11 @@ class TransformerXLLM(nn.Module):
         bsz, qlen = check_input_ids(input_ids, c.vocab_size, weight.device)
         if c.attn_type == "abs" and mems is not None:
             raise TxlError("attn_type='abs' (vanilla Transformer) has no memory: pass mems=None")
+        if span.cmem_len > 0:
+            if mem_padding is not None:
+                raise TxlError("mem_padding (prompts of different lengths) is not supported with a compressed "
+                               "memory: decode such prompts one at a time")
+            return self._compressive_body(input_ids, mems, caches, detach_mems, span, bsz)
         mlen = check_mems(mems, c.n_layer, bsz, c.d_model, dtypes=self._mem_dtypes(weight), device=weight.device)
         if caches is not None:
             if caches.batch_size not in (None, bsz):
@@ -268,14 +284,18 @@ class TransformerXLLM(nn.Module):
             caches.batch_size = bsz
             if caches.length > 0:
                 if qlen == 1:  # the ring-buffer step: no mask (but the padding), no memory copy
-                    return self._step(input_ids, caches, mem_padding), None
+                    return self._step(input_ids, caches, mem_padding), None, None
                 mlen = caches.memory_length
         klen = mlen + qlen
 
         emb = self.word_emb(input_ids)  # [B, T, d_model], scaled by sqrt(d_model)
         if c.attn_type != "abs":  # "rel" and "shaw": positions enter in every layer's attention
             pos_emb = None  # "shaw": each layer looks its distances up in its own table
-            if c.attn_type == "rel":
+            if c.attn_type == "rel" and caches is not None and caches.segment_klen == klen:
+                pass  # each layer of the decoding state keeps its projected positions for this key length
+            elif c.attn_type == "rel":
+                if caches is not None:
+                    caches.segment_klen = klen
                 pos_emb = self.drop(sinusoid(relative_positions(klen, span.clamp_len, emb.device), c.d_model).to(emb.dtype))
             h = self.drop(emb)
             mask = attention_mask(qlen, mlen, span.same_length, span.mem_len, emb.device)
@@ -293,11 +313,61 @@ class TransformerXLLM(nn.Module):
         h = self.drop(h)
 
         if c.attn_type == "abs":
-            return h, None
+            return h, None, None
         if caches is not None:
             caches.advance_to(klen)
-            return h, None
-        return h, update_mems(mems, hids, span.mem_len, detach=detach_mems)
+            return h, None, None
+        return h, update_mems(mems, hids, span.mem_len, detach=detach_mems), None
+
+    def _compressive_body(self, input_ids: torch.Tensor, mems: Mems | None, caches: DecodingState | None,
+                          detach_mems: bool, span: AttentionSpan,
+                          bsz: int) -> tuple[torch.Tensor, Mems | None, torch.Tensor | None]:
+        """:meth:`_body` for a span with compressed memory (Rae et al. 2019; :mod:`txl.model.compressive`).
+
+        Attention reads [compressed, pending, memory, segment] with distances counted in key slots; the
+        same mask as without compression over [memory, segment], compressed and pending states visible
+        to every query. A decoding state holds this memory as tensors (its general path: the result is
+        the same as without the state).
+        """
+        c = self.config
+        if c.cmem_len == 0:
+            raise TxlError(f"span.cmem_len={span.cmem_len} needs a model with a compressed memory (model.cmem_len > 0: "
+                           "it owns the compression network); this model has none, read it with cmem_len=0")
+        if caches is not None:
+            if caches.batch_size not in (None, bsz):
+                raise TxlError(f"the decoding state holds {caches.batch_size} rows but input_ids has {bsz}; "
+                               "make a new DecodingState for another batch")
+            caches.batch_size = bsz
+            if caches.length > 0:
+                mems = caches.held
+        weight = self.word_emb.emb_layers[0].weight
+        mlen, clen, plen = check_compressive_mems(mems, c.n_layer, bsz, c.d_model, c.cmem_ratio,
+                                                  dtypes=self._mem_dtypes(weight), device=weight.device)
+        memory, compressed, pending = split_mems(mems, c.n_layer)
+        qlen = input_ids.size(1)
+        extra = clen + plen
+        klen = extra + mlen + qlen
+        emb = self.word_emb(input_ids)
+        pos_emb = None
+        if c.attn_type == "rel":
+            pos_emb = self.drop(sinusoid(relative_positions(klen, span.clamp_len, emb.device), c.d_model).to(emb.dtype))
+        h = self.drop(emb)
+        mask = attention_mask(qlen, mlen, span.same_length, span.mem_len, emb.device)
+        if extra:
+            mask = torch.cat([mask.new_zeros(qlen, extra), mask], dim=1)
+        hids = []
+        for i, layer in enumerate(self.layers):
+            hids.append(h)
+            h = layer(h, layer_memory(memory, compressed, pending, i), pos_emb, mask)
+        h = self.drop(h)
+        new_mems, recon = update_compressive(
+            memory, compressed, pending, hids, mem_len=span.mem_len, cmem_len=span.cmem_len,
+            compressors=[layer.compress for layer in self.layers], detach=detach_mems,
+            attentions=[layer.attn for layer in self.layers])
+        if caches is not None:
+            caches.hold(new_mems, qlen)
+            return h, None, recon
+        return h, new_mems, recon
 
     def _check_state(self, state: DecodingState, mems: Mems | None, span: AttentionSpan | None) -> AttentionSpan:
         """The span of a decoding ``state`` after checking that it may be used here (see :meth:`forward`)."""

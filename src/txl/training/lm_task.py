@@ -154,7 +154,7 @@ def evaluate_run(model: TransformerXLLM, corpus: CorpusSplits, run: RunConfig,
         raise TxlError(f"the {e.split} split is empty; choose eval.split=valid or give a test split")
     return evaluate(model, tokens, unit=metric_unit(corpus.tokenizer.kind), batch_size=e.batch_size,
                     tgt_len=e.tgt_len, mem_len=e.mem_len, clamp_len=e.clamp_len, same_length=e.same_length,
-                    warmup=e.warmup, max_tokens=e.max_tokens, dtype=run.train.dtype, dist=dist)
+                    cmem_len=e.cmem_len, warmup=e.warmup, max_tokens=e.max_tokens, dtype=run.train.dtype, dist=dist)
 
 
 def sample_text(model: TransformerXLLM, corpus: CorpusSplits, prompt: str, n_tokens: int, seed: int,

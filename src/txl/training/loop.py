@@ -232,6 +232,7 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
         metrics_file, writer = open_metrics(out_dir / "metrics.csv", start_step)
     total_tokens = torch.tensor(state["tokens"], dtype=torch.int64, device=device)  # on the device: no sync per step
     window_loss, window_tokens, window_start = 0.0, state["tokens"], time.perf_counter()
+    window_recon, window_steps = 0.0, 0  # attention-reconstruction loss (compressed memory) in the window
     if "window" in state:  # resumed inside a logging window: its first row averages the whole window again
         saved_loss, window_tokens, window_elapsed = state["window"]
         window_loss, window_start = saved_loss, window_start - window_elapsed
@@ -300,6 +301,8 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
                 mems = out.mems
                 total_tokens += n_tok
                 window_loss = window_loss + out.loss_sum
+                if out.recon_loss is not None:
+                    window_recon, window_steps = window_recon + out.recon_loss, window_steps + 1
             else:  # skipped: no update; the data moved on, so the memory starts afresh
                 mems = None
                 bad_in_a_row += 1
@@ -321,6 +324,9 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
                 row = {"step": step, "tokens": state["tokens"], "elapsed_s": round(now - start, 3), "lr": lr,
                        "tgt_len": tgt_len, "mem_len": mem_len, "train_loss": train_loss,
                        "train_metric": metric_value(train_loss, unit), "tokens_per_s": round(speed, 1)}
+                if window_steps:
+                    row["recon_loss"] = float(window_recon) / window_steps
+                    window_recon, window_steps = 0.0, 0
                 bar.set_postfix_str(f"loss {train_loss:.3f} {unit} {metric_value(train_loss, unit):.3f} "
                                     f"lr {lr:.2e} {speed:,.0f} tok/s")
                 window_loss, window_tokens, window_start = 0.0, state["tokens"], now

@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 METRIC_FIELDS = ["step", "tokens", "elapsed_s", "lr", "tgt_len", "mem_len", "train_loss", "train_metric",
-                 "tokens_per_s", "val_loss", "val_metric", "unit"]
+                 "tokens_per_s", "val_loss", "val_metric", "unit", "recon_loss"]
 """Columns of metrics.csv. ``unit`` names the unit of ``train_metric``/``val_metric``: "bpb" (byte
 models), "bpc" (char models) or "ppl"; files written before it existed lack the column (and said
-"bpc" for byte models in ``state.json``): readers accept both."""
+"bpc" for byte models in ``state.json``): readers accept both. ``recon_loss`` (compressive memory
+only, else empty) is the mean attention-reconstruction loss per step over the logging window."""
 
 
 class StopRequest:

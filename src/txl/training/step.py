@@ -4,6 +4,11 @@ The step's loss is the mean negative log-likelihood (nats) over every target tok
 batch (all ranks, all accumulation chunks): each chunk back-propagates ``sum of its token losses ×
 world / global count``, DistributedDataParallel averages over the ``world`` ranks, and the gradient
 is exactly that of one process on the whole batch (up to float summation order).
+
+With a compressed memory (Rae et al. 2019) each chunk also back-propagates ``recon_loss_weight ×
+recon_loss / chunks``: the attention-reconstruction loss, whose gradient reaches only the compression
+networks; DistributedDataParallel averages it over ranks, so the step trains them on the mean over
+the global batch's chunks. It is not part of ``loss_sum``.
 """
 
 from __future__ import annotations
@@ -28,12 +33,15 @@ class StepResult:
         finite: whether that loss is finite; when not, no update was made and ``mems`` is the old memory.
         mems: the memory for the next segment (this rank's rows), detached.
         stop: some rank was asked to stop (SIGINT/SIGTERM) during this step.
+        recon_loss: float64 scalar tensor, this rank's attention-reconstruction loss (mean over the
+            chunks, unweighted), or None without compressed memory.
     """
 
     loss_sum: torch.Tensor
     finite: bool
     mems: list[torch.Tensor] | None
     stop: bool
+    recon_loss: torch.Tensor | None = None
 
 
 def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, mems: list[torch.Tensor] | None, *,
@@ -63,6 +71,8 @@ def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, mems: l
     pieces_x, pieces_y = torch.tensor_split(x, chunks), torch.tensor_split(y, chunks)
     pieces_m = [torch.tensor_split(m, chunks) for m in mems] if mems is not None else None
     new_mems = []
+    recon_sum = None
+    weight = float(getattr(module.config, "recon_loss_weight", 0.0))
     for i in range(chunks):
         sync = i == chunks - 1 or not hasattr(model, "no_sync")
         with contextlib.nullcontext() if sync else model.no_sync():
@@ -70,7 +80,12 @@ def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, mems: l
                 out = model(pieces_x[i], mems=None if pieces_m is None else [m[i] for m in pieces_m],
                             labels=pieces_y[i], span=span)
             chunk_sum = out.token_loss.float().sum()
-            scaler.scale(chunk_sum * scale).backward()
+            objective = chunk_sum * scale
+            if out.recon_loss is not None:
+                objective = objective + out.recon_loss.float() * (weight / chunks)
+                term = out.recon_loss.detach().double() / chunks
+                recon_sum = term if recon_sum is None else recon_sum + term
+            scaler.scale(objective).backward()
         loss_sum += chunk_sum.detach().double()
         new_mems.append(out.mems)
     combined = all_sum(d, torch.stack([loss_sum, torch.tensor(float(stop), dtype=torch.float64, device=device)]))
@@ -84,4 +99,4 @@ def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, mems: l
         scaler.update()
         mems = None if new_mems[0] is None else [torch.cat(layer, dim=0) for layer in zip(*new_mems)]
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss_sum=loss_sum, finite=finite, mems=mems, stop=stopping)
+    return StepResult(loss_sum=loss_sum, finite=finite, mems=mems, stop=stopping, recon_loss=recon_sum)

@@ -1,0 +1,151 @@
+"""Compressive memory against plain memory at equal attention span and training budget (docs/compressive.md).
+
+    PYTHONPATH=src python benchmarks/compressive.py --out runs/cmem [--steps 200] [--seeds 0 1]
+
+Trains each variant (below) on the built-in default corpus (bytes) and tiny Shakespeare (chars),
+each run in its own process (one torch thread) so that its peak resident memory can be read, and
+writes ``results.json``, ``compressive.md`` (table) and ``compressive.png`` (via txl.analysis.plots).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+M = 64  # the attention span beyond the segment, in key slots
+VARIANTS = {  # name: model overrides (equal span: mem_len + cmem_len = M for the memory models)
+    "xl-mem64": dict(mem_len=M, cmem_len=0),
+    "cmem32+32-c3": dict(mem_len=M // 2, cmem_len=M // 2, cmem_ratio=3),
+    "xl-mem32": dict(mem_len=M // 2, cmem_len=0),
+    "no-memory": dict(mem_len=0, cmem_len=0),
+}
+CORPORA = {"default": ["data.tokenizer=byte"],
+           "shakespeare": ["data.path=data/tinyshakespeare.txt", "data.tokenizer=char"]}
+
+ONE_RUN = r"""
+import json, resource, sys, torch
+torch.set_num_threads(1)
+from txl.training.config import load_run_config
+from txl.training.loop import train
+run = load_run_config("configs/cpu-tiny.toml", sys.argv[2:])
+r = train(run, progress=False, log=lambda m: None)
+print(json.dumps({"value": r.final.value, "unit": r.final.unit, "loss": r.final.loss, "n_tokens": r.final.n_tokens,
+                  "settings": r.final.settings, "tokens_per_s": r.tokens_per_s, "wall_s": r.wall_s,
+                  "steps": r.steps, "tokens": r.tokens,
+                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def speed(variants: list[str], rounds: int) -> dict:
+    """Training-step seconds per variant (byte model, batch 16 x tgt_len 32, one thread, AdamW, the
+    reconstruction loss included), measured interleaved (A B C A B C ...) so that the machine's other
+    load falls on every variant alike; the median over ``rounds`` timings of 5 steps each."""
+    import statistics
+    import time
+
+    import torch
+
+    from txl.model import TransformerXLLM
+    from txl.training.config import load_run_config
+
+    torch.set_num_threads(1)
+    base = load_run_config("configs/cpu-tiny.toml", ["model.tgt_len=32", "model.vocab_size=256"]).model
+    models = {}
+    for name in variants:
+        torch.manual_seed(0)
+        model = TransformerXLLM(base.__class__(**{**base.to_dict(), **VARIANTS[name]})).train()
+        models[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4))
+    x = torch.randint(0, 256, (16, 32), generator=torch.Generator().manual_seed(0))
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    mems = {name: None for name in variants}
+    for _ in range(rounds + 1):  # the first round warms up
+        for name, (model, opt) in models.items():
+            start = time.perf_counter()
+            for _ in range(5):
+                out = model(x, mems=mems[name], labels=x)
+                loss = out.loss if out.recon_loss is None else out.loss + out.recon_loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                mems[name] = out.mems
+            times[name].append((time.perf_counter() - start) / 5)
+    return {name: {"s_per_step": statistics.median(t[1:]), "tokens_per_s": 16 * 32 / statistics.median(t[1:]),
+                   "all": t[1:]} for name, t in times.items()}
+
+
+def table(results: dict) -> str:
+    """Markdown: one row per corpus and variant, mean and spread (half the range) over the seeds."""
+    rows = {}
+    for key, r in results.items():
+        if key == "speed":
+            continue
+        corpus, variant, _ = key.split("/")
+        rows.setdefault((corpus, variant), []).append(r)
+    lines = ["| corpus | variant | train mem_len / cmem_len (c) | seeds | valid (mean ± half range) | "
+             "train tokens/s in the run | interleaved tokens/s | peak RSS MiB |", "|---|---|---|---|---|---|---|---|"]
+    for (corpus, variant), rs in rows.items():
+        values = [r["value"] for r in rs]
+        v = VARIANTS[variant]
+        span = f"{v['mem_len']} / {v['cmem_len']}" + (f" ({v['cmem_ratio']})" if v["cmem_len"] else "")
+        mean, half = sum(values) / len(values), (max(values) - min(values)) / 2
+        speed = sum(r["tokens_per_s"] for r in rs) / len(rs)
+        rss = max(r["peak_rss_mib"] for r in rs)
+        timed = results.get("speed", {}).get(variant, {}).get("tokens_per_s")
+        lines.append(f"| {corpus} | {variant} | {span} | {len(rs)} | {rs[0]['unit']} {mean:.4f} ± {half:.4f} | "
+                     f"{speed:,.0f} | {f'{timed:,.0f}' if timed else '-'} | {rss:,.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="runs/cmem")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--corpora", nargs="+", default=list(CORPORA))
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    p.add_argument("--eval-tokens", type=int, default=16384)
+    p.add_argument("--speed-rounds", type=int, default=3,
+                   help="interleaved timing rounds of a training step per variant (0: none)")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    for corpus in args.corpora:
+        for name in args.variants:
+            for seed in args.seeds:
+                key = f"{corpus}/{name}/{seed}"
+                if key in results:
+                    continue
+                v = VARIANTS[name]
+                overrides = [*CORPORA[corpus], f"train.out_dir={out / corpus / name / str(seed)}",
+                             f"train.seed={seed}", f"train.max_steps={args.steps}", f"train.eval_interval={args.steps}",
+                             "train.sample_tokens=0", f"train.eval_max_tokens={args.eval_tokens}",
+                             f"train.warmup_steps={max(1, args.steps // 10)}",
+                             f"eval.max_tokens={args.eval_tokens}", "model.tgt_len=32",
+                             *(f"model.{k}={val}" for k, val in v.items()),
+                             f"eval.mem_len={v['mem_len']}", f"eval.cmem_len={v['cmem_len']}"]
+                print("run", key, file=sys.stderr, flush=True)
+                done = subprocess.run([sys.executable, "-c", ONE_RUN, "--", *overrides], capture_output=True,
+                                      text=True)
+                if done.returncode:
+                    print(done.stderr, file=sys.stderr)
+                    return 1
+                results[key] = json.loads(done.stdout.strip().splitlines()[-1])
+                results_path.write_text(json.dumps(results, indent=1))
+    if args.speed_rounds and "speed" not in results:
+        results["speed"] = speed(args.variants, args.speed_rounds)
+        results_path.write_text(json.dumps(results, indent=1))
+    from txl.analysis.plots import plot_compressive
+
+    (out / "compressive.md").write_text(table(results))
+    plot_compressive(results, out / "compressive.png")
+    print((out / "compressive.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

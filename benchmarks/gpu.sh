@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The txl bench tables on a CUDA GPU, in under 5 minutes: bfloat16 autocast, batch sized to the device.
+#
+#   bash benchmarks/gpu.sh            # writes benchmarks/results/<gpu>.json and <gpu>-eval-speedup.json
+#
+# Uses the python on PATH (or $PYTHON) with a CUDA build of torch; txl from this checkout (src/).
+# Against transformers' TransfoXL and GPT-2 when transformers==4.35.2 is importable, txl alone otherwise.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+name=$("$PY" -c "import torch, re; assert torch.cuda.is_available(), 'no CUDA device'; \
+print(re.sub(r'[^a-z0-9]+', '-', torch.cuda.get_device_name(0).lower()).strip('-'))")
+# a batch that keeps the device busy: 64 sequences per 40 GiB of memory, at least 16, at most 256
+batch=$("$PY" -c "import torch; g = torch.cuda.get_device_properties(0).total_memory / 2**30; \
+print(max(16, min(256, int(g / 40) * 64)))")
+vs=()
+if "$PY" -c "import transformers, sys; sys.exit(transformers.__version__ != '4.35.2')" 2>/dev/null; then
+    vs=(--vs hf)
+fi
+mkdir -p benchmarks/results
+echo "device: $name, batch $batch, ${vs[*]:-txl alone}"
+timeout 200 "$PY" -m txl bench "${vs[@]}" --device cuda --dtype bfloat16 --batch-size "$batch" --repeats 5 \
+    --json "benchmarks/results/$name.json" --force
+timeout 90 "$PY" -m txl bench --eval-speedup --device cuda --lengths 128,256,512,800,1800,2800,3800 \
+    --json "benchmarks/results/$name-eval-speedup.json" --force

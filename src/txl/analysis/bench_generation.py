@@ -1,0 +1,142 @@
+"""``txl bench`` generation: txl's memory against a GPT-2 KV cache holding the same context.
+
+txl decodes with ``mem_len = C`` (its :class:`~txl.model.DecodingState`); GPT-2 (transformers
+4.35.2, same depth, width, heads and vocabulary, ``n_positions`` large enough) decodes after a
+prompt of C tokens with its key/value cache, so both attend to about C earlier tokens per step.
+Per-token cost is isolated from the prompt: each point times generating 2n and n tokens after the
+same prompt, and the difference is n decoding steps. Implementations alternate within a point and
+the median over repeats is kept, so a ratio compares runs made under the same machine load.
+Units: generated tokens per second of wall time (all rows of the batch).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable
+
+import torch
+
+from txl.generation import generate
+from txl.model import TransformerXLConfig, TransformerXLLM
+
+GEN_CONTEXTS = (128, 512)
+GEN_BATCHES = (1, 8, 32)
+GEN_MODES = ("greedy", "top_p")
+TOP_P = 0.9
+
+
+def gpt2_twin(c: TransformerXLConfig, n_positions: int = 2048):
+    """A transformers GPT-2 with ``c``'s number of layers, width, heads, inner size and vocabulary."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=c.vocab_size, n_positions=n_positions, n_embd=c.d_model, n_layer=c.n_layer,
+                     n_head=c.n_head, n_inner=c.d_inner, eos_token_id=None, pad_token_id=0)
+    return GPT2LMHeadModel(cfg)
+
+
+def _txl_decoder(model: TransformerXLLM, context: int, mode: str) -> Callable[[torch.Tensor, int], Any]:
+    span = model.config.span.replace(mem_len=context)
+
+    def run(prompt: torch.Tensor, n: int):
+        if mode == "greedy":
+            return generate(model, prompt, n, temperature=0, span=span)
+        return generate(model, prompt, n, temperature=1.0, top_p=TOP_P, span=span,
+                        generator=torch.Generator(prompt.device).manual_seed(0))
+    return run
+
+
+def _gpt2_decoder(model, mode: str) -> Callable[[torch.Tensor, int], Any]:
+    def run(prompt: torch.Tensor, n: int):
+        with torch.no_grad():
+            if mode == "greedy":
+                return model.generate(prompt, max_new_tokens=n, do_sample=False, pad_token_id=0)
+            torch.manual_seed(0)
+            return model.generate(prompt, max_new_tokens=n, do_sample=True, top_p=TOP_P, top_k=0, pad_token_id=0)
+    return run
+
+
+def _per_token_seconds(runs: dict[str, Callable], prompt: torch.Tensor, n: int, repeats: int,
+                       sync: Callable[[], None]) -> dict[str, float]:
+    """Median seconds per decoding step (all rows) of each implementation, alternating them."""
+    import time
+
+    times: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in runs}
+    for fn in runs.values():  # warm-up
+        fn(prompt, 2)
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            for k, bucket in ((2 * n, times[name][0]), (n, times[name][1])):
+                sync()
+                start = time.perf_counter()
+                fn(prompt, k)
+                sync()
+                bucket.append(time.perf_counter() - start)
+    return {name: max(1e-9, (statistics.median(long) - statistics.median(short)) / n)
+            for name, (long, short) in times.items()}
+
+
+def generation_table(config: dict, *, device: torch.device, contexts=GEN_CONTEXTS, batches=GEN_BATCHES,
+                     modes=GEN_MODES, gen_tokens: int = 32, repeats: int = 3, with_gpt2: bool = True,
+                     sync: Callable[[], None] = lambda: None, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """txl against GPT-2's KV cache at equal context C, for every (C, batch, mode).
+
+    Returns rows ``{"context", "batch", "mode", "txl_tokens_per_s", "gpt2_tokens_per_s", "ratio"}``
+    (ratio = txl / GPT-2; mode "greedy" or "top_p" with p = 0.9 at temperature 1). Without
+    ``with_gpt2`` only txl is measured (no transformers needed) and the GPT-2 fields are None.
+    """
+    cfg = TransformerXLConfig(**{**config, "dropout": 0.0, "dropatt": 0.0})
+    torch.manual_seed(0)
+    ours = TransformerXLLM(cfg).to(device).eval()
+    theirs = None
+    if with_gpt2:
+        torch.manual_seed(0)
+        theirs = gpt2_twin(cfg, n_positions=max(2048, max(contexts) + 2 * gen_tokens + 8)).to(device).eval()
+    rows = []
+    for context in contexts:
+        for batch in batches:
+            prompt = torch.randint(0, cfg.vocab_size, (batch, context), device=device)
+            for mode in modes:
+                runs = {"txl": _txl_decoder(ours, context, mode)}
+                if theirs is not None:
+                    runs["gpt2"] = _gpt2_decoder(theirs, mode)
+                sec = _per_token_seconds(runs, prompt, gen_tokens, repeats, sync)
+                row = {"context": context, "batch": batch, "mode": mode, "txl_tokens_per_s": batch / sec["txl"],
+                       "gpt2_tokens_per_s": batch / sec["gpt2"] if "gpt2" in sec else None}
+                row["ratio"] = row["txl_tokens_per_s"] / row["gpt2_tokens_per_s"] if "gpt2" in sec else None
+                rows.append(row)
+                versus = (f"  gpt2 {row['gpt2_tokens_per_s']:8,.0f} tokens/s  ({row['ratio']:.2f}x)"
+                          if "gpt2" in sec else " tokens/s")
+                log(f"generate C={context:4d} batch {batch:2d} {mode:6s}: txl {row['txl_tokens_per_s']:8,.0f}{versus}")
+    return rows
+
+
+def generation_lengths(config: dict, lengths: list[int], *, device: torch.device, batch: int = 1,
+                       gen_tokens: int = 32, repeats: int = 3, with_gpt2: bool = True, sync: Callable[[], None] = lambda: None,
+                       log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Greedy tokens/s against the length L attended to: txl with ``mem_len = L``, GPT-2 after L tokens.
+
+    txl's cost per token depends on ``mem_len`` only (never on how much text came before); GPT-2's
+    on the length of its cache, which grows with the text. Returns rows ``{"length", "batch",
+    "txl_tokens_per_s", "gpt2_tokens_per_s", "ratio"}``.
+    """
+    rows = []
+    for length in lengths:
+        (row,) = generation_table(config, device=device, contexts=(length,), batches=(batch,), modes=("greedy",),
+                                  gen_tokens=gen_tokens, repeats=repeats, with_gpt2=with_gpt2, sync=sync,
+                                  log=lambda _: None)
+        rows.append({"length": length, "batch": batch, "txl_tokens_per_s": row["txl_tokens_per_s"],
+                     "gpt2_tokens_per_s": row["gpt2_tokens_per_s"], "ratio": row["ratio"]})
+        versus = (f"  gpt2 {row['gpt2_tokens_per_s']:8,.1f} tokens/s  ({row['ratio']:.2f}x)" if row["ratio"]
+                  else " tokens/s")
+        log(f"generate L={length:5d} batch {batch}: txl {row['txl_tokens_per_s']:8,.1f}{versus}")
+    return rows
+
+
+def format_generation(rows: list[dict[str, Any]]) -> str:
+    """A Markdown table of :func:`generation_table` rows."""
+    lines = ["| context C | batch | mode | txl tokens/s | GPT-2 tokens/s | txl/GPT-2 |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        theirs, ratio = r["gpt2_tokens_per_s"], r["ratio"]
+        lines.append(f"| {r['context']} | {r['batch']} | {r['mode']} | {r['txl_tokens_per_s']:,.0f} | "
+                     + (f"{theirs:,.0f} | {ratio:.2f}x |" if ratio else "— | — |"))
+    return "\n".join(lines)

@@ -1,0 +1,77 @@
+"""``txl serve``: a local HTTP server for a checkpoint (stateless completions, sessions with memory)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from txl.cli.common import (add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_span, check_range,
+                            load_checkpoint, print_notes, span_args)
+from txl.errors import TxlError
+
+NAME = "serve"
+HELP = "HTTP server: OpenAI-style completions, and sessions whose memory persists between requests"
+EXAMPLE = "txl serve runs/default --port 8000   # then: curl -s localhost:8000/v1/sessions -X POST"
+DETAILS = ("Serves POST /v1/completions (stateless, OpenAI-style, streaming with server-sent events) and sessions "
+           "(POST /v1/sessions, then /v1/sessions/ID/append, /generate, GET and DELETE /v1/sessions/ID) that keep "
+           "their memory between requests, so a request costs the same after a million tokens as after ten; "
+           "GET /health and /metrics. Loopback only unless --api-key (or TXL_API_KEY) is set. SIGTERM or "
+           "Ctrl-C finish the requests in progress, then exit. Needs pip install 'txl[serve]'. See docs/serving.md.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``serve`` flags (no torch import here)."""
+    add_checkpoint(p, text="run or checkpoint directory (uses its best/)")
+    add_checkpoint_name(p)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1, this machine only; any other needs --api-key)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0: any free port)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every route but /health (default: the TXL_API_KEY "
+                        "environment variable, else none)")
+    p.add_argument("--max-sessions", type=int, default=64, metavar="N",
+                   help="sessions kept at once; a new one evicts the least recently used (default 64)")
+    p.add_argument("--idle-timeout", type=float, default=600.0, metavar="S",
+                   help="seconds after which an unused session is dropped (default 600)")
+    p.add_argument("--max-tokens", type=int, default=4096, metavar="N",
+                   help="most tokens one request may generate (default 4096)")
+    p.add_argument("--max-request-bytes", type=int, default=4 << 20, metavar="N",
+                   help="larger request bodies get 413 (default 4194304, 4 MiB)")
+    add_span(p)
+    add_dtype(p)
+    add_device(p)
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="warning",
+                   help="uvicorn's log level; info and debug also log every request (default warning)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``txl serve`` until SIGTERM or SIGINT; returns the exit status."""
+    from txl.serving.server import build_engine, is_loopback, listen, serve
+
+    check_range(args, 1, "tgt_len", "max_sessions", "max_request_bytes")
+    check_range(args, 0, "mem_len", "clamp_len", "max_tokens", "port")
+    if args.port > 65535:
+        raise TxlError(f"--port must be in [0, 65535], got {args.port}")
+    if not args.idle_timeout > 0:
+        raise TxlError(f"--idle-timeout must be > 0 seconds, got {args.idle_timeout}")
+    api_key = args.api_key if args.api_key is not None else os.environ.get("TXL_API_KEY") or None
+    if not is_loopback(args.host) and api_key is None:
+        raise TxlError(f"--host {args.host} lets other machines reach the server: give --api-key KEY (or set "
+                       "TXL_API_KEY), or keep the default 127.0.0.1")
+
+    from txl.model.span import resolve_span
+
+    ckpt, _ = load_checkpoint(args, announce=True)
+    span = resolve_span(ckpt.model.config, **span_args(args, ckpt.run.eval))
+    engine = build_engine(ckpt.model, ckpt.tokenizer, span=span, dtype=args.dtype, max_sessions=args.max_sessions,
+                          idle_timeout=args.idle_timeout, max_tokens=args.max_tokens, name=str(ckpt.path))
+    sock = listen(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    print_notes(args)
+    shown = f"[{host}]" if ":" in host else host
+    announce = (f"txl: serving on http://{shown}:{port} (tgt_len={span.tgt_len}, mem_len={span.mem_len}; up to "
+                f"{args.max_sessions} sessions of {engine.session_bytes / 2**20:.2f} MiB of memory each, dropped "
+                f"after {args.idle_timeout:g} s idle); Ctrl-C or SIGTERM to stop")
+    serve(engine, sock, api_key=api_key, max_request_bytes=args.max_request_bytes, log_level=args.log_level,
+          announce=announce)
+    return 0

@@ -1,0 +1,327 @@
+"""The HTTP application of ``txl serve`` (FastAPI on uvicorn; see docs/serving.md for the protocol).
+
+Routes: ``GET /health``, ``GET /metrics``, ``POST /v1/completions`` (stateless, OpenAI-style,
+server-sent events with ``stream``), and the sessions ``POST /v1/sessions``,
+``GET|DELETE /v1/sessions/{id}``, ``POST /v1/sessions/{id}/append``,
+``POST /v1/sessions/{id}/generate``. Every error is a JSON body
+``{"error": {"message", "type", "code"}}`` with a 4xx status (503 when every session slot is busy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import secrets
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from txl.serving.engine import Engine, Piece, SamplingParams, ServeError
+
+__all__ = ["create_app", "error_body"]
+
+_KINDS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          405: "invalid_request_error", 413: "request_too_large", 503: "overloaded_error"}
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    """The JSON body of an error response."""
+    return {"error": {"message": message, "type": _KINDS.get(status, "error"), "code": status}}
+
+
+class _Sampling(BaseModel):
+    """Sampling fields shared by completions and session generation (OpenAI names)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    max_tokens: int = Field(16, ge=0)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    stream: bool = False
+
+    def params(self) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        if len(stop) > 4:
+            raise ServeError(400, f"stop takes at most 4 strings, got {len(stop)}")
+        return SamplingParams(self.max_tokens, self.temperature, None if self.top_p >= 1 else self.top_p,
+                              self.top_k, tuple(stop), self.seed)
+
+
+class CompletionRequest(_Sampling):
+    """``POST /v1/completions``: OpenAI's legacy completions fields (``n`` must be 1)."""
+
+    prompt: str
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=0)
+    model: str | None = None
+    user: str | None = None
+    n: int = Field(1, ge=1, le=1)
+
+
+class GenerateRequest(_Sampling):
+    """``POST /v1/sessions/{id}/generate``: sampling fields, ``append`` the sample to the session."""
+
+    append: bool = True
+
+
+class AppendRequest(BaseModel):
+    """``POST /v1/sessions/{id}/append``: ``text``; ``flush`` reads pending text as if the stream ended."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    text: str
+    flush: bool = False
+
+
+def _sse(obj: Any) -> bytes:
+    return f"data: {json.dumps(obj)}\n\n".encode()
+
+
+def _num(x: float) -> float | None:
+    return None if x != x else x
+
+
+class _Guard:
+    """ASGI middleware: API key, request-size limit, request and status counters."""
+
+    def __init__(self, app, engine: Engine, api_key: str | None, max_request_bytes: int) -> None:
+        self.app, self.engine, self.api_key, self.limit = app, engine, api_key, max_request_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        metrics = self.engine.metrics
+        metrics.requests[f"{scope['method']} {_route(scope['path'])}"] += 1
+        metrics.in_flight += 1
+
+        async def counted_send(message):
+            if message["type"] == "http.response.start":
+                metrics.statuses[message["status"]] += 1
+            await send(message)
+
+        try:
+            headers = dict(scope["headers"])
+            if self.api_key is not None and scope["path"] != "/health":
+                given = headers.get(b"authorization", b"").decode("latin-1")
+                if not secrets.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+                    return await _reply(counted_send, 401, "missing or wrong API key: send the header "
+                                                           "'Authorization: Bearer KEY'")
+            length = headers.get(b"content-length")
+            if length is not None and length.isdigit() and int(length) > self.limit:
+                return await _reply(counted_send, 413, f"request body of {int(length)} bytes is over this server's "
+                                                       f"limit of {self.limit} bytes (--max-request-bytes)")
+            body, more = b"", True
+            while more:  # read the body here, so that a body without a length is bounded too
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                body += message.get("body", b"")
+                more = message.get("more_body", False)
+                if len(body) > self.limit:
+                    return await _reply(counted_send, 413, f"request body over this server's limit of {self.limit} "
+                                                           "bytes (--max-request-bytes)")
+            sent = False
+
+            async def replay():
+                nonlocal sent
+                if not sent:
+                    sent = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()  # the disconnect, for streaming responses
+
+            await self.app(scope, replay, counted_send)
+        finally:
+            metrics.in_flight -= 1
+
+
+def _route(path: str) -> str:
+    """The route of a path, with a session id as ``{id}`` (metrics keys stay few)."""
+    parts = path.split("/")
+    if len(parts) >= 4 and parts[1:3] == ["v1", "sessions"]:
+        parts[3] = "{id}"
+    return "/".join(parts)
+
+
+async def _reply(send, status: int, message: str) -> None:
+    body = json.dumps(error_body(status, message)).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes: int = 1 << 20,
+               sweep_s: float = 30.0) -> Any:
+    """The ASGI application serving ``engine``.
+
+    Args:
+        engine: the :class:`~txl.serving.engine.Engine` (model, sessions, worker thread).
+        api_key: when given, every route but ``/health`` needs ``Authorization: Bearer KEY`` (401 otherwise).
+        max_request_bytes: larger request bodies get 413.
+        sweep_s: how often idle sessions are dropped in the background (they are also dropped on access).
+    """
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        async def sweep():
+            while True:
+                await asyncio.sleep(sweep_s)
+                engine.store.expire()
+
+        task = asyncio.create_task(sweep())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.get_running_loop().run_in_executor(None, engine.worker.shutdown)
+
+    app = FastAPI(title="txl serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(ServeError)
+    async def _serve_error(_request, err: ServeError):
+        headers = {"Retry-After": "1"} if err.status == 503 else None
+        return JSONResponse(error_body(err.status, err.message), status_code=err.status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request, err: RequestValidationError):
+        problems = []
+        for e in err.errors()[:3]:
+            if e.get("type") == "json_invalid":
+                return JSONResponse(error_body(400, "the request body is not valid JSON"), status_code=400)
+            where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
+            problems.append(f"{where}: {e.get('msg', 'invalid')}")
+        return JSONResponse(error_body(400, "invalid request: " + "; ".join(problems)), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request, err: StarletteHTTPException):
+        return JSONResponse(error_body(err.status_code, str(err.detail)), status_code=err.status_code)
+
+    @app.exception_handler(Exception)
+    async def _bug(_request, err: Exception):  # logged by uvicorn too
+        return JSONResponse(error_body(500, f"internal error: {type(err).__name__}: {err}"), status_code=500)
+
+    @app.get("/health")
+    async def health():
+        c = engine.model.config
+        return {"status": "ok", "model": engine.name, "tokenizer": engine.tokenizer.kind,
+                "vocab_size": c.vocab_size, "span": engine.span.to_dict(), "n_layer": c.n_layer, "d_model": c.d_model}
+
+    @app.get("/metrics")
+    async def metrics():
+        return engine.stats()
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest):
+        p = req.params()
+        engine.check_sampling(p)
+        ids = engine.encode(req.prompt)
+        if ids.size == 0:
+            raise ServeError(400, "the prompt is empty (it encodes to no tokens); give at least one character")
+        header = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                  "model": engine.name}
+        context, mems, prompt_lp = ids, None, None
+        if req.echo and req.logprobs is not None:  # score the prompt, then sample from the state after it
+            prompt_lp, state = await engine.score_prompt(ids)
+            context, mems = state.tail, state.mems
+
+        def choice(text: str, finish: str | None, tokens=None, lps=None) -> dict[str, Any]:
+            logprobs = None
+            if req.logprobs is not None and tokens is not None:
+                entries = engine.token_entries(tokens, lps)
+                logprobs = {"tokens": [e["text"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                            "top_logprobs": None}
+            return {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}
+
+        def usage(n: int) -> dict[str, int]:
+            return {"prompt_tokens": int(ids.size), "completion_tokens": n, "total_tokens": int(ids.size) + n}
+
+        prefix = req.prompt if req.echo else ""
+        if req.stream:
+            async def events():
+                n, finish = 0, "length"
+                if prefix:
+                    yield _sse({**header, "choices": [choice(prefix, None, ids if prompt_lp is not None else None,
+                                                             prompt_lp)]})
+                async for piece in engine.sample(context, mems, p):
+                    n += 1
+                    yield _sse({**header, "choices": [choice(piece.text, None, [piece.token], [piece.logprob])]})
+                if n < p.max_tokens:
+                    finish = "stop"
+                yield _sse({**header, "choices": [choice("", finish)], "usage": usage(n)})
+                yield b"data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        pieces = [piece async for piece in engine.sample(context, mems, p)]
+        tokens = [x.token for x in pieces]
+        lps = [x.logprob for x in pieces]
+        if prompt_lp is not None:
+            tokens, lps = [*ids.tolist(), *tokens], [*prompt_lp.tolist(), *lps]
+        finish = "stop" if len(pieces) < p.max_tokens else "length"
+        text = prefix + "".join(x.text for x in pieces)
+        return {**header, "choices": [choice(text, finish, tokens, lps)], "usage": usage(len(pieces))}
+
+    @app.post("/v1/sessions", status_code=201)
+    async def create_session():
+        return engine.new_session()
+
+    @app.get("/v1/sessions/{session_id}")
+    async def session_info(session_id: str):
+        return engine.describe(engine.session(session_id))
+
+    @app.delete("/v1/sessions/{session_id}")
+    async def delete_session(session_id: str):
+        return engine.delete(session_id)
+
+    @app.post("/v1/sessions/{session_id}/append")
+    async def append(session_id: str, req: AppendRequest):
+        return await engine.append(session_id, req.text, req.flush)
+
+    @app.post("/v1/sessions/{session_id}/generate")
+    async def generate(session_id: str, req: GenerateRequest):
+        p = req.params()
+        engine.check_sampling(p)
+        engine.session(session_id)  # 404 now, not inside a stream
+
+        def entry(piece: Piece) -> dict[str, Any]:
+            return {"text": piece.text, "id": piece.token, "logprob": _num(piece.logprob)}
+
+        if req.stream:
+            async def events():
+                n = 0
+                try:
+                    async for item in engine.generate(session_id, p, req.append):
+                        if isinstance(item, Piece):
+                            n += 1
+                            yield _sse({"object": "session.token", **entry(item)})
+                        else:
+                            finish = "stop" if n < p.max_tokens else "length"
+                            yield _sse({"object": "session.generation", "finish_reason": finish, "session": item})
+                except ServeError as err:  # e.g. the session was deleted before the stream began
+                    yield _sse(error_body(err.status, err.message))
+                yield b"data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        pieces, info = [], None
+        async for item in engine.generate(session_id, p, req.append):
+            if isinstance(item, Piece):
+                pieces.append(item)
+            else:
+                info = item
+        finish = "stop" if len(pieces) < p.max_tokens else "length"
+        lps = [x.logprob for x in pieces]
+        return {"text": "".join(x.text for x in pieces), "finish_reason": finish,
+                "tokens": [entry(x) for x in pieces], "logprob": float(np.sum(lps)) if lps else 0.0,
+                "surprise_bits": -float(np.sum(lps)) / math.log(2) if lps else 0.0, "session": info}
+
+    return _Guard(app, engine, api_key, max_request_bytes)
