@@ -107,7 +107,7 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
                      method: str = "rms", stats: dict[str, torch.Tensor] | None = None, eps: float = 0.1,
                      tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
                      same_length: bool | None = None, max_tokens: int = 0, dtype: str = "float32",
-                     span: AttentionSpan | None = None) -> DynamicEvalResult:
+                     span: AttentionSpan | None = None, cmem_len: int | None = None) -> DynamicEvalResult:
     """Score a token stream while adapting the weights to it (see the module docstring for the rules).
 
     Args:
@@ -120,7 +120,7 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
         stats: mean squared gradients for "rms" (:func:`gradient_statistics`); None collects them
             on the fly from the evaluation segments already scored.
         eps: in "rms", ``eps * mean(sqrt(MS))`` is added to sqrt(MS) (a relative floor).
-        tgt_len, mem_len, clamp_len, same_length: evaluation span (None: the model's own, or
+        tgt_len, mem_len, clamp_len, same_length, cmem_len: evaluation span (None: the model's own, or
             ``span``'s); ``model.config`` is not changed.
         span: an :class:`~txl.model.AttentionSpan` to start from (None: the model's training span).
         max_tokens: score only the first ``max_tokens`` targets (0: all).
@@ -150,7 +150,7 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
     seg_losses, seg_tokens = [], []
     total = 0.0
     span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
-                        same_length=same_length)
+                        same_length=same_length, cmem_len=cmem_len)
     x, y = data[None, :-1].to(device), data[None, 1:].to(device)
     try:
         with eval_mode(model):
