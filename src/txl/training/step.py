@@ -72,7 +72,9 @@ def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, mems: l
     pieces_m = [torch.tensor_split(m, chunks) for m in mems] if mems is not None else None
     new_mems = []
     recon_sum = None
-    weight = float(getattr(module.config, "recon_loss_weight", 0.0))
+    # the language model itself, or the one a task objective wraps (e.g. fine-tuning on pairs)
+    lm = module if hasattr(module, "config") else getattr(module, "model", module)
+    weight = float(getattr(getattr(lm, "config", None), "recon_loss_weight", 0.0))
     for i in range(chunks):
         sync = i == chunks - 1 or not hasattr(model, "no_sync")
         with contextlib.nullcontext() if sync else model.no_sync():
@@ -81,7 +83,7 @@ def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, mems: l
                             labels=pieces_y[i], span=span)
             chunk_sum = out.token_loss.float().sum()
             objective = chunk_sum * scale
-            if out.recon_loss is not None:
+            if getattr(out, "recon_loss", None) is not None:
                 objective = objective + out.recon_loss.float() * (weight / chunks)
                 term = out.recon_loss.detach().double() / chunks
                 recon_sum = term if recon_sum is None else recon_sum + term
