@@ -221,6 +221,8 @@ def test_cli_refusals(tmp_path, capsys):
         (["--init", lm, "--data", pairs, "--out", tmp_path / "r", "--grad-segments", "-1"], "grad_segments"),
         (["--init", lm, "--data", pairs, "--out", tmp_path / "r", "data.split=[1.0, 0.0, 0.0]"], "valid split"),
         (["--resume", lm], "not a run directory"),
+        (["--init", make_lm(tmp_path / "cmem", ByteTokenizer(), cmem_len=4), "--data", pairs, "--out", tmp_path / "r"],
+         "compressive memory"),
     ):
         code, out, err = run_cli(capsys, "finetune", *argv, "-q")
         assert code == 2 and expect in one_error_line(err), (argv, err)

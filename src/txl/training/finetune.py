@@ -96,6 +96,11 @@ class PairsObjective(nn.Module):
         self.grad_segments = grad_segments
         self.dtype = dtype
 
+    @property
+    def config(self) -> TransformerXLConfig:
+        """The language model's config (the optimizer step reads it as it reads a bare model's)."""
+        return self.model.config
+
     def forward(self, x: torch.Tensor, mems=None, labels: torch.Tensor | None = None, span=None) -> LMOutput:
         span = resolve_span(self.model.config, span)
         sums = completion_losses(self.model, x, labels, span=span, grad=torch.is_grad_enabled(),
@@ -185,6 +190,9 @@ class PairsTask:
                 raise TxlError(f"model.{f.name} is {getattr(run.model, f.name)!r} but the language model "
                                f"{self.source} has {getattr(self.init_config, f.name)!r}; only "
                                f"{', '.join(FREE_FIELDS[1:])} can change when fine-tuning")
+        if getattr(run.model, "cmem_len", 0):
+            raise TxlError(f"{self.source} has a compressive memory (model.cmem_len={run.model.cmem_len}); fine-tuning "
+                           "on pairs reads with the plain memory only: not supported for it yet")
         if not self.rows["train"]:
             raise TxlError("the train split holds no pairs; give more pairs or a larger data.split train fraction")
         if not self.rows["valid"]:
