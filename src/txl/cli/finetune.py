@@ -55,9 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``txl finetune``; returns the exit status (user errors raise :class:`TxlError`)."""
-    from txl.cli.train import _launch, _report
-    from txl.fileio import read_json_object
-    from txl.training.config import RunConfig, parse_override
+    from txl.cli.train import _launch, _report, resumed_config
 
     for item in args.overrides:
         if "=" not in item:
@@ -70,19 +68,10 @@ def run(args: argparse.Namespace) -> int:
         if overrides and not args.allow_config_change:
             raise TxlError("--resume continues a run with its saved config; to change it anyway (e.g. "
                            "train.max_steps=...), add --allow-config-change")
-        from txl.training.checkpoint import resume_run_dir
-
-        args.resume = str(resume_run_dir(args.resume))
-        saved = read_json_object(Path(args.resume) / "run.json")
+        args.resume, saved, run_config = resumed_config(args.resume, overrides)
         if "finetune" not in saved:
             raise TxlError(f"{args.resume} is a language-model run, not a fine-tuning run; continue it with "
                            f"txl train --resume {args.resume}")
-        changes: dict = {}
-        for text in overrides:
-            section, key, value = parse_override(text)
-            changes.setdefault(section, {})[key] = value
-        run_config = RunConfig.from_dict(changes, base=RunConfig.from_dict(saved))
-        run_config.train.out_dir = args.resume
         from txl.training.resume import saved_step
 
         done = saved_step(args.resume)

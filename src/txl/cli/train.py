@@ -45,8 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``txl train``; returns the exit status (user errors raise :class:`TxlError`)."""
-    from txl.fileio import read_json_object
-    from txl.training.config import RunConfig, load_run_config, parse_override
+    from txl.training.config import load_run_config
 
     overrides, paths = [], []
     for item in args.items:
@@ -67,16 +66,7 @@ def run(args: argparse.Namespace) -> int:
         if overrides and not args.allow_config_change:
             raise TxlError("--resume continues a run with its saved config; to change it anyway (e.g. "
                            "train.max_steps=...), add --allow-config-change")
-        from txl.training.checkpoint import resume_run_dir
-
-        args.resume = str(resume_run_dir(args.resume))  # RUN/last stands for RUN
-        saved = read_json_object(Path(args.resume) / "run.json")
-        changes: dict = {}
-        for text in overrides:
-            section, key, value = parse_override(text)
-            changes.setdefault(section, {})[key] = value
-        run_config = RunConfig.from_dict(changes, base=RunConfig.from_dict(saved))
-        run_config.train.out_dir = args.resume
+        args.resume, saved, run_config = resumed_config(args.resume, overrides)
     else:
         if paths:
             overrides.append(f"data.path={paths[0]}")
@@ -152,3 +142,26 @@ def _report(result, run) -> int:
     return 0
 
 
+
+
+def resumed_config(resume: str, overrides: list[str]):
+    """The run folder named by ``--resume`` (``RUN/last`` stands for ``RUN``), its saved ``run.json``
+    as a dict, and the :class:`~txl.training.config.RunConfig` it holds with ``overrides`` applied
+    and its output folder set to the run.
+
+    Raises:
+        TxlError: no run there, an unreadable ``run.json``, or a bad override.
+    """
+    from txl.fileio import read_json_object
+    from txl.training.checkpoint import resume_run_dir
+    from txl.training.config import RunConfig, parse_override
+
+    run_dir = str(resume_run_dir(resume))
+    saved = read_json_object(Path(run_dir) / "run.json")
+    changes: dict = {}
+    for text in overrides:
+        section, key, value = parse_override(text)
+        changes.setdefault(section, {})[key] = value
+    run_config = RunConfig.from_dict(changes, base=RunConfig.from_dict(saved))
+    run_config.train.out_dir = run_dir
+    return run_dir, saved, run_config

@@ -103,6 +103,17 @@ class DecodingState:
         self.length = min(self.length + qlen, self.capacity)
         self.next_slot = self.length % self.capacity
 
+    def bind_batch(self, batch_size: int) -> None:
+        """Record the batch size on first use; later calls must use the same one.
+
+        Raises:
+            TxlError: a batch of another size than the one the state holds.
+        """
+        if self.batch_size not in (None, batch_size):
+            raise TxlError(f"the decoding state holds {self.batch_size} rows but input_ids has {batch_size}; "
+                           "make a new DecodingState for another batch")
+        self.batch_size = batch_size
+
     @property
     def memory_length(self) -> int:
         """Tokens of memory a segment fed now attends to: ``min(length, mem_len)``."""

@@ -278,10 +278,7 @@ class TransformerXLLM(nn.Module):
             return self._compressive_body(input_ids, mems, caches, detach_mems, span, bsz)
         mlen = check_mems(mems, c.n_layer, bsz, c.d_model, dtypes=self._mem_dtypes(weight), device=weight.device)
         if caches is not None:
-            if caches.batch_size not in (None, bsz):
-                raise TxlError(f"the decoding state holds {caches.batch_size} rows but input_ids has {bsz}; "
-                               "make a new DecodingState for another batch")
-            caches.batch_size = bsz
+            caches.bind_batch(bsz)
             if caches.length > 0:
                 if qlen == 1:  # the ring-buffer step: no mask (but the padding), no memory copy
                     return self._step(input_ids, caches, mem_padding), None, None
@@ -334,10 +331,7 @@ class TransformerXLLM(nn.Module):
             raise TxlError(f"span.cmem_len={span.cmem_len} needs a model with a compressed memory (model.cmem_len > 0: "
                            "it owns the compression network); this model has none, read it with cmem_len=0")
         if caches is not None:
-            if caches.batch_size not in (None, bsz):
-                raise TxlError(f"the decoding state holds {caches.batch_size} rows but input_ids has {bsz}; "
-                               "make a new DecodingState for another batch")
-            caches.batch_size = bsz
+            caches.bind_batch(bsz)
             if caches.length > 0:
                 mems = caches.held
         weight = self.word_emb.emb_layers[0].weight
