@@ -1,18 +1,21 @@
 """Compressive memory against plain memory at equal attention span and training budget (docs/compressive.md).
 
-    PYTHONPATH=src python benchmarks/compressive.py --out runs/cmem [--steps 200] [--seeds 0 1]
+    PYTHONPATH=src python benchmarks/compressive.py --out runs/cmem [--steps 1600] [--seeds 0 1] [--jobs 2]
 
 Trains each variant (below) on the built-in default corpus (bytes) and tiny Shakespeare (chars),
-each run in its own process (one torch thread) so that its peak resident memory can be read, and
-writes ``results.json``, ``compressive.md`` (table) and ``compressive.png`` (via txl.analysis.plots).
+each run in its own process (one torch thread) so that its peak resident memory can be read, with a
+validation every ``--eval-interval`` steps (the valid metric against the training budget), and
+writes ``results.json``, ``compressive.md`` (tables) and ``compressive.png`` (via txl.analysis.plots).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 M = 64  # the attention span beyond the segment, in key slots
@@ -99,14 +102,44 @@ def table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def curve(metrics_csv: Path) -> list[list[float]]:
+    """``[[step, tokens, valid metric], ...]``: the periodic validations of one run's metrics.csv."""
+    with open(metrics_csv, newline="") as f:
+        return [[int(r["step"]), int(r["tokens"]), float(r["val_metric"])] for r in csv.DictReader(f) if r["val_metric"]]
+
+
+def budget_table(results: dict) -> str:
+    """Markdown: the valid metric at each validation step (mean over seeds), one row per corpus and
+    variant: where the curves cross is the budget at which a memory starts to pay."""
+    rows: dict[tuple[str, str], list[dict]] = {}
+    for key, r in results.items():
+        if key != "speed" and r.get("curve"):
+            corpus, variant, _ = key.split("/")
+            rows.setdefault((corpus, variant), []).append(r)
+    if not rows:
+        return ""
+    steps = sorted({point[0] for rs in rows.values() for r in rs for point in r["curve"]})
+    lines = ["| corpus | variant | " + " | ".join(f"step {s}" for s in steps) + " |",
+             "|---|---|" + "---|" * len(steps)]
+    for (corpus, variant), rs in rows.items():
+        cells = []
+        for s in steps:
+            values = [v for r in rs for st, _, v in r["curve"] if st == s]
+            cells.append(f"{sum(values) / len(values):.3f}" if values else "-")
+        lines.append(f"| {corpus} | {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/cmem")
-    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--steps", type=int, default=1600)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--corpora", nargs="+", default=list(CORPORA))
     p.add_argument("--variants", nargs="+", default=list(VARIANTS))
     p.add_argument("--eval-tokens", type=int, default=16384)
+    p.add_argument("--eval-interval", type=int, default=0, help="steps between validations (0: only at the end)")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once (each one torch thread)")
     p.add_argument("--speed-rounds", type=int, default=3,
                    help="interleaved timing rounds of a training step per variant (0: none)")
     args = p.parse_args()
@@ -114,34 +147,42 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
-    for corpus in args.corpora:
-        for name in args.variants:
-            for seed in args.seeds:
-                key = f"{corpus}/{name}/{seed}"
-                if key in results:
-                    continue
-                v = VARIANTS[name]
-                overrides = [*CORPORA[corpus], f"train.out_dir={out / corpus / name / str(seed)}",
-                             f"train.seed={seed}", f"train.max_steps={args.steps}", f"train.eval_interval={args.steps}",
-                             "train.sample_tokens=0", f"train.eval_max_tokens={args.eval_tokens}",
-                             f"train.warmup_steps={max(1, args.steps // 10)}",
-                             f"eval.max_tokens={args.eval_tokens}", "model.tgt_len=32",
-                             *(f"model.{k}={val}" for k, val in v.items()),
-                             f"eval.mem_len={v['mem_len']}", f"eval.cmem_len={v['cmem_len']}"]
-                print("run", key, file=sys.stderr, flush=True)
-                done = subprocess.run([sys.executable, "-c", ONE_RUN, "--", *overrides], capture_output=True,
-                                      text=True)
-                if done.returncode:
-                    print(done.stderr, file=sys.stderr)
-                    return 1
-                results[key] = json.loads(done.stdout.strip().splitlines()[-1])
-                results_path.write_text(json.dumps(results, indent=1))
+    todo = [(corpus, name, seed) for corpus in args.corpora for name in args.variants for seed in args.seeds
+            if f"{corpus}/{name}/{seed}" not in results]
+
+    def one(job: tuple[str, str, int]) -> tuple[str, dict | str]:
+        corpus, name, seed = job
+        v = VARIANTS[name]
+        run_dir = out / corpus / name / str(seed)
+        overrides = [*CORPORA[corpus], f"train.out_dir={run_dir}",
+                     f"train.seed={seed}", f"train.max_steps={args.steps}",
+                     f"train.eval_interval={args.eval_interval or args.steps}",
+                     "train.sample_tokens=0", f"train.eval_max_tokens={args.eval_tokens}",
+                     f"train.warmup_steps={max(1, args.steps // 10)}",
+                     f"eval.max_tokens={args.eval_tokens}", "model.tgt_len=32",
+                     *(f"model.{k}={val}" for k, val in v.items()),
+                     f"eval.mem_len={v['mem_len']}", f"eval.cmem_len={v['cmem_len']}"]
+        print("run", f"{corpus}/{name}/{seed}", file=sys.stderr, flush=True)
+        done = subprocess.run([sys.executable, "-c", ONE_RUN, "--", *overrides], capture_output=True, text=True)
+        if done.returncode:
+            return f"{corpus}/{name}/{seed}", done.stderr
+        r = json.loads(done.stdout.strip().splitlines()[-1])
+        r["curve"] = curve(run_dir / "metrics.csv")
+        return f"{corpus}/{name}/{seed}", r
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for key, r in pool.map(one, todo):
+            if isinstance(r, str):
+                print(r, file=sys.stderr)
+                return 1
+            results[key] = r
+            results_path.write_text(json.dumps(results, indent=1))
     if args.speed_rounds and "speed" not in results:
         results["speed"] = speed(args.variants, args.speed_rounds)
         results_path.write_text(json.dumps(results, indent=1))
     from txl.analysis.plots import plot_compressive
 
-    (out / "compressive.md").write_text(table(results))
+    (out / "compressive.md").write_text(table(results) + "\n" + budget_table(results))
     plot_compressive(results, out / "compressive.png")
     print((out / "compressive.md").read_text())
     return 0

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from txl.model.attention import (MultiHeadAttention, attention_mask, rel_shift, rel_shift_bias,
+from txl.model.attention import (MultiHeadAttention, attention_mask, position_scores, rel_shift, rel_shift_bias,
                                   relative_positions, sinusoid)
 
 
@@ -110,6 +110,31 @@ def test_same_length_never_masks_a_whole_row(qlen, mlen, mem_len):
     mask = attention_mask(qlen, mlen, True, mem_len, "cpu")
     assert (~mask).any(dim=1).all()
     assert not mask[torch.arange(qlen), mlen + torch.arange(qlen)].any()  # a query always sees itself
+
+
+@pytest.mark.parametrize("qlen,mlen", [(1, 0), (1, 3), (4, 0), (4, 3)])
+def test_head_major_position_scores_equal_the_batched_product(qlen, mlen):
+    """position_scores returns the [B, H] view of a head-major product; realigned, masked and
+    differentiated it must equal the plain batched matmul (r_k broadcast over the batch)."""
+    bsz, heads, d_head, klen = 3, 2, 4, qlen + mlen
+    mask = attention_mask(qlen, mlen, False, mlen, "cpu")
+    gen = torch.Generator().manual_seed(qlen * 10 + mlen)
+    q = torch.randn(bsz, heads, qlen, d_head, dtype=torch.float64, generator=gen, requires_grad=True)
+    r_k = torch.randn(heads, d_head, klen, dtype=torch.float64, generator=gen, requires_grad=True)
+    weight = torch.randn(bsz, heads, qlen, klen, dtype=torch.float64, generator=gen).masked_fill(mask, 0.0)
+    ours = position_scores(q, r_k)
+    assert not ours.is_contiguous() and ours.transpose(0, 1).is_contiguous()  # the layout rel_shift reads in place
+    plain = torch.matmul(q, r_k)
+    assert torch.allclose(ours, plain, rtol=0, atol=1e-12)
+    grads = []
+    for x in (ours, plain):
+        out = rel_shift_bias(x, mask)
+        assert torch.equal(out, rel_shift(plain.detach()).masked_fill(mask, float("-inf")))
+        grads.append(torch.autograd.grad((out.masked_fill(mask, 0.0) * weight).sum(), (q, r_k)))
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, rtol=0, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda t: rel_shift_bias(position_scores(t, r_k.detach()), mask)
+                                    .masked_fill(mask, 0.0), (q,))
 
 
 @pytest.mark.parametrize("qlen,mlen", [(1, 0), (1, 4), (3, 0), (4, 2), (5, 5)])

@@ -350,15 +350,19 @@ def plot_serve_latency(session: tuple[list[int], list[float]], session_medians: 
 
 
 def plot_compressive(results: dict, path) -> dict:
-    """Validation metric against training tokens/s for the compressive-memory comparison
-    (``benchmarks/compressive.py``): one panel per corpus, one point per run, a marker per variant.
+    """The compressive-memory comparison (``benchmarks/compressive.py``), one panel per corpus.
+
+    With validation curves in the runs (``"curve": [[step, tokens, value], ...]``): the valid metric
+    against training tokens, one line per variant (mean over seeds) with the seeds' range shaded.
+    Without: the final valid metric against training tokens/s, one point per run.
 
     Args:
-        results: ``{"corpus/variant/seed": {"value", "unit", "tokens_per_s", ...}}``, and optionally
-            ``"speed": {variant: {"tokens_per_s"}}`` (interleaved timing), used for x when present.
+        results: ``{"corpus/variant/seed": {"value", "unit", "tokens_per_s", "curve"?, ...}}``, and
+            optionally ``"speed": {variant: {"tokens_per_s"}}`` (interleaved timing, the x of the
+            scatter when present).
 
     Returns:
-        the plotted points ``{"corpus/variant": [(tokens_per_s, value), ...]}``.
+        the plotted points ``{"corpus/variant": [(x, value), ...]}`` (x: tokens, or tokens/s).
 
     Raises:
         TxlError: matplotlib is not installed, or the path cannot be written.
@@ -367,20 +371,36 @@ def plot_compressive(results: dict, path) -> dict:
     timed = results.get("speed", {})
     results = {k: v for k, v in results.items() if k.count("/") == 2}  # runs only
     corpora = sorted({key.split("/")[0] for key in results})
+    with_curves = all(r.get("curve") for r in results.values())
     fig, axes = plt.subplots(1, len(corpora), figsize=(5.0 * len(corpora), 3.6), squeeze=False)
     points: dict[str, list] = {}
+    by_variant: dict[str, list[dict]] = {}
     for key, r in results.items():
         corpus, variant, _ = key.split("/")
-        speed = timed.get(variant, {}).get("tokens_per_s", r["tokens_per_s"])
-        points.setdefault(f"{corpus}/{variant}", []).append((speed, r["value"]))
+        by_variant.setdefault(f"{corpus}/{variant}", []).append(r)
+        if not with_curves:
+            speed = timed.get(variant, {}).get("tokens_per_s", r["tokens_per_s"])
+            points.setdefault(f"{corpus}/{variant}", []).append((speed, r["value"]))
     markers = "osD^vP"
     for ax, corpus in zip(axes[0], corpora):
-        names = sorted({k.split("/")[1] for k in points if k.startswith(corpus + "/")})
+        names = sorted({k.split("/")[1] for k in by_variant if k.startswith(corpus + "/")})
         for i, name in enumerate(names):
-            xs, ys = zip(*points[f"{corpus}/{name}"])
-            ax.scatter(xs, ys, marker=markers[i % len(markers)], label=name)
+            runs = by_variant[f"{corpus}/{name}"]
+            if with_curves:
+                tokens = sorted({t for r in runs for _, t, _ in r["curve"]})
+                per = [[v for r in runs for _, t2, v in r["curve"] if t2 == t] for t in tokens]
+                mean = [sum(v) / len(v) for v in per]
+                points[f"{corpus}/{name}"] = list(zip(tokens, mean))
+                ax.plot(tokens, mean, marker=markers[i % len(markers)], markersize=3, label=name)
+                ax.fill_between(tokens, [min(v) for v in per], [max(v) for v in per], alpha=0.2)
+            else:
+                xs, ys = zip(*points[f"{corpus}/{name}"])
+                ax.scatter(xs, ys, marker=markers[i % len(markers)], label=name)
         unit = next(r["unit"] for k, r in results.items() if k.startswith(corpus + "/"))
-        ax.set_xlabel("training tokens/s (interleaved timing)" if timed else "training tokens/s")
+        if with_curves:
+            ax.set_xlabel("training tokens")
+        else:
+            ax.set_xlabel("training tokens/s (interleaved timing)" if timed else "training tokens/s")
         ax.set_ylabel(f"valid {unit}" + _unit_suffix(unit))
         ax.set_title(corpus)
         ax.grid(alpha=0.3)

@@ -39,14 +39,16 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
             whose every score is -inf; a generator list whose length is not B.
     """
     check_sampling(temperature, top_k, top_p)
-    if bool(torch.isnan(logits).any()) or bool((logits == float("inf")).any()) \
-            or not bool(torch.isfinite(logits).any(dim=-1).all()):
+    # one reduction finds all three faults: a row's max is NaN if the row holds a NaN (max propagates
+    # it), +inf if it holds +inf, and -inf if every score is -inf; its indices are the greedy choice
+    best, argmax = logits.max(dim=-1)
+    if not bool(torch.isfinite(best).all()):
         raise TxlError("the model produced non-finite scores (NaN or inf): its weights are broken, e.g. by a "
                        "diverged training run; use an earlier checkpoint")
     if generator is not None and not isinstance(generator, torch.Generator) and len(generator) != logits.size(0):
         raise TxlError(f"give one generator per row: {logits.size(0)} rows, {len(generator)} generators")
     if temperature == 0:
-        return logits.argmax(dim=-1)
+        return argmax
     # float64 and shifted so that the best score is 0: dividing by any temperature > 0 then gives
     # scores <= 0 (-inf at worst for a tiny temperature), never inf or NaN, and the limit T -> 0 is greedy
     logits = logits.double()

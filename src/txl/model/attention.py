@@ -49,7 +49,8 @@ def rel_shift(x: torch.Tensor) -> torch.Tensor:
     """Realign position scores from "key slot m holds distance K-1-m" to "entry (i, j) holds distance M+i-j".
 
     Args:
-        x: [..., T, K] scores of each query against R for distances K-1 ... 0.
+        x: [..., T, K] scores of each query against R for distances K-1 ... 0 (each [T, K] block
+            dense; the leading dims may be a permutation, e.g. [B, H] of a head-major [H, B, T, K]).
 
     Returns:
         [..., T, K] strided view of ``x`` (no copy) with ``out[..., i, j] = x[..., i, j + T - 1 - i]``
@@ -58,7 +59,8 @@ def rel_shift(x: torch.Tensor) -> torch.Tensor:
         unrelated finite values and must be masked. Use :func:`rel_shift_bias` under autograd.
     """
     *lead, qlen, klen = x.shape
-    x = x.contiguous()
+    if x.stride()[-2:] != (klen, 1):  # the trick needs each [T, K] block dense (the leading dims may be permuted)
+        x = x.contiguous()
     return x.as_strided((*lead, qlen, klen), x.stride()[:-2] + (klen - 1, 1), x.storage_offset() + qlen - 1)
 
 
@@ -68,6 +70,7 @@ class _RelShiftBias(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(mask)
+        ctx.head_major = x.dim() == 4 and not x.is_contiguous() and x.transpose(0, 1).is_contiguous()
         return rel_shift(x).masked_fill(mask, float("-inf"))
 
     @staticmethod
@@ -78,8 +81,30 @@ class _RelShiftBias(torch.autograd.Function):
         # gathered entries are all causal ones (the masked entries of grad are 0 anyway).
         rows = torch.arange(qlen, device=grad.device)[:, None]
         src = torch.arange(klen, device=grad.device)[None, :] - (qlen - 1 - rows)  # [T, K]
+        if ctx.head_major:  # x was the [B, H] view of a dense [H, B, T, K]: give its gradient that layout
+            out = grad.transpose(0, 1).gather(-1, src.clamp(min=0).expand(grad.transpose(0, 1).shape))
+            return out.masked_fill_(src < 0, 0.0).transpose(0, 1), None
         out = grad.gather(-1, src.clamp(min=0).expand(grad.shape))
         return out.masked_fill_(src < 0, 0.0), None
+
+
+def position_scores(q: torch.Tensor, r_k: torch.Tensor) -> torch.Tensor:
+    """Scores of every query against every distance's position key, as the [B, H] view of a
+    head-major product.
+
+    Args:
+        q: [B, H, T, D] queries (with v added and the scale applied, for "rel").
+        r_k: [H, D, K] position keys for distances K-1 ... 0.
+
+    Returns:
+        [B, H, T, K], the transposed view of a dense [H, B, T, K]: one [B*T, D] x [D, K] product per
+        head. (A batched matmul of [B, H, T, D] with [H, D, K] would copy r_k B times, and its
+        backward would form B gradients of r_k and sum them.) :func:`rel_shift` reads this layout
+        without a copy.
+    """
+    bsz, heads, qlen, d_head = q.shape
+    x = torch.matmul(q.transpose(0, 1).reshape(heads, bsz * qlen, d_head), r_k)  # [H, B*T, K]
+    return x.view(heads, bsz, qlen, -1).transpose(0, 1)
 
 
 def rel_shift_bias(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -224,14 +249,14 @@ class MultiHeadAttention(nn.Module):
                     cache.segment_pos_keys = r_k
             # (b) + (d), pre-scaled, realigned and masked, becomes an additive bias of the fused kernel,
             # which computes softmax(scale * (q + u)·k + bias) @ v, i.e. (a) + (c) + (b) + (d).
-            bias = rel_shift_bias(torch.matmul((q + vb[:, None, :]) * self.scale, r_k), mask)  # [B, H, T, K]
+            bias = rel_shift_bias(position_scores((q + vb[:, None, :]) * self.scale, r_k), mask)  # [B, H, T, K]
             vec = F.scaled_dot_product_attention(q + u[:, None, :], k, v, attn_mask=bias, dropout_p=dropatt,
                                                  scale=self.scale)
         elif self.attn_type == "shaw":
             # the learned a_d for distances K-1 ... 0 (clipped), then the same realignment as "rel":
             # (b) = q·a becomes the additive bias, the kernel adds (a) = q·k
             r_k = self.r_emb[shaw_distances(klen, self.max_dist, q.device)].permute(1, 2, 0)  # [H, D, K]
-            bias = rel_shift_bias(torch.matmul(q * self.scale, r_k.to(q.dtype)), mask)  # [B, H, T, K]
+            bias = rel_shift_bias(position_scores(q * self.scale, r_k.to(q.dtype)), mask)  # [B, H, T, K]
             vec = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropatt, scale=self.scale)
         else:
             vec = F.scaled_dot_product_attention(q, k, v, attn_mask=~mask, dropout_p=dropatt, scale=self.scale)
@@ -271,17 +296,17 @@ class MultiHeadAttention(nn.Module):
             cache.pos_keys = self._doubled_pos_keys(state, q.dtype)
         off = state.pos_offset(klen)
         r_k = cache.pos_keys[:, :, off:off + klen]  # [H, D, K]: slot s's distance in column s
-        if self.attn_type == "rel":
-            bias = torch.matmul((q + self.r_r_bias[:, None, :]) * self.scale, r_k)  # [B, H, 1, K]
-            if key_mask is not None:
-                bias = bias.masked_fill(key_mask, float("-inf"))
-            vec = F.scaled_dot_product_attention(q + self.r_w_bias[:, None, :], keys, values, attn_mask=bias,
-                                                 scale=self.scale)
-        else:
-            bias = torch.matmul(q * self.scale, r_k)
-            if key_mask is not None:
-                bias = bias.masked_fill(key_mask, float("-inf"))
-            vec = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=self.scale)
+        q_c, q_r = (q + self.r_w_bias[:, None, :], q + self.r_r_bias[:, None, :]) if self.attn_type == "rel" else (q, q)
+        # position scores as one [B, D] x [D, K] product per head: broadcasting r_k over the batch in a
+        # batched matmul would copy it B times per layer and step
+        bias = torch.bmm(q_r.reshape(bsz, self.n_head, self.d_head).transpose(0, 1), r_k)  # [H, B, K]
+        scores = torch.matmul(q_c, keys.transpose(-1, -2)).add_(bias.transpose(0, 1).unsqueeze(2))  # [B, H, 1, K]
+        scores.mul_(self.scale)
+        if key_mask is not None:
+            scores.masked_fill_(key_mask, float("-inf"))
+        # one query: two small products and a softmax beat the fused kernel's blocking on a CPU
+        wide = scores if scores.dtype in (torch.float32, torch.float64) else scores.float()
+        vec = torch.matmul(torch.softmax(wide, dim=-1).to(values.dtype), values)  # [B, H, 1, D]
         out = self.o_net(vec.transpose(1, 2).reshape(bsz, 1, hd))
         return h + out if self.pre_lnorm else self.layer_norm(h + out)
 

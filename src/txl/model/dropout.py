@@ -41,23 +41,22 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.devic
 
 
 class _KeepScale(torch.autograd.Function):
-    """``x * (keep * scale)`` whose backward keeps the bool mask (1 byte per element), not a float copy."""
+    """``x * keep * scale`` whose backward keeps the bool mask (1 byte per element), not a float copy.
+
+    Computed as ``where(keep, x, 0) * scale``: two passes over x, no float mask (kept values are
+    ``x * scale`` rounded once in x's dtype, in forward and backward alike).
+    """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
         ctx.save_for_backward(keep)
         ctx.scale = scale
-        return x * _factor(keep, scale, x.dtype)
+        return torch.where(keep, x, 0.0).mul_(scale)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (keep,) = ctx.saved_tensors
-        return grad * _factor(keep, ctx.scale, grad.dtype), None, None
-
-
-def _factor(keep: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """``keep`` as 0 / ``scale`` of ``dtype`` (the same rounding in forward and backward)."""
-    return keep.to(dtype) * torch.tensor(scale, dtype=dtype)
+        return torch.where(keep, grad, 0.0).mul_(ctx.scale), None, None
 
 
 class Dropout(nn.Module):
