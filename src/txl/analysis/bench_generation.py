@@ -3,20 +3,25 @@
 txl decodes with ``mem_len = C`` (its :class:`~txl.model.DecodingState`); GPT-2 (transformers
 4.35.2, same depth, width, heads and vocabulary, ``n_positions`` large enough) decodes after a
 prompt of C tokens with its key/value cache, so both attend to about C earlier tokens per step.
-Per-token cost is isolated from the prompt: each point times generating 2n and n tokens after the
-same prompt, and the difference is n decoding steps. Implementations alternate within a point and
-the median over repeats is kept, so a ratio compares runs made under the same machine load.
+Per-token cost is isolated from the prompt and from the machine's other load: both models first
+read the prompt (untimed), then their decoding steps are interleaved, one txl step, one GPT-2 step,
+each timed on its own, and the median step over all repeats is kept. So the two see the same
+machine state step by step, and the odd disturbed step moves neither median. GPT-2 decodes with
+its ``past_key_values`` cache in a plain loop (one forward of the newest token per step, no
+``generate`` bookkeeping) and both pick tokens with the same function
+(:func:`txl.generation.sample_next`), so the ratio compares the models' steps.
 Units: generated tokens per second of wall time (all rows of the batch).
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import torch
 
-from txl.generation import generate
+from txl.generation import generate_steps, sample_next
 from txl.model import TransformerXLConfig, TransformerXLLM
 
 GEN_CONTEXTS = (128, 512)
@@ -30,49 +35,58 @@ def gpt2_twin(c: TransformerXLConfig, n_positions: int = 2048):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = GPT2Config(vocab_size=c.vocab_size, n_positions=n_positions, n_embd=c.d_model, n_layer=c.n_layer,
-                     n_head=c.n_head, n_inner=c.d_inner, eos_token_id=None, pad_token_id=0)
+                     n_head=c.n_head, n_inner=c.d_inner, eos_token_id=None, pad_token_id=None)
     return GPT2LMHeadModel(cfg)
 
 
-def _txl_decoder(model: TransformerXLLM, context: int, mode: str) -> Callable[[torch.Tensor, int], Any]:
+def _sampling(mode: str, device: torch.device) -> dict[str, Any]:
+    if mode == "greedy":
+        return dict(temperature=0)
+    return dict(temperature=1.0, top_p=TOP_P, generator=torch.Generator(device).manual_seed(0))
+
+
+def _txl_steps(model: TransformerXLLM, context: int, mode: str) -> Callable[[torch.Tensor, int], Iterator]:
+    """Yields once after reading the prompt and its first token, then once per decoding step."""
     span = model.config.span.replace(mem_len=context)
-
-    def run(prompt: torch.Tensor, n: int):
-        if mode == "greedy":
-            return generate(model, prompt, n, temperature=0, span=span)
-        return generate(model, prompt, n, temperature=1.0, top_p=TOP_P, span=span,
-                        generator=torch.Generator(prompt.device).manual_seed(0))
-    return run
+    return lambda prompt, n: generate_steps(model, prompt, n + 1, span=span, **_sampling(mode, prompt.device))
 
 
-def _gpt2_decoder(model, mode: str) -> Callable[[torch.Tensor, int], Any]:
-    def run(prompt: torch.Tensor, n: int):
-        with torch.no_grad():
-            if mode == "greedy":
-                return model.generate(prompt, max_new_tokens=n, do_sample=False, pad_token_id=0)
-            torch.manual_seed(0)
-            return model.generate(prompt, max_new_tokens=n, do_sample=True, top_p=TOP_P, top_k=0, pad_token_id=0)
-    return run
+def _gpt2_steps(model, mode: str) -> Callable[[torch.Tensor, int], Iterator]:
+    """GPT-2's cached decoding loop; yields as :func:`_txl_steps` does."""
+    @torch.no_grad()
+    def steps(prompt: torch.Tensor, n: int) -> Iterator[None]:
+        sampling = _sampling(mode, prompt.device)
+        out = model(input_ids=prompt, use_cache=True)
+        token = sample_next(out.logits[:, -1], **sampling)
+        yield
+        for _ in range(n):
+            out = model(input_ids=token[:, None], past_key_values=out.past_key_values, use_cache=True)
+            token = sample_next(out.logits[:, -1], **sampling)
+            yield
+    return steps
 
 
 def _per_token_seconds(runs: dict[str, Callable], prompt: torch.Tensor, n: int, repeats: int,
                        sync: Callable[[], None]) -> dict[str, float]:
-    """Median seconds per decoding step (all rows) of each implementation, alternating them."""
+    """Median seconds per decoding step (all rows) of each implementation over ``repeats`` runs of n
+    steps, the implementations' steps interleaved."""
     import time
 
-    times: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in runs}
-    for fn in runs.values():  # warm-up
-        fn(prompt, 2)
+    steps: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
-        for name, fn in runs.items():
-            for k, bucket in ((2 * n, times[name][0]), (n, times[name][1])):
+        running = {name: make(prompt, n) for name, make in runs.items()}
+        for it in running.values():  # the prompt and the first token: not timed
+            next(it)
+        for _ in range(n):
+            for name, it in running.items():
                 sync()
                 start = time.perf_counter()
-                fn(prompt, k)
+                next(it)
                 sync()
-                bucket.append(time.perf_counter() - start)
-    return {name: max(1e-9, (statistics.median(long) - statistics.median(short)) / n)
-            for name, (long, short) in times.items()}
+                steps[name].append(time.perf_counter() - start)
+        for it in running.values():
+            it.close()
+    return {name: max(1e-9, statistics.median(t)) for name, t in steps.items()}
 
 
 def generation_table(config: dict, *, device: torch.device, contexts=GEN_CONTEXTS, batches=GEN_BATCHES,
@@ -90,15 +104,15 @@ def generation_table(config: dict, *, device: torch.device, contexts=GEN_CONTEXT
     theirs = None
     if with_gpt2:
         torch.manual_seed(0)
-        theirs = gpt2_twin(cfg, n_positions=max(2048, max(contexts) + 2 * gen_tokens + 8)).to(device).eval()
+        theirs = gpt2_twin(cfg, n_positions=max(2048, max(contexts) + gen_tokens + 8)).to(device).eval()
     rows = []
     for context in contexts:
         for batch in batches:
             prompt = torch.randint(0, cfg.vocab_size, (batch, context), device=device)
             for mode in modes:
-                runs = {"txl": _txl_decoder(ours, context, mode)}
+                runs = {"txl": _txl_steps(ours, context, mode)}
                 if theirs is not None:
-                    runs["gpt2"] = _gpt2_decoder(theirs, mode)
+                    runs["gpt2"] = _gpt2_steps(theirs, mode)
                 sec = _per_token_seconds(runs, prompt, gen_tokens, repeats, sync)
                 row = {"context": context, "batch": batch, "mode": mode, "txl_tokens_per_s": batch / sec["txl"],
                        "gpt2_tokens_per_s": batch / sec["gpt2"] if "gpt2" in sec else None}

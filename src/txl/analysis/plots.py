@@ -391,14 +391,15 @@ def plot_compressive(results: dict, path) -> dict:
                 per = [[v for r in runs for _, t2, v in r["curve"] if t2 == t] for t in tokens]
                 mean = [sum(v) / len(v) for v in per]
                 points[f"{corpus}/{name}"] = list(zip(tokens, mean))
-                ax.plot(tokens, mean, marker=markers[i % len(markers)], markersize=3, label=name)
-                ax.fill_between(tokens, [min(v) for v in per], [max(v) for v in per], alpha=0.2)
+                thousands = [t / 1000 for t in tokens]
+                ax.plot(thousands, mean, marker=markers[i % len(markers)], markersize=3, label=name)
+                ax.fill_between(thousands, [min(v) for v in per], [max(v) for v in per], alpha=0.2)
             else:
                 xs, ys = zip(*points[f"{corpus}/{name}"])
                 ax.scatter(xs, ys, marker=markers[i % len(markers)], label=name)
         unit = next(r["unit"] for k, r in results.items() if k.startswith(corpus + "/"))
         if with_curves:
-            ax.set_xlabel("training tokens")
+            ax.set_xlabel("training tokens (thousands)")
         else:
             ax.set_xlabel("training tokens/s (interleaved timing)" if timed else "training tokens/s")
         ax.set_ylabel(f"valid {unit}" + _unit_suffix(unit))

@@ -287,7 +287,8 @@ class MultiHeadAttention(nn.Module):
         state = cache.state
         bsz = h.size(0)
         hd = self.n_head * self.d_head
-        x = self.layer_norm(h) if self.pre_lnorm else h
+        norm = self.layer_norm  # functional calls: a step is mostly call overhead
+        x = F.layer_norm(h, norm.normalized_shape, norm.weight, norm.bias, norm.eps) if self.pre_lnorm else h
         q, k, v = (self._heads(t) for t in F.linear(x, self.qkv_net.weight).split(hd, dim=-1))  # [B, H, 1, D]
         state.write(cache, k, v, h)
         klen = min(state.length + 1, state.capacity)
@@ -307,8 +308,10 @@ class MultiHeadAttention(nn.Module):
         # one query: two small products and a softmax beat the fused kernel's blocking on a CPU
         wide = scores if scores.dtype in (torch.float32, torch.float64) else scores.float()
         vec = torch.matmul(torch.softmax(wide, dim=-1).to(values.dtype), values)  # [B, H, 1, D]
-        out = self.o_net(vec.transpose(1, 2).reshape(bsz, 1, hd))
-        return h + out if self.pre_lnorm else self.layer_norm(h + out)
+        out = F.linear(vec.transpose(1, 2).reshape(bsz, 1, hd), self.o_net.weight)
+        if self.pre_lnorm:
+            return h + out
+        return F.layer_norm(h + out, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
     def _doubled_pos_keys(self, state, dtype: torch.dtype) -> torch.Tensor:
         """[H, D, 2 * S]: the position keys for distances S-1 ... 0, twice (see :class:`LayerCache`)."""
