@@ -24,6 +24,7 @@ from txl.errors import TxlError
 from txl.analysis.bench_generation import GEN_BATCHES, GEN_CONTEXTS, format_generation, generation_table
 from txl.evaluation.segments import decoding_state
 from txl.model import TransformerXLConfig, TransformerXLLM
+from txl.runtime import cpu_flags
 
 BENCH_SMALL = dict(vocab_size=256, n_layer=6, d_model=256, n_head=8, d_head=32, d_inner=1024, tgt_len=128,
                    mem_len=128, dropout=0.1)
@@ -314,7 +315,8 @@ def eval_speedup(lengths: list[int], *, device: str = "auto", batch: int = 8, re
 
 
 def hardware(device: torch.device) -> dict[str, Any]:
-    """Names of the processor/GPU, thread count and torch version."""
+    """Names of the processor/GPU, thread count and torch version; on a CPU also the vector-instruction
+    flags that change its speed (AVX2, AVX-512 and its bf16, AMX), as the kernel reports them."""
     info: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads()}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
@@ -324,6 +326,10 @@ def hardware(device: torch.device) -> dict[str, Any]:
                 if line.startswith("model name"):
                     info["cpu"] = line.split(":", 1)[1].strip()
                     break
+        flags = cpu_flags()
+        if flags is not None:
+            info["cpu_flags"] = sorted(f for f in flags if f in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni",
+                                                                  "amx_bf16", "amx_tile", "bf16"))
     return info
 
 

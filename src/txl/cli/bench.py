@@ -65,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
         lengths = _lengths(args.gen_lengths, "--gen-lengths")
         rows = generation_lengths(BENCH_SMALL, lengths, device=resolve_device(args.device), repeats=args.repeats,
                                   with_gpt2=args.vs == "hf", log=log)
-        results = {"config": BENCH_SMALL, "generation_lengths": rows}
+        from txl.analysis.bench import hardware
+
+        results = {"hardware": hardware(resolve_device(args.device)), "config": BENCH_SMALL, "generation_lengths": rows}
     else:
         results = run_bench(vs_hf=args.vs == "hf", device=args.device, dtype=args.dtype, batch=args.batch_size,
                             repeats=args.repeats, memory=not args.no_memory, log=log)
