@@ -71,7 +71,7 @@ class _RelShiftBias(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(mask)
         ctx.head_major = x.dim() == 4 and not x.is_contiguous() and x.transpose(0, 1).is_contiguous()
-        return rel_shift(x).masked_fill(mask, float("-inf"))
+        return _shifted_and_masked(x, mask)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -117,8 +117,16 @@ def rel_shift_bias(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     The backward maps gradients back without the zero-pad/reshape copies of the classic trick.
     """
     if not (torch.is_grad_enabled() and x.requires_grad):  # evaluation and decoding: no autograd node
-        return rel_shift(x).masked_fill(mask, float("-inf"))
+        return _shifted_and_masked(x, mask)
     return _RelShiftBias.apply(x, mask)
+
+
+def _shifted_and_masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``rel_shift(x)`` with -inf where ``mask``, in one pass into a new contiguous tensor (a
+    ``masked_fill`` of the strided view would first copy it, then fill: two passes over [B, H, T, K])."""
+    view = rel_shift(x)
+    out = torch.empty(view.shape, dtype=view.dtype, device=view.device)
+    return torch.where(mask, view.new_full((), float("-inf")), view, out=out)
 
 
 def attention_mask(qlen: int, mlen: int, same_length: bool, mem_len: int, device: torch.device | str) -> torch.Tensor:
