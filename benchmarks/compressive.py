@@ -15,7 +15,7 @@ import csv
 import json
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 M = 64  # the attention span beyond the segment, in key slots
@@ -170,13 +170,23 @@ def main() -> int:
         r["curve"] = curve(run_dir / "metrics.csv")
         return f"{corpus}/{name}/{seed}", r
 
+    failed = None
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for key, r in pool.map(one, todo):
-            if isinstance(r, str):
-                print(r, file=sys.stderr)
-                return 1
+        futures = [pool.submit(one, job) for job in todo]
+        for future in as_completed(futures):
+            if future.cancelled():
+                continue
+            key, r = future.result()
+            if isinstance(r, str):  # start no more runs; the runs already going finish and are kept
+                failed = failed or r
+                for other in futures:
+                    other.cancel()
+                continue
             results[key] = r
             results_path.write_text(json.dumps(results, indent=1))
+    if failed:
+        print(failed, file=sys.stderr)
+        return 1
     if args.speed_rounds and "speed" not in results:
         results["speed"] = speed(args.variants, args.speed_rounds)
         results_path.write_text(json.dumps(results, indent=1))

@@ -305,12 +305,15 @@ class MultiHeadAttention(nn.Module):
             cache.pos_keys = self._doubled_pos_keys(state, q.dtype)
         off = state.pos_offset(klen)
         r_k = cache.pos_keys[:, :, off:off + klen]  # [H, D, K]: slot s's distance in column s
-        q_c, q_r = (q + self.r_w_bias[:, None, :], q + self.r_r_bias[:, None, :]) if self.attn_type == "rel" else (q, q)
-        # position scores as one [B, D] x [D, K] product per head: broadcasting r_k over the batch in a
-        # batched matmul would copy it B times per layer and step
+        if self.attn_type == "rel":
+            q_c, q_r = (q + self.r_w_bias[:, None, :]) * self.scale, (q + self.r_r_bias[:, None, :]) * self.scale
+        else:
+            q_c = q_r = q * self.scale
+        # scaled before the products (as the fused kernel does), so that half-precision scores stay in
+        # range; position scores as one [B, D] x [D, K] product per head: broadcasting r_k over the
+        # batch in a batched matmul would copy it B times per layer and step
         bias = torch.bmm(q_r.reshape(bsz, self.n_head, self.d_head).transpose(0, 1), r_k)  # [H, B, K]
         scores = torch.matmul(q_c, keys.transpose(-1, -2)).add_(bias.transpose(0, 1).unsqueeze(2))  # [B, H, 1, K]
-        scores.mul_(self.scale)
         if key_mask is not None:
             scores.masked_fill_(key_mask, float("-inf"))
         # one query: two small products and a softmax beat the fused kernel's blocking on a CPU
