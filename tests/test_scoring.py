@@ -17,13 +17,7 @@ from txl.evaluation.stream import evaluate
 from txl.evaluation.scoring import score, score_texts, token_text, total_metric
 from txl.training.checkpoint import load_checkpoint, save_checkpoint
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models are tiny: one thread is faster than several fighting over shared cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models, one thread
 
 
 LENGTHS = (2, 3, 11, 17, 26, 9, 40)  # many segments of tgt_len 5, and lengths off the segment grid

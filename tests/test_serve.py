@@ -43,12 +43,7 @@ TEXT = ("Transformer-XL reads text segment by segment; the memory carries the pa
 TOK = ByteTokenizer()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models, one thread
 
 
 @pytest.fixture(scope="module")
