@@ -1,6 +1,6 @@
 """`txl bench` runs end to end on a tiny config (speed itself is measured by the benchmark, not by tests)."""
 
-from txl.analysis.bench import eval_speedup, format_table, run_bench, train_flops_per_token
+from txl.analysis.bench import BENCH_SMALL, eval_flops_per_token, eval_speedup, format_table, run_bench, train_flops_per_token
 from txl.analysis.bench_generation import generation_lengths
 from txl.model import TransformerXLConfig
 
@@ -41,6 +41,21 @@ def test_eval_speedup_rows():
     res = eval_speedup([16, 32], device="cpu", batch=2, repeats=1, config=TINY, log=lambda _: None)
     assert [r["attention_length"] for r in res["rows"]] == [16, 32]
     assert all(r["speedup"] > 0 for r in res["rows"])
+    c = TransformerXLConfig(**TINY)
+    for row in res["rows"]:
+        van, xl = eval_flops_per_token(c, row["attention_length"], row["tgt_len"])
+        assert row["flop_ratio"] == van / xl
+
+
+def test_eval_flop_counts_by_hand():
+    # TINY, window 2, segment 1: per position 2 layers x (6*32*32 + 2*32*32 + 4*32*64) + softmax
+    # layer 2*32*64 = 36,864; vanilla 2 positions + 2 layers x 2*32*(2*3) causal pairs; txl one
+    # position + 2 layers x 6*32 x 3 keys
+    assert eval_flops_per_token(TransformerXLConfig(**TINY), 2, 1) == (2 * 36864 + 768, 36864 + 1152)
+    # bench-small at the paper's longest length: a causal vanilla does ~1,760x txl's FLOPs, less than
+    # the paper's 1,874x (measured against a dense masked softmax)
+    van, xl = eval_flops_per_token(TransformerXLConfig(**BENCH_SMALL), 3800, 128)
+    assert 1700 < van / xl < 1800
 
 
 def test_bench_skips_an_emulated_half_precision_and_says_why(capsys, monkeypatch, tmp_path):

@@ -23,6 +23,8 @@ import pytest
 import torch
 
 from conftest import run_segments, tiny_model
+from txl.evaluation.segments import decoding_state
+from txl.model import attention
 from txl.model.attention import sinusoid
 
 TOL = 1e-10  # float64 rounding differences between the batched and per-position sums are ~1e-14
@@ -179,6 +181,28 @@ def test_segments_with_a_short_memory_equal_the_reference(attn, span):
         assert_close(pieces, full, "same_length segments vs one long pass")
     else:  # forgetting is real: the reference is not just the long pass
         assert (pieces - full).abs().max() > CAUGHT
+
+
+@pytest.mark.parametrize("span", ["same_length", "both"])
+@pytest.mark.parametrize("attn", ATTN)
+def test_evaluation_fast_paths_equal_the_reference(attn, span, monkeypatch):
+    # without autograd, once the memory holds mem_len - 1 positions a same_length segment reads its
+    # realigned scores in place and attends in cache-sized blocks (attention.biased_attention, here
+    # one head of one row per block); with the memory as tensors and as a decoding state's keys and
+    # values, the logits must stay the per-position reference
+    monkeypatch.setattr(attention, "BLOCK_BYTES", 64)
+    model = build(seed=2, mem_len=4, **overrides(attn, span)).eval()
+    ids = torch.randint(0, 37, (2, 16), generator=torch.Generator().manual_seed(3))
+    lengths = [5, 1, 3, 6, 1]
+    ref = reference_logits(model, ids, lengths)
+    with torch.no_grad():
+        pieces, _ = run_segments(model, ids, lengths)
+        state, cached, start = decoding_state(model, model.config.span), [], 0
+        for n in lengths:
+            cached.append(model(ids[:, start:start + n], caches=state).logits)
+            start += n
+    assert_close(pieces, ref, "segments without autograd vs per-position reference")
+    assert_close(torch.cat(cached, 1), ref, "decoding-state segments vs per-position reference")
 
 
 @pytest.mark.parametrize("attn", ATTN)

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from txl.model import attention
 from txl.model.attention import (MultiHeadAttention, attention_mask, position_scores, rel_shift, rel_shift_bias,
                                   relative_positions, sinusoid)
 
@@ -90,6 +91,52 @@ def test_rel_attention_equals_brute_force(mlen, clamp_len, same_length, pre_lnor
     fast = attn(h, mem, pos_emb, mask)
     slow = brute_force(attn, h, mem, attn.r_w_bias, attn.r_r_bias, clamp_len, mask)
     assert torch.allclose(fast, slow, atol=1e-10), (fast - slow).abs().max()
+
+
+@pytest.mark.parametrize("mlen", [4, 5, 8])
+@pytest.mark.parametrize("block_bytes", [None, 4 * 4 * 8, 2 * 4 * 8 * 2 * 9])
+def test_evaluation_blocks_and_window_equal_brute_force(mlen, block_bytes, monkeypatch):
+    """Without autograd, attention over a same_length memory reads the realigned scores in place
+    (window) and goes through the batch and heads in cache-sized blocks; it must stay the paper's
+    equation. The smallest limit is below one head's scores (4 queries x (mlen + 4) keys x 8 bytes),
+    so each block is one head of one row; the larger one takes whole batch rows per block."""
+    torch.manual_seed(2)
+    d, H, D, qlen, mem_len = 8, 2, 3, 4, 5
+    attn = MultiHeadAttention(d, H, D, 0.0, 0.0, False, "rel", own_biases=True).double().eval()
+    for p in attn.parameters():
+        torch.nn.init.normal_(p, 0, 0.5)
+    h = torch.randn(3, qlen, d, dtype=torch.float64)
+    mem = torch.randn(3, mlen, d, dtype=torch.float64)
+    pos_emb = sinusoid(relative_positions(qlen + mlen, 0, "cpu"), d).double()
+    mask = attention_mask(qlen, mlen, True, mem_len, "cpu")
+    slow = brute_force(attn, h, mem, attn.r_w_bias, attn.r_r_bias, 0, mask)
+    if block_bytes is not None:
+        monkeypatch.setattr(attention, "BLOCK_BYTES", block_bytes)
+    with torch.no_grad():
+        for window in (None, mem_len):
+            fast = attn(h, mem, pos_emb, mask, window=window)
+            assert torch.allclose(fast, slow, rtol=0, atol=1e-10), (window, (fast - slow).abs().max())
+    with_grad = attn(h, mem, pos_emb, mask, window=mem_len)  # autograd: the masked copy, one block
+    assert with_grad.requires_grad and torch.allclose(with_grad, slow, rtol=0, atol=1e-10)
+
+
+def test_window_needs_a_memory_of_window_minus_one():
+    """With a memory shorter than window - 1, a future key's entry would read a visible score: the
+    model must not pass the window there, and this shows why (the test fails if the condition is
+    too loose to matter)."""
+    torch.manual_seed(3)
+    qlen, mlen, window = 4, 2, 5
+    scores = torch.randn(1, 1, qlen, qlen + mlen, dtype=torch.float64)
+    mask = attention_mask(qlen, mlen, True, window, "cpu")
+    exact = rel_shift_bias(scores, mask)
+    filled = scores.clone()
+    filled[..., :qlen + mlen - window] = float("-inf")
+    assert not torch.equal(rel_shift(filled), exact)
+    mlen = window - 1
+    scores = torch.randn(1, 1, qlen, qlen + mlen, dtype=torch.float64)
+    filled = scores.clone()
+    filled[..., :qlen + mlen - window] = float("-inf")
+    assert torch.equal(rel_shift(filled), rel_shift_bias(scores, attention_mask(qlen, mlen, True, window, "cpu")))
 
 
 def test_mask_causal_and_same_length_counts():

@@ -78,6 +78,23 @@ def train_flops_per_token(c: TransformerXLConfig, qlen: int, mlen: int) -> float
     return 3 * (c.n_layer * per_layer + 2 * d * c.vocab_size)
 
 
+def eval_flops_per_token(c: TransformerXLConfig, length: int, tgt_len: int) -> tuple[float, float]:
+    """Matmul FLOPs per predicted token at attention length ``length``: (vanilla window, txl memory).
+
+    Vanilla: a window of ``length`` tokens per prediction, each with the position-wise products
+    (q, k, v: 6·d·HD, output 2·HD·d, feed-forward 4·d·d_inner) and the softmax layer (2·d·V), plus
+    causal attention (q·k and probabilities·v over ``length * (length + 1) / 2`` pairs: 4·HD each,
+    the blocks a causal kernel computes). txl: one token's position-wise products and softmax layer,
+    attention over the ``length + tgt_len`` keys of its segment's scores (q·k, position term,
+    probabilities·v: 6·HD·klen); the memory's keys and values were projected once, when stored.
+    """
+    hd, d = c.n_head * c.d_head, c.d_model
+    per_position = c.n_layer * (6 * d * hd + 2 * hd * d + 4 * d * c.d_inner) + 2 * d * c.vocab_size
+    vanilla = length * per_position + c.n_layer * 2 * hd * length * (length + 1)
+    txl = per_position + c.n_layer * 6 * hd * (length + tgt_len)
+    return float(vanilla), float(txl)
+
+
 class TxlRunner:
     """Training step, evaluation step and generation for a txl model."""
 
@@ -280,7 +297,11 @@ def eval_speedup(lengths: list[int], *, device: str = "auto", batch: int = 8, re
     with a memory of L and ``same_length``, so that every query also attends to exactly L keys, the
     memory kept in a decoding state as ``txl eval`` keeps it. Both costs are measured at every L.
     Per token the vanilla model does O(L) position-wise work plus O(L^2) attention, txl O(1)
-    position-wise work plus O(L) attention, so the ratio grows at least linearly with L.
+    position-wise work plus O(L) attention, so the ratio grows at least linearly with L. Each row
+    also gives the ratio of matmul FLOPs (:func:`eval_flops_per_token`): the speed-up txl would
+    show if both ran at the same FLOP/s. The vanilla model's causal kernel skips the blocks above
+    the diagonal; a vanilla model with a dense masked softmax (as in 2019) does twice its attention
+    FLOPs, which is where ratios above the FLOP ratio come from.
     """
     from txl.runtime import resolve_device
 
@@ -306,11 +327,13 @@ def eval_speedup(lengths: list[int], *, device: str = "auto", batch: int = 8, re
                                                  sync=sync))
         per_van = t_van / batch  # one predicted token per window
         per_xl = t_xl / (batch * tgt)
-        row = {"attention_length": length, "vanilla_s_per_token": per_van, "txl_s_per_token": per_xl,
-               "speedup": per_van / per_xl, "paper_speedup": paper.get(length)}
+        flops_van, flops_xl = eval_flops_per_token(rel.config, length, tgt)
+        row = {"attention_length": length, "tgt_len": tgt, "vanilla_s_per_token": per_van, "txl_s_per_token": per_xl,
+               "speedup": per_van / per_xl, "flop_ratio": flops_van / flops_xl, "paper_speedup": paper.get(length)}
         out["rows"].append(row)
         log(f"L={length:5d}  vanilla {per_van * 1e3:9.3f} ms/token  txl {per_xl * 1e3:8.4f} ms/token  "
-            f"speed-up {row['speedup']:8.1f}x" + (f"  (paper {paper[length]}x)" if length in paper else ""))
+            f"speed-up {row['speedup']:8.1f}x  FLOP ratio {row['flop_ratio']:7.1f}x"
+            + (f"  (paper {paper[length]}x)" if length in paper else ""))
     return out
 
 

@@ -129,6 +129,70 @@ def _shifted_and_masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, view.new_full((), float("-inf")), view, out=out)
 
 
+BLOCK_BYTES = 8 * 2**20  # CPU: a block of position scores this large stays in the last-level cache
+
+
+def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     r_k: torch.Tensor, mask: torch.Tensor, *, scale: float, dropout_p: float = 0.0,
+                     window: int | None = None, block_bytes: int | None = None) -> torch.Tensor:
+    """``softmax(scale * q_content·k + rel_shift(q_pos·r_k) masked) @ v``: attention with the position
+    term (b) + (d) of §3.3 (or Shaw's q·a) as an additive bias of the fused kernel.
+
+    Args:
+        q_content: [B, H, T, D] queries for the content term (q + u for "rel"), unscaled.
+        q_pos: [B, H, T, D] queries for the position term (q + v for "rel"), already scaled.
+        k, v: [B, H, K, D] keys and values over [memory + current segment].
+        r_k: [H, D, K] position keys for distances K-1 ... 0.
+        mask: bool [T, K] or [B, 1, T, K] (with padding), True = not visible.
+        scale: the score scale 1/sqrt(D) applied to the content term.
+        dropout_p: attention dropout probability (0 in evaluation).
+        window: given only when ``mask`` is exactly "future key or distance >= window" (same_length
+            with a memory of at least ``window - 1``, no padding). Without autograd the realigned
+            scores are then used as the strided view itself, with -inf written into the columns
+            of distances >= window: a future key's entry of row i falls on row i+1's columns of
+            distance >= M + i + 1, so it reads -inf too, and no masked copy of [B, H, T, K] is made.
+        block_bytes: without autograd on a CPU, the batch rows and heads are taken in blocks whose
+            position scores take at most this many bytes (default :data:`BLOCK_BYTES`), so each
+            block's scores are still in cache when the kernel reads them.
+
+    Returns:
+        [B, H, T, D] attention output. Equal to the unblocked, masked computation (same kernels on
+        the same numbers per row and head).
+    """
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q_content, q_pos, k, v, r_k))
+    bsz, heads, qlen, _ = q_pos.shape
+    klen = k.size(2)
+
+    def attend(rows: slice, cols: slice) -> torch.Tensor:
+        scores = position_scores(q_pos[rows, cols], r_k[cols])
+        if window is not None and not grad:
+            scores[..., :max(klen - window, 0)] = float("-inf")
+            bias = rel_shift(scores)
+        else:
+            bias = rel_shift_bias(scores, mask if mask.dim() == 2 else mask[rows])
+        return F.scaled_dot_product_attention(q_content[rows, cols], k[rows, cols], v[rows, cols], attn_mask=bias,
+                                              dropout_p=dropout_p, scale=scale)
+
+    everything = slice(None)
+    if grad or q_pos.device.type != "cpu":
+        return attend(everything, everything)
+    per_head = qlen * klen * q_pos.element_size()
+    limit = BLOCK_BYTES if block_bytes is None else block_bytes
+    if per_head * heads * bsz <= limit:
+        return attend(everything, everything)
+    out = torch.empty(bsz, heads, qlen, v.size(-1), dtype=v.dtype, device=v.device)
+    if per_head * heads <= limit:  # whole rows per block, as few blocks as the limit allows, of equal size
+        step = -(-bsz // -(-bsz * per_head * heads // limit))
+        for b in range(0, bsz, step):
+            out[b:b + step] = attend(slice(b, b + step), everything)
+        return out
+    step = -(-heads // -(-heads * per_head // limit))  # heads of one row per block, likewise
+    for b in range(bsz):
+        for h in range(0, heads, step):
+            out[b:b + 1, h:h + step] = attend(slice(b, b + 1), slice(h, h + step))
+    return out
+
+
 def attention_mask(qlen: int, mlen: int, same_length: bool, mem_len: int, device: torch.device | str) -> torch.Tensor:
     """Boolean mask [T, K] over keys [memory + current]; True marks a key the query must not see.
 
@@ -203,7 +267,7 @@ class MultiHeadAttention(nn.Module):
             self.r_emb = nn.Parameter(torch.empty(shaw_max_dist + 1, n_head, d_head))
 
     def forward(self, h: torch.Tensor, mem: torch.Tensor | None, pos_emb: torch.Tensor | None,
-                mask: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+                mask: torch.Tensor, cache: LayerCache | None = None, window: int | None = None) -> torch.Tensor:
         """Attend from the current segment to [memory + current segment].
 
         Args:
@@ -218,6 +282,8 @@ class MultiHeadAttention(nn.Module):
                 read from it instead of being projected from ``mem``, and the last ``capacity``
                 keys/values of this call are stored in it. Keys do not depend on position in relative
                 attention, so this is exact.
+            window: ``mem_len`` when ``mask`` is exactly the same_length mask of a memory of at least
+                ``mem_len - 1`` without padding (see :func:`biased_attention`); None otherwise.
 
         Returns:
             [B, T, d_model]: the sub-layer output after residual (and LayerNorm unless ``pre_lnorm``).
@@ -257,17 +323,17 @@ class MultiHeadAttention(nn.Module):
                     cache.segment_pos_keys = r_k
             # (b) + (d), pre-scaled, realigned and masked, becomes an additive bias of the fused kernel,
             # which computes softmax(scale * (q + u)·k + bias) @ v, i.e. (a) + (c) + (b) + (d).
-            bias = rel_shift_bias(position_scores((q + vb[:, None, :]) * self.scale, r_k), mask)  # [B, H, T, K]
-            vec = F.scaled_dot_product_attention(q + u[:, None, :], k, v, attn_mask=bias, dropout_p=dropatt,
-                                                 scale=self.scale)
+            vec = biased_attention(q + u[:, None, :], (q + vb[:, None, :]) * self.scale, k, v, r_k, mask,
+                                   scale=self.scale, dropout_p=dropatt, window=window)
         elif self.attn_type == "shaw":
             # the learned a_d for distances K-1 ... 0 (clipped), then the same realignment as "rel":
             # (b) = q·a becomes the additive bias, the kernel adds (a) = q·k
             r_k = self.r_emb[shaw_distances(klen, self.max_dist, q.device)].permute(1, 2, 0)  # [H, D, K]
-            bias = rel_shift_bias(position_scores(q * self.scale, r_k.to(q.dtype)), mask)  # [B, H, T, K]
-            vec = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropatt, scale=self.scale)
+            vec = biased_attention(q, q * self.scale, k, v, r_k.to(q.dtype), mask, scale=self.scale,
+                                   dropout_p=dropatt, window=window)
         else:
-            vec = F.scaled_dot_product_attention(q, k, v, attn_mask=~mask, dropout_p=dropatt, scale=self.scale)
+            # no memory and no padding: the mask is the causal one, and the kernel skips its blocks
+            vec = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropatt, scale=self.scale)
         vec = vec.transpose(1, 2).reshape(bsz, qlen, hd)  # [B, T, H*D]
         out = self.drop(self.o_net(vec))
         return h + out if self.pre_lnorm else self.layer_norm(h + out)

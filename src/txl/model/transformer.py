@@ -97,9 +97,9 @@ class DecoderLayer(nn.Module):
             self.compress = Compressor(c.d_model, c.cmem_ratio, c.compression)
 
     def forward(self, h: torch.Tensor, mem: torch.Tensor | None, pos_emb: torch.Tensor | None,
-                mask: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+                mask: torch.Tensor, cache: LayerCache | None = None, window: int | None = None) -> torch.Tensor:
         """[B, T, d_model] -> [B, T, d_model]; see :meth:`MultiHeadAttention.forward` for the arguments."""
-        return self.ff(self.attn(h, mem, pos_emb, mask, cache))
+        return self.ff(self.attn(h, mem, pos_emb, mask, cache, window))
 
     def step(self, h: torch.Tensor, cache: LayerCache, key_mask: torch.Tensor | None = None) -> torch.Tensor:
         """One decoding step [B, 1, d_model] -> [B, 1, d_model]; see :meth:`MultiHeadAttention.step`."""
@@ -297,6 +297,7 @@ class TransformerXLLM(nn.Module):
         klen = mlen + qlen
 
         emb = self.word_emb(input_ids)  # [B, T, d_model], scaled by sqrt(d_model)
+        window = None
         if c.attn_type != "abs":  # "rel" and "shaw": positions enter in every layer's attention
             pos_emb = None  # "shaw": each layer looks its distances up in its own table
             if c.attn_type == "rel" and caches is not None and caches.segment_klen == klen:
@@ -309,6 +310,8 @@ class TransformerXLLM(nn.Module):
             mask = attention_mask(qlen, mlen, span.same_length, span.mem_len, emb.device)
             if mem_padding is not None:
                 mask = mask | padding_mask(mem_padding, bsz, mlen, klen)
+            elif span.same_length and span.mem_len > 0 and mlen >= span.mem_len - 1:
+                window = span.mem_len  # the mask is "future or distance >= mem_len" (see biased_attention)
         else:
             pos_emb = None
             h = self.drop(emb + sinusoid(torch.arange(qlen, device=emb.device), c.d_model).to(emb.dtype))
@@ -317,7 +320,8 @@ class TransformerXLLM(nn.Module):
         hids = []
         for i, layer in enumerate(self.layers):
             hids.append(h)
-            h = layer(h, None if mems is None else mems[i], pos_emb, mask, None if caches is None else caches.layers[i])
+            h = layer(h, None if mems is None else mems[i], pos_emb, mask, None if caches is None else caches.layers[i],
+                      window)
         h = self.drop(h)
 
         if c.attn_type == "abs":
