@@ -193,3 +193,18 @@ def test_rel_shift_bias_gradient(qlen, mlen):
     assert torch.equal(out, rel_shift(x.detach()).masked_fill(mask, float("-inf")))
     # gradient of the visible entries, checked numerically
     assert torch.autograd.gradcheck(lambda t: rel_shift_bias(t, mask).masked_fill(mask, 0.0), (x,))
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_step_linear_equals_linear(rows, with_bias):
+    """The decoding step's products (x @ W.T for one row, (W @ x.T).T for several) are F.linear."""
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 1, 6, dtype=torch.float64, generator=gen)
+    weight = torch.randn(5, 6, dtype=torch.float64, generator=gen)
+    bias = torch.randn(5, dtype=torch.float64, generator=gen) if with_bias else None
+    out = attention.step_linear(x, weight, bias)
+    assert out.shape == (rows, 1, 5)
+    assert torch.allclose(out, torch.nn.functional.linear(x, weight, bias), rtol=0, atol=1e-12)
+    half = attention.step_linear(x.bfloat16(), weight.bfloat16(), None if bias is None else bias.bfloat16())
+    assert half.dtype == torch.bfloat16 and torch.allclose(half.double(), out, atol=0.1)

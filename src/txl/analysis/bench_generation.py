@@ -69,22 +69,22 @@ def _gpt2_steps(model, mode: str) -> Callable[[torch.Tensor, int], Iterator]:
 def _per_token_seconds(runs: dict[str, Callable], prompt: torch.Tensor, n: int, repeats: int,
                        sync: Callable[[], None]) -> dict[str, float]:
     """Median seconds per decoding step (all rows) of each implementation over ``repeats`` runs of n
-    steps, the implementations' steps interleaved."""
+    steps. The implementations take turns run by run, not step by step: a decoding loop runs one
+    model, whose weights stay in the CPU's cache between its steps; a step after the other model's
+    step would find them evicted and measure a cold cache neither user sees."""
     import time
 
     steps: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
-        running = {name: make(prompt, n) for name, make in runs.items()}
-        for it in running.values():  # the prompt and the first token: not timed
-            next(it)
-        for _ in range(n):
-            for name, it in running.items():
+        for name, make in runs.items():
+            it = make(prompt, n)
+            next(it)  # the prompt and the first token: not timed
+            for _ in range(n):
                 sync()
                 start = time.perf_counter()
                 next(it)
                 sync()
                 steps[name].append(time.perf_counter() - start)
-        for it in running.values():
             it.close()
     return {name: max(1e-9, statistics.median(t)) for name, t in steps.items()}
 

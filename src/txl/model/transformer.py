@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from txl.model.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, tie_adaptive
-from txl.model.attention import MultiHeadAttention, attention_mask, relative_positions, sinusoid
+from txl.model.attention import MultiHeadAttention, attention_mask, relative_positions, sinusoid, step_linear
 from txl.model.compressive import Compressor, check_compressive_mems, layer_memory, split_mems, update_compressive
 from txl.model.config import TransformerXLConfig
 from txl.model.decoding import DecodingState, LayerCache
@@ -76,7 +76,7 @@ class PositionwiseFF(nn.Module):
         dropout), with functional calls instead of five sub-module calls (a step is mostly call overhead)."""
         first, second, norm = self.net[0], self.net[3], self.layer_norm
         x = F.layer_norm(h, norm.normalized_shape, norm.weight, norm.bias, norm.eps) if self.pre_lnorm else h
-        y = F.linear(torch.relu_(F.linear(x, first.weight, first.bias)), second.weight, second.bias)
+        y = step_linear(torch.relu_(step_linear(x, first.weight, first.bias)), second.weight, second.bias)
         if self.pre_lnorm:
             return h + y
         return F.layer_norm(h + y, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
