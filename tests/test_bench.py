@@ -25,6 +25,16 @@ def test_bench_against_hf_reports_every_measure():
     assert "train_tokens_per_s" in table and "txl/HF" in table and "| 16 | 3 | top_p |" in table
 
 
+def test_reduced_precision_run_also_measures_the_reference_in_float32():
+    res = run_bench(vs_hf=True, device="cpu", dtype="bfloat16", batch=2, config=TINY, repeats=1, gen_tokens=2,
+                    memory=False, gen_contexts=(8,), gen_batches=(1,), log=lambda _: None)
+    assert set(res["impls"]) == {"txl", "hf_float32"} and "ratios_txl_over_hf" not in res
+    ours, ref = res["impls"]["txl"], res["impls"]["hf_float32"]
+    for key in ("train_tokens_per_s", "eval_tokens_per_s"):
+        assert res["ratios_txl_over_hf_float32"][key] == ours[key] / ref[key]
+    assert "| txl/HF float32 |" in format_table(res)
+
+
 def test_generation_against_length_without_gpt2():
     rows = generation_lengths(TINY, [4, 24], device="cpu", repeats=1, gen_tokens=3, with_gpt2=False,
                               log=lambda _: None)

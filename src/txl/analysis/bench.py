@@ -100,8 +100,10 @@ class TxlRunner:
 
     name = "txl"
 
-    def __init__(self, model: TransformerXLLM, device: torch.device, autocast: torch.dtype | None):
+    def __init__(self, model: TransformerXLLM, device: torch.device, autocast: torch.dtype | None,
+                 name: str | None = None):
         self.model, self.device, self.autocast = model.to(device), device, autocast
+        self.name = name or self.name
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         self.mems = None
         self.state = None
@@ -218,7 +220,9 @@ def run_bench(*, vs_hf: bool = False, device: str = "auto", dtype: str = "float3
 
     Returns a JSON-able dict: hardware, config, per-implementation tokens/s for training and
     evaluation with memory, peak memory, achieved FLOP/s and its fraction of the measured matmul
-    peak, txl/HF ratios, and ``"generation"``: the rows of
+    peak, txl/HF ratios (in a reduced-precision run the reference runs in float32, under the name
+    ``"hf_float32"``, with ``"ratios_txl_over_hf_float32"``: its adaptive softmax fails under
+    autocast, and the target for txl in bfloat16 is set against it), and ``"generation"``: the rows of
     :func:`txl.analysis.bench_generation.generation_table` (txl against GPT-2's KV cache at equal
     context with ``vs_hf``; txl alone otherwise).
 
@@ -237,8 +241,10 @@ def run_bench(*, vs_hf: bool = False, device: str = "auto", dtype: str = "float3
     torch.manual_seed(0)
     base = TransformerXLLM(cfg)
     runners: list[TxlRunner] = [TxlRunner(base, dev, autocast)]
-    if vs_hf:
-        runners.append(HFRunner(hf_twin(base), dev, autocast))
+    if vs_hf and autocast is None:
+        runners.append(HFRunner(hf_twin(base), dev, None))
+    elif vs_hf:  # the reference's adaptive softmax fails under autocast; the target is set against its float32
+        runners.append(HFRunner(hf_twin(base), dev, None, name="hf_float32"))
     x = torch.randint(0, cfg.vocab_size, (batch, cfg.tgt_len), device=dev)
     results: dict[str, Any] = {"hardware": hardware(dev), "config": cfg_dict, "batch": batch, "dtype": dtype,
                                "repeats": repeats, "impls": {}}
@@ -266,7 +272,8 @@ def run_bench(*, vs_hf: bool = False, device: str = "auto", dtype: str = "float3
                                              sync=sync, log=log)
     if memory and dev.type == "cpu":
         for r in runners:
-            results["impls"][r.name]["peak_rss_mb"] = peak_memory_mb(r.name, cfg_dict, batch, dtype)
+            impl, kind = ("hf", "float32") if r.name == "hf_float32" else (r.name, dtype)
+            results["impls"][r.name]["peak_rss_mb"] = peak_memory_mb(impl, cfg_dict, batch, kind)
             log(f"{r.name:5s} peak RSS {results['impls'][r.name]['peak_rss_mb']:8.0f} MB (training)")
         # evaluation with the paper's longest memory, txl only (the reference takes many minutes there)
         eval_peak = peak_memory_mb("txl", {**cfg_dict, "mem_len": EVAL_MEM_LEN}, batch, dtype, mode="eval")
@@ -279,12 +286,12 @@ def run_bench(*, vs_hf: bool = False, device: str = "auto", dtype: str = "float3
             sync()
             results["impls"][r.name]["peak_allocated_mb"] = torch.cuda.max_memory_allocated(dev) / 2**20
     if vs_hf:
-        ours, theirs = results["impls"]["txl"], results["impls"]["hf"]
-        results["ratios_txl_over_hf"] = {k: ours[k] / theirs[k] for k in ours
-                                         if k.endswith("tokens_per_s") and k in theirs}
+        ours, theirs = results["impls"]["txl"], results["impls"][runners[1].name]
+        ratios = {k: ours[k] / theirs[k] for k in ours if k.endswith("tokens_per_s") and k in theirs}
         for key in ("peak_rss_mb", "peak_allocated_mb"):
-            if key in ours:
-                results["ratios_txl_over_hf"][key] = ours[key] / theirs[key]
+            if key in ours and key in theirs:
+                ratios[key] = ours[key] / theirs[key]
+        results["ratios_txl_over_hf" if autocast is None else "ratios_txl_over_hf_float32"] = ratios
     return results
 
 
@@ -362,14 +369,17 @@ def format_table(results: dict[str, Any]) -> str:
     keys = ["train_tokens_per_s", "eval_tokens_per_s", "peak_rss_mb", f"eval_mem{EVAL_MEM_LEN}_peak_rss_mb",
             "peak_allocated_mb", "train_fraction_of_matmul_peak"]
     names = list(impls)
-    lines = ["| measure | " + " | ".join(names) + (" | txl/HF |" if "hf" in impls else " |"),
-             "|---" * (len(names) + 1 + ("hf" in impls)) + "|"]
+    ratios = results.get("ratios_txl_over_hf") or results.get("ratios_txl_over_hf_float32")
+    label = " | txl/HF |" if "ratios_txl_over_hf" in results else " | txl/HF float32 |"
+    lines = ["| measure | " + " | ".join(names) + (label if ratios is not None else " |"),
+             "|---" * (len(names) + 1 + (ratios is not None)) + "|"]
     for key in keys:
         if not any(key in impls[n] for n in names):
             continue
         cells = [_fmt(impls[n].get(key)) for n in names]
-        ratio = results.get("ratios_txl_over_hf", {}).get(key)
-        lines.append(f"| {key} | " + " | ".join(cells) + (f" | {ratio:.2f}x |" if ratio else (" | |" if "hf" in impls else " |")))
+        ratio = (ratios or {}).get(key)
+        lines.append(f"| {key} | " + " | ".join(cells) + (f" | {ratio:.2f}x |" if ratio else
+                                                          (" | |" if ratios is not None else " |")))
     if results.get("generation"):
         lines += ["", format_generation(results["generation"])]
     return "\n".join(lines)
