@@ -49,7 +49,7 @@ def _raises_naming(call, name: str) -> None:
 
 # --- the bad inputs -------------------------------------------------------------------------------
 
-bad_labels = st.one_of(st.integers(max_value=-1).filter(lambda v: v != IGNORE_INDEX),
+bad_labels = st.one_of(st.integers(min_value=-2**62, max_value=-1).filter(lambda v: v != IGNORE_INDEX),
                        st.integers(min_value=V, max_value=2**62))
 bad_mem_dtypes = st.sampled_from([torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
                                   torch.uint8, torch.bool])

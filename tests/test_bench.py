@@ -33,6 +33,8 @@ def test_reduced_precision_run_also_measures_the_reference_in_float32():
     for key in ("train_tokens_per_s", "eval_tokens_per_s"):
         assert res["ratios_txl_over_hf_float32"][key] == ours[key] / ref[key]
     assert "| txl/HF float32 |" in format_table(res)
+    peak32 = ref["train_flops_per_s"] / ref["train_fraction_of_matmul_peak"]
+    assert abs(peak32 / res["matmul_peak_flops_float32"] - 1) < 1e-12
 
 
 def test_generation_against_length_without_gpt2():

@@ -183,11 +183,11 @@ def test_segments_with_a_short_memory_equal_the_reference(attn, span):
         assert (pieces - full).abs().max() > CAUGHT
 
 
-@pytest.mark.parametrize("span", ["same_length", "both"])
+@pytest.mark.parametrize("span", SPANS)
 @pytest.mark.parametrize("attn", ATTN)
 def test_evaluation_fast_paths_equal_the_reference(attn, span, monkeypatch):
-    # without autograd, once the memory holds mem_len - 1 positions a same_length segment reads its
-    # realigned scores in place and attends in cache-sized blocks (attention.biased_attention, here
+    # without autograd a segment reads its realigned scores in place (the causal or same_length
+    # mask as a strided view) and attends in cache-sized blocks (attention.biased_attention, here
     # one head of one row per block); with the memory as tensors and as a decoding state's keys and
     # values, the logits must stay the per-position reference
     monkeypatch.setattr(attention, "BLOCK_BYTES", 64)

@@ -93,50 +93,49 @@ def test_rel_attention_equals_brute_force(mlen, clamp_len, same_length, pre_lnor
     assert torch.allclose(fast, slow, atol=1e-10), (fast - slow).abs().max()
 
 
-@pytest.mark.parametrize("mlen", [4, 5, 8])
+@pytest.mark.parametrize("mlen,same_length", [(0, False), (3, False), (0, True), (2, True), (4, True), (8, True)])
 @pytest.mark.parametrize("block_bytes", [None, 4 * 4 * 8, 2 * 4 * 8 * 2 * 9])
-def test_evaluation_blocks_and_window_equal_brute_force(mlen, block_bytes, monkeypatch):
-    """Without autograd, attention over a same_length memory reads the realigned scores in place
-    (window) and goes through the batch and heads in cache-sized blocks; it must stay the paper's
-    equation. The smallest limit is below one head's scores (4 queries x (mlen + 4) keys x 8 bytes),
-    so each block is one head of one row; the larger one takes whole batch rows per block."""
+def test_evaluation_blocks_and_window_equal_brute_force(mlen, same_length, block_bytes, monkeypatch):
+    """Without autograd, attention under the plain causal or same_length mask reads the realigned
+    scores in place (window) and goes through the batch and heads in cache-sized blocks; it must stay
+    the paper's equation. The smallest limit is below one head's scores (4 queries x (mlen + 5)
+    columns x 8 bytes), so each block is one head of one row; the larger one takes whole batch rows
+    per block (or everything, for short memories)."""
     torch.manual_seed(2)
     d, H, D, qlen, mem_len = 8, 2, 3, 4, 5
     attn = MultiHeadAttention(d, H, D, 0.0, 0.0, False, "rel", own_biases=True).double().eval()
     for p in attn.parameters():
         torch.nn.init.normal_(p, 0, 0.5)
     h = torch.randn(3, qlen, d, dtype=torch.float64)
-    mem = torch.randn(3, mlen, d, dtype=torch.float64)
+    mem = torch.randn(3, mlen, d, dtype=torch.float64) if mlen else None
     pos_emb = sinusoid(relative_positions(qlen + mlen, 0, "cpu"), d).double()
-    mask = attention_mask(qlen, mlen, True, mem_len, "cpu")
+    mask = attention_mask(qlen, mlen, same_length, mem_len, "cpu")
     slow = brute_force(attn, h, mem, attn.r_w_bias, attn.r_r_bias, 0, mask)
     if block_bytes is not None:
         monkeypatch.setattr(attention, "BLOCK_BYTES", block_bytes)
     with torch.no_grad():
-        for window in (None, mem_len):
+        for window in (None, mem_len if same_length else 0):
             fast = attn(h, mem, pos_emb, mask, window=window)
             assert torch.allclose(fast, slow, rtol=0, atol=1e-10), (window, (fast - slow).abs().max())
-    with_grad = attn(h, mem, pos_emb, mask, window=mem_len)  # autograd: the masked copy, one block
+    with_grad = attn(h, mem, pos_emb, mask, window=mem_len if same_length else 0)  # autograd: the masked copy
     assert with_grad.requires_grad and torch.allclose(with_grad, slow, rtol=0, atol=1e-10)
 
 
-def test_window_needs_a_memory_of_window_minus_one():
-    """With a memory shorter than window - 1, a future key's entry would read a visible score: the
-    model must not pass the window there, and this shows why (the test fails if the condition is
-    too loose to matter)."""
-    torch.manual_seed(3)
-    qlen, mlen, window = 4, 2, 5
-    scores = torch.randn(1, 1, qlen, qlen + mlen, dtype=torch.float64)
-    mask = attention_mask(qlen, mlen, True, window, "cpu")
-    exact = rel_shift_bias(scores, mask)
-    filled = scores.clone()
-    filled[..., :qlen + mlen - window] = float("-inf")
-    assert not torch.equal(rel_shift(filled), exact)
-    mlen = window - 1
-    scores = torch.randn(1, 1, qlen, qlen + mlen, dtype=torch.float64)
-    filled = scores.clone()
-    filled[..., :qlen + mlen - window] = float("-inf")
-    assert torch.equal(rel_shift(filled), rel_shift_bias(scores, attention_mask(qlen, mlen, True, window, "cpu")))
+@pytest.mark.parametrize("qlen", [1, 2, 5])
+@pytest.mark.parametrize("mlen", [0, 1, 3, 6])
+@pytest.mark.parametrize("window", [0, 1, 2, 4, 7, 20])
+def test_masked_shift_view_is_the_masked_realignment(qlen, mlen, window):
+    """The strided view over scores with one extra leading column equals rel_shift + mask exactly,
+    -inf and all, for every memory length and window (the extra column and the masked corner are
+    never read by a visible entry)."""
+    klen = qlen + mlen
+    gen = torch.Generator().manual_seed(qlen * 100 + mlen * 10 + window)
+    scores = torch.randn(2, 3, qlen, klen, dtype=torch.float64, generator=gen)
+    mask = attention_mask(qlen, mlen, window > 0, window, "cpu")
+    extended = torch.cat([torch.randn(2, 3, qlen, 1, dtype=torch.float64, generator=gen), scores], dim=-1)
+    future = torch.ones(qlen, qlen, dtype=torch.bool).tril_().flip(0)
+    view = attention._masked_shift_view(extended.clone(), future, window)
+    assert torch.equal(view, rel_shift_bias(scores, mask))
 
 
 def test_mask_causal_and_same_length_counts():

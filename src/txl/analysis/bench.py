@@ -262,10 +262,13 @@ def run_bench(*, vs_hf: bool = False, device: str = "auto", dtype: str = "float3
             results["impls"][r.name][f"{mode}_tokens_per_s"] = tokens / statistics.median(times)
             log(f"{r.name:5s} {mode:5s} {results['impls'][r.name][f'{mode}_tokens_per_s']:10,.0f} tokens/s")
     flops = train_flops_per_token(cfg, cfg.tgt_len, cfg.mem_len)
+    peaks = {autocast: peak}
     for r in runners:
+        if r.autocast not in peaks:  # the float32 reference of a reduced-precision run: its own peak
+            peaks[r.autocast] = results["matmul_peak_flops_float32"] = matmul_peak_flops(dev, torch.float32, sync)
         achieved = flops * results["impls"][r.name]["train_tokens_per_s"]
         results["impls"][r.name]["train_flops_per_s"] = achieved
-        results["impls"][r.name]["train_fraction_of_matmul_peak"] = achieved / peak
+        results["impls"][r.name]["train_fraction_of_matmul_peak"] = achieved / peaks[r.autocast]
 
     results["generation"] = generation_table(cfg_dict, device=dev, contexts=gen_contexts, batches=gen_batches,
                                              gen_tokens=gen_tokens, repeats=max(3, repeats), with_gpt2=vs_hf,

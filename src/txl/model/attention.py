@@ -132,6 +132,27 @@ def _shifted_and_masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 BLOCK_BYTES = 8 * 2**20  # CPU: a block of position scores this large stays in the last-level cache
 
 
+def _masked_shift_view(scores: torch.Tensor, future: torch.Tensor, window: int) -> torch.Tensor:
+    """The realigned, masked bias [..., T, K] as a strided view of ``scores`` [..., T, K + 1] (column
+    m holds distance K - m; column 0, distance K, occurs for no query).
+
+    Entry (i, j), distance d = M + i - j, is column ``T - i + j`` of row i: row i starts T - i
+    elements into its row of ``scores``, and rows are K apart, so they tile the storage without
+    overlap. A future key (d < 0) runs into row i + 1, at a column below ``T - (i + 1)``, which no
+    visible entry of row i + 1 reads: those columns (``future[i, m]``: m < T - i) are set to -inf,
+    and with a ``window`` so are the columns of distance >= window. Writes only the [T, T] corner
+    and the window's columns.
+    """
+    *lead, qlen, width = scores.shape
+    klen = width - 1
+    scores[..., :qlen].masked_fill_(future, float("-inf"))
+    if 0 < window <= klen:
+        scores[..., :klen + 1 - window] = float("-inf")
+    if scores.stride()[-2:] != (width, 1):
+        scores = scores.contiguous()
+    return scores.as_strided((*lead, qlen, klen), scores.stride()[:-2] + (klen, 1), scores.storage_offset() + qlen)
+
+
 def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      r_k: torch.Tensor, mask: torch.Tensor, *, scale: float, dropout_p: float = 0.0,
                      window: int | None = None, block_bytes: int | None = None) -> torch.Tensor:
@@ -146,11 +167,10 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
         mask: bool [T, K] or [B, 1, T, K] (with padding), True = not visible.
         scale: the score scale 1/sqrt(D) applied to the content term.
         dropout_p: attention dropout probability (0 in evaluation).
-        window: given only when ``mask`` is exactly "future key or distance >= window" (same_length
-            with a memory of at least ``window - 1``, no padding). Without autograd the realigned
-            scores are then used as the strided view itself, with -inf written into the columns
-            of distances >= window: a future key's entry of row i falls on row i+1's columns of
-            distance >= M + i + 1, so it reads -inf too, and no masked copy of [B, H, T, K] is made.
+        window: given only when ``mask`` is exactly :func:`attention_mask` without padding: 0 for
+            the causal mask, ``mem_len`` for the same_length one. Without autograd the bias is then a
+            strided view of the position scores themselves, no masked copy of [B, H, T, K] (see
+            :func:`_masked_shift_view`).
         block_bytes: without autograd on a CPU, the batch rows and heads are taken in blocks whose
             position scores take at most this many bytes (default :data:`BLOCK_BYTES`), so each
             block's scores are still in cache when the kernel reads them.
@@ -162,12 +182,15 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q_content, q_pos, k, v, r_k))
     bsz, heads, qlen, _ = q_pos.shape
     klen = k.size(2)
+    in_place = window is not None and not grad
+    if in_place:  # a key for distance K, which no query has: the column the view starts each row with
+        r_k = F.pad(r_k, (1, 0))
+        future = torch.ones(qlen, qlen, dtype=torch.bool, device=q_pos.device).tril_().flip(0)  # m < T - i
 
     def attend(rows: slice, cols: slice) -> torch.Tensor:
         scores = position_scores(q_pos[rows, cols], r_k[cols])
-        if window is not None and not grad:
-            scores[..., :max(klen - window, 0)] = float("-inf")
-            bias = rel_shift(scores)
+        if in_place:
+            bias = _masked_shift_view(scores, future, window)
         else:
             bias = rel_shift_bias(scores, mask if mask.dim() == 2 else mask[rows])
         return F.scaled_dot_product_attention(q_content[rows, cols], k[rows, cols], v[rows, cols], attn_mask=bias,
@@ -300,8 +323,8 @@ class MultiHeadAttention(nn.Module):
                 read from it instead of being projected from ``mem``, and the last ``capacity``
                 keys/values of this call are stored in it. Keys do not depend on position in relative
                 attention, so this is exact.
-            window: ``mem_len`` when ``mask`` is exactly the same_length mask of a memory of at least
-                ``mem_len - 1`` without padding (see :func:`biased_attention`); None otherwise.
+            window: when ``mask`` is exactly :func:`attention_mask` without padding, 0 (causal) or
+                the same_length ``mem_len`` (see :func:`biased_attention`); None otherwise.
 
         Returns:
             [B, T, d_model]: the sub-layer output after residual (and LayerNorm unless ``pre_lnorm``).

@@ -310,8 +310,8 @@ class TransformerXLLM(nn.Module):
             mask = attention_mask(qlen, mlen, span.same_length, span.mem_len, emb.device)
             if mem_padding is not None:
                 mask = mask | padding_mask(mem_padding, bsz, mlen, klen)
-            elif span.same_length and span.mem_len > 0 and mlen >= span.mem_len - 1:
-                window = span.mem_len  # the mask is "future or distance >= mem_len" (see biased_attention)
+            else:  # the mask is "future", or "future or distance >= mem_len" (see biased_attention)
+                window = span.mem_len if span.same_length else 0
         else:
             pos_emb = None
             h = self.drop(emb + sinusoid(torch.arange(qlen, device=emb.device), c.d_model).to(emb.dtype))
