@@ -400,33 +400,39 @@ class MultiHeadAttention(nn.Module):
             [B, 1, d_model]: the sub-layer output, as :meth:`forward`.
         """
         state = cache.state
-        bsz = h.size(0)
-        hd = self.n_head * self.d_head
-        norm = self.layer_norm  # functional calls: a step is mostly call overhead
+        bsz, heads, d_head = h.size(0), self.n_head, self.d_head
+        rows = bsz * heads
+        norm = self.layer_norm  # functional calls on [B*H, ...] views: a step is mostly call overhead
         x = F.layer_norm(h, norm.normalized_shape, norm.weight, norm.bias, norm.eps) if self.pre_lnorm else h
-        q, k, v = (self._heads(t) for t in step_linear(x, self.qkv_net.weight).split(hd, dim=-1))  # [B, H, 1, D]
-        state.write(cache, k, v, h)
+        q, k, v = step_linear(x, self.qkv_net.weight).view(bsz, 3, heads, d_head).unbind(1)  # [B, H, D] each
+        state.write(cache, k.unsqueeze(2), v.unsqueeze(2), h)
         klen = min(state.length + 1, state.capacity)
-        keys, values = cache.keys[:, :, :klen], cache.values[:, :, :klen]
+        keys = cache.keys[:, :, :klen].view(rows, klen, d_head)
+        values = cache.values[:, :, :klen].view(rows, klen, d_head)
         if cache.pos_keys is None:
             cache.pos_keys = self._doubled_pos_keys(state, q.dtype)
+            if self.attn_type == "rel":  # u and v times the scale, for q_c = (q + u) * scale in one operation
+                cache.query_biases = torch.stack([self.r_w_bias, self.r_r_bias]).to(q.dtype) * self.scale
         off = state.pos_offset(klen)
         r_k = cache.pos_keys[:, :, off:off + klen]  # [H, D, K]: slot s's distance in column s
         if self.attn_type == "rel":
-            q_c, q_r = (q + self.r_w_bias[:, None, :]) * self.scale, (q + self.r_r_bias[:, None, :]) * self.scale
+            u, vb = cache.query_biases
+            q_c, q_r = torch.add(u, q, alpha=self.scale), torch.add(vb, q, alpha=self.scale)
         else:
             q_c = q_r = q * self.scale
         # scaled before the products (as the fused kernel does), so that half-precision scores stay in
-        # range; position scores as one [B, D] x [D, K] product per head: broadcasting r_k over the
-        # batch in a batched matmul would copy it B times per layer and step
-        bias = torch.bmm(q_r.reshape(bsz, self.n_head, self.d_head).transpose(0, 1), r_k)  # [H, B, K]
-        scores = torch.matmul(q_c, keys.transpose(-1, -2)).add_(bias.transpose(0, 1).unsqueeze(2))  # [B, H, 1, K]
+        # range; position scores as one [B, D] x [D, K] product per head (broadcasting r_k over the
+        # batch in a batched matmul would copy it B times per layer and step), then the content
+        # scores added to them in one product over the B*H rows
+        bias = torch.bmm(q_r.transpose(0, 1), r_k)  # [H, B, K]
+        scores = torch.baddbmm(bias.transpose(0, 1).reshape(rows, 1, klen), q_c.reshape(rows, 1, d_head),
+                               keys.transpose(1, 2))  # [B*H, 1, K]
         if key_mask is not None:
-            scores.masked_fill_(key_mask, float("-inf"))
+            scores.view(bsz, heads, 1, klen).masked_fill_(key_mask, float("-inf"))
         # one query: two small products and a softmax beat the fused kernel's blocking on a CPU
         wide = scores if scores.dtype in (torch.float32, torch.float64) else scores.float()
-        vec = torch.matmul(torch.softmax(wide, dim=-1).to(values.dtype), values)  # [B, H, 1, D]
-        out = step_linear(vec.transpose(1, 2).reshape(bsz, 1, hd), self.o_net.weight)
+        vec = torch.bmm(torch.softmax(wide, dim=-1).to(values.dtype), values)  # [B*H, 1, D]: rows b, h
+        out = step_linear(vec.view(bsz, 1, heads * d_head), self.o_net.weight)
         if self.pre_lnorm:
             return h + out
         return F.layer_norm(h + out, norm.normalized_shape, norm.weight, norm.bias, norm.eps)

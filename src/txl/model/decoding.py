@@ -40,6 +40,8 @@ class LayerCache:
         pos_keys: float [H, D, 2 * S] projected relative encodings (``W_kR R`` for "rel", the Shaw
             table's rows for "shaw") for distances S-1 ... 0, stored twice in a row so that the
             rotated order of any step is one contiguous slice (see :meth:`DecodingState.pos_offset`).
+        query_biases: float [2, H, D], u and v ("rel") times the score scale, computed with
+            ``pos_keys`` on the first step (like them, read from the parameters once per state).
         segment_pos_keys: float [H, D, K] ``W_kR R`` of the last multi-token call, reused while the
             key length K stays the same (``DecodingState.segment_klen``), as it does segment after
             segment once the memory is full.
@@ -51,6 +53,7 @@ class LayerCache:
         self.values: torch.Tensor | None = None
         self.hidden: torch.Tensor | None = None
         self.pos_keys: torch.Tensor | None = None
+        self.query_biases: torch.Tensor | None = None
         self.segment_pos_keys: torch.Tensor | None = None  # [H, D, K] of the last multi-token call ("rel")
 
 
