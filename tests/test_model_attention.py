@@ -207,3 +207,33 @@ def test_step_linear_equals_linear(rows, with_bias):
     assert torch.allclose(out, torch.nn.functional.linear(x, weight, bias), rtol=0, atol=1e-12)
     half = attention.step_linear(x.bfloat16(), weight.bfloat16(), None if bias is None else bias.bfloat16())
     assert half.dtype == torch.bfloat16 and torch.allclose(half.double(), out, atol=0.1)
+
+
+def test_blocks_are_as_few_as_the_limit_allows_and_never_larger():
+    for n in range(1, 25):
+        for most in range(1, 25):
+            step = attention._even_step(n, most)
+            assert step <= most and -(-n // step) == -(-n // most), (n, most, step)
+
+
+def test_evaluation_takes_the_in_place_view_exactly_where_it_applies(monkeypatch):
+    """The fast path is used (not only harmless): no autograd and no padding, for the causal and the
+    same_length mask; never with autograd or with padded memories."""
+    from conftest import tiny_model
+
+    calls = []
+    real = attention._masked_shift_view
+    monkeypatch.setattr(attention, "_masked_shift_view", lambda *a: calls.append(a[2]) or real(*a))
+    ids = torch.randint(0, 37, (2, 5), generator=torch.Generator().manual_seed(0))
+    for same_length in (False, True):
+        model = tiny_model(mem_len=4, same_length=same_length).eval()
+        with torch.no_grad():
+            mems = model(ids).mems
+            calls.clear()
+            model(ids, mems=mems)
+            assert calls == [4 if same_length else 0] * model.config.n_layer
+            calls.clear()
+            model(ids, mems=mems, mem_padding=torch.tensor([0, 2]))
+            assert calls == []
+        model(ids, mems=mems)  # autograd: the masked copy
+        assert calls == []

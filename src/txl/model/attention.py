@@ -153,6 +153,12 @@ def _masked_shift_view(scores: torch.Tensor, future: torch.Tensor, window: int) 
     return scores.as_strided((*lead, qlen, klen), scores.stride()[:-2] + (klen, 1), scores.storage_offset() + qlen)
 
 
+def _even_step(n: int, most: int) -> int:
+    """Block size for ``n`` items in blocks of at most ``most``: the fewest blocks, sizes as even as possible."""
+    blocks = -(-n // most)
+    return -(-n // blocks)
+
+
 def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      r_k: torch.Tensor, mask: torch.Tensor, *, scale: float, dropout_p: float = 0.0,
                      window: int | None = None, block_bytes: int | None = None) -> torch.Tensor:
@@ -168,21 +174,24 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
         scale: the score scale 1/sqrt(D) applied to the content term.
         dropout_p: attention dropout probability (0 in evaluation).
         window: given only when ``mask`` is exactly :func:`attention_mask` without padding: 0 for
-            the causal mask, ``mem_len`` for the same_length one. Without autograd the bias is then a
-            strided view of the position scores themselves, no masked copy of [B, H, T, K] (see
-            :func:`_masked_shift_view`).
+            the causal mask, ``mem_len`` for the same_length one. Without autograd on a CPU the bias
+            is then a strided view of the position scores themselves, no masked copy of [B, H, T, K]
+            (see :func:`_masked_shift_view`). On other devices the masked copy is kept: the fused
+            kernels there want aligned bias strides and would copy such a view anyway.
         block_bytes: without autograd on a CPU, the batch rows and heads are taken in blocks whose
-            position scores take at most this many bytes (default :data:`BLOCK_BYTES`), so each
-            block's scores are still in cache when the kernel reads them.
+            position scores take at most this many bytes (default :data:`BLOCK_BYTES`; one head of
+            one row when even that is larger), so each block's scores are still in cache when the
+            kernel reads them.
 
     Returns:
-        [B, H, T, D] attention output. Equal to the unblocked, masked computation (same kernels on
-        the same numbers per row and head).
+        [B, H, T, D] attention output: the unblocked, masked computation up to float rounding (the
+        products' shapes differ, so their summation order may).
     """
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q_content, q_pos, k, v, r_k))
     bsz, heads, qlen, _ = q_pos.shape
     klen = k.size(2)
-    in_place = window is not None and not grad
+    on_cpu = q_pos.device.type == "cpu"
+    in_place = window is not None and not grad and on_cpu
     if in_place:  # a key for distance K, which no query has: the column the view starts each row with
         r_k = F.pad(r_k, (1, 0))
         future = torch.ones(qlen, qlen, dtype=torch.bool, device=q_pos.device).tril_().flip(0)  # m < T - i
@@ -197,19 +206,19 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
                                               dropout_p=dropout_p, scale=scale)
 
     everything = slice(None)
-    if grad or q_pos.device.type != "cpu":
+    if grad or not on_cpu:
         return attend(everything, everything)
-    per_head = qlen * klen * q_pos.element_size()
+    per_head = qlen * (klen + in_place) * q_pos.element_size()
     limit = BLOCK_BYTES if block_bytes is None else block_bytes
     if per_head * heads * bsz <= limit:
         return attend(everything, everything)
     out = torch.empty(bsz, heads, qlen, v.size(-1), dtype=v.dtype, device=v.device)
-    if per_head * heads <= limit:  # whole rows per block, as few blocks as the limit allows, of equal size
-        step = -(-bsz // -(-bsz * per_head * heads // limit))
+    if per_head * heads <= limit:  # whole rows per block: as few blocks as the limit allows, of even size
+        step = _even_step(bsz, limit // (per_head * heads))
         for b in range(0, bsz, step):
             out[b:b + step] = attend(slice(b, b + step), everything)
         return out
-    step = -(-heads // -(-heads * per_head // limit))  # heads of one row per block, likewise
+    step = _even_step(heads, max(1, limit // per_head))  # heads of one row per block, likewise
     for b in range(bsz):
         for h in range(0, heads, step):
             out[b:b + 1, h:h + step] = attend(slice(b, b + 1), slice(h, h + step))
