@@ -3,10 +3,10 @@
 txl decodes with ``mem_len = C`` (its :class:`~txl.model.DecodingState`); GPT-2 (transformers
 4.35.2, same depth, width, heads and vocabulary, ``n_positions`` large enough) decodes after a
 prompt of C tokens with its key/value cache, so both attend to about C earlier tokens per step.
-Per-token cost is isolated from the prompt and from the machine's other load: both models first
-read the prompt (untimed), then their decoding steps are interleaved, one txl step, one GPT-2 step,
-each timed on its own, and the median step over all repeats is kept. So the two see the same
-machine state step by step, and the odd disturbed step moves neither median. GPT-2 decodes with
+Per-token cost is isolated from the prompt and from the machine's other load: each model first
+reads the prompt (untimed), then decodes n tokens, every step timed on its own; the models take
+turns run by run (so each keeps its weights in cache between its steps, as a user's loop does), and
+the median step over all repeats is kept, so the odd disturbed step moves neither. GPT-2 decodes with
 its ``past_key_values`` cache in a plain loop (one forward of the newest token per step, no
 ``generate`` bookkeeping) and both pick tokens with the same function
 (:func:`txl.generation.sample_next`), so the ratio compares the models' steps.
