@@ -65,27 +65,31 @@ def rel_shift(x: torch.Tensor) -> torch.Tensor:
 
 
 class _RelShiftBias(torch.autograd.Function):
-    """rel_shift then masked_fill(-inf) with a cheap backward (the inverse shift as one strided read)."""
+    """rel_shift then masked_fill(-inf) with a cheap backward (the inverse shift as one strided copy)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(mask)
         ctx.head_major = x.dim() == 4 and not x.is_contiguous() and x.transpose(0, 1).is_contiguous()
         return _shifted_and_masked(x, mask)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        (mask,) = ctx.saved_tensors
-        *_, qlen, klen = grad.shape
-        # grad_x[i, m] = grad[i, m - (T-1-i)]: one gather; slots left of the shifted row get 0. The
-        # gathered entries are all causal ones (the masked entries of grad are 0 anyway).
-        rows = torch.arange(qlen, device=grad.device)[:, None]
-        src = torch.arange(klen, device=grad.device)[None, :] - (qlen - 1 - rows)  # [T, K]
+        *lead, qlen, klen = grad.shape
+        # grad_x[i, m] = grad[i, m - (T-1-i)] for m >= T-1-i, else 0: written through the realigned view
+        # of grad_x itself, whose rows cut to K-1 entries tile its storage from offset T-1 without
+        # overlap (one strided copy); the last entry of the last row is the one causal entry past them
         if ctx.head_major:  # x was the [B, H] view of a dense [H, B, T, K]: give its gradient that layout
-            out = grad.transpose(0, 1).gather(-1, src.clamp(min=0).expand(grad.transpose(0, 1).shape))
-            return out.masked_fill_(src < 0, 0.0).transpose(0, 1), None
-        out = grad.gather(-1, src.clamp(min=0).expand(grad.shape))
-        return out.masked_fill_(src < 0, 0.0), None
+            out = grad.new_empty((lead[1], lead[0], qlen, klen)).transpose(0, 1)
+        else:
+            out = grad.new_empty(grad.shape)
+        view = rel_shift(out)
+        view[..., :klen - 1].copy_(grad[..., :klen - 1])
+        view[..., qlen - 1, klen - 1] = grad[..., qlen - 1, klen - 1]
+        # slots m < T-1-i: row 0's were not written, row i's got row i-1's future entries; no causal
+        # entry reads them
+        corner = torch.ones(qlen, qlen, dtype=torch.bool, device=grad.device).tril_(-1).flip(0)
+        out[..., :qlen].masked_fill_(corner, 0.0)
+        return out, None
 
 
 def position_scores(q: torch.Tensor, r_k: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ The backend is gloo on CPU and NCCL on CUDA, chosen from the device.
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -78,8 +79,12 @@ def init(d: Dist, device: torch.device) -> None:
 
 
 def shutdown(d: Dist) -> None:
-    """Leave the process group (a no-op for one process)."""
+    """Leave the process group (a no-op for one process), after every rank has got here: a rank
+    that tears its gloo connections down while a peer still uses them can abort the peer at exit
+    ("terminate called without an active exception")."""
     if d.enabled and dist.is_initialized():
+        gc.collect()  # finished collectives' work objects hold tensors: release them while Python is alive
+        dist.barrier()
         dist.destroy_process_group()
 
 
