@@ -53,6 +53,35 @@ def test_state_equals_the_memory_recomputed_every_call(overrides):
     assert steps > 3 * state.capacity  # the ring has turned over several times
 
 
+@pytest.mark.parametrize("overrides", CASES)
+def test_segments_after_the_memory_are_views_of_the_buffers(overrides):
+    """Multi-token calls after the memory (as evaluation makes them) write their keys after the memory and
+    attend through one view of the buffers: through growth, slots moving forward, moves back to position 0,
+    a rotated ring and calls too long for the spare room, logits and memory equal the plain model's
+    (float64, 1e-10), and equal segments reuse the buffers without reallocating them."""
+    model = _big_weights(tiny_model(tgt_len=4, **overrides))
+    span = model.config.span
+    state = DecodingState(model.config.n_layer, span)
+    tokens = torch.randint(0, 37, (2, 140), generator=torch.Generator().manual_seed(3))
+    sizes = [4, 4, 4, 4, 4, 4, 4, 1, 1, 3, 4, 4, 13, 2, 2, 2, 2, 2, 2, 2, 1, 4, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6]
+    mems, start, starts, pointers = None, 0, set(), set()
+    with torch.no_grad():
+        for size in sizes:
+            x = tokens[:, start:start + size]
+            want = model(x, mems=mems)
+            got = model(x, caches=state)
+            torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-10)
+            mems, start = want.mems, start + size
+            starts.add(state.start)
+            if 2 <= start // 4 <= 7 and span.mem_len > 0:  # equal segments after the buffers grew
+                pointers.add(state.layers[0].keys.data_ptr())
+            if span.mem_len > 0:
+                for ours, theirs in zip(state.mems(), mems):
+                    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-10)
+    if span.mem_len >= 4:  # (a memory of 1 has no room to gain: every call concatenates)
+        assert len(starts) > 2 and len(pointers) == 1 and state.room > state.capacity
+
+
 def test_state_takes_a_starting_memory_and_refuses_a_second_one():
     model = _big_weights(tiny_model(tgt_len=4, mem_len=5))
     tokens = torch.randint(0, 37, (2, 12))

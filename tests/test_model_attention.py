@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from txl.model import attention
+from txl.model.linear import _row_blocks, linear_rows, step_linear
 from txl.model.attention import (MultiHeadAttention, attention_mask, position_scores, rel_shift, rel_shift_bias,
                                   relative_positions, sinusoid)
 
@@ -194,19 +195,36 @@ def test_rel_shift_bias_gradient(qlen, mlen):
     assert torch.autograd.gradcheck(lambda t: rel_shift_bias(t, mask).masked_fill(mask, 0.0), (x,))
 
 
-@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("rows", [1, 2, 3])
+@pytest.mark.parametrize("out_features", [5, 8, 24])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_step_linear_equals_linear(rows, with_bias):
-    """The decoding step's products (x @ W.T for one row, (W @ x.T).T for several) are F.linear."""
-    gen = torch.Generator().manual_seed(rows)
+def test_step_products_equal_linear(rows, out_features, with_bias):
+    """The decoding step's products (row blocks of W for one or two rows, (W @ x.T).T for more) and the
+    output layer's few-row product are F.linear, in float64 and in bf16."""
+    gen = torch.Generator().manual_seed(rows * out_features)
     x = torch.randn(rows, 1, 6, dtype=torch.float64, generator=gen)
-    weight = torch.randn(5, 6, dtype=torch.float64, generator=gen)
-    bias = torch.randn(5, dtype=torch.float64, generator=gen) if with_bias else None
-    out = attention.step_linear(x, weight, bias)
-    assert out.shape == (rows, 1, 5)
-    assert torch.allclose(out, torch.nn.functional.linear(x, weight, bias), rtol=0, atol=1e-12)
-    half = attention.step_linear(x.bfloat16(), weight.bfloat16(), None if bias is None else bias.bfloat16())
+    weight = torch.randn(out_features, 6, dtype=torch.float64, generator=gen)
+    bias = torch.randn(out_features, dtype=torch.float64, generator=gen) if with_bias else None
+    want = torch.nn.functional.linear(x, weight, bias)
+    out = step_linear(x, weight, bias)
+    assert out.shape == (rows, 1, out_features)
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(linear_rows(x[:, 0], weight, bias), want[:, 0], rtol=0, atol=1e-12)
+    half = step_linear(x.bfloat16(), weight.bfloat16(), None if bias is None else bias.bfloat16())
     assert half.dtype == torch.bfloat16 and torch.allclose(half.double(), out, atol=0.1)
+
+
+def test_row_blocks_divide_the_weight_and_follow_the_threads():
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert [_row_blocks(n) for n in (5, 6, 8, 768)] == [1, 2, 2, 2]  # two blocks even on one thread
+        torch.set_num_threads(4)
+        assert [_row_blocks(n) for n in (5, 6, 12, 768)] == [1, 2, 4, 4]
+        torch.set_num_threads(16)
+        assert [_row_blocks(n) for n in (6, 12, 768)] == [2, 4, 8]
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_blocks_are_as_few_as_the_limit_allows_and_never_larger():

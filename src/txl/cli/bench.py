@@ -22,6 +22,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions (default 5)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--eval-speedup", action="store_true", help="vanilla sliding window vs memory (paper Table 9)")
+    p.add_argument("--model", choices=["bench-small", "enwik8-large"], default="bench-small",
+                   help="model for --eval-speedup: bench-small (6 layers, d_model 256; batch 8, about 2 minutes on "
+                        "2 cores) or enwik8-large, the paper's 24-layer model evaluated at length 3,800 "
+                        "(batch 1, about 5 minutes)")
     p.add_argument("--lengths", default="128,256,512,800,1800,2800,3800",
                    help="attention lengths for --eval-speedup (default: 128-800 and the paper's 1800, 2800, 3800)")
     p.add_argument("--gen-lengths", default=None, metavar="L,L,...",
@@ -56,7 +60,11 @@ def run(args: argparse.Namespace) -> int:
             return 0
     if args.eval_speedup:
         lengths = _lengths(args.lengths, "--lengths")
-        results = eval_speedup(lengths, device=args.device, repeats=args.repeats, log=log)
+        from txl.analysis.bench import EVAL_PRESETS
+
+        config, batch = EVAL_PRESETS[args.model]
+        results = eval_speedup(lengths, device=args.device, batch=batch, repeats=args.repeats, config=config, log=log)
+        results["model"] = args.model
     elif args.gen_lengths:
         from txl.analysis.bench import BENCH_SMALL
         from txl.analysis.bench_generation import generation_lengths

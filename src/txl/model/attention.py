@@ -14,6 +14,7 @@ from torch import nn
 from txl.errors import TxlError
 from txl.model.decoding import LayerCache
 from txl.model.dropout import Dropout
+from txl.model.linear import step_linear
 
 
 def inverse_frequencies(dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -173,7 +174,9 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
         q_content: [B, H, T, D] queries for the content term (q + u for "rel"), unscaled.
         q_pos: [B, H, T, D] queries for the position term (q + v for "rel"), already scaled.
         k, v: [B, H, K, D] keys and values over [memory + current segment].
-        r_k: [H, D, K] position keys for distances K-1 ... 0.
+        r_k: [H, D, K] position keys for distances K-1 ... 0, or [H, D, K + 1] with a leading column
+            for distance K (any values; none is read), as :func:`padded_position_keys` makes once
+            for a decoding state, so that the in-place path below need not pad per call.
         mask: bool [T, K] or [B, 1, T, K] (with padding), True = not visible.
         scale: the score scale 1/sqrt(D) applied to the content term.
         dropout_p: attention dropout probability (0 in evaluation).
@@ -196,8 +199,10 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
     klen = k.size(2)
     on_cpu = q_pos.device.type == "cpu"
     in_place = window is not None and not grad and on_cpu
+    if r_k.size(-1) == klen + 1 and not in_place:
+        r_k = r_k[..., 1:]
     if in_place:  # a key for distance K, which no query has: the column the view starts each row with
-        r_k = F.pad(r_k, (1, 0))
+        r_k = padded_position_keys(r_k) if r_k.size(-1) == klen else r_k
         future = torch.ones(qlen, qlen, dtype=torch.bool, device=q_pos.device).tril_().flip(0)  # m < T - i
 
     def attend(rows: slice, cols: slice) -> torch.Tensor:
@@ -229,22 +234,10 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
     return out
 
 
-def step_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` for the one-token rows of a decoding step, in the product order that streams the
-    weight fastest: x [B, 1, in], weight [out, in], bias [out] -> [B, 1, out] (possibly a transposed view).
-
-    One row: ``x @ weight.T`` as a plain matrix product (``F.linear`` on a [1, 1, in] input goes
-    through more dispatch for the same product); several rows: ``(weight @ x.T).T``, which reads
-    the [out, in] weight along its rows (about 15% faster on the CPUs measured, see
-    docs/benchmarks.md). The numbers are those of ``F.linear`` up to the order of float additions.
-    """
-    rows = x.size(0)
-    flat = x.reshape(rows, x.size(-1))
-    if rows == 1:
-        out = torch.mm(flat, weight.t()) if bias is None else torch.addmm(bias, flat, weight.t())
-    else:
-        out = (torch.mm(weight, flat.t()) if bias is None else torch.addmm(bias[:, None], weight, flat.t())).t()
-    return out.unsqueeze(1)
+def padded_position_keys(r_k: torch.Tensor) -> torch.Tensor:
+    """Position keys [H, D, K] -> contiguous [H, D, K + 1] with a zero column for distance K in front
+    (the layout :func:`biased_attention` reads in place; see :func:`_masked_shift_view`)."""
+    return F.pad(r_k, (1, 0))
 
 
 def attention_mask(qlen: int, mlen: int, same_length: bool, mem_len: int, device: torch.device | str) -> torch.Tensor:
@@ -346,15 +339,21 @@ class MultiHeadAttention(nn.Module):
         hd = self.n_head * self.d_head
         w = self.qkv_net.weight  # [3*H*D, d]: rows W_q, W_kE, W_v
         state = None if cache is None else cache.state
+        store = state is not None  # keep this call's keys/values in the state afterwards
         if state is not None and state.length > 0:  # the memory's keys/values are in the cache
             mlen = state.memory_length
             x = self.layer_norm(h) if self.pre_lnorm else h
             q, k, v = (self._heads(t) for t in F.linear(x, w).split(hd, dim=-1))
-            k = torch.cat([state.ordered(cache.keys, mlen, 2), k], dim=2)
-            v = torch.cat([state.ordered(cache.values, mlen, 2), v], dim=2)
+            viewed = state.segment_keys(cache, k, v, h)  # [memory + segment] as views of the buffers
             hidden = None
-            if cache.hidden is not None:
-                hidden = torch.cat([state.ordered(cache.hidden, mlen, 1), h], dim=1)
+            if viewed is not None:  # already written after the memory
+                k, v = viewed
+                store = False
+            else:
+                k = torch.cat([state.ordered(cache.keys, mlen, 2), k], dim=2)
+                v = torch.cat([state.ordered(cache.values, mlen, 2), v], dim=2)
+                if cache.hidden is not None:
+                    hidden = torch.cat([state.ordered(cache.hidden, mlen, 1), h], dim=1)
         else:
             mlen = 0 if mem is None else mem.size(1)
             cat = h if mlen == 0 else torch.cat([mem, h], dim=1)  # [B, K, d]
@@ -363,7 +362,7 @@ class MultiHeadAttention(nn.Module):
             k, v = (self._heads(t) for t in F.linear(x, w[hd:]).split(hd, dim=-1))  # [B, H, K, D] each
             hidden = cat
         klen = k.size(2)
-        if state is not None:
+        if store:
             state.store(cache, k, v, hidden)
 
         dropatt = self.dropatt.p if self.training else 0.0
@@ -373,8 +372,8 @@ class MultiHeadAttention(nn.Module):
                 r_k = cache.segment_pos_keys
             else:
                 r_k = self.r_net(pos_emb).view(klen, self.n_head, self.d_head).permute(1, 2, 0)  # [H, D, K]
-                if cache is not None:
-                    cache.segment_pos_keys = r_k
+                if cache is not None:  # padded and contiguous once, not a strided copy per segment
+                    r_k = cache.segment_pos_keys = padded_position_keys(r_k)
             # (b) + (d), pre-scaled, realigned and masked, becomes an additive bias of the fused kernel,
             # which computes softmax(scale * (q + u)·k + bias) @ v, i.e. (a) + (c) + (b) + (d).
             vec = biased_attention(q + u[:, None, :], (q + vb[:, None, :]) * self.scale, k, v, r_k, mask,
@@ -420,8 +419,8 @@ class MultiHeadAttention(nn.Module):
         q, k, v = step_linear(x, self.qkv_net.weight).view(bsz, 3, heads, d_head).unbind(1)  # [B, H, D] each
         state.write(cache, k.unsqueeze(2), v.unsqueeze(2), h)
         klen = min(state.length + 1, state.capacity)
-        keys = cache.keys[:, :, :klen].view(rows, klen, d_head)
-        values = cache.values[:, :, :klen].view(rows, klen, d_head)
+        keys = cache.keys[:, :, state.start:state.start + klen].view(rows, klen, d_head)
+        values = cache.values[:, :, state.start:state.start + klen].view(rows, klen, d_head)
         if cache.pos_keys is None:
             cache.pos_keys = self._doubled_pos_keys(state, q.dtype)
             if self.attn_type == "rel":  # u and v times the scale, for q_c = (q + u) * scale in one operation

@@ -22,6 +22,8 @@ Shapes: B = batch, H = heads, D = d_head, S = ``capacity`` slots.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from txl.errors import TxlError
@@ -42,7 +44,8 @@ class LayerCache:
             rotated order of any step is one contiguous slice (see :meth:`DecodingState.pos_offset`).
         query_biases: float [2, H, D], u and v ("rel") times the score scale, computed with
             ``pos_keys`` on the first step (like them, read from the parameters once per state).
-        segment_pos_keys: float [H, D, K] ``W_kR R`` of the last multi-token call, reused while the
+        segment_pos_keys: float [H, D, K + 1] ``W_kR R`` of the last multi-token call (with the
+            leading column of :func:`~txl.model.attention.padded_position_keys`), reused while the
             key length K stays the same (``DecodingState.segment_klen``), as it does segment after
             segment once the memory is full.
     """
@@ -54,7 +57,7 @@ class LayerCache:
         self.hidden: torch.Tensor | None = None
         self.pos_keys: torch.Tensor | None = None
         self.query_biases: torch.Tensor | None = None
-        self.segment_pos_keys: torch.Tensor | None = None  # [H, D, K] of the last multi-token call ("rel")
+        self.segment_pos_keys: torch.Tensor | None = None  # [H, D, K + 1] of the last multi-token call ("rel")
 
 
 class DecodingState:
@@ -65,6 +68,13 @@ class DecodingState:
     then sees exactly the last ``mem_len`` keys including itself). A slot holds one token's key, value
     and layer input; ``next_slot`` is the slot the next token is written to, ``length`` the number of
     filled slots. While ``length < S`` the slots are in time order from slot 0; once full they rotate.
+    Slot s is buffer position ``start + s``.
+
+    Multi-token calls after a memory (evaluation, prompts) read the memory and the new keys as one
+    view of the buffer, without concatenating them: the buffers then get ``room`` - S spare
+    positions after the slots (:meth:`begin_segment`), the new keys are written right after the
+    memory, and the slots move forward (``start`` grows) instead of being copied. Only when the
+    spare room is used up is the memory moved back to position 0, one copy every few segments.
 
     Args:
         n_layer: the model's number of layers.
@@ -89,6 +99,9 @@ class DecodingState:
         self.capacity = span.mem_len + (0 if span.same_length and span.mem_len > 0 else 1)
         self.length = 0
         self.next_slot = 0
+        self.start = 0  # buffer position of slot 0
+        self.room = self.capacity  # buffer positions per layer (grows once for multi-token calls)
+        self._plan: _SegmentPlan | None = None  # the multi-token call in progress (begin_segment)
         self.batch_size: int | None = None
         self.pos_emb: torch.Tensor | None = None  # [S, d_model] sinusoid R for distances S-1 ... 0 ("rel")
         self.segment_klen = -1  # key length whose projected positions the layers hold (multi-token calls)
@@ -130,32 +143,87 @@ class DecodingState:
         """
         return self.capacity - 1 - self.next_slot
 
+    def slots(self, buffer: torch.Tensor, dim: int) -> torch.Tensor:
+        """The S slots of a layer's ``buffer`` along ``dim`` (a view; slot s at index s)."""
+        return buffer.narrow(dim, self.start, self.capacity)
+
     def ordered(self, buffer: torch.Tensor, n: int, dim: int) -> torch.Tensor:
         """The last ``n`` filled slots of ``buffer`` along ``dim``, oldest first (a copy when rotated)."""
+        slots = self.slots(buffer, dim)
         if self.length < self.capacity or self.next_slot == 0:  # time order from slot 0
-            return buffer.narrow(dim, self.length - n, n)
+            return slots.narrow(dim, self.length - n, n)
         index = torch.arange(self.next_slot - n, self.next_slot, device=buffer.device) % self.capacity
-        return buffer.index_select(dim, index)
+        return slots.index_select(dim, index)
 
     def store(self, cache: LayerCache, keys: torch.Tensor, values: torch.Tensor, hidden: torch.Tensor | None) -> None:
-        """Keep the last ``S`` of a segment's keys/values [B, H, K, D] and inputs [B, K, d], in time order.
+        """Keep the last ``S`` of a segment's keys/values [B, H, K, D] and inputs [B, K, d] in slots
+        0 ... in time order (a call with no memory yet, or one too long for the spare room).
 
-        Used after a multi-token segment; the counters move in :meth:`advance_to` once every layer
-        has stored (layers read the old contents first).
+        The counters move in :meth:`advance_to` once every layer has stored (layers read the old
+        contents first).
         """
         n = min(keys.size(2), self.capacity)
         if cache.keys is None:
             self._allocate(cache, keys, hidden)
-        cache.keys[:, :, :n].copy_(keys[:, :, -n:])
-        cache.values[:, :, :n].copy_(values[:, :, -n:])
+        at = 0 if self._plan is None else self._plan.start_after  # where slot 0 is after this call
+        cache.keys[:, :, at:at + n].copy_(keys[:, :, -n:])
+        cache.values[:, :, at:at + n].copy_(values[:, :, -n:])
         if cache.hidden is not None and hidden is not None:
-            cache.hidden[:, :n].copy_(hidden[:, -n:])
+            cache.hidden[:, at:at + n].copy_(hidden[:, -n:])
+
+    def begin_segment(self, qlen: int) -> None:
+        """Plan a multi-token call of ``qlen`` tokens after the memory, before the layers run it.
+
+        When the memory and the new tokens fit in ``room`` (grown on first use to
+        ``S + max(S // 8, min(qlen, S))`` positions), each layer's :meth:`segment_keys` returns them
+        as one view of its buffers; otherwise the layers concatenate and :meth:`store`, as before.
+        """
+        S, m = self.capacity, self.memory_length
+        room = max(self.room, S + max(S // 8, min(qlen, S)))
+        if m + qlen > room:
+            self._plan = _SegmentPlan(in_place=False, room=self.room, relocate=False, first=0, start_after=0)
+            return
+        rotated = self.length == S and self.next_slot != 0
+        end = self.start + self.length  # buffer position after the newest token, in time order
+        relocate = rotated or room != self.room or end + qlen > room
+        first = 0 if relocate else end - m  # buffer position of the memory's oldest token during the call
+        filled = min(m + qlen, S)
+        self._plan = _SegmentPlan(in_place=True, room=room, relocate=relocate, first=first,
+                                  start_after=first + m + qlen - filled if filled == S else first)
+
+    def segment_keys(self, cache: LayerCache, keys: torch.Tensor, values: torch.Tensor,
+                     hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Keys and values [B, H, M + T, D] of [memory + this call] as views of ``cache``'s buffers,
+        with this call's keys/values [B, H, T, D] (and inputs [B, T, d]) written after the memory;
+        None when the plan of :meth:`begin_segment` says to concatenate instead.
+        """
+        plan, m, qlen = self._plan, self.memory_length, keys.size(2)
+        if plan is None or not plan.in_place:
+            return None
+        names = ("keys", "values") + (("hidden",) if cache.hidden is not None else ())
+        for name, new in zip(names, (keys, values, hidden)):
+            dim = 1 if name == "hidden" else 2
+            buffer = getattr(cache, name)
+            if plan.relocate:
+                memory = self.ordered(buffer, m, dim)
+                if buffer.size(dim) != plan.room:
+                    shape = list(buffer.shape)
+                    shape[dim] = plan.room
+                    buffer = buffer.new_empty(shape)
+                    setattr(cache, name, buffer)
+                elif memory.data_ptr() != buffer.data_ptr() and self.start + self.length - m < m:
+                    # a view (not rotated) that would overlap its new place
+                    memory = memory.clone()
+                buffer.narrow(dim, 0, m).copy_(memory)
+            buffer.narrow(dim, plan.first + m, qlen).copy_(new)
+        span = m + qlen
+        return cache.keys.narrow(2, plan.first, span), cache.values.narrow(2, plan.first, span)
 
     def write(self, cache: LayerCache, key: torch.Tensor, value: torch.Tensor, hidden: torch.Tensor) -> None:
         """Write one token's key/value [B, H, 1, D] and input [B, 1, d] into slot ``next_slot``."""
         if cache.keys is None:
             self._allocate(cache, key, hidden)
-        w = self.next_slot
+        w = self.start + self.next_slot
         cache.keys[:, :, w:w + 1].copy_(key)
         cache.values[:, :, w:w + 1].copy_(value)
         if cache.hidden is not None:
@@ -163,6 +231,9 @@ class DecodingState:
 
     def advance_to(self, filled: int) -> None:
         """After a multi-token segment: ``filled`` slots hold the newest tokens in time order."""
+        if self._plan is not None:
+            self.room, self.start = self._plan.room, self._plan.start_after
+            self._plan = None
         self.length = min(filled, self.capacity)
         self.next_slot = self.length % self.capacity
 
@@ -207,7 +278,26 @@ class DecodingState:
 
     def _allocate(self, cache: LayerCache, like: torch.Tensor, hidden: torch.Tensor | None) -> None:
         bsz, heads, _, d_head = like.shape
-        cache.keys = like.new_zeros(bsz, heads, self.capacity, d_head)
-        cache.values = like.new_zeros(bsz, heads, self.capacity, d_head)
+        cache.keys = like.new_zeros(bsz, heads, self.room, d_head)
+        cache.values = like.new_zeros(bsz, heads, self.room, d_head)
         if self.keep_mems and hidden is not None:
-            cache.hidden = hidden.new_zeros(bsz, self.capacity, hidden.size(-1))
+            cache.hidden = hidden.new_zeros(bsz, self.room, hidden.size(-1))
+
+
+@dataclass(frozen=True)
+class _SegmentPlan:
+    """Where a multi-token call after the memory keeps its keys (see :meth:`DecodingState.begin_segment`).
+
+    in_place: the memory and new keys are one view of the buffers (else concatenated, then stored).
+    room: buffer positions per layer during and after the call.
+    relocate: each layer first moves its memory, in time order, to position 0 (growing its buffers
+        to ``room`` if needed): the ring had rotated, the buffers grow, or the spare room is used up.
+    first: buffer position of the memory's oldest token during the call.
+    start_after: buffer position of slot 0 after the call.
+    """
+
+    in_place: bool
+    room: int
+    relocate: bool
+    first: int
+    start_after: int

@@ -11,13 +11,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from txl.model.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, tie_adaptive
-from txl.model.attention import MultiHeadAttention, attention_mask, relative_positions, sinusoid, step_linear
+from txl.model.attention import MultiHeadAttention, attention_mask, relative_positions, sinusoid
 from txl.model.compressive import Compressor, check_compressive_mems, layer_memory, split_mems, update_compressive
 from txl.model.config import TransformerXLConfig
 from txl.model.decoding import DecodingState, LayerCache
 from txl.model.dropout import Dropout
 from txl.model.parameters import init_weights
 from txl.model.inputs import check_input_ids, check_labels
+from txl.model.linear import step_linear
 from txl.model.memory import Mems, check_mems, update_mems
 from txl.model.serialization import CONFIG_NAME, check_weights_header, load_weights, read_model_config, save_model
 from txl.model.span import AttentionSpan
@@ -294,6 +295,7 @@ class TransformerXLLM(nn.Module):
                 if qlen == 1:  # the ring-buffer step: no mask (but the padding), no memory copy
                     return self._step(input_ids, caches, mem_padding), None, None
                 mlen = caches.memory_length
+                caches.begin_segment(qlen)
         klen = mlen + qlen
 
         emb = self.word_emb(input_ids)  # [B, T, d_model], scaled by sqrt(d_model)
