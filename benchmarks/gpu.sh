@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The txl bench tables on a CUDA GPU, in under 5 minutes: bfloat16 autocast, batch sized to the device.
 #
-#   bash benchmarks/gpu.sh            # writes benchmarks/results/<gpu>.json and <gpu>-eval-speedup.json
+#   bash benchmarks/gpu.sh            # writes benchmarks/results/<gpu>.json, <gpu>-eval-speedup.json and
+#                                     # <gpu>-eval-speedup-enwik8-large.json
 #
 # Uses the python on PATH (or $PYTHON) with a CUDA build of torch; txl from this checkout (src/).
 # Against transformers' TransfoXL and GPT-2 when transformers==4.35.2 is importable, txl alone otherwise.
@@ -22,5 +23,8 @@ mkdir -p benchmarks/results
 echo "device: $name, batch $batch, ${vs[*]:-txl alone}"
 timeout 200 "$PY" -m txl bench "${vs[@]}" --device cuda --dtype bfloat16 --batch-size "$batch" --repeats 5 \
     --json "benchmarks/results/$name.json" --force
-timeout 90 "$PY" -m txl bench --eval-speedup --device cuda --lengths 128,256,512,800,1800,2800,3800 \
+timeout 45 "$PY" -m txl bench --eval-speedup --device cuda --lengths 128,256,512,800,1800,2800,3800 \
     --json "benchmarks/results/$name-eval-speedup.json" --force
+# the paper's Table 9 with its large enwik8/text8 model (24 layers, d_model 1024)
+timeout 55 "$PY" -m txl bench --eval-speedup --model enwik8-large --device cuda --repeats 3 \
+    --json "benchmarks/results/$name-eval-speedup-enwik8-large.json" --force

@@ -1,6 +1,6 @@
 """`txl bench` runs end to end on a tiny config (speed itself is measured by the benchmark, not by tests)."""
 
-from txl.analysis.bench import BENCH_SMALL, eval_flops_per_token, eval_speedup, format_table, run_bench, train_flops_per_token
+from txl.analysis.bench import BENCH_SMALL, EVAL_PRESETS, eval_flops_per_token, eval_speedup, format_table, run_bench, train_flops_per_token
 from txl.analysis.bench_generation import generation_lengths
 from txl.model import TransformerXLConfig
 
@@ -68,6 +68,26 @@ def test_eval_flop_counts_by_hand():
     # the paper's 1,874x (measured against a dense masked softmax)
     van, xl = eval_flops_per_token(TransformerXLConfig(**BENCH_SMALL), 3800, 128)
     assert 1700 < van / xl < 1800
+    # the paper's large model (the one evaluated at 3,800) leaves room above the paper's ratios
+    large = TransformerXLConfig(**EVAL_PRESETS["enwik8-large"][0])
+    assert (large.n_layer, large.d_model, large.n_head, large.d_head, large.d_inner) == (24, 1024, 8, 128, 3072)
+    ratios = [(lambda f: f[0] / f[1])(eval_flops_per_token(large, n, 128)) for n in (800, 1800, 2800, 3800)]
+    assert all(r > paper for r, paper in zip(ratios, (363, 773, 1409, 1874)))
+
+
+def test_eval_speedup_model_flag_picks_the_preset(capsys, monkeypatch):
+    from conftest import run_cli
+    from txl.analysis import bench
+
+    seen = {}
+
+    def fake(lengths, *, device, batch, repeats, config, log):
+        seen.update(lengths=lengths, batch=batch, config=config)
+        return {"rows": []}
+
+    monkeypatch.setattr(bench, "eval_speedup", fake)
+    code, _, _ = run_cli(capsys, "bench", "--eval-speedup", "--model", "enwik8-large", "--lengths", "800")
+    assert code == 0 and seen == {"lengths": [800], "batch": 1, "config": bench.ENWIK8_LARGE}
 
 
 def test_bench_skips_an_emulated_half_precision_and_says_why(capsys, monkeypatch, tmp_path):

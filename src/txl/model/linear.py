@@ -4,7 +4,7 @@ A decoding step computes every weight product for one token per row, so it reads
 per token, mostly from main memory: at batch 1 its cost is the weights' bytes over the bandwidth
 the product's kernel reaches. On the CPUs measured (docs/benchmarks.md), a single matrix-vector
 product streams a weight at about 13 GB/s on one core; the same product as a batched product over
-row blocks of the weight (a view, no copy) reads the blocks on every intra-op thread and runs 2.4x
+row blocks of the weight (a view, no copy) reads the blocks on every intra-op thread and runs 2.2-2.4x
 faster for bench-small's weights at batch 1. From about four rows on, a plain matrix product is as
 fast, and ``weight @ x.T`` (the weight read along its rows) beats ``x @ weight.T`` by about 15%.
 Every form gives the numbers of ``F.linear`` up to the order of float additions.
