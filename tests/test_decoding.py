@@ -5,7 +5,7 @@ import torch
 
 from conftest import tiny_model
 from txl.errors import TxlError
-from txl.model import AttentionSpan, DecodingState
+from txl.model import AttentionSpan, DecodingState, decoding
 
 CASES = [
     {"mem_len": 5},
@@ -142,3 +142,102 @@ def test_state_refuses_what_it_cannot_serve():
             tiny_model()(torch.randint(0, 37, (1, 2)), caches=[None, None, None])
     with pytest.raises(TxlError, match="AttentionSpan"):
         DecodingState(3, {"mem_len": 4})
+
+
+@pytest.mark.parametrize("mem_len, size, kind", [(80, 3, "whole"), (40, 3, "chunks"), (40, 40, "apart")])
+def test_segments_move_the_memory_back_exactly(mem_len, size, kind, monkeypatch):
+    """When the spare room is used up the memory moves back to the start of its buffers: through a
+    whole copy (overlap too short for chunks), in chunks, or without overlap; logits equal the plain
+    model's (float64, 1e-10)."""
+    moves = []
+    move = decoding._move_to_front
+
+    def spy(buffer, dim, source, n):
+        moves.append("apart" if source >= n else "whole" if source * 8 < n else "chunks")
+        move(buffer, dim, source, n)
+
+    monkeypatch.setattr(decoding, "_move_to_front", spy)
+    model = _big_weights(tiny_model(tgt_len=4, mem_len=mem_len))
+    state = DecodingState(model.config.n_layer, model.config.span)
+    tokens = torch.randint(0, 37, (2, mem_len + 12 * size), generator=torch.Generator().manual_seed(size))
+    mems = None
+    with torch.no_grad():
+        for start in [0] + list(range(mem_len, tokens.size(1), size)):
+            x = tokens[:, start:start + (mem_len if start == 0 else size)]
+            want = model(x, mems=mems)
+            torch.testing.assert_close(model(x, caches=state).logits, want.logits, rtol=0, atol=1e-10)
+            mems = want.mems
+    assert len(moves) >= 2 and set(moves) == {kind}
+
+
+def test_a_refused_call_leaves_no_stale_positions():
+    """A call refused after the key length was seen (bad padding) must not leave that length's position
+    keys marked as held: the next call of that length equals the plain model."""
+    model = _big_weights(tiny_model(tgt_len=4, mem_len=6))
+    state = DecodingState(model.config.n_layer, model.config.span)
+    x = torch.randint(0, 37, (2, 20), generator=torch.Generator().manual_seed(0))
+    mems = None
+    with torch.no_grad():
+        for a, b in ((0, 4), (4, 8), (8, 11)):  # the last call has key length 9
+            mems = model(x[:, a:b], mems=mems).mems
+            model(x[:, a:b], caches=state)
+        with pytest.raises(TxlError, match="mem_padding"):
+            model(x[:, 11:15], caches=state, mem_padding=torch.tensor([99, 0]))  # key length 10, refused
+        got = model(x[:, 11:15], caches=state).logits
+        want = model(x[:, 11:15], mems=mems)
+        torch.testing.assert_close(got, want.logits, rtol=0, atol=1e-10)
+        with pytest.raises(TxlError, match="labels"):  # refused before the state takes the segment in
+            model(x[:, 15:18], caches=state, labels=torch.full((2, 3), 99))
+        got = model(x[:, 15:18], caches=state).logits
+        torch.testing.assert_close(got, model(x[:, 15:18], mems=want.mems).logits, rtol=0, atol=1e-10)
+
+
+def test_a_state_keeps_one_dtype_and_a_failed_call_spoils_it(monkeypatch):
+    model = tiny_model(tgt_len=4, mem_len=6, dtype=torch.float32)
+    x = torch.randint(0, 37, (2, 12))
+    with torch.no_grad():
+        state = DecodingState(model.config.n_layer, model.config.span)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(x[:, :4], caches=state)
+        for part in (x[:, 4:8], x[:, 4:5]):  # a segment and a step without autocast
+            with pytest.raises(TxlError, match="holds torch.bfloat16 keys but this call computes in torch.float32"):
+                model(part, caches=state)
+        state = DecodingState(model.config.n_layer, model.config.span)
+        model(x[:, :4], caches=state)
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("out of memory")
+
+        monkeypatch.setattr(model.layers[1], "forward", broken)
+        with pytest.raises(RuntimeError, match="out of memory"):
+            model(x[:, 4:8], caches=state)
+        monkeypatch.undo()
+        with pytest.raises(TxlError, match="half updated"):
+            model(x[:, 8:9], caches=state)
+
+
+def test_mems_are_copies():
+    model = _big_weights(tiny_model(tgt_len=4, mem_len=6))
+    state = DecodingState(model.config.n_layer, model.config.span)
+    x = torch.randint(0, 37, (1, 16))
+    with torch.no_grad():
+        model(x[:, :8], caches=state)
+        held = state.mems()
+        kept = [m.clone() for m in held]
+        model(x[:, 8:12], caches=state)
+        model(x[:, 12:13], caches=state)
+    assert all(torch.equal(a, b) for a, b in zip(held, kept))
+
+
+def test_few_row_products_keep_the_autocast_dtype():
+    """Under bf16 autocast a batch-1 step's logits come out in bf16, as the plain forward's do, and
+    close to them (an even vocabulary, so the output layer takes the row-block product)."""
+    model = tiny_model(tgt_len=4, mem_len=6, dtype=torch.float32, vocab_size=38)
+    x = torch.randint(0, 38, (1, 9))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        state = DecodingState(model.config.n_layer, model.config.span)
+        model(x[:, :8], caches=state)
+        got = model(x[:, 8:9], caches=state).logits
+        want = model(x[:, 8:9], mems=model(x[:, :8]).mems).logits
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=0.05, atol=0.05)

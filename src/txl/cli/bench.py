@@ -22,10 +22,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions (default 5)")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--eval-speedup", action="store_true", help="vanilla sliding window vs memory (paper Table 9)")
-    p.add_argument("--model", choices=["bench-small", "enwik8-large"], default="bench-small",
+    p.add_argument("--model", choices=["bench-small", "enwik8-large"], default=None,
                    help="model for --eval-speedup: bench-small (6 layers, d_model 256; batch 8, about 2 minutes on "
                         "2 cores) or enwik8-large, the paper's 24-layer model evaluated at length 3,800 "
-                        "(batch 1, about 5 minutes)")
+                        "(batch 1, about 5 minutes); default bench-small")
     p.add_argument("--lengths", default="128,256,512,800,1800,2800,3800",
                    help="attention lengths for --eval-speedup (default: 128-800 and the paper's 1800, 2800, 3800)")
     p.add_argument("--gen-lengths", default=None, metavar="L,L,...",
@@ -41,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1 or args.repeats < 1:
         raise TxlError("--batch-size and --repeats must be >= 1")
+    if args.model is not None and not args.eval_speedup:
+        raise TxlError("--model chooses the model of --eval-speedup; add --eval-speedup, or leave --model out")
     check_output(args, args.json, flag="--json")
     # with --json - the JSON owns stdout: progress and the table go to stderr
     report = sys.stderr if args.json == "-" else sys.stdout
@@ -62,9 +64,10 @@ def run(args: argparse.Namespace) -> int:
         lengths = _lengths(args.lengths, "--lengths")
         from txl.analysis.bench import EVAL_PRESETS
 
-        config, batch = EVAL_PRESETS[args.model]
+        model = args.model or "bench-small"
+        config, batch = EVAL_PRESETS[model]
         results = eval_speedup(lengths, device=args.device, batch=batch, repeats=args.repeats, config=config, log=log)
-        results["model"] = args.model
+        results["model"] = model
     elif args.gen_lengths:
         from txl.analysis.bench import BENCH_SMALL
         from txl.analysis.bench_generation import generation_lengths

@@ -35,8 +35,9 @@ class LayerCache:
 
     Attributes:
         state: the :class:`DecodingState` this layer belongs to (it holds the shared slot counters).
-        keys, values: float [B, H, S, D], keys and values of the remembered tokens, slot by slot.
-        hidden: float [B, S, d_model], the layer's inputs for the same tokens (what the paper's memory
+        keys, values: float [B, H, R, D] (R = ``state.room`` >= S), keys and values of the remembered
+            tokens: slot s at index ``state.start + s``.
+        hidden: float [B, R, d_model], the layer's inputs for the same tokens (what the paper's memory
             holds, §3.2), kept so that :meth:`DecodingState.mems` can hand it back; None with
             ``keep_mems=False``.
         pos_keys: float [H, D, 2 * S] projected relative encodings (``W_kR R`` for "rel", the Shaw
@@ -70,11 +71,16 @@ class DecodingState:
     filled slots. While ``length < S`` the slots are in time order from slot 0; once full they rotate.
     Slot s is buffer position ``start + s``.
 
-    Multi-token calls after a memory (evaluation, prompts) read the memory and the new keys as one
-    view of the buffer, without concatenating them: the buffers then get ``room`` - S spare
+    Multi-token calls after a memory on a CPU (evaluation, prompts) read the memory and the new keys
+    as one view of the buffer, without concatenating them: the buffers then get ``room`` - S spare
     positions after the slots (:meth:`begin_segment`), the new keys are written right after the
     memory, and the slots move forward (``start`` grows) instead of being copied. Only when the
-    spare room is used up is the memory moved back to position 0, one copy every few segments.
+    spare room is used up is the memory moved back to position 0: one copy every
+    ``(room - S) / T`` calls of T tokens or so.
+
+    A state serves one batch size and one dtype (the keys' dtype: the parameters', or the autocast
+    dtype), bound by its first call; a call that fails inside the layers leaves it unusable
+    (:attr:`failed`), since some layers may have moved their buffers and others not.
 
     Args:
         n_layer: the model's number of layers.
@@ -105,6 +111,8 @@ class DecodingState:
         self.batch_size: int | None = None
         self.pos_emb: torch.Tensor | None = None  # [S, d_model] sinusoid R for distances S-1 ... 0 ("rel")
         self.segment_klen = -1  # key length whose projected positions the layers hold (multi-token calls)
+        self.dtype: torch.dtype | None = None  # the keys' dtype, bound by the first call
+        self.failed = False  # a call failed inside the layers: the buffers may be half updated
         self.layers = [LayerCache(self) for _ in range(n_layer)]
         self.held: list[torch.Tensor] | None = None  # compressive spans: the memory itself (see the module)
 
@@ -129,6 +137,24 @@ class DecodingState:
             raise TxlError(f"the decoding state holds {self.batch_size} rows but input_ids has {batch_size}; "
                            "make a new DecodingState for another batch")
         self.batch_size = batch_size
+
+    def bind_dtype(self, dtype: torch.dtype) -> None:
+        """Record the dtype of the keys on first use (the parameters' or the autocast dtype); later
+        calls must compute in the same one.
+
+        Raises:
+            TxlError: a call in another dtype (e.g. with autocast after a call without it).
+        """
+        if self.dtype not in (None, dtype):
+            raise TxlError(f"the decoding state holds {self.dtype} keys but this call computes in {dtype}; use the "
+                           "same dtype (autocast or not) for every call with one state, or make a new DecodingState")
+        self.dtype = dtype
+
+    def check_usable(self) -> None:
+        """Raises TxlError when an earlier call failed inside the layers (see :attr:`failed`)."""
+        if self.failed:
+            raise TxlError("this decoding state was left half updated by a call that failed; make a new "
+                           "DecodingState (and read the text again)")
 
     @property
     def memory_length(self) -> int:
@@ -171,24 +197,28 @@ class DecodingState:
         if cache.hidden is not None and hidden is not None:
             cache.hidden[:, at:at + n].copy_(hidden[:, -n:])
 
-    def begin_segment(self, qlen: int) -> None:
-        """Plan a multi-token call of ``qlen`` tokens after the memory, before the layers run it.
+    def begin_segment(self, qlen: int, device: torch.device) -> None:
+        """Plan a multi-token call of ``qlen`` tokens after the memory, once nothing can reject it any
+        more and just before the layers run it.
 
-        When the memory and the new tokens fit in ``room`` (grown on first use to
-        ``S + max(S // 8, min(qlen, S))`` positions), each layer's :meth:`segment_keys` returns them
-        as one view of its buffers; otherwise the layers concatenate and :meth:`store`, as before.
+        On a CPU, when the memory and the new tokens fit in ``room`` (grown, when a call needs it, to
+        ``S + min(S, max(S // 8, 2 * qlen))`` positions: at most 2S), each layer's
+        :meth:`segment_keys` returns them as one view of its buffers; otherwise (and on other
+        devices, whose attention kernels are not relied on with such views) the layers concatenate
+        and :meth:`store`.
         """
         S, m = self.capacity, self.memory_length
-        room = max(self.room, S + max(S // 8, min(qlen, S)))
-        if m + qlen > room:
-            self._plan = _SegmentPlan(in_place=False, room=self.room, relocate=False, first=0, start_after=0)
+        room = max(self.room, S + min(S, max(S // 8, 2 * qlen)))
+        if m + qlen > room or device.type != "cpu":
+            self._plan = _SegmentPlan(in_place=False, room=self.room, relocate=False, rotated=False, first=0,
+                                      start_after=0)
             return
         rotated = self.length == S and self.next_slot != 0
         end = self.start + self.length  # buffer position after the newest token, in time order
         relocate = rotated or room != self.room or end + qlen > room
         first = 0 if relocate else end - m  # buffer position of the memory's oldest token during the call
         filled = min(m + qlen, S)
-        self._plan = _SegmentPlan(in_place=True, room=room, relocate=relocate, first=first,
+        self._plan = _SegmentPlan(in_place=True, room=room, relocate=relocate, rotated=rotated, first=first,
                                   start_after=first + m + qlen - filled if filled == S else first)
 
     def segment_keys(self, cache: LayerCache, keys: torch.Tensor, values: torch.Tensor,
@@ -205,16 +235,17 @@ class DecodingState:
             dim = 1 if name == "hidden" else 2
             buffer = getattr(cache, name)
             if plan.relocate:
-                memory = self.ordered(buffer, m, dim)
+                memory = self.ordered(buffer, m, dim)  # a copy when rotated, else a view of the buffer
                 if buffer.size(dim) != plan.room:
                     shape = list(buffer.shape)
                     shape[dim] = plan.room
                     buffer = buffer.new_empty(shape)
                     setattr(cache, name, buffer)
-                elif memory.data_ptr() != buffer.data_ptr() and self.start + self.length - m < m:
-                    # a view (not rotated) that would overlap its new place
-                    memory = memory.clone()
-                buffer.narrow(dim, 0, m).copy_(memory)
+                    buffer.narrow(dim, 0, m).copy_(memory)
+                elif plan.rotated:
+                    buffer.narrow(dim, 0, m).copy_(memory)
+                else:
+                    _move_to_front(buffer, dim, self.start + self.length - m, m)
             buffer.narrow(dim, plan.first + m, qlen).copy_(new)
         span = m + qlen
         return cache.keys.narrow(2, plan.first, span), cache.values.narrow(2, plan.first, span)
@@ -244,8 +275,8 @@ class DecodingState:
 
     def mems(self) -> list[torch.Tensor] | None:
         """The hidden-state memory (paper §3.2): ``n_layer`` tensors [B, min(length, mem_len), d_model],
-        oldest first, as :meth:`~txl.model.TransformerXLLM.forward` would have returned it; None for an
-        empty state. A compressive state returns its :attr:`held` memory (``3 * n_layer`` tensors),
+        oldest first, as :meth:`~txl.model.TransformerXLLM.forward` would have returned it (copies: later
+        calls do not change them); None for an empty state. A compressive state returns its :attr:`held` memory (``3 * n_layer`` tensors),
         whatever ``keep_mems`` says.
 
         Raises:
@@ -258,7 +289,7 @@ class DecodingState:
         if self.length == 0:
             return None
         n = self.memory_length
-        return [self.ordered(c.hidden, n, 1).contiguous() for c in self.layers]
+        return [self.ordered(c.hidden, n, 1).clone(memory_format=torch.contiguous_format) for c in self.layers]
 
     def reorder(self, index: torch.Tensor) -> None:
         """Select batch rows: row ``b`` of the new state is row ``index[b]`` of the old (beam search).
@@ -299,5 +330,22 @@ class _SegmentPlan:
     in_place: bool
     room: int
     relocate: bool
+    rotated: bool
     first: int
     start_after: int
+
+
+def _move_to_front(buffer: torch.Tensor, dim: int, source: int, n: int) -> None:
+    """Copy ``n`` entries of ``buffer`` along ``dim`` from ``source`` to 0. Overlapping ranges move in
+    chunks of ``source`` entries, front to back, so that no chunk's source and destination overlap
+    (a clone of the whole range when that would take more than 8 chunks)."""
+    if source == 0:
+        return
+    if source >= n:
+        buffer.narrow(dim, 0, n).copy_(buffer.narrow(dim, source, n))
+    elif source * 8 < n:
+        buffer.narrow(dim, 0, n).copy_(buffer.narrow(dim, source, n).clone())
+    else:
+        for at in range(0, n, source):
+            width = min(source, n - at)
+            buffer.narrow(dim, at, width).copy_(buffer.narrow(dim, source + at, width))

@@ -30,7 +30,8 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     parts = weight.view(blocks, out_features // blocks, in_features)
     out = torch.bmm(parts, x.t().unsqueeze(0).expand(blocks, in_features, rows))  # [n, out/n, N]
     out = out.view(out_features, rows).t()
-    return out if bias is None else out + bias
+    # the bias in the product's dtype, as autocast gives it to F.linear (bf16 in, bf16 out)
+    return out if bias is None else out + bias.to(out.dtype)
 
 
 def step_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

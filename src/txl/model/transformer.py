@@ -236,8 +236,11 @@ class TransformerXLLM(nn.Module):
                 other than -100; a ``span`` that is not an AttentionSpan. Value (range) checks run on
                 CPU tensors only, to keep GPU steps free of host synchronisation.
         """
+        if labels is not None and caches is not None:  # refused before the decoding state takes the segment in
+            check_input_ids(input_ids, self.config.vocab_size, self.word_emb.emb_layers[0].weight.device)
+            labels = check_labels(labels, input_ids, self.config.vocab_size)
         h, new_mems, recon = self._body(input_ids, mems, caches, detach_mems, span, mem_padding)
-        if labels is not None:  # after input_ids was checked (labels must have its shape and device)
+        if labels is not None and caches is None:  # after input_ids was checked (labels must have its shape and device)
             labels = check_labels(labels, input_ids, self.config.vocab_size)
         logits, token_loss, loss = self._output(h, labels)
         return LMOutput(logits=logits, loss=loss, mems=new_mems, token_loss=token_loss, recon_loss=recon)
@@ -291,11 +294,11 @@ class TransformerXLLM(nn.Module):
         mlen = check_mems(mems, c.n_layer, bsz, c.d_model, dtypes=self._mem_dtypes(weight), device=weight.device)
         if caches is not None:
             caches.bind_batch(bsz)
+            caches.bind_dtype(self._mem_dtypes(weight)[-1])  # the keys' dtype: autocast's, else the parameters'
             if caches.length > 0:
                 if qlen == 1:  # the ring-buffer step: no mask (but the padding), no memory copy
                     return self._step(input_ids, caches, mem_padding), None, None
                 mlen = caches.memory_length
-                caches.begin_segment(qlen)
         klen = mlen + qlen
 
         emb = self.word_emb(input_ids)  # [B, T, d_model], scaled by sqrt(d_model)
@@ -305,8 +308,8 @@ class TransformerXLLM(nn.Module):
             if c.attn_type == "rel" and caches is not None and caches.segment_klen == klen:
                 pass  # each layer of the decoding state keeps its projected positions for this key length
             elif c.attn_type == "rel":
-                if caches is not None:
-                    caches.segment_klen = klen
+                if caches is not None:  # valid again once every layer holds this key length's positions
+                    caches.segment_klen = -1
                 pos_emb = self.drop(sinusoid(relative_positions(klen, span.clamp_len, emb.device), c.d_model).to(emb.dtype))
             h = self.drop(emb)
             mask = attention_mask(qlen, mlen, span.same_length, span.mem_len, emb.device)
@@ -320,11 +323,20 @@ class TransformerXLLM(nn.Module):
             mask = attention_mask(qlen, 0, False, 0, emb.device)
 
         hids = []
-        for i, layer in enumerate(self.layers):
-            hids.append(h)
-            h = layer(h, None if mems is None else mems[i], pos_emb, mask, None if caches is None else caches.layers[i],
-                      window)
+        if caches is not None and caches.length > 0:
+            caches.begin_segment(qlen, emb.device)  # after every check that may still reject the call
+        try:
+            for i, layer in enumerate(self.layers):
+                hids.append(h)
+                h = layer(h, None if mems is None else mems[i], pos_emb, mask,
+                          None if caches is None else caches.layers[i], window)
+        except BaseException:
+            if caches is not None:  # some layers may have moved or written their buffers, others not
+                caches.failed = True
+            raise
         h = self.drop(h)
+        if caches is not None and c.attn_type == "rel":
+            caches.segment_klen = klen
 
         if c.attn_type == "abs":
             return h, None, None
@@ -385,6 +397,7 @@ class TransformerXLLM(nn.Module):
         c = self.config
         if not isinstance(state, DecodingState):
             raise TxlError(f"caches must be a txl.model.DecodingState, got {type(state).__name__}")
+        state.check_usable()
         if c.attn_type == "abs" or torch.is_grad_enabled() or len(state.layers) != c.n_layer:
             raise TxlError("a decoding state is for incremental decoding: attn_type 'rel' or 'shaw', no autograd, "
                            f"made for {c.n_layer} layers")
@@ -408,8 +421,12 @@ class TransformerXLLM(nn.Module):
             positions = relative_positions(state.capacity, state.span.clamp_len, h.device)
             state.pos_emb = sinusoid(positions, c.d_model).to(h.dtype)
         key_mask = None if mem_padding is None else slot_padding_mask(state, mem_padding, input_ids.size(0))
-        for layer, cache in zip(self.layers, state.layers):
-            h = layer.step(h, cache, key_mask)
+        try:
+            for layer, cache in zip(self.layers, state.layers):
+                h = layer.step(h, cache, key_mask)
+        except BaseException:
+            state.failed = True  # some layers may have written the token's slot, others not
+            raise
         state.advance()
         return self.drop(h)
 
