@@ -1,5 +1,7 @@
 """`txl bench` runs end to end on a tiny config (speed itself is measured by the benchmark, not by tests)."""
 
+import pytest
+
 from txl.analysis.bench import BENCH_SMALL, EVAL_PRESETS, eval_flops_per_token, eval_speedup, format_table, run_bench, train_flops_per_token
 from txl.analysis.bench_generation import generation_lengths
 from txl.model import TransformerXLConfig
@@ -99,3 +101,19 @@ def test_bench_skips_an_emulated_half_precision_and_says_why(capsys, monkeypatch
     code, out, _ = run_cli(capsys, "bench", "--device", "cpu", "--dtype", "bfloat16", "--json", out_json)
     assert code == 0 and "skipping --dtype bfloat16" in out and "AVX512-BF16 or AMX" in out
     assert not out_json.exists()  # nothing measured, nothing written
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--eval-speedup", "--gen-lengths", "128"], "--gen-lengths"),
+    (["--eval-speedup", "--batch-size", "2"], "--batch-size"),
+    (["--eval-speedup", "--vs", "hf"], "--vs hf"),
+    (["--gen-lengths", "64", "--dtype", "bfloat16"], "--dtype"),
+    (["--gen-lengths", "64", "--no-memory"], "--no-memory"),
+    (["--lengths", "128"], "--lengths"),
+    (["--model", "enwik8-large"], "--model"),
+])
+def test_bench_refuses_a_flag_its_mode_would_ignore(capsys, argv, flag):
+    from conftest import one_error_line, run_cli
+
+    code, _, err = run_cli(capsys, "bench", *argv)
+    assert code == 2 and f"{flag} does not apply to" in one_error_line(err)

@@ -241,3 +241,37 @@ def test_few_row_products_keep_the_autocast_dtype():
         want = model(x[:, 8:9], mems=model(x[:, :8]).mems).logits
     assert got.dtype == want.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want.float(), rtol=0.05, atol=0.05)
+
+
+def test_a_state_refuses_what_would_not_fit_or_is_not_its_own(monkeypatch):
+    model = tiny_model(tgt_len=4, mem_len=6)
+    other = tiny_model(tgt_len=4, mem_len=6, seed=1)
+    x = torch.randint(0, 37, (2, 8))
+    with torch.no_grad():
+        state = DecodingState(model.config.n_layer, model.config.span)
+        with pytest.raises(TxlError, match="mem_padding"):  # refused before it binds anything
+            model(x[:, :4], caches=state, mem_padding=torch.tensor([3, 0]))
+        model(x[:1, :4], caches=state)  # so another batch size is still free
+        with pytest.raises(TxlError, match="another model"):
+            other(x[:1, 4:5], caches=state)
+        for bad in (torch.tensor([1, 0]), torch.tensor([0.0]), torch.tensor([[0]]), [0]):
+            with pytest.raises(TxlError, match="reorder"):
+                state.reorder(bad)
+        with pytest.raises(TxlError, match="n_layer must be an integer"):
+            DecodingState("2", model.config.span)
+        monkeypatch.setattr(decoding, "available_memory_bytes", lambda: 1000)
+        with pytest.raises(TxlError, match=r"mem_len 6 needs .* GiB for its keys and values, more than"):
+            model(x[:, :4], caches=DecodingState(model.config.n_layer, model.config.span))
+
+
+def test_the_bound_dtype_is_the_keys_dtype():
+    """A float64 model under bf16 autocast computes float64 keys (autocast casts float32 only): the state
+    takes a later call without autocast."""
+    model = tiny_model(tgt_len=4, mem_len=6)
+    x = torch.randint(0, 37, (2, 8))
+    with torch.no_grad():
+        state = DecodingState(model.config.n_layer, model.config.span)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(x[:, :4], caches=state)
+        assert state.dtype == torch.float64
+        model(x[:, 4:8], caches=state)

@@ -93,7 +93,8 @@ def test_eval_dynamic_prints_static_and_dynamic_on_the_same_segments(runs, capsy
     assert code == 0 and "stats=train" in out and "static" in out, err
     for bad, expect in ((["--dynamic", "--sliding-window", "8"], "choose one"), (["--dynamic-lr", "0.1"], "--dynamic"),
                         (["--plot", str(base / "p.png")], "--sweep-mem"), (["--dynamic", "--warmup"], "warm-up"),
-                        (["--sweep-mem", "0,x"], "integers"), (["--dynamic", "--dynamic-decay", "1.5"], "decay")):
+                        (["--sweep-mem", "0,x"], "integers"), (["--dynamic", "--dynamic-decay", "1.5"], "decay"),
+                        (["--sliding-window", "8", "--mem-len", "32", "--warmup"], "--mem-len, --warmup would be ignored")):
         code, out, err = run_cli(capsys, "eval", base / "xl", *bad)
         assert code == 2 and expect in err and len(err.strip().splitlines()) == 1, (bad, err)
 

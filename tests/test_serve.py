@@ -440,3 +440,10 @@ def test_txl_serve_command_matches_txl_score_and_stops_cleanly_on_sigterm(tmp_pa
             proc.wait()
     err = proc.stderr.read()
     assert "txl: serving on http://127.0.0.1:" in err and "Traceback" not in err
+
+
+def test_an_empty_api_key_is_refused(capsys, tmp_path):
+    from conftest import one_error_line, run_cli
+
+    code, _, err = run_cli(capsys, "serve", tmp_path / "none", "--api-key", "")
+    assert code == 2 and "--api-key is empty" in one_error_line(err)

@@ -101,6 +101,19 @@ def memory_bytes() -> int:
         return 1 << 62
 
 
+def available_memory_bytes() -> int:
+    """Memory available to new allocations in bytes: ``MemAvailable`` of /proc/meminfo where there is
+    one, else the physical memory (:func:`memory_bytes`)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return memory_bytes()
+
+
 def default_cache_dir() -> str:
     """``$XDG_CACHE_HOME/txl`` or ``~/.cache/txl``: where encoded corpora are cached."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")

@@ -11,6 +11,7 @@ from txl.errors import TxlError
 NAME = "bench"
 HELP = "throughput and memory, optionally against transformers' TransfoXL"
 EXAMPLE = "txl bench --vs hf --json benchmarks/results/cpu-bench-small.json"
+LENGTHS = "128,256,512,800,1800,2800,3800"  # --eval-speedup's default attention lengths
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="model for --eval-speedup: bench-small (6 layers, d_model 256; batch 8, about 2 minutes on "
                         "2 cores) or enwik8-large, the paper's 24-layer model evaluated at length 3,800 "
                         "(batch 1, about 5 minutes); default bench-small")
-    p.add_argument("--lengths", default="128,256,512,800,1800,2800,3800",
+    p.add_argument("--lengths", default=LENGTHS,
                    help="attention lengths for --eval-speedup (default: 128-800 and the paper's 1800, 2800, 3800)")
     p.add_argument("--gen-lengths", default=None, metavar="L,L,...",
                    help="instead: greedy generation tokens/s against the length attended to (txl mem_len = L, "
@@ -41,8 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1 or args.repeats < 1:
         raise TxlError("--batch-size and --repeats must be >= 1")
-    if args.model is not None and not args.eval_speedup:
-        raise TxlError("--model chooses the model of --eval-speedup; add --eval-speedup, or leave --model out")
+    _check_modes(args)
     check_output(args, args.json, flag="--json")
     # with --json - the JSON owns stdout: progress and the table go to stderr
     report = sys.stderr if args.json == "-" else sys.stdout
@@ -86,6 +86,23 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(args.json, results, force=args.force)
     return 0
+
+
+def _check_modes(args: argparse.Namespace) -> None:
+    """Refuse a flag the chosen mode would ignore (one line naming it), rather than measure without it."""
+    given = {"--vs hf": args.vs is not None, "--dtype": args.dtype not in (None, "float32"),
+             "--batch-size": args.batch_size != 16, "--no-memory": args.no_memory,
+             "--gen-lengths": args.gen_lengths is not None, "--model": args.model is not None,
+             "--lengths": args.lengths != LENGTHS}
+    if args.eval_speedup:
+        mode, ignored = "--eval-speedup", ("--vs hf", "--dtype", "--batch-size", "--no-memory", "--gen-lengths")
+    elif args.gen_lengths is not None:
+        mode, ignored = "--gen-lengths", ("--dtype", "--batch-size", "--no-memory", "--model", "--lengths")
+    else:
+        mode, ignored = "the speed table", ("--model", "--lengths")
+    for flag in ignored:
+        if given[flag]:
+            raise TxlError(f"{flag} does not apply to {mode} (it would be ignored); leave it out")
 
 
 def _lengths(text: str, flag: str) -> list[int]:

@@ -76,6 +76,15 @@ def _check(args: argparse.Namespace) -> None:
         raise TxlError(f"choose one of {' and '.join(modes)}")
     if args.plot and args.sweep_mem is None:
         raise TxlError("--plot draws the --sweep-mem results; give --sweep-mem M1,M2,... too")
+    if args.sliding_window is not None:  # the vanilla window reads no memory: the span flags would be ignored
+        spans = [flag for flag, value in (("--tgt-len", args.tgt_len), ("--mem-len", args.mem_len),
+                                          ("--clamp-len", args.clamp_len), ("--same-length", args.same_length),
+                                          ("--cmem-len", getattr(args, "cmem_len", None)))
+                 if value is not None]
+        spans += ["--warmup"] if args.warmup else []
+        if spans:
+            raise TxlError(f"--sliding-window evaluates windows of CONTEXT tokens without memory: {', '.join(spans)} "
+                           "would be ignored; leave them out")
     if args.dynamic and args.warmup:
         raise TxlError("--dynamic reads the text from its start without warm-up; drop --warmup")
     if not args.dynamic and (args.dynamic_lr is not None or args.dynamic_decay or args.dynamic_method != "rms"):

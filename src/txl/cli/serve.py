@@ -54,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
         raise TxlError(f"--port must be in [0, 65535], got {args.port}")
     if not args.idle_timeout > 0:
         raise TxlError(f"--idle-timeout must be > 0 seconds, got {args.idle_timeout}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise TxlError("--api-key is empty: give a key clients will send, or leave the flag out")
     api_key = args.api_key if args.api_key is not None else os.environ.get("TXL_API_KEY") or None
     if not is_loopback(args.host) and api_key is None:
         raise TxlError(f"--host {args.host} lets other machines reach the server: give --api-key KEY (or set "
@@ -65,6 +67,12 @@ def run(args: argparse.Namespace) -> int:
     span = resolve_span(ckpt.model.config, **span_args(args, ckpt.run.eval))
     engine = build_engine(ckpt.model, ckpt.tokenizer, span=span, dtype=args.dtype, max_sessions=args.max_sessions,
                           idle_timeout=args.idle_timeout, max_tokens=args.max_tokens, name=str(ckpt.path))
+    from txl.runtime import available_memory_bytes
+
+    if engine.session_bytes > available_memory_bytes():
+        raise TxlError(f"one session with mem_len {span.mem_len:,} would hold {engine.session_bytes / 2**30:,.1f} GiB, "
+                       f"more than the {available_memory_bytes() / 2**30:,.1f} GiB of memory available: use a smaller "
+                       "--mem-len")
     sock = listen(args.host, args.port)
     host, port = sock.getsockname()[:2]
     print_notes(args)

@@ -22,11 +22,13 @@ Shapes: B = batch, H = heads, D = d_head, S = ``capacity`` slots.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
 
 from txl.errors import TxlError
+from txl.runtime import available_memory_bytes
 from txl.model.span import AttentionSpan
 
 
@@ -98,8 +100,8 @@ class DecodingState:
     def __init__(self, n_layer: int, span: AttentionSpan, keep_mems: bool = True) -> None:
         if not isinstance(span, AttentionSpan):
             raise TxlError(f"span must be an AttentionSpan, got {type(span).__name__}")
-        if n_layer < 1:
-            raise TxlError(f"n_layer must be >= 1, got {n_layer}")
+        if isinstance(n_layer, bool) or not isinstance(n_layer, int) or n_layer < 1:
+            raise TxlError(f"n_layer must be an integer >= 1, got {n_layer!r}")
         self.span = span
         self.keep_mems = keep_mems
         self.capacity = span.mem_len + (0 if span.same_length and span.mem_len > 0 else 1)
@@ -113,6 +115,7 @@ class DecodingState:
         self.segment_klen = -1  # key length whose projected positions the layers hold (multi-token calls)
         self.dtype: torch.dtype | None = None  # the keys' dtype, bound by the first call
         self.failed = False  # a call failed inside the layers: the buffers may be half updated
+        self.owner: weakref.ref | None = None  # the model whose keys the buffers hold (its first call's)
         self.layers = [LayerCache(self) for _ in range(n_layer)]
         self.held: list[torch.Tensor] | None = None  # compressive spans: the memory itself (see the module)
 
@@ -128,27 +131,31 @@ class DecodingState:
         self.next_slot = self.length % self.capacity
 
     def bind_batch(self, batch_size: int) -> None:
-        """Record the batch size on first use; later calls must use the same one.
+        """Check the batch size, then record it (the first call's binds the state).
 
         Raises:
             TxlError: a batch of another size than the one the state holds.
         """
+        self.check_call(batch_size, self.dtype)
+        self.batch_size = batch_size
+
+    def check_call(self, batch_size: int, dtype: torch.dtype | None) -> None:
+        """Refuse a call whose batch size or key dtype differs from the ones this state holds (a state
+        is bound by its first call that runs, see :meth:`bind`).
+
+        Raises:
+            TxlError: another batch size, or another dtype (e.g. with autocast after a call without it).
+        """
         if self.batch_size not in (None, batch_size):
             raise TxlError(f"the decoding state holds {self.batch_size} rows but input_ids has {batch_size}; "
                            "make a new DecodingState for another batch")
-        self.batch_size = batch_size
-
-    def bind_dtype(self, dtype: torch.dtype) -> None:
-        """Record the dtype of the keys on first use (the parameters' or the autocast dtype); later
-        calls must compute in the same one.
-
-        Raises:
-            TxlError: a call in another dtype (e.g. with autocast after a call without it).
-        """
         if self.dtype not in (None, dtype):
             raise TxlError(f"the decoding state holds {self.dtype} keys but this call computes in {dtype}; use the "
                            "same dtype (autocast or not) for every call with one state, or make a new DecodingState")
-        self.dtype = dtype
+
+    def bind(self, batch_size: int, dtype: torch.dtype) -> None:
+        """Record the batch size and the keys' dtype, once the call has passed every check."""
+        self.batch_size, self.dtype = batch_size, dtype
 
     def check_usable(self) -> None:
         """Raises TxlError when an earlier call failed inside the layers (see :attr:`failed`)."""
@@ -209,6 +216,8 @@ class DecodingState:
         """
         S, m = self.capacity, self.memory_length
         room = max(self.room, S + min(S, max(S // 8, 2 * qlen)))
+        if room > self.room and not self._can_grow(room):
+            room = self.room  # no spare room where memory is short: such calls concatenate
         if m + qlen > room or device.type != "cpu":
             self._plan = _SegmentPlan(in_place=False, room=self.room, relocate=False, rotated=False, first=0,
                                       start_after=0)
@@ -296,7 +305,16 @@ class DecodingState:
 
         Args:
             index: int64 [B'] row indices (may repeat rows; B' may differ from B).
+
+        Raises:
+            TxlError: ``index`` that is not a 1-D integer tensor of row numbers in ``[0, B)``.
         """
+        rows = self.batch_size
+        if (not isinstance(index, torch.Tensor) or index.dim() != 1 or index.is_floating_point()
+                or index.dtype == torch.bool or index.numel() == 0):
+            raise TxlError("reorder needs a non-empty 1-D integer tensor of row numbers")
+        if rows is not None and index.device.type == "cpu" and (int(index.min()) < 0 or int(index.max()) >= rows):
+            raise TxlError(f"reorder row numbers must be in [0, {rows}), got {index.tolist()}")
         for cache in self.layers:
             for name in ("keys", "values", "hidden"):
                 buffer = getattr(cache, name)
@@ -309,10 +327,35 @@ class DecodingState:
 
     def _allocate(self, cache: LayerCache, like: torch.Tensor, hidden: torch.Tensor | None) -> None:
         bsz, heads, _, d_head = like.shape
+        if cache is self.layers[0]:  # the first layer's allocation: check that all of them fit
+            per_slot = bsz * (2 * heads * d_head + (hidden.size(-1) if self.keep_mems and hidden is not None else 0))
+            self.check_fits(len(self.layers) * per_slot * self.room * like.element_size(), "its keys and values")
         cache.keys = like.new_zeros(bsz, heads, self.room, d_head)
         cache.values = like.new_zeros(bsz, heads, self.room, d_head)
         if self.keep_mems and hidden is not None:
             cache.hidden = hidden.new_zeros(bsz, self.room, hidden.size(-1))
+
+
+    def _can_grow(self, room: int) -> bool:
+        """Whether growing every layer's buffers to ``room`` positions leaves half the available memory."""
+        cache = self.layers[0]
+        buffers = [b for b in (cache.keys, cache.values, cache.hidden) if b is not None]
+        if not buffers:
+            return True
+        per_position = sum(b.numel() // b.size(2 if b.dim() == 4 else 1) * b.element_size() for b in buffers)
+        return (room - self.room) * per_position * len(self.layers) <= available_memory_bytes() // 2
+
+    def check_fits(self, need: int, what: str) -> None:
+        """Refuse buffers of ``need`` bytes that this machine's available memory cannot hold (a clear
+        error instead of an allocator traceback or the process being killed).
+
+        Raises:
+            TxlError: ``need`` above the available memory.
+        """
+        have = available_memory_bytes()
+        if need > have:
+            raise TxlError(f"a decoding state with mem_len {self.span.mem_len:,} needs {need / 2**30:,.1f} GiB for "
+                           f"{what}, more than the {have / 2**30:,.1f} GiB of memory available: use a smaller mem_len")
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -293,8 +294,7 @@ class TransformerXLLM(nn.Module):
             return self._compressive_body(input_ids, mems, caches, detach_mems, span, bsz)
         mlen = check_mems(mems, c.n_layer, bsz, c.d_model, dtypes=self._mem_dtypes(weight), device=weight.device)
         if caches is not None:
-            caches.bind_batch(bsz)
-            caches.bind_dtype(self._mem_dtypes(weight)[-1])  # the keys' dtype: autocast's, else the parameters'
+            caches.check_call(bsz, self._key_dtype(weight))
             if caches.length > 0:
                 if qlen == 1:  # the ring-buffer step: no mask (but the padding), no memory copy
                     return self._step(input_ids, caches, mem_padding), None, None
@@ -323,8 +323,10 @@ class TransformerXLLM(nn.Module):
             mask = attention_mask(qlen, 0, False, 0, emb.device)
 
         hids = []
-        if caches is not None and caches.length > 0:
-            caches.begin_segment(qlen, emb.device)  # after every check that may still reject the call
+        if caches is not None:  # every check that may still reject the call is behind us
+            caches.bind(bsz, self._key_dtype(weight))
+            if caches.length > 0:
+                caches.begin_segment(qlen, emb.device)
         try:
             for i, layer in enumerate(self.layers):
                 hids.append(h)
@@ -398,6 +400,11 @@ class TransformerXLLM(nn.Module):
         if not isinstance(state, DecodingState):
             raise TxlError(f"caches must be a txl.model.DecodingState, got {type(state).__name__}")
         state.check_usable()
+        if state.owner is not None and state.owner() is not self:
+            raise TxlError("this decoding state holds the keys of another model; make a new DecodingState for "
+                           "this one")
+        if state.owner is None:
+            state.owner = weakref.ref(self)
         if c.attn_type == "abs" or torch.is_grad_enabled() or len(state.layers) != c.n_layer:
             raise TxlError("a decoding state is for incremental decoding: attn_type 'rel' or 'shaw', no autograd, "
                            f"made for {c.n_layer} layers")
@@ -417,10 +424,15 @@ class TransformerXLLM(nn.Module):
         """
         c = self.config
         h = self.drop(self.word_emb(input_ids))
+        if state.pos_emb is None:  # the position tables of one-token steps: [S, d_model] and [H, D, 2S] per layer
+            width = c.d_model if c.attn_type == "rel" else 0
+            state.check_fits(state.capacity * (width + 2 * c.n_layer * c.n_head * c.d_head) * h.element_size(),
+                             "the position tables of one-token steps")
         if state.pos_emb is None and c.attn_type == "rel":
             positions = relative_positions(state.capacity, state.span.clamp_len, h.device)
             state.pos_emb = sinusoid(positions, c.d_model).to(h.dtype)
         key_mask = None if mem_padding is None else slot_padding_mask(state, mem_padding, input_ids.size(0))
+        state.bind(input_ids.size(0), self._key_dtype(self.word_emb.emb_layers[0].weight))
         try:
             for layer, cache in zip(self.layers, state.layers):
                 h = layer.step(h, cache, key_mask)
@@ -429,6 +441,15 @@ class TransformerXLLM(nn.Module):
             raise
         state.advance()
         return self.drop(h)
+
+    @staticmethod
+    def _key_dtype(weight: torch.Tensor) -> torch.dtype:
+        """The dtype of the keys a call computes: autocast's for float32 parameters inside
+        ``torch.autocast`` for their device (autocast casts float32 only), else the parameters'."""
+        kind = weight.device.type
+        if weight.dtype == torch.float32 and kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind):
+            return torch.get_autocast_dtype(kind)
+        return weight.dtype
 
     @staticmethod
     def _mem_dtypes(weight: torch.Tensor) -> tuple[torch.dtype, ...]:
