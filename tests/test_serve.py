@@ -447,3 +447,27 @@ def test_an_empty_api_key_is_refused(capsys, tmp_path):
 
     code, _, err = run_cli(capsys, "serve", tmp_path / "none", "--api-key", "")
     assert code == 2 and "--api-key is empty" in one_error_line(err)
+
+
+def test_generate_without_append_keeps_the_pending_text():
+    """A char model's session holding a lone "\\r" (perhaps half of a CRLF) keeps it pending through a
+    generation with append=false: "\\r" then "\\nor not" still reads as one line end."""
+    import asyncio
+
+    from txl.data.tokenizers.simple import CharTokenizer
+    from txl.serving.engine import SamplingParams
+
+    tok = CharTokenizer.build("To be\nor not")
+    engine = build_engine(tiny_model(seed=2, vocab_size=len(tok.chars)), tok, span=SPAN, max_sessions=2,
+                          idle_timeout=300, max_tokens=50)
+
+    async def run():
+        sid = engine.new_session()["id"]
+        await engine.append(sid, "To be\r")
+        async for _ in engine.generate(sid, SamplingParams(max_tokens=3, temperature=0.0), append=False):
+            pass
+        assert engine.describe(engine.session(sid))["pending_text"] == "\r"
+        return await engine.append(sid, "\nor not")
+
+    reply = asyncio.run(run())
+    assert reply["n_tokens"] == len(tok.encode("To be\r\nor not")) == 12

@@ -313,8 +313,9 @@ class Engine:
     async def generate(self, session_id: str, p: SamplingParams, append: bool = True) -> AsyncIterator[Piece | dict]:
         """Sample after a session's text, continuing its memory; yields :class:`Piece` objects, then the
         session's description (a dict). Pending text is first read as final. With ``append`` the
-        sampled tokens (up to the one that completes a stop string) join the session; a generation
-        that does not finish (client gone) leaves the session as it was."""
+        sampled tokens (up to the one that completes a stop string) join the session (and the pending
+        text is then read); without it, or when the generation does not finish (client gone), the
+        session stays as it was, its pending text still pending."""
         self.check_sampling(p)
         session = self.session(session_id)
         async with session.lock:
@@ -328,9 +329,9 @@ class Engine:
             async for piece in self.sample(state.tail, state.mems, p):
                 tokens.append(piece.token)
                 yield piece
-            if append:
+            if append:  # without it the session keeps its text as it was, pending text included
                 _, state = await self.read(state, np.asarray(tokens, dtype=np.int64))
-            session.state = state
+                session.state = state
             session.last_used = self.store.clock()
             yield self.describe(session)
 
