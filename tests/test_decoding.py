@@ -144,16 +144,15 @@ def test_state_refuses_what_it_cannot_serve():
         DecodingState(3, {"mem_len": 4})
 
 
-@pytest.mark.parametrize("mem_len, size, kind", [(80, 3, "whole"), (40, 3, "chunks"), (40, 40, "apart")])
+@pytest.mark.parametrize("mem_len, size, kind", [(80, 3, "chunks"), (40, 3, "chunks"), (40, 40, "apart")])
 def test_segments_move_the_memory_back_exactly(mem_len, size, kind, monkeypatch):
-    """When the spare room is used up the memory moves back to the start of its buffers: through a
-    whole copy (overlap too short for chunks), in chunks, or without overlap; logits equal the plain
-    model's (float64, 1e-10)."""
+    """When the spare room is used up the memory moves back to the start of its buffers, in chunks or
+    without overlap; logits equal the plain model's (float64, 1e-10)."""
     moves = []
     move = decoding._move_to_front
 
     def spy(buffer, dim, source, n):
-        moves.append("apart" if source >= n else "whole" if source * 8 < n else "chunks")
+        moves.append("apart" if source >= n else "chunks")
         move(buffer, dim, source, n)
 
     monkeypatch.setattr(decoding, "_move_to_front", spy)
@@ -168,6 +167,15 @@ def test_segments_move_the_memory_back_exactly(mem_len, size, kind, monkeypatch)
             torch.testing.assert_close(model(x, caches=state).logits, want.logits, rtol=0, atol=1e-10)
             mems = want.mems
     assert len(moves) >= 2 and set(moves) == {kind}
+
+
+@pytest.mark.parametrize("source, n", [(0, 5), (1, 40), (6, 40), (3, 7), (40, 40), (50, 40)])
+def test_move_to_front_moves_every_entry(source, n):
+    """Whole copies (overlap of under 1/16), chunks and disjoint ranges all move the same entries."""
+    buffer = torch.arange(2 * 3 * 100 * 2, dtype=torch.float64).view(2, 3, 100, 2)
+    want = buffer[:, :, source:source + n].clone()
+    decoding._move_to_front(buffer, 2, source, n)
+    assert torch.equal(buffer[:, :, :n], want)
 
 
 def test_a_refused_call_leaves_no_stale_positions():
