@@ -209,13 +209,13 @@ class DecodingState:
         more and just before the layers run it.
 
         On a CPU, when the memory and the new tokens fit in ``room`` (grown, when a call needs it, to
-        ``S + min(S, max(S // 4, 2 * qlen))`` positions: at most 2S), each layer's
+        ``S + min(S, max(S // 8, 2 * qlen))`` positions: at most 2S), each layer's
         :meth:`segment_keys` returns them as one view of its buffers; otherwise (and on other
         devices, whose attention kernels are not relied on with such views) the layers concatenate
         and :meth:`store`.
         """
         S, m = self.capacity, self.memory_length
-        room = max(self.room, S + min(S, max(S // 4, 2 * qlen)))
+        room = max(self.room, S + min(S, max(S // 8, 2 * qlen)))
         if room > self.room and not self._can_grow(room):
             room = self.room  # no spare room where memory is short: such calls concatenate
         if m + qlen > room or device.type != "cpu":
