@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from txl.errors import TxlError
+from txl.model.inputs import padding_mask
 from txl.runtime import available_memory_bytes
 from txl.model.span import AttentionSpan
 
@@ -356,6 +357,25 @@ class DecodingState:
         if need > have:
             raise TxlError(f"a decoding state with mem_len {self.span.mem_len:,} needs {need / 2**30:,.1f} GiB for "
                            f"{what}, more than the {have / 2**30:,.1f} GiB of memory available: use a smaller mem_len")
+
+
+def slot_padding_mask(state: DecodingState, mem_padding: torch.Tensor, batch: int) -> torch.Tensor:
+    """bool [B, 1, 1, K] over the ring-buffer slots a one-token step attends to: True where a slot
+    holds one of the first ``mem_padding[b]`` (oldest) tokens of row b's memory.
+
+    Before the step the state remembers L tokens, M = ``memory_length`` of them form the memory,
+    and the new token goes to slot ``w = next_slot``. While the buffer is not full the slots are in
+    time order (slot s is memory position s); once full, slot s holds the token (s - w) mod S from
+    the oldest, the oldest L - M of which are overwritten or beyond the memory.
+    """
+    S, L, w = state.capacity, state.length, state.next_slot
+    mlen = state.memory_length
+    padding_mask(mem_padding, batch, mlen, mlen)  # the checks
+    klen = min(L + 1, S)
+    slots = torch.arange(klen, device=mem_padding.device)
+    rank = slots if L < S else (slots - w) % S - (L - mlen)  # memory position of each slot
+    masked = (rank[None, :] < mem_padding[:, None]) & (slots != w)[None, :]
+    return masked[:, None, None, :]
 
 
 @dataclass(frozen=True)

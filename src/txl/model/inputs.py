@@ -83,3 +83,17 @@ def check_labels(labels, input_ids: torch.Tensor, vocab_size: int) -> torch.Tens
             raise TxlError(f"labels: value {value} is outside the vocabulary [0, {vocab_size}) and is not "
                            f"{IGNORE_INDEX} (the ignored position)")
     return labels.long()
+
+
+def padding_mask(mem_padding: torch.Tensor, batch: int, mlen: int, klen: int) -> torch.Tensor:
+    """bool [B, 1, 1, K]: True at the first ``mem_padding[b]`` keys of row b (left padding of its memory).
+
+    Raises:
+        TxlError: ``mem_padding`` that is not an integer tensor [B] with values in ``[0, M]``.
+    """
+    if not isinstance(mem_padding, torch.Tensor) or mem_padding.shape != (batch,) or mem_padding.is_floating_point():
+        raise TxlError(f"mem_padding must be an integer tensor [batch] = [{batch}]")
+    if mem_padding.device.type == "cpu" and batch and (int(mem_padding.min()) < 0 or int(mem_padding.max()) > mlen):
+        raise TxlError(f"mem_padding values must be in [0, memory length {mlen}], got {mem_padding.tolist()}")
+    keys = torch.arange(klen, device=mem_padding.device)
+    return (keys[None, :] < mem_padding[:, None])[:, None, None, :]

@@ -15,10 +15,10 @@ from txl.model.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, t
 from txl.model.attention import MultiHeadAttention, attention_mask, relative_positions, sinusoid
 from txl.model.compressive import Compressor, check_compressive_mems, layer_memory, split_mems, update_compressive
 from txl.model.config import TransformerXLConfig
-from txl.model.decoding import DecodingState, LayerCache
+from txl.model.decoding import DecodingState, LayerCache, slot_padding_mask
 from txl.model.dropout import Dropout
 from txl.model.parameters import init_weights
-from txl.model.inputs import check_input_ids, check_labels
+from txl.model.inputs import check_input_ids, check_labels, padding_mask
 from txl.model.linear import step_linear
 from txl.model.memory import Mems, check_mems, update_mems
 from txl.model.serialization import CONFIG_NAME, check_weights_header, load_weights, read_model_config, save_model
@@ -107,39 +107,6 @@ class DecoderLayer(nn.Module):
         """One decoding step [B, 1, d_model] -> [B, 1, d_model]; see :meth:`MultiHeadAttention.step`."""
         h = self.attn.step(h, cache, key_mask)
         return self.ff(h) if self.training else self.ff.step(h)  # dropout only in training mode
-
-
-def padding_mask(mem_padding: torch.Tensor, batch: int, mlen: int, klen: int) -> torch.Tensor:
-    """bool [B, 1, 1, K]: True at the first ``mem_padding[b]`` keys of row b (left padding of its memory).
-
-    Raises:
-        TxlError: ``mem_padding`` that is not an integer tensor [B] with values in ``[0, M]``.
-    """
-    if not isinstance(mem_padding, torch.Tensor) or mem_padding.shape != (batch,) or mem_padding.is_floating_point():
-        raise TxlError(f"mem_padding must be an integer tensor [batch] = [{batch}]")
-    if mem_padding.device.type == "cpu" and batch and (int(mem_padding.min()) < 0 or int(mem_padding.max()) > mlen):
-        raise TxlError(f"mem_padding values must be in [0, memory length {mlen}], got {mem_padding.tolist()}")
-    keys = torch.arange(klen, device=mem_padding.device)
-    return (keys[None, :] < mem_padding[:, None])[:, None, None, :]
-
-
-def slot_padding_mask(state: DecodingState, mem_padding: torch.Tensor, batch: int) -> torch.Tensor:
-    """bool [B, 1, 1, K] over the ring-buffer slots a one-token step attends to: True where a slot
-    holds one of the first ``mem_padding[b]`` (oldest) tokens of row b's memory.
-
-    Before the step the state remembers L tokens, M = ``memory_length`` of them form the memory,
-    and the new token goes to slot ``w = next_slot``. While the buffer is not full the slots are in
-    time order (slot s is memory position s); once full, slot s holds the token (s - w) mod S from
-    the oldest, the oldest L - M of which are overwritten or beyond the memory.
-    """
-    S, L, w = state.capacity, state.length, state.next_slot
-    mlen = state.memory_length
-    padding_mask(mem_padding, batch, mlen, mlen)  # the checks
-    klen = min(L + 1, S)
-    slots = torch.arange(klen, device=mem_padding.device)
-    rank = slots if L < S else (slots - w) % S - (L - mlen)  # memory position of each slot
-    masked = (rank[None, :] < mem_padding[:, None]) & (slots != w)[None, :]
-    return masked[:, None, None, :]
 
 
 class TransformerXLLM(nn.Module):
