@@ -81,9 +81,10 @@ class DecodingState:
     spare room is used up is the memory moved back to position 0: one copy every
     ``(room - S) / T`` calls of T tokens or so.
 
-    A state serves one batch size and one dtype (the keys' dtype: the parameters', or the autocast
-    dtype), bound by its first call; a call that fails inside the layers leaves it unusable
-    (:attr:`failed`), since some layers may have moved their buffers and others not.
+    A state serves one model, one batch size and one dtype (the keys' dtype: the parameters', or
+    the autocast dtype), those of its first call that passes its checks; a call that fails inside
+    the layers leaves it unusable (:attr:`failed`), since some layers may have moved their buffers
+    and others not. Buffers that the available memory cannot hold are refused before they are made.
 
     Args:
         n_layer: the model's number of layers.
@@ -132,7 +133,7 @@ class DecodingState:
         self.next_slot = self.length % self.capacity
 
     def bind_batch(self, batch_size: int) -> None:
-        """Check the batch size, then record it (the first call's binds the state).
+        """Check the batch size, then record it (compressive spans; see :meth:`check_call`).
 
         Raises:
             TxlError: a batch of another size than the one the state holds.
@@ -285,9 +286,9 @@ class DecodingState:
 
     def mems(self) -> list[torch.Tensor] | None:
         """The hidden-state memory (paper §3.2): ``n_layer`` tensors [B, min(length, mem_len), d_model],
-        oldest first, as :meth:`~txl.model.TransformerXLLM.forward` would have returned it (copies: later
-        calls do not change them); None for an empty state. A compressive state returns its :attr:`held` memory (``3 * n_layer`` tensors),
-        whatever ``keep_mems`` says.
+        oldest first, as :meth:`~txl.model.TransformerXLLM.forward` would have returned it (copies:
+        later calls do not change them); None for an empty state. A compressive state returns its
+        :attr:`held` memory (``3 * n_layer`` tensors), whatever ``keep_mems`` says.
 
         Raises:
             TxlError: the state was made with ``keep_mems=False``.
@@ -386,6 +387,7 @@ class _SegmentPlan:
     room: buffer positions per layer during and after the call.
     relocate: each layer first moves its memory, in time order, to position 0 (growing its buffers
         to ``room`` if needed): the ring had rotated, the buffers grow, or the spare room is used up.
+    rotated: the ring had rotated (one-token steps): the memory is gathered in time order first.
     first: buffer position of the memory's oldest token during the call.
     start_after: buffer position of slot 0 after the call.
     """
