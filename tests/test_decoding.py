@@ -283,3 +283,72 @@ def test_the_bound_dtype_is_the_keys_dtype():
             model(x[:, :4], caches=state)
         assert state.dtype == torch.float64
         model(x[:, 4:8], caches=state)
+
+
+GROWTH_CASES = [
+    {"mem_len": 10_000},
+    {"mem_len": 10_000, "same_length": True, "clamp_len": 20},
+    {"mem_len": 45, "pre_lnorm": True},
+    {"mem_len": 45, "same_length": True},
+    {"attn_type": "shaw", "shaw_max_dist": 30, "mem_len": 10_000},
+    {"attn_type": "shaw", "shaw_max_dist": 30, "mem_len": 45},
+]
+
+
+@pytest.mark.parametrize("overrides", GROWTH_CASES)
+def test_buffers_grow_with_the_text_not_with_mem_len(overrides):
+    """Steps and segments in an irregular order while the memory fills (mem_len 10,000 on 230 tokens: it
+    never does; mem_len 45: it fills and the ring turns): logits and memory equal the plain model's
+    (float64, 1e-10) through every growth of the buffers and position tables, and a memory far longer
+    than the text takes buffers of the text's size."""
+    model = _big_weights(tiny_model(tgt_len=4, **overrides))
+    span = model.config.span
+    state = DecodingState(model.config.n_layer, span)
+    tokens = torch.randint(0, 37, (2, 230), generator=torch.Generator().manual_seed(4))
+    sizes = [5] + [1] * 30 + [4, 7, 1, 1, 3] + [1] * 20 + [9, 9, 2] + [1] * 40 + [12, 1, 1, 5] + [1] * 25 + [20, 30, 1]
+    sizes += [1] * (tokens.size(1) - sum(sizes))
+    mems, start, rooms, periods = None, 0, set(), set()
+    with torch.no_grad():
+        for size in sizes:
+            x = tokens[:, start:start + size]
+            want = model(x, mems=mems)
+            torch.testing.assert_close(model(x, caches=state).logits, want.logits, rtol=0, atol=1e-10)
+            mems, start = want.mems, start + size
+            for ours, theirs in zip(state.mems(), mems):
+                torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-10)
+            rooms.add(state.room)
+            periods.add(state.pos_period)
+            assert state.room <= max(16, 4 * min(start, state.capacity) + 2 * size)
+    assert len(rooms) >= 3 and len(periods) >= 3  # it grew, several times
+    if span.mem_len > tokens.size(1):
+        assert state.room < 4 * tokens.size(1) and state.pos_period < 4 * tokens.size(1)
+    else:
+        assert state.length == state.capacity and state.pos_period == state.capacity
+
+
+def test_growth_that_would_not_fit_is_refused_and_changes_nothing(monkeypatch):
+    """A million-token memory on a short text takes buffers of the text's size; when the text outgrows the
+    memory available, a step or a segment is refused with one line and the state serves the next call
+    exactly."""
+    model = _big_weights(tiny_model(tgt_len=4, mem_len=1_000_000))
+    state = DecodingState(model.config.n_layer, model.config.span)
+    tokens = torch.randint(0, 37, (2, 60), generator=torch.Generator().manual_seed(5))
+    available = decoding.available_memory_bytes
+    with torch.no_grad():
+        model(tokens[:, :16], caches=state)
+        for t in range(16, 32):  # steps up to the end of the buffers
+            model(tokens[:, t:t + 1], caches=state)
+        assert state.room == 32 and state.length == 32
+        monkeypatch.setattr(decoding, "available_memory_bytes", lambda: 1000)
+        for size in (1, 8):
+            with pytest.raises(TxlError, match=r"mem_len 1,000,000 needs .* GiB .* use a smaller mem_len"):
+                model(tokens[:, 32:32 + size], caches=state)
+            assert not state.failed and state.room == 32 and state.length == 32
+        monkeypatch.setattr(decoding, "available_memory_bytes", available)
+        mems, start = model(tokens[:, :32]).mems, 32
+        for size in (1, 8, 1):
+            want = model(tokens[:, start:start + size], mems=mems)
+            got = model(tokens[:, start:start + size], caches=state)
+            torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-10)
+            mems, start = want.mems, start + size
+        assert state.room > 32

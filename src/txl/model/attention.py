@@ -422,7 +422,7 @@ class MultiHeadAttention(nn.Module):
         keys = cache.keys[:, :, state.start:state.start + klen].view(rows, klen, d_head)
         values = cache.values[:, :, state.start:state.start + klen].view(rows, klen, d_head)
         if cache.pos_keys is None:
-            cache.pos_keys = self._doubled_pos_keys(state, q.dtype)
+            cache.pos_keys = self._step_pos_keys(state, q.dtype)
             if self.attn_type == "rel":  # u and v times the scale, for q_c = (q + u) * scale in one operation
                 cache.query_biases = torch.stack([self.r_w_bias, self.r_r_bias]).to(q.dtype) * self.scale
         off = state.pos_offset(klen)
@@ -449,14 +449,17 @@ class MultiHeadAttention(nn.Module):
             return h + out
         return F.layer_norm(h + out, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
-    def _doubled_pos_keys(self, state, dtype: torch.dtype) -> torch.Tensor:
-        """[H, D, 2 * S]: the position keys for distances S-1 ... 0, twice (see :class:`LayerCache`)."""
-        cap = state.capacity
+    def _step_pos_keys(self, state, dtype: torch.dtype) -> torch.Tensor:
+        """The position keys for distances P-1 ... 0, P = ``state.pos_period``: [H, D, P] while the
+        memory fills, [H, D, 2 * S] (twice in a row) once P = S (see :class:`LayerCache`)."""
+        period = state.pos_period
         if self.attn_type == "rel":
-            r_k = self.r_net(state.pos_emb).view(cap, self.n_head, self.d_head).permute(1, 2, 0)
+            r_k = self.r_net(state.pos_emb).view(period, self.n_head, self.d_head).permute(1, 2, 0)
         else:
-            r_k = self.r_emb[shaw_distances(cap, self.max_dist, self.r_emb.device)].permute(1, 2, 0)
-        return torch.cat([r_k, r_k], dim=-1).to(dtype).contiguous()
+            r_k = self.r_emb[shaw_distances(period, self.max_dist, self.r_emb.device)].permute(1, 2, 0)
+        if period == state.capacity:
+            r_k = torch.cat([r_k, r_k], dim=-1)
+        return r_k.to(dtype).contiguous()
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         """[B, L, H*D] -> [B, H, L, D]."""

@@ -38,14 +38,16 @@ class LayerCache:
 
     Attributes:
         state: the :class:`DecodingState` this layer belongs to (it holds the shared slot counters).
-        keys, values: float [B, H, R, D] (R = ``state.room`` >= S), keys and values of the remembered
-            tokens: slot s at index ``state.start + s``.
+        keys, values: float [B, H, R, D] (R = ``state.room``), keys and values of the remembered
+            tokens: slot s at index ``state.start + s``. R grows with the text while the memory
+            fills (never far beyond what it holds), and is at least S once it is full.
         hidden: float [B, R, d_model], the layer's inputs for the same tokens (what the paper's memory
             holds, §3.2), kept so that :meth:`DecodingState.mems` can hand it back; None with
             ``keep_mems=False``.
         pos_keys: float [H, D, 2 * S] projected relative encodings (``W_kR R`` for "rel", the Shaw
             table's rows for "shaw") for distances S-1 ... 0, stored twice in a row so that the
-            rotated order of any step is one contiguous slice (see :meth:`DecodingState.pos_offset`).
+            rotated order of any step is one contiguous slice (see :meth:`DecodingState.pos_offset`);
+            while the memory fills, [H, D, P] for distances P-1 ... 0 (P = ``state.pos_period`` < S).
         query_biases: float [2, H, D], u and v ("rel") times the score scale, computed with
             ``pos_keys`` on the first step (like them, read from the parameters once per state).
         segment_pos_keys: float [H, D, K + 1] ``W_kR R`` of the last multi-token call (with the
@@ -81,6 +83,11 @@ class DecodingState:
     spare room is used up is the memory moved back to position 0: one copy every
     ``(room - S) / T`` calls of T tokens or so.
 
+    Buffers and position tables are sized by the text, not by ``mem_len``: while the memory fills
+    they hold about twice the tokens seen so far (:meth:`grown`), and grow, moving the slots to
+    position 0, when a call needs more. A ``mem_len`` far beyond the text (say 1,000,000 on a page)
+    costs what the text needs; only a memory that has filled takes ``mem_len`` slots.
+
     A state serves one model, one batch size and one dtype (the keys' dtype: the parameters', or
     the autocast dtype), those of its first call that passes its checks; a call that fails inside
     the layers leaves it unusable (:attr:`failed`), since some layers may have moved their buffers
@@ -110,7 +117,8 @@ class DecodingState:
         self.length = 0
         self.next_slot = 0
         self.start = 0  # buffer position of slot 0
-        self.room = self.capacity  # buffer positions per layer (grows once for multi-token calls)
+        self.room = 0  # buffer positions per layer (grows with the text; see grown and begin_segment)
+        self.pos_period = 0  # distances the one-token steps' position tables cover (S once doubled)
         self._plan: _SegmentPlan | None = None  # the multi-token call in progress (begin_segment)
         self.batch_size: int | None = None
         self.pos_emb: torch.Tensor | None = None  # [S, d_model] sinusoid R for distances S-1 ... 0 ("rel")
@@ -176,17 +184,68 @@ class DecodingState:
         The query is written to slot ``w = next_slot``; slot ``s`` then holds distance
         ``(w - s) mod S``, whose column in the doubled distance-order table is ``s + S - 1 - w``.
         """
-        return self.capacity - 1 - self.next_slot
+        return self.pos_period - 1 - self.next_slot
 
-    def slots(self, buffer: torch.Tensor, dim: int) -> torch.Tensor:
-        """The S slots of a layer's ``buffer`` along ``dim`` (a view; slot s at index s)."""
-        return buffer.narrow(dim, self.start, self.capacity)
+    def grown(self, n: int) -> int:
+        """Positions to make room for when ``n`` are needed while the memory fills: twice as many, at
+        least 16, at most the capacity S (so growing costs O(1) copies per token)."""
+        return min(self.capacity, max(16, 2 * n))
+
+    def step_tables(self, klen: int, bytes_per_position: int) -> int | None:
+        """Before a one-token step over ``klen`` slots: the period P the position tables must be
+        rebuilt with (every layer's ``pos_keys`` dropped, to be projected again), or None when the
+        present ones cover ``klen`` distances. P = :meth:`grown` (``klen``); the tables are doubled
+        once P = S (the ring may rotate).
+
+        Raises:
+            TxlError: tables of ``bytes_per_position`` bytes per distance that do not fit in memory.
+        """
+        if self.pos_period >= klen:
+            return None
+        period = self.grown(klen)
+        copies = 2 if period == self.capacity else 1
+        self.check_fits(period * copies * bytes_per_position, "the position tables of one-token steps")
+        self.pos_period, self.pos_emb = period, None
+        for cache in self.layers:
+            cache.pos_keys = None
+        return period
+
+    def begin_step(self) -> None:
+        """Before a one-token step: while the memory fills, grow every layer's buffers (slots moved to
+        position 0) if the next slot lies past their end.
+
+        Raises:
+            TxlError: buffers that do not fit in the available memory (nothing changed then).
+        """
+        if self.length == self.capacity or self.start + self.length < self.room:
+            return
+        room = max(self.room, self.grown(self.length + 1))
+        if room > self.room:
+            self.check_fits(room * self._bytes_per_position(), "its keys and values")
+        try:
+            for cache in self.layers:
+                for name in ("keys", "values", "hidden"):
+                    buffer, dim = getattr(cache, name), 1 if name == "hidden" else 2
+                    if buffer is None:
+                        continue
+                    if room == buffer.size(dim):
+                        _move_to_front(buffer, dim, self.start, self.length)
+                        continue
+                    shape = list(buffer.shape)
+                    shape[dim] = room
+                    grown = buffer.new_empty(shape)
+                    grown.narrow(dim, 0, self.length).copy_(buffer.narrow(dim, self.start, self.length))
+                    setattr(cache, name, grown)
+        except BaseException:
+            self.failed = True  # some layers moved their slots, others not
+            raise
+        self.room, self.start = room, 0
 
     def ordered(self, buffer: torch.Tensor, n: int, dim: int) -> torch.Tensor:
         """The last ``n`` filled slots of ``buffer`` along ``dim``, oldest first (a copy when rotated)."""
-        slots = self.slots(buffer, dim)
         if self.length < self.capacity or self.next_slot == 0:  # time order from slot 0
-            return slots.narrow(dim, self.length - n, n)
+            return buffer.narrow(dim, self.start + self.length - n, n)
+        slots = buffer.narrow(dim, self.start, self.capacity)
         index = torch.arange(self.next_slot - n, self.next_slot, device=buffer.device) % self.capacity
         return slots.index_select(dim, index)
 
@@ -198,30 +257,40 @@ class DecodingState:
         contents first).
         """
         n = min(keys.size(2), self.capacity)
-        if cache.keys is None:
-            self._allocate(cache, keys, hidden)
-        at = 0 if self._plan is None else self._plan.start_after  # where slot 0 is after this call
+        if cache.keys is None or cache.keys.size(2) < self._plan.room:  # old contents were read already
+            self._allocate(cache, keys, hidden, self._plan.room)
+        at = self._plan.start_after  # where slot 0 is after this call
         cache.keys[:, :, at:at + n].copy_(keys[:, :, -n:])
         cache.values[:, :, at:at + n].copy_(values[:, :, -n:])
         if cache.hidden is not None and hidden is not None:
             cache.hidden[:, at:at + n].copy_(hidden[:, -n:])
 
-    def begin_segment(self, qlen: int, device: torch.device) -> None:
-        """Plan a multi-token call of ``qlen`` tokens after the memory, once nothing can reject it any
-        more and just before the layers run it.
+    def begin_segment(self, qlen: int, klen: int, device: torch.device) -> None:
+        """Plan a multi-token call of ``qlen`` tokens over ``klen`` keys (memory included), once
+        nothing can reject it any more and just before the layers run it.
 
-        On a CPU, when the memory and the new tokens fit in ``room`` (grown, when a call needs it, to
-        ``S + min(S, max(S // 8, 2 * qlen))`` positions: at most 2S), each layer's
-        :meth:`segment_keys` returns them as one view of its buffers; otherwise (and on other
-        devices, whose attention kernels are not relied on with such views) the layers concatenate
-        and :meth:`store`.
+        On a CPU, after a memory, when the memory and the new tokens fit in ``room`` (grown, when a
+        call needs it, to ``S + min(S, max(S // 8, 2 * qlen))`` positions once the memory is full,
+        at most 2S; to twice what the call needs while it fills), each layer's
+        :meth:`segment_keys` returns them as one view of its buffers; otherwise (the first call,
+        and on other devices, whose attention kernels are not relied on with such views) the
+        layers concatenate and :meth:`store`.
+
+        Raises:
+            TxlError: buffers that do not fit in the available memory (nothing changed then).
         """
         S, m = self.capacity, self.memory_length
-        room = max(self.room, S + min(S, max(S // 8, 2 * qlen)))
+        full = S + min(S, max(S // 8, 2 * qlen))
+        room = max(self.room, min(full, max(16, 2 * (m + qlen))))
         if room > self.room and not self._can_grow(room):
             room = self.room  # no spare room where memory is short: such calls concatenate
-        if m + qlen > room or device.type != "cpu":
-            self._plan = _SegmentPlan(in_place=False, room=self.room, relocate=False, rotated=False, first=0,
+        if self.length == 0 or m + qlen > room or device.type != "cpu":
+            room = max(self.room, self.grown(min(klen, S)))
+            if room > self.room:
+                per_position = self._bytes_per_position()
+                if per_position:  # (the first call checks when its first layer allocates)
+                    self.check_fits(room * per_position, "its keys and values")
+            self._plan = _SegmentPlan(in_place=False, room=room, relocate=False, rotated=False, first=0,
                                       start_after=0)
             return
         rotated = self.length == S and self.next_slot != 0
@@ -263,8 +332,6 @@ class DecodingState:
 
     def write(self, cache: LayerCache, key: torch.Tensor, value: torch.Tensor, hidden: torch.Tensor) -> None:
         """Write one token's key/value [B, H, 1, D] and input [B, 1, d] into slot ``next_slot``."""
-        if cache.keys is None:
-            self._allocate(cache, key, hidden)
         w = self.start + self.next_slot
         cache.keys[:, :, w:w + 1].copy_(key)
         cache.values[:, :, w:w + 1].copy_(value)
@@ -327,25 +394,25 @@ class DecodingState:
         if self.batch_size is not None:
             self.batch_size = int(index.numel())
 
-    def _allocate(self, cache: LayerCache, like: torch.Tensor, hidden: torch.Tensor | None) -> None:
+    def _allocate(self, cache: LayerCache, like: torch.Tensor, hidden: torch.Tensor | None, room: int) -> None:
         bsz, heads, _, d_head = like.shape
         if cache is self.layers[0]:  # the first layer's allocation: check that all of them fit
             per_slot = bsz * (2 * heads * d_head + (hidden.size(-1) if self.keep_mems and hidden is not None else 0))
-            self.check_fits(len(self.layers) * per_slot * self.room * like.element_size(), "its keys and values")
-        cache.keys = like.new_zeros(bsz, heads, self.room, d_head)
-        cache.values = like.new_zeros(bsz, heads, self.room, d_head)
+            self.check_fits(len(self.layers) * per_slot * room * like.element_size(), "its keys and values")
+        cache.keys = like.new_zeros(bsz, heads, room, d_head)
+        cache.values = like.new_zeros(bsz, heads, room, d_head)
         if self.keep_mems and hidden is not None:
-            cache.hidden = hidden.new_zeros(bsz, self.room, hidden.size(-1))
+            cache.hidden = hidden.new_zeros(bsz, room, hidden.size(-1))
 
+    def _bytes_per_position(self) -> int:
+        """Bytes one buffer position takes over all layers (0 before the first allocation)."""
+        cache = self.layers[0]
+        buffers = [b for b in (cache.keys, cache.values, cache.hidden) if b is not None]
+        return sum(b.numel() // b.size(2 if b.dim() == 4 else 1) * b.element_size() for b in buffers) * len(self.layers)
 
     def _can_grow(self, room: int) -> bool:
         """Whether growing every layer's buffers to ``room`` positions leaves half the available memory."""
-        cache = self.layers[0]
-        buffers = [b for b in (cache.keys, cache.values, cache.hidden) if b is not None]
-        if not buffers:
-            return True
-        per_position = sum(b.numel() // b.size(2 if b.dim() == 4 else 1) * b.element_size() for b in buffers)
-        return (room - self.room) * per_position * len(self.layers) <= available_memory_bytes() // 2
+        return (room - self.room) * self._bytes_per_position() <= available_memory_bytes() // 2
 
     def check_fits(self, need: int, what: str) -> None:
         """Refuse buffers of ``need`` bytes that this machine's available memory cannot hold (a clear

@@ -291,9 +291,8 @@ class TransformerXLLM(nn.Module):
 
         hids = []
         if caches is not None:  # every check that may still reject the call is behind us
+            caches.begin_segment(qlen, klen, emb.device)
             caches.bind(bsz, self._key_dtype(weight))
-            if caches.length > 0:
-                caches.begin_segment(qlen, emb.device)
         try:
             for i, layer in enumerate(self.layers):
                 hids.append(h)
@@ -391,14 +390,14 @@ class TransformerXLLM(nn.Module):
         """
         c = self.config
         h = self.drop(self.word_emb(input_ids))
-        if state.pos_emb is None:  # the position tables of one-token steps: [S, d_model] and [H, D, 2S] per layer
-            width = c.d_model if c.attn_type == "rel" else 0
-            state.check_fits(state.capacity * (width + 2 * c.n_layer * c.n_head * c.d_head) * h.element_size(),
-                             "the position tables of one-token steps")
-        if state.pos_emb is None and c.attn_type == "rel":
-            positions = relative_positions(state.capacity, state.span.clamp_len, h.device)
-            state.pos_emb = sinusoid(positions, c.d_model).to(h.dtype)
         key_mask = None if mem_padding is None else slot_padding_mask(state, mem_padding, input_ids.size(0))
+        # the position tables of one-token steps, [P, d_model] and [H, D, P] per layer, cover the
+        # distances of this step (P grows with the text while the memory fills; see DecodingState)
+        width = (c.d_model if c.attn_type == "rel" else 0) + c.n_layer * c.n_head * c.d_head
+        period = state.step_tables(min(state.length + 1, state.capacity), width * h.element_size())
+        if period is not None and c.attn_type == "rel":
+            state.pos_emb = sinusoid(relative_positions(period, state.span.clamp_len, h.device), c.d_model).to(h.dtype)
+        state.begin_step()
         state.bind(input_ids.size(0), self._key_dtype(self.word_emb.emb_layers[0].weight))
         try:
             for layer, cache in zip(self.layers, state.layers):
