@@ -268,7 +268,7 @@ def test_a_state_refuses_what_would_not_fit_or_is_not_its_own(monkeypatch):
         with pytest.raises(TxlError, match="n_layer must be an integer"):
             DecodingState("2", model.config.span)
         monkeypatch.setattr(decoding, "available_memory_bytes", lambda: 1000)
-        with pytest.raises(TxlError, match=r"mem_len 6 needs .* GiB for its keys and values, more than"):
+        with pytest.raises(TxlError, match=r"mem_len 6 needs .* KiB for its keys and values, more than"):
             model(x[:, :4], caches=DecodingState(model.config.n_layer, model.config.span))
 
 
@@ -328,22 +328,30 @@ def test_buffers_grow_with_the_text_not_with_mem_len(overrides):
 
 def test_growth_that_would_not_fit_is_refused_and_changes_nothing(monkeypatch):
     """A million-token memory on a short text takes buffers of the text's size; when the text outgrows the
-    memory available, a step or a segment is refused with one line and the state serves the next call
-    exactly."""
+    memory available, a first call, a step or a segment is refused with one line, nothing in the state
+    changes, and it serves the next call exactly."""
     model = _big_weights(tiny_model(tgt_len=4, mem_len=1_000_000))
     state = DecodingState(model.config.n_layer, model.config.span)
     tokens = torch.randint(0, 37, (2, 60), generator=torch.Generator().manual_seed(5))
     available = decoding.available_memory_bytes
+    refuse = r"mem_len 1,000,000 needs .* KiB .* available: use a smaller mem_len"
     with torch.no_grad():
+        monkeypatch.setattr(decoding, "available_memory_bytes", lambda: 1000)
+        with pytest.raises(TxlError, match=refuse):
+            model(tokens[:, :16], caches=state)
+        assert not state.failed and state.length == 0 and state.layers[0].keys is None
+        monkeypatch.setattr(decoding, "available_memory_bytes", available)
         model(tokens[:, :16], caches=state)
         for t in range(16, 32):  # steps up to the end of the buffers
             model(tokens[:, t:t + 1], caches=state)
-        assert state.room == 32 and state.length == 32
+        assert state.room == 32 and state.length == 32 and state.pos_period == 34
+        tables = [c.pos_keys for c in state.layers]
         monkeypatch.setattr(decoding, "available_memory_bytes", lambda: 1000)
         for size in (1, 8):
-            with pytest.raises(TxlError, match=r"mem_len 1,000,000 needs .* GiB .* use a smaller mem_len"):
+            with pytest.raises(TxlError, match=refuse):
                 model(tokens[:, 32:32 + size], caches=state)
-            assert not state.failed and state.room == 32 and state.length == 32
+            assert not state.failed and (state.room, state.length, state.pos_period) == (32, 32, 34)
+            assert all(ours is theirs for ours, theirs in zip((c.pos_keys for c in state.layers), tables))
         monkeypatch.setattr(decoding, "available_memory_bytes", available)
         mems, start = model(tokens[:, :32]).mems, 32
         for size in (1, 8, 1):
@@ -352,3 +360,19 @@ def test_growth_that_would_not_fit_is_refused_and_changes_nothing(monkeypatch):
             torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-10)
             mems, start = want.mems, start + size
         assert state.room > 32
+
+
+@pytest.mark.parametrize("size", [1, 4, 9])
+def test_a_filling_memory_reallocates_a_logarithmic_number_of_times(size):
+    """Calls of equal size while a long memory fills reallocate the buffers only when the text outgrows
+    them, each time to twice what it needs: O(log n) times for n tokens."""
+    model = tiny_model(tgt_len=4, mem_len=10_000)
+    state = DecodingState(model.config.n_layer, model.config.span, keep_mems=False)
+    tokens = torch.randint(0, 37, (2, 600))
+    pointers = []
+    with torch.no_grad():
+        for start in range(0, tokens.size(1), size):
+            model(tokens[:, start:start + size], caches=state)
+            pointers.append(state.layers[0].keys.data_ptr())
+    reallocations = sum(a != b for a, b in zip(pointers, pointers[1:]))
+    assert 4 <= reallocations <= 7 and state.room <= 2 * 600

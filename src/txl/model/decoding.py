@@ -1,4 +1,4 @@
-"""Incremental-decoding state: the memory's keys and values in preallocated ring buffers.
+"""Incremental-decoding state: the memory's keys and values in ring buffers.
 
 In relative attention (paper §3.3, and Shaw et al.) a key does not depend on its position: position
 enters only through the score term ``(q + v)·W_kR R_{i-j}``. So the keys and values of the memory can
@@ -77,16 +77,18 @@ class DecodingState:
     Slot s is buffer position ``start + s``.
 
     Multi-token calls after a memory on a CPU (evaluation, prompts) read the memory and the new keys
-    as one view of the buffer, without concatenating them: the buffers then get ``room`` - S spare
-    positions after the slots (:meth:`begin_segment`), the new keys are written right after the
+    as one view of the buffer, without concatenating them: once the memory is full the buffers get
+    ``room`` - S spare positions after the slots (:meth:`begin_segment`), the new keys are written right after the
     memory, and the slots move forward (``start`` grows) instead of being copied. Only when the
     spare room is used up is the memory moved back to position 0: one copy every
     ``(room - S) / T`` calls of T tokens or so.
 
     Buffers and position tables are sized by the text, not by ``mem_len``: while the memory fills
-    they hold about twice the tokens seen so far (:meth:`grown`), and grow, moving the slots to
-    position 0, when a call needs more. A ``mem_len`` far beyond the text (say 1,000,000 on a page)
-    costs what the text needs; only a memory that has filled takes ``mem_len`` slots.
+    (the slots then start at buffer position 0) they are reallocated at twice the size a call needs
+    when it needs more than they hold (:meth:`grown`: O(log n) reallocations for n tokens). A
+    ``mem_len`` far beyond the text (say 1,000,000 on a page) costs what the text needs; only a
+    memory that has filled takes ``mem_len`` slots. Growth that the available memory cannot hold
+    is refused before anything changes (the state still serves later calls).
 
     A state serves one model, one batch size and one dtype (the keys' dtype: the parameters', or
     the autocast dtype), those of its first call that passes its checks; a call that fails inside
@@ -121,7 +123,7 @@ class DecodingState:
         self.pos_period = 0  # distances the one-token steps' position tables cover (S once doubled)
         self._plan: _SegmentPlan | None = None  # the multi-token call in progress (begin_segment)
         self.batch_size: int | None = None
-        self.pos_emb: torch.Tensor | None = None  # [S, d_model] sinusoid R for distances S-1 ... 0 ("rel")
+        self.pos_emb: torch.Tensor | None = None  # [P, d_model] sinusoid R for distances P-1 ... 0 ("rel")
         self.segment_klen = -1  # key length whose projected positions the layers hold (multi-token calls)
         self.dtype: torch.dtype | None = None  # the keys' dtype, bound by the first call
         self.failed = False  # a call failed inside the layers: the buffers may be half updated
@@ -182,62 +184,78 @@ class DecodingState:
         """First column of ``pos_keys`` for a one-token step over ``klen`` slots (slots 0 .. klen-1).
 
         The query is written to slot ``w = next_slot``; slot ``s`` then holds distance
-        ``(w - s) mod S``, whose column in the doubled distance-order table is ``s + S - 1 - w``.
+        ``(w - s) mod S``. The tables hold distances P-1 ... 0 (P = ``pos_period``; twice in a row
+        once P = S), so that distance's column is ``s + P - 1 - w`` (while the memory fills,
+        ``w = length`` and the columns of this step end at P).
         """
         return self.pos_period - 1 - self.next_slot
 
-    def grown(self, n: int) -> int:
+    def grown(self, n: int, bytes_per_position: int = 0, what: str = "its keys and values") -> int:
         """Positions to make room for when ``n`` are needed while the memory fills: twice as many, at
-        least 16, at most the capacity S (so growing costs O(1) copies per token)."""
-        return min(self.capacity, max(16, 2 * n))
-
-    def step_tables(self, klen: int, bytes_per_position: int) -> int | None:
-        """Before a one-token step over ``klen`` slots: the period P the position tables must be
-        rebuilt with (every layer's ``pos_keys`` dropped, to be projected again), or None when the
-        present ones cover ``klen`` distances. P = :meth:`grown` (``klen``); the tables are doubled
-        once P = S (the ring may rotate).
+        least 16, at most the capacity S (so n tokens take O(log n) reallocations), or exactly ``n``
+        when twice as many would not fit in the available memory.
 
         Raises:
-            TxlError: tables of ``bytes_per_position`` bytes per distance that do not fit in memory.
+            TxlError: not even ``n`` positions of ``bytes_per_position`` bytes fit.
         """
-        if self.pos_period >= klen:
-            return None
-        period = self.grown(klen)
-        copies = 2 if period == self.capacity else 1
-        self.check_fits(period * copies * bytes_per_position, "the position tables of one-token steps")
-        self.pos_period, self.pos_emb = period, None
-        for cache in self.layers:
-            cache.pos_keys = None
+        want = min(self.capacity, max(16, 2 * n))
+        if bytes_per_position and want * bytes_per_position > available_memory_bytes():
+            self.check_fits(n * bytes_per_position, what)
+            return n
+        return want
+
+    def prepare_step(self, bytes_per_position: int, table_bytes_per_position: int) -> int | None:
+        """Before a one-token step: make the buffers and position tables cover it, or refuse it with
+        nothing changed.
+
+        While the memory fills the next slot may lie past the buffers' end: every layer's buffers
+        are then reallocated (:meth:`grown`, slots copied to position 0), and the position tables
+        must cover one more distance than they may hold: their period P grows likewise (doubled
+        once P = S, as the ring may rotate from then on), and every layer's ``pos_keys`` is dropped
+        to be projected again.
+
+        Args:
+            bytes_per_position: bytes of one buffer position over all layers (keys, values, inputs).
+            table_bytes_per_position: bytes of one distance of the position tables over all layers.
+
+        Returns:
+            The new period P (the caller builds ``pos_emb`` for it), or None when the tables cover
+            the step already.
+
+        Raises:
+            TxlError: buffers or tables that do not fit in the available memory (nothing changed).
+        """
+        klen = min(self.length + 1, self.capacity)
+        room = self.room
+        if self.length < self.capacity and self.start + self.length >= self.room:
+            room = self.grown(self.length + 1, bytes_per_position)
+        period = None
+        if self.pos_period < klen:
+            period = self.grown(klen, table_bytes_per_position, "the position tables of one-token steps")
+            copies = 2 if period == self.capacity else 1
+            self.check_fits(room * bytes_per_position + period * copies * table_bytes_per_position,
+                            "its keys, values and position tables")
+            self.pos_period, self.pos_emb = period, None
+            for cache in self.layers:
+                cache.pos_keys = None
+        if room > self.room:
+            self._reallocate(room, self.length)
         return period
 
-    def begin_step(self) -> None:
-        """Before a one-token step: while the memory fills, grow every layer's buffers (slots moved to
-        position 0) if the next slot lies past their end.
-
-        Raises:
-            TxlError: buffers that do not fit in the available memory (nothing changed then).
-        """
-        if self.length == self.capacity or self.start + self.length < self.room:
-            return
-        room = max(self.room, self.grown(self.length + 1))
-        if room > self.room:
-            self.check_fits(room * self._bytes_per_position(), "its keys and values")
+    def _reallocate(self, room: int, n: int) -> None:
+        """Every layer's buffers at ``room`` positions, with slots 0 .. n-1 copied to positions 0 .. n-1."""
         try:
             for cache in self.layers:
                 for name in ("keys", "values", "hidden"):
                     buffer, dim = getattr(cache, name), 1 if name == "hidden" else 2
-                    if buffer is None:
-                        continue
-                    if room == buffer.size(dim):
-                        _move_to_front(buffer, dim, self.start, self.length)
-                        continue
-                    shape = list(buffer.shape)
-                    shape[dim] = room
-                    grown = buffer.new_empty(shape)
-                    grown.narrow(dim, 0, self.length).copy_(buffer.narrow(dim, self.start, self.length))
-                    setattr(cache, name, grown)
+                    if buffer is not None:
+                        shape = list(buffer.shape)
+                        shape[dim] = room
+                        grown = buffer.new_empty(shape)
+                        grown.narrow(dim, 0, n).copy_(buffer.narrow(dim, self.start, n))
+                        setattr(cache, name, grown)
         except BaseException:
-            self.failed = True  # some layers moved their slots, others not
+            self.failed = True  # some layers were reallocated, others not
             raise
         self.room, self.start = room, 0
 
@@ -265,31 +283,35 @@ class DecodingState:
         if cache.hidden is not None and hidden is not None:
             cache.hidden[:, at:at + n].copy_(hidden[:, -n:])
 
-    def begin_segment(self, qlen: int, klen: int, device: torch.device) -> None:
+    def begin_segment(self, qlen: int, klen: int, device: torch.device, bytes_per_position: int) -> None:
         """Plan a multi-token call of ``qlen`` tokens over ``klen`` keys (memory included), once
-        nothing can reject it any more and just before the layers run it.
+        nothing can reject it any more but the memory it needs, just before the layers run it.
 
         On a CPU, after a memory, when the memory and the new tokens fit in ``room`` (grown, when a
         call needs it, to ``S + min(S, max(S // 8, 2 * qlen))`` positions once the memory is full,
-        at most 2S; to twice what the call needs while it fills), each layer's
-        :meth:`segment_keys` returns them as one view of its buffers; otherwise (the first call,
-        and on other devices, whose attention kernels are not relied on with such views) the
-        layers concatenate and :meth:`store`.
+        at most 2S; while it fills, to twice what the call needs when it needs more than the
+        buffers hold), each layer's :meth:`segment_keys` returns them as one view of its buffers;
+        otherwise (the first call, and on other devices, whose attention kernels are not relied on
+        with such views) the layers concatenate and :meth:`store`.
+
+        Args:
+            bytes_per_position: bytes of one buffer position over all layers (keys, values, inputs).
 
         Raises:
             TxlError: buffers that do not fit in the available memory (nothing changed then).
         """
         S, m = self.capacity, self.memory_length
-        full = S + min(S, max(S // 8, 2 * qlen))
-        room = max(self.room, min(full, max(16, 2 * (m + qlen))))
-        if room > self.room and not self._can_grow(room):
-            room = self.room  # no spare room where memory is short: such calls concatenate
-        if self.length == 0 or m + qlen > room or device.type != "cpu":
-            room = max(self.room, self.grown(min(klen, S)))
-            if room > self.room:
-                per_position = self._bytes_per_position()
-                if per_position:  # (the first call checks when its first layer allocates)
-                    self.check_fits(room * per_position, "its keys and values")
+        need = m + qlen  # positions of [memory, this call]
+        room = self.room
+        if self.length > 0 and device.type == "cpu":
+            full = S + min(S, max(S // 8, 2 * qlen))
+            if need >= S and room < full:  # full after this call: spare room for the calls to come
+                room = full if self._can_grow(full, bytes_per_position) else room
+            elif room < need < S:  # while the memory fills
+                room = self.grown(need, bytes_per_position)
+        if self.length == 0 or need > room or device.type != "cpu":
+            n = min(klen, S)
+            room = self.room if n <= self.room else self.grown(n, bytes_per_position)
             self._plan = _SegmentPlan(in_place=False, room=room, relocate=False, rotated=False, first=0,
                                       start_after=0)
             return
@@ -396,23 +418,14 @@ class DecodingState:
 
     def _allocate(self, cache: LayerCache, like: torch.Tensor, hidden: torch.Tensor | None, room: int) -> None:
         bsz, heads, _, d_head = like.shape
-        if cache is self.layers[0]:  # the first layer's allocation: check that all of them fit
-            per_slot = bsz * (2 * heads * d_head + (hidden.size(-1) if self.keep_mems and hidden is not None else 0))
-            self.check_fits(len(self.layers) * per_slot * room * like.element_size(), "its keys and values")
         cache.keys = like.new_zeros(bsz, heads, room, d_head)
         cache.values = like.new_zeros(bsz, heads, room, d_head)
         if self.keep_mems and hidden is not None:
             cache.hidden = hidden.new_zeros(bsz, room, hidden.size(-1))
 
-    def _bytes_per_position(self) -> int:
-        """Bytes one buffer position takes over all layers (0 before the first allocation)."""
-        cache = self.layers[0]
-        buffers = [b for b in (cache.keys, cache.values, cache.hidden) if b is not None]
-        return sum(b.numel() // b.size(2 if b.dim() == 4 else 1) * b.element_size() for b in buffers) * len(self.layers)
-
-    def _can_grow(self, room: int) -> bool:
+    def _can_grow(self, room: int, bytes_per_position: int) -> bool:
         """Whether growing every layer's buffers to ``room`` positions leaves half the available memory."""
-        return (room - self.room) * self._bytes_per_position() <= available_memory_bytes() // 2
+        return (room - self.room) * bytes_per_position <= available_memory_bytes() // 2
 
     def check_fits(self, need: int, what: str) -> None:
         """Refuse buffers of ``need`` bytes that this machine's available memory cannot hold (a clear
@@ -423,8 +436,17 @@ class DecodingState:
         """
         have = available_memory_bytes()
         if need > have:
-            raise TxlError(f"a decoding state with mem_len {self.span.mem_len:,} needs {need / 2**30:,.1f} GiB for "
-                           f"{what}, more than the {have / 2**30:,.1f} GiB of memory available: use a smaller mem_len")
+            raise TxlError(f"a decoding state with mem_len {self.span.mem_len:,} needs {_size(need)} for {what}, more "
+                           f"than the {_size(have)} of memory available: use a smaller mem_len (or a shorter text, "
+                           "a smaller batch)")
+
+
+def _size(n: int) -> str:
+    """A byte count for people: GiB from 1 GiB on, MiB from 1 MiB on, else KiB."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n / 2**10:,.1f} KiB"
 
 
 def slot_padding_mask(state: DecodingState, mem_padding: torch.Tensor, batch: int) -> torch.Tensor:

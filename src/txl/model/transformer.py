@@ -291,7 +291,7 @@ class TransformerXLLM(nn.Module):
 
         hids = []
         if caches is not None:  # every check that may still reject the call is behind us
-            caches.begin_segment(qlen, klen, emb.device)
+            caches.begin_segment(qlen, klen, emb.device, self._state_bytes(caches, bsz, weight))
             caches.bind(bsz, self._key_dtype(weight))
         try:
             for i, layer in enumerate(self.layers):
@@ -391,14 +391,14 @@ class TransformerXLLM(nn.Module):
         c = self.config
         h = self.drop(self.word_emb(input_ids))
         key_mask = None if mem_padding is None else slot_padding_mask(state, mem_padding, input_ids.size(0))
-        # the position tables of one-token steps, [P, d_model] and [H, D, P] per layer, cover the
-        # distances of this step (P grows with the text while the memory fills; see DecodingState)
-        width = (c.d_model if c.attn_type == "rel" else 0) + c.n_layer * c.n_head * c.d_head
-        period = state.step_tables(min(state.length + 1, state.capacity), width * h.element_size())
+        # buffers and position tables ([P, d_model] and [H, D, P] per layer) that cover this step
+        # (they grow with the text while the memory fills; see DecodingState)
+        weight = self.word_emb.emb_layers[0].weight
+        tables = ((c.d_model if c.attn_type == "rel" else 0) + c.n_layer * c.n_head * c.d_head) * h.element_size()
+        period = state.prepare_step(self._state_bytes(state, input_ids.size(0), weight), tables)
         if period is not None and c.attn_type == "rel":
             state.pos_emb = sinusoid(relative_positions(period, state.span.clamp_len, h.device), c.d_model).to(h.dtype)
-        state.begin_step()
-        state.bind(input_ids.size(0), self._key_dtype(self.word_emb.emb_layers[0].weight))
+        state.bind(input_ids.size(0), self._key_dtype(weight))
         try:
             for layer, cache in zip(self.layers, state.layers):
                 h = layer.step(h, cache, key_mask)
@@ -407,6 +407,14 @@ class TransformerXLLM(nn.Module):
             raise
         state.advance()
         return self.drop(h)
+
+    def _state_bytes(self, state: DecodingState, bsz: int, weight: torch.Tensor) -> int:
+        """Bytes of one position of a decoding state's buffers over all layers: keys and values in the
+        keys' dtype, and the layer inputs (with ``keep_mems``) in the parameters' dtype."""
+        c = self.config
+        keys = 2 * c.n_head * c.d_head * self._key_dtype(weight).itemsize
+        hidden = c.d_model * weight.dtype.itemsize if state.keep_mems else 0
+        return bsz * c.n_layer * (keys + hidden)
 
     @staticmethod
     def _key_dtype(weight: torch.Tensor) -> torch.dtype:
