@@ -114,6 +114,14 @@ def available_memory_bytes() -> int:
     return memory_bytes()
 
 
+def format_bytes(n: int) -> str:
+    """A byte count for people, one decimal: GiB from 1 GiB on, MiB from 1 MiB on, else KiB."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n / 2**10:,.1f} KiB"
+
+
 def default_cache_dir() -> str:
     """``$XDG_CACHE_HOME/txl`` or ``~/.cache/txl``: where encoded corpora are cached."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")

@@ -8,6 +8,7 @@ from typing import Any
 
 from txl.config import check_fields
 from txl.errors import TxlError
+from txl.runtime import format_bytes
 from txl.model.span import AttentionSpan
 
 ATTN_TYPES = ("rel", "shaw", "abs")
@@ -190,8 +191,8 @@ class TransformerXLConfig:
         need = 4 * self.parameter_count()
         if need > memory_bytes:
             raise TxlError(f"{where} describes a model of up to {self.parameter_count():.3g} parameters "
-                           f"({need / 2**30:.3g} GiB in float32), more than this machine's memory "
-                           f"({memory_bytes / 2**30:.3g} GiB): the config is damaged or meant for a bigger machine "
+                           f"({format_bytes(need)} in float32), more than this machine's memory "
+                           f"({format_bytes(memory_bytes)}): the config is damaged or meant for a bigger machine "
                            f"(n_layer={self.n_layer}, d_model={self.d_model}, d_inner={self.d_inner}, "
                            f"vocab_size={self.vocab_size})")
 

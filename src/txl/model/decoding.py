@@ -29,7 +29,7 @@ import torch
 
 from txl.errors import TxlError
 from txl.model.inputs import padding_mask
-from txl.runtime import available_memory_bytes
+from txl.runtime import available_memory_bytes, format_bytes
 from txl.model.span import AttentionSpan
 
 
@@ -436,17 +436,9 @@ class DecodingState:
         """
         have = available_memory_bytes()
         if need > have:
-            raise TxlError(f"a decoding state with mem_len {self.span.mem_len:,} needs {_size(need)} for {what}, more "
-                           f"than the {_size(have)} of memory available: use a smaller mem_len (or a shorter text, "
+            raise TxlError(f"a decoding state with mem_len {self.span.mem_len:,} needs {format_bytes(need)} for {what}, more "
+                           f"than the {format_bytes(have)} of memory available: use a smaller mem_len (or a shorter text, "
                            "a smaller batch)")
-
-
-def _size(n: int) -> str:
-    """A byte count for people: GiB from 1 GiB on, MiB from 1 MiB on, else KiB."""
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
-        if n >= size:
-            return f"{n / size:,.1f} {unit}"
-    return f"{n / 2**10:,.1f} KiB"
 
 
 def slot_padding_mask(state: DecodingState, mem_padding: torch.Tensor, batch: int) -> torch.Tensor:
