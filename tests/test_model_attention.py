@@ -4,8 +4,12 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
+
+from conftest import tiny_model
 
 from txl.model import attention
+from txl.model import linear
 from txl.model.linear import _row_blocks, linear_rows, step_linear
 from txl.model.attention import (MultiHeadAttention, attention_mask, position_scores, rel_shift, rel_shift_bias,
                                   relative_positions, sinusoid)
@@ -255,3 +259,43 @@ def test_evaluation_takes_the_in_place_view_exactly_where_it_applies(monkeypatch
             assert calls == []
         model(ids, mems=mems)  # autograd: the masked copy
         assert calls == []
+
+
+@pytest.mark.parametrize("detach_mems", [True, False])
+@pytest.mark.parametrize("autocast", [False, True])
+def test_training_gradients_skip_only_the_detached_memory_rows(detach_mems, autocast, monkeypatch):
+    """Training with a detached memory computes no input gradient for the memory's rows of the key/value
+    product; every parameter's gradient equals the one of plain F.linear (float64, and bf16 autocast on a
+    float32 model). A memory that keeps its graph (detach_mems=False) takes the plain product, so the
+    earlier segment's gradient flows as before."""
+    model = tiny_model(tgt_len=4, mem_len=5, dropout=0.0)
+    model = (model.float() if autocast else model).train()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    x = torch.randint(0, 37, (3, 9), generator=torch.Generator().manual_seed(1))
+    used = []
+    backward = linear._MemoryRowsLinear.backward
+
+    def spy(ctx, grad):
+        used.append(ctx.mlen)
+        return backward(ctx, grad)
+
+    monkeypatch.setattr(linear._MemoryRowsLinear, "backward", staticmethod(spy))
+
+    def gradients(product):
+        monkeypatch.setattr(attention, "memory_rows_linear", product)
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            mems = model(x[:, :4], detach_mems=detach_mems).mems
+            loss = model(x[:, 4:8], labels=x[:, 5:9], mems=mems).loss
+        loss.backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    got = gradients(linear.memory_rows_linear)
+    want = gradients(lambda x, w, mlen: F.linear(x, w))
+    assert used == ([4] * model.config.n_layer if detach_mems else [])
+    for ours, theirs in zip(got, want):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
+    assert all(g.abs().sum() > 0 for g in want)

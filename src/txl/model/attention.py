@@ -14,7 +14,7 @@ from torch import nn
 from txl.errors import TxlError
 from txl.model.decoding import LayerCache
 from txl.model.dropout import Dropout
-from txl.model.linear import step_linear
+from txl.model.linear import memory_rows_linear, step_linear
 
 
 def inverse_frequencies(dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -359,7 +359,11 @@ class MultiHeadAttention(nn.Module):
             cat = h if mlen == 0 else torch.cat([mem, h], dim=1)  # [B, K, d]
             x = self.layer_norm(cat) if self.pre_lnorm else cat
             q = self._heads(F.linear(x[:, mlen:], w[:hd]))  # queries only for the current segment: [B, H, T, D]
-            k, v = (self._heads(t) for t in F.linear(x, w[hd:]).split(hd, dim=-1))  # [B, H, K, D] each
+            # keys and values [B, H, K, D] each; a detached memory's rows need no input gradient (with
+            # pre-LN they do: the LayerNorm's parameters see them)
+            detached = mlen > 0 and not mem.requires_grad and not self.pre_lnorm
+            kv = memory_rows_linear(x, w[hd:], mlen) if detached else F.linear(x, w[hd:])
+            k, v = (self._heads(t) for t in kv.split(hd, dim=-1))
             hidden = cat
         klen = k.size(2)
         if store:

@@ -58,3 +58,48 @@ def _row_blocks(out_features: int) -> int:
         if blocks <= most and out_features % blocks == 0:
             return blocks
     return 1
+
+
+class _MemoryRowsLinear(torch.autograd.Function):
+    """``F.linear(x, weight)`` whose backward computes the input gradient of the rows after ``mlen``
+    only (the rows before it are the detached memory: their gradient would be discarded)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, mlen: int) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.mlen = mlen
+        return F.linear(x, weight)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        mlen = ctx.mlen
+        grad_x = grad_weight = None
+        if ctx.needs_input_grad[1]:
+            grad_weight = grad.reshape(-1, grad.size(-1)).t().mm(x.reshape(-1, x.size(-1)))
+        if ctx.needs_input_grad[0]:
+            grad_x = x.new_empty(x.shape)
+            grad_x[:, :mlen].zero_()
+            grad_x[:, mlen:] = torch.matmul(grad[:, mlen:], weight)
+        return grad_x, grad_weight, None
+
+
+def memory_rows_linear(x: torch.Tensor, weight: torch.Tensor, mlen: int) -> torch.Tensor:
+    """``F.linear(x, weight)`` for x [B, M + T, in] = [memory, segment] (weight [out, in]) -> [B, M + T, out].
+
+    The memory is detached (the paper's stop-gradient, §3.2), so the gradient of its rows is never
+    used: this product's backward computes the input gradient of the T segment rows only (zeros for
+    the memory rows), which saves a [B*M, out] x [out, in] product per call in training, e.g. the
+    keys and values over the memory. Under autocast it computes in the autocast dtype, as
+    ``F.linear`` would. Without autograd, or with no memory, it is ``F.linear`` itself.
+    """
+    if mlen == 0 or not torch.is_grad_enabled() or not x.requires_grad:
+        return F.linear(x, weight)
+    kind = x.device.type
+    if kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind):
+        dtype = torch.get_autocast_dtype(kind)  # autocast casts float32 operands only
+        x = x.to(dtype) if x.dtype == torch.float32 else x
+        weight = weight.to(dtype) if weight.dtype == torch.float32 else weight
+        with torch.autocast(kind, enabled=False):
+            return _MemoryRowsLinear.apply(x, weight, mlen)
+    return _MemoryRowsLinear.apply(x, weight, mlen)
