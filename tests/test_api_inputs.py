@@ -21,7 +21,7 @@ from txl.errors import TxlError
 from txl.evaluation.dynamic import dynamic_evaluate
 from txl.evaluation.scoring import score
 from txl.evaluation.stream import evaluate, evaluate_sliding_window
-from txl.generation import generate
+from txl.generation import beam_search, generate
 
 V = 37  # tiny_model's vocabulary
 MODEL = tiny_model(dtype=torch.float32)
@@ -209,3 +209,36 @@ def test_float64_model_takes_float64_memory_and_refuses_float32():
     assert mems[0].dtype == torch.float64
     model(ids, mems=mems)
     _raises_naming(lambda: model(ids, mems=[m.float() for m in mems]), "mems[0]")
+
+
+def test_sizes_beyond_the_text_or_the_machine_are_handled_in_one_line(monkeypatch):
+    """Sizes found by a red team that crashed deep inside torch: a clamp_len beyond any distance is no
+    clamping; more evaluation streams than targets give the result of one stream per target (the rest
+    would be padding); numpy integers are integers; a segment whose attention scores cannot fit is
+    refused with one line naming tgt_len; beams beyond the distinct continuations are refused; a torch
+    dtype names an autocast dtype."""
+    model = tiny_model(tgt_len=4, mem_len=6)
+    ids = np.random.default_rng(0).integers(0, V, 120)
+    plain = evaluate(model, ids, unit="ppl").loss
+    assert evaluate(model, ids, clamp_len=10**30, unit="ppl").loss == plain
+    assert evaluate(model, ids, clamp_len=2**64, unit="ppl").loss == plain
+    assert evaluate(model, ids, batch_size=10**30, unit="ppl").loss == evaluate(model, ids, batch_size=119,
+                                                                                unit="ppl").loss
+    assert evaluate(model, ids, mem_len=np.int64(6), unit="ppl").loss == plain
+    assert evaluate(model, ids, dtype=torch.float32, unit="ppl").loss == plain
+    for bad in (1.5, None, True):
+        with pytest.raises(TxlError, match="batch_size must be an integer"):
+            evaluate(model, ids, batch_size=bad)
+    with pytest.raises(TxlError, match="num_beams 100 is more than the 37 distinct continuations of 1 token"):
+        beam_search(model, _ids(0, 1, 3), 100, 1)
+    with pytest.raises(TxlError, match="num_beams must be an integer"):
+        beam_search(model, _ids(0, 1, 3), 2.0, 2)
+    assert len(beam_search(model, _ids(0, 1, 3), 40, 2).tokens) == 2  # 37**2 continuations
+    from txl.model import inputs
+    monkeypatch.setattr(inputs, "available_memory_bytes", lambda: 2**28)
+    with pytest.raises(TxlError, match=r"a segment of 8,000 tokens over 8,000 keys .* use a smaller tgt_len"):
+        evaluate(model, np.random.default_rng(0).integers(0, V, 8001), tgt_len=8000, batch_size=1)
+    with torch.no_grad():  # the same segment with autograd keeps a bias per layer: refused sooner
+        model(_ids(0, 1, 1000))
+    with pytest.raises(TxlError, match=r"a segment of 3,000 tokens over 3,000 keys \(batch 2\)"):
+        model(_ids(0, 2, 3000))

@@ -37,7 +37,7 @@ def _check_segments(segments, n_tok: int, context: int) -> list[int]:
 )
 def test_every_target_exactly_once(n_tok: int, batch_size: int, tgt_len: int, context: int, seed: int) -> None:
     if n_tok < context + 2:
-        with pytest.raises(TxlError, match="shorter than"):
+        with pytest.raises(TxlError, match="fewer than the"):
             LMOrderedIterator(np.arange(n_tok), batch_size, tgt_len, context=context)
         return
     it = LMOrderedIterator(np.arange(n_tok), batch_size, tgt_len, context=context, pad_id=-7)
@@ -103,7 +103,7 @@ def test_varlen_is_deterministic_with_seed_and_varies() -> None:
 
 
 def test_errors() -> None:
-    with pytest.raises(TxlError, match="shorter than the 2"):
+    with pytest.raises(TxlError, match="fewer than the 2"):
         LMOrderedIterator(np.arange(1), 1, 4)
     with pytest.raises(TxlError, match="batch_size"):
         LMOrderedIterator(np.arange(10), 0, 4)

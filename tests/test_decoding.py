@@ -95,7 +95,7 @@ def test_state_takes_a_starting_memory_and_refuses_a_second_one():
             model(tokens[:, 8:9], mems=mems, caches=state)
         with pytest.raises(TxlError, match="holds 2 rows"):
             model(tokens[:1, 8:9], caches=state)
-    with pytest.raises(TxlError, match="no autograd"):
+    with pytest.raises(TxlError, match="without autograd"):
         model(tokens[:, 8:9], caches=state)
 
 
@@ -142,6 +142,9 @@ def test_state_refuses_what_it_cannot_serve():
             tiny_model()(torch.randint(0, 37, (1, 2)), caches=[None, None, None])
     with pytest.raises(TxlError, match="AttentionSpan"):
         DecodingState(3, {"mem_len": 4})
+    with pytest.raises(TxlError, match="made for 5 layers but the model has 3"):
+        with torch.no_grad():
+            tiny_model()(torch.randint(0, 37, (1, 2)), caches=DecodingState(5, AttentionSpan(4, 4)))
 
 
 @pytest.mark.parametrize("mem_len, size, kind", [(80, 3, "chunks"), (40, 3, "chunks"), (40, 40, "apart")])

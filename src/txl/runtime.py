@@ -38,10 +38,13 @@ def resolve_device(name: str) -> torch.device:
 
 def autocast(device: torch.device, dtype: str):
     """Autocast context for ``"bfloat16"``/``"float16"`` on ``device``; a no-op for ``"float32"``.
+    ``dtype`` may also be the torch dtype itself (``torch.bfloat16``).
 
     Raises:
         TxlError: a dtype other than those in :data:`DTYPES`.
     """
+    if isinstance(dtype, torch.dtype):
+        dtype = str(dtype).removeprefix("torch.")
     if dtype not in DTYPES:
         raise TxlError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if dtype == "float32":

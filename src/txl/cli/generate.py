@@ -78,7 +78,8 @@ def _prompt(args: argparse.Namespace, tokenizer) -> str:
     else:
         prompt = args.prompt if args.prompt is not None else "\n"
     if prompt == "":
-        raise TxlError("the prompt is empty; give at least one character with --prompt")
+        where = f"prompt file {args.prompt_file} is empty" if args.prompt_file else "the prompt is empty"
+        raise TxlError(f"{where}; give at least one character (or leave the prompt out: a newline)")
     return prompt
 
 

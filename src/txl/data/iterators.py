@@ -13,6 +13,7 @@ after another into ``batch_size`` streams.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -50,7 +51,10 @@ def sample_segment_length(
 
 
 def _check_shape(batch_size: int, tgt_len: int) -> None:
-    """Raise :class:`TxlError` unless ``batch_size`` and ``tgt_len`` are at least 1."""
+    """Raise :class:`TxlError` unless ``batch_size`` and ``tgt_len`` are integers of at least 1."""
+    for name, value in (("batch_size", batch_size), ("tgt_len", tgt_len)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TxlError(f"{name} must be an integer, got {value!r}")
     if batch_size < 1:
         raise TxlError(f"batch_size must be at least 1, got {batch_size}")
     if tgt_len < 1:
@@ -102,8 +106,8 @@ class LMOrderedIterator:
         n = n_tok - 1 - context
         if n < 1:
             raise TxlError(
-                f"the split has {n_tok} tokens, shorter than the {context + 2} needed for "
-                f"{context} context token(s) plus one target; use more data or less context"
+                f"the text has {n_tok} tokens, fewer than the {context + 2} needed for {context} context "
+                f"token(s), then one input and its target; use more data or less context"
             )
         self.batch_size = batch_size
         self.tgt_len = tgt_len

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,7 +100,8 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
 
     Args:
         model: a :class:`~txl.model.TransformerXLLM`.
-        tokens: 1-D token array (a whole split); scored in ``batch_size`` parallel streams.
+        tokens: 1-D token array (a whole split); scored in ``batch_size`` parallel streams (at most
+            one per target: more would only add streams of padding).
         unit: "bpb", "bpc" or "ppl" (see :func:`metric_unit`).
         tgt_len, mem_len, clamp_len, same_length, cmem_len: evaluation span (None: the model's own,
             or ``span``'s); ``model.config`` is not changed. ``cmem_len`` (compressed-memory slots)
@@ -126,6 +128,9 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     context = span.mem_len if warmup and has_memory else 0
     if max_tokens:
         tokens = tokens[: max_tokens + 1 + context]
+    if isinstance(batch_size, numbers.Integral) and not isinstance(batch_size, bool):
+        # streams beyond one per target would hold padding only: same result, without their memory
+        batch_size = max(1, min(int(batch_size), len(tokens) - 1 - context))
     batches = LMOrderedIterator(tokens, batch_size, span.tgt_len, context=context, device=device)
     rows = dist.rows(batch_size) if dist is not None else slice(None)
     inputs, labels = batches.inputs[rows], batches.labels[rows]

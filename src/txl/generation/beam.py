@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ from txl.model.decoding import DecodingState
 from txl.model.inputs import check_input_ids
 from txl.model.memory import Mems
 from txl.model.span import AttentionSpan, resolve_span
+from txl.runtime import available_memory_bytes, format_bytes
 
 
 @dataclass
@@ -30,6 +32,22 @@ class BeamResult:
     tokens: torch.Tensor
     logprob: float
     score: float
+
+
+def _check_beams(num_beams: int, vocab_size: int, max_new_tokens: int) -> None:
+    """Refuse more beams than distinct continuations, or than this machine can hold the scores of."""
+    distinct = 1
+    for _ in range(max(1, max_new_tokens) if vocab_size > 1 else 1):
+        distinct *= vocab_size
+        if distinct >= num_beams:
+            break
+    else:
+        raise TxlError(f"num_beams {num_beams:,} is more than the {distinct:,} distinct continuations of "
+                       f"{max(1, max_new_tokens)} token(s) over {vocab_size:,} tokens: use at most {distinct:,} beams")
+    need = 8 * (num_beams + 1) * vocab_size  # one step's candidate scores (float64 here and there)
+    if need > available_memory_bytes():
+        raise TxlError(f"num_beams {num_beams:,} needs {format_bytes(need)} for one step's candidate scores, more "
+                       "than the memory available: use fewer beams")
 
 
 @torch.no_grad()
@@ -49,10 +67,13 @@ def beam_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: 
     scores below greedy decoding. ``num_beams=1`` is greedy decoding itself.
 
     Raises:
-        TxlError: ``num_beams`` < 1, a batch other than 1, bad rules or an impossible span.
+        TxlError: ``num_beams`` that is not an integer >= 1, more beams than there are distinct
+            continuations (vocab_size ** max_new_tokens) or than the memory can score, a batch
+            other than 1, bad rules or an impossible span.
     """
-    if num_beams < 1:
-        raise TxlError(f"num_beams must be >= 1, got {num_beams}")
+    if isinstance(num_beams, bool) or not isinstance(num_beams, numbers.Integral) or num_beams < 1:
+        raise TxlError(f"num_beams must be an integer >= 1, got {num_beams!r}")
+    _check_beams(int(num_beams), model.config.vocab_size, max_new_tokens)
     check_input_ids(input_ids, model.config.vocab_size, next(model.parameters()).device)
     if input_ids.size(0) != 1:
         raise TxlError(f"beam search decodes one prompt at a time, got a batch of {input_ids.size(0)}")

@@ -39,9 +39,10 @@ def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def relative_positions(klen: int, clamp_len: int, device: torch.device | str) -> torch.Tensor:
-    """Distances ``klen-1, ..., 1, 0`` (float [klen]) as used for R, clamped at ``clamp_len`` if > 0."""
+    """Distances ``klen-1, ..., 1, 0`` (float [klen]) as used for R, clamped at ``clamp_len`` if > 0
+    (a ``clamp_len`` of ``klen`` or more changes nothing, however large)."""
     pos = torch.arange(klen - 1, -1, -1.0, device=device)
-    if clamp_len > 0:
+    if 0 < clamp_len < klen:
         pos = pos.clamp(max=clamp_len)
     return pos
 

@@ -13,6 +13,7 @@ import torch
 
 from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
+from txl.runtime import available_memory_bytes, format_bytes
 
 ID_DTYPES = (torch.int64, torch.int32)
 
@@ -97,3 +98,32 @@ def padding_mask(mem_padding: torch.Tensor, batch: int, mlen: int, klen: int) ->
         raise TxlError(f"mem_padding values must be in [0, memory length {mlen}], got {mem_padding.tolist()}")
     keys = torch.arange(klen, device=mem_padding.device)
     return (keys[None, :] < mem_padding[:, None])[:, None, None, :]
+
+
+def check_attention_fits(bsz: int, heads: int, qlen: int, klen: int, n_layer: int, itemsize: int, grad: bool,
+                         device: torch.device, block_bytes: int) -> None:
+    """Refuse a call whose attention scores could not fit in this machine's available memory (CPU).
+
+    The estimate is deliberately rough and only catches hopeless calls (a segment of a million
+    tokens): scores [B, H, T, K] of ``itemsize`` bytes, three times over for the bias and the
+    kernel's work; under autograd once more per layer (each keeps its bias for the backward);
+    without autograd on a CPU, in blocks of at most ``block_bytes`` or one head of one row.
+    Other devices are not checked here (their allocator raises its own out-of-memory error).
+
+    Raises:
+        TxlError: naming T, K, the bytes needed and available, and what to make smaller.
+    """
+    if device.type != "cpu":
+        return
+    per_head = qlen * (klen + 1) * itemsize
+    if grad:
+        need = (n_layer + 3) * bsz * heads * per_head
+    else:
+        need = 3 * max(per_head, min(bsz * heads * per_head, block_bytes))
+    if need < 2**28:  # small: not worth reading the system's memory figures
+        return
+    have = available_memory_bytes()
+    if need > have:
+        raise TxlError(f"a segment of {qlen:,} tokens over {klen:,} keys (batch {bsz:,}) needs about "
+                       f"{format_bytes(need)} for its attention scores, more than the {format_bytes(have)} of "
+                       "memory available: use a smaller tgt_len (--tgt-len), a shorter memory or a smaller batch")

@@ -8,6 +8,7 @@ text segment by segment; the model's config holds only the training span and is 
 
 from __future__ import annotations
 
+import numbers
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
@@ -45,8 +46,9 @@ class AttentionSpan:
     def __post_init__(self) -> None:
         for name in ("tgt_len", "mem_len", "clamp_len", "cmem_len"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise TxlError(f"span.{name} must be an integer, got {value!r}")
+            object.__setattr__(self, name, int(value))  # a numpy integer becomes a Python int
         if not isinstance(self.same_length, bool):
             raise TxlError(f"span.same_length must be true or false, got {self.same_length!r}")
         if self.tgt_len < 1:

@@ -12,13 +12,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from txl.model.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, tie_adaptive
-from txl.model.attention import MultiHeadAttention, attention_mask, relative_positions, sinusoid
+from txl.model.attention import BLOCK_BYTES, MultiHeadAttention, attention_mask, relative_positions, sinusoid
 from txl.model.compressive import Compressor, check_compressive_mems, layer_memory, split_mems, update_compressive
 from txl.model.config import TransformerXLConfig
 from txl.model.decoding import DecodingState, LayerCache, slot_padding_mask
 from txl.model.dropout import Dropout
 from txl.model.parameters import init_weights
-from txl.model.inputs import check_input_ids, check_labels, padding_mask
+from txl.model.inputs import check_attention_fits, check_input_ids, check_labels, padding_mask
 from txl.model.linear import step_linear
 from txl.model.memory import Mems, check_mems, update_mems
 from txl.model.serialization import CONFIG_NAME, check_weights_header, load_weights, read_model_config, save_model
@@ -267,6 +267,9 @@ class TransformerXLLM(nn.Module):
                     return self._step(input_ids, caches, mem_padding), None, None
                 mlen = caches.memory_length
         klen = mlen + qlen
+        if c.attn_type != "abs":  # ("abs" uses the causal kernel, which keeps no scores)
+            check_attention_fits(bsz, c.n_head, qlen, klen, c.n_layer, self._key_dtype(weight).itemsize,
+                                 torch.is_grad_enabled() and weight.requires_grad, weight.device, BLOCK_BYTES)
 
         emb = self.word_emb(input_ids)  # [B, T, d_model], scaled by sqrt(d_model)
         window = None
@@ -371,9 +374,14 @@ class TransformerXLLM(nn.Module):
                            "this one")
         if state.owner is None:
             state.owner = weakref.ref(self)
-        if c.attn_type == "abs" or torch.is_grad_enabled() or len(state.layers) != c.n_layer:
-            raise TxlError("a decoding state is for incremental decoding: attn_type 'rel' or 'shaw', no autograd, "
-                           f"made for {c.n_layer} layers")
+        if c.attn_type == "abs":
+            raise TxlError("a decoding state needs relative positions (attn_type 'rel' or 'shaw'); this model's "
+                           "attn_type 'abs' has no memory to hold")
+        if torch.is_grad_enabled():
+            raise TxlError("a decoding state is for reading without autograd: call the model inside torch.no_grad()")
+        if len(state.layers) != c.n_layer:
+            raise TxlError(f"the decoding state was made for {len(state.layers)} layers but the model has "
+                           f"{c.n_layer}; make it with DecodingState(model.config.n_layer, span)")
         if span is not None and span != state.span:
             raise TxlError(f"span {span} differs from the decoding state's span {state.span}; make a new "
                            "DecodingState for another span")
