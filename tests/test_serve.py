@@ -471,3 +471,28 @@ def test_generate_without_append_keeps_the_pending_text():
 
     reply = asyncio.run(run())
     assert reply["n_tokens"] == len(tok.encode("To be\r\nor not")) == 12
+
+
+def test_serve_refuses_one_session_beyond_memory_and_notes_many(tmp_path, capsys, monkeypatch):
+    """One session whose full memory cannot fit is refused at start; sessions that could only all together
+    outgrow the memory start the server with a note on stderr."""
+    from conftest import one_error_line, run_cli
+    from txl import runtime
+    from txl.serving import server
+
+    model = tiny_model(seed=4, dtype=torch.float32, vocab_size=256)
+    run = RunConfig.from_dict({"eval": {"tgt_len": 6, "mem_len": 10}})
+    run.model = model.config
+    save_checkpoint(tmp_path / "ckpt", model, TOK, run, {"step": 0})
+    served = []
+    monkeypatch.setattr(server, "listen", lambda host, port: listen("127.0.0.1", 0))
+    monkeypatch.setattr(server, "serve", lambda engine, sock, **kw: (served.append(engine), sock.close()))
+    per_session = 3 * 16 * 1000 * 4  # n_layer * d_model * mem_len * float32
+    monkeypatch.setattr(runtime, "available_memory_bytes", lambda: per_session * 10)
+    code, _, err = run_cli(capsys, "serve", tmp_path / "ckpt", "--mem-len", "100000")
+    assert code == 2 and "one session with mem_len 100,000 would hold" in one_error_line(err)
+    code, _, err = run_cli(capsys, "serve", tmp_path / "ckpt", "--mem-len", "1000", "--max-sessions", "11")
+    assert code == 0 and len(served) == 1, err
+    assert "txl: note: 11 sessions with full memories would hold" in err
+    code, _, err = run_cli(capsys, "serve", tmp_path / "ckpt", "--mem-len", "1000", "--max-sessions", "10")
+    assert code == 0 and len(served) == 2 and "txl: note" not in err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from txl.cli.common import (add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_span, check_range,
                             load_checkpoint, print_notes, span_args)
@@ -67,12 +68,16 @@ def run(args: argparse.Namespace) -> int:
     span = resolve_span(ckpt.model.config, **span_args(args, ckpt.run.eval))
     engine = build_engine(ckpt.model, ckpt.tokenizer, span=span, dtype=args.dtype, max_sessions=args.max_sessions,
                           idle_timeout=args.idle_timeout, max_tokens=args.max_tokens, name=str(ckpt.path))
-    from txl.runtime import available_memory_bytes
+    from txl.runtime import available_memory_bytes, format_bytes
 
-    if engine.session_bytes > available_memory_bytes():
-        raise TxlError(f"one session with mem_len {span.mem_len:,} would hold {engine.session_bytes / 2**30:,.1f} GiB, "
-                       f"more than the {available_memory_bytes() / 2**30:,.1f} GiB of memory available: use a smaller "
-                       "--mem-len")
+    have = available_memory_bytes()
+    if engine.session_bytes > have:
+        raise TxlError(f"one session with mem_len {span.mem_len:,} would hold {format_bytes(engine.session_bytes)}, "
+                       f"more than the {format_bytes(have)} of memory available: use a smaller --mem-len")
+    if engine.session_bytes * args.max_sessions > have:  # sessions grow with their text: possible, not certain
+        print(f"txl: note: {args.max_sessions} sessions with full memories would hold "
+              f"{format_bytes(engine.session_bytes * args.max_sessions)}, more than the {format_bytes(have)} "
+              "available; lower --max-sessions or --mem-len if many sessions may grow long", file=sys.stderr)
     sock = listen(args.host, args.port)
     host, port = sock.getsockname()[:2]
     print_notes(args)
