@@ -234,6 +234,9 @@ def test_sizes_beyond_the_text_or_the_machine_are_handled_in_one_line(monkeypatc
     with pytest.raises(TxlError, match="num_beams must be an integer"):
         beam_search(model, _ids(0, 1, 3), 2.0, 2)
     assert len(beam_search(model, _ids(0, 1, 3), 40, 2).tokens) == 2  # 37**2 continuations
+    assert len(beam_search(model, _ids(0, 1, 3), 40, 0).tokens) == 0  # one continuation: the empty one
+    with pytest.raises(TxlError, match="max_new_tokens must be >= 0"):
+        beam_search(model, _ids(0, 1, 3), 40, -1)
     from txl.model import inputs
     monkeypatch.setattr(inputs, "available_memory_bytes", lambda: 2**28)
     with pytest.raises(TxlError, match=r"a segment of 8,000 tokens over 8,000 keys .* use a smaller tgt_len"):

@@ -379,3 +379,28 @@ def test_a_filling_memory_reallocates_a_logarithmic_number_of_times(size):
             pointers.append(state.layers[0].keys.data_ptr())
     reallocations = sum(a != b for a, b in zip(pointers, pointers[1:]))
     assert 4 <= reallocations <= 7 and state.room <= 2 * 600
+
+
+def test_table_growth_counts_only_new_memory(monkeypatch):
+    """A step whose position tables grow but whose buffers do not needs memory for the tables only; and
+    once twice the size no longer fits, buffers grow to as much as fits, not one position per step."""
+    model = _big_weights(tiny_model(tgt_len=4, mem_len=1_000_000))
+    state = DecodingState(model.config.n_layer, model.config.span, keep_mems=False)
+    tokens = torch.randint(0, 37, (1, 200), generator=torch.Generator().manual_seed(6))
+    c = model.config
+    per_position = c.n_layer * 2 * c.n_head * c.d_head * 8  # keys and values, float64, batch 1
+    table = (c.d_model + c.n_layer * c.n_head * c.d_head) * 8
+    with torch.no_grad():
+        model(tokens[:, :16], caches=state)  # buffers of 32 positions, no tables yet
+        assert state.room == 32 and state.pos_period == 0
+        monkeypatch.setattr(decoding, "available_memory_bytes", lambda: 34 * table + 100)
+        model(tokens[:, 16:17], caches=state)  # tables for 34 distances: they fit, the buffers are not new
+        assert state.room == 32 and state.pos_period == 34
+        monkeypatch.setattr(decoding, "available_memory_bytes", lambda: 60_000)
+        rooms = set()
+        for t in range(17, 100):
+            model(tokens[:, t:t + 1], caches=state)
+            rooms.add(state.room)
+    # 33 slots needed: twice that (66 x 576 bytes fit); 67 needed: 134 do not fit, as many as fit (104 x 576
+    # bytes <= 60,000), not 67, 68, 69, ... one reallocation per step
+    assert per_position == 576 and rooms == {32, 66, 104}

@@ -193,7 +193,7 @@ class DecodingState:
     def grown(self, n: int, bytes_per_position: int = 0, what: str = "its keys and values") -> int:
         """Positions to make room for when ``n`` are needed while the memory fills: twice as many, at
         least 16, at most the capacity S (so n tokens take O(log n) reallocations), or exactly ``n``
-        when twice as many would not fit in the available memory.
+        when twice as many would not fit in the available memory (or as many as fit, if more).
 
         Raises:
             TxlError: not even ``n`` positions of ``bytes_per_position`` bytes fit.
@@ -201,7 +201,7 @@ class DecodingState:
         want = min(self.capacity, max(16, 2 * n))
         if bytes_per_position and want * bytes_per_position > available_memory_bytes():
             self.check_fits(n * bytes_per_position, what)
-            return n
+            return max(n, min(want, available_memory_bytes() // bytes_per_position))  # as much as fits
         return want
 
     def prepare_step(self, bytes_per_position: int, table_bytes_per_position: int) -> int | None:
@@ -233,8 +233,9 @@ class DecodingState:
         if self.pos_period < klen:
             period = self.grown(klen, table_bytes_per_position, "the position tables of one-token steps")
             copies = 2 if period == self.capacity else 1
-            self.check_fits(room * bytes_per_position + period * copies * table_bytes_per_position,
-                            "its keys, values and position tables")
+            new_buffers = room * bytes_per_position if room > self.room else 0  # (existing ones are not new)
+            self.check_fits(new_buffers + period * copies * table_bytes_per_position,
+                            "its keys, values and position tables" if new_buffers else "its position tables")
             self.pos_period, self.pos_emb = period, None
             for cache in self.layers:
                 cache.pos_keys = None

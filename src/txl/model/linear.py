@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 FEW_ROWS = 2  # up to this many rows, the row-block product (CPU)
+AUTOCAST_DEVICES = ("cpu", "cuda", "mps", "xpu")  # device kinds memory_rows_linear follows autocast on
 
 
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -96,10 +97,11 @@ def memory_rows_linear(x: torch.Tensor, weight: torch.Tensor, mlen: int) -> torc
     if mlen == 0 or not torch.is_grad_enabled() or not x.requires_grad:
         return F.linear(x, weight)
     kind = x.device.type
-    if kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind):
-        dtype = torch.get_autocast_dtype(kind)  # autocast casts float32 operands only
-        x = x.to(dtype) if x.dtype == torch.float32 else x
-        weight = weight.to(dtype) if weight.dtype == torch.float32 else weight
+    if kind not in AUTOCAST_DEVICES:
+        return F.linear(x, weight)
+    if torch.is_autocast_enabled(kind):
+        dtype = torch.get_autocast_dtype(kind)  # autocast casts floating operands, but float64, to it
+        x, weight = (t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 else t for t in (x, weight))
         with torch.autocast(kind, enabled=False):
             return _MemoryRowsLinear.apply(x, weight, mlen)
     return _MemoryRowsLinear.apply(x, weight, mlen)
