@@ -245,3 +245,29 @@ def test_sizes_beyond_the_text_or_the_machine_are_handled_in_one_line(monkeypatc
         model(_ids(0, 1, 1000))
     with pytest.raises(TxlError, match=r"a segment of 3,000 tokens over 3,000 keys \(batch 2\)"):
         model(_ids(0, 2, 3000))
+
+
+def test_memory_figures_follow_process_limits_and_allocation_failures_are_one_line(capsys, monkeypatch):
+    """available_memory_bytes counts an address-space limit (ulimit -v); an allocation that no check
+    foresaw ends a command with one line and exit 1, not a traceback."""
+    import subprocess
+    import sys
+
+    from conftest import one_error_line, run_cli
+    from txl.cli import eval as eval_cli
+    from txl.runtime import available_memory_bytes, out_of_memory
+
+    code = ("import resource, os; from txl.runtime import available_memory_bytes as a; "
+            "vsz = int(open('/proc/self/statm').read().split()[0]) * os.sysconf('SC_PAGE_SIZE'); "
+            "resource.setrlimit(resource.RLIMIT_AS, (vsz + 2**30, resource.RLIM_INFINITY)); print(a())")
+    limited = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert 0 < limited <= 2**30 < available_memory_bytes()
+    assert out_of_memory(RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory"))
+    assert out_of_memory(MemoryError()) and not out_of_memory(RuntimeError("shape mismatch"))
+
+    def allocate(args):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 81920008192 bytes")
+
+    monkeypatch.setattr(eval_cli, "run", allocate)
+    code, _, err = run_cli(capsys, "eval", "nowhere")
+    assert code == 1 and one_error_line(err).startswith("txl: error: out of memory:")

@@ -496,3 +496,22 @@ def test_serve_refuses_one_session_beyond_memory_and_notes_many(tmp_path, capsys
     assert "txl: note: 11 sessions with full memories would hold" in err
     code, _, err = run_cli(capsys, "serve", tmp_path / "ckpt", "--mem-len", "1000", "--max-sessions", "10")
     assert code == 0 and len(served) == 2 and "txl: note" not in err
+
+
+def test_a_request_the_memory_cannot_hold_is_a_503_and_the_session_stays(client, monkeypatch):
+    """An allocation failure inside a request (a text too long for the memory left) answers 503 with a
+    message, not 500, and the session keeps its text."""
+    from txl.serving import engine as engine_module
+
+    sid = client.post("/v1/sessions").json()["id"]
+    assert client.post(f"/v1/sessions/{sid}/append", json={"text": "To be"}).status_code == 200
+    before = client.get(f"/v1/sessions/{sid}").json()
+
+    def allocate(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 81920008192 bytes")
+
+    monkeypatch.setattr(engine_module, "read_tokens", allocate)
+    r = client.post(f"/v1/sessions/{sid}/append", json={"text": ", or not"})
+    assert r.status_code == 503 and "not enough memory" in r.json()["error"]["message"]
+    monkeypatch.undo()
+    assert client.get(f"/v1/sessions/{sid}").json() == before

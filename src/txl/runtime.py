@@ -105,16 +105,42 @@ def memory_bytes() -> int:
 
 
 def available_memory_bytes() -> int:
-    """Memory available to new allocations in bytes: ``MemAvailable`` of /proc/meminfo where there is
-    one, else the physical memory (:func:`memory_bytes`)."""
+    """Memory available to new allocations of this process in bytes: the least of ``MemAvailable``
+    (/proc/meminfo), the room left under a cgroup memory limit (a container's; v2 or v1) and under
+    an address-space limit (``ulimit -v``), where each exists; the physical memory
+    (:func:`memory_bytes`) where none does."""
+    figures = []
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+            figures += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")]
     except (OSError, ValueError, IndexError):
         pass
-    return memory_bytes()
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            cap = Path(limit).read_text(encoding="ascii").strip()
+            if cap != "max" and int(cap) < 1 << 60:
+                figures.append(max(0, int(cap) - int(Path(usage).read_text(encoding="ascii"))))
+        except (OSError, ValueError):
+            pass
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            pages = int(Path("/proc/self/statm").read_text(encoding="ascii").split()[0])
+            figures.append(max(0, soft - pages * os.sysconf("SC_PAGE_SIZE")))
+    except (ImportError, OSError, ValueError, IndexError):
+        pass
+    return min(figures) if figures else memory_bytes()
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` is an allocation failure: MemoryError, torch's out-of-memory errors, or the CPU
+    allocator's RuntimeError ("can't allocate memory")."""
+    if isinstance(err, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    return isinstance(err, RuntimeError) and ("can't allocate memory" in str(err) or "out of memory" in str(err))
 
 
 def format_bytes(n: int) -> str:

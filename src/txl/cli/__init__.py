@@ -149,6 +149,14 @@ def _main(argv: list[str] | None) -> int:
     except OSError as err:
         print(f"txl: error: {err.strerror or err}{f' ({err.filename})' if err.filename else ''}", file=sys.stderr)
         return 1
+    except (MemoryError, RuntimeError) as err:  # an allocation no check foresaw: one line, not a traceback
+        from txl.runtime import out_of_memory
+
+        if not out_of_memory(err):
+            raise
+        print("txl: error: out of memory: the machine could not hold what this command needed; use a smaller "
+              "batch, --tgt-len, --mem-len or text (files already written are untouched)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

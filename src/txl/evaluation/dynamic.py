@@ -90,15 +90,19 @@ def gradient_statistics(model, tokens: np.ndarray, *, tgt_len: int | None = None
     x, y = data[None, :-1].to(device), data[None, 1:].to(device)
     with eval_mode(model):
         model.zero_grad(set_to_none=True)
-        for seg in segments(model, x, y, span=span, grad=True):
-            seg.output.loss.backward()
-            for n, p in params:
-                if p.grad is not None:
-                    sums[n] += p.grad.detach() ** 2
-            model.zero_grad(set_to_none=True)
-            count += 1
-            if count == n_segments:
-                break
+        try:
+            for seg in segments(model, x, y, span=span, grad=True):
+                seg.output.loss.backward()
+                for n, p in params:
+                    if p.grad is not None:
+                        sums[n] += p.grad.detach() ** 2
+                model.zero_grad(set_to_none=True)
+                count += 1
+                if count == n_segments:
+                    break
+        except TxlError as err:  # say which pass: the statistics read another text than the one scored
+            raise TxlError(f"the gradient statistics over {data.numel():,} tokens (the training split, or the "
+                           f"given stats text): {err}") from None
     model.zero_grad(set_to_none=True)
     return {n: s / count for n, s in sums.items()}
 

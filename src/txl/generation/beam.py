@@ -36,18 +36,20 @@ class BeamResult:
 
 def _check_beams(num_beams: int, vocab_size: int, max_new_tokens: int) -> None:
     """Refuse more beams than distinct continuations, or than this machine can hold the scores of."""
+    need = 8 * (num_beams + 1) * vocab_size  # one step's candidate scores (float64 here and there)
+    if need > available_memory_bytes():
+        raise TxlError(f"num_beams {num_beams:,} needs {format_bytes(need)} for one step's candidate scores, more "
+                       "than the memory available: use fewer beams")
+    if max_new_tokens == 0:  # one continuation, the empty one, whatever the beams
+        return
     distinct = 1
     for _ in range(max_new_tokens if vocab_size > 1 else 1):
         distinct *= vocab_size
         if distinct >= num_beams:
             break
-    else:
+    if distinct < num_beams:
         raise TxlError(f"num_beams {num_beams:,} is more than the {distinct:,} distinct continuations of "
                        f"{max_new_tokens} token(s) over {vocab_size:,} tokens: use at most {distinct:,} beams")
-    need = 8 * (num_beams + 1) * vocab_size  # one step's candidate scores (float64 here and there)
-    if need > available_memory_bytes():
-        raise TxlError(f"num_beams {num_beams:,} needs {format_bytes(need)} for one step's candidate scores, more "
-                       "than the memory available: use fewer beams")
 
 
 @torch.no_grad()
@@ -79,8 +81,7 @@ def beam_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: 
     check_decoding(repetition_penalty, no_repeat_ngram_size, min_new_tokens)
     if max_new_tokens < 0:
         raise TxlError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if max_new_tokens > 0:  # (no new token: one continuation, the empty one, whatever the beams)
-        _check_beams(int(num_beams), model.config.vocab_size, max_new_tokens)
+    _check_beams(int(num_beams), model.config.vocab_size, max_new_tokens)
     span = resolve_span(model.config, span, mem_len=mem_len)
     end = tuple(int(i) for i in end_ids)
     rules = dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)

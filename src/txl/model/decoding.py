@@ -407,6 +407,9 @@ class DecodingState:
             raise TxlError("reorder needs a non-empty 1-D integer tensor of row numbers")
         if rows is not None and index.device.type == "cpu" and (int(index.min()) < 0 or int(index.max()) >= rows):
             raise TxlError(f"reorder row numbers must be in [0, {rows}), got {index.tolist()}")
+        tensors = [b for c in self.layers for b in (c.keys, c.values, c.hidden) if b is not None] + (self.held or [])
+        self.check_fits(sum(t[:1].numel() * t.element_size() for t in tensors) * index.numel(),
+                        f"the {index.numel():,} rows it is reordered into")
         for cache in self.layers:
             for name in ("keys", "values", "hidden"):
                 buffer = getattr(cache, name)
@@ -439,7 +442,7 @@ class DecodingState:
         if need > have:
             raise TxlError(f"a decoding state with mem_len {self.span.mem_len:,} needs {format_bytes(need)} for {what}, more "
                            f"than the {format_bytes(have)} of memory available: use a smaller mem_len (or a shorter text, "
-                           "a smaller batch)")
+                           "a smaller batch, fewer beams)")
 
 
 def slot_padding_mask(state: DecodingState, mem_padding: torch.Tensor, batch: int) -> torch.Tensor:

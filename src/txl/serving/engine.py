@@ -27,7 +27,7 @@ from txl.errors import TxlError
 from txl.evaluation.scoring import token_text
 from txl.generation import check_sampling, generate_steps
 from txl.model.span import AttentionSpan
-from txl.runtime import autocast
+from txl.runtime import autocast, out_of_memory
 from txl.serving.sessions import SessionState, SessionStore, StoreFull, bits, read_tokens, session_memory_bytes
 
 __all__ = ["ServeError", "SamplingParams", "Piece", "ModelWorker", "Metrics", "StopMatcher", "Engine"]
@@ -94,7 +94,9 @@ class ModelWorker:
         return self._pool.submit(self._call, fn, args)
 
     async def run(self, fn: Callable, *args) -> Any:
-        """Run ``fn(*args)`` on the worker thread and return its result (or raise its exception).
+        """Run ``fn(*args)`` on the worker thread and return its result (or raise its exception; an
+        allocation failure becomes :class:`ServeError` 503: the request, not the server, was too big
+        for the memory left).
 
         A request cancelled while its job waits takes the job out of the queue.
         """
@@ -105,6 +107,11 @@ class ModelWorker:
             if future.cancel():
                 with self._count:
                     self.waiting -= 1
+            raise
+        except (MemoryError, RuntimeError) as err:
+            if out_of_memory(err):
+                raise ServeError(503, "the server has not enough memory for this request now: send a shorter "
+                                      "text, or retry when fewer sessions are open") from None
             raise
 
     def shutdown(self) -> None:
