@@ -515,3 +515,15 @@ def test_a_request_the_memory_cannot_hold_is_a_503_and_the_session_stays(client,
     assert r.status_code == 503 and "not enough memory" in r.json()["error"]["message"]
     monkeypatch.undo()
     assert client.get(f"/v1/sessions/{sid}").json() == before
+
+
+def test_a_whole_response_stops_generating_when_its_client_leaves(client, url):
+    """A non-streaming completion whose client gave up stops generating (as a stream does), instead of
+    running to max_tokens for nobody."""
+    before = client.get("/metrics").json()["tokens_generated"]
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{url}/v1/completions", json={"prompt": "To be", "max_tokens": 5000, "seed": 1}, timeout=0.5)
+    time.sleep(1.0)
+    stopped = client.get("/metrics").json()["tokens_generated"]
+    time.sleep(0.5)
+    assert client.get("/metrics").json()["tokens_generated"] == stopped < before + 5000

@@ -146,6 +146,20 @@ class _Guard:
             metrics.in_flight -= 1
 
 
+async def _collect(items, request: Request) -> list:
+    """The items of an async generator for a response sent whole; when the client has gone, the
+    generator is closed there, as a stream's is (no tokens generated for nobody)."""
+    out = []
+    try:
+        async for item in items:
+            out.append(item)
+            if await request.is_disconnected():
+                break
+    finally:
+        await items.aclose()
+    return out
+
+
 def _route(path: str) -> str:
     """The route of a path, with a session id as ``{id}`` (metrics keys stay few)."""
     parts = path.split("/")
@@ -222,7 +236,7 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
         return engine.stats()
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
+    async def completions(req: CompletionRequest, request: Request):
         p = req.params()
         engine.check_sampling(p)
         ids = engine.encode(req.prompt)
@@ -262,7 +276,7 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        pieces = [piece async for piece in engine.sample(context, mems, p)]
+        pieces = await _collect(engine.sample(context, mems, p), request)
         tokens = [x.token for x in pieces]
         lps = [x.logprob for x in pieces]
         if prompt_lp is not None:
@@ -288,7 +302,7 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
         return await engine.append(session_id, req.text, req.flush)
 
     @app.post("/v1/sessions/{session_id}/generate")
-    async def generate(session_id: str, req: GenerateRequest):
+    async def generate(session_id: str, req: GenerateRequest, request: Request):
         p = req.params()
         engine.check_sampling(p)
         engine.session(session_id)  # 404 now, not inside a stream
@@ -312,12 +326,9 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        pieces, info = [], None
-        async for item in engine.generate(session_id, p, req.append):
-            if isinstance(item, Piece):
-                pieces.append(item)
-            else:
-                info = item
+        items = await _collect(engine.generate(session_id, p, req.append), request)
+        pieces = [x for x in items if isinstance(x, Piece)]
+        info = next((x for x in items if not isinstance(x, Piece)), None)
         finish = "stop" if len(pieces) < p.max_tokens else "length"
         lps = [x.logprob for x in pieces]
         return {"text": "".join(x.text for x in pieces), "finish_reason": finish,
