@@ -191,17 +191,18 @@ class DecodingState:
         return self.pos_period - 1 - self.next_slot
 
     def grown(self, n: int, bytes_per_position: int = 0, what: str = "its keys and values") -> int:
-        """Positions to make room for when ``n`` are needed while the memory fills: twice as many, at
-        least 16, at most the capacity S (so n tokens take O(log n) reallocations), or exactly ``n``
-        when twice as many would not fit in the available memory (or as many as fit, if more).
+        """Positions to make room for when ``n`` are needed while the memory fills: twice as many (at
+        least 16, at most the capacity S: O(log n) reallocations for n tokens), or as many as the
+        available memory holds when that is less, if at least ``n``.
 
         Raises:
             TxlError: not even ``n`` positions of ``bytes_per_position`` bytes fit.
         """
         want = min(self.capacity, max(16, 2 * n))
-        if bytes_per_position and want * bytes_per_position > available_memory_bytes():
+        have = available_memory_bytes() if bytes_per_position else 0
+        if bytes_per_position and want * bytes_per_position > have:
             self.check_fits(n * bytes_per_position, what)
-            return max(n, min(want, available_memory_bytes() // bytes_per_position))  # as much as fits
+            return max(n, have // bytes_per_position)  # (less than want here)
         return want
 
     def prepare_step(self, bytes_per_position: int, table_bytes_per_position: int) -> int | None:
@@ -307,7 +308,8 @@ class DecodingState:
         if self.length > 0 and device.type == "cpu":
             full = S + min(S, max(S // 8, 2 * qlen))
             if need >= S and room < full:  # full after this call: spare room for the calls to come
-                room = full if self._can_grow(full, bytes_per_position) else room
+                # spare room only where it leaves half the available memory
+                room = full if (full - room) * bytes_per_position <= available_memory_bytes() // 2 else room
             elif room < need < S:  # while the memory fills
                 room = self.grown(need, bytes_per_position)
         if self.length == 0 or need > room or device.type != "cpu":
@@ -426,10 +428,6 @@ class DecodingState:
         cache.values = like.new_zeros(bsz, heads, room, d_head)
         if self.keep_mems and hidden is not None:
             cache.hidden = hidden.new_zeros(bsz, room, hidden.size(-1))
-
-    def _can_grow(self, room: int, bytes_per_position: int) -> bool:
-        """Whether growing every layer's buffers to ``room`` positions leaves half the available memory."""
-        return (room - self.room) * bytes_per_position <= available_memory_bytes() // 2
 
     def check_fits(self, need: int, what: str) -> None:
         """Refuse buffers of ``need`` bytes that this machine's available memory cannot hold (a clear
