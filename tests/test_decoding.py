@@ -363,6 +363,10 @@ def test_growth_that_would_not_fit_is_refused_and_changes_nothing(monkeypatch):
             torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-10)
             mems, start = want.mems, start + size
         assert state.room > 32
+        monkeypatch.setattr(decoding, "available_memory_bytes", lambda: 10_000)
+        with pytest.raises(TxlError, match=r"for the 1,000 rows it is reordered into.* fewer beams"):
+            state.reorder(torch.zeros(1000, dtype=torch.long))
+        state.reorder(torch.tensor([1, 0]))  # as many rows as before: not a growth
 
 
 @pytest.mark.parametrize("size", [1, 4, 9])

@@ -409,9 +409,10 @@ class DecodingState:
             raise TxlError("reorder needs a non-empty 1-D integer tensor of row numbers")
         if rows is not None and index.device.type == "cpu" and (int(index.min()) < 0 or int(index.max()) >= rows):
             raise TxlError(f"reorder row numbers must be in [0, {rows}), got {index.tolist()}")
-        tensors = [b for c in self.layers for b in (c.keys, c.values, c.hidden) if b is not None] + (self.held or [])
-        self.check_fits(sum(t[:1].numel() * t.element_size() for t in tensors) * index.numel(),
-                        f"the {index.numel():,} rows it is reordered into")
+        if rows is not None and index.numel() > rows:  # more rows than now (beams from one prompt): checked
+            tensors = [b for c in self.layers for b in (c.keys, c.values, c.hidden) if b is not None] + (self.held or [])
+            self.check_fits(sum(t[:1].numel() * t.element_size() for t in tensors) * index.numel(),
+                            f"the {index.numel():,} rows it is reordered into")
         for cache in self.layers:
             for name in ("keys", "values", "hidden"):
                 buffer = getattr(cache, name)
