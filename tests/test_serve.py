@@ -24,14 +24,13 @@ httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
 
-from conftest import run_cli, tiny_model  # noqa: E402
+from conftest import run_cli, served_app, tiny_model  # noqa: E402
 from txl.data import ByteTokenizer  # noqa: E402
 from txl.data.tokenizers.incremental import TextCursor  # noqa: E402
 from txl.evaluation.scoring import score_tokens, token_text  # noqa: E402
 from txl.generation import generate  # noqa: E402
 from txl.model.span import AttentionSpan  # noqa: E402
 from txl.serving.app import create_app  # noqa: E402
-from txl.serving.engine import StopMatcher  # noqa: E402
 from txl.serving.server import build_engine, listen  # noqa: E402
 from txl.serving.sessions import SessionState, SessionStore, StoreFull, read_tokens  # noqa: E402
 from txl.training.checkpoint import save_checkpoint  # noqa: E402
@@ -61,19 +60,8 @@ def ref(model):
 def url(model):
     """The real server (uvicorn, in a thread of this process) serving a float64 byte model on a free port."""
     engine = build_engine(model, TOK, span=SPAN, max_sessions=40, idle_timeout=300, max_tokens=5000)
-    app = create_app(engine, max_request_bytes=20000)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    sock = listen("127.0.0.1", 0)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server.should_exit = True
-    thread.join(timeout=20)
-    assert not thread.is_alive()
+    with served_app(create_app(engine, max_request_bytes=20000)) as base:
+        yield base
 
 
 @pytest.fixture
@@ -155,17 +143,6 @@ def test_completion_stop_strings_and_echo_scores(client, ref):
     assert choice["text"] == TEXT
     got = [math.nan if v is None else v for v in choice["logprobs"]["token_logprobs"]]
     np.testing.assert_allclose(got, reference_scores(ref, ids_of(TEXT)), atol=1e-10)
-
-
-def test_stop_matcher_holds_back_a_possible_stop_string():
-    m = StopMatcher(("END", "xy"))
-    assert m.push("abE") == ("ab", False)
-    assert m.push("N") == ("", False)
-    assert m.push("Dzz") == ("", True)
-    m = StopMatcher(("END",))
-    assert m.push("aEN") == ("a", False) and m.push("x") == ("ENx", False) and m.finish() == ""
-    m = StopMatcher(("END",))
-    assert m.push("EN") == ("", False) and m.finish() == "EN"
 
 
 def test_streaming_delivers_tokens_as_they_are_drawn(client, url, ref):
@@ -350,7 +327,8 @@ def test_bad_requests_and_unknown_sessions_get_clean_4xx(client):
     assert append(client, sid, "still fine")["n_tokens"] == 10  # the refused requests changed nothing
     stats = client.get("/metrics").json()
     assert stats["responses_by_status"]["404"] >= 6 and stats["queue_length"] == 0
-    assert stats["session_memory_bytes_max_each"] == 3 * 10 * 16 * 8  # n_layer * mem_len * d_model * float64
+    # n_layer * mem_len * d_model * float64, the tail's ids (tgt_len int64), the pending text's bound
+    assert stats["session_memory_bytes_max_each"] == 3 * 10 * 16 * 8 + 6 * 8 + 65536
 
 
 def test_session_store_is_bounded_lru_and_expires():
@@ -368,15 +346,13 @@ def test_session_store_is_bounded_lru_and_expires():
     now[0] = 11.5  # a idle for 10.5 s, c for 6.5 s
     assert store.expire() == 1 and store.get(a.id) is None and store.get(c.id) is c
 
-    async def busy():
-        async with c.lock:
-            d = store.create(state)  # c is busy: only free sessions are evicted
-            with pytest.raises(StoreFull):
-                async with d.lock:
-                    store.create(state)
-
-    import asyncio
-    asyncio.run(busy())
+    c.users += 1  # a request holds or waits for c: only sessions nobody uses are evicted
+    d = store.create(state)
+    d.users += 1
+    with pytest.raises(StoreFull):
+        store.create(state)
+    c.users -= 1
+    d.users -= 1
     assert store.get(c.id) is c
 
 
@@ -445,7 +421,7 @@ def test_txl_serve_command_matches_txl_score_and_stops_cleanly_on_sigterm(tmp_pa
 def test_an_empty_api_key_is_refused(capsys, tmp_path):
     from conftest import one_error_line, run_cli
 
-    code, _, err = run_cli(capsys, "serve", tmp_path / "none", "--api-key", "")
+    code, _, err = run_cli(capsys, "serve", tmp_path, "--api-key", "")
     assert code == 2 and "--api-key is empty" in one_error_line(err)
 
 
@@ -486,8 +462,13 @@ def test_serve_refuses_one_session_beyond_memory_and_notes_many(tmp_path, capsys
     save_checkpoint(tmp_path / "ckpt", model, TOK, run, {"step": 0})
     served = []
     monkeypatch.setattr(server, "listen", lambda host, port: listen("127.0.0.1", 0))
-    monkeypatch.setattr(server, "serve", lambda engine, sock, **kw: (served.append(engine), sock.close()))
-    per_session = 3 * 16 * 1000 * 4  # n_layer * d_model * mem_len * float32
+    def fake_serve(engine, sock, **kw):
+        served.append(engine)
+        sock.close()
+        return 0
+
+    monkeypatch.setattr(server, "serve", fake_serve)
+    per_session = 3 * 16 * 1000 * 4 + 6 * 8 + 65536  # n_layer * d_model * mem_len * float32, tail ids, pending text
     monkeypatch.setattr(runtime, "available_memory_bytes", lambda: per_session * 10)
     code, _, err = run_cli(capsys, "serve", tmp_path / "ckpt", "--mem-len", "100000")
     assert code == 2 and "one session with mem_len 100,000 would hold" in one_error_line(err)

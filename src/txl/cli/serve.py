@@ -7,7 +7,8 @@ import os
 import sys
 
 from txl.cli.common import (add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_span, check_range,
-                            load_checkpoint, print_notes, span_args)
+                            check_checkpoint_path, finite_float, load_checkpoint, print_notes, require_installed,
+                            span_args)
 from txl.errors import TxlError
 
 NAME = "serve"
@@ -17,7 +18,9 @@ DETAILS = ("Serves POST /v1/completions (stateless, OpenAI-style, streaming with
            "(POST /v1/sessions, then /v1/sessions/ID/append, /generate, GET and DELETE /v1/sessions/ID) that keep "
            "their memory between requests, so a request costs the same after a million tokens as after ten; "
            "GET /health and /metrics. Loopback only unless --api-key (or TXL_API_KEY) is set. SIGTERM or "
-           "Ctrl-C finish the requests in progress, then exit. Needs pip install 'txl[serve]'. See docs/serving.md.")
+           "Ctrl-C let the requests in progress finish for up to --shutdown-timeout seconds, then exit; a second "
+           "signal exits at once. Needs the serve extra (FastAPI, uvicorn): in the txl folder, "
+           ".venv/bin/python -m pip install -e '.[serve]'. See docs/serving.md.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,12 +35,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "environment variable, else none)")
     p.add_argument("--max-sessions", type=int, default=64, metavar="N",
                    help="sessions kept at once; a new one evicts the least recently used (default 64)")
-    p.add_argument("--idle-timeout", type=float, default=600.0, metavar="S",
+    p.add_argument("--idle-timeout", type=finite_float, default=600.0, metavar="S",
                    help="seconds after which an unused session is dropped (default 600)")
     p.add_argument("--max-tokens", type=int, default=4096, metavar="N",
                    help="most tokens one request may generate (default 4096)")
     p.add_argument("--max-request-bytes", type=int, default=4 << 20, metavar="N",
                    help="larger request bodies get 413 (default 4194304, 4 MiB)")
+    p.add_argument("--max-request-tokens", type=int, default=1 << 17, metavar="N",
+                   help="an append or prompt of more tokens gets 413 (default 131072); a session reads several "
+                        "appends exactly as one")
+    p.add_argument("--max-pending-bytes", type=int, default=1 << 16, metavar="N",
+                   help="most bytes of undecided text a session holds, e.g. a word session's unfinished line "
+                        "(default 65536); an append that would leave more gets 413")
+    p.add_argument("--shutdown-timeout", type=finite_float, default=10.0, metavar="S",
+                   help="on SIGTERM/Ctrl-C, seconds the requests in progress may take to finish before they are "
+                        "cut off (default 10)")
     add_span(p)
     add_dtype(p)
     add_device(p)
@@ -47,17 +59,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``txl serve`` until SIGTERM or SIGINT; returns the exit status."""
-    from txl.serving.server import build_engine, is_loopback, listen, serve
-
-    check_range(args, 1, "tgt_len", "max_sessions", "max_request_bytes")
-    check_range(args, 0, "mem_len", "clamp_len", "max_tokens", "port")
+    check_range(args, 1, "tgt_len", "max_sessions", "max_request_bytes", "max_request_tokens")
+    check_range(args, 0, "mem_len", "clamp_len", "cmem_len", "max_tokens", "port", "max_pending_bytes")
     if args.port > 65535:
         raise TxlError(f"--port must be in [0, 65535], got {args.port}")
     if not args.idle_timeout > 0:
         raise TxlError(f"--idle-timeout must be > 0 seconds, got {args.idle_timeout}")
-    if args.api_key is not None and not args.api_key.strip():
-        raise TxlError("--api-key is empty: give a key clients will send, or leave the flag out")
+    if not args.shutdown_timeout >= 0:
+        raise TxlError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
+    check_checkpoint_path(args.checkpoint)  # the arguments, the path and the optional packages before torch
+    require_installed("fastapi", "uvicorn", message="txl serve needs FastAPI and uvicorn: in the txl folder, "
+                                                    ".venv/bin/python -m pip install -e '.[serve]' (or pip install "
+                                                    "fastapi uvicorn)")
+    from txl.serving.http import check_api_key
+    from txl.serving.server import build_engine, is_loopback, listen, serve
+
     api_key = args.api_key if args.api_key is not None else os.environ.get("TXL_API_KEY") or None
+    check_api_key(api_key)
     if not is_loopback(args.host) and api_key is None:
         raise TxlError(f"--host {args.host} lets other machines reach the server: give --api-key KEY (or set "
                        "TXL_API_KEY), or keep the default 127.0.0.1")
@@ -67,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
     ckpt, _ = load_checkpoint(args, announce=True)
     span = resolve_span(ckpt.model.config, **span_args(args, ckpt.run.eval))
     engine = build_engine(ckpt.model, ckpt.tokenizer, span=span, dtype=args.dtype, max_sessions=args.max_sessions,
-                          idle_timeout=args.idle_timeout, max_tokens=args.max_tokens, name=str(ckpt.path))
+                          idle_timeout=args.idle_timeout, max_tokens=args.max_tokens,
+                          max_pending_bytes=args.max_pending_bytes, max_request_tokens=args.max_request_tokens,
+                          name=model_name(ckpt.path))
     from txl.runtime import available_memory_bytes, format_bytes
 
     have = available_memory_bytes()
@@ -82,9 +102,19 @@ def run(args: argparse.Namespace) -> int:
     host, port = sock.getsockname()[:2]
     print_notes(args)
     shown = f"[{host}]" if ":" in host else host
-    announce = (f"txl: serving on http://{shown}:{port} (tgt_len={span.tgt_len}, mem_len={span.mem_len}; up to "
-                f"{args.max_sessions} sessions of {engine.session_bytes / 2**20:.2f} MiB of memory each, dropped "
+    cmem = f", cmem_len={span.cmem_len}" if span.cmem_len else ""
+    announce = (f"txl: serving on http://{shown}:{port} (tgt_len={span.tgt_len}, mem_len={span.mem_len}{cmem}; up "
+                f"to {args.max_sessions} sessions of at most {format_bytes(engine.session_bytes)} each, dropped "
                 f"after {args.idle_timeout:g} s idle); Ctrl-C or SIGTERM to stop")
-    serve(engine, sock, api_key=api_key, max_request_bytes=args.max_request_bytes, log_level=args.log_level,
-          announce=announce)
-    return 0
+    return serve(engine, sock, api_key=api_key, max_request_bytes=args.max_request_bytes, log_level=args.log_level,
+                 announce=announce, shutdown_timeout=args.shutdown_timeout)
+
+
+def model_name(path) -> str:
+    """The model's name in answers: its run folder's name (``runs/cpu-tiny/best`` -> ``cpu-tiny``), never a
+    path of the machine."""
+    from pathlib import Path
+
+    path = Path(path)
+    base = path.name.split(".")[0]
+    return path.parent.name if base in ("best", "last") and path.parent.name else path.name

@@ -15,15 +15,22 @@ from txl.model.span import AttentionSpan
 
 
 class StopText:
-    """Cuts streamed text at the first of some stop strings.
+    """Cuts streamed text at the first of some stop strings, in time linear in the text.
 
     :meth:`push` takes the text pieces of a stream (e.g. from :func:`stream_text`) and returns the
-    text that can be shown: a tail that could still become a stop string is held back until it
-    cannot. Once a stop string has appeared, :attr:`stopped` is True and the text before it is all
-    that was ever returned (the stop string is not shown). Concatenated, the returned pieces and
-    :meth:`finish` equal the whole text cut before the stop string that is complete first (of those
-    complete at the same character, the longest), the whole text when none appears; how the text
-    is cut into pieces does not matter.
+    text that can be shown: only a tail that is the start of a stop string is held back, until it
+    cannot be one any more. Once a stop string has appeared, :attr:`stopped` is True and the text
+    before it is all that was ever returned (the stop string is not shown). Concatenated, the
+    returned pieces and :meth:`finish` equal the whole text cut before the stop string that is
+    complete first (of those complete at the same character, the longest), the whole text when none
+    appears; how the text is cut into pieces does not matter.
+
+    Each stop string is followed by a Knuth-Morris-Pratt automaton (its prefix function, computed
+    once), so a character costs amortised O(1) per stop string whatever the stops' lengths: the
+    text is read once, never searched again from an earlier position.
+
+    The one stop matcher of txl: ``txl generate``/``summarize``/:func:`continue_texts` and
+    ``txl serve`` all cut with it.
 
     Args:
         stops: the stop strings (empty ones are not allowed).
@@ -41,26 +48,57 @@ class StopText:
         self.stopped = False
         self.armed = True
         self._held = ""
-        self._hold = max((len(s) for s in self.stops), default=1) - 1
+        self._fail = [_prefix_function(s) for s in self.stops]
+        self._state = [0] * len(self.stops)  # characters of each stop matched by the end of the text
 
     def push(self, piece: str) -> str:
         """The text of ``piece`` (with what was held back) that can be shown now."""
         if self.stopped:
             return ""
+        if not (self.armed and self.stops):
+            out, self._held = self._held + piece, ""
+            self._state = [0] * len(self.stops)
+            return out
+        held = len(self._held)
         text = self._held + piece
-        if self.armed and self.stops:
-            found = [(i + len(s), i) for s in self.stops if (i := text.find(s)) >= 0]
-            if found:  # the stop that is complete first (then the longest of those) ends the text
+        stops, fail, state = self.stops, self._fail, self._state
+        for i in range(held, len(text)):
+            ch = text[i]
+            done = 0  # the longest stop complete at character i
+            for k, s in enumerate(stops):
+                q = state[k]
+                while q and s[q] != ch:
+                    q = fail[k][q - 1]
+                if s[q] == ch:
+                    q += 1
+                if q == len(s):
+                    done = max(done, q)
+                    q = fail[k][q - 1]
+                state[k] = q
+            if done:
                 self.stopped, self._held = True, ""
-                return text[:min(found)[1]]
-        keep = self._hold if self.armed else 0
-        self._held = text[len(text) - keep:] if keep and len(text) > keep else (text if keep else "")
-        return text[:len(text) - len(self._held)]
+                return text[:i + 1 - done]
+        keep = max(state)  # the longest tail that may still become a stop string
+        self._held = text[len(text) - keep:] if keep else ""
+        return text[:len(text) - keep]
 
     def finish(self) -> str:
         """What is still held back (the stream ended without a stop string there)."""
         held, self._held = self._held, ""
         return "" if self.stopped else held
+
+
+def _prefix_function(s: str) -> list[int]:
+    """``pi[i]``: length of the longest proper prefix of ``s[:i + 1]`` that is also its suffix (KMP)."""
+    pi = [0] * len(s)
+    q = 0
+    for i in range(1, len(s)):
+        while q and s[i] != s[q]:
+            q = pi[q - 1]
+        if s[i] == s[q]:
+            q += 1
+        pi[i] = q
+    return pi
 
 
 def continue_texts(model, tokenizer, prompts: Sequence[torch.Tensor], *, max_new_tokens: int = 128,

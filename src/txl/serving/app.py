@@ -4,7 +4,9 @@ Routes: ``GET /health``, ``GET /metrics``, ``POST /v1/completions`` (stateless, 
 server-sent events with ``stream``), and the sessions ``POST /v1/sessions``,
 ``GET|DELETE /v1/sessions/{id}``, ``POST /v1/sessions/{id}/append``,
 ``POST /v1/sessions/{id}/generate``. Every error is a JSON body
-``{"error": {"message", "type", "code"}}`` with a 4xx status (503 when every session slot is busy).
+``{"error": {"message", "type", "code"}}`` with a 4xx status (503 when every session slot is busy);
+:mod:`txl.serving.server` answers malformed HTTP in the same form. Answers that grow with a text
+(per-token entries) are rendered to JSON off the event loop.
 """
 
 from __future__ import annotations
@@ -21,22 +23,14 @@ from typing import Any
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from txl.serving.engine import Engine, Piece, SamplingParams, ServeError
+from txl.serving.engine import Engine, Piece, SamplingParams, ServeError, SessionGone
+from txl.serving.http import check_api_key, error_body
 
 __all__ = ["create_app", "error_body"]
-
-_KINDS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "request_too_large", 503: "overloaded_error"}
-
-
-def error_body(status: int, message: str) -> dict[str, Any]:
-    """The JSON body of an error response."""
-    return {"error": {"message": message, "type": _KINDS.get(status, "error"), "code": status}}
-
 
 class _Sampling(BaseModel):
     """Sampling fields shared by completions and session generation (OpenAI names)."""
@@ -52,9 +46,8 @@ class _Sampling(BaseModel):
     stream: bool = False
 
     def params(self) -> SamplingParams:
+        """The sampling settings (checked by :meth:`Engine.check_sampling`)."""
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
-        if len(stop) > 4:
-            raise ServeError(400, f"stop takes at most 4 strings, got {len(stop)}")
         return SamplingParams(self.max_tokens, self.temperature, None if self.top_p >= 1 else self.top_p,
                               self.top_k, tuple(stop), self.seed)
 
@@ -93,17 +86,32 @@ def _num(x: float) -> float | None:
     return None if x != x else x
 
 
+async def _json(build) -> Response:
+    """A JSON response of ``build()``, built and serialised on a thread (answers may hold a token entry
+    per token of a long text: the event loop stays free meanwhile)."""
+    def render() -> bytes:
+        return json.dumps(build(), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+
+    return Response(await asyncio.to_thread(render), media_type="application/json")
+
+
 class _Guard:
-    """ASGI middleware: API key, request-size limit, request and status counters."""
+    """ASGI middleware: API key, request-size limit, request and status counters.
+
+    Requests are counted by route template (:mod:`txl.serving.metrics`), so no path, method or
+    failed key adds a counter. ``scope["txl_authorized"]`` tells the routes whether the request
+    carried the key (``/health`` answers details only then).
+    """
 
     def __init__(self, app, engine: Engine, api_key: str | None, max_request_bytes: int) -> None:
-        self.app, self.engine, self.api_key, self.limit = app, engine, api_key, max_request_bytes
+        self.app, self.engine, self.limit = app, engine, max_request_bytes
+        self.expected = None if api_key is None else b"Bearer " + api_key.encode("ascii")
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         metrics = self.engine.metrics
-        metrics.requests[f"{scope['method']} {_route(scope['path'])}"] += 1
+        metrics.count_request(scope["method"], scope["path"])
         metrics.in_flight += 1
 
         async def counted_send(message):
@@ -113,25 +121,29 @@ class _Guard:
 
         try:
             headers = dict(scope["headers"])
-            if self.api_key is not None and scope["path"] != "/health":
-                given = headers.get(b"authorization", b"").decode("latin-1")
-                if not secrets.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
-                    return await _reply(counted_send, 401, "missing or wrong API key: send the header "
-                                                           "'Authorization: Bearer KEY'")
+            # compared as the bytes sent: the key is ASCII (checked at start), so no decoding can differ
+            authorized = self.expected is None or secrets.compare_digest(headers.get(b"authorization", b""),
+                                                                         self.expected)
+            scope["txl_authorized"] = authorized
+            if not authorized and scope["path"] != "/health":
+                return await _reply(counted_send, 401, "missing or wrong API key: send the header "
+                                                       "'Authorization: Bearer KEY'")
             length = headers.get(b"content-length")
             if length is not None and length.isdigit() and int(length) > self.limit:
                 return await _reply(counted_send, 413, f"request body of {int(length)} bytes is over this server's "
                                                        f"limit of {self.limit} bytes (--max-request-bytes)")
-            body, more = b"", True
+            chunks, size, more = [], 0, True
             while more:  # read the body here, so that a body without a length is bounded too
                 message = await receive()
                 if message["type"] == "http.disconnect":
                     return
-                body += message.get("body", b"")
+                chunks.append(message.get("body", b""))
+                size += len(chunks[-1])
                 more = message.get("more_body", False)
-                if len(body) > self.limit:
+                if size > self.limit:
                     return await _reply(counted_send, 413, f"request body over this server's limit of {self.limit} "
                                                            "bytes (--max-request-bytes)")
+            body = b"".join(chunks)
             sent = False
 
             async def replay():
@@ -160,12 +172,10 @@ async def _collect(items, request: Request) -> list:
     return out
 
 
-def _route(path: str) -> str:
-    """The route of a path, with a session id as ``{id}`` (metrics keys stay few)."""
-    parts = path.split("/")
-    if len(parts) >= 4 and parts[1:3] == ["v1", "sessions"]:
-        parts[3] = "{id}"
-    return "/".join(parts)
+def _finish(pieces: list[Piece]) -> str:
+    """``finish_reason``: "stop" when the last token completed a stop string (the last allowed one
+    included), else "length"."""
+    return "stop" if pieces and pieces[-1].stopped else "length"
 
 
 async def _reply(send, status: int, message: str) -> None:
@@ -184,7 +194,12 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
         api_key: when given, every route but ``/health`` needs ``Authorization: Bearer KEY`` (401 otherwise).
         max_request_bytes: larger request bodies get 413.
         sweep_s: how often idle sessions are dropped in the background (they are also dropped on access).
+
+    Raises:
+        TxlError: an API key that is empty or not printable ASCII (HTTP headers carry bytes; a key
+            outside ASCII would be compared under one encoding and sent under another).
     """
+    check_api_key(api_key)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -226,7 +241,9 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
         return JSONResponse(error_body(500, f"internal error: {type(err).__name__}: {err}"), status_code=500)
 
     @app.get("/health")
-    async def health():
+    async def health(request: Request):
+        if not request.scope.get("txl_authorized", True):
+            return {"status": "ok"}  # nothing about the model or the machine without the key
         c = engine.model.config
         return {"status": "ok", "model": engine.name, "tokenizer": engine.tokenizer.kind,
                 "vocab_size": c.vocab_size, "span": engine.span.to_dict(), "n_layer": c.n_layer, "d_model": c.d_model}
@@ -239,14 +256,18 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
     async def completions(req: CompletionRequest, request: Request):
         p = req.params()
         engine.check_sampling(p)
-        ids = engine.encode(req.prompt)
+        ids = await engine.encode(req.prompt)
         if ids.size == 0:
             raise ServeError(400, "the prompt is empty (it encodes to no tokens); give at least one character")
+        engine.check_length(ids, "the prompt")
         header = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                   "model": engine.name}
         context, mems, prompt_lp = ids, None, None
         if req.echo and req.logprobs is not None:  # score the prompt, then sample from the state after it
             prompt_lp, state = await engine.score_prompt(ids)
+            context, mems = state.tail, state.mems
+        elif ids.size > engine.job_tokens:  # a long prompt is read first in jobs of whole segments (on the
+            _, state = await engine.score_prompt(ids)  # grid generate reads it with), others' jobs between them
             context, mems = state.tail, state.mems
 
         def choice(text: str, finish: str | None, tokens=None, lps=None) -> dict[str, Any]:
@@ -269,9 +290,8 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
                                                              prompt_lp)]})
                 async for piece in engine.sample(context, mems, p):
                     n += 1
+                    finish = "stop" if piece.stopped else "length"
                     yield _sse({**header, "choices": [choice(piece.text, None, [piece.token], [piece.logprob])]})
-                if n < p.max_tokens:
-                    finish = "stop"
                 yield _sse({**header, "choices": [choice("", finish)], "usage": usage(n)})
                 yield b"data: [DONE]\n\n"
 
@@ -281,9 +301,10 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
         lps = [x.logprob for x in pieces]
         if prompt_lp is not None:
             tokens, lps = [*ids.tolist(), *tokens], [*prompt_lp.tolist(), *lps]
-        finish = "stop" if len(pieces) < p.max_tokens else "length"
+        finish = _finish(pieces)
         text = prefix + "".join(x.text for x in pieces)
-        return {**header, "choices": [choice(text, finish, tokens, lps)], "usage": usage(len(pieces))}
+        return await _json(lambda: {**header, "choices": [choice(text, finish, tokens, lps)],
+                                    "usage": usage(len(pieces))})
 
     @app.post("/v1/sessions", status_code=201)
     async def create_session():
@@ -299,7 +320,8 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
 
     @app.post("/v1/sessions/{session_id}/append")
     async def append(session_id: str, req: AppendRequest):
-        return await engine.append(session_id, req.text, req.flush)
+        reply = await engine.append(session_id, req.text, req.flush)
+        return await _json(lambda: reply)
 
     @app.post("/v1/sessions/{session_id}/generate")
     async def generate(session_id: str, req: GenerateRequest, request: Request):
@@ -312,15 +334,16 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
 
         if req.stream:
             async def events():
-                n = 0
+                finish = "length"
                 try:
                     async for item in engine.generate(session_id, p, req.append):
                         if isinstance(item, Piece):
-                            n += 1
+                            finish = "stop" if item.stopped else "length"
                             yield _sse({"object": "session.token", **entry(item)})
                         else:
-                            finish = "stop" if n < p.max_tokens else "length"
                             yield _sse({"object": "session.generation", "finish_reason": finish, "session": item})
+                except SessionGone as err:  # deleted during the generation (or while it waited)
+                    yield _sse(error_body(err.status, err.message, kind="session_deleted"))
                 except ServeError as err:  # e.g. the session was deleted before the stream began
                     yield _sse(error_body(err.status, err.message))
                 yield b"data: [DONE]\n\n"
@@ -329,7 +352,7 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
         items = await _collect(engine.generate(session_id, p, req.append), request)
         pieces = [x for x in items if isinstance(x, Piece)]
         info = next((x for x in items if not isinstance(x, Piece)), None)
-        finish = "stop" if len(pieces) < p.max_tokens else "length"
+        finish = _finish(pieces)
         lps = [x.logprob for x in pieces]
         return {"text": "".join(x.text for x in pieces), "finish_reason": finish,
                 "tokens": [entry(x) for x in pieces], "logprob": float(np.sum(lps)) if lps else 0.0,

@@ -3,16 +3,20 @@
 Nothing here knows HTTP (see :mod:`txl.serving.app`): requests arrive as plain values, errors
 leave as :class:`ServeError` with the HTTP status they stand for. All coroutines run on the
 server's event loop; every model call is a job of the single :class:`ModelWorker` thread, so
-calls of different requests never run at the same time, and a long generation is a sequence of
-one-token jobs between which other requests' jobs run.
+calls of different requests never run at the same time. No job is long: a generation is one job per
+token, and a long text (an append, a prompt) is read in jobs of whole segments of about
+``job_tokens`` tokens. A request has at most one job queued at a time and the queue is first in,
+first out, so the requests in progress take turns (one client's megabyte cannot hold the others
+for its whole reading). Work that is not the model's (tokenising a text, cutting at stop strings)
+runs off the event loop too, which therefore only moves bytes and stays responsive.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -25,12 +29,18 @@ import torch
 from txl.data.tokenizers.incremental import TextCursor
 from txl.errors import TxlError
 from txl.evaluation.scoring import token_text
-from txl.generation import check_sampling, generate_steps
+from txl.generation import StopText, check_sampling, generate_steps
 from txl.model.span import AttentionSpan
 from txl.runtime import autocast, out_of_memory
-from txl.serving.sessions import SessionState, SessionStore, StoreFull, bits, read_tokens, session_memory_bytes
+from txl.serving.metrics import Metrics
+from txl.serving.sessions import (Session, SessionState, SessionStore, StoreFull, bits, read_tokens,
+                                  session_memory_bytes)
 
-__all__ = ["ServeError", "SamplingParams", "Piece", "ModelWorker", "Metrics", "StopMatcher", "Engine"]
+__all__ = ["ServeError", "SessionGone", "SamplingParams", "Piece", "ModelWorker", "Engine", "MAX_STOPS",
+           "MAX_STOP_CHARS"]
+
+MAX_STOPS = 4  #: most stop strings per request (as OpenAI's API)
+MAX_STOP_CHARS = 1000  #: most characters in one stop string
 
 
 class ServeError(Exception):
@@ -39,6 +49,14 @@ class ServeError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status, self.message = status, message
+
+
+class SessionGone(ServeError):
+    """404: the session was deleted while this request waited for it or ran on it."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(404, f"session {session_id!r} was deleted while this request was waiting or running; "
+                              "nothing of this request was kept")
 
 
 @dataclass(frozen=True)
@@ -56,12 +74,14 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class Piece:
-    """One sampled token: its id, log-probability (nats) and the text it adds to the output ("" while
-    a character or a possible stop string is incomplete)."""
+    """One sampled token: its id, log-probability (nats), the text it adds to the output ("" while
+    a character or a possible stop string is incomplete), and whether it completed a stop string
+    (the generation's ``finish_reason`` is then "stop", even on the last allowed token)."""
 
     text: str
     token: int
     logprob: float
+    stopped: bool = False
 
 
 class ModelWorker:
@@ -76,6 +96,7 @@ class ModelWorker:
         self._count = threading.Lock()
         self.waiting = 0  # submitted, not started
         self.busy_s = 0.0  # seconds spent running jobs
+        self.closed = False  # shut down: no new jobs
 
     def _call(self, fn: Callable, args: tuple) -> Any:
         with self._count:
@@ -88,10 +109,21 @@ class ModelWorker:
             self.busy_s += time.perf_counter() - start
 
     def submit(self, fn: Callable, *args):
-        """Queue ``fn(*args)``; returns its :class:`concurrent.futures.Future`."""
+        """Queue ``fn(*args)``; returns its :class:`concurrent.futures.Future`.
+
+        Raises:
+            ServeError: 503 once the worker is shut down (the server is stopping).
+        """
         with self._count:
             self.waiting += 1
-        return self._pool.submit(self._call, fn, args)
+        try:
+            if self.closed:
+                raise RuntimeError("shut down")
+            return self._pool.submit(self._call, fn, args)
+        except RuntimeError:
+            with self._count:
+                self.waiting -= 1
+            raise ServeError(503, "the server is shutting down") from None
 
     async def run(self, fn: Callable, *args) -> Any:
         """Run ``fn(*args)`` on the worker thread and return its result (or raise its exception; an
@@ -115,66 +147,9 @@ class ModelWorker:
             raise
 
     def shutdown(self) -> None:
-        """Finish the queued jobs, then stop the thread."""
-        self._pool.shutdown(wait=True)
-
-
-class Metrics:
-    """Request and token counters, and token throughput over a sliding window (seconds)."""
-
-    def __init__(self, window: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.window, self.clock = window, clock
-        self.started = clock()
-        self.requests: Counter[str] = Counter()  # by route
-        self.statuses: Counter[int] = Counter()
-        self.in_flight = 0
-        self.tokens_read = 0
-        self.tokens_generated = 0
-        self._recent: deque[tuple[float, int]] = deque()
-
-    def add_tokens(self, read: int = 0, generated: int = 0) -> None:
-        """Count tokens read (appended, prompts) and generated."""
-        self.tokens_read += read
-        self.tokens_generated += generated
-        self._recent.append((self.clock(), read + generated))
-
-    def tokens_per_s(self) -> float:
-        """Tokens read + generated per second over the last ``window`` seconds (or since start)."""
-        now = self.clock()
-        while self._recent and self._recent[0][0] < now - self.window:
-            self._recent.popleft()
-        span = min(self.window, max(now - self.started, 1e-9))
-        return sum(n for _, n in self._recent) / span
-
-
-class StopMatcher:
-    """Cuts streamed text at the first occurrence of any stop string.
-
-    :meth:`push` returns the text that can be shown (text that may be the start of a stop string
-    is held back) and whether a stop string was completed; the text before it is then the end.
-    """
-
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self.stops = tuple(s for s in stops if s)
-        self._held = ""
-
-    def push(self, text: str) -> tuple[str, bool]:
-        """(text to emit, stopped)."""
-        buf = self._held + text
-        if not self.stops:
-            return buf, False
-        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            self._held = ""
-            return buf[:min(hits)], True
-        keep = max((k for s in self.stops for k in range(1, len(s)) if buf.endswith(s[:k])), default=0)
-        self._held = buf[len(buf) - keep:] if keep else ""
-        return buf[:len(buf) - keep], False
-
-    def finish(self) -> str:
-        """The held-back text when the output ends without a stop string."""
-        held, self._held = self._held, ""
-        return held
+        """Finish the running job, drop the queued ones (their requests are gone), stop the thread."""
+        self.closed = True
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 @dataclass
@@ -185,9 +160,16 @@ class Engine:
         model: a :class:`~txl.model.TransformerXLLM` in eval mode (never changed).
         tokenizer: its tokenizer.
         span: the :class:`~txl.model.AttentionSpan` every request reads and samples with.
+        store: the session store.
         dtype: "float32", or an autocast dtype.
         max_tokens: most tokens one request may generate.
-        store: the session store.
+        max_pending_bytes: most bytes (UTF-8) of undecided text a session may hold (see
+            :class:`~txl.data.tokenizers.incremental.TextCursor`); an append that would leave more
+            is refused with 413.
+        max_request_tokens: most tokens one append or prompt may hold (413 beyond): bounds the
+            memory of one request's answer (its per-token entries).
+        job_tokens: about how many tokens one model job reads: longer texts are read in jobs of
+            whole segments of about this size, between which other requests' jobs run.
         name: the model's name in responses.
     """
 
@@ -197,6 +179,9 @@ class Engine:
     store: SessionStore
     dtype: str = "float32"
     max_tokens: int = 4096
+    max_pending_bytes: int = 1 << 16
+    max_request_tokens: int = 1 << 17
+    job_tokens: int = 256
     name: str = "txl"
     metrics: Metrics = field(default_factory=Metrics)
 
@@ -204,48 +189,96 @@ class Engine:
         self.device = next(self.model.parameters()).device
         self.worker = ModelWorker(self.device, self.dtype)
         c = self.model.config
-        self.session_bytes = session_memory_bytes(c.n_layer, self.span.mem_len, c.d_model,
-                                                  next(self.model.parameters()).dtype)
+        self.session_bytes = session_memory_bytes(c, self.span, next(self.model.parameters()).dtype,
+                                                  self.max_pending_bytes)
 
     # --- shared pieces -------------------------------------------------------------------------
 
     def check_sampling(self, p: SamplingParams) -> None:
-        """Raise :class:`ServeError` 400 for sampling settings out of range."""
+        """Raise :class:`ServeError` 400 for sampling settings out of range (``max_tokens`` above the
+        server's bound, more than :data:`MAX_STOPS` stop strings, an empty one or one longer than
+        :data:`MAX_STOP_CHARS` characters, bad temperature/top-k/top-p)."""
         if p.max_tokens > self.max_tokens:
             raise ServeError(400, f"max_tokens must be <= {self.max_tokens} (this server's --max-tokens), "
                                   f"got {p.max_tokens}")
+        if len(p.stop) > MAX_STOPS:
+            raise ServeError(400, f"stop takes at most {MAX_STOPS} strings, got {len(p.stop)}")
+        for s in p.stop:
+            if not s:
+                raise ServeError(400, "a stop string must not be empty")
+            if len(s) > MAX_STOP_CHARS:
+                raise ServeError(400, f"a stop string may hold at most {MAX_STOP_CHARS} characters, got one of "
+                                      f"{len(s):,}")
         try:
             check_sampling(p.temperature, p.top_k, p.top_p)
         except TxlError as err:
             raise ServeError(400, str(err)) from None
 
-    def encode(self, text: str) -> np.ndarray:
-        """Token ids of a whole text (400 for text the tokenizer cannot encode)."""
+    async def encode(self, text: str) -> np.ndarray:
+        """Token ids of a whole text (400 for text the tokenizer cannot encode), encoded off the event loop."""
         try:
-            return np.asarray(self.tokenizer.encode(text), dtype=np.int64)
+            ids = await asyncio.to_thread(self.tokenizer.encode, text)
         except TxlError as err:
             raise ServeError(400, str(err)) from None
+        return np.asarray(ids, dtype=np.int64)
+
+    def check_length(self, ids: np.ndarray, what: str) -> None:
+        """413 when ``ids`` holds more than ``max_request_tokens`` tokens (``what``: "this append", "the prompt")."""
+        if ids.size > self.max_request_tokens:
+            raise ServeError(413, f"{what} holds {ids.size:,} tokens, over this server's limit of "
+                                  f"{self.max_request_tokens:,} per request (--max-request-tokens): send the text "
+                                  "in several appends (a session reads them exactly as one)")
 
     def token_entries(self, ids, logprobs) -> list[dict[str, Any]]:
         """``[{"id", "text", "logprob"}]`` per token (logprob None where not scored)."""
         return [{"id": int(i), "text": token_text(self.tokenizer, int(i)), "logprob": None if lp != lp else float(lp)}
                 for i, lp in zip(ids, logprobs)]
 
-    async def read(self, state: SessionState, ids: np.ndarray) -> tuple[np.ndarray, SessionState]:
-        """:func:`~txl.serving.sessions.read_tokens` on the worker; counts the tokens."""
-        try:
-            result = await self.worker.run(partial(read_tokens, span=self.span, dtype=self.dtype), self.model,
-                                           state, ids)
-        except TxlError as err:
-            raise ServeError(400, str(err)) from None
-        self.metrics.add_tokens(read=int(ids.size))
-        return result
+    def _job_size(self, state: SessionState, left: int) -> int:
+        """Tokens of the next read job: whole segments of the session's grid, about ``job_tokens``."""
+        budget = max(1, self.job_tokens // self.span.tgt_len) * self.span.tgt_len
+        return min(left, budget + 1 - state.tail.size)  # ends on the grid: the next job re-reads nothing
 
-    async def sample(self, context: np.ndarray, mems, p: SamplingParams) -> AsyncIterator[Piece]:
+    async def read(self, state: SessionState, ids: np.ndarray,
+                   session: Session | None = None) -> tuple[np.ndarray, SessionState]:
+        """:func:`~txl.serving.sessions.read_tokens` on the worker, in jobs of whole segments (about
+        ``job_tokens`` tokens each; the scores equal one read of the whole, see
+        :mod:`txl.serving.sessions`), so other requests' jobs run between them. Counts the tokens.
+
+        Raises:
+            ServeError: 400 for ids outside the vocabulary or non-finite scores; 404 when ``session``
+                is deleted meanwhile (its result would be lost).
+        """
+        if ids.size == 0:
+            return np.zeros(0, dtype=np.float64), state
+        parts, done = [], 0
+        while True:
+            n = self._job_size(state, ids.size - done)
+            try:
+                lp, state = await self.worker.run(partial(read_tokens, span=self.span, dtype=self.dtype), self.model,
+                                                  state, ids[done:done + n])
+            except TxlError as err:
+                raise ServeError(400, str(err)) from None
+            parts.append(lp)
+            done += n
+            self.metrics.add_tokens(read=n)
+            if session is not None and session.deleted:
+                raise SessionGone(session.id)
+            if done >= ids.size:
+                return np.concatenate(parts), state
+
+    async def sample(self, context: np.ndarray, mems, p: SamplingParams,
+                     session: Session | None = None) -> AsyncIterator[Piece]:
         """Sample ``p.max_tokens`` tokens after ``context`` (int64 [T >= 1], the last tokens of the
         text, read with memory ``mems``): :func:`txl.generation.generate_steps` with a
-        ``torch.Generator`` seeded with ``p.seed``, one worker job per token. Yields a :class:`Piece`
-        per token; ends early at a stop string (the generator's last piece then has the text up to it).
+        ``torch.Generator`` seeded with ``p.seed``, one worker job per token. Each job also decodes the
+        token and cuts the text at the stop strings (:class:`~txl.generation.StopText`), so nothing
+        of that work runs on the event loop. Yields a :class:`Piece` per token; ends early at a stop
+        string (the last piece then has the text up to it and ``stopped``).
+
+        Raises:
+            ServeError: 400 for a refused setting; :class:`SessionGone` when ``session`` is deleted
+                between two tokens.
         """
         generator = torch.Generator(device=self.device)
         generator.manual_seed(p.seed if p.seed is not None else torch.seed() % (2**63))
@@ -253,27 +286,24 @@ class Engine:
         steps = generate_steps(self.model, ids, p.max_tokens, p.temperature, p.top_k, p.top_p, mems, generator,
                                span=self.span)
         text = self.tokenizer.text_stream()
-        for i in context.tolist():
-            text.push(i)  # the context's text: the output continues it
-        matcher = StopMatcher(p.stop)
+        cut = StopText(p.stop)
         self.metrics.add_tokens(read=int(context.size))
         try:
             for n in range(p.max_tokens):
                 try:
-                    step = await self.worker.run(next, steps, None)
+                    piece = await self.worker.run(_next_piece, steps, text, cut, context if n == 0 else None,
+                                                  n == p.max_tokens - 1)
                 except TxlError as err:
                     raise ServeError(400, str(err)) from None
-                token = int(step.token[0])
                 self.metrics.add_tokens(generated=1)
-                piece = text.push(token) + (text.finish() if n == p.max_tokens - 1 else "")
-                shown, stopped = matcher.push(piece)
-                if n == p.max_tokens - 1 and not stopped:
-                    shown += matcher.finish()
-                yield Piece(shown, token, float(step.logprob[0]))
-                if stopped:
+                if session is not None and session.deleted:
+                    raise SessionGone(session.id)
+                yield piece
+                if piece.stopped:
                     return
         finally:
-            self.worker.submit(steps.close)  # on the worker: it may be running the generator now
+            with contextlib.suppress(ServeError):  # a stopping server drops the generator unclosed
+                self.worker.submit(steps.close)  # on the worker: it may be running the generator now
 
     # --- sessions ------------------------------------------------------------------------------
 
@@ -285,7 +315,7 @@ class Engine:
             raise ServeError(503, str(err)) from None
         return self.describe(session)
 
-    def session(self, session_id: str):
+    def session(self, session_id: str) -> Session:
         """The session ``session_id`` or :class:`ServeError` 404."""
         session = self.store.get(session_id)
         if session is None:
@@ -293,27 +323,59 @@ class Engine:
                                   f"after {self.store.idle_timeout:g} s idle or to make room for newer sessions")
         return session
 
-    def describe(self, session) -> dict[str, Any]:
+    @contextlib.asynccontextmanager
+    async def using(self, session_id: str) -> AsyncIterator[Session]:
+        """Hold a session for one request: counted as in use from now (a session with requests queued
+        or running is never evicted or expired), then its lock, in arrival order.
+
+        Raises:
+            ServeError: 404 when there is no such session, or :class:`SessionGone` when it was
+                deleted while the request waited.
+        """
+        session = self.session(session_id)
+        session.users += 1
+        try:
+            async with session.lock:
+                if session.deleted:
+                    raise SessionGone(session.id)
+                yield session
+        finally:
+            session.users -= 1
+            session.last_used = self.store.clock()
+
+    def describe(self, session: Session) -> dict[str, Any]:
         """A session's id, length and memory use."""
         s = session.state
         return {"id": session.id, "object": "session", "n_tokens": s.n_tokens, "pending_text": s.cursor.pending,
                 "memory_bytes": s.memory_bytes(), "idle_s": round(self.store.clock() - session.last_used, 3)}
 
+    async def _feed(self, cursor: TextCursor, text: str, final: bool) -> tuple[np.ndarray, TextCursor]:
+        """``cursor.feed`` off the event loop; 400 for text the tokenizer cannot encode, 413 for more
+        pending text than ``max_pending_bytes``."""
+        try:
+            ids, new = await asyncio.to_thread(cursor.feed, text, final)
+        except TxlError as err:
+            raise ServeError(400, str(err)) from None
+        pending = len(new.pending.encode("utf-8", "surrogatepass"))
+        if pending > self.max_pending_bytes:
+            raise ServeError(413, f"this append would leave {pending:,} bytes of undecided text pending in the "
+                                  f"session (for a {self.tokenizer.kind} tokenizer: {_PENDING[self.tokenizer.kind]}), "
+                                  f"over this server's limit of {self.max_pending_bytes:,} (--max-pending-bytes); "
+                                  "send text that ends it, or append with flush")
+        return ids, new
+
     async def append(self, session_id: str, text: str, flush: bool = False) -> dict[str, Any]:
         """Append ``text`` to a session and score the tokens it decides (see :class:`TextCursor`)."""
-        session = self.session(session_id)
-        async with session.lock:
+        async with self.using(session_id) as session:
             state = session.state
-            try:
-                ids, cursor = state.cursor.feed(text, final=flush)
-            except TxlError as err:
-                raise ServeError(400, str(err)) from None
-            logprobs, new = await self.read(state, ids)
+            ids, cursor = await self._feed(state.cursor, text, flush)
+            self.check_length(ids, "this append")
+            logprobs, new = await self.read(state, ids, session)
             session.state = replace(new, cursor=cursor)
-            session.last_used = self.store.clock()
             scored = int((~np.isnan(logprobs)).sum())
             surprise = bits(logprobs)
-            return {**self.describe(session), "tokens": self.token_entries(ids, logprobs), "n_scored": scored,
+            entries = await asyncio.to_thread(self.token_entries, ids, logprobs)
+            return {**self.describe(session), "tokens": entries, "n_scored": scored,
                     "logprob": float(np.nansum(logprobs)), "surprise_bits": surprise,
                     "bits_per_token": surprise / scored if scored else None}
 
@@ -322,28 +384,32 @@ class Engine:
         session's description (a dict). Pending text is first read as final. With ``append`` the
         sampled tokens (up to the one that completes a stop string) join the session (and the pending
         text is then read); without it, or when the generation does not finish (client gone), the
-        session stays as it was, its pending text still pending."""
+        session stays as it was, its pending text still pending.
+
+        Raises:
+            ServeError: 400/404 as the other session requests; :class:`SessionGone` when the session is
+                deleted during the generation (nothing more is sampled).
+        """
         self.check_sampling(p)
-        session = self.session(session_id)
-        async with session.lock:
+        async with self.using(session_id) as session:
             state = session.state
-            ids, cursor = state.cursor.feed("", final=True)
-            _, state = await self.read(state, ids)
+            ids, cursor = await self._feed(state.cursor, "", True)
+            _, state = await self.read(state, ids, session)
             state = replace(state, cursor=cursor)
             if state.n_tokens == 0:
                 raise ServeError(400, "the session holds no text yet: append some before generating")
             tokens = []
-            async for piece in self.sample(state.tail, state.mems, p):
+            async for piece in self.sample(state.tail, state.mems, p, session):
                 tokens.append(piece.token)
                 yield piece
             if append:  # without it the session keeps its text as it was, pending text included
-                _, state = await self.read(state, np.asarray(tokens, dtype=np.int64))
+                _, state = await self.read(state, np.asarray(tokens, dtype=np.int64), session)
                 session.state = state
-            session.last_used = self.store.clock()
             yield self.describe(session)
 
     def delete(self, session_id: str) -> dict[str, Any]:
-        """Delete a session (404 when there is none)."""
+        """Delete a session at once (404 when there is none). Requests queued on it get 404; one in
+        progress stops at its next model job (a streamed generation ends with a ``session_deleted`` event)."""
         if not self.store.delete(session_id):
             self.session(session_id)  # raises the 404
         return {"id": session_id, "object": "session", "deleted": True}
@@ -369,3 +435,21 @@ class Engine:
                 "session_idle_timeout_s": self.store.idle_timeout, "sessions_evicted": self.store.evicted,
                 "sessions_expired": self.store.expired, "session_memory_bytes": self.store.memory_bytes(),
                 "session_memory_bytes_max_each": self.session_bytes}
+
+
+_PENDING = {"byte": "none", "char": "a trailing carriage return", "word": "the line not yet ended",
+            "bpe": "the text after the last line start"}
+
+
+def _next_piece(steps, text, cut: StopText, context: np.ndarray | None, last: bool) -> Piece:
+    """One token of :meth:`Engine.sample`, on the worker thread: draw it, decode it after the text so far
+    (``context``: the tokens before the sample, given with the first token), cut at the stop strings."""
+    if context is not None:
+        for i in context.tolist():
+            text.push(i)  # the context's text: the output continues it
+    step = next(steps)
+    token = int(step.token[0])
+    shown = cut.push(text.push(token) + (text.finish() if last else ""))
+    if last and not cut.stopped:
+        shown += cut.finish()
+    return Piece(shown, token, float(step.logprob[0]), cut.stopped)

@@ -1,23 +1,35 @@
 """Run the server: build the engine of a loaded checkpoint, listen, serve until SIGTERM or SIGINT.
 
-uvicorn handles the signals: it stops accepting connections, lets the requests in progress finish
-(a streaming response included), runs the application's shutdown (the model worker finishes its
-queued jobs) and returns.
+uvicorn handles the signals. The first SIGTERM or SIGINT starts a graceful shutdown: no new
+connections, the requests in progress may finish (a streaming response included) for up to
+``shutdown_timeout`` seconds; after that the requests still running are cancelled (a client that
+sends half a body or stops reading a stream cannot hold the process), the model worker finishes its
+current job and the server returns. A second SIGTERM or SIGINT during the shutdown exits at once.
+Malformed HTTP (``Content-Length: -1``, a broken request line) is answered with the same JSON error
+body as every other error.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import json
+import logging
+import os
 import signal
 import socket
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from txl.errors import TxlError
-from txl.model.span import AttentionSpan
 
-__all__ = ["is_loopback", "build_engine", "listen", "serve"]
+if TYPE_CHECKING:  # nothing here imports torch: txl serve checks its flags before loading anything
+    from txl.model.span import AttentionSpan
+
+__all__ = ["is_loopback", "build_engine", "listen", "serve", "FORCED_EXIT"]
+
+FORCED_EXIT = 1  #: exit status after a second signal cut the shutdown short
 
 
 def _require_stack():
@@ -26,8 +38,8 @@ def _require_stack():
         import fastapi  # noqa: F401
         import uvicorn
     except ImportError:
-        raise TxlError("txl serve needs FastAPI and uvicorn: pip install 'txl[serve]' "
-                       "(or pip install fastapi uvicorn)") from None
+        raise TxlError("txl serve needs FastAPI and uvicorn: in the txl folder, .venv/bin/python -m pip install -e "
+                       "'.[serve]' (or pip install fastapi uvicorn)") from None
     return uvicorn
 
 
@@ -42,11 +54,13 @@ def is_loopback(host: str) -> bool:
 
 
 def build_engine(model, tokenizer, *, span: AttentionSpan, dtype: str = "float32", max_sessions: int = 64,
-                 idle_timeout: float = 600.0, max_tokens: int = 4096, name: str = "txl"):
+                 idle_timeout: float = 600.0, max_tokens: int = 4096, max_pending_bytes: int = 1 << 16,
+                 max_request_tokens: int = 1 << 17, name: str = "txl"):
     """The :class:`~txl.serving.engine.Engine` serving ``model`` (eval mode) and ``tokenizer``.
 
     Raises:
-        TxlError: FastAPI/uvicorn missing, or bounds out of range.
+        TxlError: FastAPI/uvicorn missing, bounds out of range, or a span the model cannot read with
+            (``cmem_len`` > 0 for a model without a compressed memory).
     """
     _require_stack()
     from txl.serving.engine import Engine
@@ -54,9 +68,16 @@ def build_engine(model, tokenizer, *, span: AttentionSpan, dtype: str = "float32
 
     if max_tokens < 0:
         raise TxlError(f"max_tokens must be >= 0, got {max_tokens}")
+    if max_pending_bytes < 0 or max_request_tokens < 1:
+        raise TxlError(f"max_pending_bytes must be >= 0 and max_request_tokens >= 1, got {max_pending_bytes} and "
+                       f"{max_request_tokens}")
+    if span.cmem_len and not getattr(model.config, "cmem_len", 0):
+        raise TxlError(f"--cmem-len {span.cmem_len} needs a model with a compressed memory (model.cmem_len > 0: it "
+                       "owns the compression network); this model has none: leave --cmem-len out")
     model.eval()
     return Engine(model=model, tokenizer=tokenizer, span=span, store=SessionStore(max_sessions, idle_timeout),
-                  dtype=dtype, max_tokens=max_tokens, name=name)
+                  dtype=dtype, max_tokens=max_tokens, max_pending_bytes=max_pending_bytes,
+                  max_request_tokens=max_request_tokens, name=name)
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -84,17 +105,31 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(engine, sock: socket.socket, *, api_key: str | None = None, max_request_bytes: int = 1 << 20,
-          log_level: str = "warning", announce: str | None = None) -> None:
-    """Serve ``engine`` on the listening socket ``sock`` until SIGTERM/SIGINT (then finish the requests
-    in progress and return). ``announce`` is printed on stderr once the server accepts connections."""
+def uvicorn_config(app, *, log_level: str = "warning", shutdown_timeout: float = 10.0):
+    """uvicorn's config for ``app``: the h11 protocol answering malformed HTTP with a JSON error,
+    a graceful shutdown bounded by ``shutdown_timeout`` seconds."""
     uvicorn = _require_stack()
+    return uvicorn.Config(app, log_level=log_level, access_log=log_level in ("debug", "info"), lifespan="on",
+                          timeout_keep_alive=5, http=_json_errors_protocol(),
+                          timeout_graceful_shutdown=max(shutdown_timeout, 0.001))
+
+
+def serve(engine, sock: socket.socket, *, api_key: str | None = None, max_request_bytes: int = 1 << 20,
+          log_level: str = "warning", announce: str | None = None, shutdown_timeout: float = 10.0) -> int:
+    """Serve ``engine`` on the listening socket ``sock`` until SIGTERM/SIGINT, then shut down
+    gracefully for at most ``shutdown_timeout`` seconds (see the module's description).
+    ``announce`` is printed on stderr once the server accepts connections.
+
+    Returns:
+        0, or :data:`FORCED_EXIT` when a second signal cut the shutdown short (SIGINT, as Ctrl-C
+        everywhere in txl, then raises :class:`KeyboardInterrupt`).
+    """
+    _require_stack()
     from txl.serving.app import create_app
 
     app = create_app(engine, api_key=api_key, max_request_bytes=max_request_bytes)
-    config = uvicorn.Config(app, log_level=log_level, access_log=log_level in ("debug", "info"), lifespan="on",
-                            timeout_keep_alive=5)
-    server = _Server(config, announce)
+    server = _Server(uvicorn_config(app, log_level=log_level, shutdown_timeout=shutdown_timeout), announce)
+    logging.getLogger("uvicorn.error").addFilter(_no_cancelled_tracebacks)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the handler found
     # at start: with this one the process then ends normally (exit status 0) instead of dying of it
     previous = signal.signal(signal.SIGTERM, _ignore) if threading.current_thread() is threading.main_thread() else None
@@ -103,6 +138,20 @@ def serve(engine, sock: socket.socket, *, api_key: str | None = None, max_reques
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+    if server.force_exit:
+        print("txl: stopped at once by a second signal; requests still in progress were cut off", file=sys.stderr,
+              flush=True)
+        os._exit(FORCED_EXIT)  # the model thread may be in a job: do not wait for it
+    return 0
+
+
+def _no_cancelled_tracebacks(record: logging.LogRecord) -> bool:
+    """Drop uvicorn's traceback for a request cut off by the shutdown (its task was cancelled on purpose;
+    uvicorn's own line says how many were)."""
+    if record.exc_info and record.exc_info[0] is not None:
+        return not issubclass(record.exc_info[0], asyncio.CancelledError)
+    text = str(record.msg)  # the application's lifespan reports its failure as a formatted traceback
+    return not (text.startswith("Traceback") and text.rstrip().endswith("CancelledError"))
 
 
 def _ignore(_signum, _frame) -> None:
@@ -113,7 +162,8 @@ def _server_class():
     import uvicorn
 
     class Server(uvicorn.Server):
-        """uvicorn's server with a line on stderr once it listens."""
+        """uvicorn's server with a line on stderr once it listens, and a second SIGTERM (not only a
+        second SIGINT) that stops the shutdown's waiting at once."""
 
         def __init__(self, config: Any, announce: str | None) -> None:
             super().__init__(config)
@@ -124,8 +174,36 @@ def _server_class():
             if self.announce and self.started:
                 print(self.announce, file=sys.stderr, flush=True)
 
+        def handle_exit(self, sig: int, frame) -> None:
+            if self.should_exit and sig in (signal.SIGINT, signal.SIGTERM):
+                self._captured_signals.append(sig)
+                self.force_exit = True
+                return
+            super().handle_exit(sig, frame)
+
     return Server
 
 
 def _Server(config: Any, announce: str | None):  # noqa: N802 - builds the subclass lazily (uvicorn is optional)
     return _server_class()(config, announce)
+
+
+def _json_errors_protocol():
+    """uvicorn's h11 protocol whose answer to malformed HTTP is the server's JSON error body (uvicorn
+    sends plain text there)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from txl.serving.http import error_body
+
+    class JsonErrorsH11(H11Protocol):
+        def send_400_response(self, msg: str) -> None:
+            body = json.dumps(error_body(400, f"malformed HTTP request: {msg.rstrip('.')}")).encode()
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                       (b"connection", b"close")]
+            self.transport.write(self.conn.send(h11.Response(status_code=400, headers=headers, reason=b"Bad Request")))
+            self.transport.write(self.conn.send(h11.Data(data=body)))
+            self.transport.write(self.conn.send(h11.EndOfMessage()))
+            self.transport.close()
+
+    return JsonErrorsH11

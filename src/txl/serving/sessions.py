@@ -66,10 +66,22 @@ class SessionState:
         return int(mem + self.tail.nbytes + len(self.cursor.pending.encode("utf-8", "surrogatepass")))
 
 
-def session_memory_bytes(n_layer: int, mem_len: int, d_model: int, dtype: torch.dtype = torch.float32) -> int:
-    """Upper bound of a session's memory tensors in bytes: ``n_layer * mem_len * d_model * element size``
-    (one [1, mem_len, d_model] tensor per layer; the tail ids and pending text come on top)."""
-    return n_layer * mem_len * d_model * torch.empty(0, dtype=dtype).element_size()
+def session_memory_bytes(config, span: AttentionSpan, dtype: torch.dtype = torch.float32,
+                         max_pending_bytes: int = 0) -> int:
+    """Upper bound of the bytes one session holds (what :meth:`SessionState.memory_bytes` counts).
+
+    Per layer, a [1, slots, d_model] memory with ``slots = mem_len`` plus, for a compressed memory,
+    ``cmem_len`` compressed slots and at most ``cmem_ratio - 1`` states pending compression; then
+    the tail ids (at most ``tgt_len``, int64) and the pending text (at most ``max_pending_bytes``).
+
+    Args:
+        config: the model's config (``n_layer``, ``d_model``, ``cmem_ratio``).
+        span: the span the session reads with (``mem_len``, ``cmem_len``, ``tgt_len``).
+        dtype: the dtype of the memory tensors (the parameters').
+    """
+    slots = span.mem_len + (span.cmem_len + config.cmem_ratio - 1 if span.cmem_len else 0)
+    tensors = config.n_layer * slots * config.d_model * torch.empty(0, dtype=dtype).element_size()
+    return tensors + span.tgt_len * 8 + max_pending_bytes
 
 
 @torch.no_grad()
@@ -117,18 +129,25 @@ class StoreFull(Exception):
 
 @dataclass
 class Session:
-    """One session of a :class:`SessionStore`: its id, state, times (seconds) and request lock."""
+    """One session of a :class:`SessionStore`: its id, state, times (seconds), request lock, the
+    number of requests holding or waiting for it (``users``) and whether it was deleted."""
 
     id: str
     state: SessionState
     created: float
     last_used: float
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
+    deleted: bool = False
 
     @property
     def busy(self) -> bool:
-        """A request is using the session (it cannot be evicted or expire now)."""
-        return self.lock.locked()
+        """Requests are queued on the session or running (it cannot be evicted or expire now).
+
+        Counted from the moment a request finds the session, not only while it holds the lock: a
+        lock alone misses the requests waiting for it and the moment between one request's release
+        and the next one's acquire."""
+        return self.users > 0
 
 
 class SessionStore:
@@ -173,6 +192,7 @@ class SessionStore:
             if victim is None:
                 raise StoreFull(f"all {self.max_sessions} sessions are in use; try again later")
             del self._sessions[victim.id]
+            victim.deleted = True
             self.evicted += 1
         now = self.clock()
         session = Session(secrets.token_urlsafe(16), state, created=now, last_used=now)
@@ -190,8 +210,12 @@ class SessionStore:
         return session
 
     def delete(self, session_id: str) -> bool:
-        """Remove a session; False when there was none."""
-        return self._sessions.pop(session_id, None) is not None
+        """Remove a session, marked ``deleted`` for the requests that still hold it; False when there was none."""
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            return False
+        session.deleted = True
+        return True
 
     def expire(self) -> int:
         """Drop the sessions idle for longer than ``idle_timeout`` (not those with a request in
@@ -199,7 +223,7 @@ class SessionStore:
         limit = self.clock() - self.idle_timeout
         stale = [s.id for s in self._sessions.values() if s.last_used < limit and not s.busy]
         for sid in stale:
-            del self._sessions[sid]
+            self._sessions.pop(sid).deleted = True
         self.expired += len(stale)
         return len(stale)
 
