@@ -7,9 +7,10 @@ same run folder, checkpoints, ``--resume``, progress bar, ``metrics.csv``, ``--n
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from txl.cli.common import add_batch_size, add_data, add_device, add_dtype, add_option, add_seed, add_span, underscore
+from txl.cli.common import (add_batch_size, add_data, add_device, add_dtype, add_option, add_seed, add_span,
+                            check_exists, underscore)
+from txl.cli.train import add_allow_data_change
 from txl.errors import TxlError
 
 NAME = "finetune"
@@ -40,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_option(p, "--max-prompt-tokens", aliases=underscore("--max-prompt-tokens"), type=int, default=None,
                metavar="N", help="keep only the last N tokens of each prompt (default 0: whole prompts)")
     add_span(p, ("tgt_len", "mem_len"), default_text="the language model's")
-    add_device(p)
+    add_device(p, threads_text="train.threads, 0: automatic")
     p.set_defaults(device=None)
     add_dtype(p, default=None)
     add_batch_size(p, text="examples per step (default 8)")
@@ -49,17 +50,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped fine-tuning run from its last/ checkpoint")
     p.add_argument("--allow-config-change", action="store_true",
                    help="with --resume: accept KEY=VALUE overrides that change the saved config")
+    add_allow_data_change(p)
     p.add_argument("--nproc", type=int, default=None, metavar="N",
                    help="train in N processes on this machine (runs torchrun; one per GPU, or gloo on CPU)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``txl finetune``; returns the exit status (user errors raise :class:`TxlError`)."""
-    from txl.cli.train import _launch, _report, resumed_config
+    from txl.cli.train import _launch, _report, check_allow_data_change, check_run_args, resumed_config
 
+    check_allow_data_change(args)
     for item in args.overrides:
         if "=" not in item:
             raise TxlError(f"unexpected argument {item!r}: give the pairs with --data and overrides as KEY=VALUE")
+    check_run_args(args, None)  # before torch is imported
+    check_exists(args.init, "--init", kind="folder")
+    check_exists(args.data, "--data", kind="file")
     flags = [f"{field}={getattr(args, dest)}" for dest, field in _OVERRIDES.items() if getattr(args, dest) is not None]
     if args.resume:
         if args.init or args.data or args.config or args.out:
@@ -91,8 +97,11 @@ def run(args: argparse.Namespace) -> int:
 
         run_config = finetune_config(args.init, args.data, out_dir=args.out, config=args.config,
                                      overrides=[*args.overrides, *flags])
+    if args.threads is not None:  # how this process runs, not what it trains: allowed with --resume too
+        run_config.train.threads = args.threads
     if args.nproc is not None:
         return _launch(args, getattr(args, "_argv", None), run_config)
     from txl.training.loop import train
 
-    return _report(train(run_config, progress=not args.quiet, resume=bool(args.resume)), run_config)
+    return _report(train(run_config, progress=not args.quiet, resume=bool(args.resume),
+                         allow_data_change=args.allow_data_change), run_config)

@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from txl.cli.common import add_batch_size, add_data, add_device, add_dtype, add_seed
+from txl.cli.common import (add_batch_size, add_data, add_device, add_dtype, add_seed, check_exists, check_range,
+                            check_seed)
 from txl.errors import TxlError
 
 NAME = "train"
@@ -28,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", help="TOML run config (sections model, data, train, eval)")
     p.add_argument("--out", "-o", help="run directory (train.out_dir)")
     p.add_argument("--tokenizer", choices=["byte", "char", "word", "bpe"], help="data.tokenizer")
-    add_device(p)
+    add_device(p, threads_text="train.threads, 0: automatic")
     p.set_defaults(device=None)  # None: train.device of the config
     add_dtype(p, default=None)
     add_batch_size(p, text="train.batch_size")
@@ -39,14 +40,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "run folder; RUN_DIR/last is accepted too)")
     p.add_argument("--allow-config-change", action="store_true",
                    help="with --resume: accept KEY=VALUE overrides that change the saved config")
+    add_allow_data_change(p)
     p.add_argument("--nproc", type=int, default=None, metavar="N",
                    help="train in N processes on this machine (runs torchrun; one per GPU, or gloo on CPU)")
 
 
+def add_allow_data_change(p: argparse.ArgumentParser) -> None:
+    """``--allow-data-change`` (``txl train`` and ``txl finetune``)."""
+    p.add_argument("--allow-data-change", action="store_true",
+                   help="with --resume: continue although the data (token splits, or pairs files) differ from "
+                        "those the checkpoint was trained on (size and sha256 are compared; refused otherwise)")
+
+
+def check_allow_data_change(args: argparse.Namespace) -> None:
+    """``--allow-data-change`` means something only with ``--resume``."""
+    if getattr(args, "allow_data_change", False) and not args.resume:
+        raise TxlError("--allow-data-change applies to --resume only (a new run records the data it trains on)")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``txl train``; returns the exit status (user errors raise :class:`TxlError`)."""
-    from txl.training.config import load_run_config
-
+    check_allow_data_change(args)
     overrides, paths = [], []
     for item in args.items:
         (overrides if "=" in item and not Path(item).exists() else paths).append(item)
@@ -56,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         paths = [args.data]
     if len(paths) > 1:
         raise TxlError(f"give one DATA path (a file or directory), got {len(paths)}: {' '.join(paths)}")
+    check_run_args(args, paths[0] if paths else None)
     flags = [f"{field}={getattr(args, dest)}" for dest, field in _OVERRIDES.items()
              if dest != "data" and getattr(args, dest) is not None]
     if args.resume:
@@ -74,7 +89,11 @@ def run(args: argparse.Namespace) -> int:
             overrides.append(f"train.out_dir={args.out}")
         if args.tokenizer:
             overrides.append(f"data.tokenizer={args.tokenizer}")
+        from txl.training.config import load_run_config  # torch: once the arguments are checked
+
         run_config = load_run_config(args.config, overrides + flags)
+    if args.threads is not None:  # how this process runs, not what it trains: allowed with --resume too
+        run_config.train.threads = args.threads
     if args.resume and not overrides:  # with changes, train() checks them first (then reports the same)
         from txl.training.resume import saved_step
 
@@ -88,7 +107,23 @@ def run(args: argparse.Namespace) -> int:
         return _launch(args, getattr(args, "_argv", None), run_config)
     from txl.training.loop import train
 
-    return _report(train(run_config, progress=not args.quiet, resume=bool(args.resume)), run_config)
+    return _report(train(run_config, progress=not args.quiet, resume=bool(args.resume),
+                         allow_data_change=args.allow_data_change), run_config)
+
+
+def check_run_args(args: argparse.Namespace, data: str | None) -> None:
+    """The ranges of ``txl train``/``txl finetune`` flags and the paths they name, checked before torch
+    is imported (the config they become is checked in full when it is built).
+
+    Raises:
+        TxlError: a number out of range, or a missing DATA, ``--config`` or ``--resume`` path.
+    """
+    check_range(args, 1, "nproc", "batch_size", "tgt_len")
+    check_range(args, 0, "mem_len", "grad_segments", "max_prompt_tokens")
+    check_seed(args.seed, 2**32)
+    check_exists(data, "corpus path")
+    check_exists(args.config, "config file", kind="file")
+    check_exists(args.resume, "--resume", kind="folder")
 
 
 def _launch(args: argparse.Namespace, argv: list[str] | None, run) -> int:
@@ -102,9 +137,10 @@ def _launch(args: argparse.Namespace, argv: list[str] | None, run) -> int:
     if t.batch_size % (args.nproc * t.grad_accum_steps):
         raise TxlError(f"train.batch_size {t.batch_size} must divide into {args.nproc} ranks × train.grad_accum_steps "
                        f"{t.grad_accum_steps} equal pieces")
-    if not args.resume and (Path(t.out_dir) / "run.json").exists():
-        raise TxlError(f"{t.out_dir} already holds a run; choose another train.out_dir (--out), remove it, "
-                       "or continue it with --resume")
+    if not args.resume:  # rank 0 checks again once it holds the folder
+        from txl.training.runlog import check_new_run_folder
+
+        check_new_run_folder(Path(t.out_dir))
     import torch
 
     if t.device in ("auto", "cuda") and torch.cuda.is_available() and args.nproc > torch.cuda.device_count():
@@ -132,7 +168,10 @@ def _report(result, run) -> int:
               f"in all {result.steps} steps, {result.tokens:,} tokens in {result.wall_s:.0f} s {speed}")
     else:
         print(f"trained {result.steps} steps, {result.tokens:,} tokens in {result.wall_s:.0f} s {speed}")
-    print(f"{run.eval.split} {result.final}")
+    split, cap = run.eval.split, run.eval.max_tokens if run.finetune is None else 0
+    scope = (f"the first {cap:,} targets of the {split} split (eval.max_tokens)" if cap and result.final.n_tokens >= cap
+             else f"the whole {split} split")
+    print(f"final, best/ on {scope} at the [eval] span: {split} {result.final}")
     print(f"checkpoint: {result.best_dir}")
     if result.sample:
         print("--- prompt ---")

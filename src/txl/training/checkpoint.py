@@ -20,22 +20,24 @@ import dataclasses
 
 import hashlib
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
 from safetensors import SafetensorError
 
 from txl.training.config import RunConfig
 from txl.data import Tokenizer, load_tokenizer
 from txl.errors import TxlError
 from txl.fileio import read_json_object as _read_json
-from txl.fileio import write_json
+from txl.fileio import path_inside, write_json
 from txl.model import TransformerXLLM
 from txl.model.span import AttentionSpan
-from txl.model.serialization import CONFIG_NAME, VOCAB_NAME, save_model
+from txl.model.serialization import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, save_model
 
 CLASSIFIER_NAME = "classifier.json"  # written beside config.json by txl classify
 RUN_NAME = "run.json"
@@ -57,12 +59,26 @@ def save_checkpoint(directory: str | Path, model: TransformerXLLM, tokenizer: To
             ``last.<its step>/`` and only the two newest of those are kept (deleted only once the
             new checkpoint is in place).
 
+    Nothing is written when a weight of ``model`` is NaN or infinite (:func:`nonfinite_weights`), or
+    when a folder the write would replace or delete holds anything txl did not write
+    (:func:`check_replaceable`).
+
     Raises:
-        TxlError: the write failed (e.g. disk full); the partial folder is removed and every
-            previously written checkpoint is left as it was.
+        TxlError: non-finite weights; a folder txl did not write in the way; the write failed (e.g.
+            disk full): the partial folder is removed and every previously written checkpoint is
+            left as it was.
     """
     directory = Path(directory)
     tmp = directory.with_name(directory.name + ".tmp")
+    bad = nonfinite_weights(model)
+    if bad:
+        raise TxlError(f"checkpoint {directory} was not written: the weight {bad[0]} holds NaN or inf values"
+                       + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "") + "; txl never saves non-finite weights")
+    step = _step_of(directory) if directory.exists() else 0
+    replaced = directory.with_name(f"{directory.name}.{step}" if keep > 1 else directory.name + ".old")
+    check_replaceable(directory, complete=True)  # nothing is renamed or deleted that txl did not write
+    for folder in [replaced, tmp, *(_numbered(directory.parent, directory.name) if keep > 1 else [])]:
+        check_replaceable(folder)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         config = model.config if span is None else dataclasses.replace(model.config, tgt_len=span.tgt_len,
@@ -83,8 +99,7 @@ def save_checkpoint(directory: str | Path, model: TransformerXLLM, tokenizer: To
     _fsync_dir(tmp)
     old = directory.with_name(directory.name + ".old")
     if directory.exists():
-        if keep > 1:  # the current one stays as NAME.<its step>; nothing is deleted before tmp is in place
-            old = directory.with_name(f"{directory.name}.{_step_of(directory)}")
+        old = replaced  # with keep > 1 the current one stays as NAME.<its step>; nothing is deleted before tmp is in place
         shutil.rmtree(old, ignore_errors=True)
         directory.rename(old)
     tmp.rename(directory)
@@ -101,6 +116,86 @@ def _step_of(folder: Path) -> int:
         return int(_read_json(folder / STATE_NAME).get("step", 0))
     except (TxlError, TypeError, ValueError):
         return 0
+
+
+# the files txl writes into a checkpoint folder (the model, the run and the trainer state), and the
+# temporary names of :func:`txl.fileio.atomic_write` that a crash can leave beside them
+_WRITTEN = {WEIGHTS_NAME, CONFIG_NAME, VOCAB_NAME, RUN_NAME, STATE_NAME, CHECKSUMS_NAME, CLASSIFIER_NAME,
+            "trainer.json", "trainer.safetensors"}
+_ATOMIC_TMP = re.compile(r"\..+\.tmp")
+# the folders of a run directory that txl renames, replaces or deletes: best/, last/, last.<step>/, and the
+# .tmp (being written), .old (being replaced) and .corrupt (set aside) ones
+_ROTATED = re.compile(r"(best|last)(\.(\d+|old))?(\.(tmp|corrupt))?")
+
+
+def nonfinite_weights(model: torch.nn.Module) -> list[str]:
+    """Names of the floating-point parameters and buffers of ``model`` that hold a NaN or an infinity
+    (one host synchronisation for the whole model); empty when every value is finite."""
+    tensors = [(n, t) for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_floating_point()]
+    if not tensors:
+        return []
+    with torch.no_grad():
+        finite = torch.stack([t.isfinite().all() for _, t in tensors]).cpu().tolist()
+    return [name for (name, _), ok in zip(tensors, finite) if not ok]
+
+
+def foreign_files(folder: str | Path, complete: bool = False) -> list[str]:
+    """What in ``folder`` txl did not write, so may never delete or replace; empty when it may.
+
+    A folder txl may delete or replace holds only files (no folders, no links) named as txl names the
+    files of a checkpoint (or listed in its ``checksums.json``, or left by an interrupted atomic write);
+    it may be empty or partial (a ``.tmp`` folder being written, an older ``last.<step>/`` whose
+    deletion was cut short). With ``complete`` (``best/`` and ``last/``, which txl only ever creates
+    whole) a non-empty folder must also hold ``state.json`` or ``checksums.json``. A missing folder
+    gives an empty list; a file or link where the folder should be is foreign itself.
+    """
+    folder = Path(folder)
+    if not os.path.lexists(folder):
+        return []
+    if folder.is_symlink() or not folder.is_dir():
+        return [f"{folder.name} is not a folder"]
+    listed: set[str] = set()
+    try:
+        listed = set(_read_json(folder / CHECKSUMS_NAME)) if (folder / CHECKSUMS_NAME).is_file() else set()
+    except TxlError:
+        pass
+    entries = sorted(folder.iterdir())
+    foreign = [p.name + ("/" if p.is_dir() else "") for p in entries
+               if p.is_symlink() or not p.is_file()
+               or not (p.name in _WRITTEN or p.name in listed or _ATOMIC_TMP.fullmatch(p.name))]
+    if not foreign and entries and complete and not any((folder / n).is_file() for n in (STATE_NAME, CHECKSUMS_NAME)):
+        foreign = [p.name for p in entries]  # files named like txl's, but no checkpoint of txl's
+    return foreign
+
+
+def check_replaceable(folder: str | Path, complete: bool = False) -> None:
+    """Refuse before a checkpoint write renames, replaces or deletes ``folder`` when it holds anything
+    txl did not write (see :func:`foreign_files`).
+
+    Raises:
+        TxlError: naming the folder and (up to three of) the foreign files.
+    """
+    foreign = foreign_files(folder, complete=complete)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise TxlError(f"{folder} is not a txl checkpoint ({shown}); txl never deletes or replaces what it did not "
+                       f"write: move it out of {Path(folder).parent}, then start again (or --resume)")
+
+
+def check_run_folder(run_dir: str | Path) -> None:
+    """Check, before a run writes its first checkpoint, every folder of ``run_dir`` that checkpoint
+    rotation may rename, replace or delete (``best/``, ``last/``, ``last.<step>/``, ``*.tmp``,
+    ``*.old``, ``*.corrupt``) with :func:`check_replaceable`.
+
+    Raises:
+        TxlError: one of them holds something txl did not write.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return
+    for path in sorted(run_dir.iterdir()):
+        if _ROTATED.fullmatch(path.name):
+            check_replaceable(path, complete=path.name in ("best", "last"))
 
 
 def _numbered(run_dir: Path, name: str) -> list[Path]:
@@ -138,12 +233,16 @@ def _fsync_dir(path: Path) -> None:
 def verify_checkpoint(directory: str | Path) -> bool:
     """Check every file of a checkpoint against its ``checksums.json``.
 
+    Only files of the checkpoint folder itself are read: a listed name with a folder separator,
+    ``..`` or an absolute path (a crafted ``checksums.json``) is refused before anything is opened.
+
     Returns:
         True when verified; False for a checkpoint written without checksums (older txl versions,
         folders made by hand), which is accepted unverified.
 
     Raises:
-        TxlError: a listed file is missing, truncated or altered, or the checksum list is unreadable.
+        TxlError: a listed file is missing, truncated or altered, the checksum list is unreadable,
+            or it names a file outside the folder.
     """
     directory = Path(directory)
     if not (directory / CHECKSUMS_NAME).is_file():
@@ -151,8 +250,12 @@ def verify_checkpoint(directory: str | Path) -> bool:
     listed = _read_json(directory / CHECKSUMS_NAME)
     if not listed:
         return False
-    for name, digest in listed.items():
-        f = directory / name
+    where = str(directory / CHECKSUMS_NAME)
+    files = {path_inside(directory, name, where): digest for name, digest in listed.items()}
+    for f, digest in files.items():
+        name = f.name
+        if not isinstance(digest, str):
+            raise TxlError(f"{where} gives {name} a checksum that is not a string; the checksum list is corrupt")
         if not f.is_file():
             raise TxlError(f"checkpoint {directory} is incomplete: {name} is missing")
         if _sha256(f) != digest:
@@ -326,7 +429,13 @@ def load_checkpoint(path: str | Path, map_location: str = "cpu", name: str | Non
         raise TxlError(f"{directory / VOCAB_NAME} has {tokenizer.vocab_size} tokens but the model expects "
                        f"{model.config.vocab_size}: the vocabulary does not belong to this checkpoint")
     has_run = (directory / RUN_NAME).is_file()
-    run = RunConfig.from_dict(_read_json(directory / RUN_NAME)) if has_run else RunConfig()
+    run = RunConfig()
+    if has_run:
+        saved = _read_json(directory / RUN_NAME)
+        try:
+            run = RunConfig.from_dict(saved)
+        except TxlError as err:  # e.g. eval.mem_len "256": name the file
+            raise TxlError(f"{directory / RUN_NAME}: {err}") from None
     run.model = model.config
     state = _read_json(directory / STATE_NAME) if (directory / STATE_NAME).is_file() else {}
     return Checkpoint(model=model, tokenizer=tokenizer, run=run, state=state, path=directory, has_run_config=has_run)
@@ -337,5 +446,6 @@ def quarantine(bad: list[Path]) -> None:
     loaded or rotated), so that the next save cannot push the good one out."""
     for path in bad:
         target = path.with_name(path.name + ".corrupt")  # last.corrupt, last.25.corrupt, ...
+        check_replaceable(target)
         shutil.rmtree(target, ignore_errors=True)
         path.rename(target)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from txl.data.pairs import Pair, add_markers, encode_pair, pair_batch, read_pairs
+from txl.data.pairs import Pair, add_markers, encode_pair, pair_batch, pair_splits
 from txl.errors import TxlError
 from txl.evaluation.completions import completion_losses, evaluate_completions
 from txl.evaluation.stream import EvalResult, metric_unit
@@ -34,6 +34,7 @@ from txl.model.span import resolve_span
 from txl.model.transformer import LMOutput
 from txl.training.checkpoint import load_checkpoint, resolve_checkpoint_dir
 from txl.training.config import RunConfig
+from txl.training.fingerprint import file_digest
 
 # settings a fine-tuned model may change from its language model (the reading span and dropout)
 FREE_FIELDS = ("vocab_size", "tgt_len", "mem_len", "clamp_len", "same_length", "dropout", "dropatt")
@@ -153,23 +154,9 @@ class PairsTask:
         self.source = str(init.path)
         self.grad_segments = run.finetune.grad_segments or None
         self.dtype = run.train.dtype
-        data = run.data
-        if data.train is not None or data.valid is not None or data.test is not None:
-            if data.path is not None:
-                raise TxlError("give either one pairs file (--data, split by data.split) or data.train/data.valid "
-                               "files, not both")
-            if data.train is None or data.valid is None:
-                raise TxlError("separate pairs files need both data.train and data.valid (data.test is optional)")
-            splits = {"train": read_pairs(data.train), "valid": read_pairs(data.valid),
-                      "test": read_pairs(data.test) if data.test is not None else []}
-        elif data.path is None:
-            raise TxlError("give the pairs file (--data PAIRS.jsonl)")
-        else:
-            pairs = read_pairs(data.path)
-            n_train = round(data.split[0] * len(pairs))
-            n_valid = round(data.split[1] * len(pairs))
-            splits = {"train": pairs[:n_train], "valid": pairs[n_train:n_train + n_valid],
-                      "test": pairs[n_train + n_valid:]}
+        splits = pair_splits(run.data)
+        names = ("path",) if run.data.path is not None else ("train", "valid", "test")
+        self.files = {k: getattr(run.data, k) for k in names if getattr(run.data, k) is not None}  # pairs files read
         self.pairs: dict[str, list[Pair]] = splits
         cut = run.finetune.max_prompt_tokens
         self.rows = {name: [encode_pair(self.tokenizer, self.markers, p, cut) for p in ps] for name, ps in splits.items()}
@@ -205,6 +192,10 @@ class PairsTask:
         """The language model's weights; rows of added marker entries keep their fresh initialisation."""
         load_grown(model, self.init_state)
 
+    def fingerprint(self) -> dict:
+        """Size and sha256 of each pairs file read (``data.path``, or ``data.train``/``valid``/``test``)."""
+        return {f"data.{key}": file_digest(path) for key, path in self.files.items()}
+
     def batches(self, run: RunConfig, device: torch.device) -> _PairBatches:
         return _PairBatches(self.rows["train"], run.train.batch_size, run.train.seed, device)
 
@@ -216,13 +207,14 @@ class PairsTask:
         return evaluate_completions(model, self.rows["valid"], span=span, unit=self.unit,
                                     batch_size=run.eval.batch_size, dtype=run.train.dtype, dist=dist)
 
-    def final(self, model: TransformerXLLM, run: RunConfig, dist) -> EvalResult:
-        """The same on ``eval.split`` with the ``[eval]`` span settings."""
+    def final(self, model: TransformerXLLM, run: RunConfig, dist, progress: bool = False) -> EvalResult:
+        """The same on ``eval.split`` with the ``[eval]`` span settings (``progress``: a bar on stderr)."""
         e = run.eval
         span = resolve_span(model.config, None, tgt_len=e.tgt_len, mem_len=e.mem_len, clamp_len=e.clamp_len,
                             same_length=e.same_length)
         return evaluate_completions(model, self.rows[e.split], span=span, unit=self.unit, batch_size=e.batch_size,
-                                    dtype=run.train.dtype, dist=dist)
+                                    dtype=run.train.dtype, dist=dist,
+                                    progress=progress and f"final evaluation ({e.split})")
 
     def sample(self, model: TransformerXLLM, run: RunConfig) -> tuple[str, str]:
         """The greedy completion of the first valid prompt (its last 300 characters shown as the prompt)."""

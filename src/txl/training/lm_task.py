@@ -15,9 +15,12 @@ weights), ``batches(run, device)`` (an object whose ``next(position, tgt_len, ge
 ``(x, y, new_position, fresh)``: int64 [B, T] inputs and labels of the global batch, the data
 position after them, and whether the memory starts afresh), ``objective(model)`` (the module the
 optimizer step calls as ``module(x, mems=..., labels=y, span=...)``, returning an object with
-``token_loss`` and ``mems``), ``validate(model, run, span, dist)``, ``final(model, run, dist)``
-(the :class:`~txl.evaluation.stream.EvalResult` of periodic validation and of the final report) and
-``sample(model, run)`` (``(prompt, text)`` shown at the end).
+``token_loss`` and ``mems``), ``validate(model, run, span, dist)``, ``final(model, run, dist, progress=False)``
+(the :class:`~txl.evaluation.stream.EvalResult` of periodic validation and of the final report, the latter
+with a progress bar on stderr when ``progress``) and
+``sample(model, run)`` (``(prompt, text)`` shown at the end) and ``fingerprint()`` (the size and
+sha256 of each part of the data, :mod:`txl.training.fingerprint`, recorded in every checkpoint and
+compared when resuming).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from txl.generation import generate
 from txl.model import TransformerXLLM
 from txl.training import distributed
 from txl.training.config import RunConfig
+from txl.training.fingerprint import array_digest, files_digest
 
 
 def shuffled_batches(corpus: CorpusSplits, batch_size: int, tgt_len: int, device: torch.device, seed: int):
@@ -124,6 +128,16 @@ class LMTask:
     def init_weights(self, model: TransformerXLLM) -> None:
         """A new language model starts from its seeded initialisation: nothing to do."""
 
+    def fingerprint(self) -> dict:
+        """Token count and sha256 of each split's token array (for a shuffled-sentence corpus, of the
+        training shard files instead of the empty train array)."""
+        c = self.corpus
+        parts = {f"{name} split": array_digest(getattr(c, name)) for name in ("train", "valid", "test")}
+        if c.train_shards:
+            del parts["train split"]
+            parts["train shards"] = files_digest(list(c.train_shards))
+        return parts
+
     def batches(self, run: RunConfig, device: torch.device):
         return (_ShuffledBatches if self.corpus.train_shards else _OrderedBatches)(self.corpus, run, device)
 
@@ -137,24 +151,25 @@ class LMTask:
         return evaluate(model, self.corpus.valid, unit=self.unit, batch_size=run.eval.batch_size,
                         max_tokens=t.eval_max_tokens, dtype=t.dtype, dist=dist, span=span)
 
-    def final(self, model: TransformerXLLM, run: RunConfig, dist) -> EvalResult:
-        return evaluate_run(model, self.corpus, run, dist=dist)
+    def final(self, model: TransformerXLLM, run: RunConfig, dist, progress: bool = False) -> EvalResult:
+        return evaluate_run(model, self.corpus, run, dist=dist, progress=progress)
 
     def sample(self, model: TransformerXLLM, run: RunConfig) -> tuple[str, str]:
         return sample_text(model, self.corpus, run.train.sample_prompt, run.train.sample_tokens, seed=run.train.seed)
 
 
 def evaluate_run(model: TransformerXLLM, corpus: CorpusSplits, run: RunConfig,
-                 dist: distributed.Dist = distributed.Dist()) -> EvalResult:
+                 dist: distributed.Dist = distributed.Dist(), progress: bool = False) -> EvalResult:
     """Evaluate ``model`` on ``run.eval.split`` with the ``[eval]`` span settings (the final report),
-    the streams split over the ranks of ``dist``."""
+    the streams split over the ranks of ``dist``; ``progress``: a progress bar on stderr."""
     e = run.eval
     tokens = corpus.valid if e.split == "valid" else corpus.test
     if len(tokens) < 2:
         raise TxlError(f"the {e.split} split is empty; choose eval.split=valid or give a test split")
     return evaluate(model, tokens, unit=metric_unit(corpus.tokenizer.kind), batch_size=e.batch_size,
                     tgt_len=e.tgt_len, mem_len=e.mem_len, clamp_len=e.clamp_len, same_length=e.same_length,
-                    cmem_len=e.cmem_len, warmup=e.warmup, max_tokens=e.max_tokens, dtype=run.train.dtype, dist=dist)
+                    cmem_len=e.cmem_len, warmup=e.warmup, max_tokens=e.max_tokens, dtype=run.train.dtype, dist=dist,
+                    progress=progress and f"final evaluation ({e.split})")
 
 
 def sample_text(model: TransformerXLLM, corpus: CorpusSplits, prompt: str, n_tokens: int, seed: int,

@@ -9,6 +9,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Callable
 
 import torch
@@ -17,16 +18,19 @@ from tqdm import tqdm
 from txl.training.config import RunConfig
 from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
-from txl.runtime import resolve_device, seed_everything
+from txl.runtime import resolve_device, seed_everything, set_threads
 from txl.evaluation.stream import EvalResult, metric_value
 from txl.fileio import FolderClaim, claim_folder, write_json
 from txl.model import TransformerXLLM
 from txl.training import distributed
-from txl.training.checkpoint import (RUN_NAME, checkpoint_candidates, first_good_checkpoint, load_checkpoint,
-                                     quarantine, save_checkpoint)
+from txl.training.checkpoint import (RUN_NAME, check_run_folder, checkpoint_candidates, checkpoint_step,
+                                     first_good_checkpoint, load_checkpoint, nonfinite_weights, quarantine,
+                                     save_checkpoint)
+from txl.training.fingerprint import STATE_KEY as DATA_KEY
+from txl.training.fingerprint import check_resumed_data
 from txl.training.resume import JSON_NAME as TRAINER_JSON
 from txl.training.resume import load_trainer_state, rank_rng_state, save_trainer_state
-from txl.training.runlog import StopRequest, open_metrics, remove_unfinished
+from txl.training.runlog import StopRequest, check_new_run_folder, open_metrics, remove_unfinished
 from txl.training.optim import make_optimizer
 from txl.training.step import train_step
 from txl.training.lm_task import LMTask, evaluate_run, sample_text, shuffled_batches  # noqa: F401 - public here too
@@ -69,6 +73,26 @@ def _absolute_paths(data):
     return dataclasses.replace(data, **paths)
 
 
+def eval_scope(res: EvalResult) -> str:
+    """What an evaluation's number was measured on, for the log: ``"32,768 tokens, tgt_len 64, mem_len 64"``
+    (completion tokens and pairs for fine-tuning; ``cmem_len`` when a compressed memory was read)."""
+    s = res.settings
+    what = (f"{res.n_tokens:,} completion tokens of {s['examples']:,} pairs" if "examples" in s
+            else f"{res.n_tokens:,} tokens")
+    return ", ".join([what] + [f"{key} {s[key]}" for key in ("tgt_len", "mem_len", "cmem_len") if key in s])
+
+
+def _diverged(step: int, bad: list[str], out_dir: Path, run: RunConfig) -> str:
+    """The error line when the weights are no longer finite at a checkpoint (none is written then)."""
+    kept = checkpoint_step(out_dir / "last")
+    more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+    where = (f"last/ still holds step {kept} (continue from it with --resume --allow-config-change)" if kept is not None
+             else "no checkpoint was written (start again)")
+    recon = " or model.recon_loss_weight" if run.model.cmem_len else ""
+    return (f"training diverged: after step {step} the weights hold NaN or inf ({bad[0]}{more}), and txl never "
+            f"saves such weights; {where}; lower train.lr{recon} or raise train.warmup_steps")
+
+
 def make_task(run: RunConfig):
     """The task ``run`` describes: :class:`~txl.training.finetune.PairsTask` when it has a
     ``[finetune]`` section, else :class:`~txl.training.lm_task.LMTask` (loads the data)."""
@@ -87,14 +111,14 @@ def task_inputs(run: RunConfig) -> list:
 
 
 def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] | None = None,
-          resume: bool = False) -> TrainResult:
+          resume: bool = False, allow_data_change: bool = False) -> TrainResult:
     """Train a Transformer-XL language model as described by ``run`` and report validation with memory.
 
     Writes into ``run.train.out_dir``: ``run.json`` (resolved config), ``metrics.csv`` (one row per
     ``log_interval`` steps and per validation), ``best/`` and ``last/`` checkpoints (plus
     ``keep_last - 1`` older ``last.<step>/``). ``last/`` holds the trainer state (optimizer, RNG states,
     data position, memory), so ``resume=True`` continues a run from its newest intact checkpoint
-    exactly as if it had not stopped (float32, same device and number of ranks; shuffled-sentence
+    exactly as if it had not stopped (float32, same device, number of ranks and CPU threads; shuffled-sentence
     corpora restart their shard order). SIGINT/SIGTERM finish the current step, write ``last/`` and
     raise :class:`KeyboardInterrupt`.
 
@@ -106,21 +130,36 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     a second run on the same folder, new or resumed, is refused while this one runs; the claim is
     released when this function returns or raises (and dies with the process).
 
+    torch's CPU threads follow ``train.threads`` (0: :func:`txl.runtime.choose_threads` picks them from
+    the free CPUs), said in the ``model:`` line, and are set back when this function returns.
+
+    A new run needs a new or empty ``out_dir``; txl never deletes or replaces a file or folder of
+    the run directory that it did not write (:func:`txl.training.checkpoint.check_run_folder`).
+    Every checkpoint records the size and sha256 of the data (:mod:`txl.training.fingerprint`); a
+    resumed run whose data differ is refused unless ``allow_data_change`` (then one warning line).
+    A ``metrics.csv`` row is written before the checkpoint of its step, so a kill between the two
+    loses no row. A checkpoint is never written with NaN or infinite weights.
+
     Raises:
-        TxlError: bad config or data, an ``out_dir`` that already holds a run (or, with ``resume``,
-            one without a resumable checkpoint), an ``out_dir`` in use by another process (or inside
-            a checkpoint or run folder, or an input folder), a checkpoint that cannot be written.
+        TxlError: bad config or data, an ``out_dir`` that already holds a run or anything else (or,
+            with ``resume``, one without a resumable checkpoint, or whose data changed), an
+            ``out_dir`` in use by another process (or inside a checkpoint or run folder, or an input
+            folder), a checkpoint that cannot be written (or whose weights are not finite).
     """
     claims: list[FolderClaim] = []
+    threads = torch.get_num_threads()  # train.threads holds for this run only
     try:
-        return _train(run, progress=progress, log=log, resume=resume, claims=claims)
+        return _train(run, progress=progress, log=log, resume=resume, claims=claims,
+                      allow_data_change=allow_data_change)
     finally:
         for claim in claims:
             claim.release()
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
 
 
 def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None, resume: bool,
-           claims: list[FolderClaim]) -> TrainResult:
+           claims: list[FolderClaim], allow_data_change: bool = False) -> TrainResult:
     """:func:`train`; the folder claim it takes is appended to ``claims`` (released by the caller)."""
     d = distributed.from_environment()
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -137,6 +176,7 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     seed_everything(t.seed)
+    threads = set_threads(t.threads, flag="train.threads")  # torchrun's ranks: OMP_NUM_THREADS shares the CPUs
     device = distributed.device_for(d, resolve_device(t.device))
     out_dir = Path(t.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
@@ -148,6 +188,9 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
         claim = claim_folder(out_dir, flag="train.out_dir", create=not resume, inputs=task_inputs(run))
         claims.append(claim)
         created = claim.created
+        if not resume:
+            check_new_run_folder(out_dir)  # never over a run, nor over files txl did not write
+        check_run_folder(out_dir)  # checkpoint rotation will not meet a folder txl did not write
     if resume:
         candidates = checkpoint_candidates(out_dir, "last")
         if not candidates:
@@ -158,6 +201,7 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
                        "or continue it with --resume")
 
     task = make_task(run)
+    fingerprint = task.fingerprint()  # recorded in every checkpoint, compared when resuming
     unit = task.unit
     run = dataclasses.replace(run, model=dataclasses.replace(run.model, vocab_size=task.vocab_size),
                               data=_absolute_paths(run.data))
@@ -175,7 +219,7 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
         task.init_weights(model)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters, {run.model.n_layer} layers, d_model {run.model.d_model}, "
-        f"attn_type {run.model.attn_type}; device {device}, dtype {t.dtype}"
+        f"attn_type {run.model.attn_type}; device {device}, dtype {t.dtype}; {threads}"
         + (f"; {d.world} processes" if d.enabled else ""))
     optimizer = make_optimizer(model, t.lr, t.weight_decay)
     # every rank reads the same global batch and keeps its own rows (same data as one process)
@@ -187,7 +231,7 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
     # float16 needs loss scaling against gradient underflow; for other dtypes the scaler is a no-op
     scaler = torch.amp.GradScaler(device.type, enabled=t.dtype == "float16")
 
-    state: dict[str, Any] = {"step": 0, "tokens": 0, "best_val_loss": None, "unit": unit}
+    state: dict[str, Any] = {"step": 0, "tokens": 0, "best_val_loss": None, "unit": unit, DATA_KEY: fingerprint}
     pos, mems, best, start_step = 0, None, float("inf"), 0
     span = model.config.span  # the phase of train.tgt_len_schedule in force (set each step)
     if resume:
@@ -195,6 +239,8 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
         if saved.tokenizer.to_dict() != task.tokenizer.to_dict():
             raise TxlError(f"the corpus now gives a different vocabulary than {resume_dir} was trained with; data "
                            "settings cannot change when resuming (start a new run instead)")
+        check_resumed_data(saved.state.get(DATA_KEY), fingerprint, checkpoint=resume_dir, allow=allow_data_change,
+                           warn=lambda m: log(f"txl: warning: {m}"))
         try:
             model.load_state_dict(saved.model.state_dict())
         except RuntimeError:
@@ -218,6 +264,7 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
             quarantine(candidates[:candidates.index(resume_dir)])  # the torn/corrupt newer ones
         best = state["best_val_loss"] if state.get("best_val_loss") is not None else float("inf")
         state["unit"] = unit  # runs written before the "bpb" label said "bpc" for byte models
+        state[DATA_KEY] = fingerprint  # the data the checkpoints from now on were trained on
         log(f"resuming {out_dir} after step {start_step} (from {resume_dir.name}/)")
     ddp = task.objective(model)
     if d.enabled:
@@ -248,6 +295,9 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
         error = None
         if d.is_main:
             try:
+                bad = nonfinite_weights(model)
+                if bad:
+                    raise TxlError(_diverged(step, bad, out_dir, run))
                 save_checkpoint(out_dir / name, model, task.tokenizer, run, dict(state), keep=keep, span=span,
                                 extra=None if not trainer else lambda folder: save_trainer_state(
                                     folder, optimizer=optimizer, scaler=scaler, generator=generator, mems=full_mems,
@@ -263,21 +313,22 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
                      window=[float(window_loss), window_tokens, time.perf_counter() - window_start], **(extra_state or {}))
         write_checkpoint("last", t.keep_last, trainer=True)
 
-    def validate_and_save() -> float:
+    def write_row(row: dict[str, Any] | None) -> None:
+        """A step's metrics.csv row; written before that step's checkpoint, so that no kill loses it
+        (a resumed run drops the rows after its checkpoint and writes them again)."""
+        if row and writer is not None:
+            writer.writerow({**row, "unit": unit})
+            metrics_file.flush()
+
+    def save_validated(res: EvalResult) -> None:
+        """After a finite validation: ``best/`` when it is the best so far, then ``last/``."""
         nonlocal best
-        res = task.validate(model, run, span, d)
-        model.train()
-        if not math.isfinite(res.loss):
-            save_last()
-            raise TxlError(f"the validation loss is {res.loss} at step {step}: training diverged; lower train.lr "
-                           f"or raise train.warmup_steps (last state written to {out_dir / 'last'})")
         state.update(step=step, tokens=int(total_tokens), val_loss=res.loss, val_metric=res.value, elapsed_s=time.perf_counter() - start)
         if res.loss < best:
             best = res.loss
             state["best_val_loss"] = best
             write_checkpoint("best", 1, trainer=False)
         save_last()
-        return res.loss
 
     model.train()
     stop = StopRequest()
@@ -307,9 +358,14 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
                 mems = None
                 bad_in_a_row += 1
                 state["skipped_steps"] = state.get("skipped_steps", 0) + 1
+                what = (f"loss is {float(out.loss_sum)}" if out.recon_finite else "attention-reconstruction term "
+                        f"(model.recon_loss_weight {run.model.recon_loss_weight} × reconstruction loss) is not finite")
                 if d.is_main:
-                    bar.write(f"step {step}: loss is {float(out.loss_sum)}, step skipped ({bad_in_a_row} in a row)",
-                              file=sys.stderr)
+                    bar.write(f"step {step}: {what}, step skipped ({bad_in_a_row} in a row)", file=sys.stderr)
+                if bad_in_a_row >= t.max_bad_steps and not out.recon_finite:
+                    raise TxlError(f"the {what} for {bad_in_a_row} steps in a row (up to step {step}); lower "
+                                   "model.recon_loss_weight (default 1.0) and start again (or --resume with "
+                                   "--allow-config-change)")
                 if bad_in_a_row >= t.max_bad_steps:
                     raise TxlError(f"the loss was not finite for {bad_in_a_row} steps in a row (up to step {step}); "
                                    "lower train.lr, raise train.warmup_steps or check the data")
@@ -331,17 +387,23 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
                                     f"lr {lr:.2e} {speed:,.0f} tok/s")
                 window_loss, window_tokens, window_start = 0.0, state["tokens"], now
             if step % t.eval_interval == 0 or step == t.max_steps:
-                val_loss = validate_and_save()
-                row = row or {"step": step, "tokens": state["tokens"], "elapsed_s": round(time.perf_counter() - start, 3)}
-                row.update(val_loss=val_loss, val_metric=metric_value(val_loss, unit))
+                res = task.validate(model, run, span, d)  # valid split (train.eval_max_tokens) at the training span
+                model.train()
+                row = row or {"step": step, "tokens": int(total_tokens), "elapsed_s": round(time.perf_counter() - start, 3)}
+                row.update(val_loss=res.loss, val_metric=metric_value(res.loss, unit))
+                write_row(row)  # the row first: a kill after the checkpoint must not lose it
+                if not math.isfinite(res.loss):
+                    save_last()
+                    raise TxlError(f"the validation loss is {res.loss} at step {step}: training diverged; lower "
+                                   f"train.lr or raise train.warmup_steps (last state written to {out_dir / 'last'})")
                 if d.is_main:
-                    bar.write(f"step {step}: valid {unit} {metric_value(val_loss, unit):.4f}", file=sys.stderr)
+                    bar.write(f"step {step}: valid {unit} {res.value:.4f} ({eval_scope(res)})", file=sys.stderr)
+                save_validated(res)
                 window_start = time.perf_counter()  # do not count evaluation time as training speed
-            elif t.save_interval and step % t.save_interval == 0:
-                save_last()
-            if row and writer is not None:
-                writer.writerow({**row, "unit": unit})
-                metrics_file.flush()
+            else:
+                write_row(row)
+                if t.save_interval and step % t.save_interval == 0:
+                    save_last()
             if out.stop:  # Ctrl-C or SIGTERM (on any rank) during this step: every rank stops after it
                 stop.requested = True
                 raise KeyboardInterrupt
@@ -374,7 +436,7 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
 
     distributed.barrier(d)  # best/ is complete on disk for every rank
     best_ckpt = load_checkpoint(out_dir / "best", map_location=str(device))
-    final = task.final(best_ckpt.model, run, d)
+    final = task.final(best_ckpt.model, run, d, progress=progress and d.is_main)
     prompt, sample = "", ""
     if t.sample_tokens and d.is_main:
         prompt, sample = task.sample(best_ckpt.model, run)
@@ -386,12 +448,13 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
 
 def finetune(init: str | Path, data: str | Path | None = None, *, out_dir: str | Path,
              config: str | Path | None = None, overrides: Sequence[str] = (), progress: bool = True,
-             log=None, resume: bool = False):
+             log=None, resume: bool = False, allow_data_change: bool = False):
     """Fine-tune the language model ``init`` on prompt/completion pairs; the Python form of ``txl finetune``.
 
     Returns :func:`txl.training.loop.train`'s :class:`~txl.training.loop.TrainResult` (``final`` is
     the completion loss on ``eval.split``). ``resume=True`` continues the run in ``out_dir`` from its
-    saved config (``init``, ``data``, ``config`` and ``overrides`` are then not used).
+    saved config (``init``, ``data``, ``config`` and ``overrides`` are then not used); pairs files that
+    changed since its checkpoint are refused unless ``allow_data_change``.
 
     Raises:
         TxlError: as :func:`finetune_config` and :func:`txl.training.loop.train`.
@@ -404,4 +467,4 @@ def finetune(init: str | Path, data: str | Path | None = None, *, out_dir: str |
         run.train.out_dir = str(out_dir)
     else:
         run = finetune_config(init, data, out_dir=out_dir, config=config, overrides=overrides)
-    return train(run, progress=progress, log=log, resume=resume)
+    return train(run, progress=progress, log=log, resume=resume, allow_data_change=allow_data_change)

@@ -9,6 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from txl.errors import TxlError
+from txl.training.checkpoint import RUN_NAME
+
 METRIC_FIELDS = ["step", "tokens", "elapsed_s", "lr", "tgt_len", "mem_len", "train_loss", "train_metric",
                  "tokens_per_s", "val_loss", "val_metric", "unit", "recon_loss"]
 """Columns of metrics.csv. ``unit`` names the unit of ``train_metric``/``val_metric``: "bpb" (byte
@@ -54,6 +57,25 @@ def open_metrics(path: Path, start_step: int):
     writer.writerows({k: r.get(k, "") for k in METRIC_FIELDS} for r in rows)
     f.flush()
     return f, writer
+
+
+def check_new_run_folder(out_dir: Path, flag: str = "train.out_dir (--out)") -> None:
+    """Refuse to start a new run in ``out_dir`` unless it is missing or empty: a folder holding a run
+    (``run.json``) is continued with ``--resume``, and files txl did not write are never overwritten
+    or deleted (``metrics.csv``, ``best/``, ``last/`` ... of another program).
+
+    Raises:
+        TxlError: one line naming the folder and (up to four of) its entries; nothing is changed.
+    """
+    if not out_dir.is_dir():
+        return
+    if (out_dir / RUN_NAME).exists():
+        raise TxlError(f"{out_dir} already holds a run; choose another {flag}, remove it, or continue it with --resume")
+    entries = sorted(p.name + ("/" if p.is_dir() else "") for p in out_dir.iterdir())
+    if entries:
+        shown = ", ".join(entries[:4]) + (f" and {len(entries) - 4} more" if len(entries) > 4 else "")
+        raise TxlError(f"{out_dir} is not empty ({shown}) and is not a txl run; a new run needs a new or empty "
+                       f"folder, and txl never overwrites files it did not write: choose another {flag}")
 
 
 def remove_unfinished(out_dir: Path, created: bool, names: tuple[str, ...]) -> None:

@@ -35,6 +35,8 @@ class StepResult:
         stop: some rank was asked to stop (SIGINT/SIGTERM) during this step.
         recon_loss: float64 scalar tensor, this rank's attention-reconstruction loss (mean over the
             chunks, unweighted), or None without compressed memory.
+        recon_finite: whether ``recon_loss_weight ×`` that loss (the term back-propagated, summed over
+            the ranks) is finite; ``finite`` is false when it is not (e.g. an overflowing weight).
     """
 
     loss_sum: torch.Tensor
@@ -42,6 +44,7 @@ class StepResult:
     mems: list[torch.Tensor] | None
     stop: bool
     recon_loss: torch.Tensor | None = None
+    recon_finite: bool = True
 
 
 def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, mems: list[torch.Tensor] | None, *,
@@ -62,7 +65,9 @@ def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, mems: l
             ``train.tgt_len_schedule``: its ``mem_len`` is the length of the memory returned);
             None: the model's training span.
 
-    One host synchronisation per step (the finiteness check), one all-reduce of two numbers.
+    The update is made only when the loss and, with a compressed memory, the weighted reconstruction
+    term are both finite over the global batch: a non-finite term would put NaN into the gradients.
+    One host synchronisation per step (that check), one all-reduce of three numbers.
     """
     device = x.device
     module = model.module if hasattr(model, "module") else model
@@ -72,6 +77,7 @@ def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, mems: l
     pieces_m = [torch.tensor_split(m, chunks) for m in mems] if mems is not None else None
     new_mems = []
     recon_sum = None
+    recon_weighted = torch.zeros((), dtype=torch.float64, device=device)  # the reconstruction term back-propagated
     # the language model itself, or the one a task objective wraps (e.g. fine-tuning on pairs)
     lm = module if hasattr(module, "config") else getattr(module, "model", module)
     weight = float(getattr(getattr(lm, "config", None), "recon_loss_weight", 0.0))
@@ -84,15 +90,19 @@ def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, mems: l
             chunk_sum = out.token_loss.float().sum()
             objective = chunk_sum * scale
             if getattr(out, "recon_loss", None) is not None:
-                objective = objective + out.recon_loss.float() * (weight / chunks)
+                weighted = out.recon_loss.float() * (weight / chunks)
+                objective = objective + weighted
+                recon_weighted += weighted.detach().double()
                 term = out.recon_loss.detach().double() / chunks
                 recon_sum = term if recon_sum is None else recon_sum + term
             scaler.scale(objective).backward()
         loss_sum += chunk_sum.detach().double()
         new_mems.append(out.mems)
-    combined = all_sum(d, torch.stack([loss_sum, torch.tensor(float(stop), dtype=torch.float64, device=device)]))
-    total, flag = combined.tolist()  # the step's one host synchronisation
-    loss_sum, stopping, finite = combined[0], flag > 0, math.isfinite(total)
+    combined = all_sum(d, torch.stack([loss_sum, torch.tensor(float(stop), dtype=torch.float64, device=device),
+                                       recon_weighted]))
+    total, flag, recon_total = combined.tolist()  # the step's one host synchronisation
+    recon_finite = math.isfinite(recon_total)
+    loss_sum, stopping, finite = combined[0], flag > 0, math.isfinite(total) and recon_finite
     if finite:
         if clip > 0:
             scaler.unscale_(optimizer)
@@ -101,4 +111,5 @@ def train_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, mems: l
         scaler.update()
         mems = None if new_mems[0] is None else [torch.cat(layer, dim=0) for layer in zip(*new_mems)]
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss_sum=loss_sum, finite=finite, mems=mems, stop=stopping, recon_loss=recon_sum)
+    return StepResult(loss_sum=loss_sum, finite=finite, mems=mems, stop=stopping, recon_loss=recon_sum,
+                      recon_finite=recon_finite)
