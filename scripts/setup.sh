@@ -19,6 +19,11 @@ if [ "$TORCH" != skip ]; then
     "${PIP[@]}" "$TORCH"
   fi
 fi
+# the package was installed as "txl" before it became txl-transformer-xl ("txl" on PyPI is another project):
+# a .venv from then keeps that entry, which would claim the same `txl` import name and command
+if .venv/bin/python -m pip show --quiet txl >/dev/null 2>&1; then
+  .venv/bin/python -m pip uninstall --quiet --yes txl
+fi
 if [ "${1:-}" = test ]; then
   "${PIP[@]}" -e ".[test]"
 else

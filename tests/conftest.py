@@ -1,7 +1,18 @@
 import os
 
-import pytest
-import torch
+# One CPU thread for torch everywhere in the suite (here, in the txl commands it runs in this process and in
+# every subprocess or torchrun rank it starts), unless OMP_NUM_THREADS is set: txl's own choice follows the
+# machine's load (txl.runtime.choose_threads), and two runs that a test compares (a resumed run and an
+# uninterrupted one) must not differ in the last digits because the load changed between them; the tiny
+# models of the tests are fastest on one thread anyway. Set before torch is imported, which reads it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import contextlib  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 from hypothesis import settings
 
 # CI runs a fixed set of examples (HYPOTHESIS_PROFILE=ci in .ci/run) so that a result is reproducible;
@@ -47,6 +58,30 @@ def corpus(tmp_path):
     path.write_text("".join(f"line {i}: the quick brown fox {i * 7 % 13} jumps over {i % 5} dogs.\n"
                             for i in range(300)))
     return path
+
+
+@contextlib.contextmanager
+def served_app(app):
+    """The ASGI ``app`` served in a thread of this process by uvicorn with txl serve's own settings
+    (:func:`txl.serving.server.uvicorn_config`) on a free loopback port; yields its base URL."""
+    import uvicorn
+
+    from txl.serving.server import listen, uvicorn_config
+
+    server = uvicorn.Server(uvicorn_config(app))
+    sock = listen("127.0.0.1", 0)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the server did not stop"
 
 
 def run_cli(capsys, *argv):

@@ -121,7 +121,7 @@ def test_refuses_a_used_output_folder_and_bad_settings(tmp_path, corpus, capsys)
     with pytest.raises(TxlError, match="tgt_len_schedule"):
         run_ablation(tiny_base(tmp_path, tgt_len_schedule=[[0, 4]]), str(corpus), tmp_path / "x", log=lambda m: None)
     cases = [(["--lengths", "64,x"], "--lengths"), (["--budget-tokens", "5", "--budget-minutes", "1"], "not allowed with"),
-             (["--lengths", "0"], "positive"), (["--budget-tokens", "0"], "budget must be positive")]
+             (["--lengths", "0"], "positive"), (["--budget-tokens", "0"], "--budget-tokens must be >= 1, got 0")]
     for extra, message in cases:
         assert main(["ablate", "--data", str(corpus), "--out", str(tmp_path / "cli"), *extra]) == 2
         err = capsys.readouterr().err

@@ -116,9 +116,9 @@ def test_train_eval_generate_end_to_end(tmp_path, corpus, capsys, monkeypatch):
     (lambda d, c: ["eval", d / "nothing-here"], "does not exist"),
     (lambda d, c: ["generate", d], "not a txl checkpoint"),
     (lambda d, c: ["train", c, "train.seed=-1"], "train.seed must be in"),
-    (lambda d, c: ["train", c, "train.lr=inf"], "must be finite"),
+    (lambda d, c: ["train", c, "train.lr=inf"], "train.lr must be a finite number, got inf"),
     (lambda d, c: ["train", c, "--config", d], "is not a file"),
-    (lambda d, c: ["generate", d, "--temperature", "nan"], "temperature must be a finite number"),
+    (lambda d, c: ["generate", d, "--temperature", "nan"], "argument --temperature/-t: must be a finite number, got 'nan'"),
     (lambda d, c: ["generate", d, "--seed", "99999999999999999999"], "--seed must be in"),
     (lambda d, c: ["generate", d, "--prompt", "a", "--prompt-file", c], "not both"),
 ])

@@ -156,7 +156,6 @@ def test_char_and_word_models_grow_their_vocabulary(tmp_path):
         finetune(lm, pairs, out_dir=tmp_path / f"run-{tok.kind}", progress=False, log=lambda m: None,
                  overrides=["train.max_steps=2", "train.batch_size=2", "train.eval_interval=2", "train.sample_tokens=5",
                             "data.split=[0.8, 0.2, 0.0]"])
-        before = load_checkpoint(lm).model.state_dict()
         after = load_checkpoint(tmp_path / f"run-{tok.kind}" / "last")
         assert after.tokenizer.vocab_size == tok.vocab_size + 2 and after.model.config.vocab_size == tok.vocab_size + 2
         markers = find_markers(after.tokenizer)
@@ -196,7 +195,9 @@ def test_crash_then_resume_equals_the_uninterrupted_run(tmp_path, monkeypatch, c
 
 @pytest.mark.parametrize("line, expect", [
     ('{"prompt": "a", "completion": "b"}\n{"prompt": "a"', "line 2 is not valid JSON"),
-    ('{"prompt": "a", "completion": 3}', 'line 1 must be a JSON object with string "prompt" and "completion"'),
+    ('{"prompt": "a", "completion": 3}', 'line 1: "completion" must be a string, got a number'),
+    ('{"prompt": "a"}', 'line 1 has no "completion" (each line needs string "prompt" and "completion")'),
+    ('{"completion": "b", "text": "a"}', 'line 1 has no "prompt" (each line needs string "prompt" and "completion")'),
     ('["a", "b"]', "line 1 must be a JSON object"),
     ('{"prompt": "a", "completion": ""}', 'line 1 has an empty "completion"'),
     ('{"prompt": "a\\u0004", "completion": "b"}', "reserved marker"),
@@ -218,7 +219,8 @@ def test_cli_refusals(tmp_path, capsys):
         (["--data", pairs, "--out", tmp_path / "r"], "--init"),
         (["--init", tmp_path / "nope", "--data", pairs, "--out", tmp_path / "r"], "does not exist"),
         (["--init", lm, "--data", pairs, "--out", tmp_path / "r", "model.n_layer=3"], "model.n_layer is 3"),
-        (["--init", lm, "--data", pairs, "--out", tmp_path / "r", "--grad-segments", "-1"], "grad_segments"),
+        (["--init", lm, "--data", pairs, "--out", tmp_path / "r", "--grad-segments", "-1"],
+         "--grad-segments must be >= 0, got -1"),
         (["--init", lm, "--data", pairs, "--out", tmp_path / "r", "data.split=[1.0, 0.0, 0.0]"], "valid split"),
         (["--resume", lm], "not a run directory"),
         (["--init", make_lm(tmp_path / "cmem", ByteTokenizer(), cmem_len=4), "--data", pairs, "--out", tmp_path / "r"],

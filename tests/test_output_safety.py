@@ -385,6 +385,7 @@ def test_plot_outputs_need_force_and_stay_out_of_runs(tmp_path, trained, capsys)
 def test_folder_commands_refuse_a_folder_in_use(tmp_path, trained, capsys, argv):
     run, _ = trained
     (tmp_path / "labelled.jsonl").write_text('{"text": "a b", "label": "x"}\n{"text": "c d", "label": "y"}\n')
+    (tmp_path / "enwik8.zip").write_bytes(b"")  # an input that exists: the folder claim is what is tested
     proc = holder(tmp_path / "hf")
     try:
         code = main([str(a) for a in argv(run, tmp_path)])

@@ -130,6 +130,6 @@ def test_missing_matplotlib_is_one_clear_error(monkeypatch, tmp_path):
     import sys
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(TxlError, match=r"pip install 'txl\[plot\]'"):
+    with pytest.raises(TxlError, match=r"in the txl folder, \.venv/bin/python -m pip install -e '\.\[plot\]'"):
         plot_mem_sweep([0], [1.0], "bpc", tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()

@@ -82,7 +82,7 @@ def test_resume_refusals(tmp_path, corpus, capsys):
     assert main(["train", "--resume", str(tmp_path), "model.n_layer=3"]) == 2
     assert "--allow-config-change" in capsys.readouterr().err
     assert main(["train", "--resume", str(tmp_path / "nope")]) == 2
-    assert "not a run directory" in capsys.readouterr().err
+    assert "does not exist" in capsys.readouterr().err
     assert isinstance(RunConfig(), RunConfig)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,12 +26,14 @@ def did_you_mean(name: str, known: typing.Iterable[str]) -> str:
 def check_fields(cls: type, values: dict[str, Any], where: str) -> dict[str, Any]:
     """Check that ``values`` only names fields of dataclass ``cls`` and that each has the right type.
 
-    Ints are accepted for float fields (converted); bools are not accepted for int fields.
-    Lists are accepted for list/tuple fields.
+    Ints are accepted for float fields (converted); bools are not accepted for int fields, and NaN or
+    infinite numbers are not accepted for float fields (one rule for every float field of every
+    config). Lists are accepted for list/tuple fields. An optional field (``int | None``) takes null
+    or a value of its type.
 
     Raises:
         TxlError: an unknown key (with the closest known key when one is near, and the list of known
-            ones) or a value of the wrong type.
+            ones), a value of the wrong type or a non-finite number.
     """
     hints = typing.get_type_hints(cls)
     known = [f.name for f in dataclasses.fields(cls)]
@@ -47,7 +50,7 @@ def check_fields(cls: type, values: dict[str, Any], where: str) -> dict[str, Any
 def _coerce(hint: Any, value: Any, name: str) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
-    if origin is typing.Union or str(origin) == "types.UnionType":
+    if origin is typing.Union or origin is types.UnionType:  # Optional[X] and X | None
         if value is None and type(None) in args:
             return None
         errors = []
@@ -78,12 +81,33 @@ def _coerce(hint: Any, value: Any, name: str) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TxlError(f"{name} must be a number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond the float range
+            number = math.inf
+        if not math.isfinite(number):
+            raise TxlError(f"{name} must be a finite number, got {value!r}")
+        return number
     if hint is str:
         if not isinstance(value, str):
             raise TxlError(f"{name} must be a string, got {value!r}")
         return value
     return value
+
+
+def check_split(fractions: typing.Sequence[float], name: str, train_needed: bool = False) -> None:
+    """``fractions`` are train/valid/test fractions: three finite numbers >= 0 summing to 1 (and, with
+    ``train_needed``, a train fraction > 0).
+
+    Raises:
+        TxlError: naming ``name`` (``data.split``, ``--split``) and the values given.
+    """
+    good = len(fractions) == 3 and all(isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f)
+                                       and f >= 0 for f in fractions)
+    if not good or abs(sum(fractions) - 1) > 1e-6 or (train_needed and not fractions[0] > 0):
+        shown = ",".join(f"{f:g}" if isinstance(f, (int, float)) else repr(f) for f in fractions)
+        raise TxlError(f"{name} must be three finite fractions >= 0 summing to 1 (train, valid, test"
+                       f"{'; train > 0' if train_needed else ''}), got {shown}")
 
 
 #: Label of a position that is not scored (context, padding): the value data, model, training and
@@ -93,6 +117,7 @@ IGNORE_INDEX = -100
 TOKENIZERS = ("byte", "char", "word", "bpe")
 NORMALIZE = ("none", "wikitext")
 DTYPES = ("float32", "bfloat16", "float16")
+MAX_THREADS = 1024  # CPU threads (train.threads, --threads): more than this is taken for a typing error
 
 
 @dataclass
@@ -127,12 +152,13 @@ class DataConfig:
     cache_dir: str | None = None
 
     def validate(self) -> None:
+        """Raise :class:`TxlError` naming the first value of a wrong type or impossible."""
+        check_fields(type(self), dataclasses.asdict(self), "data")
         if self.normalize not in NORMALIZE:
             raise TxlError(f"data.normalize must be one of {', '.join(NORMALIZE)}, got {self.normalize!r}")
         if self.tokenizer is not None and self.tokenizer not in TOKENIZERS:
             raise TxlError(f"data.tokenizer must be one of {', '.join(TOKENIZERS)}, got {self.tokenizer!r}")
-        if len(self.split) != 3 or any(f < 0 for f in self.split) or abs(sum(self.split) - 1) > 1e-6:
-            raise TxlError(f"data.split must be three non-negative fractions summing to 1, got {self.split}")
+        check_split(self.split, "data.split")
         if self.min_freq < 1:
             raise TxlError(f"data.min_freq must be >= 1, got {self.min_freq}")
 
@@ -161,6 +187,9 @@ class TrainConfig:
         log_interval: steps between metric rows.
         seed: seeds python, numpy and torch.
         device: "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
+        threads: CPU threads for torch's operations in each process (``--threads``); 0: automatic,
+            ``OMP_NUM_THREADS`` when set, else the CPUs this process may use less the busy ones
+            (the load average), at least 1 (see :func:`txl.runtime.choose_threads`).
         dtype: "float32", or "bfloat16"/"float16" autocast.
         max_bad_steps: a step whose loss is NaN or inf is skipped (no update, fresh memory) and
             counted; this many in a row stop the run with a message.
@@ -189,6 +218,7 @@ class TrainConfig:
     log_interval: int = 10
     seed: int = 1234
     device: str = "auto"
+    threads: int = 0
     dtype: str = "float32"
     max_bad_steps: int = 10
     sample_tokens: int = 300
@@ -199,6 +229,8 @@ class TrainConfig:
     deterministic: bool = False
 
     def validate(self) -> None:
+        """Raise :class:`TxlError` naming the first value of a wrong type or impossible."""
+        check_fields(type(self), dataclasses.asdict(self), "train")
         for name in ("batch_size", "max_steps", "eval_interval", "log_interval", "max_bad_steps", "grad_accum_steps",
                      "keep_last"):
             if getattr(self, name) < 1:
@@ -216,6 +248,9 @@ class TrainConfig:
             raise TxlError("train.clip and train.weight_decay must be >= 0")
         if self.dtype not in DTYPES:
             raise TxlError(f"train.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if not 0 <= self.threads <= MAX_THREADS:
+            raise TxlError(f"train.threads must be from 0 (automatic: the free CPUs) to {MAX_THREADS}, "
+                           f"got {self.threads}")
         last = -1
         for entry in self.tgt_len_schedule:
             if len(entry) not in (2, 3) or entry[0] < 0 or any(v < 1 for v in entry[1:2]) or \
@@ -252,6 +287,8 @@ class EvalConfig:
     max_tokens: int = 0
 
     def validate(self) -> None:
+        """Raise :class:`TxlError` naming the first value of a wrong type or impossible."""
+        check_fields(type(self), dataclasses.asdict(self), "eval")
         if self.split not in ("valid", "test"):
             raise TxlError(f"eval.split must be 'valid' or 'test', got {self.split!r}")
         if self.batch_size < 1:

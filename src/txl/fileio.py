@@ -74,6 +74,20 @@ def _umask() -> int:
     return mask
 
 
+def read_bytes(path: str | Path, what: str = "") -> bytes:
+    """The bytes of the file ``path``.
+
+    Raises:
+        TxlError: the file cannot be read (``cannot read {what}{path}: reason``).
+    """
+    from txl.errors import TxlError
+
+    try:
+        return Path(path).read_bytes()
+    except (OSError, MemoryError) as err:
+        raise TxlError(f"cannot read {what}{path}: {getattr(err, 'strerror', None) or err}") from None
+
+
 def _read_text(path: Path, what: str) -> str:
     """The UTF-8 text of ``path``; TxlError naming ``what`` and the file otherwise."""
     from txl.errors import TxlError
@@ -161,6 +175,29 @@ def write_json(path: str | Path, obj: Any, overwrite: bool = True) -> None:
     """
     text = json.dumps(obj, indent=2, sort_keys=False) + "\n"
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), overwrite=overwrite)
+
+
+def path_inside(folder: str | Path, name: Any, where: str, nested: bool = False) -> Path:
+    """``folder / name`` for a name read from a file (``checksums.json``, ``dataset.json``), kept inside ``folder``.
+
+    A crafted file could otherwise name ``../../etc/hostname`` or ``/etc/hostname`` and make txl read
+    it. ``name`` must be a non-empty string without NUL, ``\\``, ``.``/``..`` parts or a leading
+    ``/``; without ``nested`` it must also be a plain file name (no ``/`` at all), with ``nested``
+    it may name a file in a subfolder (``shards/part-1.txt``). ``where`` names the file that held
+    ``name`` in the error message. Symbolic links are not followed here (the caller opens the path).
+
+    Raises:
+        TxlError: ``name`` is not such a string.
+    """
+    from txl.errors import TxlError
+
+    parts = name.split("/") if isinstance(name, str) else []
+    if (not parts or "\\" in name or "\0" in name or name.startswith("/") or (len(parts) > 1 and not nested)
+            or any(part in ("", ".", "..") for part in parts)):
+        kind = "a relative path inside" if nested else "a file name inside"
+        raise TxlError(f"{where} names {name!r}, which is not {kind} {folder}; refusing to read it (the file "
+                       "was altered or crafted)")
+    return Path(folder) / name
 
 
 # --- output guards --------------------------------------------------------------------------------------------

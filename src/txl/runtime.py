@@ -1,4 +1,4 @@
-"""Where and how computations run: the device, the autocast dtype, seeding and the cache folder.
+"""Where and how computations run: the device, the autocast dtype, the CPU threads, seeding and the cache folder.
 
 Every command and library function that needs one of these takes it from here, so that the
 analysis tools and commands take them from one place.
@@ -7,13 +7,17 @@ analysis tools and commands take them from one place.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import random
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from txl.config import MAX_THREADS
 from txl.errors import TxlError
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -87,6 +91,125 @@ def native_dtype_support(device: torch.device, dtype: str) -> bool:
     if flags is None:
         return True
     return bool(flags & _NATIVE_CPU_FLAGS[dtype])
+
+
+def usable_cpus(cgroup: str | Path = "/sys/fs/cgroup") -> int:
+    """The CPUs this process may run on: its affinity mask (``os.sched_getaffinity``; ``os.cpu_count()``
+    where the system has none), capped by a container's CPU quota read under ``cgroup`` (v2
+    ``cpu.max``, v1 ``cpu/cpu.cfs_quota_us`` over ``cpu/cpu.cfs_period_us``), rounded up; at least 1."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    root = Path(cgroup)
+    for quota_file, period_file in ((root / "cpu.max", None),
+                                    (root / "cpu" / "cpu.cfs_quota_us", root / "cpu" / "cpu.cfs_period_us")):
+        try:
+            fields = quota_file.read_text(encoding="ascii").split()
+            if period_file is not None:
+                fields.append(period_file.read_text(encoding="ascii").strip())
+            if fields[0] not in ("max", "-1") and int(fields[1]) > 0:
+                cpus = min(cpus, -(-int(fields[0]) // int(fields[1])))
+        except (OSError, ValueError, IndexError):
+            pass
+    return max(1, cpus)
+
+
+def load_average() -> float | None:
+    """The 1-minute load average of the machine (runnable processes, ``os.getloadavg``), or None where
+    the system does not say."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def busy_now(samples: int = 5, interval: float = 0.01) -> float | None:
+    """How many threads of other processes are runnable right now: the mean over ``samples`` reads of
+    ``/proc/loadavg`` (``interval`` seconds apart) of its runnable count less this process's own
+    running thread; None where the system does not say (not Linux).
+
+    The load average lags by about a minute (a command started just after ``pip install`` would
+    still see it busy); this count does not, but it is noisy, so :func:`choose_threads` takes the
+    smaller of the two."""
+    counts = []
+    for k in range(samples):
+        try:
+            counts.append(max(0, int(Path("/proc/loadavg").read_text(encoding="ascii").split()[3].split("/")[0]) - 1))
+        except (OSError, ValueError, IndexError):
+            return None
+        if k + 1 < samples:
+            time.sleep(interval)
+    return sum(counts) / len(counts)
+
+
+def _env_threads(env: str | None) -> int | None:
+    """``OMP_NUM_THREADS`` as a thread count, None when unset or not an integer in ``[1, MAX_THREADS]``."""
+    if env is not None and env.strip().isdigit() and 0 < int(env) <= MAX_THREADS:
+        return int(env)
+    return None
+
+
+def choose_threads(requested: int | None, *, cpus: int, load: float | None, online: int | None = None,
+                   env: str | None = None, now: float | None = None, flag: str = "--threads") -> tuple[int, str]:
+    """How many intra-op threads torch should use, and why, as ``(threads, text)``; touches nothing.
+
+    On a machine shared with busy processes, torch's default (one thread per CPU) makes its threads
+    wait on each other: a step takes many times longer than with fewer threads. The rule:
+    ``requested`` >= 1 is taken as given; else a positive integer ``env`` (``OMP_NUM_THREADS``) is;
+    else (None or 0: automatic) the CPUs this process may use minus the busy ones, at least 1. The
+    busy ones are the 1-minute load average ``load``, or the threads of other processes runnable
+    ``now`` (:func:`busy_now`) when fewer, scaled to this process's share of the machine when it may
+    use only ``cpus`` of ``online`` CPUs (both count the whole machine), rounded to the nearest whole
+    CPU. ``text`` says it for the start line of a command: ``"threads 1 (2 CPUs, load 1.3)"``, with
+    ``", busy now 1.0"`` after the load when ``now`` is known.
+
+    Raises:
+        TxlError: ``requested`` that is not an integer in ``[0, MAX_THREADS]`` (``flag`` names it).
+    """
+    if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int)
+                                  or not 0 <= requested <= MAX_THREADS):
+        raise TxlError(f"{flag} must be from 0 (automatic: the free CPUs) to {MAX_THREADS}, got {requested!r}")
+    seen = f"{cpus} CPU{'s' if cpus != 1 else ''}, load " + ("unknown" if load is None else f"{load:.1f}")
+    seen += "" if now is None else f", busy now {now:.1f}"
+    if requested:
+        return requested, f"threads {requested} ({flag}; {seen})"
+    if _env_threads(env) is not None:
+        return _env_threads(env), f"threads {_env_threads(env)} (OMP_NUM_THREADS; {seen})"
+    busy = min(max(0.0, value) for value in (load, now, float("inf")) if value is not None)
+    busy = 0.0 if busy == float("inf") else busy
+    if online and online > cpus:
+        busy *= cpus / online
+    threads = max(1, min(cpus, math.floor(cpus - busy + 0.5)))
+    return threads, f"threads {threads} ({seen})"
+
+
+def set_threads(requested: int | None = None, flag: str = "--threads") -> str:
+    """Set torch's intra-op threads by :func:`choose_threads` for this machine now (its CPUs, load, the
+    threads busy now when the choice is automatic, and ``OMP_NUM_THREADS``); returns the text for the
+    command's start line (``"threads 1 (2 CPUs, load 1.3, busy now 1.0)"``).
+
+    Raises:
+        TxlError: as :func:`choose_threads`.
+    """
+    env = os.environ.get("OMP_NUM_THREADS")
+    automatic = not requested and _env_threads(env) is None
+    threads, text = choose_threads(requested, cpus=usable_cpus(), load=load_average(), online=os.cpu_count(),
+                                   env=env, now=busy_now() if automatic else None, flag=flag)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return text
+
+
+def progress_bar(total: int, progress: bool | str, label: str, unit: str = "segment"):
+    """A tqdm bar on stderr for ``total`` steps of ``unit`` (segments, windows, examples) of a long
+    reading loop (evaluation, scoring), or a disabled one (same interface, prints nothing) when
+    ``progress`` is False. A string ``progress`` replaces ``label`` (``"mem_len 256"``). The bar is
+    cleared when closed, so the result line that follows stands alone."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=progress if isinstance(progress, str) else label, unit=unit,
+                disable=not progress, leave=False, dynamic_ncols=True, file=sys.stderr)
 
 
 def seed_everything(seed: int) -> None:

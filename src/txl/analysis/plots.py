@@ -1,8 +1,9 @@
 """Plots for runs and evaluations: learning curves, the metric against memory length, attention distances.
 
-matplotlib is an optional dependency (``pip install 'txl[plot]'``); it is imported lazily with the
-Agg backend, and its absence is one clear :class:`~txl.errors.TxlError`. Every plotting function
-writes its PNG atomically and returns the data series it drew, so that tests can check the data.
+matplotlib is an optional dependency (the ``plot`` extra: ``pip install -e '.[plot]'`` in the txl folder);
+it is imported lazily with the Agg backend, and its absence is one clear :class:`~txl.errors.TxlError`.
+Every plotting function writes its PNG atomically and returns the data series it drew, so that tests
+can check the data.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise TxlError("plots need matplotlib: pip install 'txl[plot]' (or pip install matplotlib)") from None
+        raise TxlError("plots need matplotlib: in the txl folder, .venv/bin/python -m pip install -e '.[plot]' "
+                       "(or pip install matplotlib)") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

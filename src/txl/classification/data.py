@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from txl.data.tokenizers import decode_file_text
 from txl.errors import TxlError
+from txl.fileio import read_bytes
 from txl.fileio import read_jsonl as _jsonl_lines
 
 
@@ -46,16 +48,16 @@ def read_jsonl(path: str | Path, need_label: bool = True) -> list[Document]:
     return docs
 
 
-def read_text_file(path: str | Path) -> str:
-    """A file's text; bytes that are not UTF-8 are kept as lone surrogates (byte tokenizers restore them).
+def read_text_file(path: str | Path, kind: str = "byte") -> str:
+    """A file's text as a ``kind`` tokenizer reads it (:func:`txl.data.tokenizers.decode_file_text`):
+    for "byte", bytes that are not UTF-8 are kept as lone surrogates (the byte tokenizer restores
+    them); the char, word and BPE tokenizers need UTF-8.
 
     Raises:
-        TxlError: the file cannot be read.
+        TxlError: the file cannot be read, or is not UTF-8 for a text tokenizer (the not-UTF-8 message
+            every command gives, naming the byte and its offset).
     """
-    try:
-        return Path(path).read_bytes().decode("utf-8", errors="surrogateescape")
-    except OSError as err:
-        raise TxlError(f"cannot read {path}: {err.strerror or err}") from None
+    return decode_file_text(read_bytes(path), kind, str(path))
 
 
 def read_folder(root: str | Path) -> list[Document]:

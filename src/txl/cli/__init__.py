@@ -20,7 +20,7 @@ import sys
 import textwrap
 import threading
 
-from txl.cli.common import print_notes, visible_flags
+from txl.cli.common import check_threads, print_notes, visible_flags
 from txl.errors import TxlError
 
 # torch and numpy are imported inside the commands, so that Ctrl-C during start-up or a usage
@@ -107,14 +107,19 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``txl`` console script; returns the exit status.
 
     SIGINT ends any command with exit status 130 and the one line ``txl: interrupted``, even when the
-    process was started with SIGINT ignored (see :func:`_interruptible`).
+    process was started with SIGINT ignored (see :func:`_interruptible`). A command run in a process
+    that had imported torch before leaves its CPU thread count (``--threads``) as it found it.
     """
     previous = _interruptible()
+    torch = sys.modules.get("torch")  # run in a process that uses torch already (tests, a notebook): its
+    threads = torch.get_num_threads() if torch is not None else None  # thread count is given back after
     try:
         return _main(argv)
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+        if threads is not None and torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
 
 
 def _main(argv: list[str] | None) -> int:
@@ -135,6 +140,7 @@ def _main(argv: list[str] | None) -> int:
         if extra:
             setattr(args, more, getattr(args, more) + extra)
         args._argv = argv
+        check_threads(args)  # --threads of any command, before torch is imported
         code = args._run(args)
         print_notes(args)  # a command that loaded a checkpoint but never said so
         return code

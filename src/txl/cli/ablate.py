@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from txl.cli.common import add_data
+from txl.cli.common import add_data, add_threads, check_exists, check_range, finite_float, parse_ints
 from txl.errors import TxlError
 
 NAME = "ablate"
@@ -13,7 +13,7 @@ EXAMPLE = "txl ablate --data data/shakespeare.txt --budget-minutes 20 --out runs
 DETAILS = ("Train full Transformer-XL, relative encoding without recurrence, recurrence with Shaw et al. (2018) "
            "encoding and a vanilla absolute-position Transformer at equal parameter count and budget, score them "
            "at several attention lengths, and write ablation.md, results.json and ablation.png into --out. "
-           "Needs matplotlib (pip install 'txl[plot]').")
+           "Needs matplotlib: in the txl folder, .venv/bin/python -m pip install -e '.[plot]'.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--budget-tokens", type=int, default=None, metavar="N",
                         help="training tokens per variant (equal for all; default: the base train.max_steps)")
-    budget.add_argument("--budget-minutes", type=float, default=None, metavar="N",
+    budget.add_argument("--budget-minutes", type=finite_float, default=None, metavar="N",
                         help="total training wall-clock minutes, split equally between the variants")
     p.add_argument("--config", "-c", help="base TOML run config (default: a 4-layer d_model 128 char model; "
                                            "data.tokenizer defaults to char)")
@@ -33,21 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="add a compressive-memory variant (Rae et al. 2019) at equal attention span: memory and "
                         "compressed memory of mem_len/2 each")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
-
-
-def parse_lengths(text: str) -> list[int]:
-    """``"64,128"`` -> [64, 128].
-
-    Raises:
-        TxlError: a value that is not a positive integer, or none at all.
-    """
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise TxlError(f"--lengths must be comma-separated positive integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise TxlError(f"--lengths must be comma-separated positive integers, got {text!r}")
-    return values
+    add_threads(p, "the base config's train.threads, 0: automatic")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,9 +41,12 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    lengths = parse_lengths(args.lengths)
-    if args.data is not None and not Path(args.data).exists():
-        raise TxlError(f"--data {args.data} does not exist")
+    lengths = parse_ints(args.lengths, "--lengths", 1)
+    check_range(args, 1, "budget_tokens", "eval_tokens")  # all before torch is imported
+    if args.budget_minutes is not None and not args.budget_minutes > 0:
+        raise TxlError(f"--budget-minutes must be > 0, got {args.budget_minutes:g}")
+    check_exists(args.data, "--data")
+    check_exists(args.config, "config file", kind="file")
     from txl.analysis.plots import pyplot
 
     pyplot()  # the table ends in ablation.png: a missing matplotlib fails now, not after training every variant
@@ -70,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
             base.data.tokenizer = default_base().data.tokenizer
     else:
         base = default_base()
+    if args.threads is not None:
+        base.train.threads = args.threads
     log = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     results = run_ablation(base, args.data, args.out, budget_tokens=args.budget_tokens,
                            budget_minutes=args.budget_minutes, lengths=lengths, eval_tokens=args.eval_tokens,

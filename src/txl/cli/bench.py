@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from txl.cli.common import add_batch_size, add_device, add_dtype, add_force, add_json, check_output, emit_json
+from txl.cli.common import (add_batch_size, add_device, add_dtype, add_force, add_json, check_output, emit_json,
+                            note_threads, parse_ints, print_notes, require_installed)
 from txl.errors import TxlError
 
 NAME = "bench"
@@ -38,12 +39,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark, print its table and write ``--json``; returns the exit status."""
-    from txl.analysis.bench import eval_speedup, format_table, run_bench
-
     if args.batch_size < 1 or args.repeats < 1:
         raise TxlError("--batch-size and --repeats must be >= 1")
     _check_modes(args)
+    if args.vs == "hf":
+        require_installed("transformers", message="--vs hf needs transformers: pip install transformers==4.35.2 "
+                                                  "(the version the tests use as an oracle)")
+    lengths = parse_ints(args.lengths, "--lengths", 1) if args.eval_speedup else None
+    gen_lengths = parse_ints(args.gen_lengths, "--gen-lengths", 1) if args.gen_lengths else None
     check_output(args, args.json, flag="--json")
+    from txl.analysis.bench import eval_speedup, format_table, run_bench  # torch: once the arguments are checked
+
+    note_threads(args)
+    print_notes(args)  # the threads: the arguments have passed their checks
     # with --json - the JSON owns stdout: progress and the table go to stderr
     report = sys.stderr if args.json == "-" else sys.stdout
 
@@ -61,7 +69,6 @@ def run(args: argparse.Namespace) -> int:
                 "than float32; run the float32 benchmark here, or this one on a CPU or GPU with native support")
             return 0
     if args.eval_speedup:
-        lengths = _lengths(args.lengths, "--lengths")
         from txl.analysis.bench import EVAL_PRESETS
 
         model = args.model or "bench-small"
@@ -73,8 +80,7 @@ def run(args: argparse.Namespace) -> int:
         from txl.analysis.bench_generation import generation_lengths
         from txl.runtime import resolve_device
 
-        lengths = _lengths(args.gen_lengths, "--gen-lengths")
-        rows = generation_lengths(BENCH_SMALL, lengths, device=resolve_device(args.device), repeats=args.repeats,
+        rows = generation_lengths(BENCH_SMALL, gen_lengths, device=resolve_device(args.device), repeats=args.repeats,
                                   with_gpt2=args.vs == "hf", log=log)
         from txl.analysis.bench import hardware
 
@@ -103,14 +109,3 @@ def _check_modes(args: argparse.Namespace) -> None:
     for flag in ignored:
         if given[flag]:
             raise TxlError(f"{flag} does not apply to {mode} (it would be ignored); leave it out")
-
-
-def _lengths(text: str, flag: str) -> list[int]:
-    """Comma-separated positive integers, or one error line naming ``flag``."""
-    try:
-        lengths = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise TxlError(f"{flag} must be comma-separated integers, got {text!r}") from None
-    if not lengths or min(lengths) < 1:
-        raise TxlError(f"{flag} needs positive integers")
-    return lengths

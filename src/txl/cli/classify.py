@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 from txl.cli.common import (Command, add_batch_size, add_checkpoint, add_data, add_device, add_option, add_seed,
-                            add_span, checkpoint_arg, underscore)
+                            add_span, check_checkpoint_path, check_exists, checkpoint_arg, finite_float, note_threads,
+                            print_notes, underscore)
 from txl.errors import TxlError
 
 NAME = "classify"
@@ -39,13 +40,13 @@ def _add_train(t: argparse.ArgumentParser) -> None:
                help="cut documents to their first N tokens (0: whole documents)")
     t.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200)")
     add_batch_size(t, default=8, text="documents per step")
-    t.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (AdamW, warm-up then cosine)")
+    t.add_argument("--lr", type=finite_float, default=3e-4, help="peak learning rate (AdamW, warm-up then cosine)")
     add_option(t, "--warmup-steps", aliases=("--warmup", "--warmup_steps"), type=int, default=10, metavar="N",
                help="learning-rate warm-up steps (default 10)")
-    add_option(t, "--weight-decay", aliases=underscore("--weight-decay"), type=float, default=0.0)
-    t.add_argument("--clip", type=float, default=1.0, help="max gradient norm (0: none)")
-    t.add_argument("--dropout", type=float, default=0.1, help="dropout before the linear head")
-    add_option(t, "--valid-fraction", aliases=underscore("--valid-fraction"), type=float, default=0.2,
+    add_option(t, "--weight-decay", aliases=underscore("--weight-decay"), type=finite_float, default=0.0)
+    t.add_argument("--clip", type=finite_float, default=1.0, help="max gradient norm (0: none)")
+    t.add_argument("--dropout", type=finite_float, default=0.1, help="dropout before the linear head")
+    add_option(t, "--valid-fraction", aliases=underscore("--valid-fraction"), type=finite_float, default=0.2,
                help="held-out fraction per label (default 0.2)")
     add_seed(t, default=0, text="seeds the split, the batches and the head")
     add_device(t)
@@ -77,6 +78,14 @@ def _check_args(args: argparse.Namespace) -> None:
         raise TxlError(f"--lr must be a finite number > 0, got {args.lr}")
     if not 0 <= args.seed < 2**32:
         raise TxlError(f"--seed must be in [0, 2**32), got {args.seed}")
+    if args.weight_decay < 0 or args.clip < 0:
+        raise TxlError(f"--weight-decay and --clip must be >= 0, got {args.weight_decay:g} and {args.clip:g}")
+    if not 0 <= args.dropout < 1:
+        raise TxlError(f"--dropout must be in [0, 1), got {args.dropout:g}")
+    if not 0 < args.valid_fraction < 1:
+        raise TxlError(f"--valid-fraction must be in (0, 1), got {args.valid_fraction:g}")
+    check_checkpoint_path(args.checkpoint)  # paths too, before torch is imported
+    check_exists(args.data, "--data")
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -102,6 +111,7 @@ def _train_claimed(args: argparse.Namespace) -> int:
     from txl.runtime import resolve_device
 
     device = resolve_device(args.device)
+    note_threads(args)
     lm_dir = resolve_checkpoint_dir(args.checkpoint)
     attn_type = read_model_config(lm_dir).attn_type
     mode = args.mode or ("first" if attn_type == "abs" else "memory")
@@ -116,6 +126,7 @@ def _train_claimed(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens or None, tgt_len=args.tgt_len, mem_len=args.mem_len, map_location=str(device))
     encoded = encode_texts(model.tokenizer, [d.text for d in docs], model.classifier.max_tokens,
                            [d.source for d in docs])
+    print_notes(args)  # the threads (the input has passed its checks)
     print(f"data: {len(docs)} documents, {len(names)} labels ({', '.join(names)}); "
           f"train {len(train_idx)}, held-out {len(valid_idx)} (seed {args.seed})")
     c = model.config
@@ -148,13 +159,18 @@ def _train_claimed(args: argparse.Namespace) -> int:
 
 def _predict(args: argparse.Namespace) -> int:
     """``txl classify predict``: one JSON line per document with the label and the probabilities."""
+    if args.batch_size < 1:
+        raise TxlError(f"--batch-size must be >= 1, got {args.batch_size}")
+    check_exists(args.run, "classifier", kind="folder")  # paths before torch is imported
+    for item in args.inputs:
+        check_exists(item, "input", kind="file")
     from txl.classification.data import Document, encode_texts, read_jsonl, read_text_file
     from txl.classification.model import TransformerXLForSequenceClassification
     from txl.runtime import resolve_device
 
-    if args.batch_size < 1:
-        raise TxlError(f"--batch-size must be >= 1, got {args.batch_size}")
-    model = TransformerXLForSequenceClassification.from_pretrained(args.run, map_location=str(resolve_device(args.device)))
+    device = resolve_device(args.device)
+    note_threads(args)
+    model = TransformerXLForSequenceClassification.from_pretrained(args.run, map_location=str(device))
     if model.tokenizer is None:
         raise TxlError(f"{args.run} has no vocab.json: cannot encode text for this classifier")
     docs: list[Document] = []
@@ -165,11 +181,12 @@ def _predict(args: argparse.Namespace) -> int:
         if path.suffix == ".jsonl":
             docs += read_jsonl(path, need_label=False)
         else:
-            docs.append(Document(read_text_file(path), None, str(path)))
+            docs.append(Document(read_text_file(path, model.tokenizer.kind), None, str(path)))
     if not docs:
         raise TxlError("no documents to classify (the .jsonl inputs hold no lines)")
     encoded = encode_texts(model.tokenizer, [d.text for d in docs], model.classifier.max_tokens,
                            [d.source for d in docs])
+    print_notes(args)  # the threads (the input has passed its checks)
     probs = model.predict_proba(encoded, batch_size=args.batch_size).numpy()
     names = model.classifier.labels
     for doc, row in zip(docs, probs):

@@ -12,11 +12,15 @@ not need it.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import math
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from txl.config import MAX_THREADS
 from txl.errors import TxlError
 
 DTYPES = ("float32", "bfloat16", "float16")  # the same as txl.runtime.DTYPES, without importing torch
@@ -54,9 +58,53 @@ def underscore(name: str) -> tuple[str, ...]:
     return (alias,) if alias != name else ()
 
 
-def add_device(parser: argparse.ArgumentParser) -> None:
-    """``--device auto|cpu|cuda|cuda:N`` (default auto: cuda when available)."""
+def add_device(parser: argparse.ArgumentParser, threads_text: str = "automatic") -> None:
+    """``--device auto|cpu|cuda|cuda:N`` (default auto: cuda when available), and ``--threads N``
+    (:func:`add_threads`, its default said as ``threads_text``): every command that runs a model has both."""
     parser.add_argument("--device", default="auto", help="auto (default: cuda when available), cpu, cuda or cuda:N")
+    add_threads(parser, threads_text)
+
+
+def add_threads(parser: argparse.ArgumentParser, default_text: str = "automatic") -> None:
+    """``--threads N``: torch's CPU threads (0 or unset: ``OMP_NUM_THREADS`` when set, else the CPUs this
+    process may use less the busy ones; see :func:`txl.runtime.choose_threads`)."""
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help=f"CPU threads for torch (default: {default_text}; 0 or unset: OMP_NUM_THREADS if set, "
+                             "else the CPUs this process may use less those busy with other work, at least 1)")
+
+
+def check_threads(args: argparse.Namespace) -> None:
+    """A given ``--threads`` lies in ``[0, MAX_THREADS]`` (checked before torch is imported).
+
+    Raises:
+        TxlError: naming the flag and the value.
+    """
+    value = getattr(args, "threads", None)
+    if value is not None and not 0 <= value <= MAX_THREADS:
+        raise TxlError(f"{flag_name(args, 'threads')} must be from 0 (automatic: the free CPUs) to {MAX_THREADS}, "
+                       f"got {value}")
+
+
+def use_threads(args: argparse.Namespace) -> str:
+    """Set torch's CPU threads for this command once, from ``--threads`` (:func:`txl.runtime.set_threads`);
+    returns the text for the command's start line (``"threads 1 (2 CPUs, load 1.3, busy now 1.0)"``).
+
+    Raises:
+        TxlError: a ``--threads`` out of range.
+    """
+    text = args.__dict__.get("_threads_text")
+    if text is None:
+        from txl.runtime import set_threads
+
+        text = args._threads_text = set_threads(getattr(args, "threads", None) or None, flag=flag_name(args, "threads"))
+    return text
+
+
+def note_threads(args: argparse.Namespace) -> None:
+    """:func:`use_threads`, and the start line ``txl: threads 1 (2 CPUs, load 1.3, busy now 1.0)`` kept
+    for :func:`print_notes`, for a command that names no checkpoint in its start line (``txl bench``,
+    ``txl recl``, ``txl plot``, ``txl classify``): printed once its input has passed its checks."""
+    args.__dict__.setdefault("_notes", []).append(f"txl: {use_threads(args)}")
 
 
 def add_dtype(parser: argparse.ArgumentParser, default: str | None = "float32") -> None:
@@ -194,6 +242,108 @@ def visible_flags(parser: argparse.ArgumentParser) -> dict[str, str]:
     return found
 
 
+def finite_float(text: str) -> float:
+    """The argparse ``type`` of every float flag: a finite number (``nan``, ``inf`` and ``-inf`` are refused).
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, or not finite (argparse reports it as one
+            ``txl: error: argument --flag: ...`` line).
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def finite_floats(count: int | None = None) -> Callable[[str], list[float]]:
+    """An argparse ``type`` for comma-separated finite numbers (``0.8,0.1,0.1``), exactly ``count`` of
+    them when given; each is read by :func:`finite_float`."""
+
+    def parse(text: str) -> list[float]:
+        items = [item.strip() for item in text.split(",")]
+        if count is not None and len(items) != count:
+            raise argparse.ArgumentTypeError(f"must be {count} comma-separated numbers, got {text!r}")
+        try:
+            return [finite_float(item) for item in items]
+        except argparse.ArgumentTypeError as err:
+            raise argparse.ArgumentTypeError(f"{err} in {text!r}") from None
+
+    parse.__name__ = "finite_floats"
+    return parse
+
+
+def parse_ints(text: str, flag: str, minimum: int) -> list[int]:
+    """The comma-separated integers of a list flag (``--sweep-mem 0,128,256``), in the order given.
+
+    Raises:
+        TxlError: a value that is not an integer or is below ``minimum``, or no value at all
+            (naming ``flag``).
+    """
+    wanted = "positive integers" if minimum == 1 else f"integers >= {minimum}"
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise TxlError(f"{flag} needs comma-separated {wanted}, got {text!r}") from None
+    if not values or min(values) < minimum:
+        raise TxlError(f"{flag} needs comma-separated {wanted}, got {text!r}")
+    return values
+
+
+def check_exists(path: str | None, what: str, kind: str | None = None, hint: str = "") -> None:
+    """Refuse a missing input before anything heavy is imported or loaded (torch-free, one line).
+
+    Args:
+        path: the path as the user gave it; None passes.
+        what: how the message names it (``"checkpoint"``, ``"--data"``, ``"input"``).
+        kind: ``"file"`` or ``"folder"`` when it must be one of them; None: either.
+        hint: what to give instead, added to the message (``"give a run directory with metrics.csv"``).
+
+    Raises:
+        TxlError: ``{what} {path} does not exist``, or is a folder/file where the other is needed.
+    """
+    if path is None:
+        return
+    if not os.path.exists(path):
+        problem = "does not exist"
+    elif kind == "file" and os.path.isdir(path):
+        problem = "is not a file (it is a folder)"
+    elif kind == "folder" and not os.path.isdir(path):
+        problem = "is not a folder (it is a file)"
+    else:
+        return
+    raise TxlError(f"{what} {path} {problem}" + (f" ({hint})" if hint else ""))
+
+
+def check_checkpoint_path(path: str | None) -> None:
+    """The CHECKPOINT argument names an existing folder (checked before torch is imported; what is
+    inside is checked when it is loaded).
+
+    Raises:
+        TxlError: it does not exist or is a file.
+    """
+    check_exists(path, "checkpoint", kind="folder")
+
+
+def require_installed(*modules: str, message: str) -> None:
+    """Refuse, before any work, a command that needs an optional package which is not installed.
+
+    Only looks the modules up (``importlib.util.find_spec``); nothing is imported.
+
+    Raises:
+        TxlError: ``message`` (which says what to install) when one of ``modules`` is missing.
+    """
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a stub in sys.modules (None, or without a spec)
+            found = False
+        if not found:
+            raise TxlError(message)
+
+
 def check_seed(seed: int | None, limit: int = 2**63) -> None:
     """``seed`` is None or in ``[0, limit)``.
 
@@ -219,9 +369,11 @@ def load_checkpoint(args: argparse.Namespace, path: str | None = None, announce:
     """Load the command's checkpoint (``path``, else ``args.checkpoint``) onto ``--device``.
 
     ``args.checkpoint_name`` (``--checkpoint-name``, when the command has it) picks best/ or last/ of a
-    run directory. With ``announce``, one line on stderr says which checkpoint was loaded and at which
-    step (``txl: using runs/x/best (step 600; last/ is at step 700)``), and a half-precision
-    ``--dtype`` the CPU has no native support for gets a warning (see :func:`warn_slow_dtype`).
+    run directory. torch's CPU threads are set first (``--threads``, :func:`use_threads`). With
+    ``announce``, one line on stderr says which checkpoint was loaded and at which step, and the
+    threads (``txl: using runs/x/best (step 600; last/ is at step 700); threads 1 (2 CPUs, load 1.3,
+    busy now 1.0)``), and a half-precision ``--dtype`` the CPU has no native support for gets a warning (see
+    :func:`slow_dtype_warning`).
 
     Returns:
         (checkpoint, device): a :class:`txl.training.checkpoint.Checkpoint` and the resolved torch device.
@@ -231,11 +383,12 @@ def load_checkpoint(args: argparse.Namespace, path: str | None = None, announce:
     from txl.training.checkpoint import load_checkpoint as load
 
     device = resolve_device(args.device)
+    threads = use_threads(args)
     ckpt = load(path if path is not None else args.checkpoint, map_location=str(device),
                 name=getattr(args, "checkpoint_name", None))
     if announce:  # said once the command's input has passed its checks (see print_notes)
         notes = args.__dict__.setdefault("_notes", [])
-        notes.append(f"txl: using {describe_checkpoint(ckpt.path)}")
+        notes.append(f"txl: using {describe_checkpoint(ckpt.path)}; {threads}")
         warning = slow_dtype_warning(device, getattr(args, "dtype", None))
         if warning:
             notes.append(warning)
@@ -243,7 +396,8 @@ def load_checkpoint(args: argparse.Namespace, path: str | None = None, announce:
 
 
 def print_notes(args: argparse.Namespace) -> None:
-    """Print (stderr) and forget the lines :func:`load_checkpoint` kept back: which checkpoint, slow dtype.
+    """Print (stderr) and forget the lines :func:`load_checkpoint` and :func:`note_threads` kept back:
+    which checkpoint, the threads, slow dtype.
 
     Commands call this when their input has passed its checks and the work begins, so that bad
     input is still reported as one ``txl: error:`` line; :func:`txl.cli.main` calls it after a

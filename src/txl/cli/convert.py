@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from txl.cli.common import Command
+from txl.cli.common import Command, check_checkpoint_path, check_exists
 
 NAME = "convert"
 HELP = "convert Hugging Face TransfoXL checkpoints to txl and back"
@@ -24,6 +24,8 @@ def _add_to_hf(p: argparse.ArgumentParser) -> None:
 
 def _from_hf(args: argparse.Namespace) -> int:
     """``txl convert hf SRC DST``."""
+    check_exists(args.src, "SRC", kind="folder")  # before torch is imported
+    check_exists(args.vocab, "--vocab", kind="file")
     from txl.convert.commands import convert_from_hf
 
     print(f"wrote {convert_from_hf(args.src, args.dst, vocab=args.vocab)}")
@@ -32,6 +34,7 @@ def _from_hf(args: argparse.Namespace) -> int:
 
 def _to_hf(args: argparse.Namespace) -> int:
     """``txl convert to-hf CHECKPOINT DST``."""
+    check_checkpoint_path(args.src)  # before torch is imported
     from txl.convert.commands import convert_to_hf
 
     print(f"wrote {convert_to_hf(args.src, args.dst)}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from txl.cli.common import Command
+from txl.cli.common import Command, check_exists, check_range, finite_floats
 
 NAME = "data"
 HELP = "standard datasets (enwik8, text8, wikitext, ptb, lm1b) and the standard-library docstring pairs"
@@ -22,6 +22,8 @@ def _add_prepare(p: argparse.ArgumentParser) -> None:
 
 def _prepare(args: argparse.Namespace) -> int:
     """``txl data prepare``: write train/valid/test.txt and dataset.json, print the recommended tokenizer."""
+    if args.source is not None and not args.source.startswith(("http://", "https://")):
+        check_exists(args.source, "--source")  # before torch is imported (txl.data needs it)
     from txl.data.datasets import prepare_dataset
 
     info = prepare_dataset(args.name, args.source, args.out or f"data/{args.name}", sha256=args.sha256,
@@ -33,7 +35,7 @@ def _prepare(args: argparse.Namespace) -> int:
 def _add_docstrings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", "-o", default="data/docstrings", help="output folder, new or empty (default data/docstrings)")
     p.add_argument("--seed", type=int, default=0, help="seeds the shuffle of the modules (default 0)")
-    p.add_argument("--split", default="0.8,0.1,0.1", metavar="TRAIN,VALID,TEST",
+    p.add_argument("--split", type=finite_floats(3), default="0.8,0.1,0.1", metavar="TRAIN,VALID,TEST",
                    help="fractions of the modules per split (default 0.8,0.1,0.1)")
     p.add_argument("--min-bytes", type=int, default=512, metavar="N", help="shortest document kept (default 512)")
     p.add_argument("--max-bytes", type=int, default=4096, metavar="N", help="longest document kept (default 4096)")
@@ -42,14 +44,16 @@ def _add_docstrings(p: argparse.ArgumentParser) -> None:
 def _docstrings(args: argparse.Namespace) -> int:
     """``txl data docstrings``: write the standard-library docstring pairs and the pre-training corpus without
     the held-out modules."""
-    from txl.data.docstrings import prepare_docstrings
+    from txl.config import check_split
     from txl.errors import TxlError
 
-    try:
-        fractions = tuple(float(f) for f in args.split.split(","))
-    except ValueError:
-        raise TxlError(f"--split must be three numbers like 0.8,0.1,0.1, got {args.split!r}") from None
-    info = prepare_docstrings(args.out, seed=args.seed, fractions=fractions, min_bytes=args.min_bytes,
+    check_split(args.split, "--split", train_needed=True)  # before torch is imported (txl.data needs it)
+    check_range(args, 1, "min_bytes")
+    if args.max_bytes < args.min_bytes:
+        raise TxlError(f"--max-bytes must be >= --min-bytes ({args.min_bytes}), got {args.max_bytes}")
+    from txl.data.docstrings import prepare_docstrings
+
+    info = prepare_docstrings(args.out, seed=args.seed, fractions=tuple(args.split), min_bytes=args.min_bytes,
                               max_bytes=args.max_bytes)
     n = info["pairs"]
     m = info["modules"]

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from txl.cli.common import (add_batch_size, add_checkpoint_name, add_data, add_device, add_dtype, add_force,
                             add_json, add_option, add_seed, add_span, check_output, check_range, check_seed,
-                            emit_json, human_stream, load_checkpoint, pick, print_notes, span_args, underscore)
+                            check_checkpoint_path, check_exists, emit_json, finite_float, human_stream,
+                            load_checkpoint, parse_ints, pick, print_notes, span_args, underscore)
 from txl.errors import TxlError
 
 NAME = "eval"
@@ -36,13 +37,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stride", type=int, default=1, help="predictions per sliding window (default 1)")
     add_dtype(p)
     add_device(p)
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar (stderr)")
     add_seed(p, text="seeds python, numpy and torch (evaluation itself draws no random numbers)", unset="not seeded")
     add_json(p, bare=True)
     p.add_argument("--dynamic", action="store_true",
                    help="dynamic evaluation (Krause et al. 2019): score each segment, then adapt the weights to it")
-    p.add_argument("--dynamic-lr", type=float, default=None,
+    p.add_argument("--dynamic-lr", type=finite_float, default=None,
                    help="dynamic evaluation step size (default 1e-4 for rms, 0.01 for sgd)")
-    p.add_argument("--dynamic-decay", type=float, default=0.0,
+    p.add_argument("--dynamic-decay", type=finite_float, default=0.0,
                    help="pull towards the trained weights per segment (lambda, default 0)")
     p.add_argument("--dynamic-method", choices=["sgd", "rms"], default="rms",
                    help="rms: updates divided by RMS gradients from training data (default); sgd: plain steps")
@@ -123,11 +125,11 @@ def run(args: argparse.Namespace) -> int:
     """Run ``txl eval``; returns the exit status (user errors raise :class:`TxlError`)."""
     _checkpoint(args)
     _check(args)
+    check_checkpoint_path(args.checkpoint)  # arguments and paths before torch is imported
+    check_exists(args.data, "--data")
     sweep = None
     if args.sweep_mem is not None:
-        from txl.evaluation.mem_sweep import parse_mem_lens
-
-        sweep = parse_mem_lens(args.sweep_mem)
+        sweep = sorted(set(parse_ints(args.sweep_mem, "--sweep-mem", 0)))
         if args.mem_len is not None:
             raise TxlError("--sweep-mem sets the memory length itself; drop --mem-len")
     if args.plot:
@@ -146,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
         _check_outputs(args, [args.checkpoint, d.path, d.train, d.valid, d.test])
     e = ckpt.run.eval
     split = args.split or e.split
+    if not args.data and ckpt.run.finetune is not None:  # the run's split is prompt/completion pairs
+        return _eval_pairs(args, ckpt, split, e)
     if not args.data and ckpt.state.get("converted_from"):
         raise TxlError(f"{ckpt.path} was converted from another format and has no corpus of its own; "
                        "pass --data FILE to evaluate it")
@@ -174,18 +178,58 @@ def run(args: argparse.Namespace) -> int:
         return _eval_sweep(args, ckpt, tokens, where, unit, max_tokens, e, sweep, batch_size)
     if args.sliding_window is not None:
         res = evaluate_sliding_window(ckpt.model, tokens, context=args.sliding_window, stride=args.stride, unit=unit,
-                                      batch_size=max(batch_size, 1), max_tokens=max_tokens, dtype=args.dtype)
+                                      batch_size=max(batch_size, 1), max_tokens=max_tokens, dtype=args.dtype,
+                                      progress=not args.quiet)
     else:
         span = span_args(args, e)
         res = evaluate(ckpt.model, tokens, unit=unit, batch_size=batch_size,
                        tgt_len=span["tgt_len"], mem_len=span["mem_len"],
                        clamp_len=span["clamp_len"], same_length=span["same_length"], cmem_len=span["cmem_len"],
-                       warmup=args.warmup or e.warmup, max_tokens=max_tokens, dtype=args.dtype)
+                       warmup=args.warmup or e.warmup, max_tokens=max_tokens, dtype=args.dtype,
+                       progress=not args.quiet)
     if args.json != "-":
         print(f"{where}: {res}")
     if args.json:
         emit_json(args.json, {"checkpoint": str(ckpt.path), "data": where, "unit": res.unit, "value": res.value,
                               "loss_nats": res.loss, "n_tokens": res.n_tokens, **res.settings}, force=args.force)
+    return 0
+
+
+def _eval_pairs(args, ckpt, split, e) -> int:
+    """``txl eval`` of a fine-tuned run without ``--data``: the completion metric on its pairs' ``split``
+    (mean loss per completion token, the number ``txl finetune`` reports), not the raw JSON Lines as text."""
+    from txl.data.pairs import encode_pair, find_markers, pair_splits
+    from txl.evaluation.completions import evaluate_completions
+    from txl.evaluation.stream import metric_unit
+    from txl.model.span import resolve_span
+
+    flags = [flag for flag, on in (("--dynamic", args.dynamic), ("--sweep-mem", args.sweep_mem is not None),
+                                   ("--sliding-window", args.sliding_window is not None), ("--warmup", args.warmup),
+                                   ("--max-tokens", args.max_tokens is not None)) if on]
+    if flags:
+        raise TxlError(f"{ckpt.path} is fine-tuned on prompt/completion pairs: txl eval scores the completions of "
+                       f"its {split} pairs, and {', '.join(flags)} does not apply to that; leave it out, or pass "
+                       "--data FILE to evaluate text")
+    try:
+        pairs = pair_splits(ckpt.run.data)[split]
+    except TxlError as err:
+        raise TxlError(f"{err} (the run's pairs; pass --data FILE to evaluate text)") from None
+    if not pairs:
+        raise TxlError(f"the {split} split of the run's pairs is empty; use --split valid or --data FILE")
+    markers = find_markers(ckpt.tokenizer)
+    cut = ckpt.run.finetune.max_prompt_tokens
+    rows = [encode_pair(ckpt.tokenizer, markers, pair, cut) for pair in pairs]
+    span = resolve_span(ckpt.model.config, None, **span_args(args, e))
+    print_notes(args)  # which checkpoint (the input has passed its checks)
+    res = evaluate_completions(ckpt.model, rows, span=span, unit=metric_unit(ckpt.tokenizer.kind),
+                               batch_size=args.batch_size or e.batch_size, dtype=args.dtype, progress=not args.quiet)
+    where = f"{split} pairs of the run (completion tokens)"
+    if args.json != "-":
+        print(f"{where}: {res}")
+    if args.json:
+        emit_json(args.json, {"checkpoint": str(ckpt.path), "data": where, "metric": "completion", "unit": res.unit,
+                              "value": res.value, "loss_nats": res.loss, "n_tokens": res.n_tokens, **res.settings},
+                  force=args.force)
     return 0
 
 
@@ -197,7 +241,7 @@ def _eval_sweep(args, ckpt, tokens, where, unit, max_tokens, e, sweep, batch_siz
                             batch_size=batch_size, tgt_len=pick(args.tgt_len, e.tgt_len),
                             clamp_len=pick(args.clamp_len, e.clamp_len),
                             same_length=pick(args.same_length, e.same_length), max_tokens=max_tokens,
-                            dtype=args.dtype)
+                            dtype=args.dtype, progress=not args.quiet)
     if args.json != "-":
         print(f"{where}: {unit} against evaluation memory length")
         print(format_sweep(sweep, results))
@@ -223,16 +267,19 @@ def _eval_dynamic(args, ckpt, tokens, where, unit, max_tokens, e) -> int:
     lr = args.dynamic_lr if args.dynamic_lr is not None else (1e-4 if args.dynamic_method == "rms" else 0.01)
     span = span_args(args, e)
     stats = None
-    if args.dynamic_method == "rms" and ckpt.has_run_config and not ckpt.state.get("converted_from"):
+    if args.dynamic_method == "rms" and ckpt.has_run_config and not ckpt.state.get("converted_from") \
+            and ckpt.run.finetune is None:  # a fine-tuned run's data is pairs, not text to take statistics on
         try:
             train_tokens = load_run_corpus(ckpt.run.data, tokenizer=ckpt.tokenizer).train
         except TxlError:
             train_tokens = None  # corpus gone: statistics on the fly instead
         if train_tokens is not None and len(train_tokens) >= 2:
-            stats = gradient_statistics(ckpt.model, train_tokens, tgt_len=span["tgt_len"], mem_len=span["mem_len"])
-    static = evaluate(ckpt.model, tokens, unit=unit, batch_size=1, max_tokens=max_tokens, dtype=args.dtype, **span)
+            stats = gradient_statistics(ckpt.model, train_tokens, tgt_len=span["tgt_len"], mem_len=span["mem_len"],
+                                        progress=not args.quiet)
+    static = evaluate(ckpt.model, tokens, unit=unit, batch_size=1, max_tokens=max_tokens, dtype=args.dtype,
+                      progress=not args.quiet and "static evaluation", **span)
     dyn = dynamic_evaluate(ckpt.model, tokens, unit=unit, lr=lr, decay=args.dynamic_decay, method=args.dynamic_method,
-                           stats=stats, max_tokens=max_tokens, dtype=args.dtype, **span)
+                           stats=stats, max_tokens=max_tokens, dtype=args.dtype, progress=not args.quiet, **span)
     if args.json != "-":
         print(f"{where}:")
         print(f"  static  {static}")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from txl.cli.common import add_data, add_device, add_force, add_span, check_output, load_checkpoint
+from txl.cli.common import (add_data, add_device, add_force, add_span, check_checkpoint_path, check_exists,
+                            check_output, load_checkpoint, note_threads, print_notes)
 from txl.errors import TxlError
 
 NAME = "plot"
@@ -59,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     labels = [v.strip() for v in args.labels.split(",")] if args.labels else None
     if labels is not None and len(labels) != len(args.runs):
         raise TxlError(f"--labels gives {len(labels)} labels for {len(args.runs)} runs")
+    for item in args.runs:
+        check_exists(item, "run directory", kind="folder", hint="give a run directory with metrics.csv")
     for name in CURVE_FILES:
         check_output(args, str(Path(args.out) / name), args.runs, flag="--out")
     pyplot()
@@ -80,13 +83,12 @@ def _attention(args: argparse.Namespace, checkpoint: str) -> int:
         raise TxlError(f"--mem-len must be >= 0, got {args.mem_len}")
     if args.cmem_len is not None and args.cmem_len < 0:
         raise TxlError(f"--cmem-len must be >= 0, got {args.cmem_len}")
-    if args.data:
-        try:
-            text = Path(args.data).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            raise TxlError(f"cannot read {args.data}: {err}") from None
-    else:
-        text = args.text
+    check_checkpoint_path(checkpoint)
+    check_exists(args.data, "--data", kind="file")
+    if args.data:  # bytes now, text once the tokenizer is known (decode_file_text)
+        from txl.fileio import read_bytes
+
+        raw = read_bytes(args.data)
     check_output(args, str(Path(args.out) / ATTENTION_FILE), [checkpoint, args.data], flag="--out")
     from txl.analysis.plots import pyplot
 
@@ -94,8 +96,16 @@ def _attention(args: argparse.Namespace, checkpoint: str) -> int:
     from txl.analysis.attention_maps import compressed_attention_mass, mean_attention_distance
     from txl.analysis.plots import plot_attention_distance
 
+    note_threads(args)
     ckpt, _ = load_checkpoint(args, checkpoint)
+    if args.data:
+        from txl.data.tokenizers import decode_file_text
+
+        text = decode_file_text(raw, ckpt.tokenizer.kind, args.data)
+    else:
+        text = args.text
     tokens = ckpt.tokenizer.encode(text)
+    print_notes(args)  # the threads (the input has passed its checks)
     mem_len = args.mem_len if args.mem_len is not None else ckpt.run.eval.mem_len
     cmem_len = args.cmem_len if args.cmem_len is not None else (ckpt.run.eval.cmem_len if ckpt.run.eval.cmem_len
                                                                    is not None else ckpt.model.config.cmem_len)

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from txl.cli.common import (add_batch_size, add_data, add_device, add_dtype, add_force, add_json, check_output,
-                            emit_json, human_stream)
+                            check_checkpoint_path, check_exists, emit_json, finite_float, finite_floats,
+                            human_stream)
 from txl.errors import TxlError
 
 NAME = "recl"
@@ -25,8 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--start", type=int, default=16, help="first context length c (tokens, default 16)")
     p.add_argument("--delta", type=int, default=16, help="step between context lengths (default 16)")
     p.add_argument("--max-context", type=int, default=256, help="longest context length (default 256)")
-    p.add_argument("--ratios", default="0.1,0.5,1.0", help="top-r ratios (default 0.1,0.5,1.0)")
-    p.add_argument("--threshold", type=float, default=0.01, help="relative gain threshold (paper: 0.01)")
+    p.add_argument("--ratios", type=finite_floats(), default="0.1,0.5,1.0", metavar="R1,R2,...",
+                   help="top-r ratios (default 0.1,0.5,1.0)")
+    p.add_argument("--threshold", type=finite_float, default=0.01, help="relative gain threshold (paper: 0.01)")
     p.add_argument("--positions", type=int, default=2000,
                    help="number of scored positions, evenly spread over the text (0: all; default 2000)")
     add_batch_size(p, default=64, text="windows per forward pass")
@@ -45,12 +47,12 @@ def _check(args: argparse.Namespace) -> tuple[list[int], list[float], list[str]]
         raise TxlError("--batch-size must be >= 1 and --positions >= 0")
     if not 0.0 <= args.threshold < 1.0:
         raise TxlError(f"--threshold must be in [0, 1), got {args.threshold}")
-    try:
-        ratios = [float(v) for v in args.ratios.split(",") if v.strip()]
-    except ValueError:
-        raise TxlError(f"--ratios must be comma-separated numbers, got {args.ratios!r}") from None
-    if not ratios or any(not 0.0 < r <= 1.0 for r in ratios):
-        raise TxlError(f"--ratios must lie in (0, 1], got {args.ratios!r}")
+    ratios = args.ratios  # finite numbers (finite_floats)
+    if any(not 0.0 < r <= 1.0 for r in ratios):
+        raise TxlError(f"--ratios must lie in (0, 1], got {','.join(f'{r:g}' for r in ratios)}")
+    for item in args.checkpoints:  # paths before torch is imported
+        check_checkpoint_path(item)
+    check_exists(args.data, "--data")
     contexts = list(range(args.start, args.max_context + 1, args.delta))
     names = ([n.strip() for n in args.names.split(",")] if args.names
              else [Path(c).resolve().name for c in args.checkpoints])
@@ -71,6 +73,9 @@ def _run_test_split(ckpt):
 
     if not ckpt.has_run_config or ckpt.state.get("converted_from"):
         raise TxlError(f"{ckpt.path} has no run.json naming its corpus; pass --data FILE")
+    if ckpt.run.finetune is not None:  # its data is JSON Lines of pairs, not a text corpus
+        raise TxlError(f"{ckpt.path} is fine-tuned on prompt/completion pairs, whose JSON Lines are no text corpus; "
+                       "pass --data FILE (its completion loss: txl eval)")
     corpus = load_run_corpus(ckpt.run.data, tokenizer=ckpt.tokenizer)
     return corpus.test if len(corpus.test) > 1 else corpus.valid
 
@@ -100,10 +105,11 @@ def _run(args: argparse.Namespace, contexts: list[int], ratios: list[float], nam
     from txl.fileio import atomic_write, write_json
     from txl.analysis.plots import plot_recl_gains
     from txl.analysis.recl import context_losses, recl_table, scored_positions
-    from txl.cli.common import load_checkpoint
+    from txl.cli.common import load_checkpoint, note_threads, print_notes
     from txl.runtime import autocast
 
     report = human_stream(args)
+    note_threads(args)
     raw = load_bytes(read_corpus_files(args.data)) if args.data else None
     losses, reference = [], None
     for name, path in zip(names, args.checkpoints):
@@ -116,6 +122,7 @@ def _run(args: argparse.Namespace, contexts: list[int], ratios: list[float], nam
         elif len(tokens) != len(reference) or not np.array_equal(tokens, reference):
             raise TxlError(f"{path} tokenizes {args.data or 'its test split'} differently from the first model; RECL compares "
                            "models position by position, so they need the same tokenizer")
+        print_notes(args)  # the threads, once the first model and its text have passed their checks
         print(f"scoring {name}: {len(positions)} positions x {len(contexts)} context lengths", file=report, flush=True)
         with autocast(device, args.dtype):
             losses.append(context_losses(ckpt.model, tokens, contexts, positions, batch_size=args.batch_size))

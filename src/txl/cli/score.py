@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 
 from txl.cli.common import (add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_force,
-                            add_option, add_span, check_output, check_range, checkpoint_arg, load_checkpoint,
-                            print_notes, span_args)
+                            add_option, add_span, check_checkpoint_path, check_exists, check_output, check_range,
+                            checkpoint_arg, load_checkpoint, print_notes, span_args)
 from txl.errors import TxlError
 
 NAME = "score"
@@ -99,7 +99,8 @@ def read_documents(items: list[str], tokenizer, min_tokens: int = 2) -> list[tup
                 for name, text in _read_jsonl(f, data):
                     docs.append((name, _encode(tokenizer.encode, text, name)))
             else:
-                docs.append((str(f), _encode(tokenizer.encode_file_bytes, data, str(f))))
+                docs.append((str(f), _encode(lambda raw, source=str(f): tokenizer.encode_file_bytes(raw, source),
+                                             data, str(f))))
     for name, ids in docs:
         if ids.size == 0:
             raise TxlError(f"document {name} is empty (no tokens); remove it or give it some text")
@@ -167,6 +168,9 @@ def run(args: argparse.Namespace) -> int:
         raise TxlError("give at least one FILE to score after the CHECKPOINT")
     check_range(args, 1, "batch_size", "tgt_len")
     check_range(args, 0, "mem_len", "cmem_len")
+    check_checkpoint_path(args.checkpoint)  # arguments and paths before torch is imported
+    for item in args.files:
+        check_exists(item, "input")
     check_output(args, args.out, [args.checkpoint, *args.files])
 
     from txl.evaluation.scoring import score_tokens, total_metric

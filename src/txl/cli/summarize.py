@@ -15,7 +15,8 @@ from pathlib import Path
 
 from txl.cli.common import (add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_force,
                             add_json, add_option, add_seed, add_span, check_output, check_seed, load_checkpoint,
-                            print_notes, underscore, emit_json)
+                            check_checkpoint_path, finite_float, print_notes, require_installed, underscore,
+                            emit_json)
 from txl.errors import TxlError
 
 NAME = "summarize"
@@ -23,7 +24,8 @@ HELP = "summaries of long documents by a fine-tuned model (JSON Lines out)"
 EXAMPLE = "txl summarize runs/docstrings data/docstrings/test.jsonl --out summaries.jsonl --rouge"
 DETAILS = ("One JSON object per document: source, summary, and the reference (\"completion\") and \"name\" when "
            "the input line has them. --prompt-tokens N reads only the last N tokens of each document. --rouge "
-           "prints ROUGE-1/2/L F1 against the references (needs rouge-score: pip install -e '.[rouge]').")
+           "prints ROUGE-1/2/L F1 against the references (needs rouge-score: in the txl folder, "
+           ".venv/bin/python -m pip install -e '.[rouge]').")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,18 +41,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                metavar="N", help="longest summary in tokens (default 128)")
     add_option(p, "--prompt-tokens", aliases=underscore("--prompt-tokens"), type=int, default=0, metavar="N",
                help="read only the last N tokens of each document (default 0: all of it, with the memory)")
-    p.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy (the default)")
+    p.add_argument("--temperature", "-t", type=finite_float, default=0.0, help="0 = greedy (the default)")
     add_option(p, "--top-k", aliases=underscore("--top-k"), type=int, default=None, metavar="K")
-    add_option(p, "--top-p", aliases=underscore("--top-p"), type=float, default=None, metavar="P")
+    add_option(p, "--top-p", aliases=underscore("--top-p"), type=finite_float, default=None, metavar="P")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="also stop after this text (repeatable)")
     add_option(p, "--min-new-tokens", aliases=underscore("--min-new-tokens"), type=int, default=0, metavar="N")
-    add_option(p, "--repetition-penalty", aliases=underscore("--repetition-penalty"), type=float, default=1.0,
+    add_option(p, "--repetition-penalty", aliases=underscore("--repetition-penalty"), type=finite_float, default=1.0,
                metavar="F")
     add_option(p, "--no-repeat-ngram-size", aliases=underscore("--no-repeat-ngram-size"), type=int, default=0,
                metavar="N")
     add_option(p, "--num-beams", aliases=underscore("--num-beams"), type=int, default=1, metavar="N",
                help="beam search with N beams (default 1: greedy or sampling)")
-    add_option(p, "--length-penalty", aliases=underscore("--length-penalty"), type=float, default=1.0, metavar="F",
+    add_option(p, "--length-penalty", aliases=underscore("--length-penalty"), type=finite_float, default=1.0,
+               metavar="F",
                help="beam search ranks finished summaries by log-prob / length**F (default 1)")
     add_batch_size(p, default=8, text="documents decoded together")
     add_seed(p, default=0, text="seeds sampling (document i draws with its own generator, seeded seed + i)")
@@ -62,13 +65,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def read_inputs(items: list[str]) -> list[dict]:
-    """``{"source", "text", ["reference"], ["name"]}`` for every document of the inputs, in order.
+    """``{"source", "text" or "data", ["reference"], ["name"]}`` for every document of the inputs, in order.
+
+    A JSON Lines document has its ``"text"``; a text file its raw ``"data"`` (bytes), turned into text
+    by :func:`document_texts` once the tokenizer is known. Needs no torch.
 
     Raises:
         TxlError: a missing or unreadable file, a bad JSON line (naming it), no documents.
     """
-    from txl.classification.data import read_text_file
-    from txl.fileio import read_jsonl
+    from txl.fileio import read_bytes, read_jsonl
 
     docs = []
     for item in items:
@@ -76,7 +81,7 @@ def read_inputs(items: list[str]) -> list[dict]:
         if not path.is_file():
             raise TxlError(f"{path} " + ("is not a file" if path.exists() else "does not exist"))
         if path.suffix != ".jsonl":
-            docs.append({"source": str(path), "text": read_text_file(path)})
+            docs.append({"source": str(path), "data": read_bytes(path)})
             continue
         for number, obj in read_jsonl(path):
             where = f"{path}:{number}"
@@ -93,19 +98,51 @@ def read_inputs(items: list[str]) -> list[dict]:
     return docs
 
 
+def document_texts(docs: list[dict], kind: str) -> None:
+    """Give every text-file document of :func:`read_inputs` its ``"text"`` as a ``kind`` tokenizer reads
+    the file (:func:`txl.data.tokenizers.decode_file_text`).
+
+    Raises:
+        TxlError: a file that is not UTF-8 for a char, word or BPE model (the not-UTF-8 message).
+    """
+    from txl.data.tokenizers import decode_file_text
+
+    for doc in docs:
+        if "data" in doc:
+            doc["text"] = decode_file_text(doc.pop("data"), kind, doc["source"])
+
+
+def check_finetuned(ckpt) -> None:
+    """Refuse a checkpoint that was not fine-tuned on prompt/completion pairs (its run config has no
+    ``[finetune]`` section): a plain language model never learnt what follows the separator, and would
+    print noise until ``-n`` tokens.
+
+    Raises:
+        TxlError: naming the checkpoint and the command that fine-tunes it.
+    """
+    if ckpt.run.finetune is None:
+        raise TxlError(f"{ckpt.path} is a language model that was not fine-tuned on prompt/completion pairs (its "
+                       "run.json has no [finetune] section), so its summaries would be noise; fine-tune it first: "
+                       f"txl finetune --init {ckpt.path} --data PAIRS.jsonl --out RUN, then txl summarize RUN ...")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``txl summarize``."""
-    from txl.generation import StopText, check_decoding, check_sampling
+    from txl.generation.checks import check_decoding, check_sampling  # torch-free: checked before torch loads
 
     check_sampling(args.temperature, args.top_k, args.top_p)
-    check_decoding(args.repetition_penalty, args.no_repeat_ngram_size, args.min_new_tokens)
-    StopText(args.stop)
+    check_decoding(args.repetition_penalty, args.no_repeat_ngram_size, args.min_new_tokens, args.length_penalty)
     check_seed(args.seed)
     if args.num_beams < 1 or args.batch_size < 1:
         raise TxlError("--num-beams and --batch-size must be >= 1")
     for name in ("max_new_tokens", "prompt_tokens", "mem_len"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             raise TxlError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if args.rouge:  # an optional dependency: missing, it is said before any work
+        from txl.evaluation.rouge import ROUGE_MISSING
+
+        require_installed("rouge_score", message=ROUGE_MISSING)
+    check_checkpoint_path(args.checkpoint)
     check_output(args, args.out, inputs=[args.checkpoint, *args.inputs])
     check_output(args, args.json, inputs=[args.checkpoint, *args.inputs], flag="--json")
     docs = read_inputs(args.inputs)
@@ -113,14 +150,17 @@ def run(args: argparse.Namespace) -> int:
         missing = next(d["source"] for d in docs if "reference" not in d)
         raise TxlError(f"--rouge needs a reference (\"completion\") for every document; {missing} has none")
 
-    import torch
+    import torch  # once the arguments and the inputs have passed their checks
 
     from txl.data.pairs import encode_prompt, find_markers
-    from txl.generation import complete
+    from txl.generation import StopText, complete
     from txl.runtime import autocast
 
+    StopText(args.stop)
     ckpt, device = load_checkpoint(args, announce=True)
+    check_finetuned(ckpt)
     markers = find_markers(ckpt.tokenizer)
+    document_texts(docs, ckpt.tokenizer.kind)
     for doc in docs:  # every document encodes before any work
         encode_prompt(ckpt.tokenizer, markers, doc["text"], source=doc["source"])
     print_notes(args)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from txl.training.config import EvalConfig, RunConfig
 from txl.convert.hf_transfo_xl import model_from_hf_state, read_hf_checkpoint, write_hf_checkpoint
-from txl.convert.safe_pickle import load_restricted_pickle
+from txl.convert.safe_pickle import load_restricted_pickle, transfo_xl_words
 from txl.data import Tokenizer, WordTokenizer, load_tokenizer
 from txl.errors import TxlError
-from txl.fileio import FolderClaim, atomic_write, claim_folder
+from txl.fileio import FolderClaim, atomic_write, claim_folder, read_json_object
 from txl.training.checkpoint import load_checkpoint, save_checkpoint
 
 
@@ -21,17 +21,50 @@ def _claim(dst: Path, inputs: list) -> FolderClaim:
     return claim_folder(dst, flag="DST", empty=True, inputs=inputs)
 
 
-def read_hf_vocab(path: Path) -> WordTokenizer:
-    """A txl word tokenizer from HF's pickled ``vocab.pkl`` (read by the restricted reader, ids kept).
+def read_hf_vocab(path: Path, size: int | None = None) -> WordTokenizer:
+    """A txl word tokenizer from HF's pickled ``vocab.pkl`` (read by the restricted reader, ids kept),
+    with the tokens added to it (``tokenizer.add_tokens``): those the pickle holds and those of
+    ``added_tokens.json`` and ``tokenizer_config.json`` beside it, as
+    :func:`~txl.convert.safe_pickle.transfo_xl_words` describes (``size``: the model's vocabulary
+    size; added tokens beyond it are left out).
 
     Raises:
-        TxlError: refused or malformed pickle, or a vocabulary without ``<unk>``/``<eos>``.
+        TxlError: refused or malformed pickle, unreadable JSON beside it, added tokens that do not
+            fit the vocabulary, or a vocabulary without ``<unk>``/``<eos>``.
     """
     state = load_restricted_pickle(path.read_bytes())
-    words = state.get("idx2sym") if isinstance(state, dict) else None
-    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
-        raise TxlError(f"{path} has no idx2sym list of strings")
+    words = transfo_xl_words(state, _saved_added_tokens(path.parent), where=str(path), size=size)
     return WordTokenizer(words, lower=bool(state.get("lower_case", False)))
+
+
+def _saved_added_tokens(folder: Path) -> dict[int, str]:
+    """``{id: text}`` of the added tokens that ``save_pretrained`` wrote into ``folder``: ``added_tokens.json``
+    (``{text: id}``) and the ``added_tokens_decoder`` of ``tokenizer_config.json`` (``{"id": {"content": text}}``).
+
+    Raises:
+        TxlError: an unreadable file, or entries of the wrong form.
+    """
+    found: dict[int, str] = {}
+
+    def put(where: Path, i, text) -> None:
+        if isinstance(i, str) and i.isdigit():
+            i = int(i)
+        if isinstance(i, bool) or not isinstance(i, int) or not isinstance(text, str):
+            raise TxlError(f"{where}: an added token must be text at an integer id, got {text!r} at {i!r}")
+        if found.setdefault(i, text) != text:
+            raise TxlError(f"{where}: the added tokens give id {i} two texts, {found[i]!r} and {text!r}")
+
+    if (folder / "added_tokens.json").is_file():
+        for text, i in read_json_object(folder / "added_tokens.json", "added tokens").items():
+            put(folder / "added_tokens.json", i, text)
+    if (folder / "tokenizer_config.json").is_file():
+        config = read_json_object(folder / "tokenizer_config.json", "tokenizer config")
+        decoder = config.get("added_tokens_decoder") or {}
+        if not isinstance(decoder, dict):
+            raise TxlError(f"{folder / 'tokenizer_config.json'}: added_tokens_decoder must be an object")
+        for i, token in decoder.items():
+            put(folder / "tokenizer_config.json", i, token.get("content") if isinstance(token, dict) else token)
+    return found
 
 
 def convert_from_hf(src: str | Path, dst: str | Path, vocab: str | Path | None = None) -> Path:
@@ -57,7 +90,8 @@ def _from_hf(src: Path, dst: Path, vocab: str | Path | None) -> Path:
     vocab_path = Path(vocab) if vocab else src / "vocab.pkl"
     if not vocab_path.is_file():
         raise TxlError(f"no vocabulary at {vocab_path}; pass --vocab (an HF vocab.pkl or a txl vocab.json)")
-    tokenizer: Tokenizer = load_tokenizer(vocab_path) if vocab_path.suffix == ".json" else read_hf_vocab(vocab_path)
+    tokenizer: Tokenizer = (load_tokenizer(vocab_path) if vocab_path.suffix == ".json"
+                            else read_hf_vocab(vocab_path, size=config.vocab_size))
     if tokenizer.vocab_size != config.vocab_size:
         raise TxlError(f"the vocabulary has {tokenizer.vocab_size} entries, the model {config.vocab_size}")
     run = RunConfig(model=config, eval=EvalConfig(tgt_len=config.tgt_len, mem_len=config.mem_len,

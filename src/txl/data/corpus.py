@@ -23,7 +23,7 @@ from txl.data.tokenizers import (
 )
 from txl.data.files import _file_size, _read, _read_text, default_corpus_files, load_bytes, read_corpus_files
 from txl.errors import TxlError
-from txl.fileio import atomic_write
+from txl.fileio import atomic_write, path_inside
 from txl.runtime import default_cache_dir
 
 __all__ = [
@@ -363,7 +363,10 @@ def _load_shuffled(root: Path, info: dict, kind: str, tokenizer_obj: Tokenizer |
                    cache_dir: PathLike | None) -> CorpusSplits:
     """A prepared shuffled-sentence corpus (lm1b): word vocabulary from the training shards, ordered
     valid/test arrays, and the shard list for training."""
-    shards = [Path(s) if Path(s).is_absolute() else root / s for s in info.get("train_shards") or []]
+    # absolute: shards used in place (prepared from a folder); relative: extracted into the dataset folder
+    where = str(root / "dataset.json")
+    shards = [Path(s) if isinstance(s, str) and Path(s).is_absolute() else path_inside(root, s, where, nested=True)
+              for s in info.get("train_shards") or []]
     if not shards:
         raise TxlError(f"{root / 'dataset.json'} lists no training shards; run txl data prepare again")
     for shard in shards:
@@ -398,7 +401,7 @@ def _prepared_sets(root: Path, info: dict) -> dict[str, list[Path]]:
         rel = files.get(name)
         if not isinstance(rel, str):
             raise TxlError(f"{root / 'dataset.json'} does not name a {name} file; run txl data prepare again")
-        sets[name] = read_corpus_files(root / rel)
+        sets[name] = read_corpus_files(path_inside(root, rel, str(root / "dataset.json")))
     return sets
 
 

@@ -27,6 +27,7 @@ import shutil
 import textwrap
 from pathlib import Path
 
+from txl.config import check_split
 from txl.data.files import default_corpus_files
 from txl.errors import TxlError
 from txl.fileio import atomic_write, claim_folder, write_json
@@ -110,8 +111,7 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
     Raises:
         TxlError: bad fractions or sizes, an ``out_dir`` that is not empty or is in use, no pairs.
     """
-    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6 or not fractions[0]:
-        raise TxlError(f"the split fractions must be three numbers >= 0 summing to 1 with train > 0, got {fractions}")
+    check_split(fractions, "the split fractions", train_needed=True)
     if min_bytes < 1 or max_bytes < min_bytes:
         raise TxlError(f"need 1 <= min_bytes <= max_bytes, got {min_bytes} and {max_bytes}")
     files = sorted(files or default_corpus_files())

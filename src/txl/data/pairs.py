@@ -77,15 +77,54 @@ def read_pairs(path: str | Path) -> list[Pair]:
         raise TxlError(f"{path} is a folder; give a .jsonl file of {{\"prompt\", \"completion\"}} objects")
     pairs = []
     for number, obj in read_jsonl(path, "pairs file"):
-        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) \
-                or not isinstance(obj.get("completion"), str):
+        if not isinstance(obj, dict):
             raise TxlError(f'{path} line {number} must be a JSON object with string "prompt" and "completion"')
+        for key in ("prompt", "completion"):
+            if key not in obj:
+                raise TxlError(f'{path} line {number} has no "{key}" (each line needs string "prompt" and '
+                               '"completion")')
+            if not isinstance(obj[key], str):
+                raise TxlError(f'{path} line {number}: "{key}" must be a string, got {_json_kind(obj[key])}')
         if not obj["completion"]:
             raise TxlError(f'{path} line {number} has an empty "completion"; there is nothing to learn from it')
         pairs.append(Pair(obj["prompt"], obj["completion"], f"{path}:{number}"))
     if not pairs:
         raise TxlError(f"pairs file {path} holds no pairs")
     return pairs
+
+
+def _json_kind(value) -> str:
+    """How JSON names the type of a parsed value ("a number", "an array", "null", ...)."""
+    if isinstance(value, bool):
+        return "true/false"
+    kinds = {int: "a number", float: "a number", list: "an array", dict: "an object", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def pair_splits(data) -> dict[str, list[Pair]]:
+    """The train/valid/test pairs a fine-tuning run's ``[data]`` section names (a
+    :class:`~txl.config.DataConfig`): ``data.train`` and ``data.valid`` (and optionally ``data.test``)
+    files, or one file ``data.path`` cut into train/valid/test by the fractions ``data.split``, in
+    file order.
+
+    Raises:
+        TxlError: both kinds of source or neither, ``data.train`` without ``data.valid`` (or the
+            reverse), a missing or malformed pairs file (see :func:`read_pairs`).
+    """
+    if data.train is not None or data.valid is not None or data.test is not None:
+        if data.path is not None:
+            raise TxlError("give either one pairs file (--data, split by data.split) or data.train/data.valid "
+                           "files, not both")
+        if data.train is None or data.valid is None:
+            raise TxlError("separate pairs files need both data.train and data.valid (data.test is optional)")
+        return {"train": read_pairs(data.train), "valid": read_pairs(data.valid),
+                "test": read_pairs(data.test) if data.test is not None else []}
+    if data.path is None:
+        raise TxlError("give the pairs file (--data PAIRS.jsonl)")
+    pairs = read_pairs(data.path)
+    n_train = round(data.split[0] * len(pairs))
+    n_valid = round(data.split[1] * len(pairs))
+    return {"train": pairs[:n_train], "valid": pairs[n_train:n_train + n_valid], "test": pairs[n_train + n_valid:]}
 
 
 def marker_texts(kind: str) -> tuple[str, str]:

@@ -21,6 +21,7 @@ from txl.errors import TxlError
 from txl.evaluation.segments import eval_mode, segments
 from txl.evaluation.stream import EvalResult
 from txl.model.span import AttentionSpan
+from txl.runtime import progress_bar
 
 
 def grad_window(labels: torch.Tensor, tgt_len: int, grad_segments: int | None) -> torch.Tensor:
@@ -75,13 +76,15 @@ def completion_losses(model, inputs: torch.Tensor, labels: torch.Tensor, *, span
 
 @torch.no_grad()
 def evaluate_completions(model, rows: Sequence[tuple[np.ndarray, int]], *, span: AttentionSpan, unit: str,
-                         batch_size: int = 8, dtype: str = "float32", dist=None) -> EvalResult:
+                         batch_size: int = 8, dtype: str = "float32", dist=None,
+                         progress: bool | str = False) -> EvalResult:
     """Mean NLL per completion target (the completion's tokens and END) over encoded pairs.
 
     ``rows`` are :func:`txl.data.pairs.encode_pair` results; they are batched by length (longest
     first) and read in eval mode (the model's mode is restored). With ``dist`` (a
     :class:`txl.training.distributed.Dist`) each rank reads its share of the batches and the sums
-    are added over ranks, so every rank gets the single-process result.
+    are added over ranks, so every rank gets the single-process result. ``progress`` (True or a
+    label): a progress bar over this rank's examples on stderr.
 
     Returns:
         :class:`~txl.evaluation.stream.EvalResult` (loss in nats per completion token).
@@ -97,11 +100,12 @@ def evaluate_completions(model, rows: Sequence[tuple[np.ndarray, int]], *, span:
     if dist is not None:
         chunks = chunks[dist.rank::dist.world]
     sums = torch.zeros(2, dtype=torch.float64, device=device)
-    with eval_mode(model):
+    with eval_mode(model), progress_bar(sum(map(len, chunks)), progress, "evaluating", "example") as bar:
         for chunk in chunks:
             x, y = pair_batch([rows[i] for i in chunk], device)
             sums[0] += completion_losses(model, x, y, span=span, dtype=dtype).double().sum()
             sums[1] += (y != IGNORE_INDEX).sum()
+            bar.update(len(chunk))
     if dist is not None:
         from txl.training.distributed import all_sum
 

@@ -40,6 +40,7 @@ from txl.errors import TxlError
 from txl.evaluation.segments import eval_mode, segments
 from txl.evaluation.stream import EvalResult, token_tensor
 from txl.model.span import AttentionSpan, resolve_span
+from txl.runtime import progress_bar
 
 METHODS = ("sgd", "rms")
 
@@ -63,14 +64,15 @@ def _params(model) -> list[tuple[str, torch.nn.Parameter]]:
 
 
 def gradient_statistics(model, tokens: np.ndarray, *, tgt_len: int | None = None, mem_len: int | None = None,
-                        n_segments: int = 100, span: AttentionSpan | None = None) -> dict[str, torch.Tensor]:
+                        n_segments: int = 100, span: AttentionSpan | None = None,
+                        progress: bool | str = False) -> dict[str, torch.Tensor]:
     """Mean squared gradient ``MS = 1/N sum_k (grad L_k)^2`` per parameter over ``n_segments`` segments.
 
     Segments of ``tgt_len`` targets are read in order from ``tokens`` (typically the training
     split) with the memory carried, batch size 1, dropout off, as dynamic evaluation reads the test
     text (Krause et al. 2018, §5), through :func:`txl.evaluation.segments.segments`. The weights
     are not changed. ``tgt_len``/``mem_len`` override the model's span (or ``span``); ``model.config``
-    is not changed.
+    is not changed. ``progress`` (True or a label): a progress bar over the segments on stderr.
 
     Returns:
         ``{parameter name: float tensor shaped like the parameter}``.
@@ -88,10 +90,12 @@ def gradient_statistics(model, tokens: np.ndarray, *, tgt_len: int | None = None
     count = 0
     span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len)
     x, y = data[None, :-1].to(device), data[None, 1:].to(device)
-    with eval_mode(model):
+    total = min(n_segments, -(-x.size(1) // span.tgt_len))
+    with eval_mode(model), progress_bar(total, progress, "gradient statistics") as bar:
         model.zero_grad(set_to_none=True)
         try:
             for seg in segments(model, x, y, span=span, grad=True):
+                bar.update(1)
                 seg.output.loss.backward()
                 for n, p in params:
                     if p.grad is not None:
@@ -111,7 +115,8 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
                      method: str = "rms", stats: dict[str, torch.Tensor] | None = None, eps: float = 0.1,
                      tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
                      same_length: bool | None = None, max_tokens: int = 0, dtype: str = "float32",
-                     span: AttentionSpan | None = None, cmem_len: int | None = None) -> DynamicEvalResult:
+                     span: AttentionSpan | None = None, cmem_len: int | None = None,
+                     progress: bool | str = False) -> DynamicEvalResult:
     """Score a token stream while adapting the weights to it (see the module docstring for the rules).
 
     Args:
@@ -129,6 +134,7 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
         span: an :class:`~txl.model.AttentionSpan` to start from (None: the model's training span).
         max_tokens: score only the first ``max_tokens`` targets (0: all).
         dtype: "float32" or an autocast dtype for the forward passes.
+        progress: True (or a label): a progress bar over the segments on stderr; False: none.
 
     Returns:
         :class:`DynamicEvalResult`: mean loss in nats/token over all targets and per segment.
@@ -157,9 +163,10 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
                         same_length=same_length, cmem_len=cmem_len)
     x, y = data[None, :-1].to(device), data[None, 1:].to(device)
     try:
-        with eval_mode(model):
+        with eval_mode(model), progress_bar(-(-x.size(1) // span.tgt_len), progress, "dynamic evaluation") as bar:
             model.zero_grad(set_to_none=True)
             for seg in segments(model, x, y, span=span, dtype=dtype, grad=True):
+                bar.update(1)
                 k, out, n_seg = seg.index, seg.output, seg.inputs.size(1)
                 seg_sum = float(out.token_loss.detach().double().sum())  # scored before any update on it
                 if not np.isfinite(seg_sum):

@@ -8,21 +8,6 @@ from txl.errors import TxlError
 from txl.evaluation.stream import EvalResult, evaluate
 
 
-def parse_mem_lens(text: str) -> list[int]:
-    """``"0,128,256"`` -> ``[0, 128, 256]`` (sorted, distinct).
-
-    Raises:
-        TxlError: a non-integer or negative value, or an empty list.
-    """
-    try:
-        values = sorted({int(v) for v in text.split(",") if v.strip()})
-    except ValueError:
-        raise TxlError(f"--sweep-mem needs comma-separated integers such as 0,128,256, got {text!r}") from None
-    if not values or values[0] < 0:
-        raise TxlError(f"--sweep-mem needs memory lengths >= 0, got {text!r}")
-    return values
-
-
 def sweep_mem_len(model, tokens: np.ndarray, mem_lens: list[int], *, warmup: bool = False,
                   **eval_kwargs) -> list[EvalResult]:
     """:func:`~txl.evaluation.stream.evaluate` once per memory length, on the same scored tokens.
@@ -34,7 +19,8 @@ def sweep_mem_len(model, tokens: np.ndarray, mem_lens: list[int], *, warmup: boo
 
     Args:
         mem_lens: memory lengths >= 0 (tokens); eval_kwargs: passed to ``evaluate`` (unit,
-            batch_size, tgt_len, clamp_len, same_length, max_tokens, dtype).
+            batch_size, tgt_len, clamp_len, same_length, max_tokens, dtype; ``progress=True``: one
+            progress bar per memory length, labelled ``mem_len M``).
 
     Returns:
         one :class:`~txl.evaluation.stream.EvalResult` per memory length, in order.
@@ -45,10 +31,12 @@ def sweep_mem_len(model, tokens: np.ndarray, mem_lens: list[int], *, warmup: boo
     if model.config.attn_type == "abs":
         raise TxlError("--sweep-mem needs a model with memory (attn_type rel or shaw); a vanilla model has no memory")
     top = max(mem_lens)
+    progress = eval_kwargs.pop("progress", False)
     results = []
     for m in mem_lens:
         part = tokens[top - m:] if warmup else tokens
-        results.append(evaluate(model, part, mem_len=m, warmup=warmup, **eval_kwargs))
+        results.append(evaluate(model, part, mem_len=m, warmup=warmup, progress=progress and f"mem_len {m}",
+                                **eval_kwargs))
     return results
 
 

@@ -10,6 +10,9 @@ from collections.abc import Sequence
 from txl.errors import TxlError
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
+#: what to install when ``rouge-score`` is missing (``txl summarize --rouge`` says it before any work)
+ROUGE_MISSING = ("ROUGE needs the rouge-score library: in the txl folder, .venv/bin/python -m pip install -e "
+                 "'.[rouge]' (or pip install rouge-score==0.1.2)")
 
 
 def rouge_scores(predictions: Sequence[str], references: Sequence[str], stemmer: bool = True) -> dict:
@@ -27,8 +30,7 @@ def rouge_scores(predictions: Sequence[str], references: Sequence[str], stemmer:
     try:
         from rouge_score import rouge_scorer
     except ImportError:
-        raise TxlError("ROUGE needs the rouge-score library: pip install -e '.[rouge]' "
-                       "(or pip install rouge-score==0.1.2)") from None
+        raise TxlError(ROUGE_MISSING) from None
     if not predictions or len(predictions) != len(references):
         raise TxlError(f"ROUGE needs one reference per summary, got {len(predictions)} summaries and "
                        f"{len(references)} references")

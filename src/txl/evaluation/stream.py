@@ -15,7 +15,7 @@ from txl.data import LMOrderedIterator
 from txl.errors import TxlError
 from txl.evaluation.segments import decoding_state, eval_mode, segments
 from txl.model.span import AttentionSpan, resolve_span
-from txl.runtime import autocast
+from txl.runtime import autocast, progress_bar
 
 
 @dataclass
@@ -92,7 +92,8 @@ def _wide(logits: torch.Tensor) -> torch.Tensor:
 def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 8, tgt_len: int | None = None,
              mem_len: int | None = None, clamp_len: int | None = None, same_length: bool | None = None,
              warmup: bool = False, max_tokens: int = 0, dtype: str = "float32", dist=None,
-             span: AttentionSpan | None = None, cmem_len: int | None = None) -> EvalResult:
+             span: AttentionSpan | None = None, cmem_len: int | None = None,
+             progress: bool | str = False) -> EvalResult:
     """Score a token stream segment by segment, carrying the memory (paper §3.2 evaluation).
 
     The streams are read with :func:`txl.evaluation.segments.segments`, in eval mode (the model's
@@ -112,6 +113,8 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
         dtype: "float32" or an autocast dtype.
         dist: a :class:`txl.training.distributed.Dist`: each rank scores its block of the streams
             and the sums are added over ranks, so every rank gets the single-process result.
+        progress: True (or a label such as ``"mem_len 256"``): a progress bar over the segments
+            on stderr (:func:`txl.runtime.progress_bar`); False: none.
 
     Returns:
         :class:`EvalResult` (loss in nats/token). Every target token is scored exactly once.
@@ -136,11 +139,13 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     inputs, labels = batches.inputs[rows], batches.labels[rows]
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, targets
     if inputs.size(0):  # more ranks than streams: this rank has none
-        with eval_mode(model):
-            for seg in segments(model, inputs, labels, span=span, dtype=dtype, positions=batches.positions(),
+        positions = batches.positions()
+        with eval_mode(model), progress_bar(len(positions), progress, "evaluating") as bar:
+            for seg in segments(model, inputs, labels, span=span, dtype=dtype, positions=positions,
                                 caches=decoding_state(model, span)):
                 sums[0] += seg.output.token_loss.double().sum()
                 sums[1] += (seg.labels != IGNORE_INDEX).sum()
+                bar.update(1)
     if dist is not None:
         from txl.training.distributed import all_sum
 
@@ -189,7 +194,8 @@ def token_tensor(tokens, max_tokens: int = 0, vocab_size: int | None = None, min
 
 @torch.no_grad()
 def evaluate_sliding_window(model, tokens: np.ndarray, *, context: int, stride: int = 1, unit: str = "bpc",
-                            batch_size: int = 32, max_tokens: int = 0, dtype: str = "float32") -> EvalResult:
+                            batch_size: int = 32, max_tokens: int = 0, dtype: str = "float32",
+                            progress: bool | str = False) -> EvalResult:
     """The vanilla Transformer protocol: recompute a window of ``context`` tokens for every ``stride`` targets.
 
     The first window scores all of its targets; each later window ends ``stride`` tokens further and
@@ -199,6 +205,7 @@ def evaluate_sliding_window(model, tokens: np.ndarray, *, context: int, stride: 
     Args:
         tokens: 1-D token array; ``context`` >= 1 and 1 <= ``stride`` <= ``context``.
         max_tokens: score only the first ``max_tokens`` targets (0: all).
+        progress: True (or a label): a progress bar over the windows on stderr; False: none.
 
     Returns:
         :class:`EvalResult`; every target is scored exactly once.
@@ -215,12 +222,13 @@ def evaluate_sliding_window(model, tokens: np.ndarray, *, context: int, stride: 
     first = min(context, n_targets)
     ends = list(range(first + stride, n_targets + stride, stride))  # window end (exclusive, input index)
     window = resolve_span(model.config, tgt_len=context, mem_len=0, cmem_len=0)  # windows carry no memory
-    with eval_mode(model), torch.no_grad():
+    with eval_mode(model), torch.no_grad(), progress_bar(1 + len(ends), progress, "evaluating", "window") as bar:
         x0 = data[None, :first].to(device)
         with autocast(device, dtype):
             logits = _wide(model(x0, span=window).logits)
         total = float(F.cross_entropy(logits[0], data[1:first + 1].to(device), reduction="sum"))
         count, prev = first, first
+        bar.update(1)
         for i in range(0, len(ends), batch_size):
             chunk = [min(e, n_targets) for e in ends[i:i + batch_size]]
             x = torch.stack([data[e - context:e] for e in chunk]).to(device)
@@ -231,5 +239,6 @@ def evaluate_sliding_window(model, tokens: np.ndarray, *, context: int, stride: 
                 total += float(F.cross_entropy(logits[row, -k:], data[prev + 1:e + 1].to(device), reduction="sum"))
                 count += k
                 prev = e
+            bar.update(len(chunk))
     return EvalResult(loss=total / count, n_tokens=count, unit=unit,
                       settings={"protocol": "sliding-window", "context": context, "stride": stride})

@@ -78,7 +78,7 @@ def beam_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: 
     check_input_ids(input_ids, model.config.vocab_size, next(model.parameters()).device)
     if input_ids.size(0) != 1:
         raise TxlError(f"beam search decodes one prompt at a time, got a batch of {input_ids.size(0)}")
-    check_decoding(repetition_penalty, no_repeat_ngram_size, min_new_tokens)
+    check_decoding(repetition_penalty, no_repeat_ngram_size, min_new_tokens, length_penalty)
     if max_new_tokens < 0:
         raise TxlError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     _check_beams(int(num_beams), model.config.vocab_size, max_new_tokens)

@@ -8,16 +8,9 @@ from collections.abc import Sequence
 import torch
 
 from txl.errors import TxlError
+from txl.generation.checks import check_decoding, check_sampling  # re-exported: they lived here first
 
-
-def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    """Raise :class:`TxlError` for temperature < 0, top_k < 1 or top_p outside (0, 1]."""
-    if not temperature >= 0 or temperature == float("inf"):  # also catches NaN
-        raise TxlError(f"temperature must be a finite number >= 0, got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise TxlError(f"top_k must be >= 1, got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise TxlError(f"top_p must be in (0, 1], got {top_p}")
+__all__ = ["Generators", "adjust_logits", "banned_ngram_tokens", "check_decoding", "check_sampling", "sample_next"]
 
 
 Generators = torch.Generator | Sequence[torch.Generator] | None
@@ -68,17 +61,6 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     if generator is None or isinstance(generator, torch.Generator):
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     return torch.cat([torch.multinomial(probs[b:b + 1], 1, generator=g)[:, 0] for b, g in enumerate(generator)])
-
-
-def check_decoding(repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0, min_new_tokens: int = 0) -> None:
-    """Raise :class:`TxlError` for a repetition penalty that is not a finite number > 0, or a negative
-    ``no_repeat_ngram_size`` or ``min_new_tokens``."""
-    if not 0 < repetition_penalty < float("inf"):
-        raise TxlError(f"repetition_penalty must be a finite number > 0 (1: none), got {repetition_penalty}")
-    if no_repeat_ngram_size < 0:
-        raise TxlError(f"no_repeat_ngram_size must be >= 0 (0: off), got {no_repeat_ngram_size}")
-    if min_new_tokens < 0:
-        raise TxlError(f"min_new_tokens must be >= 0, got {min_new_tokens}")
 
 
 def banned_ngram_tokens(generated: Sequence[int], n: int) -> set[int]:

@@ -51,6 +51,8 @@ class FinetuneConfig:
     max_prompt_tokens: int = 0
 
     def validate(self) -> None:
+        """Raise :class:`TxlError` naming the first value of a wrong type or impossible."""
+        check_fields(type(self), dataclasses.asdict(self), "finetune")
         if not self.init:
             raise TxlError("finetune.init must name the language-model checkpoint to start from (--init)")
         if self.grad_segments < 0:

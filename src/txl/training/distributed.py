@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from txl.errors import TxlError
+from txl.runtime import busy_now, choose_threads, load_average, usable_cpus
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,8 @@ def launch(nproc: int, argv: list[str]) -> int:
 
     Each rank prints its own ``txl: error: ...`` line; the agent's report is not repeated. On
     Ctrl-C or SIGTERM the agent passes the signal on to the ranks (which finish the step and write
-    ``last/``) and 130 is returned.
+    ``last/``) and 130 is returned. Without ``OMP_NUM_THREADS`` set, each rank gets it as its share of
+    the free CPUs (:func:`txl.runtime.choose_threads`, divided by ``nproc``, at least 1).
 
     Raises:
         TxlError: ``nproc`` < 1.
@@ -154,8 +156,11 @@ def launch(nproc: int, argv: list[str]) -> int:
     for name in list(logging.root.manager.loggerDict):  # the ranks report failures themselves
         if name.startswith("torch.distributed"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-    if "OMP_NUM_THREADS" not in os.environ:  # share the cores between the ranks instead of oversubscribing
-        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    shared = "OMP_NUM_THREADS" not in os.environ
+    if shared:  # share the free CPUs between the ranks instead of oversubscribing them (the ranks inherit it)
+        free, _ = choose_threads(None, cpus=usable_cpus(), load=load_average(), online=os.cpu_count(),
+                                 now=busy_now())
+        os.environ["OMP_NUM_THREADS"] = str(max(1, free // nproc))
     try:
         run(parse_args(["--standalone", f"--nproc_per_node={nproc}", "-m", "txl", *argv]))
     except ChildFailedError as err:
@@ -163,4 +168,7 @@ def launch(nproc: int, argv: list[str]) -> int:
         return next((c for c in codes if c and c > 0), 1)
     except (SignalException, KeyboardInterrupt):  # Ctrl-C/SIGTERM: the ranks finished their step and wrote last/
         return 130
+    finally:
+        if shared:  # this process's own setting stays as it was
+            os.environ.pop("OMP_NUM_THREADS", None)
     return 0

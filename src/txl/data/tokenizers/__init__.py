@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from txl.data.tokenizers.base import TOKENIZER_KINDS, Tokenizer, decode_utf8
+from txl.data.tokenizers.base import TOKENIZER_KINDS, Tokenizer, decode_file_text, decode_utf8
 from txl.data.tokenizers.bpe import BPETokenizer
 from txl.data.tokenizers.simple import ByteTokenizer, CharTokenizer, WordTokenizer
 from txl.errors import TxlError
@@ -26,6 +26,7 @@ __all__ = [
     "tokenizer_from_dict",
     "load_tokenizer",
     "decode_utf8",
+    "decode_file_text",
     "TOKENIZER_KINDS",
 ]
 

@@ -68,6 +68,22 @@ def decode_utf8(data: bytes, source: str = "input", kind: str = "char") -> str:
         ) from None
 
 
+def decode_file_text(data: bytes, kind: str, source: str = "input") -> str:
+    """The text of a file's raw bytes as a ``kind`` tokenizer reads it.
+
+    For ``"byte"`` any bytes: those that are not UTF-8 become lone surrogates (``surrogateescape``),
+    which :meth:`ByteTokenizer.encode` turns back into the same bytes. For char, word and BPE strict
+    UTF-8 (:func:`decode_utf8`).
+
+    Raises:
+        TxlError: for a text tokenizer, ``data`` that is not UTF-8 (naming ``source``, the byte and its
+            offset, as every command reports it).
+    """
+    if kind == "byte":
+        return data.decode("utf-8", errors="surrogateescape")
+    return decode_utf8(data, source, kind)
+
+
 def _ids_array(ids: Any, vocab_size: int, kind: str) -> np.ndarray:
     """Turn a sequence / ndarray / 1-D tensor of ids into a 1-D int64 ndarray, range-checked."""
     if hasattr(ids, "detach"):  # torch tensor, on any device
