@@ -124,3 +124,26 @@ def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint(tmp_path,
     assert not list(run.glob("*.tmp")) and verify_checkpoint(run / "last")
     proc = run_txl(["train", "--resume", str(run), "-q", "--allow-config-change", "train.max_steps=20"])
     assert proc.wait() == 0 and step_of(run / "last") == 20
+
+
+def test_each_checkpoint_scans_its_weights_once(tmp_path, corpus, monkeypatch):
+    import txl.training.checkpoint as checkpoint
+    import txl.training.loop as loop
+
+    scans, saves = [], []
+    real_scan, real_save = checkpoint.nonfinite_weights, checkpoint.save_checkpoint
+
+    def scan(model):
+        scans.append(1)
+        return real_scan(model)
+
+    def save(directory, *args, **kwargs):
+        saves.append(directory.name)
+        return real_save(directory, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "nonfinite_weights", scan)
+    monkeypatch.setattr(loop, "nonfinite_weights", scan, raising=False)  # the loop once scanned them as well
+    monkeypatch.setattr(loop, "save_checkpoint", save)
+    assert main(cli_args(tmp_path, corpus, "run", "train.max_steps=4", "train.eval_interval=2")) == 0
+    assert saves[-1] == "last" and saves.count("last") == 2 and "best" in saves
+    assert len(scans) == len(saves)  # save_checkpoint's own guard, once per checkpoint written

@@ -138,6 +138,20 @@ def test_split_tokens_bad_fractions(fractions) -> None:
         split_tokens(np.arange(100), fractions)
 
 
+@pytest.mark.parametrize("fractions, shown", [((0.9, 0.05), "0.9,0.05"), ((0.5, float("nan"), 0.5), "0.5,nan,0.5"),
+                                              ((0.5, 0.5, "0.0"), "0.5,0.5,'0.0'"), (0.5, "0.5")])
+def test_split_fractions_have_one_check_from_config_to_data(tmp_path: Path, fractions, shown) -> None:
+    from txl.config import check_split  # the config's check: the data layer calls it
+
+    message = f"split fractions must be three finite fractions >= 0 summing to 1 (train, valid, test), got {shown}"
+    for check in (lambda: check_split(fractions, "split fractions"), lambda: split_tokens(np.arange(100), fractions),
+                  lambda: load_corpus(_write(tmp_path / "c.txt", "abc " * 50), split=fractions)):
+        with pytest.raises(TxlError) as err:
+            check()
+        assert str(err.value) == message
+    assert check_split(np.array([0.5, 0.25, 0.25], dtype=np.float32), "x") == (0.5, 0.25, 0.25)
+
+
 def test_split_tokens_empty_nonzero_split_errors() -> None:
     with pytest.raises(TxlError, match="valid split would be empty"):
         split_tokens(np.arange(5), (0.9, 0.05, 0.05))

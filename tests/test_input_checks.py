@@ -146,7 +146,8 @@ def _lm(folder, tokenizer=None, run=None, seed=0):
 
 @pytest.mark.parametrize("command", [["generate", "-n", "2"], ["eval"], ["score", "DOC"], ["summarize", "DOC"]])
 def test_a_wrongly_typed_run_json_field_is_one_error_line_naming_the_file(tmp_path, capsys, command):
-    ckpt = _lm(tmp_path / "lm")
+    # summarize refuses a model that was not fine-tuned before reading more than its run.json: give it one that was
+    ckpt = _finetuned(tmp_path / "lm") if command[0] == "summarize" else _lm(tmp_path / "lm")
     _rewrite_run_json(ckpt, lambda v: v["eval"].update(mem_len="256"))
     (tmp_path / "doc.txt").write_text("some text to read")
     argv = [str(tmp_path / "doc.txt") if a == "DOC" else a for a in command]
@@ -217,7 +218,7 @@ def test_no_flag_takes_a_plain_float_or_parses_numbers_itself():
             "txl generate --temperature", "txl recl --ratios", "txl serve --idle-timeout"} <= flags
     for prog, parser in all_parsers().items():
         for action in parser._actions:
-            assert action.type is not float, f"{prog} {action.option_strings}: use common.finite_float"
+            assert action.type is not float, f"{prog} {action.option_strings}: use checks.finite_float"
             default = action.default
             if action.option_strings and action.type is None and isinstance(default, str) and default:
                 # numbers with a fraction kept as a string would be parsed (and checked) somewhere else
@@ -297,6 +298,7 @@ EARLY = [  # (argv, the error line); CKPT is an existing empty folder
     (["convert", "to-hf", "nope", "dst"], "checkpoint nope does not exist"),
     (["data", "prepare", "enwik8", "--source", "nope"], "--source nope does not exist"),
     (["data", "docstrings", "--min-bytes", "0"], "--min-bytes must be >= 1, got 0"),
+    (["data", "packages", "--doc-bytes", "100"], "--doc-bytes must be >= --min-bytes (1024), got 100"),
     (["classify", "train", "nope", "--data", "d", "--out", "o"], "checkpoint nope does not exist"),
     (["classify", "predict", "nope", "a.txt"], "classifier nope does not exist"),
     (["serve", "nope"], "checkpoint nope does not exist"),
@@ -304,6 +306,34 @@ EARLY = [  # (argv, the error line); CKPT is an existing empty folder
     (["plot", "nope", "--attention", "--text", "x"], "checkpoint nope does not exist"),
     (["recl", "nope"], "checkpoint nope does not exist"),
     (["ablate", "--data", "nope"], "--data nope does not exist"),
+    # the span flags of every command, by the one shared check (the flag as --help shows it)
+    (["eval", "CKPT", "--clamp-len", "-5"], "--clamp-len must be >= 0, got -5"),
+    (["score", "CKPT", "doc.txt", "--clamp-len", "-5"], "--clamp-len must be >= 0, got -5"),
+    (["serve", "CKPT", "--cmem-len", "-1"], "--cmem-len must be >= 0, got -1"),
+    (["eval", "CKPT", "--tgt_len", "0"], "--tgt-len must be >= 1, got 0"),  # the hidden alias: named as --help does
+    (["generate", "CKPT", "--mem-len", "-1"], "--mem-len must be >= 0, got -1"),
+    (["summarize", "CKPT", "doc.txt", "--mem-len", "-1"], "--mem-len must be >= 0, got -1"),
+    (["plot", "CKPT", "--attention", "--text", "x", "--cmem-len", "-2"], "--cmem-len must be >= 0, got -2"),
+    (["finetune", "--resume", "CKPT", "--tgt-len", "0"], "--tgt-len must be >= 1, got 0"),
+    (["classify", "train", "CKPT", "--data", "d", "--out", "o", "--tgt-len", "0"], "--tgt-len must be >= 1, got 0"),
+    # --seed: one range for every command
+    (["generate", "CKPT", "--seed", "99999999999"], "--seed must be in [0, 2**32), got 99999999999"),
+    (["summarize", "CKPT", "doc.txt", "--seed", "-1"], "--seed must be in [0, 2**32), got -1"),
+    # output files: their folder must exist and take files (nothing is created for them)
+    (["eval", "CKPT", "--json", "/proc/x.json"], "--json /proc/x.json: txl cannot create files in /proc ("),
+    (["eval", "CKPT", "--json", "nowhere/dir/x.json"],
+     "--json nowhere/dir/x.json: the folder nowhere/dir does not exist; create it first, or choose another file"),
+    (["score", "CKPT", "doc.txt", "--out", "doc.txt/x.jsonl"],
+     "--out doc.txt/x.jsonl: doc.txt is a file, not a folder; choose another place for the output"),
+    (["bench", "--json", "nowhere/b.json"], "--json nowhere/b.json: the folder nowhere does not exist"),
+    (["summarize", "CKPT", "doc.txt", "--out", "doc.txt/s.jsonl"], "--out doc.txt/s.jsonl: doc.txt is a file"),
+    (["plot", "CKPT", "--out", "doc.txt/plots"], "--out doc.txt/plots/curves_steps.png: doc.txt is a file"),
+    # --min-new-tokens beyond -n/--max-new-tokens
+    (["generate", "CKPT", "-n", "5", "--min-new-tokens", "10"],
+     "--min-new-tokens 10 is more than -n/--max-new-tokens 5, the most tokens drawn; lower --min-new-tokens or "
+     "raise -n/--max-new-tokens"),
+    (["summarize", "CKPT", "doc.txt", "-n", "3", "--min-new-tokens", "4"],
+     "--min-new-tokens 4 is more than -n/--max-new-tokens 3"),
 ]
 
 
@@ -315,6 +345,7 @@ def test_every_command_has_an_early_check_case():
 
 def test_every_command_checks_arguments_and_paths_before_importing_torch(tmp_path):
     (tmp_path / "CKPT").mkdir()
+    (tmp_path / "doc.txt").write_text("a document")
     cases = [[str(tmp_path / "CKPT") if a == "CKPT" else a for a in argv] for argv, _ in EARLY]
     script = ("import json, sys\nfrom txl.cli import main\nrows = []\n"
               f"for argv in {cases!r}:\n"
@@ -329,6 +360,8 @@ def test_every_command_checks_arguments_and_paths_before_importing_torch(tmp_pat
     for (argv, expect), (rc, torch_loaded), line in zip(EARLY, rows, lines):
         assert (rc, torch_loaded) == (2, False), (argv, line)
         assert line.startswith("txl: error: ") and expect in line, (argv, line)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["CKPT", "doc.txt"]  # no folder made, no probe left
+    assert not any((tmp_path / "CKPT").iterdir())
 
 
 # --- optional dependencies are checked before any work -------------------------------------------------------
@@ -383,16 +416,35 @@ def test_serve_and_bench_check_their_optional_packages_before_loading(tmp_path, 
 
 # --- fine-tuned checkpoints: summarize needs one, eval scores its pairs ---------------------------------------
 
-def test_summarize_refuses_a_language_model_that_was_not_fine_tuned(tmp_path, capsys):
+def test_summarize_refuses_a_language_model_that_was_not_fine_tuned(tmp_path, capsys, monkeypatch):
+    import txl.cli.summarize as summarize
+
     lm = _lm(tmp_path / "lm")  # byte level: the markers are ids it has, but it never learnt them
     (tmp_path / "doc.txt").write_text("def f():\n    return 1\n")
-    code, out, err = run_cli(capsys, "summarize", lm, tmp_path / "doc.txt", "--out", tmp_path / "s.jsonl", "-n", "3")
+    with monkeypatch.context() as m:
+        _no_loading(m, summarize)  # refused from its run.json, before the weights are read
+        code, out, err = run_cli(capsys, "summarize", lm, tmp_path / "doc.txt", "--out", tmp_path / "s.jsonl",
+                                 "-n", "3")
     assert code == 2 and out == ""
     assert one_error_line(err) == (
         f"txl: error: {lm} is a language model that was not fine-tuned on prompt/completion pairs (its run.json "
         "has no [finetune] section), so its summaries would be noise; fine-tune it first: txl finetune --init "
         f"{lm} --data PAIRS.jsonl --out RUN, then txl summarize RUN ...")
     assert not (tmp_path / "s.jsonl").exists()
+    # the same for a run directory of such a model (its run.json at the top) and a checkpoint without a run.json
+    run = tmp_path / "run"
+    run.mkdir()
+    _lm(run / "best")
+    (run / RUN_NAME).write_bytes((run / "best" / RUN_NAME).read_bytes())
+    bare = _lm(tmp_path / "bare")
+    (bare / RUN_NAME).unlink()
+    (bare / CHECKSUMS_NAME).unlink()
+    for folder in (run, bare):
+        with monkeypatch.context() as m:
+            _no_loading(m, summarize)
+            code, out, err = run_cli(capsys, "summarize", folder, tmp_path / "doc.txt", "-n", "3")
+        assert code == 2 and one_error_line(err).startswith(f"txl: error: {folder} is a language model that was not "
+                                                            "fine-tuned on prompt/completion pairs")
     code, out, err = run_cli(capsys, "summarize", _finetuned(tmp_path / "ft"), tmp_path / "doc.txt", "-n", "3")
     assert code == 0 and json.loads(out)["source"] == str(tmp_path / "doc.txt")
 
@@ -421,6 +473,10 @@ def test_eval_of_a_fine_tuned_run_scores_its_pairs_completions(finetuned_run, ca
     assert (got["metric"], got["unit"], got["examples"]) == ("completion", "bpb", 6)
     assert got["n_tokens"] == result.final.n_tokens  # the completion and END targets, not the JSON text
     assert got["value"] == pytest.approx(result.final.value, rel=1e-6)
+    code, out, err = run_cli(capsys, "eval", run, "--json", "-", "--mem-len", "2")  # a span flag: read with it
+    assert code == 0, err
+    other = json.loads(out)
+    assert (other["mem_len"], got["mem_len"], other["n_tokens"]) == (2, result.final.settings["mem_len"], got["n_tokens"])
     code, out, err = run_cli(capsys, "eval", run, "--warmup")
     assert code == 2 and one_error_line(err) == (
         f"txl: error: {run / 'best'} is fine-tuned on prompt/completion pairs: txl eval scores the completions of "
@@ -471,3 +527,234 @@ def test_a_byte_model_still_reads_any_bytes(tmp_path):
 
     raw = b"abc \xff\xfe def"
     assert ByteTokenizer().encode(decode_file_text(raw, "byte", "x")).tolist() == list(raw)
+
+
+# --- --seed: one range for every command (issue 23, red team B5) ---------------------------------------------
+
+def _argv_for(prog: str, parser) -> list[str]:
+    """The words of ``prog`` after ``txl``, with its required positionals and options given (``X``)."""
+    argv = prog.split()[1:]
+    for action in parser._actions:
+        if not action.option_strings and action.nargs not in ("?", "*") and action.dest != "help":
+            argv.append("X")
+        elif action.option_strings and action.required:
+            argv += [action.option_strings[-1], "X"]
+    return argv
+
+
+SEEDED = {prog: parser for prog, parser in all_parsers().items()
+          if any(a.dest == "seed" for a in parser._actions)}
+
+
+def test_the_seed_check_covers_every_command_with_a_seed():
+    assert set(SEEDED) == {"txl train", "txl finetune", "txl eval", "txl generate", "txl summarize",
+                           "txl data docstrings", "txl data packages", "txl classify train"}
+
+
+@pytest.mark.parametrize("prog", sorted(SEEDED))
+def test_every_seed_has_the_one_range_checked_first(prog, capsys, tmp_path, monkeypatch):
+    """The report: train refused 2**32, generate took 99999999999. Both ends, every command."""
+    monkeypatch.chdir(tmp_path)
+    for seed in (2**32, 99999999999, -1):
+        code, out, err = run_cli(capsys, *_argv_for(prog, SEEDED[prog]), "--seed", str(seed))
+        assert code == 2 and one_error_line(err) == f"txl: error: --seed must be in [0, 2**32), got {seed}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_seed_bound_is_what_torch_numpy_and_the_config_accept():
+    import numpy as np
+
+    from txl.cli.checks import check_seed
+    from txl.config import SEED_LIMIT, TrainConfig
+
+    check_seed(argparse.Namespace(seed=SEED_LIMIT - 1))  # the largest seed passes, and every seeder takes it
+    np.random.seed(SEED_LIMIT - 1)
+    torch.manual_seed(SEED_LIMIT - 1)
+    with pytest.raises(ValueError):
+        np.random.seed(SEED_LIMIT)  # one more is what numpy refuses: the bound is not arbitrary
+    with pytest.raises(TxlError, match=r"^train\.seed must be in \[0, 2\*\*32\), got 4294967296$"):
+        TrainConfig(seed=SEED_LIMIT).validate()
+
+
+# --- output files: checked before any work; a failed write names the user's path (B4) -----------------------
+
+def test_a_failed_write_names_the_users_path_never_the_temporary_file(tmp_path):
+    import errno
+    from pathlib import Path
+
+    from txl.fileio import atomic_write
+
+    target = tmp_path / "x.json"
+
+    def disk_full(tmp):
+        Path(tmp).write_text("half")
+        raise OSError(errno.ENOSPC, "No space left on device", tmp)
+
+    with pytest.raises(OSError) as err:
+        atomic_write(target, disk_full)
+    assert (err.value.errno, err.value.filename) == (errno.ENOSPC, str(target))
+    assert list(tmp_path.iterdir()) == []  # the temporary file is gone, nothing at the target
+    with pytest.raises(OSError) as err:  # a folder that vanished: not created again for a user's file
+        atomic_write(tmp_path / "gone" / "x.json", lambda tmp: None, make_parents=False)
+    assert err.value.filename == str(tmp_path / "gone" / "x.json") and not (tmp_path / "gone").exists()
+
+
+def test_eval_json_and_score_out_fail_on_their_folder_before_loading(tmp_path, capsys, monkeypatch):
+    import txl.cli.common as common
+
+    ckpt = _lm(tmp_path / "lm")
+    (tmp_path / "doc.txt").write_text("some text to read")
+    (tmp_path / "afile").write_text("a file")
+    monkeypatch.setattr(common, "load_checkpoint", lambda *a, **k: pytest.fail("loaded the checkpoint first"))
+    for argv, expect in (
+            (["eval", ckpt, "--json", "/proc/x.json", "-q"], "txl: error: --json /proc/x.json: txl cannot create "
+                                                             "files in /proc ("),
+            (["eval", ckpt, "--json", tmp_path / "nonexistent" / "dir" / "x.json"],
+             f"txl: error: --json {tmp_path / 'nonexistent' / 'dir' / 'x.json'}: the folder "
+             f"{tmp_path / 'nonexistent' / 'dir'} does not exist; create it first, or choose another file (txl creates "
+             "no folder for an output file)"),
+            (["score", ckpt, tmp_path / "doc.txt", "--out", tmp_path / "afile" / "x.jsonl"],
+             f"txl: error: --out {tmp_path / 'afile' / 'x.jsonl'}: {tmp_path / 'afile'} is a file, not a folder; "
+             "choose another place for the output"),
+            (["eval", ckpt, "--data", tmp_path / "doc.txt", "--sweep-mem", "0,4", "--plot", tmp_path / "no" / "m.png"],
+             f"txl: error: --plot {tmp_path / 'no' / 'm.png'}: the folder {tmp_path / 'no'} does not exist")):
+        code, out, err = run_cli(capsys, *argv)
+        assert code == 2 and one_error_line(err).startswith(expect), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "doc.txt", "lm"]
+
+
+def test_a_write_that_fails_at_the_end_names_the_users_file(tmp_path, capsys, monkeypatch):
+    import errno
+    import os
+
+    ckpt = _lm(tmp_path / "lm")
+    (tmp_path / "doc.txt").write_text("some text to read")
+
+    def no_space(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    code, out, err = run_cli(capsys, "score", ckpt, tmp_path / "doc.txt", "--out", tmp_path / "s.jsonl")
+    assert code == 1 and err.strip().splitlines()[-1] == f"txl: error: No space left on device ({tmp_path / 's.jsonl'})"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["doc.txt", "lm"]
+
+
+def test_plot_still_makes_its_out_folder(tmp_path):
+    from txl.fileio import check_output_path
+
+    check_output_path(tmp_path / "new" / "deeper" / "a.png", makes_folder=True)  # a folder the command makes
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(TxlError, match="afile is a file, not a folder"):
+        check_output_path(tmp_path / "afile" / "deeper" / "a.png", makes_folder=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+# --- generate --input: unknown keys refused, every per-line error names FILE line N (B7) ----------------------
+
+def test_generate_input_refuses_unknown_keys_naming_file_line_and_key(tmp_path, capsys, monkeypatch):
+    import txl.cli.generate as generate
+
+    ckpt = _lm(tmp_path / "lm")
+    prompts = tmp_path / "p.jsonl"
+    monkeypatch.setattr(generate, "load_checkpoint", lambda *a, **k: pytest.fail("loaded before the lines were read"))
+    for lines, expect in (
+            (['{"prompt": "ROMEO:", "bogus": 1}'], "line 1: unknown key(s) 'bogus'; known keys: prompt"),
+            (['{"prompt": "ROMEO:"}', '{"prompt": "ROMEO:", "max_new_tokens": "x"}'],
+             "line 2: unknown key(s) 'max_new_tokens'; known keys: prompt")):
+        prompts.write_text("\n".join(lines) + "\n")
+        code, out, err = run_cli(capsys, "generate", ckpt, "--input", prompts)
+        assert code == 2 and out == ""
+        assert one_error_line(err) == (f"txl: error: {prompts} {expect} (the decoding settings are flags, the same "
+                                       "for every prompt: -n/--max-new-tokens, ...)")
+
+
+def test_generate_input_and_summarize_name_the_line_of_a_prompt_they_cannot_encode(tmp_path, capsys):
+    chars = CharTokenizer(sorted(set("abcdef \n")))
+    lm = _lm(tmp_path / "lm", chars)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "abc"}\n\n{"prompt": "abZ"}\n')
+    code, out, err = run_cli(capsys, "generate", lm, "--input", prompts, "-n", "2")
+    assert code == 2 and out == ""
+    assert one_error_line(err) == (f"txl: error: {prompts} line 3: text contains 1 character not in the char "
+                                   "vocabulary (1 distinct; first 'Z' at character 2); build the vocabulary from text "
+                                   "that includes them, or use tokenizer=byte")
+    # the sibling: summarize's JSON Lines documents say FILE line N too (their other keys are data: kept)
+    ft = _finetuned(tmp_path / "ft", chars)
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text('{"prompt": "abc", "module": "m"}\n{"prompt": "abYY", "kind": "function"}\n')
+    code, out, err = run_cli(capsys, "summarize", ft, docs, "-n", "2")
+    assert code == 2 and out == ""
+    assert one_error_line(err).startswith(f"txl: error: {docs} line 2: the prompt: text contains 2 characters not in "
+                                          "the char vocabulary (1 distinct; first 'Y' at character 2)")
+    docs.write_text('{"prompt": "abc", "module": "m"}\n["abc"]\n')
+    code, out, err = run_cli(capsys, "summarize", ft, docs, "-n", "2")
+    assert code == 2 and one_error_line(err) == (f'txl: error: {docs} line 2 must be a JSON object with a "prompt" '
+                                                 '(or "text") string')
+
+
+# --- word models: what generate prints is decode(prompt + sample) (B8) ----------------------------------------
+
+def _word_lm(folder):
+    from txl.data import WordTokenizer
+
+    return _lm(folder, WordTokenizer(["<unk>", "<eos>", "the", "king", "pursuit.", "caitiff"]))
+
+
+def test_generate_of_a_word_model_prints_the_decoded_prompt_and_sample(tmp_path, capsys, monkeypatch):
+    """The report: `--prompt "the king"` printed "the kingpursuit. caitiff": the prompt's <eos> was lost."""
+    import txl.generation
+
+    lm = _word_lm(tmp_path / "word")
+    from txl.training.checkpoint import load_checkpoint
+
+    tok = load_checkpoint(lm).tokenizer
+    sample = [4, 5, 1, 2]  # pursuit. caitiff <eos> the
+
+    def fake_stream(model, ids, n, **kw):
+        for i in sample[:n]:
+            yield torch.tensor([i])
+
+    monkeypatch.setattr(txl.generation, "generate_stream", fake_stream)
+    for prompt in ("the king", "the KING"):  # the sibling: an unknown word is printed as the model read it
+        code, out, err = run_cli(capsys, "generate", lm, "--prompt", prompt, "-n", "4", "--seed", "1")
+        assert code == 0, err
+        assert out == tok.decode([*tok.encode(prompt).tolist(), *sample]) + "\n"
+    assert out == "the <unk>\npursuit. caitiff\nthe\n"
+
+    def fake_beams(model, tokenizer, ids, **kw):  # the beam path prints what the stream would
+        return [tokenizer.decode(sample[:2])]
+
+    monkeypatch.setattr(txl.generation, "continue_texts", fake_beams)
+    code, out, err = run_cli(capsys, "generate", lm, "--prompt", "the king", "-n", "2", "--num-beams", "2")
+    assert code == 0 and out == "the king\npursuit. caitiff\n"
+
+
+# --- usage errors name the command's help (B9) -----------------------------------------------------------------
+
+def test_unknown_arguments_point_to_the_commands_own_help(tmp_path, capsys):
+    for argv, prog, extra in ((["eval", tmp_path, "extra"], "txl eval", "extra"),
+                              (["serve", tmp_path, "--bogus"], "txl serve", "--bogus"),
+                              (["classify", "train", tmp_path, "--data", "d", "--out", "o", "--bogus"],
+                               "txl classify train", "--bogus")):
+        code, out, err = run_cli(capsys, *argv)
+        assert code == 2 and one_error_line(err) == f"txl: error: unrecognized arguments: {extra} (see: {prog} --help)"
+    code, out, err = run_cli(capsys, "--bogus")  # before any command: the root's help
+    assert code == 2 and one_error_line(err).endswith("(see: txl --help)")
+
+
+# --- counts in messages take the noun's number (B11) ------------------------------------------------------------
+
+def test_counts_in_messages_are_singular_for_one(tmp_path, capsys):
+    from txl.errors import counted
+
+    chars = CharTokenizer(["a", "b"])
+    for text, expect in (("az", "text contains 1 character not in the char vocabulary (1 distinct; first 'z' at "
+                                "character 1)"),
+                         ("azy", "text contains 2 characters not in the char vocabulary (2 distinct;")):
+        with pytest.raises(TxlError) as err:
+            chars.encode(text)
+        assert str(err.value).startswith(expect)
+    assert (counted(1, "run"), counted(0, "run"), counted(13733, "token"), counted(2, "entry", "entries")) == \
+        ("1 run", "0 runs", "13,733 tokens", "2 entries")
+    code, out, err = run_cli(capsys, "plot", tmp_path / "a", tmp_path / "b", "--labels", "x")  # the sibling
+    assert code == 2 and one_error_line(err) == "txl: error: --labels gives 1 label for 2 runs"

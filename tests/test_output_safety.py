@@ -148,6 +148,33 @@ def test_claim_refusals_change_nothing(tmp_path):
     assert not list(tmp_path.glob(f".*{LOCK_SUFFIX}")) and not (tmp_path / "missing").exists()
 
 
+def test_a_folder_that_must_be_new_or_empty_is_refused_by_one_rule(tmp_path):
+    from txl.training.runlog import check_new_run_folder
+
+    full = tmp_path / "full"
+    (full / "sub").mkdir(parents=True)
+    for name in ("e.txt", "a.txt", "d.txt", "c.txt"):
+        (full / name).write_text("keep")
+    listing = "a.txt, c.txt, d.txt, e.txt and 1 more"  # sorted, folders marked, four shown
+    with pytest.raises(TxlError) as err:
+        claim_folder(full, flag="DST", empty=True)
+    assert str(err.value) == (f"DST {full} already exists and is not empty ({listing}); choose a new or empty "
+                              "folder (nothing was changed)")
+    with pytest.raises(TxlError) as err:  # the training run's folder: the same rule, its own advice
+        check_new_run_folder(full)
+    assert str(err.value) == (f"{full} is not empty ({listing}) and is not a txl run; a new run needs a new or empty "
+                              "folder, and txl never overwrites files it did not write: choose another train.out_dir "
+                              "(--out)")
+    assert sorted(p.name for p in full.iterdir()) == ["a.txt", "c.txt", "d.txt", "e.txt", "sub"]
+    assert not list(tmp_path.glob(f".*{LOCK_SUFFIX}"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    check_new_run_folder(empty)  # new or empty: both pass
+    check_new_run_folder(tmp_path / "new")
+    with claim_folder(empty, empty=True) as claim:
+        assert claim.held and not claim.created
+
+
 # --- the output check helper -------------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -178,6 +205,12 @@ def expected_refusal(root: Path, rel: str, force: bool) -> str | None:
     real = Path(os.path.realpath(path))
     if path.is_dir():
         return "is a folder"
+    folder = os.path.dirname(path)  # as the kernel reads it: it must be an existing folder
+    if not os.path.isdir(folder):
+        above = folder
+        while not os.path.exists(above):
+            above = os.path.dirname(above)
+        return "is a file, not a folder" if not os.path.isdir(above) else "does not exist; create it first"
     if real.exists() and any(real.samefile(i) for i in (root / "in.txt", root / "docs" / "a.txt")):
         return "txl never writes over its inputs"
     if real == root / "in.txt" or real == root / "docs" / "a.txt":

@@ -173,3 +173,92 @@ def test_checkpoint_files_agree_on_the_schedule_span(tmp_path, corpus):
         assert (config["tgt_len"], config["mem_len"]) == (model_section["tgt_len"], model_section["mem_len"]) == (6, 5)
         loaded = load_checkpoint(folder).model.config
         assert (loaded.tgt_len, loaded.mem_len) == (6, 5)
+
+
+# --- an accepted config change is the run's config from then on; "already complete" without best/ ----------------
+
+QUICK = [a for a in ARGS if not a.startswith(("train.max_steps", "train.eval_interval", "train.tgt_len_schedule",
+                                              "train.varlen"))]
+
+
+def stop_during(monkeypatch, steps):
+    """SIGINT (as SIGTERM would) arrives during each step of ``steps``: the loop finishes it, writes last/, stops."""
+    import os
+    import signal
+
+    real_lr = loop.learning_rate
+
+    def learning_rate(step, **kw):
+        if step in steps:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_lr(step, **kw)
+
+    monkeypatch.setattr(loop, "learning_rate", learning_rate)
+
+
+def lr_column(run_dir):
+    return {int(r["step"]): float(r["lr"]) for r in csv.DictReader(open(run_dir / "metrics.csv")) if r["lr"]}
+
+
+def test_an_allowed_config_change_holds_at_the_next_plain_resume(tmp_path, corpus, capsys, monkeypatch):
+    """The report: lr 3e-3, resumed with lr 1e-4 (accepted), then a plain --resume went back to 3e-3."""
+    run = tmp_path / "r9"
+    stop_during(monkeypatch, {3, 6, 8})
+    assert main(["train", str(corpus), "--tokenizer", "char", "--out", str(run), "-q",
+                 f"data.cache_dir={tmp_path / 'c'}", *QUICK, "train.max_steps=100000", "train.eval_interval=1000",
+                 "train.lr=3e-3"]) == 130
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "-q", "--allow-config-change", "train.lr=1e-4",
+                 "train.min_lr=1e-4"]) == 130
+    err = capsys.readouterr().err
+    assert (f"the run's config from now on (written to {run / 'run.json'}): train.lr 0.003 -> 0.0001, "
+            "train.min_lr 0.0002 -> 0.0001\n") in err
+    saved = json.loads((run / "run.json").read_text())
+    assert (saved["train"]["lr"], saved["train"]["min_lr"], saved["train"]["out_dir"]) == (1e-4, 1e-4, str(run))
+    assert main(["train", "--resume", str(run), "-q"]) == 130  # plain: the changed config holds
+    assert "the run's config from now on" not in capsys.readouterr().err  # nothing changed this time
+    lrs = lr_column(run)
+    assert sorted(lrs) == list(range(1, 9))
+    assert lrs[3] == pytest.approx(3e-3 * 3 / 5) and lrs[7] == lrs[8] == 1e-4
+    assert json.loads((run / "last" / "run.json").read_text())["train"]["lr"] == 1e-4
+
+
+def test_already_complete_without_best_uses_last_and_holds_at_the_next_resume(tmp_path, corpus, capsys, monkeypatch):
+    """The report: stopped at step 3 before its first validation (no best/), then resumed with a max_steps it
+    had passed: "best does not exist". The sibling: the lowered train.max_steps holds at the next plain resume."""
+    run = tmp_path / "r10"
+    stop_during(monkeypatch, {3})
+    assert main(["train", str(corpus), "--tokenizer", "char", "--out", str(run), "-q",
+                 f"data.cache_dir={tmp_path / 'c'}", *QUICK, "train.max_steps=145", "train.eval_interval=1000"]) == 130
+    assert not (run / "best").exists()
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "-q", "--allow-config-change", "train.max_steps=2"]) == 0
+    out, err = capsys.readouterr()
+    assert "error" not in err
+    lines = out.splitlines()
+    assert lines[0] == f"{run} is already complete at step 3 (train.max_steps=2); nothing was trained"
+    assert lines[1].startswith("final, last/ on the whole valid split ") and lines[2] == f"checkpoint: {run / 'last'}"
+    assert main(["train", "--resume", str(run), "-q"]) == 0  # the plain resume trains nothing either
+    assert capsys.readouterr().out.startswith(f"{run} is already complete at step 3 (train.max_steps=2); nothing to "
+                                              "train.")
+    assert json.loads((run / "last" / "state.json").read_text())["step"] == 3 and max(lr_column(run)) == 3
+
+
+def test_finetune_resume_keeps_an_accepted_change_too(tmp_path, capsys, monkeypatch):
+    """Sibling: txl finetune --resume (the same loop, its own CLI check) with a lowered train.max_steps."""
+    from test_run_folders import make_lm, write_pairs
+
+    lm, pairs, run = make_lm(tmp_path / "lm"), write_pairs(tmp_path / "pairs.jsonl", n=12), tmp_path / "ft"
+    stop_during(monkeypatch, {2})
+    assert main(["finetune", "--init", str(lm), "--data", str(pairs), "--out", str(run), "-q", "train.max_steps=50",
+                 "train.eval_interval=100", "train.sample_tokens=0", "--batch-size", "2"]) == 130
+    capsys.readouterr()
+    assert main(["finetune", "--resume", str(run), "-q", "--allow-config-change", "train.max_steps=1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{run} is already complete at step 2 (train.max_steps=1); nothing was trained\n"
+                          "final, last/ on the whole valid split")
+    assert json.loads((run / "run.json").read_text())["train"]["max_steps"] == 1
+    assert main(["finetune", "--resume", str(run), "-q"]) == 0
+    assert capsys.readouterr().out.startswith(f"{run} is already complete at step 2 (train.max_steps=1); nothing to "
+                                              "train.")
+    assert json.loads((run / "last" / "state.json").read_text())["step"] == 2

@@ -329,3 +329,31 @@ def test_finetune_validation_lines_count_completion_tokens(tmp_path, capsys):
     tokens = len(valid[0]["completion"].encode()) + 1  # its bytes and the end marker
     assert "step 2: valid bpb " in err and f" ({tokens} completion tokens of 1 pairs, tgt_len 8, mem_len 8)" in err
     assert "final, best/ on the whole valid split at the [eval] span: valid bpb " in out
+
+
+def test_a_kill_while_metrics_csv_is_trimmed_on_resume_keeps_its_rows(tmp_path, monkeypatch):
+    """Sibling of the lost row: resuming rewrites metrics.csv without the rows after the checkpoint; a kill
+    during that rewrite must leave the old file whole (it is written aside, then renamed)."""
+    import csv
+
+    from txl.training import runlog
+
+    path = tmp_path / "metrics.csv"
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=runlog.METRIC_FIELDS)
+        w.writeheader()
+        w.writerows({"step": s, "train_loss": 1.0 / s} for s in range(1, 6))
+    before = path.read_bytes()
+
+    def killed(self, rows):
+        raise KeyboardInterrupt  # the kill arrives while the kept rows are written
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", killed)
+    with pytest.raises(KeyboardInterrupt):
+        runlog.open_metrics(path, 3)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["metrics.csv"]
+    monkeypatch.undo()
+    f, writer = runlog.open_metrics(path, 3)
+    writer.writerow({"step": 4, "train_loss": 0.5})
+    f.close()
+    assert [r["step"] for r in csv.DictReader(open(path, encoding="utf-8"))] == ["1", "2", "3", "4"]

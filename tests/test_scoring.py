@@ -197,6 +197,7 @@ def test_cli_jsonl_and_tsv_outputs(checkpoint, inputs, tmp_path, capsys):
         assert row["logprob"] == pytest.approx(s.total, abs=1e-5)
 
     out_file = tmp_path / "out" / "scores.tsv"
+    out_file.parent.mkdir()  # the folder of an output file must exist: txl creates none for it
     code, out, err = run_cli(capsys, "score", checkpoint, *files, "--format", "tsv", "--output", out_file)  # hidden old spelling
     assert code == 0 and out == "", err
     with open(out_file, newline="", encoding="utf-8") as f:
@@ -242,7 +243,7 @@ def test_cli_byte_checkpoint_scores_any_bytes(tmp_path, capsys):
     (lambda d, c: [d / "empty.jsonl"], "empty.jsonl:1 is empty"),
     (lambda d, c: [d / "bad.jsonl"], "bad.jsonl:2 must be a JSON object"),
     (lambda d, c: [d / "binary.txt"], "not UTF-8"),
-    (lambda d, c: [d / "unknown.txt"], "unknown.txt: text contains 1 characters not in the char vocabulary"),
+    (lambda d, c: [d / "unknown.txt"], "unknown.txt: text contains 1 character not in the char vocabulary"),
     (lambda d, c: [d / "ok.txt", "--batch-size", "0"], "--batch-size must be >= 1"),
     (lambda d, c: [d / "ok.txt", "--mem-len", "-1"], "--mem-len must be >= 0"),
     (lambda d, c: [d / "ok.txt", "--checkpoint", d], "not a txl checkpoint"),  # the hidden option wins

@@ -139,6 +139,40 @@ def test_train_says_its_threads_and_takes_them_from_the_flag_or_the_config(tmp_p
     assert not (tmp_path / "d").exists()
 
 
+def test_a_resumed_run_keeps_the_thread_count_it_recorded_whatever_the_load(tmp_path, capsys, machine, corpus,
+                                                                             monkeypatch):
+    """An automatic choice follows the load; a resumed run takes the count its checkpoint recorded, since another
+    count changes the losses in their last digits."""
+    base = ["train", corpus, "--tokenizer", "char", "-q", f"data.cache_dir={tmp_path / 'cache'}", *TINY]
+    monkeypatch.setattr(txl.runtime, "load_average", lambda: 0.0)  # an idle machine: 2 threads
+    monkeypatch.setattr(txl.runtime, "busy_now", lambda: 0.0)
+    code, out, err = run_cli(capsys, *base, "--out", tmp_path / "a")
+    assert code == 0 and "; threads 2 (2 CPUs, load 0.0, busy now 0.0)\n" in err, err
+    assert json.loads((tmp_path / "a" / "last" / "state.json").read_text())["threads"] == 2
+    monkeypatch.setattr(txl.runtime, "load_average", lambda: 1.3)  # busy now: a new run would take 1
+    code, out, err = run_cli(capsys, "train", "--resume", tmp_path / "a", "-q", "--allow-config-change",
+                             "train.max_steps=3")
+    assert code == 0 and "; threads 2 (as recorded by the run; 2 CPUs, load 1.3)\n" in err, err
+    code, out, err = run_cli(capsys, "train", "--resume", tmp_path / "a", "-q", "--threads", "1",
+                             "--allow-config-change", "train.max_steps=4")
+    assert code == 0 and "; threads 1 (train.threads; 2 CPUs, load 1.3)\n" in err, err  # a given count wins
+    assert json.loads((tmp_path / "a" / "last" / "state.json").read_text())["threads"] == 1
+
+
+def test_ablate_chooses_the_threads_once_for_every_variant(tmp_path, capsys, machine, monkeypatch):
+    import txl.analysis.ablation
+
+    seen = []
+
+    def stop(base, *args, **kwargs):
+        seen.append(base.train.threads)
+        raise TxlError("stopped before training")
+
+    monkeypatch.setattr(txl.analysis.ablation, "run_ablation", stop)
+    code, _, err = run_cli(capsys, "ablate", "--out", tmp_path / "ab")
+    assert code == 2 and seen == [1], err  # a fixed count in the base config, not 0 (automatic per variant)
+
+
 def test_ranks_share_the_free_cpus_and_the_launcher_keeps_its_own_setting(monkeypatch):
     import torch.distributed.run
 
@@ -243,6 +277,28 @@ def test_checksums_naming_a_file_outside_the_checkpoint_are_refused_unread(tmp_p
     assert code == 2 and f"names {name!r}, which is not a file name inside" in one_error_line(err)
 
 
+@pytest.mark.parametrize("name", ["model.safetensors", "vocab.json", "checksums.json"])
+def test_a_checkpoint_file_that_is_a_symbolic_link_is_refused_unread(tmp_path, capsys, monkeypatch, name):
+    ckpt = make_checkpoint(tmp_path / "ckpt")
+    outside = tmp_path / f"outside-{name}"  # the very same bytes, so only the link itself can be refused
+    outside.write_bytes((ckpt / name).read_bytes())
+    (ckpt / name).unlink()
+    (ckpt / name).symlink_to(outside)
+    hashed = []
+    real = txl.training.checkpoint._sha256
+    monkeypatch.setattr(txl.training.checkpoint, "_sha256", lambda path: (hashed.append(Path(path)), real(path))[1])
+    message = (f"checkpoint {ckpt} holds {name} as a symbolic link; txl reads only the checkpoint's own files (a "
+               "link can lead anywhere): replace the link with the file itself")
+    with pytest.raises(TxlError, match=re.escape(message)):
+        load_checkpoint(ckpt)
+    assert hashed == []  # refused before the first file was read
+    code, out, err = run_cli(capsys, "generate", ckpt, "-n", "1")
+    assert code == 2 and one_error_line(err) == f"txl: error: {message}"
+    (ckpt / name).unlink()  # the file itself in its place: the same checkpoint loads
+    (ckpt / name).write_bytes(outside.read_bytes())
+    assert load_checkpoint(ckpt).state["step"] == 3 and len(hashed) == 5
+
+
 def test_a_prepared_dataset_naming_files_outside_its_folder_is_refused(tmp_path):
     from txl.data.corpus import load_corpus
     from txl.data.datasets import FORMAT
@@ -322,6 +378,24 @@ def test_added_tokens_only_in_added_tokens_json_are_read_too(tmp_path):
                                                        "sym2idx": collections.OrderedDict()}))
     (tmp_path / "added_tokens.json").write_text(json.dumps({"<b>": 38, "<a>": 37}))
     assert read_hf_vocab(tmp_path / "vocab.pkl").words == SYMBOLS + ["<a>", "<b>"]
+
+
+@pytest.mark.parametrize("added_tokens, decoder, message", [
+    ({"<a>": 37}, {"37": {"content": "<b>"}}, "the added tokens give id 37 two texts, '<a>' and '<b>'"),
+    ({}, {"x7": {"content": "<a>"}}, "an added token must be text at an integer id >= 0, got '<a>' at 'x7'"),
+    ({"<a>": "37"}, {}, "an added token must be text at an integer id >= 0, got '<a>' at '37'"),
+    ({"<a>": 37}, {"38": {"content": 5}}, "an added token must be text at an integer id >= 0, got 5 at 38"),
+])
+def test_added_tokens_of_the_saved_json_files_are_checked_as_the_pickled_ones(tmp_path, added_tokens, decoder,
+                                                                               message):
+    from txl.convert.commands import read_hf_vocab
+
+    (tmp_path / "vocab.pkl").write_bytes(pickle.dumps({"idx2sym": SYMBOLS}))
+    (tmp_path / "added_tokens.json").write_text(json.dumps(added_tokens))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"added_tokens_decoder": decoder}))
+    with pytest.raises(TxlError) as err:
+        read_hf_vocab(tmp_path / "vocab.pkl")
+    assert str(err.value) == f"{tmp_path / 'vocab.pkl'}: {message}"
 
 
 @pytest.mark.parametrize("tables, message", [

@@ -3,6 +3,10 @@
 :func:`check_fields` checks the fields of every config: the model, run, classifier and conversion configs all
 validate their keys and value types through it. The sections here are plain dataclasses; a whole run
 (these sections plus the model) is :class:`txl.training.config.RunConfig`.
+
+The value checks that commands run before torch is imported live here too, torch-free: the split
+fractions (:func:`check_split`) and the sampling and decoding settings (:func:`check_sampling`,
+:func:`check_decoding`, which the generation functions run again for library callers).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import numbers
 import types
 import typing
 from dataclasses import dataclass, field
@@ -95,19 +100,55 @@ def _coerce(hint: Any, value: Any, name: str) -> Any:
     return value
 
 
-def check_split(fractions: typing.Sequence[float], name: str, train_needed: bool = False) -> None:
-    """``fractions`` are train/valid/test fractions: three finite numbers >= 0 summing to 1 (and, with
-    ``train_needed``, a train fraction > 0).
+def check_split(fractions: typing.Sequence[float], name: str, train_needed: bool = False) -> tuple[float, float, float]:
+    """``fractions`` are train/valid/test fractions: three finite numbers >= 0 summing to 1 (within
+    1e-6; and, with ``train_needed``, a train fraction > 0). The one check of split fractions: the
+    config, the command line and the data layer (:func:`txl.data.corpus.split_tokens`) call it.
+
+    Returns:
+        The three fractions as floats.
 
     Raises:
         TxlError: naming ``name`` (``data.split``, ``--split``) and the values given.
     """
-    good = len(fractions) == 3 and all(isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f)
-                                       and f >= 0 for f in fractions)
-    if not good or abs(sum(fractions) - 1) > 1e-6 or (train_needed and not fractions[0] > 0):
-        shown = ",".join(f"{f:g}" if isinstance(f, (int, float)) else repr(f) for f in fractions)
+    try:
+        values = list(fractions)
+    except TypeError:  # not a sequence at all
+        values = [fractions]
+    number = [isinstance(f, numbers.Real) and not isinstance(f, bool) for f in values]
+    good = len(values) == 3 and all(number) and all(math.isfinite(f) and f >= 0 for f in values)
+    if not good or abs(sum(values) - 1) > 1e-6 or (train_needed and not values[0] > 0):
+        shown = ",".join(f"{f:g}" if ok else repr(f) for f, ok in zip(values, number))
         raise TxlError(f"{name} must be three finite fractions >= 0 summing to 1 (train, valid, test"
                        f"{'; train > 0' if train_needed else ''}), got {shown}")
+    return float(values[0]), float(values[1]), float(values[2])
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Raise :class:`TxlError` for a temperature that is not a finite number >= 0, top_k < 1 or top_p
+    outside (0, 1]."""
+    if not temperature >= 0 or temperature == float("inf"):  # also catches NaN
+        raise TxlError(f"temperature must be a finite number >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise TxlError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise TxlError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def check_decoding(repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0, min_new_tokens: int = 0,
+                   length_penalty: float = 1.0) -> None:
+    """Raise :class:`TxlError` for a repetition penalty that is not a finite number > 0, a negative
+    ``no_repeat_ngram_size`` or ``min_new_tokens``, or a beam-search ``length_penalty`` that is not a
+    finite number (NaN would make every finished hypothesis score NaN, inf make them all 0 or inf)."""
+    if not 0 < repetition_penalty < float("inf"):
+        raise TxlError(f"repetition_penalty must be a finite number > 0 (1: none), got {repetition_penalty}")
+    if no_repeat_ngram_size < 0:
+        raise TxlError(f"no_repeat_ngram_size must be >= 0 (0: off), got {no_repeat_ngram_size}")
+    if min_new_tokens < 0:
+        raise TxlError(f"min_new_tokens must be >= 0, got {min_new_tokens}")
+    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or \
+            not math.isfinite(length_penalty):
+        raise TxlError(f"length_penalty must be a finite number (1: log-prob per token), got {length_penalty!r}")
 
 
 #: Label of a position that is not scored (context, padding): the value data, model, training and
@@ -118,6 +159,9 @@ TOKENIZERS = ("byte", "char", "word", "bpe")
 NORMALIZE = ("none", "wikitext")
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_THREADS = 1024  # CPU threads (train.threads, --threads): more than this is taken for a typing error
+# every seed (train.seed, each command's --seed) lies in [0, SEED_LIMIT): what all of python's, numpy's
+# (np.random.seed: 32 bits) and torch's seeding accept
+SEED_LIMIT = 2**32
 
 
 @dataclass
@@ -200,7 +244,7 @@ class TrainConfig:
         keep_last: ``last`` checkpoints kept (``last/``, then ``last.<step>/``): a corrupt newest one
             falls back to the one before.
         deterministic: ``torch.use_deterministic_algorithms(True)`` (bit-identical reruns on GPU too,
-            at some speed cost; CPU runs are deterministic anyway).
+            at some speed cost; CPU runs are deterministic at a given thread count).
     """
 
     out_dir: str = "runs/default"
@@ -235,8 +279,8 @@ class TrainConfig:
                      "keep_last"):
             if getattr(self, name) < 1:
                 raise TxlError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.seed < 2**32:
-            raise TxlError(f"train.seed must be in [0, 2**32), got {self.seed}")
+        if not 0 <= self.seed < SEED_LIMIT:
+            raise TxlError(f"train.seed must be in [0, 2**32), got {self.seed}")  # 2**32: SEED_LIMIT
         if not math.isfinite(self.lr) or not math.isfinite(self.clip) or not math.isfinite(self.weight_decay):
             raise TxlError("train.lr, train.clip and train.weight_decay must be finite numbers")
         if not self.lr > 0 or self.min_lr < 0 or self.min_lr > self.lr:

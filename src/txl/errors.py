@@ -11,3 +11,10 @@ class TxlError(ValueError):
 
     Subclasses :class:`ValueError`, so library callers may catch either.
     """
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and the noun in the number it takes, for messages: ``counted(1, "character")`` is
+    ``"1 character"``, ``counted(2, "character")`` is ``"2 characters"`` (``plural`` for irregular nouns:
+    ``counted(3, "entry", "entries")``). ``n`` is shown with thousands separators (``"13,733 tokens"``)."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"

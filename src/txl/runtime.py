@@ -184,18 +184,23 @@ def choose_threads(requested: int | None, *, cpus: int, load: float | None, onli
     return threads, f"threads {threads} ({seen})"
 
 
-def set_threads(requested: int | None = None, flag: str = "--threads") -> str:
+def set_threads(requested: int | None = None, flag: str = "--threads", keep: int | None = None) -> str:
     """Set torch's intra-op threads by :func:`choose_threads` for this machine now (its CPUs, load, the
     threads busy now when the choice is automatic, and ``OMP_NUM_THREADS``); returns the text for the
     command's start line (``"threads 1 (2 CPUs, load 1.3, busy now 1.0)"``).
+
+    ``keep`` (a count recorded earlier, e.g. by the run being resumed) replaces the automatic choice:
+    another thread count changes float results in their last digits, so a resumed run keeps its own.
 
     Raises:
         TxlError: as :func:`choose_threads`.
     """
     env = os.environ.get("OMP_NUM_THREADS")
     automatic = not requested and _env_threads(env) is None
+    if automatic and keep:
+        requested, flag = keep, "as recorded by the run"
     threads, text = choose_threads(requested, cpus=usable_cpus(), load=load_average(), online=os.cpu_count(),
-                                   env=env, now=busy_now() if automatic else None, flag=flag)
+                                   env=env, now=busy_now() if automatic and not keep else None, flag=flag)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     return text

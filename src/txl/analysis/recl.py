@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from txl.errors import TxlError
+from txl.errors import TxlError, counted
 
 THRESHOLD = 0.01
 RATIOS = (0.1, 0.5, 1.0)
@@ -293,7 +293,8 @@ def scored_positions(n_tokens: int, max_context: int, n_positions: int) -> np.nd
     """
     available = n_tokens - max_context
     if available < 1:
-        raise TxlError(f"the text has {n_tokens} tokens: RECL needs more than the longest context ({max_context})")
+        raise TxlError(f"the text has {counted(n_tokens, 'token')}: RECL needs more than the longest context "
+                       f"({max_context})")
     if n_positions <= 0 or n_positions >= available:
         return np.arange(max_context, n_tokens)
     return np.unique(np.linspace(max_context, n_tokens - 1, n_positions).round().astype(np.int64))

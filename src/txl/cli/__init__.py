@@ -20,7 +20,8 @@ import sys
 import textwrap
 import threading
 
-from txl.cli.common import check_threads, print_notes, visible_flags
+from txl.cli.checks import check_shared_flags
+from txl.cli.common import print_notes, visible_flags
 from txl.errors import TxlError
 
 # torch and numpy are imported inside the commands, so that Ctrl-C during start-up or a usage
@@ -60,7 +61,8 @@ def _add_command(subparsers, spec, path: tuple[str, ...]) -> None:
             _add_command(sub, child, path + (spec.NAME,))
     else:
         spec.add_arguments(p)
-        p.set_defaults(_run=spec.run, _flags=visible_flags(p))
+        # _prog: the command whose --help a usage error found after parsing names
+        p.set_defaults(_run=spec.run, _flags=visible_flags(p), _prog=p.prog)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,14 +135,15 @@ def _main(argv: list[str] | None) -> int:
             # here and joins the list the command names in ``_more``
             more = getattr(args, "_more", None)
             unknown = [e for e in extra if e.startswith("-") or more is None]
-            if unknown:
-                parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+            if unknown:  # said by the command's own parser: `(see: txl eval --help)`
+                command = all_parsers(parser).get(getattr(args, "_prog", None), parser)
+                command.error(f"unrecognized arguments: {' '.join(unknown)}")
         except SystemExit as exit_:  # usage errors (one line already printed), --help, --version
             return int(exit_.code or 0)
         if extra:
             setattr(args, more, getattr(args, more) + extra)
         args._argv = argv
-        check_threads(args)  # --threads of any command, before torch is imported
+        check_shared_flags(args)  # --threads, span flags and --seed of any command, before torch is imported
         code = args._run(args)
         print_notes(args)  # a command that loaded a checkpoint but never said so
         return code

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from txl.cli.common import add_data, add_threads, check_exists, check_range, finite_float, parse_ints
+from txl.cli.checks import check_exists, check_range, finite_float, parse_ints
+from txl.cli.common import add_data, add_threads
 from txl.errors import TxlError
 
 NAME = "ablate"
@@ -61,6 +62,12 @@ def run(args: argparse.Namespace) -> int:
         base = default_base()
     if args.threads is not None:
         base.train.threads = args.threads
+    if not base.train.threads:  # chosen once from the machine now: every variant trains on the same count
+        from txl.runtime import set_threads
+        import torch
+
+        set_threads(None)  # each variant's "model:" line says it: threads N (train.threads; ...)
+        base.train.threads = torch.get_num_threads()
     log = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     results = run_ablation(base, args.data, args.out, budget_tokens=args.budget_tokens,
                            budget_minutes=args.budget_minutes, lengths=lengths, eval_tokens=args.eval_tokens,

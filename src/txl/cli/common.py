@@ -1,4 +1,6 @@
-"""What every ``txl`` command shares: the flags defined once, and loading a checkpoint.
+"""What every ``txl`` command shares: the flags defined once, loading a checkpoint, and writing the result
+(``--json``, the start-line notes). The checks of the arguments, run before any work, are in
+:mod:`txl.cli.checks`.
 
 The grammar (see docs/cli.md): long flags are spelled with hyphens; the older underscore spellings
 (``--tgt_len``) are accepted as hidden aliases, never shown by ``--help``. The checkpoint is always
@@ -12,15 +14,11 @@ not need it.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import math
-import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from txl.config import MAX_THREADS
 from txl.errors import TxlError
 
 DTYPES = ("float32", "bfloat16", "float16")  # the same as txl.runtime.DTYPES, without importing torch
@@ -71,18 +69,6 @@ def add_threads(parser: argparse.ArgumentParser, default_text: str = "automatic"
     parser.add_argument("--threads", type=int, default=None, metavar="N",
                         help=f"CPU threads for torch (default: {default_text}; 0 or unset: OMP_NUM_THREADS if set, "
                              "else the CPUs this process may use less those busy with other work, at least 1)")
-
-
-def check_threads(args: argparse.Namespace) -> None:
-    """A given ``--threads`` lies in ``[0, MAX_THREADS]`` (checked before torch is imported).
-
-    Raises:
-        TxlError: naming the flag and the value.
-    """
-    value = getattr(args, "threads", None)
-    if value is not None and not 0 <= value <= MAX_THREADS:
-        raise TxlError(f"{flag_name(args, 'threads')} must be from 0 (automatic: the free CPUs) to {MAX_THREADS}, "
-                       f"got {value}")
 
 
 def use_threads(args: argparse.Namespace) -> str:
@@ -211,18 +197,6 @@ def checkpoint_arg(args: argparse.Namespace, rest: str | None = None) -> str:
     return option
 
 
-def check_range(args: argparse.Namespace, minimum: int, *names: str) -> None:
-    """Every given (not None) option among ``names`` is >= ``minimum``.
-
-    Raises:
-        TxlError: naming the flag as the user spelled it in the documented grammar (``--tgt-len``).
-    """
-    for name in names:
-        value = getattr(args, name, None)
-        if value is not None and value < minimum:
-            raise TxlError(f"{flag_name(args, name)} must be >= {minimum}, got {value}")
-
-
 def flag_name(args: argparse.Namespace, dest: str) -> str:
     """The flag that sets ``dest`` as ``--help`` shows it, short form included (``-n/--max-new-tokens``).
 
@@ -240,118 +214,6 @@ def visible_flags(parser: argparse.ArgumentParser) -> dict[str, str]:
         if action.option_strings and action.help is not argparse.SUPPRESS and action.dest not in found:
             found[action.dest] = "/".join(sorted(action.option_strings, key=lambda o: o.startswith("--")))
     return found
-
-
-def finite_float(text: str) -> float:
-    """The argparse ``type`` of every float flag: a finite number (``nan``, ``inf`` and ``-inf`` are refused).
-
-    Raises:
-        argparse.ArgumentTypeError: not a number, or not finite (argparse reports it as one
-            ``txl: error: argument --flag: ...`` line).
-    """
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
-    return value
-
-
-def finite_floats(count: int | None = None) -> Callable[[str], list[float]]:
-    """An argparse ``type`` for comma-separated finite numbers (``0.8,0.1,0.1``), exactly ``count`` of
-    them when given; each is read by :func:`finite_float`."""
-
-    def parse(text: str) -> list[float]:
-        items = [item.strip() for item in text.split(",")]
-        if count is not None and len(items) != count:
-            raise argparse.ArgumentTypeError(f"must be {count} comma-separated numbers, got {text!r}")
-        try:
-            return [finite_float(item) for item in items]
-        except argparse.ArgumentTypeError as err:
-            raise argparse.ArgumentTypeError(f"{err} in {text!r}") from None
-
-    parse.__name__ = "finite_floats"
-    return parse
-
-
-def parse_ints(text: str, flag: str, minimum: int) -> list[int]:
-    """The comma-separated integers of a list flag (``--sweep-mem 0,128,256``), in the order given.
-
-    Raises:
-        TxlError: a value that is not an integer or is below ``minimum``, or no value at all
-            (naming ``flag``).
-    """
-    wanted = "positive integers" if minimum == 1 else f"integers >= {minimum}"
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise TxlError(f"{flag} needs comma-separated {wanted}, got {text!r}") from None
-    if not values or min(values) < minimum:
-        raise TxlError(f"{flag} needs comma-separated {wanted}, got {text!r}")
-    return values
-
-
-def check_exists(path: str | None, what: str, kind: str | None = None, hint: str = "") -> None:
-    """Refuse a missing input before anything heavy is imported or loaded (torch-free, one line).
-
-    Args:
-        path: the path as the user gave it; None passes.
-        what: how the message names it (``"checkpoint"``, ``"--data"``, ``"input"``).
-        kind: ``"file"`` or ``"folder"`` when it must be one of them; None: either.
-        hint: what to give instead, added to the message (``"give a run directory with metrics.csv"``).
-
-    Raises:
-        TxlError: ``{what} {path} does not exist``, or is a folder/file where the other is needed.
-    """
-    if path is None:
-        return
-    if not os.path.exists(path):
-        problem = "does not exist"
-    elif kind == "file" and os.path.isdir(path):
-        problem = "is not a file (it is a folder)"
-    elif kind == "folder" and not os.path.isdir(path):
-        problem = "is not a folder (it is a file)"
-    else:
-        return
-    raise TxlError(f"{what} {path} {problem}" + (f" ({hint})" if hint else ""))
-
-
-def check_checkpoint_path(path: str | None) -> None:
-    """The CHECKPOINT argument names an existing folder (checked before torch is imported; what is
-    inside is checked when it is loaded).
-
-    Raises:
-        TxlError: it does not exist or is a file.
-    """
-    check_exists(path, "checkpoint", kind="folder")
-
-
-def require_installed(*modules: str, message: str) -> None:
-    """Refuse, before any work, a command that needs an optional package which is not installed.
-
-    Only looks the modules up (``importlib.util.find_spec``); nothing is imported.
-
-    Raises:
-        TxlError: ``message`` (which says what to install) when one of ``modules`` is missing.
-    """
-    for name in modules:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):  # a stub in sys.modules (None, or without a spec)
-            found = False
-        if not found:
-            raise TxlError(message)
-
-
-def check_seed(seed: int | None, limit: int = 2**63) -> None:
-    """``seed`` is None or in ``[0, limit)``.
-
-    Raises:
-        TxlError: out of range.
-    """
-    if seed is not None and not 0 <= seed < limit:
-        raise TxlError(f"--seed must be in [0, 2**{limit.bit_length() - 1}), got {seed}")
 
 
 def pick(cli: Any, config: Any) -> Any:
@@ -421,7 +283,7 @@ def slow_dtype_warning(device, dtype: str | None) -> str | None:
 def emit_json(destination: str, obj: Any, force: bool = False) -> None:
     """``--json`` output: one line of JSON on stdout for ``-``, else an indented JSON file, written atomically.
 
-    The file replaces an existing one only with ``force`` (check it first with :func:`check_output`).
+    The file replaces an existing one only with ``force`` (check it first with :func:`txl.cli.checks.check_output`).
 
     Raises:
         TxlError: without ``force``, a file that exists at ``destination`` (left as it was).
@@ -432,28 +294,13 @@ def emit_json(destination: str, obj: Any, force: bool = False) -> None:
     else:
         from txl.fileio import write_json
 
-        write_json(destination, obj, overwrite=force)
+        write_json(destination, obj, overwrite=force, make_parents=False)  # its folder was checked to exist
 
 
 def add_force(parser: argparse.ArgumentParser) -> None:
     """``--force``: replace an existing output file (never an input, nor a file in a checkpoint or run folder)."""
     parser.add_argument("--force", action="store_true",
                         help="replace an existing output file (inputs and checkpoint or run folders are never written)")
-
-
-def check_output(args: argparse.Namespace, path: str | None, inputs=(), flag: str = "--out") -> None:
-    """Refuse the user-named output file ``path`` before any work (:func:`txl.fileio.check_output_path`
-    with ``args.force``); ``None`` and ``-`` (stdout) pass.
-
-    Raises:
-        TxlError: ``path`` is a folder, one of ``inputs`` or inside an input folder, inside a checkpoint
-            or run folder, or an existing file without ``--force``.
-    """
-    if path is None or path == "-":
-        return
-    from txl.fileio import check_output_path
-
-    check_output_path(path, inputs, force=getattr(args, "force", False), flag=flag)
 
 
 def human_stream(args: argparse.Namespace):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from txl.cli.common import Command, check_checkpoint_path, check_exists
+from txl.cli.checks import check_checkpoint_path, check_exists
+from txl.cli.common import Command
 
 NAME = "convert"
 HELP = "convert Hugging Face TransfoXL checkpoints to txl and back"

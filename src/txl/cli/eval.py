@@ -7,10 +7,11 @@ import argparse
 import os
 from pathlib import Path
 
-from txl.cli.common import (add_batch_size, add_checkpoint_name, add_data, add_device, add_dtype, add_force,
-                            add_json, add_option, add_seed, add_span, check_output, check_range, check_seed,
-                            check_checkpoint_path, check_exists, emit_json, finite_float, human_stream,
-                            load_checkpoint, parse_ints, pick, print_notes, span_args, underscore)
+from txl.cli.checks import (check_output, check_range, check_seed, check_checkpoint_path, check_exists, finite_float,
+                            parse_ints)
+from txl.cli.common import (add_batch_size, add_checkpoint_name, add_data, add_device, add_dtype, add_force, add_json,
+                            add_option, add_seed, add_span, emit_json, human_stream, load_checkpoint, pick, print_notes,
+                            span_args, underscore)
 from txl.errors import TxlError
 
 NAME = "eval"
@@ -67,7 +68,7 @@ def _check(args: argparse.Namespace) -> None:
     """Reject flag combinations that make no sense, before anything is loaded."""
     check_range(args, 1, "batch_size", "tgt_len")
     check_range(args, 0, "max_tokens", "mem_len", "cmem_len")
-    check_seed(args.seed, 2**32)
+    check_seed(args)
     if args.stride != 1 and args.sliding_window is None:
         raise TxlError("--stride applies to --sliding-window evaluation; give --sliding-window CONTEXT too")
     if args.data and args.split:
@@ -198,10 +199,9 @@ def run(args: argparse.Namespace) -> int:
 def _eval_pairs(args, ckpt, split, e) -> int:
     """``txl eval`` of a fine-tuned run without ``--data``: the completion metric on its pairs' ``split``
     (mean loss per completion token, the number ``txl finetune`` reports), not the raw JSON Lines as text."""
-    from txl.data.pairs import encode_pair, find_markers, pair_splits
-    from txl.evaluation.completions import evaluate_completions
+    from txl.data.pairs import find_markers, pair_splits
     from txl.evaluation.stream import metric_unit
-    from txl.model.span import resolve_span
+    from txl.training.finetune import encode_pairs, evaluate_pairs
 
     flags = [flag for flag, on in (("--dynamic", args.dynamic), ("--sweep-mem", args.sweep_mem is not None),
                                    ("--sliding-window", args.sliding_window is not None), ("--warmup", args.warmup),
@@ -216,13 +216,11 @@ def _eval_pairs(args, ckpt, split, e) -> int:
         raise TxlError(f"{err} (the run's pairs; pass --data FILE to evaluate text)") from None
     if not pairs:
         raise TxlError(f"the {split} split of the run's pairs is empty; use --split valid or --data FILE")
-    markers = find_markers(ckpt.tokenizer)
-    cut = ckpt.run.finetune.max_prompt_tokens
-    rows = [encode_pair(ckpt.tokenizer, markers, pair, cut) for pair in pairs]
-    span = resolve_span(ckpt.model.config, None, **span_args(args, e))
+    rows = encode_pairs(ckpt.tokenizer, find_markers(ckpt.tokenizer), pairs, ckpt.run.finetune.max_prompt_tokens)
     print_notes(args)  # which checkpoint (the input has passed its checks)
-    res = evaluate_completions(ckpt.model, rows, span=span, unit=metric_unit(ckpt.tokenizer.kind),
-                               batch_size=args.batch_size or e.batch_size, dtype=args.dtype, progress=not args.quiet)
+    res = evaluate_pairs(ckpt.model, rows, unit=metric_unit(ckpt.tokenizer.kind),
+                         batch_size=args.batch_size or e.batch_size, dtype=args.dtype, progress=not args.quiet,
+                         **span_args(args, e))
     where = f"{split} pairs of the run (completion tokens)"
     if args.json != "-":
         print(f"{where}: {res}")

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from txl.cli.common import (add_batch_size, add_data, add_device, add_dtype, add_option, add_seed, add_span,
-                            check_exists, underscore)
+from txl.cli.checks import check_exists
+from txl.cli.common import add_batch_size, add_data, add_device, add_dtype, add_option, add_seed, add_span, underscore
 from txl.cli.train import add_allow_data_change
 from txl.errors import TxlError
 

@@ -10,9 +10,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from txl.cli.checks import (check_checkpoint_path, check_exists, check_line_keys, check_min_new_tokens, check_range,
+                            check_seed, finite_float)
 from txl.cli.common import (add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_option,
-                            add_seed, add_span, check_checkpoint_path, check_exists, check_range, check_seed,
-                            finite_float, load_checkpoint, print_notes, underscore)
+                            add_seed, add_span, load_checkpoint, print_notes, underscore)
 from txl.errors import TxlError
 
 NAME = "generate"
@@ -84,14 +85,15 @@ def _prompt(args: argparse.Namespace, tokenizer) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``txl generate``: print the prompt, then the sample as it is drawn."""
-    from txl.generation.checks import check_decoding, check_sampling  # torch-free: checked before torch loads
+    from txl.config import check_decoding, check_sampling  # torch-free: checked before torch loads
 
     check_sampling(args.temperature, args.top_k, args.top_p)
     check_decoding(args.repetition_penalty, args.no_repeat_ngram_size, args.min_new_tokens, args.length_penalty)
-    check_seed(args.seed)
+    check_seed(args)
     if args.prompt is not None and args.prompt_file:
         raise TxlError("give either --prompt or --prompt-file, not both")
     check_range(args, 0, "max_new_tokens", "mem_len")
+    check_min_new_tokens(args)
     check_range(args, 1, "num_beams", "batch_size")
     if args.input is not None and (args.prompt is not None or args.prompt_file):
         raise TxlError("give prompts either with --input or with --prompt/--prompt-file, not both")
@@ -128,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
                                   repetition_penalty=args.repetition_penalty,
                                   no_repeat_ngram_size=args.no_repeat_ngram_size, num_beams=args.num_beams,
                                   length_penalty=args.length_penalty, mem_len=args.mem_len)[0]
-        sys.stdout.write(prompt + text + "\n")
+        sys.stdout.write(ckpt.tokenizer.decode(prompt_ids.tolist()) + text + "\n")  # as read, as when streamed
         return 0
     with autocast(device, args.dtype):
         tokens = (int(t[0]) for t in generate_stream(ckpt.model, ids, args.max_new_tokens,
@@ -137,8 +139,10 @@ def run(args: argparse.Namespace) -> int:
                                                      repetition_penalty=args.repetition_penalty,
                                                      no_repeat_ngram_size=args.no_repeat_ngram_size))
         pieces = stream_text(ckpt.tokenizer, tokens, prompt_ids.tolist())
-        text = next(pieces)  # the prompt as the model reads it; words: as typed (decoding shows <unk>)
-        sys.stdout.write(prompt if ckpt.tokenizer.kind == "word" else text)
+        # the prompt as the model reads it, so that all printed is decode(prompt + sample): a word model's
+        # prompt ends with the <eos> its encoding adds (a line end), and unknown words read <unk>
+        text = next(pieces)
+        sys.stdout.write(text)
         sys.stdout.flush()
         for n, text in enumerate(pieces, 1):  # printed as drawn; all of it equals decode(prompt + sample)
             cut.armed = n >= args.min_new_tokens  # the last piece (what the decoder held back) counts as armed
@@ -160,11 +164,14 @@ def _run_input(args: argparse.Namespace) -> int:
 
     from txl.fileio import read_jsonl
 
-    prompts = []
+    prompts, lines = [], []
     for number, obj in read_jsonl(args.input, "prompts file"):
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
             raise TxlError(f'{args.input} line {number} must be a JSON object with a non-empty "prompt" string')
+        check_line_keys(obj, ("prompt",), f"{args.input} line {number}",
+                        " (the decoding settings are flags, the same for every prompt: -n/--max-new-tokens, ...)")
         prompts.append(obj["prompt"])
+        lines.append(number)
     if not prompts:
         raise TxlError(f"{args.input} holds no prompts")
     import torch  # once the prompts are read
@@ -174,10 +181,13 @@ def _run_input(args: argparse.Namespace) -> int:
 
     ckpt, device = load_checkpoint(args, announce=True)
     ids = []
-    for i, prompt in enumerate(prompts):
-        encoded = torch.as_tensor(ckpt.tokenizer.encode(prompt), dtype=torch.long, device=device)
+    for number, prompt in zip(lines, prompts):
+        try:
+            encoded = torch.as_tensor(ckpt.tokenizer.encode(prompt), dtype=torch.long, device=device)
+        except TxlError as err:  # e.g. characters the vocabulary lacks: said with the line
+            raise TxlError(f"{args.input} line {number}: {err}") from None
         if encoded.numel() == 0:
-            raise TxlError(f"prompt {i + 1} of {args.input} encodes to no tokens")
+            raise TxlError(f"{args.input} line {number}: the prompt encodes to no tokens")
         ids.append(encoded)
     print_notes(args)
     seed = args.seed if args.seed is not None else torch.seed() % (2**62)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from txl.cli.common import (add_data, add_device, add_force, add_span, check_checkpoint_path, check_exists,
-                            check_output, load_checkpoint, note_threads, print_notes)
-from txl.errors import TxlError
+from txl.cli.checks import check_checkpoint_path, check_exists, check_output
+from txl.cli.common import add_data, add_device, add_force, add_span, load_checkpoint, note_threads, print_notes
+from txl.errors import TxlError, counted
 
 NAME = "plot"
 HELP = "learning curves of runs (metrics.csv) or the attention distances of a checkpoint"
@@ -59,11 +59,11 @@ def run(args: argparse.Namespace) -> int:
         raise TxlError("give at least one RUN_DIR (a directory with metrics.csv), or CHECKPOINT --attention")
     labels = [v.strip() for v in args.labels.split(",")] if args.labels else None
     if labels is not None and len(labels) != len(args.runs):
-        raise TxlError(f"--labels gives {len(labels)} labels for {len(args.runs)} runs")
+        raise TxlError(f"--labels gives {counted(len(labels), 'label')} for {counted(len(args.runs), 'run')}")
     for item in args.runs:
         check_exists(item, "run directory", kind="folder", hint="give a run directory with metrics.csv")
     for name in CURVE_FILES:
-        check_output(args, str(Path(args.out) / name), args.runs, flag="--out")
+        check_output(args, str(Path(args.out) / name), args.runs, flag="--out", makes_folder=True)
     pyplot()
     from txl.analysis.plots import plot_learning_curves
 
@@ -89,7 +89,8 @@ def _attention(args: argparse.Namespace, checkpoint: str) -> int:
         from txl.fileio import read_bytes
 
         raw = read_bytes(args.data)
-    check_output(args, str(Path(args.out) / ATTENTION_FILE), [checkpoint, args.data], flag="--out")
+    check_output(args, str(Path(args.out) / ATTENTION_FILE), [checkpoint, args.data], flag="--out",
+                 makes_folder=True)
     from txl.analysis.plots import pyplot
 
     pyplot()

@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from txl.cli.common import (add_batch_size, add_data, add_device, add_dtype, add_force, add_json, check_output,
-                            check_checkpoint_path, check_exists, emit_json, finite_float, finite_floats,
-                            human_stream)
-from txl.errors import TxlError
+from txl.cli.checks import check_output, check_checkpoint_path, check_exists, finite_float, finite_floats
+from txl.cli.common import add_batch_size, add_data, add_device, add_dtype, add_force, add_json, emit_json, human_stream
+from txl.errors import TxlError, counted
 
 NAME = "recl"
 HELP = "relative effective context length (RECL) of a group of models"
@@ -57,7 +56,8 @@ def _check(args: argparse.Namespace) -> tuple[list[int], list[float], list[str]]
     names = ([n.strip() for n in args.names.split(",")] if args.names
              else [Path(c).resolve().name for c in args.checkpoints])
     if len(names) != len(args.checkpoints):
-        raise TxlError(f"--names gives {len(names)} labels for {len(args.checkpoints)} checkpoints")
+        raise TxlError(f"--names gives {counted(len(names), 'label')} for "
+                       f"{counted(len(args.checkpoints), 'checkpoint')}")
     if len(set(names)) != len(names):
         if args.names:
             raise TxlError(f"--names must give each model its own label, got {args.names!r}")

@@ -19,9 +19,9 @@ import json
 import sys
 from pathlib import Path
 
+from txl.cli.checks import check_checkpoint_path, check_exists, check_output, check_range
 from txl.cli.common import (add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_force,
-                            add_option, add_span, check_checkpoint_path, check_exists, check_output, check_range,
-                            checkpoint_arg, load_checkpoint, print_notes, span_args)
+                            add_option, add_span, checkpoint_arg, load_checkpoint, print_notes, span_args)
 from txl.errors import TxlError
 
 NAME = "score"
@@ -189,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
     unit = metric_unit(ckpt.tokenizer.kind)
     text = format_scores(names, scores, ckpt.tokenizer, unit, args.format, args.per_token)
     if args.out:
-        atomic_write(args.out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), overwrite=args.force)
+        atomic_write(args.out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), overwrite=args.force,
+                     make_parents=False)
     else:
         sys.stdout.write(text)
         sys.stdout.flush()

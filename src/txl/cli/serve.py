@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 
-from txl.cli.common import (add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_span, check_range,
-                            check_checkpoint_path, finite_float, load_checkpoint, print_notes, require_installed,
-                            span_args)
+from txl.cli.checks import check_range, check_checkpoint_path, finite_float, require_installed
+from txl.cli.common import (add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_span, load_checkpoint,
+                            print_notes, span_args)
 from txl.errors import TxlError
 
 NAME = "serve"
@@ -47,6 +49,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-pending-bytes", type=int, default=1 << 16, metavar="N",
                    help="most bytes of undecided text a session holds, e.g. a word session's unfinished line "
                         "(default 65536); an append that would leave more gets 413")
+    p.add_argument("--max-concurrent-requests", type=int, default=64, metavar="N",
+                   help="requests handled at once, those waiting for a session or the model included; more get 503 "
+                        "(default 64; with --max-request-bytes it bounds the memory requests hold)")
+    p.add_argument("--read-timeout", type=finite_float, default=30.0, metavar="S",
+                   help="seconds a request body may take to arrive; a client that stops sending gets 408 (default 30)")
     p.add_argument("--shutdown-timeout", type=finite_float, default=10.0, metavar="S",
                    help="on SIGTERM/Ctrl-C, seconds the requests in progress may take to finish before they are "
                         "cut off (default 10)")
@@ -59,7 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``txl serve`` until SIGTERM or SIGINT; returns the exit status."""
-    check_range(args, 1, "tgt_len", "max_sessions", "max_request_bytes", "max_request_tokens")
+    check_range(args, 1, "tgt_len", "max_sessions", "max_request_bytes", "max_request_tokens",
+                "max_concurrent_requests")
     check_range(args, 0, "mem_len", "clamp_len", "cmem_len", "max_tokens", "port", "max_pending_bytes")
     if args.port > 65535:
         raise TxlError(f"--port must be in [0, 65535], got {args.port}")
@@ -67,12 +75,14 @@ def run(args: argparse.Namespace) -> int:
         raise TxlError(f"--idle-timeout must be > 0 seconds, got {args.idle_timeout}")
     if not args.shutdown_timeout >= 0:
         raise TxlError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
+    if not args.read_timeout > 0:
+        raise TxlError(f"--read-timeout must be > 0 seconds, got {args.read_timeout}")
     check_checkpoint_path(args.checkpoint)  # the arguments, the path and the optional packages before torch
     require_installed("fastapi", "uvicorn", message="txl serve needs FastAPI and uvicorn: in the txl folder, "
                                                     ".venv/bin/python -m pip install -e '.[serve]' (or pip install "
                                                     "fastapi uvicorn)")
     from txl.serving.http import check_api_key
-    from txl.serving.server import build_engine, is_loopback, listen, serve
+    from txl.serving.server import is_loopback
 
     api_key = args.api_key if args.api_key is not None else os.environ.get("TXL_API_KEY") or None
     check_api_key(api_key)
@@ -80,7 +90,24 @@ def run(args: argparse.Namespace) -> int:
         raise TxlError(f"--host {args.host} lets other machines reach the server: give --api-key KEY (or set "
                        "TXL_API_KEY), or keep the default 127.0.0.1")
 
+    # SIGTERM while loading (before uvicorn handles it): stop with the one line of an interrupted command
+    previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() \
+        else None
+    try:
+        return _run(args, api_key)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(_signum, _frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _run(args: argparse.Namespace, api_key: str | None) -> int:
+    """:func:`run` once the flags are checked: load, build, listen, serve."""
     from txl.model.span import resolve_span
+    from txl.serving.server import build_engine, listen, serve
 
     ckpt, _ = load_checkpoint(args, announce=True)
     span = resolve_span(ckpt.model.config, **span_args(args, ckpt.run.eval))
@@ -106,8 +133,15 @@ def run(args: argparse.Namespace) -> int:
     announce = (f"txl: serving on http://{shown}:{port} (tgt_len={span.tgt_len}, mem_len={span.mem_len}{cmem}; up "
                 f"to {args.max_sessions} sessions of at most {format_bytes(engine.session_bytes)} each, dropped "
                 f"after {args.idle_timeout:g} s idle); Ctrl-C or SIGTERM to stop")
-    return serve(engine, sock, api_key=api_key, max_request_bytes=args.max_request_bytes, log_level=args.log_level,
+    code = serve(engine, sock, api_key=api_key, max_request_bytes=args.max_request_bytes,
+                 max_concurrent_requests=args.max_concurrent_requests, read_timeout=args.read_timeout,
+                 log_level=args.log_level,
                  announce=announce, shutdown_timeout=args.shutdown_timeout)
+    if code:  # a second signal: out now, without waiting for a model job in progress
+        print("txl: stopped at once by a second signal; requests still in progress were cut off", file=sys.stderr,
+              flush=True)
+        os._exit(code)
+    return code
 
 
 def model_name(path) -> str:

@@ -13,9 +13,10 @@ import json
 import sys
 from pathlib import Path
 
+from txl.cli.checks import (check_min_new_tokens, check_output, check_seed, check_checkpoint_path, finite_float,
+                            require_installed)
 from txl.cli.common import (add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_force,
-                            add_json, add_option, add_seed, add_span, check_output, check_seed, load_checkpoint,
-                            check_checkpoint_path, finite_float, print_notes, require_installed, underscore,
+                            add_json, add_option, add_seed, add_span, load_checkpoint, print_notes, underscore,
                             emit_json)
 from txl.errors import TxlError
 
@@ -65,7 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def read_inputs(items: list[str]) -> list[dict]:
-    """``{"source", "text" or "data", ["reference"], ["name"]}`` for every document of the inputs, in order.
+    """``{"source", "text" or "data", ["reference"], ["name"]}`` for every document of the inputs, in order
+    (a JSON Lines document also has ``"where"``, ``FILE line N``, for its messages).
 
     A JSON Lines document has its ``"text"``; a text file its raw ``"data"`` (bytes), turned into text
     by :func:`document_texts` once the tokenizer is known. Needs no torch.
@@ -83,12 +85,13 @@ def read_inputs(items: list[str]) -> list[dict]:
         if path.suffix != ".jsonl":
             docs.append({"source": str(path), "data": read_bytes(path)})
             continue
+        # other keys are ignored: data files carry more (txl data docstrings writes "module" and "kind")
         for number, obj in read_jsonl(path):
-            where = f"{path}:{number}"
+            where = f"{path} line {number}"  # as every per-line message names it
             text = obj.get("prompt", obj.get("text")) if isinstance(obj, dict) else None
             if not isinstance(text, str):
                 raise TxlError(f'{where} must be a JSON object with a "prompt" (or "text") string')
-            doc = {"source": where, "text": text}
+            doc = {"source": f"{path}:{number}", "where": where, "text": text}
             for key, out in (("completion", "reference"), ("name", "name")):
                 if isinstance(obj.get(key), str):
                     doc[out] = obj[key]
@@ -112,32 +115,43 @@ def document_texts(docs: list[dict], kind: str) -> None:
             doc["text"] = decode_file_text(doc.pop("data"), kind, doc["source"])
 
 
-def check_finetuned(ckpt) -> None:
-    """Refuse a checkpoint that was not fine-tuned on prompt/completion pairs (its run config has no
-    ``[finetune]`` section): a plain language model never learnt what follows the separator, and would
-    print noise until ``-n`` tokens.
+def check_finetuned(path: str) -> None:
+    """Refuse a checkpoint (or run directory) that was not fine-tuned on prompt/completion pairs: its
+    ``run.json`` has no ``[finetune]`` section (or it has no ``run.json``). A plain language model never
+    learnt what follows the separator, and would print noise until ``-n`` tokens. Reads JSON only (the
+    first of ``path``, ``path/best``, ``path/last`` that holds ``run.json`` or ``config.json``), so it runs
+    before torch and the weights load; a folder that holds neither is left to loading to report.
 
     Raises:
-        TxlError: naming the checkpoint and the command that fine-tunes it.
+        TxlError: naming the checkpoint and the command that fine-tunes it; an unreadable ``run.json``.
     """
-    if ckpt.run.finetune is None:
-        raise TxlError(f"{ckpt.path} is a language model that was not fine-tuned on prompt/completion pairs (its "
+    from txl.fileio import read_json_object
+
+    folder = Path(path)
+    found = next((f for f in (folder, folder / "best", folder / "last")
+                  if (f / "run.json").is_file() or (f / "config.json").is_file()), None)
+    if found is None:
+        return
+    saved = read_json_object(found / "run.json", "run config") if (found / "run.json").is_file() else {}
+    if not isinstance(saved.get("finetune"), dict):
+        raise TxlError(f"{path} is a language model that was not fine-tuned on prompt/completion pairs (its "
                        "run.json has no [finetune] section), so its summaries would be noise; fine-tune it first: "
-                       f"txl finetune --init {ckpt.path} --data PAIRS.jsonl --out RUN, then txl summarize RUN ...")
+                       f"txl finetune --init {path} --data PAIRS.jsonl --out RUN, then txl summarize RUN ...")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``txl summarize``."""
-    from txl.generation.checks import check_decoding, check_sampling  # torch-free: checked before torch loads
+    from txl.config import check_decoding, check_sampling  # torch-free: checked before torch loads
 
     check_sampling(args.temperature, args.top_k, args.top_p)
     check_decoding(args.repetition_penalty, args.no_repeat_ngram_size, args.min_new_tokens, args.length_penalty)
-    check_seed(args.seed)
+    check_seed(args)
     if args.num_beams < 1 or args.batch_size < 1:
         raise TxlError("--num-beams and --batch-size must be >= 1")
     for name in ("max_new_tokens", "prompt_tokens", "mem_len"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             raise TxlError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    check_min_new_tokens(args)
     if args.rouge:  # an optional dependency: missing, it is said before any work
         from txl.evaluation.rouge import ROUGE_MISSING
 
@@ -149,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
     if args.rouge and not all("reference" in d for d in docs):
         missing = next(d["source"] for d in docs if "reference" not in d)
         raise TxlError(f"--rouge needs a reference (\"completion\") for every document; {missing} has none")
+    check_finetuned(args.checkpoint)
 
     import torch  # once the arguments and the inputs have passed their checks
 
@@ -158,11 +173,10 @@ def run(args: argparse.Namespace) -> int:
 
     StopText(args.stop)
     ckpt, device = load_checkpoint(args, announce=True)
-    check_finetuned(ckpt)
     markers = find_markers(ckpt.tokenizer)
     document_texts(docs, ckpt.tokenizer.kind)
     for doc in docs:  # every document encodes before any work
-        encode_prompt(ckpt.tokenizer, markers, doc["text"], source=doc["source"])
+        encode_prompt(ckpt.tokenizer, markers, doc["text"], source=doc.get("where", doc["source"]))
     print_notes(args)
     rows = []
     with autocast(device, args.dtype):
@@ -186,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
         from txl.fileio import atomic_write
 
         payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
-        atomic_write(args.out, lambda tmp: Path(tmp).write_bytes(payload), overwrite=args.force)
+        atomic_write(args.out, lambda tmp: Path(tmp).write_bytes(payload), overwrite=args.force, make_parents=False)
     if args.rouge:
         from txl.evaluation.rouge import rouge_scores
 

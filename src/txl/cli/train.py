@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from txl.cli.common import (add_batch_size, add_data, add_device, add_dtype, add_seed, check_exists, check_range,
-                            check_seed)
+from txl.cli.checks import check_exists, check_range, check_seed
+from txl.cli.common import add_batch_size, add_data, add_device, add_dtype, add_seed
 from txl.errors import TxlError
 
 NAME = "train"
@@ -120,7 +120,7 @@ def check_run_args(args: argparse.Namespace, data: str | None) -> None:
     """
     check_range(args, 1, "nproc", "batch_size", "tgt_len")
     check_range(args, 0, "mem_len", "grad_segments", "max_prompt_tokens")
-    check_seed(args.seed, 2**32)
+    check_seed(args)
     check_exists(data, "corpus path")
     check_exists(args.config, "config file", kind="file")
     check_exists(args.resume, "--resume", kind="folder")
@@ -157,6 +157,9 @@ def _launch(args: argparse.Namespace, argv: list[str] | None, run) -> int:
 
 
 def _report(result, run) -> int:
+    """Print what :func:`txl.training.loop.train` did (rank 0 only): the steps trained (or that a resumed run
+    was already complete), the final evaluation of its best checkpoint (``last/`` for a complete run that has
+    no ``best/``) and the sample; returns exit status 0."""
     if result.rank:  # torchrun: rank 0 reports for the run
         return 0
     speed = f"({result.tokens_per_s:,.0f} tokens/s including validation)"
@@ -171,7 +174,7 @@ def _report(result, run) -> int:
     split, cap = run.eval.split, run.eval.max_tokens if run.finetune is None else 0
     scope = (f"the first {cap:,} targets of the {split} split (eval.max_tokens)" if cap and result.final.n_tokens >= cap
              else f"the whole {split} split")
-    print(f"final, best/ on {scope} at the [eval] span: {split} {result.final}")
+    print(f"final, {result.best_dir.name}/ on {scope} at the [eval] span: {split} {result.final}")
     print(f"checkpoint: {result.best_dir}")
     if result.sample:
         print("--- prompt ---")

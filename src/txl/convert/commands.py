@@ -37,33 +37,25 @@ def read_hf_vocab(path: Path, size: int | None = None) -> WordTokenizer:
     return WordTokenizer(words, lower=bool(state.get("lower_case", False)))
 
 
-def _saved_added_tokens(folder: Path) -> dict[int, str]:
-    """``{id: text}`` of the added tokens that ``save_pretrained`` wrote into ``folder``: ``added_tokens.json``
-    (``{text: id}``) and the ``added_tokens_decoder`` of ``tokenizer_config.json`` (``{"id": {"content": text}}``).
+def _saved_added_tokens(folder: Path) -> list[tuple[object, object]]:
+    """``(id, text)`` of the added tokens that ``save_pretrained`` wrote into ``folder``: ``added_tokens.json``
+    (``{text: id}``) and the ``added_tokens_decoder`` of ``tokenizer_config.json`` (``{"id": {"content": text}}``;
+    its ids are JSON keys, so decimal strings are read as numbers). The entries are checked where the
+    vocabulary is built (:func:`~txl.convert.safe_pickle.transfo_xl_words`).
 
     Raises:
-        TxlError: an unreadable file, or entries of the wrong form.
+        TxlError: an unreadable file, or an ``added_tokens_decoder`` that is not an object.
     """
-    found: dict[int, str] = {}
-
-    def put(where: Path, i, text) -> None:
-        if isinstance(i, str) and i.isdigit():
-            i = int(i)
-        if isinstance(i, bool) or not isinstance(i, int) or not isinstance(text, str):
-            raise TxlError(f"{where}: an added token must be text at an integer id, got {text!r} at {i!r}")
-        if found.setdefault(i, text) != text:
-            raise TxlError(f"{where}: the added tokens give id {i} two texts, {found[i]!r} and {text!r}")
-
+    found: list[tuple[object, object]] = []
     if (folder / "added_tokens.json").is_file():
-        for text, i in read_json_object(folder / "added_tokens.json", "added tokens").items():
-            put(folder / "added_tokens.json", i, text)
+        found += [(i, text) for text, i in read_json_object(folder / "added_tokens.json", "added tokens").items()]
     if (folder / "tokenizer_config.json").is_file():
         config = read_json_object(folder / "tokenizer_config.json", "tokenizer config")
         decoder = config.get("added_tokens_decoder") or {}
         if not isinstance(decoder, dict):
             raise TxlError(f"{folder / 'tokenizer_config.json'}: added_tokens_decoder must be an object")
-        for i, token in decoder.items():
-            put(folder / "tokenizer_config.json", i, token.get("content") if isinstance(token, dict) else token)
+        found += [(int(i) if i.isdigit() else i, token.get("content") if isinstance(token, dict) else token)
+                  for i, token in decoder.items()]
     return found
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import io
 import pickle
+from collections.abc import Iterable
 from typing import Any
 
 from txl.errors import TxlError
@@ -78,15 +79,15 @@ def load_restricted_pickle(data: bytes) -> Any:
         raise TxlError(f"cannot read the pickled vocabulary: {type(err).__name__}: {err}") from None
 
 
-def read_transfo_xl_vocab(data: bytes, added: dict[int, str] | None = None) -> list[str]:
+def read_transfo_xl_vocab(data: bytes) -> list[str]:
     """The id-ordered vocabulary of a pickled TransfoXLTokenizer: its ``idx2sym`` and the tokens added
-    to it (see :func:`transfo_xl_words`; ``added``: more of them, ``{id: text}``).
+    to it (see :func:`transfo_xl_words`).
 
     Raises:
         TxlError: refused or malformed pickle, no ``idx2sym`` list of strings in it, or added tokens
             that do not fit it.
     """
-    return transfo_xl_words(load_restricted_pickle(data), added)
+    return transfo_xl_words(load_restricted_pickle(data))
 
 
 # where a pickled TransfoXLTokenizer keeps the tokens added by ``add_tokens``: {id: token} (transformers
@@ -111,7 +112,7 @@ def _token_text(token: Any) -> str | None:
     return None
 
 
-def transfo_xl_words(state: Any, added: dict[int, str] | None = None, where: str = "the pickled vocabulary",
+def transfo_xl_words(state: Any, added: Iterable[tuple[Any, Any]] = (), where: str = "the pickled vocabulary",
                      size: int | None = None) -> list[str]:
     """The id-ordered vocabulary of a TransfoXLTokenizer state (the pickled ``__dict__``): ``idx2sym``,
     then the tokens ``add_tokens`` gave the ids after it.
@@ -120,9 +121,10 @@ def transfo_xl_words(state: Any, added: dict[int, str] | None = None, where: str
     model's vocabulary holds their rows): in the state as ``_added_tokens_decoder`` ({id: AddedToken},
     >= 4.34), ``added_tokens_decoder`` ({id: text}) or ``*added_tokens_encoder`` ({text: id}), and in
     the saved folder's ``added_tokens.json`` and ``tokenizer_config.json``, which the caller passes as
-    ``added`` ({id: text}). All are read as plain data (nothing is imported or run). An added token at an
-    id of ``idx2sym`` must be that very symbol (transformers lists ``<eos>`` and ``<unk>`` there); the
-    others must take the ids right after ``idx2sym``, in order, without a gap. With ``size`` (the
+    ``added`` (``(id, text)`` pairs, checked here like the others). All are read as plain data (nothing
+    is imported or run). An added token at an id of ``idx2sym`` must be that very symbol (transformers
+    lists ``<eos>`` and ``<unk>`` there); the others must take the ids right after ``idx2sym``, in
+    order, without a gap. With ``size`` (the
     model's vocabulary size), added tokens at ids from ``size`` on are left out: the model has no row
     for them (TransfoXLTokenizer adds ``<formula>`` by default, also for a model trained without it).
 
@@ -143,7 +145,7 @@ def transfo_xl_words(state: Any, added: dict[int, str] | None = None, where: str
         table = state.get(name)
         if isinstance(table, dict):
             pairs += [(i, text) for text, i in table.items()]
-    pairs += list((added or {}).items())
+    pairs += list(added)
     found: dict[int, str] = {}
     for i, text in pairs:
         if isinstance(i, bool) or not isinstance(i, int) or i < 0 or not isinstance(text, str):

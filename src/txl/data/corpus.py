@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from txl.config import check_split
 from txl.data.datasets import dataset_info
 from txl.data.tokenizers import (
     TOKENIZER_KINDS, ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer, decode_utf8,
@@ -111,19 +112,6 @@ def encode_corpus(files: Sequence[PathLike], tokenizer: Tokenizer, cache_dir: Pa
     return _cached(cache_dir, _fingerprint(tokenizer, hashes, None), dtype, compute)
 
 
-def _check_fractions(fractions: Sequence[float]) -> tuple[float, float, float]:
-    try:
-        fr = tuple(float(x) for x in fractions)
-    except (TypeError, ValueError):
-        raise TxlError(f"split fractions must be three numbers, got {fractions!r}") from None
-    if len(fr) != 3 or any(not math.isfinite(x) or x < 0 for x in fr) or abs(sum(fr) - 1.0) > 1e-6:
-        raise TxlError(
-            f"split fractions must be three non-negative numbers (train, valid, test) summing to 1, "
-            f"got {fractions!r}"
-        )
-    return fr  # type: ignore[return-value]
-
-
 def _boundaries(total: int, fr: tuple[float, float, float]) -> tuple[int, int]:
     """Split points (end of train, end of valid) for ``total`` items, rounded half up."""
     b1 = min(total, math.floor(total * fr[0] + 0.5))
@@ -142,7 +130,7 @@ def split_tokens(tokens: np.ndarray, fractions: Sequence[float] = (0.9, 0.05, 0.
     Raises :class:`TxlError` if the fractions are negative or do not sum to 1 (within 1e-6),
     or if a split with a non-zero fraction would be empty.
     """
-    fr = _check_fractions(fractions)
+    fr = check_split(fractions, "split fractions")
     b1, b2 = _boundaries(len(tokens), fr)
     parts = {"train": tokens[:b1], "valid": tokens[b1:b2], "test": tokens[b2:]}
     for name, f in zip(SPLITS, fr):
@@ -356,7 +344,7 @@ def load_corpus(
         label = f"default corpus (Python standard library in {files[0].parent}):"
     else:
         files, label = read_corpus_files(path, pattern), "corpus"
-    return _load_fractions(files, label, _check_fractions(split), kind, tokenizer_obj, opts, cache_dir)
+    return _load_fractions(files, label, check_split(split, "split fractions"), kind, tokenizer_obj, opts, cache_dir)
 
 
 def _load_shuffled(root: Path, info: dict, kind: str, tokenizer_obj: Tokenizer | None, opts: dict,

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from txl.config import IGNORE_INDEX
-from txl.errors import TxlError
+from txl.errors import TxlError, counted
 
 __all__ = ["LMOrderedIterator", "LMShuffledIterator", "IGNORE_INDEX", "sample_segment_length"]
 
@@ -106,7 +106,7 @@ class LMOrderedIterator:
         n = n_tok - 1 - context
         if n < 1:
             raise TxlError(
-                f"the text has {n_tok} tokens, fewer than the {context + 2} needed for {context} context "
+                f"the text has {counted(n_tok, 'token')}, fewer than the {context + 2} needed for {context} context "
                 f"token(s), then one input and its target; use more data or less context"
             )
         self.batch_size = batch_size

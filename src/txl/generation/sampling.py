@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
+from txl.config import check_decoding, check_sampling  # re-exported: txl.generation names them too
 from txl.errors import TxlError
-from txl.generation.checks import check_decoding, check_sampling  # re-exported: they lived here first
 
 __all__ = ["Generators", "adjust_logits", "banned_ngram_tokens", "check_decoding", "check_sampling", "sample_next"]
 

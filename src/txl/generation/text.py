@@ -3,7 +3,9 @@ model fine-tuned on prompt/completion pairs."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator, Sequence
+from itertools import islice
 
 import torch
 
@@ -27,7 +29,8 @@ class StopText:
 
     Each stop string is followed by a Knuth-Morris-Pratt automaton (its prefix function, computed
     once), so a character costs amortised O(1) per stop string whatever the stops' lengths: the
-    text is read once, never searched again from an earlier position.
+    text is read once, never searched again from an earlier position, and a held-back character is
+    stored once and leaves once (no copying of the held text per piece).
 
     The one stop matcher of txl: ``txl generate``/``summarize``/:func:`continue_texts` and
     ``txl serve`` all cut with it.
@@ -47,7 +50,7 @@ class StopText:
         self.stops = tuple(stops)
         self.stopped = False
         self.armed = True
-        self._held = ""
+        self._held: deque[str] = deque()  # characters not shown yet: each enters and leaves once
         self._fail = [_prefix_function(s) for s in self.stops]
         self._state = [0] * len(self.stops)  # characters of each stop matched by the end of the text
 
@@ -55,16 +58,16 @@ class StopText:
         """The text of ``piece`` (with what was held back) that can be shown now."""
         if self.stopped:
             return ""
+        held = self._held
         if not (self.armed and self.stops):
-            out, self._held = self._held + piece, ""
+            out = "".join(held) + piece
+            held.clear()
             self._state = [0] * len(self.stops)
             return out
-        held = len(self._held)
-        text = self._held + piece
         stops, fail, state = self.stops, self._fail, self._state
-        for i in range(held, len(text)):
-            ch = text[i]
-            done = 0  # the longest stop complete at character i
+        for ch in piece:
+            held.append(ch)
+            done = 0  # the longest stop complete at this character
             for k, s in enumerate(stops):
                 q = state[k]
                 while q and s[q] != ch:
@@ -76,15 +79,17 @@ class StopText:
                     q = fail[k][q - 1]
                 state[k] = q
             if done:
-                self.stopped, self._held = True, ""
-                return text[:i + 1 - done]
+                self.stopped = True
+                out = "".join(islice(held, len(held) - done))
+                held.clear()
+                return out
         keep = max(state)  # the longest tail that may still become a stop string
-        self._held = text[len(text) - keep:] if keep else ""
-        return text[:len(text) - keep]
+        return "".join(held.popleft() for _ in range(len(held) - keep))
 
     def finish(self) -> str:
         """What is still held back (the stream ended without a stop string there)."""
-        held, self._held = self._held, ""
+        held = "".join(self._held)
+        self._held.clear()
         return "" if self.stopped else held
 
 
@@ -106,7 +111,8 @@ def continue_texts(model, tokenizer, prompts: Sequence[torch.Tensor], *, max_new
                    generator: Generators = None, stop: Sequence[str] = (), end_ids: Sequence[int] = (),
                    min_new_tokens: int = 0, repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
                    num_beams: int = 1, length_penalty: float = 1.0, batch_size: int = 8,
-                   span: AttentionSpan | None = None, mem_len: int | None = None) -> list[str]:
+                   span: AttentionSpan | None = None, mem_len: int | None = None,
+                   ended: list | None = None) -> list[str]:
     """The text each prompt (int64 [T_b] ids, lengths may differ) continues with, decoded until one of
     ``end_ids`` (not returned), a ``stop`` string (cut before it; stops count from ``min_new_tokens``
     tokens on) or ``max_new_tokens`` tokens.
@@ -115,6 +121,8 @@ def continue_texts(model, tokenizer, prompts: Sequence[torch.Tensor], *, max_new
     prompts of different lengths), each exactly as alone; give ``generator`` as one generator per
     prompt for sampling that does not depend on the batching. ``num_beams`` > 1: :func:`beam_search`
     for each prompt (``temperature``, ``top_k``, ``top_p`` and ``generator`` are not used).
+    ``ended`` (a list) receives, per prompt, whether its text ended at one of ``end_ids`` or a stop
+    string (False: cut at ``max_new_tokens``).
 
     Raises:
         TxlError: bad settings, a generator list whose length is not the number of prompts.
@@ -132,7 +140,7 @@ def continue_texts(model, tokenizer, prompts: Sequence[torch.Tensor], *, max_new
         for p in prompts:
             result = beam_search(model, p[None], num_beams, max_new_tokens, length_penalty=length_penalty,
                                  end_ids=tuple(end), span=span, mem_len=mem_len, **rules)
-            texts += _cut_texts(tokenizer, [iter(result.tokens.tolist())], end, stop, min_new_tokens)
+            texts += _cut_texts(tokenizer, [iter(result.tokens.tolist())], end, stop, min_new_tokens, ended)
         return texts
     for start in range(0, len(prompts), batch_size):
         chunk = list(prompts[start:start + batch_size])
@@ -140,7 +148,7 @@ def continue_texts(model, tokenizer, prompts: Sequence[torch.Tensor], *, max_new
             list(generator[start:start + batch_size])
         steps = generate_stream(model, chunk, max_new_tokens, temperature, top_k, top_p, generator=gen, span=span,
                                 mem_len=mem_len, end_ids=tuple(end), **rules)
-        texts += _cut_texts(tokenizer, _Columns(steps, len(chunk)).rows(), end, stop, min_new_tokens)
+        texts += _cut_texts(tokenizer, _Columns(steps, len(chunk)).rows(), end, stop, min_new_tokens, ended)
     return texts
 
 
@@ -165,24 +173,31 @@ class _Columns:
             yield self.buffer[b].pop(0)
 
 
-def _cut_texts(tokenizer, rows: list[Iterator[int]], end: set, stop: Sequence[str], min_new_tokens: int) -> list[str]:
-    """Decode each row's tokens until an end id or a stop string (see :func:`continue_texts`)."""
+def _cut_texts(tokenizer, rows: list[Iterator[int]], end: set, stop: Sequence[str], min_new_tokens: int,
+               ended: list | None = None) -> list[str]:
+    """Decode each row's tokens until an end id or a stop string (see :func:`continue_texts`); ``ended``
+    receives whether each row ended so (not at its last allowed token)."""
     cuts = [StopText(stop) for _ in rows]
     streams = [tokenizer.text_stream() for _ in rows]
     pieces: list[list[str]] = [[] for _ in rows]
     active = list(range(len(rows)))
+    at_end = [False] * len(rows)
     n = 0
     while active:
         n += 1
         for b in list(active):
             t = next(rows[b], None)
             if t is None or t in end:
+                at_end[b] = t is not None
                 active.remove(b)
                 continue
             cuts[b].armed = n >= min_new_tokens
             pieces[b].append(cuts[b].push(streams[b].push(t)))
             if cuts[b].stopped:
+                at_end[b] = True
                 active.remove(b)
+    if ended is not None:
+        ended.extend(at_end)
     return ["".join(p) + ("" if c.stopped else c.push(s.finish()) + c.finish())
             for p, c, s in zip(pieces, cuts, streams)]
 

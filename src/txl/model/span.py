@@ -80,6 +80,19 @@ class AttentionSpan:
         return dataclasses.asdict(self)
 
 
+def check_readable(config: Any, span: AttentionSpan) -> None:
+    """Refuse a span the model of ``config`` cannot read with: compressed-memory slots (``cmem_len > 0``)
+    need a model built with a compressed memory (it owns the compression network).
+
+    Raises:
+        TxlError: one line naming ``cmem_len`` and what to do.
+    """
+    if span.cmem_len and not getattr(config, "cmem_len", 0):
+        raise TxlError(f"cmem_len={span.cmem_len} needs a model with a compressed memory (model.cmem_len > 0: it "
+                       "owns the compression network); this model has none: read it with cmem_len 0 (leave "
+                       "--cmem-len out)")
+
+
 def resolve_span(config: Any, span: AttentionSpan | None = None, *, tgt_len: int | None = None,
                  mem_len: int | None = None, clamp_len: int | None = None,
                  same_length: bool | None = None, cmem_len: int | None = None) -> AttentionSpan:
@@ -89,11 +102,14 @@ def resolve_span(config: Any, span: AttentionSpan | None = None, *, tgt_len: int
     the one span they pass down.
 
     Raises:
-        TxlError: ``span`` is not an :class:`AttentionSpan`, or an impossible resulting value.
+        TxlError: ``span`` is not an :class:`AttentionSpan`, an impossible resulting value, or one the
+            model cannot read with (:func:`check_readable`).
     """
     if span is None:
         span = AttentionSpan.of(config)
     elif not isinstance(span, AttentionSpan):
         raise TxlError(f"span must be an AttentionSpan, got {type(span).__name__}")
-    return span.replace(tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length,
+    span = span.replace(tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length,
                         cmem_len=cmem_len)
+    check_readable(config, span)
+    return span

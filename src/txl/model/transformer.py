@@ -22,7 +22,7 @@ from txl.model.inputs import check_attention_fits, check_input_ids, check_labels
 from txl.model.linear import step_linear
 from txl.model.memory import Mems, check_mems, update_mems
 from txl.model.serialization import CONFIG_NAME, check_weights_header, load_weights, read_model_config, save_model
-from txl.model.span import AttentionSpan
+from txl.model.span import AttentionSpan, check_readable
 from txl.config import IGNORE_INDEX
 from txl.runtime import memory_bytes
 from txl.errors import TxlError
@@ -327,9 +327,7 @@ class TransformerXLLM(nn.Module):
         the same as without the state).
         """
         c = self.config
-        if c.cmem_len == 0:
-            raise TxlError(f"span.cmem_len={span.cmem_len} needs a model with a compressed memory (model.cmem_len > 0: "
-                           "it owns the compression network); this model has none, read it with cmem_len=0")
+        check_readable(c, span)
         if caches is not None:
             caches.bind_batch(bsz)
             if caches.length > 0:

@@ -18,7 +18,7 @@ import math
 import secrets
 import time
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from txl.serving.engine import Engine, Piece, SamplingParams, ServeError, SessionGone
+from txl.serving.engine import MAX_STOPS, Engine, Piece, SamplingParams, ServeError, SessionGone
 from txl.serving.http import check_api_key, error_body
 
 __all__ = ["create_app", "error_body"]
@@ -35,13 +35,13 @@ __all__ = ["create_app", "error_body"]
 class _Sampling(BaseModel):
     """Sampling fields shared by completions and session generation (OpenAI names)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     max_tokens: int = Field(16, ge=0)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None  # a long list: refused unread
     seed: int | None = Field(None, ge=0, lt=2**63)
     stream: bool = False
 
@@ -103,9 +103,19 @@ class _Guard:
     carried the key (``/health`` answers details only then).
     """
 
-    def __init__(self, app, engine: Engine, api_key: str | None, max_request_bytes: int) -> None:
-        self.app, self.engine, self.limit = app, engine, max_request_bytes
-        self.expected = None if api_key is None else b"Bearer " + api_key.encode("ascii")
+    def __init__(self, app, engine: Engine, api_key: str | None, max_request_bytes: int,
+                 max_concurrent: int, read_timeout: float) -> None:
+        self.app, self.engine, self.limit, self.max_concurrent = app, engine, max_request_bytes, max_concurrent
+        self.key = None if api_key is None else api_key.encode("ascii")
+        self.read_timeout = read_timeout
+
+    def _authorized(self, header: bytes) -> bool:
+        """``Authorization: Bearer KEY`` (the scheme in any case, as HTTP allows), compared as bytes: the
+        key is ASCII (checked at start), so no decoding can differ."""
+        if self.key is None:
+            return True
+        scheme, _, token = header.partition(b" ")
+        return scheme.lower() == b"bearer" and secrets.compare_digest(token.strip(b" "), self.key)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -121,10 +131,12 @@ class _Guard:
 
         try:
             headers = dict(scope["headers"])
-            # compared as the bytes sent: the key is ASCII (checked at start), so no decoding can differ
-            authorized = self.expected is None or secrets.compare_digest(headers.get(b"authorization", b""),
-                                                                         self.expected)
+            authorized = self._authorized(headers.get(b"authorization", b""))
             scope["txl_authorized"] = authorized
+            if metrics.in_flight > self.max_concurrent and scope["path"] != "/health":  # each holds up to a body
+                return await _reply(counted_send, 503, f"the server is handling {self.max_concurrent} requests, its "
+                                                       "limit (--max-concurrent-requests); retry shortly",
+                                    retry_after=True)
             if not authorized and scope["path"] != "/health":
                 return await _reply(counted_send, 401, "missing or wrong API key: send the header "
                                                        "'Authorization: Bearer KEY'")
@@ -134,7 +146,11 @@ class _Guard:
                                                        f"limit of {self.limit} bytes (--max-request-bytes)")
             chunks, size, more = [], 0, True
             while more:  # read the body here, so that a body without a length is bounded too
-                message = await receive()
+                try:  # a client that sends part of a body and stops must not hold its slot for good
+                    message = await asyncio.wait_for(receive(), self.read_timeout)
+                except asyncio.TimeoutError:
+                    return await _reply(counted_send, 408, f"the request body did not arrive within "
+                                                           f"{self.read_timeout:g} s (--read-timeout)")
                 if message["type"] == "http.disconnect":
                     return
                 chunks.append(message.get("body", b""))
@@ -144,6 +160,14 @@ class _Guard:
                     return await _reply(counted_send, 413, f"request body over this server's limit of {self.limit} "
                                                            "bytes (--max-request-bytes)")
             body = b"".join(chunks)
+            if body.strip():  # parsed here, off the event loop, before FastAPI validates it there
+                problem = await asyncio.to_thread(_json_problem, body)
+                if problem:
+                    return await _reply(counted_send, 400, problem)
+                if headers.get(b"content-type", b"").split(b";")[0].strip().lower() != b"application/json":
+                    # JSON sent without its type (curl -d sends form-encoded): read as the JSON it is
+                    scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"] + [
+                        (b"content-type", b"application/json")]
             sent = False
 
             async def replay():
@@ -156,6 +180,30 @@ class _Guard:
             await self.app(scope, replay, counted_send)
         finally:
             metrics.in_flight -= 1
+
+
+MAX_FIELDS = 32  #: more keys than any request has: refused before validation (each unknown key costs an error)
+
+
+def _json_problem(body: bytes) -> str | None:
+    """Why a request body cannot be a request (not JSON, not an object, too many fields), or None."""
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError) as err:  # also numbers Python refuses, nesting too deep
+        reason = "nested too deeply" if isinstance(err, RecursionError) else str(err).split(":")[0]
+        return f"the request body is not valid JSON ({reason})"
+    if not isinstance(value, dict):
+        return f"the request body must be a JSON object, not {type(value).__name__}"
+    if len(value) > MAX_FIELDS:
+        return f"the request body has {len(value):,} fields; no request takes more than {MAX_FIELDS}"
+    return None
+
+
+async def _prepend(first, rest):
+    """``first``, then the items of the async generator ``rest``."""
+    yield first
+    async for item in rest:
+        yield item
 
 
 async def _collect(items, request: Request) -> list:
@@ -178,14 +226,17 @@ def _finish(pieces: list[Piece]) -> str:
     return "stop" if pieces and pieces[-1].stopped else "length"
 
 
-async def _reply(send, status: int, message: str) -> None:
+async def _reply(send, status: int, message: str, retry_after: bool = False) -> None:
+    """Answer a request with the JSON error body (before the application saw it)."""
     body = json.dumps(error_body(status, message)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                "headers": headers + ([(b"retry-after", b"1")] if retry_after else [])})
     await send({"type": "http.response.body", "body": body})
 
 
 def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes: int = 1 << 20,
+               max_concurrent_requests: int = 64, read_timeout: float = 30.0,
                sweep_s: float = 30.0) -> Any:
     """The ASGI application serving ``engine``.
 
@@ -193,6 +244,11 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
         engine: the :class:`~txl.serving.engine.Engine` (model, sessions, worker thread).
         api_key: when given, every route but ``/health`` needs ``Authorization: Bearer KEY`` (401 otherwise).
         max_request_bytes: larger request bodies get 413.
+        max_concurrent_requests: requests handled at once (waiting for a session or the model
+            included); more get 503 with ``Retry-After`` (``/health`` always answers). With
+            ``max_request_bytes`` it bounds the memory requests in progress hold.
+        read_timeout: seconds a request body may take to arrive (a client that stops sending it gets
+            408 and its connection is closed).
         sweep_s: how often idle sessions are dropped in the background (they are also dropped on access).
 
     Raises:
@@ -259,7 +315,8 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
         ids = await engine.encode(req.prompt)
         if ids.size == 0:
             raise ServeError(400, "the prompt is empty (it encodes to no tokens); give at least one character")
-        engine.check_length(ids, "the prompt")
+        engine.check_length(ids, "the prompt", "shorten it, or read a long text into a session, whose appends "
+                                               "together may be any length")
         header = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                   "model": engine.name}
         context, mems, prompt_lp = ids, None, None
@@ -285,9 +342,9 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
         if req.stream:
             async def events():
                 n, finish = 0, "length"
-                if prefix:
-                    yield _sse({**header, "choices": [choice(prefix, None, ids if prompt_lp is not None else None,
-                                                             prompt_lp)]})
+                if prefix:  # a token entry per prompt token: built off the event loop
+                    yield await asyncio.to_thread(_sse, {**header, "choices": [
+                        choice(prefix, None, ids if prompt_lp is not None else None, prompt_lp)]})
                 async for piece in engine.sample(context, mems, p):
                     n += 1
                     finish = "stop" if piece.stopped else "length"
@@ -307,7 +364,10 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
                                     "usage": usage(len(pieces))})
 
     @app.post("/v1/sessions", status_code=201)
-    async def create_session():
+    async def create_session(request: Request):
+        body = (await request.body()).strip()
+        if body and json.loads(body):  # the guard checked it is a JSON object
+            raise ServeError(400, "POST /v1/sessions takes no fields: send no body, or {}")
         return engine.new_session()
 
     @app.get("/v1/sessions/{session_id}")
@@ -327,16 +387,20 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
     async def generate(session_id: str, req: GenerateRequest, request: Request):
         p = req.params()
         engine.check_sampling(p)
-        engine.session(session_id)  # 404 now, not inside a stream
 
         def entry(piece: Piece) -> dict[str, Any]:
             return {"text": piece.text, "id": piece.token, "logprob": _num(piece.logprob)}
 
         if req.stream:
+            # the stream's status is sent before its first event: run the generation up to its first item
+            # here, so that a session that is gone (or empty) gets its 404 (or 400), never a 200
+            items = engine.generate(session_id, p, req.append)
+            first = await items.__anext__()
+
             async def events():
                 finish = "length"
                 try:
-                    async for item in engine.generate(session_id, p, req.append):
+                    async for item in _prepend(first, items):
                         if isinstance(item, Piece):
                             finish = "stop" if item.stopped else "length"
                             yield _sse({"object": "session.token", **entry(item)})
@@ -344,8 +408,10 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
                             yield _sse({"object": "session.generation", "finish_reason": finish, "session": item})
                 except SessionGone as err:  # deleted during the generation (or while it waited)
                     yield _sse(error_body(err.status, err.message, kind="session_deleted"))
-                except ServeError as err:  # e.g. the session was deleted before the stream began
+                except ServeError as err:
                     yield _sse(error_body(err.status, err.message))
+                finally:
+                    await items.aclose()
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -358,4 +424,4 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
                 "tokens": [entry(x) for x in pieces], "logprob": float(np.sum(lps)) if lps else 0.0,
                 "surprise_bits": -float(np.sum(lps)) / math.log(2) if lps else 0.0, "session": info}
 
-    return _Guard(app, engine, api_key, max_request_bytes)
+    return _Guard(app, engine, api_key, max_request_bytes, max_concurrent_requests, read_timeout)

@@ -222,12 +222,12 @@ class Engine:
             raise ServeError(400, str(err)) from None
         return np.asarray(ids, dtype=np.int64)
 
-    def check_length(self, ids: np.ndarray, what: str) -> None:
-        """413 when ``ids`` holds more than ``max_request_tokens`` tokens (``what``: "this append", "the prompt")."""
+    def check_length(self, ids: np.ndarray, what: str, advice: str) -> None:
+        """413 when ``ids`` holds more than ``max_request_tokens`` tokens (``what``: "this append", "the
+        prompt"; ``advice``: what to do instead)."""
         if ids.size > self.max_request_tokens:
             raise ServeError(413, f"{what} holds {ids.size:,} tokens, over this server's limit of "
-                                  f"{self.max_request_tokens:,} per request (--max-request-tokens): send the text "
-                                  "in several appends (a session reads them exactly as one)")
+                                  f"{self.max_request_tokens:,} per request (--max-request-tokens): {advice}")
 
     def token_entries(self, ids, logprobs) -> list[dict[str, Any]]:
         """``[{"id", "text", "logprob"}]`` per token (logprob None where not scored)."""
@@ -244,6 +244,13 @@ class Engine:
         """:func:`~txl.serving.sessions.read_tokens` on the worker, in jobs of whole segments (about
         ``job_tokens`` tokens each; the scores equal one read of the whole, see
         :mod:`txl.serving.sessions`), so other requests' jobs run between them. Counts the tokens.
+
+        Args:
+            state: the session state to read on from. ids: int64 [k] token ids.
+            session: the session the state belongs to (checked for deletion after every job), or None.
+
+        Returns:
+            (float64 [k] log-probabilities in nats, NaN for a stream's very first token; the new state).
 
         Raises:
             ServeError: 400 for ids outside the vocabulary or non-finite scores; 404 when ``session``
@@ -365,11 +372,20 @@ class Engine:
         return ids, new
 
     async def append(self, session_id: str, text: str, flush: bool = False) -> dict[str, Any]:
-        """Append ``text`` to a session and score the tokens it decides (see :class:`TextCursor`)."""
+        """Append ``text`` to a session and score the tokens it decides (see :class:`TextCursor`);
+        ``flush`` reads the pending text as if the stream ended. Returns the session's description with
+        ``tokens`` (an entry per decided token), ``n_scored``, ``logprob`` (nats), ``surprise_bits`` and
+        ``bits_per_token``. A refused or failed append leaves the session as it was.
+
+        Raises:
+            ServeError: 404 (no such session, or deleted meanwhile), 400 (text the tokenizer cannot
+                encode), 413 (over ``max_request_tokens`` or ``max_pending_bytes``), 503 (out of memory).
+        """
         async with self.using(session_id) as session:
             state = session.state
             ids, cursor = await self._feed(state.cursor, text, flush)
-            self.check_length(ids, "this append")
+            self.check_length(ids, "this append", "send the text in several appends (a session reads them exactly as "
+                                                  "one)")
             logprobs, new = await self.read(state, ids, session)
             session.state = replace(new, cursor=cursor)
             scored = int((~np.isnan(logprobs)).sum())

@@ -10,7 +10,7 @@ from txl.errors import TxlError
 __all__ = ["error_body", "check_api_key"]
 
 _KINDS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "request_too_large", 503: "overloaded_error"}
+          405: "invalid_request_error", 408: "request_timeout", 413: "request_too_large", 503: "overloaded_error"}
 
 
 def error_body(status: int, message: str, kind: str | None = None) -> dict[str, Any]:

@@ -15,7 +15,6 @@ import asyncio
 import ipaddress
 import json
 import logging
-import os
 import signal
 import socket
 import sys
@@ -71,9 +70,9 @@ def build_engine(model, tokenizer, *, span: AttentionSpan, dtype: str = "float32
     if max_pending_bytes < 0 or max_request_tokens < 1:
         raise TxlError(f"max_pending_bytes must be >= 0 and max_request_tokens >= 1, got {max_pending_bytes} and "
                        f"{max_request_tokens}")
-    if span.cmem_len and not getattr(model.config, "cmem_len", 0):
-        raise TxlError(f"--cmem-len {span.cmem_len} needs a model with a compressed memory (model.cmem_len > 0: it "
-                       "owns the compression network); this model has none: leave --cmem-len out")
+    from txl.model.span import check_readable
+
+    check_readable(model.config, span)
     model.eval()
     return Engine(model=model, tokenizer=tokenizer, span=span, store=SessionStore(max_sessions, idle_timeout),
                   dtype=dtype, max_tokens=max_tokens, max_pending_bytes=max_pending_bytes,
@@ -115,19 +114,25 @@ def uvicorn_config(app, *, log_level: str = "warning", shutdown_timeout: float =
 
 
 def serve(engine, sock: socket.socket, *, api_key: str | None = None, max_request_bytes: int = 1 << 20,
+          max_concurrent_requests: int = 64, read_timeout: float = 30.0,
           log_level: str = "warning", announce: str | None = None, shutdown_timeout: float = 10.0) -> int:
     """Serve ``engine`` on the listening socket ``sock`` until SIGTERM/SIGINT, then shut down
     gracefully for at most ``shutdown_timeout`` seconds (see the module's description).
     ``announce`` is printed on stderr once the server accepts connections.
 
     Returns:
-        0, or :data:`FORCED_EXIT` when a second signal cut the shutdown short (SIGINT, as Ctrl-C
-        everywhere in txl, then raises :class:`KeyboardInterrupt`).
+        0 after a graceful shutdown, or :data:`FORCED_EXIT` when a second SIGTERM or SIGINT cut it short
+        (the model thread may still be in a job then: a command should exit without waiting for it,
+        as ``txl serve`` does with ``os._exit``).
+
+    Raises:
+        KeyboardInterrupt: after a graceful shutdown started by SIGINT (Ctrl-C), as every txl command.
     """
     _require_stack()
     from txl.serving.app import create_app
 
-    app = create_app(engine, api_key=api_key, max_request_bytes=max_request_bytes)
+    app = create_app(engine, api_key=api_key, max_request_bytes=max_request_bytes,
+                     max_concurrent_requests=max_concurrent_requests, read_timeout=read_timeout)
     server = _Server(uvicorn_config(app, log_level=log_level, shutdown_timeout=shutdown_timeout), announce)
     logging.getLogger("uvicorn.error").addFilter(_no_cancelled_tracebacks)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the handler found
@@ -135,14 +140,13 @@ def serve(engine, sock: socket.socket, *, api_key: str | None = None, max_reques
     previous = signal.signal(signal.SIGTERM, _ignore) if threading.current_thread() is threading.main_thread() else None
     try:
         server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn raises the caught SIGINT again once it has stopped
+        if not server.force_exit:
+            raise
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    if server.force_exit:
-        print("txl: stopped at once by a second signal; requests still in progress were cut off", file=sys.stderr,
-              flush=True)
-        os._exit(FORCED_EXIT)  # the model thread may be in a job: do not wait for it
-    return 0
+    return FORCED_EXIT if server.force_exit else 0
 
 
 def _no_cancelled_tracebacks(record: logging.LogRecord) -> bool:

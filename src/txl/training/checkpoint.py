@@ -43,6 +43,21 @@ CLASSIFIER_NAME = "classifier.json"  # written beside config.json by txl classif
 RUN_NAME = "run.json"
 STATE_NAME = "state.json"
 CHECKSUMS_NAME = "checksums.json"
+# the trainer state of a resumable checkpoint (txl.training.resume writes and reads them)
+TRAINER_JSON = "trainer.json"
+TRAINER_TENSORS = "trainer.safetensors"
+
+
+class NonFiniteWeights(TxlError):
+    """:func:`save_checkpoint` refused weights that hold NaN or inf (nothing was written).
+
+    Attributes:
+        names: the floating-point parameters and buffers that do, in the model's order.
+    """
+
+    def __init__(self, message: str, names: list[str]) -> None:
+        super().__init__(message)
+        self.names = names
 
 
 def save_checkpoint(directory: str | Path, model: TransformerXLLM, tokenizer: Tokenizer, run: RunConfig,
@@ -64,7 +79,8 @@ def save_checkpoint(directory: str | Path, model: TransformerXLLM, tokenizer: To
     (:func:`check_replaceable`).
 
     Raises:
-        TxlError: non-finite weights; a folder txl did not write in the way; the write failed (e.g.
+        NonFiniteWeights: (a :class:`TxlError`) non-finite weights, naming the first of them.
+        TxlError: a folder txl did not write in the way; the write failed (e.g.
             disk full): the partial folder is removed and every previously written checkpoint is
             left as it was.
     """
@@ -72,8 +88,9 @@ def save_checkpoint(directory: str | Path, model: TransformerXLLM, tokenizer: To
     tmp = directory.with_name(directory.name + ".tmp")
     bad = nonfinite_weights(model)
     if bad:
-        raise TxlError(f"checkpoint {directory} was not written: the weight {bad[0]} holds NaN or inf values"
-                       + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "") + "; txl never saves non-finite weights")
+        raise NonFiniteWeights(f"checkpoint {directory} was not written: the weight {bad[0]} holds NaN or inf values"
+                               + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+                               + "; txl never saves non-finite weights", bad)
     step = _step_of(directory) if directory.exists() else 0
     replaced = directory.with_name(f"{directory.name}.{step}" if keep > 1 else directory.name + ".old")
     check_replaceable(directory, complete=True)  # nothing is renamed or deleted that txl did not write
@@ -121,7 +138,7 @@ def _step_of(folder: Path) -> int:
 # the files txl writes into a checkpoint folder (the model, the run and the trainer state), and the
 # temporary names of :func:`txl.fileio.atomic_write` that a crash can leave beside them
 _WRITTEN = {WEIGHTS_NAME, CONFIG_NAME, VOCAB_NAME, RUN_NAME, STATE_NAME, CHECKSUMS_NAME, CLASSIFIER_NAME,
-            "trainer.json", "trainer.safetensors"}
+            TRAINER_JSON, TRAINER_TENSORS}
 _ATOMIC_TMP = re.compile(r"\..+\.tmp")
 # the folders of a run directory that txl renames, replaces or deletes: best/, last/, last.<step>/, and the
 # .tmp (being written), .old (being replaced) and .corrupt (set aside) ones
@@ -234,7 +251,8 @@ def verify_checkpoint(directory: str | Path) -> bool:
     """Check every file of a checkpoint against its ``checksums.json``.
 
     Only files of the checkpoint folder itself are read: a listed name with a folder separator,
-    ``..`` or an absolute path (a crafted ``checksums.json``) is refused before anything is opened.
+    ``..`` or an absolute path (a crafted ``checksums.json``), or one that is a symbolic link (it could
+    lead anywhere; ``checksums.json`` itself neither), is refused before anything is opened.
 
     Returns:
         True when verified; False for a checkpoint written without checksums (older txl versions,
@@ -242,9 +260,10 @@ def verify_checkpoint(directory: str | Path) -> bool:
 
     Raises:
         TxlError: a listed file is missing, truncated or altered, the checksum list is unreadable,
-            or it names a file outside the folder.
+            or it names a file outside the folder or a symbolic link.
     """
     directory = Path(directory)
+    _refuse_link(directory, directory / CHECKSUMS_NAME)
     if not (directory / CHECKSUMS_NAME).is_file():
         return False
     listed = _read_json(directory / CHECKSUMS_NAME)
@@ -252,6 +271,8 @@ def verify_checkpoint(directory: str | Path) -> bool:
         return False
     where = str(directory / CHECKSUMS_NAME)
     files = {path_inside(directory, name, where): digest for name, digest in listed.items()}
+    for f in files:  # every name is checked before the first file is read
+        _refuse_link(directory, f)
     for f, digest in files.items():
         name = f.name
         if not isinstance(digest, str):
@@ -261,6 +282,13 @@ def verify_checkpoint(directory: str | Path) -> bool:
         if _sha256(f) != digest:
             raise TxlError(f"checkpoint {directory} is corrupt: {name} does not match its checksum")
     return True
+
+
+def _refuse_link(directory: Path, path: Path) -> None:
+    """Refuse a file of a checkpoint that is a symbolic link: a crafted checkpoint could link to any file."""
+    if path.is_symlink():
+        raise TxlError(f"checkpoint {directory} holds {path.name} as a symbolic link; txl reads only the checkpoint's "
+                       "own files (a link can lead anywhere): replace the link with the file itself")
 
 
 def checkpoint_candidates(run_dir: str | Path, name: str = "last") -> list[Path]:

@@ -48,7 +48,11 @@ def file_digest(path: str | Path) -> dict:
 
 def files_digest(paths: list[Path]) -> dict:
     """``{"bytes": N, "files": K, "sha256": HEX}`` of several files in order (e.g. training shards):
-    the sha256 over their names and contents' sha256."""
+    the sha256 over their names and contents' sha256.
+
+    Raises:
+        TxlError: one of the files cannot be read (:func:`file_digest`).
+    """
     h = hashlib.sha256()
     total = 0
     for path in paths:

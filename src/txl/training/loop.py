@@ -23,14 +23,15 @@ from txl.evaluation.stream import EvalResult, metric_value
 from txl.fileio import FolderClaim, claim_folder, write_json
 from txl.model import TransformerXLLM
 from txl.training import distributed
-from txl.training.checkpoint import (RUN_NAME, check_run_folder, checkpoint_candidates, checkpoint_step,
-                                     first_good_checkpoint, load_checkpoint, nonfinite_weights, quarantine,
+from txl.training.checkpoint import (RUN_NAME, NonFiniteWeights, check_run_folder, checkpoint_candidates,
+                                     checkpoint_step, first_good_checkpoint, load_checkpoint, quarantine,
                                      save_checkpoint)
 from txl.training.fingerprint import STATE_KEY as DATA_KEY
 from txl.training.fingerprint import check_resumed_data
 from txl.training.resume import JSON_NAME as TRAINER_JSON
 from txl.training.resume import load_trainer_state, rank_rng_state, save_trainer_state
-from txl.training.runlog import StopRequest, check_new_run_folder, open_metrics, remove_unfinished
+from txl.training.runlog import (StopRequest, check_new_run_folder, open_metrics, record_resumed_config,
+                                remove_unfinished)
 from txl.training.optim import make_optimizer
 from txl.training.step import train_step
 from txl.training.lm_task import LMTask, evaluate_run, sample_text, shuffled_batches  # noqa: F401 - public here too
@@ -42,8 +43,9 @@ class TrainResult:
     """Outcome of :func:`train`.
 
     Attributes:
-        run_dir: the run directory; ``best_dir``: the best checkpoint in it.
-        final: evaluation of the best checkpoint with the ``[eval]`` settings (memory included).
+        run_dir: the run directory; ``best_dir``: the best checkpoint in it (a resumed run that was
+            already complete before its first validation has no ``best/``: then the ``last/`` it resumed).
+        final: evaluation of ``best_dir`` with the ``[eval]`` settings (memory included).
         steps, tokens: optimizer steps taken and target tokens trained on.
         wall_s: wall-clock seconds of the training loop; tokens_per_s: tokens / wall_s (evaluation included).
         sample_prompt, sample: the prompt and the text sampled after it from the best checkpoint
@@ -93,6 +95,18 @@ def _diverged(step: int, bad: list[str], out_dir: Path, run: RunConfig) -> str:
             f"saves such weights; {where}; lower train.lr{recon} or raise train.warmup_steps")
 
 
+def _recorded_threads(checkpoint: Path) -> int | None:
+    """The CPU thread count a run recorded in a checkpoint's ``state.json`` (None for runs before it did)."""
+    from txl.training.checkpoint import STATE_NAME
+    from txl.fileio import read_json_object
+
+    try:
+        value = read_json_object(checkpoint / STATE_NAME).get("threads")
+    except TxlError:
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
 def make_task(run: RunConfig):
     """The task ``run`` describes: :class:`~txl.training.finetune.PairsTask` when it has a
     ``[finetune]`` section, else :class:`~txl.training.lm_task.LMTask` (loads the data)."""
@@ -111,7 +125,7 @@ def task_inputs(run: RunConfig) -> list:
 
 
 def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] | None = None,
-          resume: bool = False, allow_data_change: bool = False) -> TrainResult:
+          resume: bool = False, allow_data_change: bool = False, task=None) -> TrainResult:
     """Train a Transformer-XL language model as described by ``run`` and report validation with memory.
 
     Writes into ``run.train.out_dir``: ``run.json`` (resolved config), ``metrics.csv`` (one row per
@@ -119,7 +133,9 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     ``keep_last - 1`` older ``last.<step>/``). ``last/`` holds the trainer state (optimizer, RNG states,
     data position, memory), so ``resume=True`` continues a run from its newest intact checkpoint
     exactly as if it had not stopped (float32, same device, number of ranks and CPU threads; shuffled-sentence
-    corpora restart their shard order). SIGINT/SIGTERM finish the current step, write ``last/`` and
+    corpora restart their shard order). A resumed ``run`` that differs from the saved ``run.json`` (changes
+    the CLI accepts with ``--allow-config-change``) is written to it once its checks pass, so it is the
+    run's config from then on. SIGINT/SIGTERM finish the current step, write ``last/`` and
     raise :class:`KeyboardInterrupt`.
 
     Started by torchrun (``WORLD_SIZE`` > 1), every rank runs this function: each owns
@@ -140,6 +156,10 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     A ``metrics.csv`` row is written before the checkpoint of its step, so a kill between the two
     loses no row. A checkpoint is never written with NaN or infinite weights.
 
+    ``task``: the task to train (see :mod:`txl.training.lm_task` for the interface), e.g. a
+    :class:`txl.training.stream_task.StreamTask`; None: the one ``run`` describes (:func:`make_task`).
+    A given task is not recorded in ``run.json``: resuming such a run needs the same task again.
+
     Raises:
         TxlError: bad config or data, an ``out_dir`` that already holds a run or anything else (or,
             with ``resume``, one without a resumable checkpoint, or whose data changed), an
@@ -150,7 +170,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     threads = torch.get_num_threads()  # train.threads holds for this run only
     try:
         return _train(run, progress=progress, log=log, resume=resume, claims=claims,
-                      allow_data_change=allow_data_change)
+                      allow_data_change=allow_data_change, task=task)
     finally:
         for claim in claims:
             claim.release()
@@ -159,7 +179,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
 
 
 def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None, resume: bool,
-           claims: list[FolderClaim], allow_data_change: bool = False) -> TrainResult:
+           claims: list[FolderClaim], allow_data_change: bool = False, task=None) -> TrainResult:
     """:func:`train`; the folder claim it takes is appended to ``claims`` (released by the caller)."""
     d = distributed.from_environment()
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -176,7 +196,6 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     seed_everything(t.seed)
-    threads = set_threads(t.threads, flag="train.threads")  # torchrun's ranks: OMP_NUM_THREADS shares the CPUs
     device = distributed.device_for(d, resolve_device(t.device))
     out_dir = Path(t.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
@@ -200,7 +219,10 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
         raise TxlError(f"{out_dir} already holds a run; choose another train.out_dir (--out), remove it, "
                        "or continue it with --resume")
 
-    task = make_task(run)
+    # torchrun's ranks: OMP_NUM_THREADS shares the CPUs; a resumed run keeps the count it recorded (automatic
+    # choices follow the load, and another count changes the losses in their last digits)
+    threads = set_threads(t.threads, flag="train.threads", keep=_recorded_threads(resume_dir) if resume else None)
+    task = make_task(run) if task is None else task
     fingerprint = task.fingerprint()  # recorded in every checkpoint, compared when resuming
     unit = task.unit
     run = dataclasses.replace(run, model=dataclasses.replace(run.model, vocab_size=task.vocab_size),
@@ -231,7 +253,8 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
     # float16 needs loss scaling against gradient underflow; for other dtypes the scaler is a no-op
     scaler = torch.amp.GradScaler(device.type, enabled=t.dtype == "float16")
 
-    state: dict[str, Any] = {"step": 0, "tokens": 0, "best_val_loss": None, "unit": unit, DATA_KEY: fingerprint}
+    state: dict[str, Any] = {"step": 0, "tokens": 0, "best_val_loss": None, "unit": unit, DATA_KEY: fingerprint,
+                             "threads": torch.get_num_threads()}
     pos, mems, best, start_step = 0, None, float("inf"), 0
     span = model.config.span  # the phase of train.tgt_len_schedule in force (set each step)
     if resume:
@@ -265,6 +288,7 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
         best = state["best_val_loss"] if state.get("best_val_loss") is not None else float("inf")
         state["unit"] = unit  # runs written before the "bpb" label said "bpc" for byte models
         state[DATA_KEY] = fingerprint  # the data the checkpoints from now on were trained on
+        state["threads"] = torch.get_num_threads()
         log(f"resuming {out_dir} after step {start_step} (from {resume_dir.name}/)")
     ddp = task.objective(model)
     if d.enabled:
@@ -276,6 +300,10 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
         out_dir.mkdir(parents=True, exist_ok=True)
         if not resume:
             write_json(out_dir / RUN_NAME, run.to_dict())
+        else:  # accepted changes (--allow-config-change) are the run's config from now on
+            changes = record_resumed_config(out_dir / RUN_NAME, run.to_dict())
+            if changes:
+                log(f"the run's config from now on (written to {out_dir / RUN_NAME}): {', '.join(changes)}")
         metrics_file, writer = open_metrics(out_dir / "metrics.csv", start_step)
     total_tokens = torch.tensor(state["tokens"], dtype=torch.int64, device=device)  # on the device: no sync per step
     window_loss, window_tokens, window_start = 0.0, state["tokens"], time.perf_counter()
@@ -294,14 +322,13 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
         rng = distributed.gather_objects(d, rank_rng_state(device)) if trainer else None
         error = None
         if d.is_main:
-            try:
-                bad = nonfinite_weights(model)
-                if bad:
-                    raise TxlError(_diverged(step, bad, out_dir, run))
+            try:  # save_checkpoint refuses non-finite weights: said here as the run's divergence
                 save_checkpoint(out_dir / name, model, task.tokenizer, run, dict(state), keep=keep, span=span,
                                 extra=None if not trainer else lambda folder: save_trainer_state(
                                     folder, optimizer=optimizer, scaler=scaler, generator=generator, mems=full_mems,
                                     position=pos, step=step, state=dict(state), rank_rng=rng))
+            except NonFiniteWeights as err:
+                error = _diverged(step, err.names, out_dir, run)
             except TxlError as err:
                 error = str(err)
         error = distributed.broadcast_object(d, error)
@@ -435,13 +462,16 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
     state["tokens"] = int(total_tokens)
 
     distributed.barrier(d)  # best/ is complete on disk for every rank
-    best_ckpt = load_checkpoint(out_dir / "best", map_location=str(device))
+    best_dir = out_dir / "best"
+    if resume and not best_dir.is_dir():  # already complete before its first validation: its last/, as txl eval
+        best_dir = resume_dir
+    best_ckpt = load_checkpoint(best_dir, map_location=str(device))
     final = task.final(best_ckpt.model, run, d, progress=progress and d.is_main)
     prompt, sample = "", ""
     if t.sample_tokens and d.is_main:
         prompt, sample = task.sample(best_ckpt.model, run)
     distributed.shutdown(d)
-    return TrainResult(run_dir=out_dir, best_dir=out_dir / "best", final=final, steps=step, tokens=state["tokens"],
+    return TrainResult(run_dir=out_dir, best_dir=best_dir, final=final, steps=step, tokens=state["tokens"],
                        wall_s=wall, tokens_per_s=state["tokens"] / wall, sample_prompt=prompt,
                        sample=sample, rank=d.rank, start_step=start_step)
 

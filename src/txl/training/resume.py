@@ -17,9 +17,9 @@ from safetensors.torch import load_file, save_file
 
 from txl.errors import TxlError
 from txl.fileio import atomic_write, read_json_object, write_json
-
-TENSORS_NAME = "trainer.safetensors"
-JSON_NAME = "trainer.json"
+from txl.training.checkpoint import TRAINER_JSON as JSON_NAME
+from txl.training.checkpoint import TRAINER_TENSORS as TENSORS_NAME
+from txl.training.checkpoint import checkpoint_candidates, first_good_checkpoint
 
 
 def rank_rng_state(device: torch.device) -> list[torch.Tensor]:
@@ -155,8 +155,6 @@ def saved_step(run_dir: str | Path) -> int | None:
     """The step at which the newest intact resumable checkpoint (``last*/``) of ``run_dir`` was
     written; None when the run has none. Torn or corrupt checkpoints are skipped silently (the
     resumed run reports them)."""
-    from txl.training.checkpoint import checkpoint_candidates, first_good_checkpoint
-
     candidates = checkpoint_candidates(run_dir, "last")
     try:
         folder = first_good_checkpoint(candidates, required=JSON_NAME, warn=lambda message: None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import signal
 import threading
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from txl.errors import TxlError
+from txl.fileio import atomic_write, read_json_object, refuse_nonempty_folder, write_json
 from txl.training.checkpoint import RUN_NAME
 
 METRIC_FIELDS = ["step", "tokens", "elapsed_s", "lr", "tgt_len", "mem_len", "train_loss", "train_metric",
@@ -45,18 +47,24 @@ class StopRequest:
 
 
 def open_metrics(path: Path, start_step: int):
-    """metrics.csv opened for writing, header written; when resuming after ``start_step``, the rows
-    of later steps (written before a crash) are dropped. Returns (file, csv.DictWriter)."""
+    """metrics.csv opened for appending rows, its header written; when resuming after ``start_step``,
+    the rows of later steps (written before a crash) are dropped. The kept rows are written to a new
+    file that replaces the old one atomically, so a kill at any moment keeps every row up to
+    ``start_step``. Returns (file, csv.DictWriter)."""
     rows = []
     if start_step and path.is_file():
         with open(path, newline="", encoding="utf-8") as f:
             rows = [r for r in csv.DictReader(f) if r.get("step") and int(r["step"]) <= start_step]
-    f = open(path, "w", newline="", encoding="utf-8")
-    writer = csv.DictWriter(f, fieldnames=METRIC_FIELDS)
-    writer.writeheader()
-    writer.writerows({k: r.get(k, "") for k in METRIC_FIELDS} for r in rows)
-    f.flush()
-    return f, writer
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=METRIC_FIELDS)
+            writer.writeheader()
+            writer.writerows({k: r.get(k, "") for k in METRIC_FIELDS} for r in rows)
+
+    atomic_write(path, write)
+    f = open(path, "a", newline="", encoding="utf-8")
+    return f, csv.DictWriter(f, fieldnames=METRIC_FIELDS)
 
 
 def check_new_run_folder(out_dir: Path, flag: str = "train.out_dir (--out)") -> None:
@@ -67,15 +75,10 @@ def check_new_run_folder(out_dir: Path, flag: str = "train.out_dir (--out)") -> 
     Raises:
         TxlError: one line naming the folder and (up to four of) its entries; nothing is changed.
     """
-    if not out_dir.is_dir():
-        return
     if (out_dir / RUN_NAME).exists():
         raise TxlError(f"{out_dir} already holds a run; choose another {flag}, remove it, or continue it with --resume")
-    entries = sorted(p.name + ("/" if p.is_dir() else "") for p in out_dir.iterdir())
-    if entries:
-        shown = ", ".join(entries[:4]) + (f" and {len(entries) - 4} more" if len(entries) > 4 else "")
-        raise TxlError(f"{out_dir} is not empty ({shown}) and is not a txl run; a new run needs a new or empty "
-                       f"folder, and txl never overwrites files it did not write: choose another {flag}")
+    refuse_nonempty_folder(out_dir, str(out_dir), " and is not a txl run; a new run needs a new or empty folder, and "
+                           f"txl never overwrites files it did not write: choose another {flag}")
 
 
 def remove_unfinished(out_dir: Path, created: bool, names: tuple[str, ...]) -> None:
@@ -86,3 +89,39 @@ def remove_unfinished(out_dir: Path, created: bool, names: tuple[str, ...]) -> N
         (out_dir / name).unlink(missing_ok=True)
     if created and out_dir.is_dir() and not any(out_dir.iterdir()):
         out_dir.rmdir()
+
+
+# how a run is carried out, not what it trains: a resumed run may differ here without changing its config
+_HOW_IT_RUNS = (("train", "out_dir"), ("train", "threads"))
+
+
+def record_resumed_config(path: Path, config: dict[str, Any]) -> list[str]:
+    """Make ``config`` (a resumed run's config, :meth:`RunConfig.to_dict`) the run's config from now on:
+    rewrite the run's top-level ``run.json`` at ``path`` atomically when it differs, so that the next
+    plain ``--resume`` (and its "already complete" check) reads the accepted changes. ``train.out_dir``
+    and ``train.threads`` keep their saved values (where the folder was named from, and ``--threads``,
+    which a resume accepts without a config change).
+
+    Returns:
+        the changes written, as ``"section.key OLD -> NEW"`` in the saved order (empty, and nothing written,
+        when ``run.json`` already holds every value of ``config`` it names).
+
+    Raises:
+        TxlError: ``run.json`` cannot be read; OSError: it cannot be written (it is left as it was).
+    """
+    saved = read_json_object(path, "run config")
+    new = json.loads(json.dumps(config))  # tuples as lists, as they read back
+    for section, key in _HOW_IT_RUNS:
+        if isinstance(saved.get(section), dict) and key in saved[section] and isinstance(new.get(section), dict):
+            new[section][key] = saved[section][key]
+    changes = []  # of the values saved (fields a newer txl added with their defaults change nothing)
+    for section, old_part in saved.items():
+        new_part = new.get(section)
+        if isinstance(old_part, dict) and isinstance(new_part, dict):
+            changes += [f"{section}.{key} {old_part[key]!r} -> {new_part[key]!r}" for key in old_part
+                        if key in new_part and old_part[key] != new_part[key]]
+        elif old_part != new_part:
+            changes.append(f"[{section}] changed")
+    if changes:
+        write_json(path, new)
+    return changes

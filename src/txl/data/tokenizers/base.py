@@ -137,12 +137,14 @@ class Tokenizer(ABC):
         """A JSON-able description of the tokenizer, including ``"kind"``."""
 
     def encode_file_bytes(self, data: bytes, source: str = "input") -> np.ndarray:
-        """Encode the raw bytes of a file to a 1-D ``int64`` id array.
+        """Encode the raw bytes of a file to a 1-D ``int64`` id array: :meth:`encode` of the text
+        :func:`decode_file_text` reads in them.
 
-        Char and word tokenizers decode ``data`` as strict UTF-8 first and raise
-        :class:`TxlError` (naming ``source`` and the byte offset) if it is not UTF-8 text.
+        Raises:
+            TxlError: for char, word and BPE tokenizers, ``data`` that is not UTF-8 text (naming
+                ``source`` and the byte offset).
         """
-        return self.encode(decode_utf8(data, source, self.kind))
+        return self.encode(decode_file_text(data, self.kind, source))
 
     def text_stream(self) -> TextStream:
         """A :class:`TextStream` that turns ids given one at a time into the text of :meth:`decode`.

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from txl.errors import TxlError
+from txl.errors import TxlError, counted
 from txl.data.tokenizers.base import (WORD_NORMALIZERS, TextStream, Tokenizer, Utf8TextStream, _ids_array,
                                       check_vocabulary_entry, normalize_text)
 from txl.data.tokenizers.wikitext import wikitext_detokenize, wikitext_tokenize
@@ -43,7 +43,9 @@ class ByteTokenizer(Tokenizer):
         return np.frombuffer(data, dtype=np.uint8).astype(np.int64)
 
     def encode_file_bytes(self, data: bytes, source: str = "input") -> np.ndarray:
-        """The raw bytes of ``data`` as ``int64`` ids (any bytes are fine)."""
+        """The raw bytes of ``data`` as ``int64`` ids (any bytes are fine): the ids of the base rule
+        (:func:`~txl.data.tokenizers.base.decode_file_text`, then :meth:`encode`), without the round trip
+        through text."""
         return np.frombuffer(data, dtype=np.uint8).astype(np.int64)
 
     def decode(self, ids: Any) -> str:
@@ -120,7 +122,7 @@ class CharTokenizer(Tokenizer):
             first = int(where[0])
             distinct = len(np.unique(codes[where]))
             raise TxlError(
-                f"text contains {len(where)} characters not in the char vocabulary "
+                f"text contains {counted(len(where), 'character')} not in the char vocabulary "
                 f"({distinct} distinct; first {chr(int(codes[first]))!r} at character {first}); "
                 "build the vocabulary from text that includes them, or use tokenizer=byte"
             )

@@ -1,206 +1,16 @@
-"""Atomic file writes (a reader never sees a half-written file, and a failed write leaves the old one),
-the JSON / JSON Lines readers of every command, whose only exception is :class:`~txl.errors.TxlError`, and the two
-guards every command uses before it writes: :func:`claim_folder` (one process per output folder) and
-:func:`check_output_path` (never over an input, never into a checkpoint or run folder, never over an
-existing file without ``--force``)."""
+"""The guards every command uses before it writes: :func:`claim_folder` (one process per output
+folder, see :class:`FolderClaim`) and :func:`check_output_path` (never over an input, never into a
+checkpoint or run folder, never over an existing file without ``--force``, only into an existing folder
+that takes new files), with the rules behind them: :func:`protected_folder` (a txl checkpoint or run
+folder, by :data:`RUN_MARKERS` and :data:`WEIGHTS_MARKERS`) and :func:`refuse_nonempty_folder`.
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
-
-def atomic_write(path: str | Path, write: Callable[[str], None], overwrite: bool = True) -> None:
-    """Call ``write(tmp_path)`` on a temporary file beside ``path``, fsync it, then rename it over ``path``.
-
-    With ``overwrite=False`` the finished file is linked into place only if nothing stands at
-    ``path`` by then (no window in which an existing file could be replaced).
-
-    Raises:
-        OSError: when the write fails (disk full, permissions); ``path`` is left as it was.
-        TxlError: ``path`` is a folder, or a file stands where its folder should be; with
-            ``overwrite=False``, a file that exists at ``path`` (it is left as it was).
-    """
-    from txl.errors import TxlError
-
-    path = Path(path)
-    if path.is_dir():
-        raise TxlError(f"cannot write {path}: it is a folder; give a file name")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise TxlError(f"cannot write {path}: {path.parent} or a folder above it is a file") from None
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())  # writers that replace the file (safetensors) would leave 0600
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            _link_new(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _link_new(tmp: str, path: Path) -> None:
-    """Move ``tmp`` to ``path`` only if ``path`` does not exist (hard link, then unlink ``tmp``)."""
-    from txl.errors import TxlError
-
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        raise TxlError(f"{path} already exists (it appeared while txl was running); add --force to replace it, "
-                       "or choose another file") from None
-    except OSError:  # a file system without hard links: check, then rename (a narrow window remains)
-        if os.path.lexists(path):
-            raise TxlError(f"{path} already exists; add --force to replace it, or choose another file") from None
-        os.replace(tmp, path)
-        return
-    os.unlink(tmp)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def read_bytes(path: str | Path, what: str = "") -> bytes:
-    """The bytes of the file ``path``.
-
-    Raises:
-        TxlError: the file cannot be read (``cannot read {what}{path}: reason``).
-    """
-    from txl.errors import TxlError
-
-    try:
-        return Path(path).read_bytes()
-    except (OSError, MemoryError) as err:
-        raise TxlError(f"cannot read {what}{path}: {getattr(err, 'strerror', None) or err}") from None
-
-
-def _read_text(path: Path, what: str) -> str:
-    """The UTF-8 text of ``path``; TxlError naming ``what`` and the file otherwise."""
-    from txl.errors import TxlError
-
-    try:
-        data = path.read_bytes()
-    except (OSError, MemoryError) as err:
-        raise TxlError(f"cannot read {what}{path}: {getattr(err, 'strerror', None) or err}") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise TxlError(f"{what}{path} is not valid JSON: not UTF-8 (invalid byte at offset {err.start})") from None
-
-
-def _parse(text: str, where: str) -> Any:
-    """``json.loads(text)``; any failure becomes one TxlError starting with ``where``."""
-    from txl.errors import TxlError
-
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise TxlError(f"{where} is not valid JSON ({err.msg}: line {err.lineno} column {err.colno})") from None
-    except RecursionError:
-        raise TxlError(f"{where} is not valid JSON for txl: nested too deeply") from None
-    except (ValueError, OverflowError, MemoryError) as err:  # e.g. integers past Python's digit limit
-        reason = str(err).split(";")[0] or type(err).__name__
-        raise TxlError(f"{where} is not valid JSON for txl ({reason})") from None
-
-
-def _label(what: str | None) -> str:
-    return f"{what} " if what else ""
-
-
-def read_json(path: str | Path, what: str | None = None) -> Any:
-    """The JSON value stored at ``path`` (any type), read as strict UTF-8.
-
-    ``what`` (e.g. ``"tokenizer file"``) prefixes the file name in error messages.
-
-    Raises:
-        TxlError: the only exception, for an unreadable file, bytes that are not UTF-8, invalid
-            JSON, nesting too deep for the parser (RecursionError) or numbers Python refuses
-            (ValueError/MemoryError); the message names the file.
-    """
-    path = Path(path)
-    label = _label(what)
-    return _parse(_read_text(path, label), f"{label}{path}")
-
-
-def read_json_object(path: str | Path, what: str | None = None) -> dict[str, Any]:
-    """The JSON object stored at ``path`` (see :func:`read_json`).
-
-    Raises:
-        TxlError: as :func:`read_json`, or JSON that is not an object.
-    """
-    from txl.errors import TxlError
-
-    value = read_json(path, what)
-    if not isinstance(value, dict):
-        raise TxlError(f"{_label(what)}{path} must hold a JSON object, not {type(value).__name__}")
-    return value
-
-
-def read_jsonl(path: str | Path, what: str | None = None) -> Iterator[tuple[int, Any]]:
-    """``(line_number, value)`` for every non-blank line of a JSON Lines file, in order (1-based).
-
-    Lines are separated by ``\\n`` (a trailing ``\\r`` is JSON whitespace); the whole file is read
-    and decoded as strict UTF-8 before the first line is yielded.
-
-    Raises:
-        TxlError: the only exception, as :func:`read_json`; parse errors name the file and line
-            (``PATH line N is not valid JSON ...``).
-    """
-    path = Path(path)
-    label = _label(what)
-    for number, line in enumerate(_read_text(path, label).split("\n"), 1):
-        if line.strip():
-            yield number, _parse(line, f"{label}{path} line {number}")
-
-
-def write_json(path: str | Path, obj: Any, overwrite: bool = True) -> None:
-    """Write ``obj`` as indented JSON, atomically (``overwrite``: as :func:`atomic_write`).
-
-    Raises:
-        OSError, TxlError: as :func:`atomic_write`.
-    """
-    text = json.dumps(obj, indent=2, sort_keys=False) + "\n"
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), overwrite=overwrite)
-
-
-def path_inside(folder: str | Path, name: Any, where: str, nested: bool = False) -> Path:
-    """``folder / name`` for a name read from a file (``checksums.json``, ``dataset.json``), kept inside ``folder``.
-
-    A crafted file could otherwise name ``../../etc/hostname`` or ``/etc/hostname`` and make txl read
-    it. ``name`` must be a non-empty string without NUL, ``\\``, ``.``/``..`` parts or a leading
-    ``/``; without ``nested`` it must also be a plain file name (no ``/`` at all), with ``nested``
-    it may name a file in a subfolder (``shards/part-1.txt``). ``where`` names the file that held
-    ``name`` in the error message. Symbolic links are not followed here (the caller opens the path).
-
-    Raises:
-        TxlError: ``name`` is not such a string.
-    """
-    from txl.errors import TxlError
-
-    parts = name.split("/") if isinstance(name, str) else []
-    if (not parts or "\\" in name or "\0" in name or name.startswith("/") or (len(parts) > 1 and not nested)
-            or any(part in ("", ".", "..") for part in parts)):
-        kind = "a relative path inside" if nested else "a file name inside"
-        raise TxlError(f"{where} names {name!r}, which is not {kind} {folder}; refusing to read it (the file "
-                       "was altered or crafted)")
-    return Path(folder) / name
-
-
-# --- output guards --------------------------------------------------------------------------------------------
 
 # the files that make a folder a txl checkpoint or run folder (txl.training.checkpoint writes them; named
 # here because this module is the bottom layer): run.json or checksums.json, or config.json beside
@@ -274,14 +84,17 @@ def _input_conflict(path: Path, inputs) -> str | None:
     return None
 
 
-def check_output_path(path: str | Path, inputs=(), force: bool = False, flag: str = "--out") -> Path:
+def check_output_path(path: str | Path, inputs=(), force: bool = False, flag: str = "--out",
+                      makes_folder: bool = False) -> Path:
     """Check that a command may write the user-named output file ``path``; return it as a Path.
 
-    Refused, in this order: ``path`` is a folder; it lies inside a txl checkpoint or run folder
-    (:func:`protected_folder`); it is (by resolved path, symlink or hard link) one of ``inputs`` or an
-    existing file inside an input folder (which is read whole); it exists and ``force`` is false.
-    ``force`` lifts only the last refusal. ``flag``
-    names the option in the message (``--json``).
+    Refused, in this order: ``path`` is a folder; its folder does not exist (with ``makes_folder``, for a
+    file in a folder the command creates such as ``txl plot --out DIR``: the nearest existing folder above
+    it counts) or is a file; it lies inside a txl checkpoint or run folder (:func:`protected_folder`); it is
+    (by resolved path, symlink or hard link) one of ``inputs`` or an existing file inside an input folder
+    (which is read whole); it exists and ``force`` is false; no file can be created in its folder (tried
+    with an empty hidden file, removed at once). ``force`` lifts only the existing-file refusal. ``flag``
+    names the option in the message (``--json``), and every message names ``path`` as the user gave it.
 
     Raises:
         TxlError: one line naming the problem and what to do; nothing is written.
@@ -291,6 +104,14 @@ def check_output_path(path: str | Path, inputs=(), force: bool = False, flag: st
     path = Path(path)
     if path.is_dir():
         raise TxlError(f"{flag} {path} is a folder; give a file name")
+    parent = existing = path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise TxlError(f"{flag} {path}: {existing} is a file, not a folder; choose another place for the output")
+    if existing != parent and not makes_folder:
+        raise TxlError(f"{flag} {path}: the folder {parent} does not exist; create it first, or choose another file "
+                       "(txl creates no folder for an output file)")
     folder = protected_folder(path)  # the resolved path's folders: a symlink into a checkpoint counts
     if folder is not None:
         raise TxlError(f"{flag} {path} is inside the txl checkpoint or run folder {folder}; txl never writes "
@@ -300,6 +121,13 @@ def check_output_path(path: str | Path, inputs=(), force: bool = False, flag: st
         raise TxlError(f"{flag} {path} {conflict}; txl never writes over its inputs: choose another file")
     if os.path.lexists(path) and not force:
         raise TxlError(f"{flag} {path} already exists; add --force to replace it, or choose another file")
+    try:  # the only sure test (permissions, read-only or special file systems, root's exemptions)
+        fd, probe = tempfile.mkstemp(prefix=".txl-probe.", dir=existing)
+    except OSError as err:
+        raise TxlError(f"{flag} {path}: txl cannot create files in {existing} ({err.strerror or err}); choose a "
+                       "writable folder") from None
+    os.close(fd)
+    os.unlink(probe)
     return path
 
 
@@ -343,6 +171,29 @@ class FolderClaim:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def refuse_nonempty_folder(path: Path, subject: str, advice: str) -> None:
+    """Refuse an existing folder that holds anything: the one rule behind ``claim_folder(empty=True)``
+    and a new training run's folder (:func:`txl.training.runlog.check_new_run_folder`). A missing
+    folder, or an empty one, passes.
+
+    Args:
+        subject: how the message starts (``DST runs/x already exists and``).
+        advice: what the message says after the listing (``"; choose a new or empty folder"``).
+
+    Raises:
+        TxlError: ``{subject} is not empty (ENTRIES){advice}``, naming up to four entries (folders with a
+            trailing ``/``) and how many more there are.
+    """
+    from txl.errors import TxlError
+
+    if not path.is_dir():
+        return
+    entries = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
+    if entries:
+        shown = ", ".join(entries[:4]) + (f" and {len(entries) - 4} more" if len(entries) > 4 else "")
+        raise TxlError(f"{subject} is not empty ({shown}){advice}")
 
 
 def _lock_path(folder: Path) -> Path:
@@ -440,8 +291,9 @@ def claim_folder(path: str | Path, *, flag: str = "--out", create: bool = True, 
         if not path.is_dir():
             raise TxlError(f"{flag} {path} is a file; choose a folder")
         claim = FolderClaim(path, lock, fd, created)
-        if empty and any(path.iterdir()):
-            raise TxlError(f"{flag} {path} already exists and is not empty; choose a new folder (nothing was changed)")
+        if empty:
+            refuse_nonempty_folder(path, f"{flag} {path} already exists and", "; choose a new or empty folder "
+                                   "(nothing was changed)")
         return claim
     except BaseException:
         if claim is not None:

@@ -1,0 +1,234 @@
+"""The checks of a ``txl`` command's arguments that run before any work, and before torch is imported:
+finite numbers and integer lists (the argparse ``type`` of float flags, :func:`parse_ints`), input paths
+that must exist (:func:`check_exists`, :func:`check_checkpoint_path`), output files that may be written
+(:func:`check_output`), optional packages (:func:`require_installed`), flag values and their ranges
+(:func:`check_shared_flags`, run by :func:`txl.cli.main` for every command, :func:`check_range`,
+:func:`check_min_new_tokens`) and the keys of a JSON Lines input (:func:`check_line_keys`).
+
+Each failure is one :class:`~txl.errors.TxlError` (or, for an argparse ``type``, an
+``argparse.ArgumentTypeError``) naming the flag as ``--help`` shows it and what to give instead.
+The flags themselves are defined in :mod:`txl.cli.common`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import os
+from typing import Callable
+
+from txl.cli.common import flag_name
+from txl.config import MAX_THREADS, SEED_LIMIT
+from txl.errors import TxlError
+
+
+def finite_float(text: str) -> float:
+    """The argparse ``type`` of every float flag: a finite number (``nan``, ``inf`` and ``-inf`` are refused).
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, or not finite (argparse reports it as one
+            ``txl: error: argument --flag: ...`` line).
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def finite_floats(count: int | None = None) -> Callable[[str], list[float]]:
+    """An argparse ``type`` for comma-separated finite numbers (``0.8,0.1,0.1``), exactly ``count`` of
+    them when given; each is read by :func:`finite_float`.
+
+    Raises:
+        argparse.ArgumentTypeError: (from the returned parser) another count of items, or an item that is
+            not a finite number (naming the whole text; argparse reports it as one ``txl: error:`` line).
+    """
+
+    def parse(text: str) -> list[float]:
+        items = [item.strip() for item in text.split(",")]
+        if count is not None and len(items) != count:
+            raise argparse.ArgumentTypeError(f"must be {count} comma-separated numbers, got {text!r}")
+        try:
+            return [finite_float(item) for item in items]
+        except argparse.ArgumentTypeError as err:
+            raise argparse.ArgumentTypeError(f"{err} in {text!r}") from None
+
+    parse.__name__ = "finite_floats"
+    return parse
+
+
+def parse_ints(text: str, flag: str, minimum: int) -> list[int]:
+    """The comma-separated integers of a list flag (``--sweep-mem 0,128,256``), in the order given.
+
+    Raises:
+        TxlError: a value that is not an integer or is below ``minimum``, or no value at all
+            (naming ``flag``).
+    """
+    wanted = "positive integers" if minimum == 1 else f"integers >= {minimum}"
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise TxlError(f"{flag} needs comma-separated {wanted}, got {text!r}") from None
+    if not values or min(values) < minimum:
+        raise TxlError(f"{flag} needs comma-separated {wanted}, got {text!r}")
+    return values
+
+
+def check_exists(path: str | None, what: str, kind: str | None = None, hint: str = "") -> None:
+    """Refuse a missing input before anything heavy is imported or loaded (torch-free, one line).
+
+    Args:
+        path: the path as the user gave it; None passes.
+        what: how the message names it (``"checkpoint"``, ``"--data"``, ``"input"``).
+        kind: ``"file"`` or ``"folder"`` when it must be one of them; None: either.
+        hint: what to give instead, added to the message (``"give a run directory with metrics.csv"``).
+
+    Raises:
+        TxlError: ``{what} {path} does not exist``, or is a folder/file where the other is needed.
+    """
+    if path is None:
+        return
+    if not os.path.exists(path):
+        problem = "does not exist"
+    elif kind == "file" and os.path.isdir(path):
+        problem = "is not a file (it is a folder)"
+    elif kind == "folder" and not os.path.isdir(path):
+        problem = "is not a folder (it is a file)"
+    else:
+        return
+    raise TxlError(f"{what} {path} {problem}" + (f" ({hint})" if hint else ""))
+
+
+def check_checkpoint_path(path: str | None) -> None:
+    """The CHECKPOINT argument names an existing folder (checked before torch is imported; what is
+    inside is checked when it is loaded).
+
+    Raises:
+        TxlError: it does not exist or is a file.
+    """
+    check_exists(path, "checkpoint", kind="folder")
+
+
+def require_installed(*modules: str, message: str) -> None:
+    """Refuse, before any work, a command that needs an optional package which is not installed.
+
+    Only looks the modules up (``importlib.util.find_spec``); nothing is imported.
+
+    Raises:
+        TxlError: ``message`` (which says what to install) when one of ``modules`` is missing.
+    """
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a stub in sys.modules (None, or without a spec)
+            found = False
+        if not found:
+            raise TxlError(message)
+
+
+def check_output(args: argparse.Namespace, path: str | None, inputs=(), flag: str = "--out",
+                 makes_folder: bool = False) -> None:
+    """Refuse the user-named output file ``path`` before any work (:func:`txl.fileio.check_output_path`
+    with ``args.force``; ``makes_folder`` for a file in a folder the command creates, ``txl plot --out``);
+    ``None`` and ``-`` (stdout) pass.
+
+    Raises:
+        TxlError: ``path`` is a folder, its folder is missing (unless ``makes_folder``), a file or not
+            writable, ``path`` is one of ``inputs`` or inside an input folder, inside a checkpoint or run
+            folder, or an existing file without ``--force``.
+    """
+    if path is None or path == "-":
+        return
+    from txl.fileio import check_output_path
+
+    check_output_path(path, inputs, force=getattr(args, "force", False), flag=flag, makes_folder=makes_folder)
+
+
+def check_range(args: argparse.Namespace, minimum: int, *names: str) -> None:
+    """Every given (not None) option among ``names`` is >= ``minimum``.
+
+    Raises:
+        TxlError: naming the flag as the user spelled it in the documented grammar (``--tgt-len``).
+    """
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None and value < minimum:
+            raise TxlError(f"{flag_name(args, name)} must be >= {minimum}, got {value}")
+
+
+def check_threads(args: argparse.Namespace) -> None:
+    """A given ``--threads`` lies in ``[0, MAX_THREADS]`` (checked before torch is imported).
+
+    Raises:
+        TxlError: naming the flag and the value.
+    """
+    value = getattr(args, "threads", None)
+    if value is not None and not 0 <= value <= MAX_THREADS:
+        raise TxlError(f"{flag_name(args, 'threads')} must be from 0 (automatic: the free CPUs) to {MAX_THREADS}, "
+                       f"got {value}")
+
+
+def check_seed(args: argparse.Namespace) -> None:
+    """A given ``--seed`` lies in ``[0, SEED_LIMIT)`` (``2**32``), the one rule of every command's seed and of
+    ``train.seed``: what python's, numpy's and torch's seeding all accept.
+
+    Raises:
+        TxlError: out of range, naming the flag.
+    """
+    seed = getattr(args, "seed", None)
+    if seed is not None and not 0 <= seed < SEED_LIMIT:
+        raise TxlError(f"{flag_name(args, 'seed')} must be in [0, 2**{SEED_LIMIT.bit_length() - 1}), got {seed}")
+
+
+SPAN_MINIMUM = {"tgt_len": 1, "mem_len": 0, "clamp_len": 0, "cmem_len": 0}  # the smallest value of each span flag
+
+
+def check_shared_flags(args: argparse.Namespace) -> None:
+    """The flags several commands share, checked by :func:`txl.cli.main` for every command before it runs
+    (torch-free): ``--threads`` (:func:`check_threads`), the attention-span flags (``--tgt-len`` >= 1;
+    ``--mem-len``, ``--clamp-len``, ``--cmem-len`` >= 0) and ``--seed`` (:func:`check_seed`).
+
+    Raises:
+        TxlError: the first value out of range, naming the flag as ``--help`` shows it.
+    """
+    check_threads(args)
+    for name, minimum in SPAN_MINIMUM.items():
+        check_range(args, minimum, name)
+    check_seed(args)
+
+
+def check_min_new_tokens(args: argparse.Namespace) -> None:
+    """``--min-new-tokens`` is at most ``-n/--max-new-tokens`` (``txl generate``, ``txl summarize``): more could
+    never be drawn, so the request is a mistake, said before any work.
+
+    Raises:
+        TxlError: naming both flags as ``--help`` shows them and their values.
+    """
+    least, most = args.min_new_tokens, args.max_new_tokens
+    if least is not None and most is not None and least > most:
+        raise TxlError(f"{flag_name(args, 'min_new_tokens')} {least} is more than {flag_name(args, 'max_new_tokens')} "
+                       f"{most}, the most tokens drawn; lower {flag_name(args, 'min_new_tokens')} or raise "
+                       f"{flag_name(args, 'max_new_tokens')}")
+
+
+def check_line_keys(obj: dict, known: tuple[str, ...], where: str, advice: str = "") -> None:
+    """Refuse the keys of a JSON Lines object that a command does not read, as config files and the server do
+    (a misspelt key would otherwise be ignored without a word).
+
+    Args:
+        where: the line, as every per-line message names it (``p.jsonl line 3``).
+        advice: added after the list of known keys.
+
+    Raises:
+        TxlError: ``{where}: unknown key(s) 'bogus' (did you mean ...?); known keys: prompt{advice}``.
+    """
+    from txl.config import did_you_mean
+
+    unknown = sorted(set(obj) - set(known))
+    if unknown:
+        raise TxlError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}{did_you_mean(unknown[0], known)}; "
+                       f"known keys: {', '.join(known)}{advice}")
