@@ -80,11 +80,14 @@ def read_folder(root: str | Path) -> list[Document]:
     return docs
 
 
-def load_labelled(path: str | Path) -> list[Document]:
+def load_labelled(path: str | Path, min_labels: int = 2) -> list[Document]:
     """Labelled documents from a folder per label or a JSON Lines file, checked for training.
 
+    ``min_labels``: the fewest distinct labels accepted (2 for training data; 1 for held-out documents).
+
     Raises:
-        TxlError: missing path, malformed input, an empty document, or fewer than two labels.
+        TxlError: missing path, malformed input, no documents, an empty document, or fewer than
+            ``min_labels`` labels.
     """
     path = Path(path)
     if not path.exists():
@@ -94,9 +97,9 @@ def load_labelled(path: str | Path) -> list[Document]:
         if not doc.text:
             raise TxlError(f"document {doc.source} is empty; remove it or give it text")
     labels = sorted({d.label for d in docs})
-    if len(labels) < 2:
+    if len(labels) < max(1, min_labels):
         raise TxlError(f"{path} has {len(labels)} label(s) ({', '.join(labels) or 'none'}); "
-                       "classification needs at least 2")
+                       f"{'classification needs at least 2' if min_labels >= 2 else 'give labelled documents'}")
     return docs
 
 

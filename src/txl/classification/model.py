@@ -28,7 +28,7 @@ from txl.model.config import TransformerXLConfig, check_fields
 from txl.model.parameters import init_weights
 from txl.model.transformer import TransformerXLLM
 
-MODES = ("memory", "first")
+MODES = ("memory", "first", "last")
 POOLINGS = ("last", "mean")
 
 
@@ -40,17 +40,19 @@ class ClassifierConfig:
         num_labels: number of classes (>= 2).
         labels: class names, one per class index (default ``"0" .. "num_labels-1"``).
         mode: ``"memory"``: the whole document, segment after segment with the memory (needs
-            ``attn_type="rel"``); ``"first"``: only the first ``tgt_len`` tokens, no memory (the only
-            mode of the vanilla ``attn_type="abs"`` model, which reads one window).
-        pooling: ``"last"``: the last layer's state at the document's last real token (the one read,
-            in ``"first"`` mode); ``"mean"``: mean of the last layer's states over the real tokens of
+            ``attn_type="rel"``); ``"first"``: only the first ``tgt_len`` tokens, no memory;
+            ``"last"``: only the last ``tgt_len`` tokens, no memory ("first" and "last" are the modes of
+            the vanilla ``attn_type="abs"`` model, which reads one window).
+        pooling: ``"last"``: the last layer's state at the document's last real token (the last one
+            read, in ``"first"`` mode); ``"mean"``: mean of the last layer's states over the real tokens of
             the document's last segment.
         grad_segments: K >= 1: gradients flow through the last K segments of each document only
             (earlier segments run without autograd and their memory is detached; between the last K
             segments the memory keeps its graph: truncated back-propagation through time). K = 1 is
             the paper's stop-gradient memory. None: through every segment (memory grows with length).
         classifier_dropout: dropout probability on the pooled vector before the linear head.
-        max_tokens: documents are cut to their first ``max_tokens`` tokens when encoded (None: whole).
+        max_tokens: documents are cut to their first ``max_tokens`` tokens when encoded (None: whole;
+            ``"last"`` mode then reads the last ``tgt_len`` tokens of the cut document).
     """
 
     num_labels: int
@@ -137,7 +139,7 @@ class TransformerXLForSequenceClassification(nn.Module):
             raise TxlError("give either a ClassifierConfig or num_labels and settings, not both")
         if classifier.mode == "memory" and config.attn_type == "abs":
             raise TxlError(f"mode='memory' needs a model with memory (attn_type 'rel' or 'shaw'); the attn_type={config.attn_type!r} model has "
-                           "no memory: use mode='first' (one window of tgt_len tokens)")
+                           "no memory: use mode='first' or 'last' (one window of tgt_len tokens)")
         self.classifier = classifier
         self.body = TransformerXLLM(config)
         self.dropout = nn.Dropout(classifier.classifier_dropout)
@@ -205,7 +207,18 @@ class TransformerXLForSequenceClassification(nn.Module):
             n = min(total, tgt_len)
             h, _ = self.body.hidden_states(input_ids[:, :n], None)
             return self._pool(h, lengths.clamp(max=n))
+        if self.classifier.mode == "last":
+            return self._encode_last(input_ids, lengths, tgt_len)
         return self._encode_with_memory(input_ids, lengths, tgt_len)
+
+    def _encode_last(self, input_ids: torch.Tensor, lengths: torch.Tensor, tgt_len: int) -> torch.Tensor:
+        """Read only each row's last ``min(length, tgt_len)`` real tokens, moved to the row's start (no memory)."""
+        counts = lengths.clamp(max=tgt_len)  # [B] tokens read per row
+        n = int(counts.max())
+        cols = (lengths - counts)[:, None] + torch.arange(n, device=input_ids.device)[None, :]  # [B, n]
+        ids = input_ids.gather(1, cols.clamp(max=input_ids.size(1) - 1))  # after a row's end: padding, never seen
+        h, _ = self.body.hidden_states(ids, None)
+        return self._pool(h, counts)
 
     def _encode_with_memory(self, input_ids: torch.Tensor, lengths: torch.Tensor, tgt_len: int) -> torch.Tensor:
         """Read every segment with the memory; pool each row in the segment holding its last token."""

@@ -11,6 +11,7 @@ import torch
 
 from txl.classification.data import pad_batch
 from txl.errors import TxlError
+from txl.evaluation.intervals import accuracy, macro_f1
 from txl.training.optim import make_optimizer
 from txl.training.schedules import learning_rate
 
@@ -22,7 +23,8 @@ class FitResult:
     Attributes:
         steps: optimizer steps taken.
         documents: documents read in training (steps x batch size).
-        tokens: real (unpadded) tokens read in training (at most tgt_len per document in "first" mode).
+        tokens: real (unpadded) tokens read in training (at most tgt_len per document in "first" and
+            "last" mode).
         wall_s: seconds of training.
         final_loss: mean cross-entropy (nats) over the last 10 steps.
     """
@@ -84,7 +86,8 @@ def fit_classifier(model, docs: Sequence[np.ndarray], labels: Sequence[int], *, 
         opt.step()
         losses.append(float(out.loss.detach()))
         n_docs += len(chunk)
-        n_tokens += int((lengths.clamp(max=model.config.tgt_len) if model.classifier.mode == "first" else lengths).sum())
+        one_window = model.classifier.mode in ("first", "last")
+        n_tokens += int((lengths.clamp(max=model.config.tgt_len) if one_window else lengths).sum())
         if log is not None:
             log(step, losses[-1])
     model.eval()
@@ -101,8 +104,10 @@ def predict_labels(model, docs: Sequence[np.ndarray], batch_size: int = 8) -> np
 def classification_metrics(y_true: Sequence[int], y_pred: Sequence[int], num_labels: int) -> dict:
     """Accuracy and macro-F1 (both in [0, 1]) with per-class precision/recall/F1.
 
-    Macro-F1 is the unweighted mean of the per-class F1 over classes that occur in ``y_true`` or
-    ``y_pred`` (a class with no support and no prediction is left out, as scikit-learn does).
+    Accuracy and macro-F1 are :func:`txl.evaluation.intervals.accuracy` and
+    :func:`~txl.evaluation.intervals.macro_f1` (the unweighted mean of the per-class F1 over classes that
+    occur in ``y_true`` or ``y_pred``: a class with no support and no prediction is left out, as
+    scikit-learn does).
 
     Returns:
         ``{"accuracy", "macro_f1", "n", "per_class": [{"precision", "recall", "f1", "support"}, ...],
@@ -113,7 +118,7 @@ def classification_metrics(y_true: Sequence[int], y_pred: Sequence[int], num_lab
         raise TxlError("metrics need the same, non-zero number of true and predicted labels")
     confusion = np.zeros((num_labels, num_labels), dtype=np.int64)
     np.add.at(confusion, (y_true, y_pred), 1)
-    per_class, f1s = [], []
+    per_class = []
     for c in range(num_labels):
         tp = confusion[c, c]
         predicted, support = confusion[:, c].sum(), confusion[c, :].sum()
@@ -122,10 +127,8 @@ def classification_metrics(y_true: Sequence[int], y_pred: Sequence[int], num_lab
         f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
         per_class.append({"precision": float(precision), "recall": float(recall), "f1": float(f1),
                           "support": int(support)})
-        if predicted or support:
-            f1s.append(f1)
-    return {"accuracy": float((y_true == y_pred).mean()), "macro_f1": float(np.mean(f1s)), "n": int(y_true.size),
-            "per_class": per_class, "confusion": confusion.tolist()}
+    return {"accuracy": accuracy(y_true, y_pred), "macro_f1": macro_f1(y_true, y_pred, num_labels),
+            "n": int(y_true.size), "per_class": per_class, "confusion": confusion.tolist()}
 
 
 def evaluate_classifier(model, docs: Sequence[np.ndarray], labels: Sequence[int], batch_size: int = 8) -> dict:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from txl.cli.common import (add_batch_size, add_device, add_dtype, add_force, add_json, check_output, emit_json,
-                            note_threads, parse_ints, print_notes, require_installed)
+from txl.cli.checks import check_output, parse_ints, require_installed
+from txl.cli.common import (add_batch_size, add_device, add_dtype, add_force, add_json, emit_json, note_threads,
+                            print_notes)
 from txl.errors import TxlError
 
 NAME = "bench"
@@ -35,6 +36,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "GPT-2 after L tokens; needs --vs hf for GPT-2), e.g. 128,512,1024,2048,3800")
     add_json(p)
     add_force(p)
+    g = p.add_argument_group("long-range retrieval (--long-range; docs/long-range.md)")
+    g.add_argument("--long-range", action="store_true",
+                   help="train the memory rows on facts in real text and measure exact retrieval against distance")
+    g.add_argument("--out", default=None, metavar="DIR",
+                   help="--long-range: new or empty output folder (default runs/long-range)")
+    g.add_argument("--rows", default=None, metavar="A,B,...",
+                   help="--long-range: rows to train (default all: mem64,mem256,mem1024,cmem,mem0,abs,mem64-bptt4)")
+    g.add_argument("--seeds", type=int, default=3, metavar="N", help="--long-range: seeds per row (default 3)")
+    g.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="--long-range: training steps per row (default 4000, of 16 streams x 64 tokens)")
+    g.add_argument("--episodes", type=int, default=None, metavar="N",
+                   help="--long-range: episodes per task and distance (default 64)")
+    g.add_argument("--distances", default=None, metavar="D,D,...",
+                   help="--long-range: distances asked (default 16,64,256,512,1024,2048,4096,8192; each row is "
+                        "also asked at its direct reach and twice that)")
+    g.add_argument("-q", "--quiet", action="store_true", help="--long-range: no progress bars")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1 or args.repeats < 1:
         raise TxlError("--batch-size and --repeats must be >= 1")
     _check_modes(args)
+    if args.long_range:
+        return _long_range(args)
     if args.vs == "hf":
         require_installed("transformers", message="--vs hf needs transformers: pip install transformers==4.35.2 "
                                                   "(the version the tests use as an oracle)")
@@ -94,12 +113,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+LONG_RANGE_FLAGS = ("--out", "--rows", "--seeds", "--steps", "--episodes", "--distances", "--quiet")
+
+
 def _check_modes(args: argparse.Namespace) -> None:
     """Refuse a flag the chosen mode would ignore (one line naming it), rather than measure without it."""
     given = {"--vs hf": args.vs is not None, "--dtype": args.dtype not in (None, "float32"),
              "--batch-size": args.batch_size != 16, "--no-memory": args.no_memory,
              "--gen-lengths": args.gen_lengths is not None, "--model": args.model is not None,
-             "--lengths": args.lengths != LENGTHS}
+             "--lengths": args.lengths != LENGTHS, "--eval-speedup": args.eval_speedup,
+             "--repeats": args.repeats != 5, "--json": args.json is not None,
+             "--out": args.out is not None, "--rows": args.rows is not None, "--seeds": args.seeds != 3,
+             "--steps": args.steps is not None, "--episodes": args.episodes is not None,
+             "--distances": args.distances is not None, "--quiet": args.quiet}
+    if args.long_range:
+        for flag in ("--vs hf", "--dtype", "--batch-size", "--no-memory", "--gen-lengths", "--model", "--lengths",
+                     "--eval-speedup", "--repeats", "--json"):
+            if given[flag]:
+                raise TxlError(f"{flag} does not apply to --long-range (it would be ignored); leave it out")
+        return
+    for flag in LONG_RANGE_FLAGS:
+        if given[flag]:
+            raise TxlError(f"{flag} applies to --long-range only; add --long-range or leave it out")
     if args.eval_speedup:
         mode, ignored = "--eval-speedup", ("--vs hf", "--dtype", "--batch-size", "--no-memory", "--gen-lengths")
     elif args.gen_lengths is not None:
@@ -109,3 +144,36 @@ def _check_modes(args: argparse.Namespace) -> None:
     for flag in ignored:
         if given[flag]:
             raise TxlError(f"{flag} does not apply to {mode} (it would be ignored); leave it out")
+
+
+def _long_range(args: argparse.Namespace) -> int:
+    """``txl bench --long-range``: train the rows, print the table; results in ``--out``."""
+    from txl.cli.checks import check_range
+
+    check_range(args, 1, "seeds", "steps", "episodes")
+    known = ("mem64", "mem256", "mem1024", "cmem", "mem0", "abs", "mem64-bptt4")  # analysis.long_range.ROWS (no torch)
+    names = [n.strip() for n in args.rows.split(",")] if args.rows else list(known)
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise TxlError(f"--rows takes names among {', '.join(known)}, got {args.rows!r}")
+    distances = tuple(parse_ints(args.distances, "--distances", 8)) if args.distances else None
+    out = args.out or "runs/long-range"
+    from pathlib import Path
+
+    if Path(out).exists() and (not Path(out).is_dir() or any(Path(out).iterdir())):
+        raise TxlError(f"--out {out} already exists and is not an empty folder; choose a new folder (nothing was changed)")
+    require_installed("matplotlib", message="--long-range draws its plot with matplotlib: in the txl folder, "
+                                            ".venv/bin/python -m pip install -e '.[plot]'")
+    from txl.analysis.long_range import DISTANCES, ROWS, TABLE_NAME, Budget, run_long_range
+
+    note_threads(args)
+    print_notes(args)
+    budget = Budget()
+    budget = Budget(**{**budget.__dict__, **{k: v for k, v in (("steps", args.steps), ("episodes", args.episodes))
+                                              if v is not None}})
+    rows = tuple(r for r in ROWS if r.name in names)
+    run_long_range(out, rows=rows, seeds=tuple(range(args.seeds)), budget=budget, distances=distances or DISTANCES,
+                   progress=not args.quiet, log=lambda m: print(m, file=sys.stderr, flush=True))
+    print(Path(out, TABLE_NAME).read_text(encoding="utf-8"))
+    print(f"wrote {out}/{TABLE_NAME}, results.json and long_range.png")
+    return 0

@@ -1,7 +1,8 @@
 """``txl classify``: fine-tune a language model into a long-document classifier, and predict with it.
 
 ``txl classify train LM --data DATA --out RUN`` reads labelled documents (a folder per
-label, or JSON Lines ``{"text": ..., "label": ...}``), holds out a seeded stratified part, fine-tunes
+label, or JSON Lines ``{"text": ..., "label": ...}``), holds out a seeded stratified part (or reads the
+held-out documents from ``--valid``), fine-tunes
 a :class:`~txl.classification.TransformerXLForSequenceClassification` initialised from the LM and
 writes the classifier checkpoint folder RUN. ``txl classify predict RUN FILE...`` prints one JSON
 line per document with the predicted label and the probabilities.
@@ -14,9 +15,9 @@ import json
 import sys
 from pathlib import Path
 
+from txl.cli.checks import check_checkpoint_path, check_exists, check_seed, finite_float
 from txl.cli.common import (Command, add_batch_size, add_checkpoint, add_data, add_device, add_option, add_seed,
-                            add_span, check_checkpoint_path, check_exists, checkpoint_arg, finite_float, note_threads,
-                            print_notes, underscore)
+                            add_span, checkpoint_arg, note_threads, print_notes, underscore)
 from txl.errors import TxlError
 
 NAME = "classify"
@@ -28,9 +29,9 @@ def _add_train(t: argparse.ArgumentParser) -> None:
     add_checkpoint(t, option_alias=True, text="txl LM checkpoint, or a run directory (uses its best/)")
     add_data(t, "folder DIR/LABEL/FILE... or a .jsonl file of {\"text\", \"label\"}", required=True)
     t.add_argument("--out", "-o", required=True, help="classifier checkpoint folder to write")
-    t.add_argument("--mode", choices=["memory", "first"], default=None,
-                   help="memory: whole document with the memory; first: first tgt_len tokens only "
-                        "(default: memory, or first for an attn_type=abs model)")
+    t.add_argument("--mode", choices=["memory", "first", "last"], default=None,
+                   help="memory: whole document with the memory; first / last: the first / last tgt_len tokens "
+                        "only (default: memory, or first for an attn_type=abs model)")
     t.add_argument("--pooling", choices=["last", "mean"], default="last",
                    help="last: state of the last token; mean: mean over the last segment (default last)")
     add_option(t, "--grad-segments", aliases=underscore("--grad-segments"), type=int, default=1, metavar="K",
@@ -46,8 +47,10 @@ def _add_train(t: argparse.ArgumentParser) -> None:
     add_option(t, "--weight-decay", aliases=underscore("--weight-decay"), type=finite_float, default=0.0)
     t.add_argument("--clip", type=finite_float, default=1.0, help="max gradient norm (0: none)")
     t.add_argument("--dropout", type=finite_float, default=0.1, help="dropout before the linear head")
-    add_option(t, "--valid-fraction", aliases=underscore("--valid-fraction"), type=finite_float, default=0.2,
-               help="held-out fraction per label (default 0.2)")
+    add_option(t, "--valid-fraction", aliases=underscore("--valid-fraction"), type=finite_float, default=None,
+               help="held-out fraction per label of --data (default 0.2; not with --valid)")
+    t.add_argument("--valid", metavar="DATA",
+                   help="held-out documents (same forms as --data): train on all of --data, report on these")
     add_seed(t, default=0, text="seeds the split, the batches and the head")
     add_device(t)
     t.add_argument("--quiet", "-q", action="store_true", help="no per-step log")
@@ -76,16 +79,19 @@ def _check_args(args: argparse.Namespace) -> None:
         raise TxlError(f"--mem-len must be >= 0, got {args.mem_len}")
     if not 0 < args.lr < float("inf"):
         raise TxlError(f"--lr must be a finite number > 0, got {args.lr}")
-    if not 0 <= args.seed < 2**32:
-        raise TxlError(f"--seed must be in [0, 2**32), got {args.seed}")
+    check_seed(args)
     if args.weight_decay < 0 or args.clip < 0:
         raise TxlError(f"--weight-decay and --clip must be >= 0, got {args.weight_decay:g} and {args.clip:g}")
     if not 0 <= args.dropout < 1:
         raise TxlError(f"--dropout must be in [0, 1), got {args.dropout:g}")
-    if not 0 < args.valid_fraction < 1:
+    if args.valid is not None and args.valid_fraction is not None:
+        raise TxlError("give --valid (held-out documents) or --valid-fraction (a held-out part of --data), not both")
+    if args.valid_fraction is not None and not 0 < args.valid_fraction < 1:
         raise TxlError(f"--valid-fraction must be in (0, 1), got {args.valid_fraction:g}")
     check_checkpoint_path(args.checkpoint)  # paths too, before torch is imported
     check_exists(args.data, "--data")
+    if args.valid is not None:
+        check_exists(args.valid, "--valid")
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -95,7 +101,8 @@ def _train(args: argparse.Namespace) -> int:
     checkpoint_arg(args)
     _check_args(args)
     # one process per folder, claimed before anything is loaded; an empty folder it created goes on failure
-    with claim_folder(args.out, empty=True, inputs=[args.checkpoint, args.data]):
+    inputs = [args.checkpoint, args.data] + ([args.valid] if args.valid else [])
+    with claim_folder(args.out, empty=True, inputs=inputs):
         return _train_claimed(args)
 
 
@@ -105,7 +112,8 @@ def _train_claimed(args: argparse.Namespace) -> int:
 
     from txl.classification.data import encode_texts, load_labelled, stratified_split
     from txl.classification.model import TransformerXLForSequenceClassification
-    from txl.classification.train import evaluate_classifier, fit_classifier
+    from txl.classification.train import classification_metrics, fit_classifier, predict_labels
+    from txl.evaluation.intervals import accuracy, bootstrap_interval, macro_f1
     from txl.model.serialization import read_model_config
     from txl.training.checkpoint import resolve_checkpoint_dir
     from txl.runtime import resolve_device
@@ -117,8 +125,17 @@ def _train_claimed(args: argparse.Namespace) -> int:
     mode = args.mode or ("first" if attn_type == "abs" else "memory")
     docs = load_labelled(args.data)
     names = sorted({d.label for d in docs})
+    if args.valid is None:
+        train_idx, valid_idx = stratified_split([d.label for d in docs], args.valid_fraction or 0.2, args.seed)
+    else:
+        held = load_labelled(args.valid, min_labels=1)
+        unknown = sorted({d.label for d in held} - set(names))
+        if unknown:
+            raise TxlError(f"--valid {args.valid} has label(s) that --data {args.data} lacks: "
+                           f"{', '.join(unknown[:5])}; every held-out label needs training documents")
+        train_idx, valid_idx = list(range(len(docs))), list(range(len(docs), len(docs) + len(held)))
+        docs = docs + held
     targets = [names.index(d.label) for d in docs]
-    train_idx, valid_idx = stratified_split([d.label for d in docs], args.valid_fraction, args.seed)
     torch.manual_seed(args.seed)
     model = TransformerXLForSequenceClassification.from_pretrained_lm(
         lm_dir, len(names), labels=names, mode=mode, pooling=args.pooling,
@@ -127,8 +144,9 @@ def _train_claimed(args: argparse.Namespace) -> int:
     encoded = encode_texts(model.tokenizer, [d.text for d in docs], model.classifier.max_tokens,
                            [d.source for d in docs])
     print_notes(args)  # the threads (the input has passed its checks)
+    held_from = f"from {args.valid}" if args.valid else f"(seed {args.seed})"
     print(f"data: {len(docs)} documents, {len(names)} labels ({', '.join(names)}); "
-          f"train {len(train_idx)}, held-out {len(valid_idx)} (seed {args.seed})")
+          f"train {len(train_idx)}, held-out {len(valid_idx)} {held_from}")
     c = model.config
     print(f"model: {lm_dir} (attn_type {c.attn_type}), mode {mode}, tgt_len {c.tgt_len}, mem_len {c.mem_len}, "
           f"pooling {args.pooling}, grad_segments {args.grad_segments or 'all'}")
@@ -140,19 +158,29 @@ def _train_claimed(args: argparse.Namespace) -> int:
     fit = fit_classifier(model, [encoded[i] for i in train_idx], [targets[i] for i in train_idx],
                          steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
                          weight_decay=args.weight_decay, clip=args.clip, seed=args.seed, log=log)
-    metrics = evaluate_classifier(model, [encoded[i] for i in valid_idx], [targets[i] for i in valid_idx],
-                                  batch_size=args.batch_size)
-    settings = {"data": str(args.data), "checkpoint": str(lm_dir), "steps": args.steps, "batch_size": args.batch_size,
-                "lr": args.lr, "warmup": args.warmup_steps, "weight_decay": args.weight_decay, "clip": args.clip,
-                "valid_fraction": args.valid_fraction, "seed": args.seed, "tgt_len": c.tgt_len, "mem_len": c.mem_len}
-    extra = {"settings": settings, "heldout": {k: metrics[k] for k in ("accuracy", "macro_f1", "n", "confusion")},
+    y_true = [targets[i] for i in valid_idx]
+    y_pred = predict_labels(model, [encoded[i] for i in valid_idx], args.batch_size).argmax(1).tolist()
+    metrics = classification_metrics(y_true, y_pred, len(names))
+    intervals = {name: bootstrap_interval((y_true, y_pred), fn, n=1000, seed=args.seed)
+                 for name, fn in (("accuracy", accuracy), ("macro_f1", lambda t, p: macro_f1(t, p, len(names))))}
+    settings = {"data": str(args.data), "valid": args.valid, "checkpoint": str(lm_dir), "steps": args.steps,
+                "batch_size": args.batch_size, "lr": args.lr, "warmup": args.warmup_steps,
+                "weight_decay": args.weight_decay, "clip": args.clip,
+                "valid_fraction": None if args.valid else (args.valid_fraction or 0.2), "seed": args.seed,
+                "tgt_len": c.tgt_len, "mem_len": c.mem_len}
+    heldout = {k: metrics[k] for k in ("accuracy", "macro_f1", "n", "confusion")}
+    heldout.update({f"{k}_interval": [round(v.low, 6), round(v.high, 6)] for k, v in intervals.items()})
+    extra = {"settings": settings, "heldout": heldout,
              "train": {"documents": fit.documents, "tokens": fit.tokens, "wall_s": round(fit.wall_s, 1),
                        "final_loss": fit.final_loss},
-             "heldout_sources": [docs[i].source for i in valid_idx]}
+             "heldout_sources": [docs[i].source for i in valid_idx],
+             "heldout_predictions": [names[p] for p in y_pred]}
     model.save_pretrained(args.out, extra)
     print(f"trained {fit.steps} steps ({fit.documents} documents, {fit.tokens:,} tokens) in {fit.wall_s:.0f} s")
-    print(f"held-out: accuracy {metrics['accuracy']:.4f}, macro-F1 {metrics['macro_f1']:.4f} "
-          f"({metrics['n']} documents)")
+    acc, f1 = intervals["accuracy"], intervals["macro_f1"]
+    print(f"held-out: accuracy {metrics['accuracy']:.4f} [{acc.low:.4f}, {acc.high:.4f}], macro-F1 "
+          f"{metrics['macro_f1']:.4f} [{f1.low:.4f}, {f1.high:.4f}] ({metrics['n']} documents; 95% bootstrap "
+          "intervals over them)")
     print(f"checkpoint: {args.out}")
     return 0
 

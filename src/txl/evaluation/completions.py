@@ -42,7 +42,8 @@ def grad_window(labels: torch.Tensor, tgt_len: int, grad_segments: int | None) -
 
 
 def completion_losses(model, inputs: torch.Tensor, labels: torch.Tensor, *, span: AttentionSpan,
-                      grad: bool = False, grad_segments: int | None = 1, dtype: str = "float32") -> torch.Tensor:
+                      grad: bool = False, grad_segments: int | None = 1, dtype: str = "float32",
+                      recon: list | None = None) -> torch.Tensor:
     """Summed negative log-likelihood (nats) of each row's scored targets: float [B].
 
     Args:
@@ -53,6 +54,8 @@ def completion_losses(model, inputs: torch.Tensor, labels: torch.Tensor, *, span
         grad: read with autograd, through the window of :func:`grad_window` (``grad_segments``);
             False: no graph at all.
         dtype: "float32" or an autocast dtype for the forward passes.
+        recon: a list that receives each segment's attention-reconstruction loss (compressed memory,
+            read with autograd), to be trained with the rest; None: not collected.
 
     Raises:
         TxlError: a row without a scored target, or shapes that do not match.
@@ -68,6 +71,8 @@ def completion_losses(model, inputs: torch.Tensor, labels: torch.Tensor, *, span
     sums = None
     for seg in segments(model, inputs, labels, span=span, lengths=lengths, dtype=dtype, grad=grad, grad_from=window):
         part = seg.output.token_loss.sum(dim=1)
+        if recon is not None and seg.output.recon_loss is not None:
+            recon.append(seg.output.recon_loss)
         if sums is None:
             sums = torch.zeros(inputs.size(0), dtype=part.dtype, device=part.device)
         sums = sums.index_add(0, seg.rows, part.to(sums.dtype))

@@ -1,0 +1,297 @@
+"""How far does the memory carry a fact? Retrieval accuracy against distance (``txl bench --long-range``).
+
+Each *row* is a model trained from scratch on episodes of :mod:`txl.data.long_range` (a fact,
+filler, a question; the loss on the answer only; training filler and values) at distances drawn
+uniformly up to what it should reach, for the same number of steps of the same number of episodes,
+then asked, at each distance d, for a pass-key and for one of several bindings (associative
+recall), on held-out filler with held-out values (:func:`txl.evaluation.retrieval.retrieval_score`).
+Each episode is read from an empty memory, segment by segment with the memory carried, as
+fine-tuning reads its pairs (:class:`txl.training.stream_task.ExampleTask`). The rows differ only
+in how they reach back:
+
+- Transformer-XL with ``mem_len`` 64, 256 and 1,024 (direct attention covers ``mem_len + tgt_len``
+  tokens; stacked layers up to about ``n_layer × mem_len + tgt_len``);
+- a compressed memory (Rae et al. 2019) with as many slots as the 256 memory: 128 plain + 128
+  compressed at rate 4 (covers 128 + 512 tokens);
+- the same model without memory (``mem_len`` 0: a segment of ``tgt_len`` is all it sees);
+- a vanilla Transformer (``attn_type="abs"``) whose window equals the 256 row's attention length
+  (trained on segments of that length, evaluated with the sliding window of §3.1);
+- ``mem_len`` 64 trained with back-propagation through 4 segments (``grad_segments`` 4) on facts
+  up to that far back: does training through the memory extend the usable reach?
+
+Each row is trained on distances up to its direct reach (or, with back-propagation through K
+segments, up to what those segments and the memory before them cover). Results are the mean and
+the spread over seeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from txl.data.long_range import CLOSE, FACT, TASKS, VALUE_BYTES, episode, episode_batch, load_filler
+from txl.data.tokenizers.simple import ByteTokenizer
+from txl.errors import TxlError
+from txl.evaluation.retrieval import retrieval_score
+from txl.fileio import atomic_write, claim_folder, write_json
+from txl.model import TransformerXLConfig
+from txl.model.span import AttentionSpan
+from txl.training.config import RunConfig
+from txl.training.loop import train
+from txl.training.stream_task import ExampleTask
+
+__all__ = ["Row", "ROWS", "DISTANCES", "Budget", "run_long_range", "format_table"]
+
+DISTANCES = (16, 64, 256, 512, 1024, 2048, 4096, 8192)
+TABLE_NAME, JSON_NAME, PLOT_NAME = "long_range.md", "results.json", "long_range.png"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One model of the suite.
+
+    Attributes:
+        name: short id (run folder name). label: what it is, for tables.
+        attn_type: "rel" (Transformer-XL) or "abs" (vanilla). mem_len, cmem_len, cmem_ratio: its memory.
+        grad_segments: segments per training step with back-propagation between them.
+        window: for "abs", the window it is trained and evaluated with (tokens).
+    """
+
+    name: str
+    label: str
+    attn_type: str = "rel"
+    mem_len: int = 0
+    cmem_len: int = 0
+    cmem_ratio: int = 4
+    grad_segments: int = 1
+    window: int = 0
+
+    def reach(self, tgt_len: int) -> int:
+        """Tokens back that one attention layer covers: ``mem_len + cmem_len × cmem_ratio + tgt_len``
+        (the window for "abs")."""
+        if self.attn_type == "abs":
+            return self.window
+        return self.mem_len + self.cmem_len * self.cmem_ratio + tgt_len
+
+    def stacked_reach(self, tgt_len: int, n_layer: int) -> int:
+        """What ``n_layer`` stacked layers can cover at most: each layer adds one memory length."""
+        if self.attn_type == "abs" or not (self.mem_len or self.cmem_len):
+            return self.reach(tgt_len)
+        return n_layer * (self.mem_len + self.cmem_len * self.cmem_ratio) + tgt_len
+
+    def train_distances(self, tgt_len: int, cap: int = 0) -> tuple[int, int]:
+        """The distances its training facts are asked at: up to its direct reach, or for K > 1 segments of
+        back-propagation, up to what those segments and the memory before them cover; at most ``cap``
+        (0: no cap)."""
+        high = self.reach(tgt_len) if self.grad_segments == 1 else self.mem_len + self.grad_segments * tgt_len
+        return 8, max(min(high, cap) if cap else high, 16)
+
+
+ROWS = (
+    Row("mem64", "Transformer-XL, mem_len 64", mem_len=64),
+    Row("mem256", "Transformer-XL, mem_len 256", mem_len=256),
+    Row("mem1024", "Transformer-XL, mem_len 1,024", mem_len=1024),
+    Row("cmem", "compressed memory: 128 + 128 slots at rate 4", mem_len=128, cmem_len=128, cmem_ratio=4),
+    Row("mem0", "no memory (mem_len 0)", mem_len=0),
+    Row("abs", "vanilla Transformer, window 320 (= mem256's attention length)", attn_type="abs", window=320),
+    Row("mem64-bptt4", "mem_len 64, back-propagation through 4 segments", mem_len=64, grad_segments=4),
+)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Model size and training budget shared by every row.
+
+    Attributes:
+        steps: optimizer steps per row, each on ``batch_size`` episodes (the same number of training
+            episodes, hence answers, for every row), drawn from a pool of ``pool`` distinct episodes.
+        n_layer, d_model, n_head, d_inner: the model (byte level, pre-LayerNorm, no dropout).
+        lr, warmup_steps: AdamW peak rate, linear warm-up (then cosine decay to lr / 10).
+        clamp_len: relative distances clamped beyond this (0: none).
+        episodes: episodes per distance and task in evaluation.
+        max_train_distance: no training episode is longer than this distance (the cost of a step grows
+            with it); a row that reaches further is asked beyond what it was trained on.
+    """
+
+    steps: int = 1000
+    batch_size: int = 32
+    tgt_len: int = 64
+    n_layer: int = 2
+    d_model: int = 128
+    n_head: int = 4
+    d_inner: int = 512
+    lr: float = 2e-3
+    warmup_steps: int = 200
+    clamp_len: int = 0
+    episodes: int = 64
+    pool: int = 16384
+    max_train_distance: int = 512
+
+
+def row_run(row: Row, budget: Budget, seed: int, out_dir: Path) -> RunConfig:
+    """The run config a row trains with (byte vocabulary)."""
+    steps = budget.steps
+    tgt_len = row.window if row.attn_type == "abs" else budget.tgt_len
+    model = TransformerXLConfig(vocab_size=256, n_layer=budget.n_layer, d_model=budget.d_model, n_head=budget.n_head,
+                                d_head=budget.d_model // budget.n_head, d_inner=budget.d_inner, dropout=0.0,
+                                dropatt=0.0, pre_lnorm=True, attn_type=row.attn_type, tgt_len=tgt_len,
+                                mem_len=row.mem_len if row.attn_type != "abs" else 0,
+                                cmem_len=row.cmem_len, cmem_ratio=row.cmem_ratio if row.cmem_len else 1,
+                                clamp_len=budget.clamp_len if row.attn_type != "abs" else 0)
+    run = RunConfig.from_dict({
+        "train": {"out_dir": str(out_dir), "batch_size": budget.batch_size, "max_steps": steps, "lr": budget.lr,
+                  "min_lr": budget.lr / 10, "warmup_steps": min(budget.warmup_steps, max(1, steps // 4)),
+                  "clip": 1.0, "eval_interval": steps, "log_interval": max(1, steps // 20), "seed": seed,
+                  "sample_tokens": 0, "keep_last": 1},
+        "data": {"tokenizer": "byte"}, "eval": {"batch_size": 32}})
+    run.model = model
+    return run
+
+
+def examples(rng, filler: np.ndarray, n: int, distances: tuple[int, int], test: bool = False) -> list:
+    """``n`` training episodes as rows ``(ids, start)`` for :class:`~txl.training.stream_task.ExampleTask`.
+
+    Each is a pass-key or an associative episode (at random) at a distance drawn from ``distances``
+    (half uniformly, half log-uniformly, so that short and long distances are both well represented).
+    An associative episode then also asks for each of its other bindings, in random order, after the
+    first answer: four answers for the reading of one episode. The scored part starts at the first
+    answer (the later questions' handles are scored too: a guess among the ones not yet asked).
+    """
+    rows = []
+    lo, hi = distances
+    for _ in range(n):
+        d = int(rng.integers(lo, hi + 1)) if rng.random() < 0.5 else int(math.exp(rng.uniform(math.log(lo), math.log(hi + 1))))
+        e = episode(rng, filler, d, TASKS[int(rng.integers(len(TASKS)))], test=test)
+        more = [np.array([CLOSE, FACT, h, *v.tolist()]) for h, v in
+                (e.others[i] for i in rng.permutation(len(e.others)))]
+        ids = np.concatenate([e.tokens[:e.answer + VALUE_BYTES], *more]).astype(np.int64)
+        rows.append((ids, e.answer))
+    return rows
+
+
+def evaluate_row(model, row: Row, budget: Budget, distances: list[int], filler, seed: int) -> dict:
+    """Exact-match accuracy (and byte accuracy) per task and distance on the test filler."""
+    out: dict = {}
+    span = AttentionSpan(budget.tgt_len, row.mem_len, clamp_len=budget.clamp_len, cmem_len=row.cmem_len) \
+        if row.attn_type != "abs" else None
+    for task in TASKS:
+        out[task] = {}
+        for d in distances:
+            rng = np.random.default_rng([seed, d, TASKS.index(task), 7])
+            episodes = [episode(rng, filler.test, d, task, tail=int(rng.integers(0, budget.tgt_len)))
+                        for _ in range(budget.episodes)]
+            tokens, labels = episode_batch(episodes)
+            score = retrieval_score(model, tokens, labels, span=span, context=row.window or None)
+            out[task][str(d)] = {"accuracy": score.accuracy, "byte_accuracy": score.byte_accuracy,
+                                 "episodes": int(score.exact.size)}
+    return out
+
+
+def run_long_range(out_dir: str | Path, *, rows: tuple[Row, ...] = ROWS, seeds: tuple[int, ...] = (0, 1, 2),
+                   budget: Budget = Budget(), distances: tuple[int, ...] = DISTANCES,
+                   progress: bool = False, log: Callable[[str], None] = print, plot: bool = True) -> dict:
+    """Train every row with every seed, evaluate, and write the table, results JSON and plot into ``out_dir``.
+
+    Args:
+        out_dir: a new or empty folder; row r, seed s trains into ``out_dir/<r>/seed<s>/``.
+        rows, seeds, budget: what to train (see :class:`Row`, :class:`Budget`).
+        distances: the distances asked at; each row is also asked at its direct reach and twice that.
+        plot: also draw ``long_range.png`` (needs matplotlib).
+
+    Returns:
+        the results dict written to ``results.json``.
+
+    Raises:
+        TxlError: an ``out_dir`` that is not new or empty, or in use; impossible settings.
+    """
+    if not rows or not seeds:
+        raise TxlError("give at least one row and one seed")
+    out_dir = Path(out_dir)
+    with claim_folder(out_dir, empty=True):
+        return _run(out_dir, rows, seeds, budget, distances, progress, log, plot)
+
+
+def _run(out_dir, rows, seeds, budget, distances, progress, log, plot) -> dict:
+    filler = load_filler(seed=0)
+    tokenizer = ByteTokenizer()
+    results = {"budget": dataclasses.asdict(budget), "seeds": list(seeds), "rows": [], "tasks": list(TASKS)}
+    for row in rows:
+        asked = sorted(set(distances) | {row.reach(budget.tgt_len), 2 * row.reach(budget.tgt_len)})
+        entry = {**dataclasses.asdict(row), "reach": row.reach(budget.tgt_len),
+                 "stacked_reach": row.stacked_reach(budget.tgt_len, budget.n_layer),
+                 "train_distances": list(row.train_distances(budget.tgt_len, budget.max_train_distance)),
+                 "distances": asked, "seeds": []}
+        for seed in seeds:
+            run = row_run(row, budget, seed, out_dir / row.name / f"seed{seed}")
+            steps = run.train.max_steps
+            rng = np.random.default_rng([seed, 11])
+            reach = row.train_distances(budget.tgt_len, budget.max_train_distance)
+            task = ExampleTask(examples(rng, filler.train, min(budget.pool, steps * budget.batch_size), reach),
+                               examples(rng, filler.valid, 256, reach), tokenizer, grad_segments=row.grad_segments,
+                               description=f"fact/question episodes at distances {reach[0]}-{reach[1]}")
+            log(f"{row.name} seed {seed}: {row.label}; {steps} steps")
+            start = time.perf_counter()
+            trained = train(run, task=task, progress=progress, log=lambda m: None)
+            wall = time.perf_counter() - start
+            from txl.training.checkpoint import load_checkpoint
+
+            model = load_checkpoint(trained.run_dir / "last").model
+            scores = evaluate_row(model, row, budget, asked, filler, seed)
+            entry["seeds"].append({"seed": seed, "train_wall_s": round(wall, 1), "steps": steps,
+                                   "valid_answer_loss": trained.final.loss, "scores": scores})
+            summary = ", ".join(f"{d}: {scores['pass-key'][str(d)]['accuracy']:.2f}/"
+                                f"{scores['associative'][str(d)]['accuracy']:.2f}" for d in asked)
+            log(f"  trained in {wall:.0f} s; accuracy pass-key/associative by distance: {summary}")
+        results["rows"].append(entry)
+        write_json(out_dir / JSON_NAME, results)  # after every row: a long run can be read while it goes on
+    table = format_table(results)
+    atomic_write(out_dir / TABLE_NAME, lambda tmp: Path(tmp).write_text(table, encoding="utf-8"))
+    if plot:
+        from txl.analysis.plots import plot_long_range
+
+        plot_long_range(plot_series(results), out_dir / PLOT_NAME)
+    return results
+
+
+def plot_series(results: dict) -> dict:
+    """``{task: {row: (distances, means, lows, highs, reach)}}`` over seeds, for :func:`plot_long_range`."""
+    series: dict = {}
+    for task in results["tasks"]:
+        series[task] = {}
+        for r in results["rows"]:
+            xs = [d for d in r["distances"] if not math.isnan(summarise(r, task, d)[0])]
+            stats = [summarise(r, task, d) for d in xs]
+            series[task][r["name"]] = (xs, [s[0] for s in stats], [s[1] for s in stats], [s[2] for s in stats],
+                                       r["reach"])
+    return series
+
+
+def summarise(entry: dict, task: str, d: int) -> tuple[float, float, float]:
+    """(mean, min, max) over seeds of a row's accuracy at distance d (NaN where not asked)."""
+    values = [s["scores"][task][str(d)]["accuracy"] for s in entry["seeds"] if str(d) in s["scores"][task]]
+    if not values:
+        return math.nan, math.nan, math.nan
+    return float(np.mean(values)), float(np.min(values)), float(np.max(values))
+
+
+def format_table(results: dict) -> str:
+    """A markdown table per task: each row's accuracy (mean over seeds, min-max) at each distance."""
+    distances = sorted({d for r in results["rows"] for d in r["distances"]})
+    lines = []
+    for task in results["tasks"]:
+        lines += [f"### {task}", "", "| row | reach | " + " | ".join(str(d) for d in distances) + " |",
+                  "|---|---|" + "---|" * len(distances)]
+        for r in results["rows"]:
+            cells = []
+            for d in distances:
+                mean, lo, hi = summarise(r, task, d)
+                cells.append("" if math.isnan(mean) else (f"{mean:.2f}" if lo == hi else f"{mean:.2f} ({lo:.2f}-{hi:.2f})"))
+            lines.append(f"| {r['name']} | {r['reach']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)

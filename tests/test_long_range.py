@@ -1,0 +1,163 @@
+"""The long-range retrieval suite (issue 24, part 1): data builders with exact distances and no leakage, the
+scoring of answers, and a toy end-to-end run of ``txl bench --long-range``."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from conftest import one_error_line, run_cli
+from txl.config import IGNORE_INDEX
+from txl.data.long_range import (CLOSE, FACT, HANDLES, PASS_KEY_HANDLE, TASKS, VALUE_BYTES, VALUES, episode,
+                                 episode_batch, is_test_value, load_filler, training_stream)
+from txl.evaluation.retrieval import retrieval_score
+from txl.model import LMOutput
+from txl.model.span import AttentionSpan
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def filler():
+    return load_filler(seed=0)
+
+
+def test_the_filler_is_ascii_holds_no_part_of_a_fact_and_its_splits_are_disjoint(filler):
+    for name in ("train", "valid", "test"):
+        part = filler.split(name)
+        assert part.max() < 0x80 and not np.isin(part, (FACT, CLOSE)).any() and len(part) > 100_000
+    # split by file: each file in one split, each split's filler its files' bytes (non-ASCII as "?")
+    files = filler.files
+    assert not set(files["train"]) & set(files["test"]) and not set(files["valid"]) & set(files["test"])
+    assert len(files["train"]) > 5 * len(files["test"]) > 0
+    from pathlib import Path
+
+    test = b"".join(Path(f).read_bytes() for f in files["test"])
+    assert bytes(b if b < 0x80 else ord("?") for b in test) == filler.test.tobytes()
+
+
+@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("distance", [8, 16, 63, 64, 65, 300, 1024])
+def test_an_episode_asks_at_exactly_its_distance_with_the_fact_stated_once(filler, task, distance):
+    rng = np.random.default_rng(distance)
+    e = episode(rng, filler.test, distance, task, tail=17)
+    t = e.tokens
+    assert e.distance == distance and t[e.answer:e.answer + VALUE_BYTES].tolist() == e.value.tolist()
+    handle = int(t[e.answer - 1])
+    assert t[e.answer - 2] == FACT and handle in HANDLES
+    # the fact: its value starts exactly `distance` tokens before the answer, right after FACT handle
+    v = e.answer - distance
+    assert t[v - 2] == FACT and t[v - 1] == handle and t[v:v + VALUE_BYTES].tolist() == e.value.tolist()
+    # the handle is bound once before the question; every value byte occurs only in facts and the answer
+    assert [i for i in np.flatnonzero(t == handle) if i < e.answer - 1] == [v - 1]
+    assert np.isin(t[np.isin(t, list(VALUES))], list(VALUES)).all() and is_test_value(e.value)
+    others = [i for i in np.flatnonzero(np.isin(t, list(HANDLES))) if i not in (v - 1, e.answer - 1)]
+    if task == "pass-key":
+        assert handle == PASS_KEY_HANDLE and others == []
+    elif distance >= 40:  # room for the distractor bindings between the fact and the question
+        assert len(others) == 3 and len({int(t[i]) for i in others}) == 3 and handle not in {int(t[i]) for i in others}
+        assert all(v < i < e.answer for i in others)
+
+
+@pytest.mark.parametrize("law", ["uniform", "log"])
+def test_a_training_stream_asks_each_fact_once_with_no_other_binding_of_its_handle_within_reach(filler, law):
+    rng = np.random.default_rng(1)
+    tokens, labels = training_stream(rng, filler.train, 30_000, (8, 200), law=law)
+    answers = np.flatnonzero(labels != IGNORE_INDEX)
+    assert len(tokens) == 30_000 and len(answers) > 30_000 * 0.01 and (labels[answers] == tokens[answers]).all()
+    starts = [a for a in answers if labels[a - 1] == IGNORE_INDEX]
+    distances = []
+    for a in starts:
+        handle, value = int(tokens[a - 1]), tokens[a:a + VALUE_BYTES].tolist()
+        assert tokens[a - 2] == FACT and handle in HANDLES and not is_test_value(np.array(value))
+        # within twice the longest distance before the question, the handle occurs once: in its own fact
+        seen = [i for i in range(max(0, a - 2 - 400), a - 1) if tokens[i] == handle]
+        assert len(seen) == 1 and tokens[seen[0] - 1] == FACT
+        assert tokens[seen[0] + 1:seen[0] + 1 + VALUE_BYTES].tolist() == value
+        distances.append(a - (seen[0] + 1))
+    assert 8 <= min(distances) and max(distances) <= 200
+    assert np.isin(tokens, list(VALUES)).sum() >= len(starts) * 2 * VALUE_BYTES  # facts, answers (and distractors)
+
+
+def test_episode_batches_left_pad_and_label_only_the_answers(filler):
+    rng = np.random.default_rng(2)
+    eps = [episode(rng, filler.test, 40, "associative", tail=t) for t in (0, 9, 30)]
+    tokens, labels = episode_batch(eps)
+    assert tokens.shape == labels.shape == (3, max(len(e.tokens) for e in eps))
+    for b, e in enumerate(eps):
+        shift = tokens.shape[1] - len(e.tokens)
+        assert (tokens[b, :shift] == ord(" ")).all() and tokens[b, shift:].tolist() == e.tokens.tolist()
+        assert np.flatnonzero(labels[b] != IGNORE_INDEX).tolist() == [shift + e.answer, shift + e.answer + 1]
+
+
+class _Oracle(nn.Module):
+    """A stand-in model: predicts the next token of a known table for rows in ``right``, else token 0."""
+
+    def __init__(self, table: torch.Tensor, right: set[int]):
+        super().__init__()
+        self.dummy = nn.Parameter(torch.zeros(1))
+        self.table, self.right = table, right
+        self.config = type("C", (), {"attn_type": "rel", "n_layer": 1, "vocab_size": 256})()
+        self.calls = 0
+
+    def forward(self, x, mems=None, labels=None, caches=None, span=None, **kw):
+        start = 0 if mems is None else int(mems[0][0, 0])
+        logits = torch.zeros(*x.shape, 256)
+        for b in range(x.size(0)):
+            for j in range(x.size(1)):
+                nxt = self.table[b, start + j + 1] if b in self.right else 0
+                logits[b, j, nxt] = 1.0
+        new = [torch.full((x.size(0), 1, 1), float(start + x.size(1)))]
+        return LMOutput(logits=logits, loss=None, mems=new)
+
+
+def test_retrieval_score_counts_exact_answers_and_bytes_by_hand():
+    tokens = torch.randint(1, 100, (4, 40), generator=torch.Generator().manual_seed(0))
+    labels = torch.full((4, 40), IGNORE_INDEX)
+    labels[:, 30:32] = tokens[:, 30:32]
+    tokens[3, 31] = 0  # row 3's second answer byte is the token the wrong model predicts: 1 of 2 right
+    labels[3, 31] = 0
+    model = _Oracle(tokens, right={0, 2})
+    score = retrieval_score(model, tokens.numpy(), labels.numpy(), span=AttentionSpan(16, 16), batch_size=4)
+    assert score.exact.tolist() == [True, False, True, False] and score.accuracy == 0.5
+    assert (score.bytes_right, score.bytes_total) == (5, 8) and score.byte_accuracy == 5 / 8
+
+
+def test_the_suite_runs_end_to_end_on_a_toy_budget(tmp_path):
+    from txl.analysis.long_range import ROWS, Budget, run_long_range
+
+    rows = tuple(r for r in ROWS if r.name in ("mem64", "abs", "mem64-bptt4"))
+    budget = Budget(steps=8, batch_size=4, n_layer=1, d_model=32, n_head=2, d_inner=64, episodes=3)
+    results = run_long_range(tmp_path / "lr", rows=rows, seeds=(0,), budget=budget, distances=(16, 64),
+                             log=lambda m: None, plot=True)
+    by_name = {r["name"]: r for r in results["rows"]}
+    assert [r["name"] for r in results["rows"]] == ["mem64", "abs", "mem64-bptt4"]
+    assert by_name["mem64"]["reach"] == 128 and by_name["mem64"]["distances"] == [16, 64, 128, 256]
+    assert by_name["abs"]["reach"] == 320 and by_name["abs"]["distances"] == [16, 64, 320, 640]
+    assert by_name["mem64-bptt4"]["train_distances"] == [8, 64 + 4 * 64]  # what 4 segments and the memory cover
+    assert by_name["abs"]["train_distances"] == [8, 320] and by_name["mem64"]["train_distances"] == [8, 128]
+    assert all(r["seeds"][0]["steps"] == 8 for r in results["rows"])  # the same number of episodes for every row
+    for r in results["rows"]:
+        for task in TASKS:
+            for d in r["distances"]:
+                s = r["seeds"][0]["scores"][task][str(d)]
+                assert s["episodes"] == 3 and 0 <= s["accuracy"] <= s["byte_accuracy"] + 1e-9 <= 1 + 1e-9
+    assert json.loads((tmp_path / "lr" / "results.json").read_text()) == results
+    table = (tmp_path / "lr" / "long_range.md").read_text()
+    assert "### pass-key" in table and "| mem64 | 128 |" in table
+    assert (tmp_path / "lr" / "long_range.png").stat().st_size > 1000
+
+
+def test_bench_long_range_refuses_bad_flags_before_training(tmp_path, capsys):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    for argv, words in [(["--rows", "mem64,nope"], "--rows takes names among"),
+                        (["--seeds", "0"], "--seeds must be >= 1"),
+                        (["--out", tmp_path / "full"], "is not an empty folder"),
+                        (["--json", tmp_path / "r.json"], "--json does not apply to --long-range")]:
+        code, _, err = run_cli(capsys, "bench", "--long-range", *argv)
+        assert code == 2 and words in one_error_line(err), err
+    code, _, err = run_cli(capsys, "bench", "--rows", "mem64")
+    assert code == 2 and "--rows applies to --long-range only" in one_error_line(err)
