@@ -9,7 +9,8 @@ sends --requests requests from --clients threads, cycling through the kinds a re
 - session churn past --max-sessions (evictions), deletes;
 - appends of 20 kB without a newline to one session (its pending text grows to the bound, then 413);
 - streamed generations the client abandons after the first event;
-- every 500 requests, one append of the largest allowed text (a long model job sequence).
+- every 1,000 requests, one append of the largest allowed text to a new session (a long sequence of
+  model jobs that must interleave with everyone else's).
 
 A monitor thread times GET /health every 0.1 s throughout; the server's resident memory (VmRSS)
 is read every 500 requests. The JSON written with --json holds the RSS curve, the /health
@@ -123,7 +124,9 @@ def one_request(c: httpx.Client, i: int, shared: dict) -> int:
     if kind == 5:  # one session's unfinished line grows to the bound, then is refused
         r = c.post(f"/v1/sessions/{shared['pending']}/append", headers=AUTH, json={"text": "word " * 4000})
         if r.status_code == 404:  # evicted while idle between our requests: start another
-            shared["pending"] = c.post("/v1/sessions", headers=AUTH).json()["id"]
+            fresh = c.post("/v1/sessions", headers=AUTH)
+            if fresh.status_code == 201:
+                shared["pending"] = fresh.json()["id"]
         return r.status_code
     if kind == 6:  # a stream abandoned after its first event
         with c.stream("POST", "/v1/completions", headers=AUTH,
@@ -137,6 +140,23 @@ def one_request(c: httpx.Client, i: int, shared: dict) -> int:
     if kind == 8:
         return c.delete(f"/v1/sessions/never{i}", headers=AUTH).status_code
     return c.get("/health").status_code
+
+
+def long_append(c: httpx.Client, windows: list) -> int:
+    """The longest allowed append (131,072 words) to a session of its own; its time window is kept when it
+    was read (200), for the /health latencies while long appends ran."""
+    r = c.post("/v1/sessions", headers=AUTH)
+    if r.status_code != 201:
+        return r.status_code
+    sid = r.json()["id"]
+    try:
+        t0 = time.monotonic()
+        r = c.post(f"/v1/sessions/{sid}/append", headers=AUTH, json={"text": "return self\n" * 43690 + "pass"})
+        if r.status_code == 200:
+            windows.append((t0, time.monotonic()))
+        return r.status_code
+    finally:
+        c.delete(f"/v1/sessions/{sid}", headers=AUTH)
 
 
 def main() -> None:
@@ -165,7 +185,7 @@ def main() -> None:
 
 
 def run(base: str, pid: int, args) -> dict:
-    statuses: Counter[int] = Counter()
+    statuses: Counter = Counter()  # HTTP status, 0 for an abandoned stream, or a client error's name
     latencies: list[tuple[float, float]] = []  # (time, /health seconds)
     long_windows: list[tuple[float, float]] = []
     stop = threading.Event()
@@ -182,7 +202,6 @@ def run(base: str, pid: int, args) -> dict:
 
     with httpx.Client(base_url=base, timeout=120) as c:
         shared = {"pending": c.post("/v1/sessions", headers=AUTH).json()["id"]}
-        long_sid = c.post("/v1/sessions", headers=AUTH).json()["id"]
     rss = [(0, rss_bytes(pid))]
 
     def worker():
@@ -193,14 +212,10 @@ def run(base: str, pid: int, args) -> dict:
                     counter["next"] += 1
                 if i >= args.requests:
                     return
-                if i % 500 == 250:  # the longest allowed append: 131,072 words
-                    t0 = time.monotonic()
-                    r = c.post(f"/v1/sessions/{long_sid}/append", headers=AUTH,
-                               json={"text": "return self\n" * 43690 + "pass"})
-                    long_windows.append((t0, time.monotonic()))
-                    status = r.status_code
-                else:
-                    status = one_request(c, i, shared)
+                try:
+                    status = long_append(c, long_windows) if i % 1000 == 250 else one_request(c, i, shared)
+                except Exception as e:  # noqa: BLE001 - counted by kind, never fatal to the load generator
+                    status = type(e).__name__
                 with lock:
                     statuses[status] += 1
                     if i % 500 == 499:
@@ -215,6 +230,8 @@ def run(base: str, pid: int, args) -> dict:
     for t in threads:
         t.join()
     wall = time.monotonic() - t_start
+    if sum(statuses.values()) != args.requests:
+        raise SystemExit(f"only {sum(statuses.values())} of {args.requests} requests were counted: a client died")
     stop.set()
     mon.join()
     with httpx.Client(base_url=base, timeout=60) as c:
@@ -225,7 +242,7 @@ def run(base: str, pid: int, args) -> dict:
     after_warmup = [b for n, b in rss if n >= warm]
     return {
         "requests": args.requests, "clients": args.clients, "wall_s": round(wall, 1),
-        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "statuses": {str(k): v for k, v in sorted(statuses.items(), key=lambda kv: str(kv[0]))},
         "health_checks": len(health), "health_max_s": round(health[-1], 4),
         "health_p99_s": round(health[int(0.99 * (len(health) - 1))], 4),
         "health_median_s": round(statistics.median(health), 4),

@@ -144,9 +144,12 @@ def test_the_suite_runs_end_to_end_on_a_toy_budget(tmp_path):
             for d in r["distances"]:
                 s = r["seeds"][0]["scores"][task][str(d)]
                 assert s["episodes"] == 3 and 0 <= s["accuracy"] <= s["byte_accuracy"] + 1e-9 <= 1 + 1e-9
+    assert "fact_attention" in by_name["mem64"]["seeds"][0]["scores"]["pass-key"]["16"]
+    assert "fact_attention" not in by_name["abs"]["seeds"][0]["scores"]["pass-key"]["16"]
     assert json.loads((tmp_path / "lr" / "results.json").read_text()) == results
     table = (tmp_path / "lr" / "long_range.md").read_text()
     assert "### pass-key" in table and "| mem64 | 128 |" in table
+    assert "#### associative: attention on the fact" in table and "\n| mem64 | " in table.split("#### associative")[1]
     assert (tmp_path / "lr" / "long_range.png").stat().st_size > 1000
 
 
@@ -161,3 +164,66 @@ def test_bench_long_range_refuses_bad_flags_before_training(tmp_path, capsys):
         assert code == 2 and words in one_error_line(err), err
     code, _, err = run_cli(capsys, "bench", "--rows", "mem64")
     assert code == 2 and "--rows applies to --long-range only" in one_error_line(err)
+
+
+def test_fact_attention_equals_the_mass_one_long_pass_puts_on_the_value_bytes(filler):
+    """Read in segments with a memory that holds everything = one long causal pass (paper §3.2), so the
+    attention the answer's query puts on the fact's value bytes must equal that of one pass, by hand."""
+    from txl.analysis.attention_maps import attention_probabilities
+    from txl.analysis.long_range import fact_attention
+    from txl.model import TransformerXLConfig, TransformerXLLM
+
+    torch.manual_seed(0)
+    model = TransformerXLLM(TransformerXLConfig(vocab_size=256, n_layer=2, d_model=32, n_head=2, d_head=16,
+                                                d_inner=64, tgt_len=16, mem_len=256, dropout=0.0)).double().eval()
+    rng = np.random.default_rng(3)
+    eps = [episode(rng, filler.test, d, "associative", tail=5) for d in (20, 37, 50)]
+    got = fact_attention(model, eps, AttentionSpan(16, 256))
+    tokens, _ = episode_batch(eps)
+    probs, _ = attention_probabilities(model, torch.as_tensor(tokens), span=AttentionSpan(tokens.shape[1], 0))
+    want = np.zeros((len(eps), 2))
+    for b, e in enumerate(eps):
+        shift = tokens.shape[1] - len(e.tokens)
+        value = shift + e.answer - e.distance
+        assert list(tokens[b, value:value + VALUE_BYTES]) == list(e.value)
+        for layer, p in enumerate(probs):
+            want[b, layer] = float(p[b, :, shift + e.answer - 1, value:value + VALUE_BYTES].sum(-1).max())
+    assert got == pytest.approx(want.mean(0).tolist(), abs=1e-4)  # rounded to 4 places
+    assert min(got) > 0
+    # a memory too short to hold the fact: the query's keys do not reach it, so no attention lands there
+    assert fact_attention(model, eps, AttentionSpan(16, 0)) == [0.0, 0.0]
+
+
+def test_fact_shares_with_a_full_memory_equal_layer_0_of_one_pass_renormalised_over_the_keys_in_view(filler):
+    """With mem_len 32 the memory fills and is trimmed, so key 0 of a segment is column start - 32. Layer 0
+    reads embeddings (its memory too), so its probabilities in a segment are one pass's, renormalised over
+    the columns in view [start - 32, query]: checked per episode, unrounded, in float64."""
+    from txl.analysis.attention_maps import attention_probabilities
+    from txl.analysis.long_range import fact_shares
+    from txl.model import TransformerXLConfig, TransformerXLLM
+
+    torch.manual_seed(1)
+    model = TransformerXLLM(TransformerXLConfig(vocab_size=256, n_layer=2, d_model=32, n_head=2, d_head=16,
+                                                d_inner=64, tgt_len=16, mem_len=32, dropout=0.0)).double().eval()
+    with torch.no_grad():  # sharper attention than at initialisation, so that a wrong column shows
+        model.layers[0].attn.qkv_net.weight.mul_(4.0)
+    rng = np.random.default_rng(5)
+    eps = [episode(rng, filler.test, d, task, tail=int(rng.integers(0, 16)))
+           for d, task in ((9, "pass-key"), (20, "associative"), (33, "pass-key"), (40, "associative"), (47, "pass-key"))]
+    width = max(len(e.tokens) for e in eps) + 7  # as if scored in a wider batch
+    got = fact_shares(model, eps, AttentionSpan(16, 32), width=width)
+    tokens, _ = episode_batch(eps, width=width)
+    assert tokens.shape[1] == width and (tokens[:, :7] == ord(" ")).all()
+    (p0, _), _ = attention_probabilities(model, torch.as_tensor(tokens), span=AttentionSpan(width, 0))
+    seen = 0
+    for b, e in enumerate(eps):
+        shift = width - len(e.tokens)
+        query = shift + e.answer - 1
+        lo = max(0, query // 16 * 16 - 32)  # the first column in view: the segment's start minus the memory
+        value = shift + e.answer - e.distance
+        on_value = [c for c in (value, value + 1) if c >= lo]
+        row = p0[b, :, query]  # [H, width]
+        want = (row[:, on_value].sum(-1) / row[:, lo:query + 1].sum(-1)).max().item() if on_value else 0.0
+        assert got[b, 0] == pytest.approx(want, rel=1e-9, abs=1e-12), (b, e.distance)
+        seen += bool(on_value)
+    assert 0 < seen < len(eps)  # some facts in view, some beyond it

@@ -2,7 +2,7 @@
 
 Each *row* is a model trained from scratch on episodes of :mod:`txl.data.long_range` (a fact,
 filler, a question; the loss on the answer only; training filler and values) at distances drawn
-uniformly up to what it should reach, for the same number of steps of the same number of episodes,
+half uniformly, half log-uniformly from 8 up to what it should reach, for the same number of steps of the same number of episodes,
 then asked, at each distance d, for a pass-key and for one of several bindings (associative
 recall), on held-out filler with held-out values (:func:`txl.evaluation.retrieval.retrieval_score`).
 Each episode is read from an empty memory, segment by segment with the memory carried, as
@@ -34,11 +34,13 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import torch
 
 from txl.data.long_range import CLOSE, FACT, TASKS, VALUE_BYTES, episode, episode_batch, load_filler
 from txl.data.tokenizers.simple import ByteTokenizer
 from txl.errors import TxlError
 from txl.evaluation.retrieval import retrieval_score
+from txl.evaluation.segments import eval_mode, segments
 from txl.fileio import atomic_write, claim_folder, write_json
 from txl.model import TransformerXLConfig
 from txl.model.span import AttentionSpan
@@ -46,10 +48,11 @@ from txl.training.config import RunConfig
 from txl.training.loop import train
 from txl.training.stream_task import ExampleTask
 
-__all__ = ["Row", "ROWS", "DISTANCES", "Budget", "run_long_range", "format_table"]
+__all__ = ["Row", "ROWS", "DISTANCES", "Budget", "run_long_range", "format_table", "fact_attention"]
 
 DISTANCES = (16, 64, 256, 512, 1024, 2048, 4096, 8192)
 TABLE_NAME, JSON_NAME, PLOT_NAME = "long_range.md", "results.json", "long_range.png"
+ATTENTION_EPISODES = 16  # episodes per task and distance whose attention on the fact is measured
 
 
 @dataclass(frozen=True)
@@ -176,7 +179,8 @@ def examples(rng, filler: np.ndarray, n: int, distances: tuple[int, int], test: 
 
 
 def evaluate_row(model, row: Row, budget: Budget, distances: list[int], filler, seed: int) -> dict:
-    """Exact-match accuracy (and byte accuracy) per task and distance on the test filler."""
+    """Exact-match accuracy (and byte accuracy) per task and distance on the test filler, and for plain
+    memory rows the attention on the fact at the question (:func:`fact_attention`, first 16 episodes)."""
     out: dict = {}
     span = AttentionSpan(budget.tgt_len, row.mem_len, clamp_len=budget.clamp_len, cmem_len=row.cmem_len) \
         if row.attn_type != "abs" else None
@@ -190,7 +194,58 @@ def evaluate_row(model, row: Row, budget: Budget, distances: list[int], filler, 
             score = retrieval_score(model, tokens, labels, span=span, context=row.window or None)
             out[task][str(d)] = {"accuracy": score.accuracy, "byte_accuracy": score.byte_accuracy,
                                  "episodes": int(score.exact.size)}
+            if span is not None and not row.cmem_len:
+                out[task][str(d)]["fact_attention"] = fact_attention(model, episodes[:ATTENTION_EPISODES], span,
+                                                                     width=tokens.shape[1])
     return out
+
+
+def fact_attention(model, episodes: list, span: AttentionSpan, width: int | None = None) -> list[float]:
+    """Attention on the fact at the question, per layer: the evidence of what the model looks at.
+
+    For each episode, the query that predicts the answer's first byte (the position before it) is read
+    as in :func:`~txl.evaluation.retrieval.retrieval_score` (left-padded to ``width``, segment by segment
+    with the memory); for each layer, its attention mass on the key positions of the asked fact's value
+    bytes is taken in the head that puts the most there. Zero when the value is outside the layer's
+    keys (beyond ``mem_len`` + the query's position in its segment): information from further back can
+    only arrive through memory states that attended to it one segment earlier (the stacked reach).
+
+    Args:
+        model: a :class:`~txl.model.TransformerXLLM` with plain memory (``attn_type`` "rel", no ``cmem_len``).
+        episodes: :class:`~txl.data.long_range.Episode` list; span: the span to read with.
+        width: the padded length the episodes were scored at (None: the longest episode's), so that
+            each sits at the same place in its segments as when its accuracy was measured.
+
+    Returns:
+        per layer, the mean over episodes of that share (a probability, 0..1), rounded to 4 places.
+    """
+    return [round(float(v), 4) for v in fact_shares(model, episodes, span, width).mean(0)]
+
+
+@torch.no_grad()
+def fact_shares(model, episodes: list, span: AttentionSpan, width: int | None = None) -> np.ndarray:
+    """float64 [n_episodes, n_layer]: the per-episode shares that :func:`fact_attention` averages."""
+    from txl.analysis.attention_maps import recording, taken_probabilities
+
+    tokens, _ = episode_batch(episodes, width=width)  # padded on the left as the scored batch was
+    width = tokens.shape[1]
+    device = next(model.parameters()).device
+    shares = np.zeros((len(episodes), len(model.layers)))
+    with eval_mode(model), recording(model) as captured:
+        for seg in segments(model, torch.as_tensor(tokens, device=device), span=span):
+            probs = taken_probabilities(captured)  # per layer [b, H, t, K]; every row is in every segment
+            t, klen = seg.inputs.size(1), probs[0].size(-1)
+            first_key = seg.start - (klen - t)  # column of key 0 (the memory holds the klen - t columns before)
+            for b, e in enumerate(episodes):
+                shift = width - len(e.tokens)
+                query = shift + e.answer - 1
+                if not seg.start <= query < seg.start + t:
+                    continue
+                keys = np.arange(VALUE_BYTES) + shift + e.answer - e.distance - first_key
+                keys = keys[(keys >= 0) & (keys < klen)]
+                for layer, p in enumerate(probs):
+                    shares[b, layer] = float(p[b, :, query - seg.start, keys].sum(-1).max()) if keys.size else 0.0
+    return shares
 
 
 def run_long_range(out_dir: str | Path, *, rows: tuple[Row, ...] = ROWS, seeds: tuple[int, ...] = (0, 1, 2),
@@ -227,6 +282,7 @@ def _run(out_dir, rows, seeds, budget, distances, progress, log, plot) -> dict:
                  "stacked_reach": row.stacked_reach(budget.tgt_len, budget.n_layer),
                  "train_distances": list(row.train_distances(budget.tgt_len, budget.max_train_distance)),
                  "distances": asked, "seeds": []}
+        results["rows"].append(entry)
         for seed in seeds:
             run = row_run(row, budget, seed, out_dir / row.name / f"seed{seed}")
             steps = run.train.max_steps
@@ -248,8 +304,7 @@ def _run(out_dir, rows, seeds, budget, distances, progress, log, plot) -> dict:
             summary = ", ".join(f"{d}: {scores['pass-key'][str(d)]['accuracy']:.2f}/"
                                 f"{scores['associative'][str(d)]['accuracy']:.2f}" for d in asked)
             log(f"  trained in {wall:.0f} s; accuracy pass-key/associative by distance: {summary}")
-        results["rows"].append(entry)
-        write_json(out_dir / JSON_NAME, results)  # after every row: a long run can be read while it goes on
+            write_json(out_dir / JSON_NAME, results)  # after every seed: a long run can be read (and cut) as it goes
     table = format_table(results)
     atomic_write(out_dir / TABLE_NAME, lambda tmp: Path(tmp).write_text(table, encoding="utf-8"))
     if plot:
@@ -281,7 +336,8 @@ def summarise(entry: dict, task: str, d: int) -> tuple[float, float, float]:
 
 
 def format_table(results: dict) -> str:
-    """A markdown table per task: each row's accuracy (mean over seeds, min-max) at each distance."""
+    """A markdown table per task: each row's accuracy (mean over seeds, min-max) at each distance; then, for
+    the rows where it was measured, each layer's attention on the fact (:func:`fact_attention`)."""
     distances = sorted({d for r in results["rows"] for d in r["distances"]})
     lines = []
     for task in results["tasks"]:
@@ -294,4 +350,17 @@ def format_table(results: dict) -> str:
                 cells.append("" if math.isnan(mean) else (f"{mean:.2f}" if lo == hi else f"{mean:.2f} ({lo:.2f}-{hi:.2f})"))
             lines.append(f"| {r['name']} | {r['reach']} | " + " | ".join(cells) + " |")
         lines.append("")
+        shown = [r for r in results["rows"] if any("fact_attention" in v for v in r["seeds"][0]["scores"][task].values())]
+        if shown:
+            lines += [f"#### {task}: attention on the fact at the question (each layer's share, mean over seeds)", "",
+                      "| row | " + " | ".join(str(d) for d in distances) + " |", "|---|" + "---|" * len(distances)]
+            for r in shown:
+                cells = []
+                for d in distances:
+                    per_seed = [s["scores"][task][str(d)].get("fact_attention") for s in r["seeds"]
+                                if str(d) in s["scores"][task]]
+                    per_seed = [v for v in per_seed if v is not None]
+                    cells.append("/".join(f"{v:.2f}" for v in np.mean(per_seed, axis=0)) if per_seed else "")
+                lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
+            lines.append("")
     return "\n".join(lines)

@@ -12,7 +12,7 @@ from txl.errors import TxlError
 
 NAME = "bench"
 HELP = "throughput and memory, optionally against transformers' TransfoXL"
-EXAMPLE = "txl bench --vs hf --json benchmarks/results/cpu-bench-small.json"
+EXAMPLE = "txl bench --vs hf --json benchmarks/results/cpu-bench-small.json\n  txl bench --long-range --out runs/long-range"
 LENGTHS = "128,256,512,800,1800,2800,3800"  # --eval-speedup's default attention lengths
 
 
@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--long-range: rows to train (default all: mem64,mem256,mem1024,cmem,mem0,abs,mem64-bptt4)")
     g.add_argument("--seeds", type=int, default=3, metavar="N", help="--long-range: seeds per row (default 3)")
     g.add_argument("--steps", type=int, default=None, metavar="N",
-                   help="--long-range: training steps per row (default 4000, of 16 streams x 64 tokens)")
+                   help="--long-range: training steps per row (default 1000, of 32 episodes each)")
     g.add_argument("--episodes", type=int, default=None, metavar="N",
                    help="--long-range: episodes per task and distance (default 64)")
     g.add_argument("--distances", default=None, metavar="D,D,...",

@@ -26,8 +26,8 @@ Two tasks are asked at each distance d:
 Training streams (:func:`training_stream`) are training episodes one after the other (training
 filler, training values, distances drawn from a range, random handles not used again within twice
 that range), read as one stream with the memory carried; the loss is on the answers only (the labels
-elsewhere are -100). Episodes train retrieval far better than streams in which facts and questions
-are interleaved densely (measured: docs/long-range.md).
+elsewhere are -100). The suite itself trains on separate episodes, each read from an empty memory
+(:mod:`txl.analysis.long_range`).
 """
 
 from __future__ import annotations
@@ -216,10 +216,10 @@ def episode(rng: np.random.Generator, filler: np.ndarray, distance: int, task: s
     return Episode(tokens, value, answer, distance, tuple(stated))
 
 
-def episode_batch(episodes: list[Episode], pad: int = ord(" ")) -> tuple[np.ndarray, np.ndarray]:
-    """Episodes left-padded (with ``pad``) to one length: (int64 [B, L] tokens, int64 [B, L] labels: the
-    answer's bytes at their positions, -100 elsewhere)."""
-    width = max(len(e.tokens) for e in episodes)
+def episode_batch(episodes: list[Episode], pad: int = ord(" "), width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Episodes left-padded (with ``pad``) to one length L, the longest episode's or ``width`` if that is
+    longer: (int64 [B, L] tokens, int64 [B, L] labels: the answer's bytes at their positions, -100 elsewhere)."""
+    width = max([len(e.tokens) for e in episodes] + [width or 0])
     tokens = np.full((len(episodes), width), pad, dtype=np.int64)
     labels = np.full((len(episodes), width), IGNORE_INDEX, dtype=np.int64)
     for b, e in enumerate(episodes):

@@ -1,0 +1,139 @@
+"""Long-document classification: does reading the whole document with the memory beat one segment?
+
+On ``txl data packages`` (standard-library source by package; 14 classes; train/valid/test split by
+file), fine-tunes one language model as a classifier in each reading, with the same steps and batch
+for every row, for several seeds, and scores the test documents:
+
+- (a) ``memory``: the whole document, segment by segment, with a memory that reaches all of it;
+- (b) ``first``: its first segment only;
+- (c) ``last``: its last segment only;
+- (d) ``window``: one window of ``--window`` tokens from its start, no memory (the vanilla
+  Transformer's reading, §3.1, with the same weights);
+- (e) TF-IDF + logistic regression (scikit-learn), the baseline a practitioner tries first, on word
+  1-2-grams (``tfidf``) and on character 2-4-grams (``tfidf-char``).
+
+Prints and writes (``--json``) accuracy and macro-F1 per row and seed with 95% bootstrap intervals
+over the test documents, the mean over seeds, and paired intervals of (a) minus each other row.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/classification.py --lm runs/docstrings-lm \\
+        --work runs/packages --json benchmarks/results/classification-packages.json
+
+Needs scikit-learn (the ``bench`` extra) for row (e).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+
+def txl(*argv: str) -> float:
+    """Run ``txl ARGV`` in this process (this checkout's), echoing the command; returns its wall time in
+    seconds, or stops the benchmark with the command's exit status when it fails."""
+    from txl.cli import main as txl_main
+
+    print("$ txl " + " ".join(shlex.quote(a) for a in argv), flush=True)
+    start = time.perf_counter()
+    status = txl_main(list(argv))
+    if status:
+        raise SystemExit(status)
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    import numpy as np
+
+    from txl.classification.baselines import tfidf_baseline
+    from txl.evaluation.intervals import accuracy, bootstrap_interval, macro_f1
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lm", required=True, help="the language-model run to fine-tune")
+    ap.add_argument("--work", default="runs/packages", help="folder for the data and the classifiers")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--tgt-len", type=int, default=128)
+    ap.add_argument("--mem-len", type=int, default=1024)
+    ap.add_argument("--window", type=int, default=512)
+    ap.add_argument("--lr", default="5e-4")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+    work = Path(args.work)
+    data = work / "data"
+    times: dict = {}
+    if not (data / "test.jsonl").is_file():
+        times["data"] = txl("data", "packages", "--out", str(data))
+    rows = {
+        "memory": ["--mode", "memory", "--tgt-len", str(args.tgt_len), "--mem-len", str(args.mem_len),
+                   "--pooling", "mean", "--grad-segments", "2"],
+        "first": ["--mode", "first", "--tgt-len", str(args.tgt_len), "--pooling", "mean"],
+        "last": ["--mode", "last", "--tgt-len", str(args.tgt_len), "--pooling", "mean"],
+        "window": ["--mode", "first", "--tgt-len", str(args.window), "--mem-len", "0", "--pooling", "mean"],
+    }
+    common = ["--data", str(data / "train.jsonl"), "--valid", str(data / "test.jsonl"), "--steps", str(args.steps),
+              "--batch-size", str(args.batch_size), "--lr", args.lr, "-q"]
+    test = [json.loads(line) for line in (data / "test.jsonl").read_text().splitlines()]
+    train = [json.loads(line) for line in (data / "train.jsonl").read_text().splitlines()]
+    labels = sorted({t["label"] for t in train})
+    y = np.array([labels.index(t["label"]) for t in test])
+    preds: dict = {}
+    for name, flags in rows.items():
+        for seed in range(args.seeds):
+            out = work / f"{name}-seed{seed}"
+            if not (out / "classifier.json").is_file():
+                times[f"{name}/seed{seed}"] = txl("classify", "train", args.lm, "--out", str(out), "--seed",
+                                                  str(seed), *flags, *common)
+            extra = json.loads((out / "classifier.json").read_text())["extra"]
+            settings = extra["settings"]  # a classifier kept from an earlier run must match this one
+            wanted = {"steps": args.steps, "batch_size": args.batch_size, "lr": float(args.lr), "seed": seed}
+            stale = [k for k, v in wanted.items() if settings.get(k) != v]
+            if stale or not str(settings.get("checkpoint", "")).startswith(str(Path(args.lm))):
+                raise SystemExit(f"{out} was trained with other settings ({', '.join(stale) or 'checkpoint'}); "
+                                 "remove it or give another --work")
+            predicted = extra["heldout_predictions"]  # in the order of --valid, test.jsonl's
+            assert len(predicted) == len(test), (out, len(predicted))
+            preds[f"{name}/seed{seed}"] = np.array([labels.index(p) for p in predicted])
+    for name, analyzer in (("tfidf", "word"), ("tfidf-char", "char_wb")):
+        # lbfgs is deterministic: one fit serves every seed (the rows are paired seed by seed)
+        start = time.perf_counter()
+        got = tfidf_baseline([t["text"] for t in train], [t["label"] for t in train], [t["text"] for t in test],
+                             seed=0, analyzer=analyzer)
+        times[name] = time.perf_counter() - start
+        for seed in range(args.seeds):
+            preds[f"{name}/seed{seed}"] = np.array([labels.index(p) for p in got])
+
+    def interval(stat, *arrays):
+        iv = bootstrap_interval(tuple(arrays), stat, n=2000, seed=0)
+        return {"estimate": iv.estimate, "low": iv.low, "high": iv.high}
+
+    results = {"test_documents": len(test), "classes": labels, "steps": args.steps, "batch_size": args.batch_size,
+               "wall_s": {k: round(v) for k, v in times.items()}, "rows": {}}
+    for key, p in preds.items():
+        results["rows"][key] = {"accuracy": interval(lambda t, q: accuracy(t, q), y, p),
+                                "macro_f1": interval(lambda t, q: macro_f1(t, q), y, p)}
+        name, seed = key.split("/")
+        if name == "memory":
+            for other in ("first", "last", "window", "tfidf", "tfidf-char"):
+                results["rows"][key][f"minus_{other}"] = interval(
+                    lambda t, a, b: accuracy(t, a) - accuracy(t, b), y, p, preds[f"{other}/{seed}"])
+    names = dict.fromkeys(k.split("/")[0] for k in preds)
+    results["mean_over_seeds"] = {
+        name: {metric: {"mean": float(np.mean(vals)), "min": float(np.min(vals)), "max": float(np.max(vals))}
+               for metric in ("accuracy", "macro_f1")
+               for vals in [[results["rows"][f"{name}/seed{s}"][metric]["estimate"] for s in range(args.seeds)]]}
+        for name in names}
+    print(json.dumps(results["mean_over_seeds"], indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
