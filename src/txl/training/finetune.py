@@ -138,7 +138,29 @@ class _PairBatches:
         return x, y, position + self.batch_size, True
 
 
-class PairsTask:
+class CompletionRowsTask:
+    """What every task of scored completions shares: rows ``(ids, start)`` read with the memory, the loss on
+    the tokens from ``start`` on. A subclass sets ``rows`` (``"train"``, ``"valid"``: lists of rows),
+    ``grad_segments``, ``dtype`` and ``unit`` (the metric's unit)."""
+
+    rows: dict
+    grad_segments: int | None
+    dtype: str
+    unit: str
+
+    def batches(self, run: RunConfig, device: torch.device) -> _PairBatches:
+        return _PairBatches(self.rows["train"], run.train.batch_size, run.train.seed, device)
+
+    def objective(self, model: TransformerXLLM) -> PairsObjective:
+        return PairsObjective(model, self.grad_segments, self.dtype)
+
+    def validate(self, model: TransformerXLLM, run: RunConfig, span, dist) -> EvalResult:
+        """Mean NLL per scored token of the valid rows, read at the training span."""
+        return evaluate_completions(model, self.rows["valid"], span=span, unit=self.unit,
+                                    batch_size=run.eval.batch_size, dtype=run.train.dtype, dist=dist)
+
+
+class PairsTask(CompletionRowsTask):
     """Fine-tuning on the prompt/completion pairs of ``run.data`` from ``run.finetune.init`` (see the module).
 
     Data: ``data.train`` and ``data.valid`` (and optionally ``data.test``) JSON Lines files of pairs,
@@ -200,17 +222,6 @@ class PairsTask:
     def fingerprint(self) -> dict:
         """Size and sha256 of each pairs file read (``data.path``, or ``data.train``/``valid``/``test``)."""
         return {f"data.{key}": file_digest(path) for key, path in self.files.items()}
-
-    def batches(self, run: RunConfig, device: torch.device) -> _PairBatches:
-        return _PairBatches(self.rows["train"], run.train.batch_size, run.train.seed, device)
-
-    def objective(self, model: TransformerXLLM) -> PairsObjective:
-        return PairsObjective(model, self.grad_segments, self.dtype)
-
-    def validate(self, model: TransformerXLLM, run: RunConfig, span, dist) -> EvalResult:
-        """Mean NLL per completion token of the valid pairs, read at the training span."""
-        return evaluate_completions(model, self.rows["valid"], span=span, unit=self.unit,
-                                    batch_size=run.eval.batch_size, dtype=run.train.dtype, dist=dist)
 
     def final(self, model: TransformerXLLM, run: RunConfig, dist, progress: bool = False) -> EvalResult:
         """The same on ``eval.split`` with the ``[eval]`` span settings (``progress``: a bar on stderr)."""

@@ -20,7 +20,6 @@ import hashlib
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 from txl.errors import TxlError
 from txl.evaluation.completions import evaluate_completions
@@ -28,14 +27,14 @@ from txl.evaluation.stream import EvalResult, metric_unit
 from txl.model import TransformerXLLM
 from txl.model.span import resolve_span
 from txl.training.config import RunConfig
-from txl.training.finetune import PairsObjective, _PairBatches
+from txl.training.finetune import CompletionRowsTask
 
 __all__ = ["ExampleTask"]
 
 Rows = Sequence[tuple[np.ndarray, int]]
 
 
-class ExampleTask:
+class ExampleTask(CompletionRowsTask):
     """Training on the examples ``train`` (loss on each row's ``ids[start:]``), validation on ``valid``.
 
     Args:
@@ -92,17 +91,6 @@ class ExampleTask:
                 h.update(np.int64(start).tobytes() + np.ascontiguousarray(ids, dtype=np.int64).tobytes())
             out[f"{name} examples"] = {"rows": len(rows), "sha256": h.hexdigest()}
         return out
-
-    def batches(self, run: RunConfig, device: torch.device) -> _PairBatches:
-        return _PairBatches(self.rows["train"], run.train.batch_size, run.train.seed, device)
-
-    def objective(self, model: TransformerXLLM) -> PairsObjective:
-        return PairsObjective(model, self.grad_segments, self.dtype)
-
-    def validate(self, model: TransformerXLLM, run: RunConfig, span, dist) -> EvalResult:
-        """Mean NLL per scored token of the valid examples, read at the training span."""
-        return evaluate_completions(model, self.rows["valid"], span=span, unit=self.unit,
-                                    batch_size=run.eval.batch_size, dtype=run.train.dtype, dist=dist)
 
     def final(self, model: TransformerXLLM, run: RunConfig, dist, progress: bool = False) -> EvalResult:
         """The same with the ``[eval]`` span settings."""
