@@ -758,3 +758,23 @@ def test_counts_in_messages_are_singular_for_one(tmp_path, capsys):
         ("1 run", "0 runs", "13,733 tokens", "2 entries")
     code, out, err = run_cli(capsys, "plot", tmp_path / "a", tmp_path / "b", "--labels", "x")  # the sibling
     assert code == 2 and one_error_line(err) == "txl: error: --labels gives 1 label for 2 runs"
+
+
+def test_summarize_writes_whether_each_summary_ended_at_the_end_marker(tmp_path, capsys, monkeypatch):
+    import txl.generation as generation
+
+    ckpt = _finetuned(tmp_path / "ft")
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text('{"prompt": "def f():\\n    return 1\\n", "completion": "Return one."}\n'
+                    '{"prompt": "def g():\\n    return 2\\n", "completion": "Return two."}\n')
+
+    def fake_complete(model, tokenizer, prompts, *, ended, **settings):  # the first ends, the second runs out
+        ended += [True, False]
+        return ["Return one.", "Return two two two"]
+
+    monkeypatch.setattr(generation, "complete", fake_complete)
+    code, out, err = run_cli(capsys, "summarize", ckpt, docs, "--out", tmp_path / "s.jsonl", "-n", "4")
+    assert code == 0, err
+    rows = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert [(r["summary"], r["ended"], r["reference"]) for r in rows] == [
+        ("Return one.", True, "Return one."), ("Return two two two", False, "Return two.")]

@@ -18,13 +18,19 @@ def test_docstring_summaries_script_end_to_end(tmp_path):
         [sys.executable, str(ROOT / "scripts" / "docstring_summaries.py"), "--work", str(tmp_path / "w"),
          "--lm-args", f"-q train.max_steps=20 train.eval_interval=20 train.sample_tokens=0 eval.max_tokens=2000 {tiny}",
          "--ft-args", "-q train.max_steps=4 train.batch_size=2 train.eval_interval=4 finetune.max_prompt_tokens=256",
-         "--max-new-tokens", "8"],
+         "--max-new-tokens", "8", "--seeds", "2", "--json", str(tmp_path / "summaries.json")],
         capture_output=True, text=True, env={"PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1",
                                              "PATH": "/usr/bin:/bin"}, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
-    rouge = json.loads((tmp_path / "w" / "rouge.json").read_text())
+    result = json.loads((tmp_path / "summaries.json").read_text())
     split = json.loads((tmp_path / "w" / "data" / "split.json").read_text())
-    assert set(rouge) == {"a", "b", "c"} and all(r["n"] == split["pairs"]["test"] for r in rouge.values())
+    assert set(result["systems"]) == {"a", "b0", "c0", "b1", "c1"}
+    assert result["test_documents"] == split["pairs"]["test"]
+    assert split["pairs"]["train_with_short"] > split["pairs"]["train"]  # what the fine-tuning read
+    for key in ("c0", "c1"):
+        c = result["systems"][key]
+        assert c["rougeL_interval"]["low"] <= c["rougeL"] <= c["rougeL_interval"]["high"]
+        assert c["minus_b"]["low"] <= c["minus_b"]["estimate"] <= c["minus_b"]["high"]
+        assert 0.0 <= c["ended"] <= 1.0
     pretrain = {p.name for p in (tmp_path / "w" / "data" / "pretrain").iterdir()}
     assert not pretrain & set(split["modules"]["test"] + split["modules"]["valid"])  # the answers were not seen
-    assert "| (c) fine-tuned, whole document with memory |" in out.stdout

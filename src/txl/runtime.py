@@ -263,6 +263,42 @@ def available_memory_bytes() -> int:
     return min(figures) if figures else memory_bytes()
 
 
+def resident_bytes() -> int | None:
+    """This process's resident memory (``VmRSS`` of /proc/self/status) in bytes; None where the
+    system does not say (not Linux)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def release_free_memory() -> bool:
+    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim(0)``); returns whether
+    it could (False off glibc, e.g. macOS or musl).
+
+    Python frees the objects of a large answer (a token entry per token of a 131,072-token append is
+    about 40 MiB of small objects) but glibc keeps the freed pages in its heaps, so a long-running
+    process's resident memory stays at its highest peak and creeps up as peaks from several threads
+    land in different arenas (docs/serving.md, "Measured: hostile traffic"). Costs a few
+    milliseconds: call it after such a peak, not per request.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    trim(0)
+    return True
+
+
 def out_of_memory(err: BaseException) -> bool:
     """Whether ``err`` is an allocation failure: MemoryError, torch's out-of-memory errors, or the CPU
     allocator's RuntimeError ("can't allocate memory")."""

@@ -40,6 +40,9 @@ def _add_docstrings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", type=finite_floats(3), default="0.8,0.1,0.1", metavar="TRAIN,VALID,TEST",
                    help="fractions of the modules per split (default 0.8,0.1,0.1)")
     p.add_argument("--min-bytes", type=int, default=512, metavar="N", help="shortest document kept (default 512)")
+    p.add_argument("--short-train", action="store_true",
+                   help="also write train-with-short.jsonl: the train pairs and the shorter documents of the same "
+                        "modules (more fine-tuning examples; the split is unchanged)")
     p.add_argument("--max-bytes", type=int, default=4096, metavar="N", help="longest document kept (default 4096)")
 
 
@@ -56,12 +59,15 @@ def _docstrings(args: argparse.Namespace) -> int:
     from txl.data.docstrings import prepare_docstrings
 
     info = prepare_docstrings(args.out, seed=args.seed, fractions=tuple(args.split), min_bytes=args.min_bytes,
-                              max_bytes=args.max_bytes)
+                              max_bytes=args.max_bytes, short_train=args.short_train)
     n = info["pairs"]
     m = info["modules"]
     print(f"pairs train/valid/test {n['train']}/{n['valid']}/{n['test']} from {len(m['train'])}/{len(m['valid'])}/"
           f"{len(m['test'])} modules; {args.out}/pretrain holds the {info['pretrain_files']} modules of the default "
           f"corpus outside valid and test (pre-train on it: txl train {args.out}/pretrain)")
+    if "train_with_short" in n:
+        print(f"train-with-short.jsonl: {n['train_with_short']} pairs (the {n['train']} train pairs, then the shorter "
+              "documents of the train modules)")
     return 0
 
 

@@ -183,15 +183,17 @@ def run(args: argparse.Namespace) -> int:
         for start in range(0, len(docs), args.batch_size):
             chunk = docs[start:start + args.batch_size]
             generators = [torch.Generator(device=device).manual_seed(args.seed + start + i) for i in range(len(chunk))]
+            ended: list[bool] = []
             summaries = complete(ckpt.model, ckpt.tokenizer, [d["text"] for d in chunk],
                                  max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.prompt_tokens,
                                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                  generator=generators, stop=args.stop, min_new_tokens=args.min_new_tokens,
                                  repetition_penalty=args.repetition_penalty,
                                  no_repeat_ngram_size=args.no_repeat_ngram_size, num_beams=args.num_beams,
-                                 length_penalty=args.length_penalty, batch_size=args.batch_size, mem_len=args.mem_len)
-            for doc, summary in zip(chunk, summaries):
-                row = {"source": doc["source"], "summary": summary}
+                                 length_penalty=args.length_penalty, batch_size=args.batch_size, mem_len=args.mem_len,
+                                 ended=ended)
+            for doc, summary, done in zip(chunk, summaries, ended):
+                row = {"source": doc["source"], "summary": summary, "ended": done}
                 row.update({k: doc[k] for k in ("reference", "name") if k in doc})
                 rows.append(row)
                 if args.out == "-":

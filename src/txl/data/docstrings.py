@@ -13,7 +13,10 @@ Written into ``DIR``: ``train.jsonl``, ``valid.jsonl``, ``test.jsonl`` (one obje
 ``prompt`` the document, ``completion`` the summary, ``name`` the qualified name, ``module``,
 ``kind`` "function" or "class"), ``pretrain/``, a copy of the default corpus *without* the valid
 and test modules (pre-train the language model on it, or it has seen the answers), and
-``split.json`` (the modules of each split and the counts).
+``split.json`` (the modules of each split and the counts). With ``short_train``, also
+``train-with-short.jsonl``: the train pairs followed by the pairs of the *same train modules* whose
+documents are shorter than ``min_bytes`` (several times more examples of a name turning into a
+summary, for fine-tuning; the split and the other files are unchanged).
 """
 
 from __future__ import annotations
@@ -99,7 +102,8 @@ def module_documents(path: str | Path, min_bytes: int = 0, max_bytes: int | None
 
 
 def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
-                       min_bytes: int = 512, max_bytes: int = 4096, files: list[Path] | None = None) -> dict:
+                       min_bytes: int = 512, max_bytes: int = 4096, files: list[Path] | None = None,
+                       short_train: bool = False) -> dict:
     """Write the docstring data set into ``out_dir`` (see the module docstring); returns ``split.json``'s content.
 
     Args:
@@ -107,6 +111,7 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
         fractions: train/valid/test fractions of the modules (those with at least one pair).
         min_bytes, max_bytes: the document sizes kept.
         files: the modules (default: :func:`~txl.data.files.default_corpus_files`).
+        short_train: also write ``train-with-short.jsonl`` (see the module docstring).
 
     Raises:
         TxlError: bad fractions or sizes, an ``out_dir`` that is not empty or is in use, no pairs.
@@ -132,6 +137,13 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
             counts[name] = len(rows)
             payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
             atomic_write(out / f"{name}.jsonl", lambda tmp, data=payload: Path(tmp).write_bytes(data))
+        if short_train and min_bytes > 1:
+            path_of = {f.name: f for f in files}
+            short = [d for m in split["train"] for d in module_documents(path_of[m], 1, min_bytes - 1)]
+            rows = [d for m in split["train"] for d in by_module[m]] + short
+            counts["train_with_short"] = len(rows)
+            payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
+            atomic_write(out / "train-with-short.jsonl", lambda tmp, data=payload: Path(tmp).write_bytes(data))
         held_out = set(split["valid"]) | set(split["test"])
         (out / "pretrain").mkdir()
         kept = [f for f in files if f.name not in held_out]

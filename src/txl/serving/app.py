@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from txl.runtime import release_free_memory
 from txl.serving.engine import MAX_STOPS, Engine, Piece, SamplingParams, ServeError, SessionGone
 from txl.serving.http import check_api_key, error_body
 
@@ -86,11 +87,20 @@ def _num(x: float) -> float | None:
     return None if x != x else x
 
 
+LARGE_ANSWER_BYTES = 1 << 20  # answers this long had a peak of temporary objects worth handing back
+
+
 async def _json(build) -> Response:
     """A JSON response of ``build()``, built and serialised on a thread (answers may hold a token entry
-    per token of a long text: the event loop stays free meanwhile)."""
+    per token of a long text: the event loop stays free meanwhile). After an answer of
+    ``LARGE_ANSWER_BYTES`` or more, the heap's free pages go back to the system
+    (:func:`txl.runtime.release_free_memory`): its temporary objects were many times its size, and
+    without this the server's resident memory would keep every such peak."""
     def render() -> bytes:
-        return json.dumps(build(), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+        body = json.dumps(build(), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+        if len(body) >= LARGE_ANSWER_BYTES:
+            release_free_memory()
+        return body
 
     return Response(await asyncio.to_thread(render), media_type="application/json")
 

@@ -1,0 +1,59 @@
+"""The docstring summarisation set (txl.data.docstrings): exact pairs, a split by module with no leakage,
+and the pre-training corpus without the held-out modules."""
+
+import json
+
+from txl.data.docstrings import first_sentence, module_documents, name_words, prepare_docstrings
+
+
+def _module(i: int) -> str:
+    body = "".join(f"    x{k} = {k} * y  # line {k} of the body\n" for k in range(12))  # about 500 bytes
+    return (f'"""Module {i}."""\n\n\n'
+            f'def long_{i}(y):\n    """Compute the long thing number {i}. More words follow.\n\n    Details.\n    """\n'
+            f"{body}    return y\n\n\n"
+            f'def short_{i}(y):\n    """Return y plus {i}."""\n    return y + {i}\n\n\n'
+            f"def bare_{i}(y):\n    return y\n")
+
+
+def test_pairs_are_the_source_without_the_docstring_and_its_first_sentence(tmp_path):
+    path = tmp_path / "m0.py"
+    path.write_text(_module(0))
+    docs = module_documents(path)
+    assert [(d["name"], d["completion"]) for d in docs] == [
+        ("long_0", "Compute the long thing number 0."), ("short_0", "Return y plus 0.")]
+    assert docs[1]["prompt"] == "def short_0(y):\n    return y + 0\n"
+    assert '"""' not in docs[0]["prompt"] and docs[0]["prompt"].startswith("def long_0(y):\n    x0 = 0 * y")
+    long_bytes = len(docs[0]["prompt"].encode())
+    assert [d["name"] for d in module_documents(path, min_bytes=long_bytes)] == ["long_0"]
+    assert [d["name"] for d in module_documents(path, max_bytes=long_bytes - 1)] == ["short_0"]
+    assert first_sentence("One.") is None and first_sentence("Two words!  Then more.") == "Two words!"
+    assert name_words("Popen.send_signal") == "Popen send signal." and name_words("HTTPServer") == "HTTP server."
+
+
+def test_the_split_is_by_module_and_the_pretraining_corpus_leaves_out_valid_and_test(tmp_path):
+    files = []
+    for i in range(10):
+        files.append(tmp_path / "src" / f"mod{i}.py")
+        files[-1].parent.mkdir(exist_ok=True)
+        files[-1].write_text(_module(i))
+    info = prepare_docstrings(tmp_path / "out", seed=3, fractions=(0.6, 0.2, 0.2), min_bytes=200, files=files,
+                              short_train=True)
+    out = tmp_path / "out"
+    rows = {s: [json.loads(line) for line in (out / f"{s}.jsonl").read_text().splitlines()]
+            for s in ("train", "valid", "test", "train-with-short")}
+    modules = info["modules"]
+    assert sorted(modules["train"] + modules["valid"] + modules["test"]) == sorted(f.name for f in files)
+    assert (len(modules["train"]), len(modules["valid"]), len(modules["test"])) == (6, 2, 2)
+    for split in ("train", "valid", "test"):  # only the long documents, each from a module of its split
+        assert {r["module"] for r in rows[split]} == set(modules[split])
+        assert all(r["name"].startswith("long_") for r in rows[split])
+    assert {p.name for p in (out / "pretrain").iterdir()} == set(modules["train"])
+    # train-with-short: the train pairs, then the short documents of the same modules, nothing else
+    extra = rows["train-with-short"][len(rows["train"]):]
+    assert rows["train-with-short"][:len(rows["train"])] == rows["train"]
+    assert sorted(r["name"] for r in extra) == sorted(f"short_{m[3:-3]}" for m in modules["train"])
+    assert all(len(r["prompt"].encode()) < 200 for r in extra)
+    assert info["pairs"] == {"train": 6, "valid": 2, "test": 2, "train_with_short": 12}
+    # the same seed and files give the same split whether or not the short pairs are written
+    again = prepare_docstrings(tmp_path / "again", seed=3, fractions=(0.6, 0.2, 0.2), min_bytes=200, files=files)
+    assert again["modules"] == modules and not (tmp_path / "again" / "train-with-short.jsonl").exists()
