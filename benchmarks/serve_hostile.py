@@ -93,10 +93,10 @@ def start_server(ckpt: str, port: int, max_sessions: int) -> subprocess.Popen:
 
 
 def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
+    """The resident memory of process ``pid`` in bytes (0 where the system does not say)."""
+    from txl.runtime import resident_bytes
+
+    return resident_bytes(pid) or 0
 
 
 def one_request(c: httpx.Client, i: int, shared: dict) -> int:

@@ -101,7 +101,11 @@ def main() -> int:
         iv = bootstrap_interval(arrays if len(arrays) > 1 else arrays[0], stat, n=2000, seed=0)
         return {"estimate": iv.estimate, "low": iv.low, "high": iv.high}
 
-    results = {"test_documents": len(test), "wall_s": {k: round(v) for k, v in times.items()}, "systems": {},
+    earlier = {}  # the wall times of steps an earlier run of this script did (and this one skipped)
+    if args.json and Path(args.json).is_file():
+        earlier = json.loads(Path(args.json).read_text()).get("wall_s", {})
+    results = {"test_documents": len(test), "wall_s": {**earlier, **{k: round(v) for k, v in times.items()}},
+               "systems": {},
                "seeds": args.seeds, "summarize_args": args.summarize_args, "max_new_tokens": args.max_new_tokens}
     for k, s in scores.items():
         results["systems"][k] = {**{t: s[t] for t in ("rouge1", "rouge2", "rougeL")},
@@ -111,6 +115,32 @@ def main() -> int:
             results["systems"][k]["minus_a"] = interval(per[k], per["a"])
         if k.startswith("c"):
             results["systems"][k]["minus_b"] = interval(per[k], per["b" + k[1:]])
+    # where the results come from: the split, the language model, the fine-tuning runs' best steps
+    results["pairs"] = json.loads((data / "split.json").read_text())["pairs"]
+    lm_state = json.loads((lm / "best" / "state.json").read_text())
+    results["lm"] = {k: lm_state.get(k) for k in ("step", "tokens", "elapsed_s", "val_loss", "val_metric", "unit")}
+    results["finetune_best_step"] = [json.loads((work / f"ft-seed{s}" / "best" / "state.json").read_text())["step"]
+                                     for s in range(args.seeds)]
+    # ROUGE-L by the document's length in tokens (mean over the seeds for (b) and (c)): where the memory matters
+    from txl.training.checkpoint import load_checkpoint
+
+    tokenizer = load_checkpoint(work / "ft-seed0").tokenizer
+    n_tokens = np.array([len(tokenizer.encode(t["prompt"])) for t in test])
+    results["document_tokens"] = {"min": int(n_tokens.min()), "median": float(np.median(n_tokens)),
+                                  "max": int(n_tokens.max())}
+    seeds = range(args.seeds)
+    mean_of = {"a": per["a"], "b": np.mean([per[f"b{s}"] for s in seeds], 0),
+               "c": np.mean([per[f"c{s}"] for s in seeds], 0)}
+    results["by_document_tokens"] = []
+    for lo, hi in ((0, 256), (256, 512), (512, 1024), (1024, None)):
+        sel = (n_tokens >= lo) & (n_tokens < (hi or np.inf))
+        if sel.any():
+            row = {"tokens": [lo, hi], "documents": int(sel.sum()),
+                   "rougeL": {k: float(v[sel].mean()) for k, v in mean_of.items()}}
+            if sel.sum() >= 10:
+                row["c_minus_a"] = interval(mean_of["c"][sel], mean_of["a"][sel])
+                row["c_minus_b"] = interval(mean_of["c"][sel], mean_of["b"][sel])
+            results["by_document_tokens"].append(row)
     results["examples"] = []
     order = sorted(range(len(test)), key=lambda i: -per["c0"][i])
     for i in order[:4] + order[-3:]:

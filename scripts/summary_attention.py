@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -29,12 +30,13 @@ BUCKETS = ((0, 128), (128, 512), (512, 1024), (1024, 1 << 30))
 
 
 def name_positions(tokenizer, prompt: str, name: str) -> np.ndarray:
-    """Token positions of the prompt that cover the first occurrence of the name's last part (in its
-    ``def`` or ``class`` line), found by encoding the text before and up to it."""
+    """Token positions of the prompt that cover the name's last part in its ``def`` / ``class`` line
+    (not a decorator's), found by encoding the text before and up to it; empty when not found."""
     short = name.split(".")[-1]
-    start = prompt.find(short)
-    if start < 0:
+    found = re.search(rf"\b(?:def|class)\s+({re.escape(short)})\b", prompt)
+    if found is None:
         return np.zeros(0, dtype=np.int64)
+    start = found.start(1)
     first = len(tokenizer.encode(prompt[:start]))
     last = len(tokenizer.encode(prompt[:start + len(short)]))
     return np.arange(max(0, first - 1), max(first, last))  # the boundary token may hold the name's first bytes

@@ -7,6 +7,7 @@ analysis tools and commands take them from one place.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import random
@@ -263,11 +264,11 @@ def available_memory_bytes() -> int:
     return min(figures) if figures else memory_bytes()
 
 
-def resident_bytes() -> int | None:
-    """This process's resident memory (``VmRSS`` of /proc/self/status) in bytes; None where the
-    system does not say (not Linux)."""
+def resident_bytes(pid: int | None = None) -> int | None:
+    """The resident memory (``VmRSS`` of /proc/PID/status) of process ``pid`` (None: this one) in
+    bytes; None where the system does not say (not Linux, or no such process)."""
     try:
-        with open("/proc/self/status", encoding="ascii") as f:
+        with open(f"/proc/{pid or 'self'}/status", encoding="ascii") as f:
             for line in f:
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1]) * 1024
@@ -276,25 +277,34 @@ def resident_bytes() -> int | None:
     return None
 
 
-def release_free_memory() -> bool:
-    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim(0)``); returns whether
-    it could (False off glibc, e.g. macOS or musl).
-
-    Python frees the objects of a large answer (a token entry per token of a 131,072-token append is
-    about 40 MiB of small objects) but glibc keeps the freed pages in its heaps, so a long-running
-    process's resident memory stays at its highest peak and creeps up as peaks from several threads
-    land in different arenas (docs/serving.md, "Measured: hostile traffic"). Costs a few
-    milliseconds: call it after such a peak, not per request.
-    """
+@functools.lru_cache(maxsize=1)
+def _malloc_trim():
+    """glibc's ``malloc_trim`` as a ctypes function, or None where there is none (macOS, musl)."""
     try:
         import ctypes
 
-        libc = ctypes.CDLL("libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
-        return False
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (ImportError, OSError, AttributeError):
+        return None
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
+    return trim
+
+
+def release_free_memory() -> bool:
+    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim(0)``); returns whether
+    it could (False off glibc, e.g. macOS or musl; with another allocator preloaded it does nothing).
+
+    A large answer's temporary objects (a token entry per token of a 131,072-token append: about
+    42 MiB at its peak) are all freed, but what glibc's ``malloc`` served (larger objects, numpy and
+    torch buffers, the pools Python takes for its small objects) stays in glibc's heaps as free pages,
+    so a long-running process's resident memory keeps its peaks (docs/serving.md, "Measured: hostile
+    traffic"). ``malloc_trim`` walks every heap, locking each in turn: call it after such a peak, not
+    per request. Safe from any thread.
+    """
+    trim = _malloc_trim()
+    if trim is None:
+        return False
     trim(0)
     return True
 

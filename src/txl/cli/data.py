@@ -115,7 +115,7 @@ SUBCOMMANDS = (
     Command("prepare", "download/unpack a benchmark into train/valid/test.txt + dataset.json",
             "txl data prepare wikitext-103 --source wikitext-103-v1.zip", _add_prepare, _prepare),
     Command("docstrings", "standard-library functions/classes and their first docstring sentence, split by module",
-            "txl data docstrings --out data/docstrings", _add_docstrings, _docstrings),
+            "txl data docstrings --out data/docstrings --split 0.7,0.1,0.2 --short-train", _add_docstrings, _docstrings),
     Command("packages", "standard-library source cut into ~2 KB documents labelled by package, split by file",
             "txl data packages --out data/packages", _add_packages, _packages),
 )

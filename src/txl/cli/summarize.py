@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
                                  no_repeat_ngram_size=args.no_repeat_ngram_size, num_beams=args.num_beams,
                                  length_penalty=args.length_penalty, batch_size=args.batch_size, mem_len=args.mem_len,
                                  ended=ended)
-            for doc, summary, done in zip(chunk, summaries, ended):
+            for doc, summary, done in zip(chunk, summaries, ended, strict=True):
                 row = {"source": doc["source"], "summary": summary, "ended": done}
                 row.update({k: doc[k] for k in ("reference", "name") if k in doc})
                 rows.append(row)

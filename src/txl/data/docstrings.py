@@ -119,6 +119,9 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
     check_split(fractions, "the split fractions", train_needed=True)
     if min_bytes < 1 or max_bytes < min_bytes:
         raise TxlError(f"need 1 <= min_bytes <= max_bytes, got {min_bytes} and {max_bytes}")
+    if short_train and min_bytes < 2:
+        raise TxlError("--short-train adds the documents shorter than --min-bytes, and there are none below 1 byte: "
+                       "give --min-bytes 2 or more")
     files = sorted(files or default_corpus_files())
     with claim_folder(out_dir, empty=True, inputs=[files[0].parent]) as claim:
         by_module = {f.name: module_documents(f, min_bytes, max_bytes) for f in files}
@@ -137,7 +140,7 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
             counts[name] = len(rows)
             payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
             atomic_write(out / f"{name}.jsonl", lambda tmp, data=payload: Path(tmp).write_bytes(data))
-        if short_train and min_bytes > 1:
+        if short_train:
             path_of = {f.name: f for f in files}
             short = [d for m in split["train"] for d in module_documents(path_of[m], 1, min_bytes - 1)]
             rows = [d for m in split["train"] for d in by_module[m]] + short
