@@ -9,7 +9,7 @@ five largest allocation sites) and the resident memory (VmRSS). Then it warms th
 
 It does this twice: with the server as shipped (after an answer of 1 MiB or more the C heap's free
 pages go back to the system, ``txl.runtime.release_free_memory``) and with that step turned off
-(``--keep`` alone runs only the second). A leak shows as Python objects that stay alive or
+(``--keep`` runs only the second, ``--shipped`` only the first). A leak shows as Python objects that stay alive or
 resident memory that grows append after append; a high-water mark as a rise that stops.
 
     python benchmarks/serve_memory.py --json benchmarks/results/cpu-serve-memory.json
@@ -126,11 +126,13 @@ def main() -> None:
     p.add_argument("--appends", type=int, default=3, help="long appends (131,072 words each)")
     p.add_argument("--warmup", type=int, default=200, help="completions before tracing starts")
     p.add_argument("--keep", action="store_true", help="only the run with the release turned off")
+    p.add_argument("--shipped", action="store_true", help="only the run of the server as shipped")
     p.add_argument("--json", default=None, metavar="FILE")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = build_checkpoint(Path(tmp))
-        runs = [measure(ckpt, keep, args) for keep in ((True,) if args.keep else (False, True))]
+        modes = (True,) if args.keep else (False,) if args.shipped else (False, True)
+        runs = [measure(ckpt, keep, args) for keep in modes]
     result = {"appends": args.appends, "warmup_completions": args.warmup, "runs": runs,
               "python": sys.version.split()[0]}
     if args.json:
