@@ -57,3 +57,22 @@ def test_the_split_is_by_module_and_the_pretraining_corpus_leaves_out_valid_and_
     # the same seed and files give the same split whether or not the short pairs are written
     again = prepare_docstrings(tmp_path / "again", seed=3, fractions=(0.6, 0.2, 0.2), min_bytes=200, files=files)
     assert again["modules"] == modules and not (tmp_path / "again" / "train-with-short.jsonl").exists()
+
+
+def test_the_command_writes_the_short_pairs_and_refuses_them_below_one_byte(tmp_path, capsys):
+    from conftest import one_error_line, run_cli
+
+    code, out, err = run_cli(capsys, "data", "docstrings", "--out", tmp_path / "bad", "--short-train",
+                             "--min-bytes", "1")
+    assert code == 2 and not (tmp_path / "bad").exists()
+    assert one_error_line(err) == ("txl: error: --short-train adds the documents shorter than --min-bytes, and there "
+                                   "are none below 1 byte: give --min-bytes 2 or more")
+    code, out, err = run_cli(capsys, "data", "docstrings", "--out", tmp_path / "d", "--short-train",
+                             "--split", "0.7,0.1,0.2")
+    assert code == 0, err
+    info = json.loads((tmp_path / "d" / "split.json").read_text())
+    n = info["pairs"]
+    assert f"train-with-short.jsonl: {n['train_with_short']} pairs (the {n['train']} train pairs" in out
+    lines = (tmp_path / "d" / "train-with-short.jsonl").read_text().splitlines()
+    assert len(lines) == n["train_with_short"] > n["train"]
+    assert {json.loads(line)["module"] for line in lines} <= set(info["modules"]["train"])
