@@ -45,3 +45,12 @@ def test_resident_bytes_of_this_process_and_of_another():
     assert abs(own - runtime.resident_bytes(os.getpid())) < 16 << 20  # the same process, read twice
     assert own > 10 << 20  # a Python with torch imported holds more than 10 MiB
     assert runtime.resident_bytes(2**22 + 12345) is None  # no such process
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc (Linux)")
+def test_the_peak_is_at_least_the_resident_memory_and_grows_with_an_allocation():
+    now, peak = runtime.resident_bytes(), runtime.resident_bytes(field="VmHWM")
+    assert peak >= now
+    block = b"\x01" * (200 << 20)  # 200 MiB, written: resident
+    assert runtime.resident_bytes(field="VmHWM") >= now + (150 << 20)
+    assert runtime.resident_bytes() >= now + (150 << 20) and len(block) == 200 << 20

@@ -264,13 +264,14 @@ def available_memory_bytes() -> int:
     return min(figures) if figures else memory_bytes()
 
 
-def resident_bytes(pid: int | None = None) -> int | None:
-    """The resident memory (``VmRSS`` of /proc/PID/status) of process ``pid`` (None: this one) in
-    bytes; None where the system does not say (not Linux, or no such process)."""
+def resident_bytes(pid: int | None = None, field: str = "VmRSS") -> int | None:
+    """The resident memory of process ``pid`` (None: this one) in bytes, from /proc/PID/status:
+    ``field`` "VmRSS" (now) or "VmHWM" (its peak since the process image started); None where the
+    system does not say (not Linux, or no such process)."""
     try:
         with open(f"/proc/{pid or 'self'}/status", encoding="ascii") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass

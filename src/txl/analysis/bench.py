@@ -24,7 +24,7 @@ from txl.errors import TxlError
 from txl.analysis.bench_generation import GEN_BATCHES, GEN_CONTEXTS, format_generation, generation_table
 from txl.evaluation.segments import decoding_state
 from txl.model import TransformerXLConfig, TransformerXLLM
-from txl.runtime import cpu_flags
+from txl.runtime import cpu_flags, resident_bytes
 
 BENCH_SMALL = dict(vocab_size=256, n_layer=6, d_model=256, n_head=8, d_head=32, d_inner=1024, tgt_len=128,
                    mem_len=128, dropout=0.1)
@@ -209,10 +209,8 @@ def _memory_child(impl: str, config: dict, batch: int, dtype: str, steps: int, m
     for _ in range(steps if mode == "train" else steps + -(-config["mem_len"] // config["tgt_len"])):
         step(x, x)
     # VmHWM is this process image's own peak (ru_maxrss would include the parent's, kept across exec)
-    for line in open("/proc/self/status", encoding="utf-8"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = resident_bytes(field="VmHWM")
+    return peak / 2**20 if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _dtype(name: str) -> torch.dtype | None:

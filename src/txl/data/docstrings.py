@@ -134,19 +134,16 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
         split = {"train": sorted(modules[:n_train]), "valid": sorted(modules[n_train:n_train + n_valid]),
                  "test": sorted(modules[n_train + n_valid:])}
         out = Path(claim.path)
-        counts = {}
-        for name, mods in split.items():
-            rows = [d for m in mods for d in by_module[m]]
-            counts[name] = len(rows)
-            payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
-            atomic_write(out / f"{name}.jsonl", lambda tmp, data=payload: Path(tmp).write_bytes(data))
+        pairs = {name: [d for m in mods for d in by_module[m]] for name, mods in split.items()}
         if short_train:
             path_of = {f.name: f for f in files}
-            short = [d for m in split["train"] for d in module_documents(path_of[m], 1, min_bytes - 1)]
-            rows = [d for m in split["train"] for d in by_module[m]] + short
-            counts["train_with_short"] = len(rows)
+            pairs["train-with-short"] = pairs["train"] + [
+                d for m in split["train"] for d in module_documents(path_of[m], 1, min_bytes - 1)]
+        counts = {}
+        for name, rows in pairs.items():
+            counts[name.replace("-", "_")] = len(rows)
             payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
-            atomic_write(out / "train-with-short.jsonl", lambda tmp, data=payload: Path(tmp).write_bytes(data))
+            atomic_write(out / f"{name}.jsonl", lambda tmp, data=payload: Path(tmp).write_bytes(data))
         held_out = set(split["valid"]) | set(split["test"])
         (out / "pretrain").mkdir()
         kept = [f for f in files if f.name not in held_out]
