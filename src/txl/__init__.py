@@ -4,7 +4,7 @@
 load torch on first use, so that the command line starts (and reports usage errors) without it.
 """
 
-from txl.errors import TxlError
+from txl.errors import TxlError as TxlError  # re-exported (the rest load lazily, below)
 
 __version__ = "0.1.0"
 

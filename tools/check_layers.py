@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""The house's import rules, checked: no import cycle, and no import from a lower floor to a higher one.
+
+    python tools/check_layers.py            # checks src/txl against LAYERS below; exit status 1 on a problem
+    python tools/check_layers.py ROOT --layers "top > middle,other > bottom"
+
+Every import counts, those inside functions included (they run too). A module's floor is the first
+part of its name below the package: ``txl/model/attention.py`` is on ``model``, ``txl/runtime.py`` on
+``runtime``. A module on no listed floor is a problem as well: a new subpackage must be given its place
+here (docs/testing.md). ``.ci/run`` runs this before the tests; tests/test_layers.py runs it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# top > ... > bottom; a floor may import its own and any floor below it, never one above
+LAYERS = ("cli,__main__ > analysis,serving > evaluation,training,generation,classification,convert > model,data"
+          " > config,runtime,fileio,errors")
+
+
+def package_modules(root: Path) -> dict[str, Path]:
+    """Every module of the package at ``root`` by dotted name (``txl.model.attention``; a package by its
+    folder's name)."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join([root.name, *parts])] = path
+    return found
+
+
+def imported(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules that module ``name`` (file ``path``) imports, relative imports resolved;
+    ``from a.b import c`` counts as importing ``a.b.c`` when that is a module, else ``a.b``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    targets: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
+            targets += [base] + [f"{base}.{alias.name}" for alias in node.names]
+    edges = set()
+    for target in targets:
+        while target and target not in known:
+            target = target.rpartition(".")[0]
+        if target and target != name and not name.startswith(target + "."):  # a package's __init__ is no edge
+            edges.add(target)
+    return edges
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def problems(root: Path, layers: str) -> tuple[list[str], int, int]:
+    """Every cycle, upward import and module on no floor of the package at ``root``, one line each; with
+    the numbers of modules and of imports between them."""
+    modules = package_modules(root)
+    graph = {name: imported(name, path, set(modules)) for name, path in modules.items()}
+    rank = {floor.strip(): i for i, level in enumerate(layers.split(">")) for floor in level.split(",") if floor.strip()}
+
+    def floor_of(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 else None  # the package's own __init__ sits above every floor
+
+    found = ["cycle: " + " <-> ".join(c) for c in cycles(graph)]
+    for module in sorted(graph):
+        floor = floor_of(module)
+        if floor is not None and floor not in rank:
+            found.append(f"no floor: {module} ({floor!r} is not in the layers; give it its place in LAYERS)")
+            continue
+        for dep in sorted(graph[module]):
+            dep_floor = floor_of(dep)
+            if floor is not None and dep_floor in rank and rank[dep_floor] < rank[floor]:
+                found.append(f"upward: {module} -> {dep} ({floor} imports {dep_floor}, a higher floor)")
+    return found, len(modules), sum(map(len, graph.values()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", nargs="?", default=str(ROOT / "src" / "txl"), help="the package's folder")
+    parser.add_argument("--layers", default=LAYERS, help="top > ... > bottom; the floors of one level by commas")
+    args = parser.parse_args(argv)
+    root = Path(args.root)
+    if not (root / "__init__.py").is_file():
+        print(f"check_layers: {root} is not a package folder (no __init__.py)", file=sys.stderr)
+        return 2
+    found, n_modules, n_imports = problems(root, args.layers)
+    for line in found:
+        print(line)
+    print(f"{n_modules} modules, {n_imports} imports between them: "
+          f"{'no cycle, no upward import, every module on a floor' if not found else f'{len(found)} problem(s)'}")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
