@@ -46,7 +46,7 @@ def name_positions(tokenizer, prompt: str, name: str) -> np.ndarray:
 def name_shares(model, tokenizer, sep_id: int, pairs: list[dict], span) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per pair: the distance of the name from the separator (tokens), the share per layer (float64
     [n, n_layer]) and what uniform attention over the separator's keys would give (float64 [n])."""
-    from txl.analysis.attention_maps import recording, taken_probabilities
+    from txl.analysis.attention_maps import segment_probabilities
     from txl.evaluation.segments import eval_mode, segments
 
     n_layer = len(model.layers)
@@ -56,9 +56,9 @@ def name_shares(model, tokenizer, sep_id: int, pairs: list[dict], span) -> tuple
         where = name_positions(tokenizer, pair["prompt"], pair["name"])
         query = ids.size - 1
         distances.append(int(query - where.mean()) if where.size else -1)
-        with eval_mode(model), recording(model) as captured:
+        with eval_mode(model):
             for seg in segments(model, torch.as_tensor(ids)[None], span=span):
-                probs = taken_probabilities(captured)
+                probs = segment_probabilities(model, seg.inputs, seg.mems, span)
                 t, klen = seg.inputs.size(1), probs[0].size(-1)
                 if not seg.start <= query < seg.start + t:
                     continue

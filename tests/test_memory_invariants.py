@@ -5,11 +5,11 @@ Two checks, for "rel" (shared and per-layer u/v) and "shaw", with and without ``
 
 * segments carried through the memory give the logits of one long pass, wherever the two are
   the same computation (memory long enough, or ``same_length``, whose window is the same in both);
-* any split into segments, with any memory length, gives the logits of :func:`reference_logits`,
-  a per-position computation written here from the paper (§3.2, §3.3) that owns no memory at all:
-  position t of a segment starting at s sees positions ``max(s - mem_len, 0) .. t`` (the memory
-  holds the layer inputs of the last ``mem_len`` positions, each computed by its own segment), and
-  with ``same_length`` only ``t - mem_len + 1 .. t``.
+* any split into segments, with any memory length, gives the logits of :mod:`txl.model.reference`,
+  the paper's equations (§3.2, §3.3) written plainly, which owns no memory at all: position t of a
+  segment starting at s sees positions ``max(s - mem_len, 0) .. t`` (the memory holds the layer
+  inputs of the last ``mem_len`` positions, each computed by its own segment), and with
+  ``same_length`` only ``t - mem_len + 1 .. t``.
 
 At ``init_std=0.02`` in float32 a bookkeeping bug (e.g. layer 0's memory fed to every layer)
 moves logits by ~1e-4, close to float32 noise; here every parameter is drawn with a large scale
@@ -17,15 +17,12 @@ and the arithmetic is float64, so such bugs move logits by O(0.1-1) while correc
 ~1e-14. Each test also feeds a deliberately wrong memory and asserts the tolerance catches it.
 """
 
-import math
-
 import pytest
 import torch
 
 from conftest import run_segments, tiny_model
 from txl.evaluation.segments import decoding_state
-from txl.model import attention
-from txl.model.attention import sinusoid
+from txl.model import attention, reference
 
 TOL = 1e-10  # float64 rounding differences between the batched and per-position sums are ~1e-14
 CAUGHT = 1e-4  # a wrong memory must move some logit by at least this, 10^6 times the tolerance
@@ -50,66 +47,11 @@ def build(seed=0, **overrides):
     return randomize(tiny_model(seed=seed, dtype=torch.float64, **overrides), seed)
 
 
-def layer_norm(x, ln):
-    mean = x.mean(-1, keepdim=True)
-    var = ((x - mean) ** 2).mean(-1, keepdim=True)
-    return (x - mean) / torch.sqrt(var + ln.eps) * ln.weight + ln.bias
-
-
 def reference_logits(model, ids, lengths):
-    """Logits of ``ids`` [B, L] fed as segments of ``lengths``, computed position by position.
-
-    Uses the model's embedding, its output layer and the library's ``sinusoid`` for R (its values
-    are float32-rounded; the layout is checked in test_model_attention); everything else (the
-    visible keys, distances, clamping, u/v, Shaw tables, LayerNorm, feed-forward) is spelled out.
-    """
-    c = model.config
-    L = ids.size(1)
-    seg_start = [s for s, n in zip(torch.tensor([0, *lengths]).cumsum(0).tolist(), lengths) for _ in range(n)]
-    lo = []
-    for t in range(L):
-        first = seg_start[t] - min(c.mem_len, seg_start[t])  # the memory: the last mem_len positions
-        if c.same_length and c.mem_len > 0:
-            first = max(first, t - c.mem_len + 1)
-        lo.append(first)
-    H, D = c.n_head, c.d_head
-    dists = list(range(L))
-    if c.attn_type == "rel":
-        clamped = [min(d, c.clamp_len) if c.clamp_len > 0 else d for d in dists]
-        R = sinusoid(torch.tensor(clamped, dtype=torch.float32), c.d_model).double()  # R[d] for distance d
-    h = model.word_emb(ids)  # [B, L, d]
-    for n, layer in enumerate(model.layers):
-        attn, ff = layer.attn, layer.ff
-        x = layer_norm(h, attn.layer_norm) if c.pre_lnorm else h
-        wq, wk, wv = attn.qkv_net.weight.split(H * D, dim=0)
-        q = (x @ wq.T).view(*x.shape[:2], H, D)
-        k = (x @ wk.T).view(*x.shape[:2], H, D)
-        v = (x @ wv.T).view(*x.shape[:2], H, D)
-        if c.attn_type == "rel":
-            u = attn.r_w_bias if c.untie_r else model.r_w_bias
-            vb = attn.r_r_bias if c.untie_r else model.r_r_bias
-            rk = (R @ attn.r_net.weight.T).view(L, H, D)
-        out = torch.zeros_like(q)
-        for t in range(L):
-            js = list(range(lo[t], t + 1))
-            d = [t - j for j in js]
-            kj = k[:, js]  # [B, J, H, D]
-            if c.attn_type == "rel":
-                pos = rk[d]  # [J, H, D]
-                score = ((q[:, t, None] + u) * kj).sum(-1) + ((q[:, t, None] + vb) * pos).sum(-1)
-            else:
-                a = attn.r_emb[[min(x, attn.max_dist) for x in d]]  # [J, H, D]
-                score = (q[:, t, None] * kj).sum(-1) + (q[:, t, None] * a).sum(-1)
-            p = torch.softmax(score / math.sqrt(D), dim=1)  # [B, J, H] over the visible keys
-            out[:, t] = (p[..., None] * v[:, js]).sum(1)
-        o = out.reshape(*out.shape[:2], H * D) @ attn.o_net.weight.T
-        y = h + o if c.pre_lnorm else layer_norm(h + o, attn.layer_norm)
-        lin1, lin2 = ff.net[0], ff.net[3]
-
-        def mlp(z):
-            return torch.relu(z @ lin1.weight.T + lin1.bias) @ lin2.weight.T + lin2.bias
-        h = y + mlp(layer_norm(y, ff.layer_norm)) if c.pre_lnorm else layer_norm(y + mlp(y), ff.layer_norm)
-    return model.crit.logits(h.reshape(-1, c.d_model)).view(*ids.shape, -1)
+    """Logits of ``ids`` [B, L] fed as segments of ``lengths``, from :mod:`txl.model.reference`: each
+    segment's keys rebuilt from the history of layer inputs (memory = the last ``mem_len`` positions),
+    distances as indices, every sum an einsum."""
+    return reference.forward(model, ids, lengths).logits
 
 
 ATTN = {"rel": dict(attn_type="rel"), "rel-untied": dict(attn_type="rel", untie_r=True),

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from conftest import tiny_model
 
-from txl.model import attention
+from txl.model import attention, reference
 from txl.model import linear
 from txl.model.linear import _row_blocks, linear_rows, step_linear
 from txl.model.attention import (MultiHeadAttention, attention_mask, position_scores, rel_shift, rel_shift_bias,
@@ -44,40 +44,13 @@ def test_sinusoid_layout():
 
 
 def brute_force(attn, h, mem, u, v, clamp_len, mask):
-    """Per-(b, head, i, j) scores A = (a)+(b)+(c)+(d), softmax over visible keys, output."""
-    bsz, qlen, d = h.shape
-    cat = torch.cat([mem, h], 1) if mem is not None else h
-    mlen = cat.size(1) - qlen
-    x = attn.layer_norm(cat) if attn.pre_lnorm else cat
-    H, D = attn.n_head, attn.d_head
-    wq, wk, wv = attn.qkv_net.weight.split(H * D, dim=0)
-    wr = attn.r_net.weight
-    out = torch.zeros(bsz, qlen, H * D, dtype=h.dtype)
-    for b in range(bsz):
-        for n in range(H):
-            sl = slice(n * D, (n + 1) * D)
-            for i in range(qlen):
-                qi = wq[sl] @ x[b, mlen + i]
-                scores, values = [], []
-                for j in range(cat.size(1)):
-                    if mask[i, j]:
-                        continue
-                    dist = mlen + i - j
-                    if clamp_len > 0:
-                        dist = min(dist, clamp_len)
-                    r = sinusoid(torch.tensor([float(dist)]), d)[0].to(h.dtype)
-                    kj = wk[sl] @ x[b, j]
-                    rk = wr[sl] @ r
-                    a = qi @ kj
-                    bterm = qi @ rk
-                    c = u[n] @ kj
-                    dterm = v[n] @ rk
-                    scores.append((a + bterm + c + dterm) / math.sqrt(D))
-                    values.append(wv[sl] @ x[b, j])
-                p = torch.softmax(torch.stack(scores), 0)
-                out[b, i, sl] = (p[:, None] * torch.stack(values)).sum(0)
-    o = attn.o_net(out)
-    return h + o if attn.pre_lnorm else attn.layer_norm(h + o)
+    """The layer as :mod:`txl.model.reference` computes it: distances as indices, (a)+(b)+(c)+(d) as
+    einsums over the model's weights (its u, v are ``attn.r_w_bias``/``attn.r_r_bias``, as here)."""
+    assert u is attn.r_w_bias and v is attn.r_r_bias
+    mem = h[:, :0] if mem is None else mem
+    out, _ = reference.attention(attn, h, mem, reference.key_distances(h.size(1), mem.size(1)), mask,
+                                 attn_type="rel", clamp_len=clamp_len, d_model=h.size(-1))
+    return out
 
 
 @pytest.mark.parametrize("mlen,clamp_len,same_length,pre_lnorm", [

@@ -1,43 +1,22 @@
 """Shaw et al. (2018) relative attention with memory (attn_type="shaw"), the Table 6 comparison."""
 
-import math
-
 import pytest
 import torch
 
 from conftest import tiny_model
 from txl.errors import TxlError
 from txl.generation import generate
-from txl.model import TransformerXLConfig, TransformerXLLM
+from txl.model import TransformerXLConfig, TransformerXLLM, reference
 from txl.model.attention import MultiHeadAttention, attention_mask
 
 
 def shaw_brute_force(attn, h, mem, max_dist, mask):
-    """Per-(b, head, i, j) score (q_i·k_j + q_i·a_{min(i-j, max_dist)}) / sqrt(D), softmax, output."""
-    bsz, qlen, d = h.shape
-    cat = torch.cat([mem, h], 1) if mem is not None else h
-    mlen = cat.size(1) - qlen
-    x = attn.layer_norm(cat) if attn.pre_lnorm else cat
-    H, D = attn.n_head, attn.d_head
-    wq, wk, wv = attn.qkv_net.weight.split(H * D, dim=0)
-    out = torch.zeros(bsz, qlen, H * D, dtype=h.dtype)
-    for b in range(bsz):
-        for n in range(H):
-            sl = slice(n * D, (n + 1) * D)
-            for i in range(qlen):
-                qi = wq[sl] @ x[b, mlen + i]
-                scores, values = [], []
-                for j in range(cat.size(1)):
-                    if mask[i, j]:
-                        continue
-                    dist = min(mlen + i - j, max_dist)  # query i sits at key index mlen + i
-                    a = attn.r_emb[dist, n]
-                    scores.append((qi @ (wk[sl] @ x[b, j]) + qi @ a) / math.sqrt(D))
-                    values.append(wv[sl] @ x[b, j])
-                p = torch.softmax(torch.stack(scores), 0)
-                out[b, i, sl] = (p[:, None] * torch.stack(values)).sum(0)
-    o = attn.o_net(out)
-    return h + o if attn.pre_lnorm else attn.layer_norm(h + o)
+    """The layer as :mod:`txl.model.reference` computes it: (q_i·k_j + q_i·a_{min(i-j, max_dist)}) / sqrt(D)."""
+    assert attn.max_dist == max_dist
+    mem = h[:, :0] if mem is None else mem
+    out, _ = reference.attention(attn, h, mem, reference.key_distances(h.size(1), mem.size(1)), mask,
+                                 attn_type="shaw", clamp_len=0, d_model=h.size(-1))
+    return out
 
 
 @pytest.mark.parametrize("mlen,max_dist,same_length,pre_lnorm", [

@@ -225,15 +225,16 @@ def fact_attention(model, episodes: list, span: AttentionSpan, width: int | None
 @torch.no_grad()
 def fact_shares(model, episodes: list, span: AttentionSpan, width: int | None = None) -> np.ndarray:
     """float64 [n_episodes, n_layer]: the per-episode shares that :func:`fact_attention` averages."""
-    from txl.analysis.attention_maps import recording, taken_probabilities
+    from txl.analysis.attention_maps import segment_probabilities
 
     tokens, _ = episode_batch(episodes, width=width)  # padded on the left as the scored batch was
     width = tokens.shape[1]
     device = next(model.parameters()).device
     shares = np.zeros((len(episodes), len(model.layers)))
-    with eval_mode(model), recording(model) as captured:
+    with eval_mode(model):
         for seg in segments(model, torch.as_tensor(tokens, device=device), span=span):
-            probs = taken_probabilities(captured)  # per layer [b, H, t, K]; every row is in every segment
+            # per layer [b, H, t, K]; every row is in every segment
+            probs = segment_probabilities(model, seg.inputs, seg.mems, span)
             t, klen = seg.inputs.size(1), probs[0].size(-1)
             first_key = seg.start - (klen - t)  # column of key 0 (the memory holds the klen - t columns before)
             for b, e in enumerate(episodes):
