@@ -13,10 +13,16 @@ for every row, for several seeds, and scores the test documents:
   1-2-grams (``tfidf``) and on character 2-4-grams (``tfidf-char``).
 
 Prints and writes (``--json``) accuracy and macro-F1 per row and seed with 95% bootstrap intervals
-over the test documents, the mean over seeds, and paired intervals of (a) minus each other row.
+over the test documents, each row's predictions, the mean over seeds, and paired intervals of (a)
+minus each other row of the same seed.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/classification.py --lm runs/docstrings-lm \\
-        --work runs/packages --json benchmarks/results/classification-packages.json
+    OMP_NUM_THREADS=2 PYTHONPATH=src python benchmarks/classification.py --lm runs/docstrings/lm \\
+        --work runs/packages --mem-len 512 --json benchmarks/results/classification-packages.json
+
+A classifier already in ``--work`` with the same settings is scored, not trained again, so a stopped
+run picks up where it stopped. ``--rows`` and ``--first-seed``/``--seeds`` run a part (for example
+two processes of one thread, one memory seed each), and ``--merge FILE`` adds the rows of an earlier
+run's JSON (same data folder) to this one's, pairing them by seed where their predictions are kept.
 
 Needs scikit-learn (the ``bench`` extra) for row (e).
 """
@@ -56,7 +62,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lm", required=True, help="the language-model run to fine-tune")
     ap.add_argument("--work", default="runs/packages", help="folder for the data and the classifiers")
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=3, help="how many seeds, from --first-seed on")
+    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--rows", default="memory,first,last,window", help="which fine-tuned rows to run")
+    ap.add_argument("--merge", help="a JSON this script wrote for other seeds or rows: its rows join this one's")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--tgt-len", type=int, default=128)
@@ -83,9 +92,14 @@ def main() -> int:
     train = [json.loads(line) for line in (data / "train.jsonl").read_text().splitlines()]
     labels = sorted({t["label"] for t in train})
     y = np.array([labels.index(t["label"]) for t in test])
+    unknown = set(args.rows.split(",")) - set(rows)
+    if unknown:
+        raise SystemExit(f"--rows: no row {', '.join(sorted(unknown))}; choose from {', '.join(rows)}")
+    rows = {name: flags for name, flags in rows.items() if name in args.rows.split(",")}
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     preds: dict = {}
     for name, flags in rows.items():
-        for seed in range(args.seeds):
+        for seed in seeds:
             out = work / f"{name}-seed{seed}"
             if not (out / "classifier.json").is_file():
                 times[f"{name}/seed{seed}"] = txl("classify", "train", args.lm, "--out", str(out), "--seed",
@@ -106,7 +120,7 @@ def main() -> int:
         got = tfidf_baseline([t["text"] for t in train], [t["label"] for t in train], [t["text"] for t in test],
                              seed=0, analyzer=analyzer)
         times[name] = time.perf_counter() - start
-        for seed in range(args.seeds):
+        for seed in seeds:
             preds[f"{name}/seed{seed}"] = np.array([labels.index(p) for p in got])
 
     def interval(stat, *arrays):
@@ -115,20 +129,38 @@ def main() -> int:
 
     results = {"test_documents": len(test), "classes": labels, "steps": args.steps, "batch_size": args.batch_size,
                "wall_s": {k: round(v) for k, v in times.items()}, "rows": {}}
+    if args.merge:  # rows measured by another run (other seeds or rows), kept as they were
+        merged = json.loads(Path(args.merge).read_text())
+        if merged.get("test_documents") != len(test) or merged.get("classes") != labels:
+            raise SystemExit(f"--merge {args.merge}: another test set or class list; merge runs of one data folder")
+        taken = {k: v for k, v in merged["rows"].items() if k not in preds}
+        results["merged_from"] = {"file": args.merge, "rows": sorted(taken)}
+        results["rows"].update(taken)
+        results["wall_s"] = {**merged.get("wall_s", {}), **results["wall_s"]}
+        for key, row in taken.items():  # their predictions pair them with this run's rows of the same seed
+            if "predictions" in row:
+                preds[key] = np.array([labels.index(q) for q in row["predictions"]])
     for key, p in preds.items():
-        results["rows"][key] = {"accuracy": interval(lambda t, q: accuracy(t, q), y, p),
-                                "macro_f1": interval(lambda t, q: macro_f1(t, q), y, p)}
+        if key not in results["rows"]:
+            results["rows"][key] = {"accuracy": interval(lambda t, q: accuracy(t, q), y, p),
+                                    "macro_f1": interval(lambda t, q: macro_f1(t, q), y, p),
+                                    "predictions": [labels[i] for i in p]}
         name, seed = key.split("/")
         if name == "memory":
             for other in ("first", "last", "window", "tfidf", "tfidf-char"):
-                results["rows"][key][f"minus_{other}"] = interval(
-                    lambda t, a, b: accuracy(t, a) - accuracy(t, b), y, p, preds[f"{other}/{seed}"])
-    names = dict.fromkeys(k.split("/")[0] for k in preds)
+                if f"{other}/{seed}" in preds:
+                    results["rows"][key][f"minus_{other}"] = interval(
+                        lambda t, a, b: accuracy(t, a) - accuracy(t, b), y, p, preds[f"{other}/{seed}"])
+    estimates = results["rows"]
+    by_name: dict = {}
+    for key in estimates:
+        by_name.setdefault(key.split("/")[0], []).append(key)
     results["mean_over_seeds"] = {
-        name: {metric: {"mean": float(np.mean(vals)), "min": float(np.min(vals)), "max": float(np.max(vals))}
-               for metric in ("accuracy", "macro_f1")
-               for vals in [[results["rows"][f"{name}/seed{s}"][metric]["estimate"] for s in range(args.seeds)]]}
-        for name in names}
+        name: {"seeds": len(keys), **{
+            metric: {"mean": float(np.mean(vals)), "min": float(np.min(vals)), "max": float(np.max(vals))}
+            for metric in ("accuracy", "macro_f1")
+            for vals in [[estimates[k][metric]["estimate"] for k in keys]]}}
+        for name, keys in by_name.items()}
     print(json.dumps(results["mean_over_seeds"], indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
