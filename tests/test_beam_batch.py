@@ -8,7 +8,7 @@ import torch
 
 from conftest import one_error_line, run_cli, tiny_model
 from txl.data import ByteTokenizer
-from txl.generation import beam_search, generate, prime_memory, prime_rows
+from txl.generation import DecodingRules, beam_search, generate, prime_memory, prime_rows
 from txl.model import attention
 from txl.model.decoding import DecodingState
 from txl.training.checkpoint import save_checkpoint
@@ -65,7 +65,7 @@ def test_beam_search_sets_finished_hypotheses_aside_at_the_end_token():
         assert 3 not in tokens[:-1]
         if tokens and tokens[-1] == 3:
             assert result.score == pytest.approx(result.logprob / len(tokens) ** penalty, abs=1e-10)
-    assert beam_search(model, prompt, 3, 12, end_ids=[3], min_new_tokens=5).tokens.tolist()[:5].count(3) == 0
+    assert beam_search(model, prompt, 3, 12, end_ids=[3], rules=DecodingRules(min_new_tokens=5)).tokens.tolist()[:5].count(3) == 0
 
 
 @pytest.mark.parametrize("overrides", [{"mem_len": 6}, {"mem_len": 64}, {"mem_len": 6, "same_length": True, "clamp_len": 3},

@@ -9,7 +9,7 @@ from conftest import one_error_line, run_cli, tiny_model
 from txl.data import ByteTokenizer
 from txl.data.pairs import find_markers
 from txl.errors import TxlError
-from txl.generation import StopText, adjust_logits, banned_ngram_tokens, complete, generate, sample_next
+from txl.generation import DecodingRules, StopText, adjust_logits, banned_ngram_tokens, complete, generate, sample_next
 from txl.training.checkpoint import save_checkpoint
 from txl.training.config import RunConfig
 
@@ -110,6 +110,39 @@ def test_complete_stops_at_the_end_marker(byte_checkpoint):
     assert complete(model, tok, ["some prompt", "x"], max_new_tokens=10) == ["", ""]
     with torch.no_grad():
         model.crit.out_layers[0].bias[ord("x")] = 40.0
-    assert complete(model, tok, ["some prompt"], max_new_tokens=10, min_new_tokens=3) == ["xxx"]
+    assert complete(model, tok, ["some prompt"], max_new_tokens=10,
+                    rules=DecodingRules(temperature=0.0, min_new_tokens=3)) == ["xxx"]
     with pytest.raises(TxlError, match="reserved marker"):
         complete(model, tok, ["a\x1db"])
+
+
+def test_decoding_rules_are_one_object_checked_when_made():
+    for bad, word in ((dict(temperature=-1), "temperature"), (dict(top_k=0), "top_k"), (dict(top_p=1.5), "top_p"),
+                      (dict(repetition_penalty=0), "repetition_penalty"),
+                      (dict(no_repeat_ngram_size=-1), "no_repeat_ngram_size"), (dict(min_new_tokens=-1), "min_new")):
+        with pytest.raises(TxlError, match=word):
+            DecodingRules(**bad)
+    logits = torch.tensor([[2.0, 1.9, -1.0]])
+    # the penalty acts before the draw: token 0, already generated, drops below token 1 (2.0 / 2 < 1.9)
+    assert DecodingRules(temperature=0.0).choose(logits, [[0]]).tolist() == [0]
+    assert DecodingRules(temperature=0.0, repetition_penalty=2.0).choose(logits, [[0]]).tolist() == [1]
+    # min_new_tokens bans the call's end ids until that many tokens are out
+    rules = DecodingRules(temperature=0.0, min_new_tokens=2)
+    assert rules.choose(logits, [[5]], end_ids=[0]).tolist() == [1]
+    assert rules.choose(logits, [[5, 6]], end_ids=[0]).tolist() == [0]
+    with pytest.raises(TxlError, match="banned every token"):
+        DecodingRules(temperature=0.0, no_repeat_ngram_size=1).choose(logits, [[0, 1, 2]])
+
+
+def test_rules_object_and_keywords_decode_alike_and_not_both(byte_checkpoint):
+    _, model = byte_checkpoint
+    prompt = torch.tensor([[104, 101, 108, 108, 111]])
+    rules = DecodingRules(temperature=0.9, top_k=7, repetition_penalty=1.4, no_repeat_ngram_size=3)
+    a = generate(model, prompt, 12, rules=rules, generator=torch.Generator().manual_seed(3))
+    b = generate(model, prompt, 12, temperature=0.9, top_k=7, repetition_penalty=1.4, no_repeat_ngram_size=3,
+                 generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a, b)
+    with pytest.raises(TxlError, match="not both"):
+        generate(model, prompt, 2, temperature=0.5, rules=rules)
+    with pytest.raises(TxlError, match="unknown decoding rule"):
+        generate(model, prompt, 2, top_q=0.5)

@@ -105,7 +105,9 @@ def logprobs_of(reply):
 # --- stateless completions ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9),
-                                      dict(temperature=0.0), dict(temperature=1.3, top_k=20)])
+                                      dict(temperature=0.0), dict(temperature=1.3, top_k=20),
+                                      dict(temperature=0.0, no_repeat_ngram_size=2),
+                                      dict(temperature=0.8, top_k=12, repetition_penalty=1.5)])
 def test_completion_equals_generate_with_the_same_seed(client, ref, sampling):
     prompt = TEXT[:40]
     body = {"prompt": prompt, "max_tokens": 25, "seed": 11, "logprobs": 0, **sampling}
@@ -137,6 +139,11 @@ def test_completion_stop_strings_and_echo_scores(client, ref):
                                              "stop": [stop, "\u2603never"]})
     choice = r.json()["choices"][0]
     assert choice["text"] == full[:full.index(stop)] and choice["finish_reason"] == "stop"
+    # min_tokens (the decoding rules' min_new_tokens): stop strings count only from that many tokens on
+    r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 40, "seed": 5, "temperature": 0,
+                                             "stop": [stop], "min_tokens": 40})
+    choice = r.json()["choices"][0]
+    assert choice["text"] == full and choice["finish_reason"] == "length"
     # echo + logprobs with max_tokens 0 scores the prompt: the stateless way to read a history
     r = client.post("/v1/completions", json={"prompt": TEXT, "max_tokens": 0, "echo": True, "logprobs": 0})
     choice = r.json()["choices"][0]
@@ -298,6 +305,9 @@ def test_bad_requests_and_unknown_sessions_get_clean_4xx(client):
         ("POST", "/v1/completions", {"prompt": "a", "max_tokens": 5001}, 400, "--max-tokens"),
         ("POST", "/v1/completions", {"prompt": "a", "temperature": -1}, 400, "temperature"),
         ("POST", "/v1/completions", {"prompt": "a", "top_p": 0}, 400, "top_p"),
+        ("POST", "/v1/completions", {"prompt": "a", "repetition_penalty": 0}, 400, "repetition_penalty"),
+        ("POST", "/v1/completions", {"prompt": "a", "no_repeat_ngram_size": -1}, 400, "no_repeat_ngram_size"),
+        ("POST", "/v1/completions", {"prompt": "a", "min_tokens": -2}, 400, "min_tokens"),
         ("POST", "/v1/completions", {"prompt": "a", "n": 2}, 400, "n"),
         ("POST", "/v1/completions", {"prompt": "a", "bogus": 1}, 400, "bogus"),
         ("POST", "/v1/completions", {"prompt": ""}, 400, "empty"),
@@ -431,6 +441,7 @@ def test_generate_without_append_keeps_the_pending_text():
     import asyncio
 
     from txl.data.tokenizers.simple import CharTokenizer
+    from txl.generation import DecodingRules
     from txl.serving.engine import SamplingParams
 
     tok = CharTokenizer.build("To be\nor not")
@@ -440,7 +451,7 @@ def test_generate_without_append_keeps_the_pending_text():
     async def run():
         sid = engine.new_session()["id"]
         await engine.append(sid, "To be\r")
-        async for _ in engine.generate(sid, SamplingParams(max_tokens=3, temperature=0.0), append=False):
+        async for _ in engine.generate(sid, SamplingParams(max_tokens=3, rules=DecodingRules(temperature=0.0)), append=False):
             pass
         assert engine.describe(engine.session(sid))["pending_text"] == "\r"
         return await engine.append(sid, "\nor not")

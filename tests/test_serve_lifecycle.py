@@ -89,14 +89,28 @@ def test_a_session_with_queued_requests_does_not_expire():
     assert replies[-1]["n_tokens"] == 15 and engine.session(sid).state.n_tokens == 15
 
 
-def test_requests_on_a_session_deleted_meanwhile_get_404_never_200():
+def test_requests_on_a_session_deleted_meanwhile_get_404_never_200(monkeypatch):
+    import txl.serving.engine as engine_module
+
     engine = byte_engine()
+    reading, release = threading.Event(), threading.Event()
+    real_read = engine_module.read_tokens
+
+    def held_read(*args, **kwargs):  # the first job reads only once the session is deleted
+        if not reading.is_set():
+            reading.set()
+            release.wait(10)
+        return real_read(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "read_tokens", held_read)
 
     async def run():
         sid = engine.new_session()["id"]
         tasks = [asyncio.create_task(engine.append(sid, TEXT)) for _ in range(3)]
-        await asyncio.sleep(0.05)  # the first is reading, the others wait
+        while not reading.is_set():  # the first is reading, the others wait
+            await asyncio.sleep(0.005)
         engine.delete(sid)
+        release.set()
         return await asyncio.gather(*tasks, return_exceptions=True)
 
     results = asyncio.run(run())

@@ -227,6 +227,16 @@ def span_args(args: argparse.Namespace, eval_config) -> dict[str, Any]:
     return {name: pick(getattr(args, name, None), getattr(eval_config, name, None)) for name in SPAN_FLAGS}
 
 
+def decoding_rules(args: argparse.Namespace):
+    """The :class:`~txl.generation.DecodingRules` of a decoding command's flags (``--temperature``,
+    ``--top-k``, ``--top-p``, ``--repetition-penalty``, ``--no-repeat-ngram-size``, ``--min-new-tokens``;
+    a command without one of them keeps that rule's default). Imports torch."""
+    from txl.generation import DecodingRules
+
+    fields = ("temperature", "top_k", "top_p", "repetition_penalty", "no_repeat_ngram_size", "min_new_tokens")
+    return DecodingRules(**{f: getattr(args, f) for f in fields if getattr(args, f, None) is not None})
+
+
 def load_checkpoint(args: argparse.Namespace, path: str | None = None, announce: bool = False):
     """Load the command's checkpoint (``path``, else ``args.checkpoint``) onto ``--device``.
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from txl.cli.checks import (check_checkpoint_path, check_exists, check_line_keys, check_min_new_tokens, check_range,
                             check_seed, finite_float)
 from txl.cli.common import (add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_option,
-                            add_seed, add_span, load_checkpoint, print_notes, underscore)
+                            add_seed, add_span, decoding_rules, load_checkpoint, print_notes, underscore)
 from txl.errors import TxlError
 
 NAME = "generate"
@@ -126,18 +126,13 @@ def run(args: argparse.Namespace) -> int:
 
         with autocast(device, args.dtype):
             text = continue_texts(ckpt.model, ckpt.tokenizer, [ids[0]], max_new_tokens=args.max_new_tokens,
-                                  stop=args.stop, min_new_tokens=args.min_new_tokens,
-                                  repetition_penalty=args.repetition_penalty,
-                                  no_repeat_ngram_size=args.no_repeat_ngram_size, num_beams=args.num_beams,
+                                  rules=decoding_rules(args), stop=args.stop, num_beams=args.num_beams,
                                   length_penalty=args.length_penalty, mem_len=args.mem_len)[0]
         sys.stdout.write(ckpt.tokenizer.decode(prompt_ids.tolist()) + text + "\n")  # as read, as when streamed
         return 0
     with autocast(device, args.dtype):
-        tokens = (int(t[0]) for t in generate_stream(ckpt.model, ids, args.max_new_tokens,
-                                                     temperature=args.temperature, top_k=args.top_k,
-                                                     top_p=args.top_p, generator=generator, mem_len=args.mem_len,
-                                                     repetition_penalty=args.repetition_penalty,
-                                                     no_repeat_ngram_size=args.no_repeat_ngram_size))
+        tokens = (int(t[0]) for t in generate_stream(ckpt.model, ids, args.max_new_tokens, generator=generator,
+                                                     mem_len=args.mem_len, rules=decoding_rules(args)))
         pieces = stream_text(ckpt.tokenizer, tokens, prompt_ids.tolist())
         # the prompt as the model reads it, so that all printed is decode(prompt + sample): a word model's
         # prompt ends with the <eos> its encoding adds (a line end), and unknown words read <unk>
@@ -194,9 +189,7 @@ def _run_input(args: argparse.Namespace) -> int:
     generators = [torch.Generator(device=device).manual_seed(seed + i) for i in range(len(prompts))]
     with autocast(device, args.dtype):
         texts = continue_texts(ckpt.model, ckpt.tokenizer, ids, max_new_tokens=args.max_new_tokens,
-                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generators,
-                               stop=args.stop, min_new_tokens=args.min_new_tokens,
-                               repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
+                               rules=decoding_rules(args), generator=generators, stop=args.stop,
                                num_beams=args.num_beams, length_penalty=args.length_penalty,
                                batch_size=args.batch_size, mem_len=args.mem_len)
     for prompt, text in zip(prompts, texts):

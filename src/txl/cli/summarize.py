@@ -16,7 +16,7 @@ from pathlib import Path
 from txl.cli.checks import (check_min_new_tokens, check_output, check_seed, check_checkpoint_path, finite_float,
                             require_installed)
 from txl.cli.common import (add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_force,
-                            add_json, add_option, add_seed, add_span, load_checkpoint, print_notes, underscore,
+                            add_json, add_option, add_seed, add_span, decoding_rules, load_checkpoint, print_notes, underscore,
                             emit_json)
 from txl.errors import TxlError
 
@@ -172,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
     from txl.runtime import autocast
 
     StopText(args.stop)
+    rules = decoding_rules(args)
     ckpt, device = load_checkpoint(args, announce=True)
     markers = find_markers(ckpt.tokenizer)
     document_texts(docs, ckpt.tokenizer.kind)
@@ -186,10 +187,7 @@ def run(args: argparse.Namespace) -> int:
             ended: list[bool] = []
             summaries = complete(ckpt.model, ckpt.tokenizer, [d["text"] for d in chunk],
                                  max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.prompt_tokens,
-                                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                 generator=generators, stop=args.stop, min_new_tokens=args.min_new_tokens,
-                                 repetition_penalty=args.repetition_penalty,
-                                 no_repeat_ngram_size=args.no_repeat_ngram_size, num_beams=args.num_beams,
+                                 rules=rules, generator=generators, stop=args.stop, num_beams=args.num_beams,
                                  length_penalty=args.length_penalty, batch_size=args.batch_size, mem_len=args.mem_len,
                                  ended=ended)
             for doc, summary, done in zip(chunk, summaries, ended, strict=True):

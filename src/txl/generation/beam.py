@@ -10,7 +10,7 @@ import torch
 
 from txl.errors import TxlError
 from txl.evaluation.segments import eval_mode
-from txl.generation.sampling import adjust_logits, check_decoding
+from txl.generation.sampling import DecodingRules, check_decoding
 from txl.generation.stream import prime_memory
 from txl.model.decoding import DecodingState
 from txl.model.inputs import check_input_ids
@@ -54,13 +54,14 @@ def _check_beams(num_beams: int, vocab_size: int, max_new_tokens: int) -> None:
 
 @torch.no_grad()
 def beam_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: int, *,
-                length_penalty: float = 1.0, end_ids: Sequence[int] = (), min_new_tokens: int = 0,
-                repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0, span: AttentionSpan | None = None,
-                mem_len: int | None = None) -> BeamResult:
+                length_penalty: float = 1.0, end_ids: Sequence[int] = (), rules: DecodingRules | None = None,
+                span: AttentionSpan | None = None, mem_len: int | None = None) -> BeamResult:
     """The continuation of one prompt (int64 [1, T]) with the best score among ``num_beams`` beams.
 
-    Each step extends every beam by every token, scores ``sum log p`` (after the decoding rules of
-    :func:`adjust_logits`) and keeps the ``num_beams`` best; a candidate ending in one of ``end_ids``
+    Each step extends every beam by every token, scores ``sum log p`` (after the constraints of the
+    decoding ``rules``, a :class:`~txl.generation.DecodingRules`: repetition penalty, no repeated
+    n-grams, ``end_ids`` banned before ``min_new_tokens``; its temperature, top-k and top-p are not
+    used, the search ranks by log-probability) and keeps the ``num_beams`` best; a candidate ending in one of ``end_ids``
     is set aside as finished (scored ``sum / n ** length_penalty``, n its number of tokens). The memory,
     held in the ring buffers of a :class:`~txl.model.DecodingState`, follows its beams
     (:func:`reorder_state`), so a step costs one forward of one token per beam. The search stops after ``max_new_tokens``, or once ``num_beams``
@@ -78,13 +79,15 @@ def beam_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: 
     check_input_ids(input_ids, model.config.vocab_size, next(model.parameters()).device)
     if input_ids.size(0) != 1:
         raise TxlError(f"beam search decodes one prompt at a time, got a batch of {input_ids.size(0)}")
-    check_decoding(repetition_penalty, no_repeat_ngram_size, min_new_tokens, length_penalty)
+    rules = DecodingRules() if rules is None else rules
+    if not isinstance(rules, DecodingRules):
+        raise TxlError(f"rules must be a DecodingRules, got {type(rules).__name__}")
+    check_decoding(length_penalty=length_penalty)
     if max_new_tokens < 0:
         raise TxlError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     _check_beams(int(num_beams), model.config.vocab_size, max_new_tokens)
     span = resolve_span(model.config, span, mem_len=mem_len)
     end = tuple(int(i) for i in end_ids)
-    rules = dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
     k = num_beams
     device = input_ids.device
     norm = lambda total, n: total / max(n, 1) ** length_penalty  # noqa: E731
@@ -110,8 +113,10 @@ def beam_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: 
                 out = model(last, mems=mems, caches=state)
                 mems, logits = None, out.logits[:, -1]
             logp = torch.log_softmax(logits.double(), dim=-1)
-            banned = end if n <= min_new_tokens else ()
-            adj = torch.log_softmax(adjust_logits(logits, seqs, banned=banned, **rules).double(), dim=-1)
+            adj = logits
+            for process in rules.constraints(seqs, end):  # seqs: every row's n - 1 tokens so far
+                adj = process(adj)
+            adj = torch.log_softmax(adj.double(), dim=-1)
             g = int(adj[k].argmax())  # the greedy row
             greedy_seq = seqs[k] if greedy_done else seqs[k] + [g]
             if not greedy_done:

@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from txl.config import check_decoding, check_sampling  # re-exported: txl.generation names them too
 from txl.errors import TxlError
 
-__all__ = ["Generators", "adjust_logits", "banned_ngram_tokens", "check_decoding", "check_sampling", "sample_next"]
+__all__ = ["GREEDY", "Chooser", "DecodingRules", "Generators", "LogitsProcessor", "adjust_logits", "banned_ngram_tokens",
+           "check_decoding", "check_sampling", "rules_from", "sample_next"]
 
 
 Generators = torch.Generator | Sequence[torch.Generator] | None
@@ -25,42 +27,81 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     ``temperature == 0`` picks the arg-max (greedy). ``top_k`` keeps the k most likely tokens;
     ``top_p`` keeps the smallest set whose probability reaches p (nucleus sampling, at least one token).
     A score of -inf is a banned token (probability 0, see :func:`adjust_logits`). ``generator``: one
-    for the batch, or a sequence of one per row (see :data:`Generators`).
+    for the batch, or a sequence of one per row (see :data:`Generators`). The same draw as
+    :meth:`DecodingRules.choose` with these three rules only.
 
     Raises:
         TxlError: temperature < 0, top_k < 1 or top_p outside (0, 1]; NaN or +inf scores, or a row
             whose every score is -inf; a generator list whose length is not B.
     """
+    return _draw(logits, temperature, top_k, top_p, generator)
+
+
+def _draw(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+          generator: Generators) -> torch.Tensor:
+    """The draw after the constraints: temperature, top-k, top-p processors, then multinomial (or arg max)."""
     check_sampling(temperature, top_k, top_p)
     # one reduction finds all three faults: a row's max is NaN if the row holds a NaN (max propagates
     # it), +inf if it holds +inf, and -inf if every score is -inf; its indices are the greedy choice
     best, argmax = logits.max(dim=-1)
     if not bool(torch.isfinite(best).all()):
-        raise TxlError("the model produced non-finite scores (NaN or inf): its weights are broken, e.g. by a "
-                       "diverged training run; use an earlier checkpoint")
+        raise TxlError("the model produced non-finite scores (NaN or inf), or the decoding rules banned every "
+                       "token of a row: if the rules are loose, the weights are broken, e.g. by a diverged "
+                       "training run; use an earlier checkpoint")
     if generator is not None and not isinstance(generator, torch.Generator) and len(generator) != logits.size(0):
         raise TxlError(f"give one generator per row: {logits.size(0)} rows, {len(generator)} generators")
     if temperature == 0:
         return argmax
-    # float64 and shifted so that the best score is 0: dividing by any temperature > 0 then gives
-    # scores <= 0 (-inf at worst for a tiny temperature), never inf or NaN, and the limit T -> 0 is greedy
-    logits = logits.double()
-    logits = (logits - logits.max(dim=-1, keepdim=True).values) / temperature
-    if top_k is not None and top_k < logits.size(-1):
+    for process in (_temperature(temperature), _top_k(top_k), _top_p(top_p)):
+        if process is not None:
+            logits = process(logits)
+    probs = torch.softmax(logits, dim=-1)
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return torch.cat([torch.multinomial(probs[b:b + 1], 1, generator=g)[:, 0] for b, g in enumerate(generator)])
+
+
+LogitsProcessor = Callable[[torch.Tensor], torch.Tensor]
+"""[B, V] scores -> [B, V] scores (float64 out; -inf bans a token)."""
+
+
+def _temperature(temperature: float) -> LogitsProcessor | None:
+    """Scores shifted so that each row's best is 0, then divided by the temperature (> 0): <= 0 for any
+    temperature (-inf at worst for a tiny one), never inf or NaN; the limit T -> 0 is greedy."""
+    def process(logits):
+        logits = logits.double()
+        return (logits - logits.max(dim=-1, keepdim=True).values) / temperature
+    return process
+
+
+def _top_k(top_k: int | None) -> LogitsProcessor | None:
+    """Only the ``top_k`` best scores of each row stay (ties at the k-th all stay)."""
+    if top_k is None:
+        return None
+
+    def process(logits):
+        if top_k >= logits.size(-1):
+            return logits
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
+        return logits.masked_fill(logits < kth, float("-inf"))
+    return process
+
+
+def _top_p(top_p: float | None) -> LogitsProcessor | None:
+    """Nucleus (Holtzman et al. 2020): the smallest set of best tokens whose probability reaches ``top_p``
+    stays, and always the most likely one."""
+    if top_p is None or top_p >= 1.0:
+        return None
+
+    def process(logits):
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         probs = torch.softmax(sorted_logits, dim=-1)
         before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
         drop_sorted = before >= top_p
         drop_sorted[:, 0] = False  # the most likely token always stays, however small top_p is
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if generator is None or isinstance(generator, torch.Generator):
-        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    return torch.cat([torch.multinomial(probs[b:b + 1], 1, generator=g)[:, 0] for b, g in enumerate(generator)])
+        return logits.masked_fill(drop, float("-inf"))
+    return process
 
 
 def banned_ngram_tokens(generated: Sequence[int], n: int) -> set[int]:
@@ -109,22 +150,105 @@ def adjust_logits(logits: torch.Tensor, generated: Sequence[Sequence[int]], *, r
     return out
 
 
-class _Chooser:
-    """Picks each step's tokens: the decoding rules (:func:`adjust_logits`), then :func:`sample_next`;
-    keeps the tokens generated so far per row."""
+@dataclass(frozen=True)
+class DecodingRules:
+    """How each step's token is chosen from the model's scores: one object for every decoder
+    (:func:`~txl.generation.generate` and its streams, :func:`~txl.generation.beam_search`,
+    :func:`~txl.generation.continue_texts`/:func:`~txl.generation.complete`, ``txl serve``).
 
-    def __init__(self, batch: int, temperature: float, top_k, top_p, generator: Generators,
-                 repetition_penalty: float, no_repeat_ngram_size: int, min_new_tokens: int, end_ids) -> None:
-        check_sampling(temperature, top_k, top_p)
-        check_decoding(repetition_penalty, no_repeat_ngram_size, min_new_tokens)
-        self.sampling = (temperature, top_k, top_p, generator)
-        self.rules = dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size)
-        self.min_new_tokens, self.end_ids = min_new_tokens, tuple(int(i) for i in end_ids)
+    The scores go through a list of logits processors, in this order, then the draw:
+
+    1. ``repetition_penalty`` θ (Keskar et al. 2019, CTRL §4.1; 1: off): a score s of a token the row
+       has generated becomes s / θ when s > 0, else s · θ (the prompt does not count);
+    2. ``no_repeat_ngram_size`` n (0: off): a token that would complete an n-gram the row has generated
+       gets -inf (:func:`banned_ngram_tokens`);
+    3. ``min_new_tokens``: the call's end ids (e.g. a fine-tuned model's end-of-completion marker) get
+       -inf until that many tokens are out;
+    4. ``temperature`` (0: greedy, the arg max after 1-3; the rest then does not apply), 5. ``top_k``,
+       6. ``top_p`` (None or 1: off) -- the draw (:func:`sample_next`).
+
+    Beam search applies 1-3 and ranks by log-probability: 4-6 are not used there.
+
+    Raises:
+        TxlError: at construction, a setting out of range (:func:`~txl.config.check_sampling`,
+            :func:`~txl.config.check_decoding`).
+    """
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    min_new_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        check_sampling(self.temperature, self.top_k, self.top_p)
+        check_decoding(self.repetition_penalty, self.no_repeat_ngram_size, self.min_new_tokens)
+
+    def constraints(self, generated: Sequence[Sequence[int]], end_ids: Sequence[int] = ()) -> list[LogitsProcessor]:
+        """Processors 1-3 for rows that have generated ``generated[b]`` so far (empty when all are off)."""
+        n = len(generated[0]) if len(generated) else 0
+        banned = tuple(end_ids) if n < self.min_new_tokens else ()
+        if self.repetition_penalty == 1.0 and not self.no_repeat_ngram_size and not banned:
+            return []
+        return [lambda logits: adjust_logits(logits, generated, repetition_penalty=self.repetition_penalty,
+                                             no_repeat_ngram_size=self.no_repeat_ngram_size, banned=banned)]
+
+    def choose(self, logits: torch.Tensor, generated: Sequence[Sequence[int]], end_ids: Sequence[int] = (),
+               generator: Generators = None) -> torch.Tensor:
+        """The next token of each row (int64 [B]) from the model's scores ``logits`` [B, V]: every
+        processor, then the draw. ``generated[b]``: the tokens row b has generated so far.
+
+        Raises:
+            TxlError: non-finite scores or a row whose every token is banned; a generator list or
+                ``generated`` whose length is not B.
+        """
+        if len(generated) != logits.size(0):
+            raise TxlError(f"generated must hold one token list per row: {logits.size(0)} rows, "
+                           f"{len(generated)} lists")
+        for process in self.constraints(generated, end_ids):
+            logits = process(logits)
+        return _draw(logits, self.temperature, self.top_k, self.top_p, generator)
+
+
+GREEDY = DecodingRules(temperature=0.0)
+"""The arg max at every step, no other rule: the default of completions and summaries."""
+
+
+class Chooser:
+    """A decoding's token chooser: :meth:`DecodingRules.choose` over the tokens each row has generated,
+    which it keeps."""
+
+    def __init__(self, batch: int, rules: DecodingRules, generator: Generators = None, end_ids: Sequence[int] = ()):
+        self.rules, self.generator = rules, generator
+        self.end_ids = tuple(int(i) for i in end_ids)
         self.generated: list[list[int]] = [[] for _ in range(batch)]
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        banned = self.end_ids if len(self.generated[0]) < self.min_new_tokens else ()
-        token = sample_next(adjust_logits(logits, self.generated, banned=banned, **self.rules), *self.sampling)
+        """int64 [B]: the next token of each row, drawn from ``logits`` [B, V]."""
+        token = self.rules.choose(logits, self.generated, self.end_ids, self.generator)
         for row, t in zip(self.generated, token.tolist()):
             row.append(t)
         return token
+
+
+def rules_from(rules: DecodingRules | None, **fields) -> DecodingRules:
+    """``rules``, or a :class:`DecodingRules` of the keyword ``fields`` (each None keeps its default) when
+    it is None: the public decoders take either.
+
+    Raises:
+        TxlError: both ``rules`` and a field, an unknown field, or a setting out of range.
+    """
+    given = {k: v for k, v in fields.items() if v is not None}
+    unknown = set(given) - set(DecodingRules.__dataclass_fields__)
+    if unknown:
+        raise TxlError(f"unknown decoding rule(s) {', '.join(sorted(unknown))}: the rules are "
+                       f"{', '.join(DecodingRules.__dataclass_fields__)}")
+    if rules is None:
+        return DecodingRules(**given)
+    if given:
+        raise TxlError(f"give the decoding rules either as rules=DecodingRules(...) or as keywords, not both "
+                       f"({', '.join(sorted(given))} with rules)")
+    if not isinstance(rules, DecodingRules):
+        raise TxlError(f"rules must be a DecodingRules, got {type(rules).__name__}")
+    return rules

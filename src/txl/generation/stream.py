@@ -10,7 +10,7 @@ import torch
 
 from txl.errors import TxlError
 from txl.evaluation.segments import eval_mode, segments
-from txl.generation.sampling import Generators, _Chooser
+from txl.generation.sampling import Chooser, DecodingRules, Generators, rules_from
 from txl.model.decoding import DecodingState
 from txl.model.inputs import check_input_ids
 from txl.model.memory import Mems
@@ -93,27 +93,27 @@ class GenerationStep:
 
 
 @torch.no_grad()
-def generate_stream(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+def generate_stream(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float | None = None,
                     top_k: int | None = None, top_p: float | None = None, mems: Mems | None = None,
                     generator: Generators = None, *, span: AttentionSpan | None = None,
                     tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
-                    same_length: bool | None = None, **rules) -> Iterator[torch.Tensor]:
+                    same_length: bool | None = None, rules: DecodingRules | None = None, end_ids: Sequence[int] = (),
+                    **rule_fields) -> Iterator[torch.Tensor]:
     """Yield ``max_new_tokens`` sampled tokens (int64 [B] each): the tokens of :func:`generate_steps`
-    (same arguments and decoding ``rules``, same errors)."""
+    (same arguments and decoding rules, same errors)."""
     for step in generate_steps(model, input_ids, max_new_tokens, temperature, top_k, top_p, mems, generator,
                                span=span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
-                               same_length=same_length, **rules):
+                               same_length=same_length, rules=rules, end_ids=end_ids, **rule_fields):
         yield step.token
 
 
 @torch.no_grad()
-def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float | None = None,
                    top_k: int | None = None, top_p: float | None = None, mems: Mems | None = None,
                    generator: Generators = None, *, span: AttentionSpan | None = None,
                    tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
-                   same_length: bool | None = None, repetition_penalty: float = 1.0,
-                   no_repeat_ngram_size: int = 0, min_new_tokens: int = 0,
-                   end_ids: Sequence[int] = ()) -> Iterator[GenerationStep]:
+                   same_length: bool | None = None, rules: DecodingRules | None = None,
+                   end_ids: Sequence[int] = (), **rule_fields) -> Iterator[GenerationStep]:
     """Yield ``max_new_tokens`` :class:`GenerationStep` objects (the sampled tokens [B] and the scores
     they were drawn from), one forward of one token per step.
 
@@ -128,11 +128,13 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
     memory kept while sampling (e.g. a longer memory than in training, paper §3.2). ``model.config``
     is not changed.
 
-    Decoding rules (:func:`adjust_logits`, over the tokens generated so far): ``repetition_penalty``
-    (1: none), ``no_repeat_ngram_size`` (0: off); ``end_ids`` (e.g. the end-of-completion marker of
-    :mod:`txl.data.pairs`) cannot be drawn before ``min_new_tokens`` tokens. The stream itself never
-    stops early: the caller stops reading it (see :func:`complete`). ``generator``: one, or one per
-    row (:data:`Generators`).
+    How each token is chosen: ``rules``, a :class:`~txl.generation.DecodingRules` (temperature, top-k,
+    top-p, repetition penalty, no repeated n-grams, a minimum number of new tokens), or the same
+    settings as keywords (``temperature``, ``top_k``, ``top_p`` and the ``rule_fields``
+    ``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``); the default samples at
+    temperature 1. ``end_ids`` (e.g. the end-of-completion marker of :mod:`txl.data.pairs`) cannot be
+    drawn before ``min_new_tokens`` tokens. The stream itself never stops early: the caller stops
+    reading it (see :func:`complete`). ``generator``: one, or one per row (:data:`Generators`).
 
     Prompts of different lengths: ``input_ids`` a list of int64 [T_b] tensors. Each prompt primes its
     own memory alone (:func:`prime_rows`); the memories are left-padded to one length and the
@@ -155,8 +157,8 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
         raise TxlError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
                         same_length=same_length)
-    choose = _Chooser(len(input_ids), temperature, top_k, top_p, generator, repetition_penalty,
-                      no_repeat_ngram_size, min_new_tokens, end_ids)
+    rules = rules_from(rules, temperature=temperature, top_k=top_k, top_p=top_p, **rule_fields)
+    choose = Chooser(len(input_ids), rules, generator, end_ids)
     with eval_mode(model):
         if model.config.attn_type == "abs":
             rows = [p[None] for p in input_ids] if ragged else [input_ids]
@@ -188,24 +190,24 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
             yield GenerationStep(token, out.logits[:, -1])
 
 
-def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float | None = None,
              top_k: int | None = None, top_p: float | None = None, mems: Mems | None = None,
              generator: Generators = None, *, span: AttentionSpan | None = None,
              tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
-             same_length: bool | None = None, **rules) -> torch.Tensor:
+             same_length: bool | None = None, rules: DecodingRules | None = None, end_ids: Sequence[int] = (),
+             **rule_fields) -> torch.Tensor:
     """Sample continuations of ``input_ids`` (int64 [B, T]); returns int64 [B, T + max_new_tokens]
     (for a list of prompts of different lengths, a list of int64 [T_b + max_new_tokens]).
 
-    Memory-cached sampling as in :func:`generate_stream` (same span arguments and decoding ``rules``:
-    ``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``, ``end_ids``); ``generator``
-    makes it reproducible.
+    Memory-cached sampling as in :func:`generate_steps` (same span arguments, decoding ``rules`` or
+    their keywords, ``end_ids``); ``generator`` makes it reproducible.
 
     Raises:
         TxlError: as :func:`generate_stream`.
     """
     tokens = list(generate_stream(model, input_ids, max_new_tokens, temperature, top_k, top_p, mems, generator,
                                   span=span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
-                                  same_length=same_length, **rules))
+                                  same_length=same_length, rules=rules, end_ids=end_ids, **rule_fields))
     if isinstance(input_ids, (list, tuple)):  # prompts of different lengths: one tensor each
         new = torch.stack(tokens, dim=1) if tokens else None
         return [p if new is None else torch.cat([p, new[b]]) for b, p in enumerate(input_ids)]

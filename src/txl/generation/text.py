@@ -11,7 +11,7 @@ import torch
 
 from txl.errors import TxlError
 from txl.generation.beam import beam_search
-from txl.generation.sampling import Generators
+from txl.generation.sampling import GREEDY, DecodingRules, Generators
 from txl.generation.stream import generate_stream
 from txl.model.span import AttentionSpan
 
@@ -107,20 +107,19 @@ def _prefix_function(s: str) -> list[int]:
 
 
 def continue_texts(model, tokenizer, prompts: Sequence[torch.Tensor], *, max_new_tokens: int = 128,
-                   temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-                   generator: Generators = None, stop: Sequence[str] = (), end_ids: Sequence[int] = (),
-                   min_new_tokens: int = 0, repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
-                   num_beams: int = 1, length_penalty: float = 1.0, batch_size: int = 8,
+                   rules: DecodingRules = GREEDY, generator: Generators = None, stop: Sequence[str] = (),
+                   end_ids: Sequence[int] = (), num_beams: int = 1, length_penalty: float = 1.0, batch_size: int = 8,
                    span: AttentionSpan | None = None, mem_len: int | None = None,
                    ended: list | None = None) -> list[str]:
     """The text each prompt (int64 [T_b] ids, lengths may differ) continues with, decoded until one of
-    ``end_ids`` (not returned), a ``stop`` string (cut before it; stops count from ``min_new_tokens``
+    ``end_ids`` (not returned), a ``stop`` string (cut before it; stops count from ``rules.min_new_tokens``
     tokens on) or ``max_new_tokens`` tokens.
 
+    ``rules``: the :class:`~txl.generation.DecodingRules` (default greedy, temperature 0).
     ``num_beams`` 1: up to ``batch_size`` prompts are decoded together (:func:`generate_stream` with
     prompts of different lengths), each exactly as alone; give ``generator`` as one generator per
     prompt for sampling that does not depend on the batching. ``num_beams`` > 1: :func:`beam_search`
-    for each prompt (``temperature``, ``top_k``, ``top_p`` and ``generator`` are not used).
+    for each prompt (the rules' temperature, top-k and top-p and ``generator`` are not used).
     ``ended`` (a list) receives, per prompt, whether its text ended at one of ``end_ids`` or a stop
     string (False: cut at ``max_new_tokens``).
 
@@ -132,23 +131,23 @@ def continue_texts(model, tokenizer, prompts: Sequence[torch.Tensor], *, max_new
         raise TxlError(f"batch_size must be >= 1, got {batch_size}")
     if generator is not None and not isinstance(generator, torch.Generator) and len(generator) != len(prompts):
         raise TxlError(f"give one generator per prompt: {len(prompts)} prompts, {len(generator)} generators")
+    if not isinstance(rules, DecodingRules):
+        raise TxlError(f"rules must be a DecodingRules, got {type(rules).__name__}")
     end = set(int(i) for i in end_ids)
-    rules = dict(repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
-                 min_new_tokens=min_new_tokens)
     texts: list[str] = []
     if num_beams > 1:
         for p in prompts:
             result = beam_search(model, p[None], num_beams, max_new_tokens, length_penalty=length_penalty,
-                                 end_ids=tuple(end), span=span, mem_len=mem_len, **rules)
-            texts += _cut_texts(tokenizer, [iter(result.tokens.tolist())], end, stop, min_new_tokens, ended)
+                                 end_ids=tuple(end), rules=rules, span=span, mem_len=mem_len)
+            texts += _cut_texts(tokenizer, [iter(result.tokens.tolist())], end, stop, rules.min_new_tokens, ended)
         return texts
     for start in range(0, len(prompts), batch_size):
         chunk = list(prompts[start:start + batch_size])
         gen = generator if generator is None or isinstance(generator, torch.Generator) else \
             list(generator[start:start + batch_size])
-        steps = generate_stream(model, chunk, max_new_tokens, temperature, top_k, top_p, generator=gen, span=span,
-                                mem_len=mem_len, end_ids=tuple(end), **rules)
-        texts += _cut_texts(tokenizer, _Columns(steps, len(chunk)).rows(), end, stop, min_new_tokens, ended)
+        steps = generate_stream(model, chunk, max_new_tokens, generator=gen, span=span, mem_len=mem_len,
+                                rules=rules, end_ids=tuple(end))
+        texts += _cut_texts(tokenizer, _Columns(steps, len(chunk)).rows(), end, stop, rules.min_new_tokens, ended)
     return texts
 
 
@@ -209,8 +208,8 @@ def complete(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
     Each prompt is fed as ``prompt + SEP`` (:mod:`txl.data.pairs`; only its last ``max_prompt_tokens``
     tokens when > 0), read segment by segment with the memory however long it is, and decoded until
     the end-of-completion marker, a ``stop`` string or ``max_new_tokens`` tokens, by
-    :func:`continue_texts` (whose keyword ``settings`` apply: greedy by default, ``num_beams``,
-    ``batch_size``, ``generator`` one per prompt, the decoding rules ...). Returns the texts without
+    :func:`continue_texts` (whose keyword ``settings`` apply: ``rules``, greedy by default, ``num_beams``,
+    ``batch_size``, ``generator`` one per prompt ...). Returns the texts without
     the marker or the stop string.
 
     Raises:

@@ -28,6 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from txl.errors import TxlError
+from txl.generation import DecodingRules
 from txl.runtime import release_free_memory
 from txl.serving.engine import MAX_STOPS, Engine, Piece, SamplingParams, ServeError, SessionGone
 from txl.serving.http import check_api_key, error_body
@@ -35,7 +37,9 @@ from txl.serving.http import check_api_key, error_body
 __all__ = ["create_app", "error_body"]
 
 class _Sampling(BaseModel):
-    """Sampling fields shared by completions and session generation (OpenAI names)."""
+    """Sampling fields shared by completions and session generation: OpenAI's names, and txl's decoding
+    rules (``repetition_penalty``, ``no_repeat_ngram_size``; ``min_tokens``, vLLM's name: stop strings
+    count only from that many tokens on), as :class:`~txl.generation.DecodingRules`."""
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
@@ -43,6 +47,9 @@ class _Sampling(BaseModel):
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int | None = Field(None, ge=1)
+    repetition_penalty: float = Field(1.0, gt=0)
+    no_repeat_ngram_size: int = Field(0, ge=0)
+    min_tokens: int = Field(0, ge=0)
     stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None  # a long list: refused unread
     seed: int | None = Field(None, ge=0, lt=2**63)
     stream: bool = False
@@ -50,8 +57,14 @@ class _Sampling(BaseModel):
     def params(self) -> SamplingParams:
         """The sampling settings (checked by :meth:`Engine.check_sampling`)."""
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
-        return SamplingParams(self.max_tokens, self.temperature, None if self.top_p >= 1 else self.top_p,
-                              self.top_k, tuple(stop), self.seed)
+        try:
+            rules = DecodingRules(temperature=self.temperature, top_k=self.top_k,
+                                  top_p=None if self.top_p >= 1 else self.top_p,
+                                  repetition_penalty=self.repetition_penalty,
+                                  no_repeat_ngram_size=self.no_repeat_ngram_size, min_new_tokens=self.min_tokens)
+        except TxlError as err:
+            raise ServeError(400, str(err)) from None
+        return SamplingParams(self.max_tokens, rules, tuple(stop), self.seed)
 
 
 class CompletionRequest(_Sampling):

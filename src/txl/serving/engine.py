@@ -29,7 +29,7 @@ import torch
 from txl.data.tokenizers.incremental import TextCursor
 from txl.errors import TxlError
 from txl.evaluation.scoring import token_text
-from txl.generation import StopText, check_sampling, generate_steps
+from txl.generation import DecodingRules, StopText, generate_steps
 from txl.model.span import AttentionSpan
 from txl.runtime import autocast, out_of_memory
 from txl.serving.metrics import Metrics
@@ -61,13 +61,13 @@ class SessionGone(ServeError):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample: as :func:`txl.generation.sample_next` (``top_p`` None or 1: off), plus
-    ``max_tokens`` to draw, ``stop`` strings that end the text, ``seed`` (None: random)."""
+    """How to sample: ``max_tokens`` to draw, the decoding ``rules`` (a
+    :class:`~txl.generation.DecodingRules`: temperature, top-k, top-p, repetition penalty, no repeated
+    n-grams; its ``min_new_tokens`` is the number of tokens before which ``stop`` strings do not count),
+    ``stop`` strings that end the text, ``seed`` (None: random)."""
 
     max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float | None = None
-    top_k: int | None = None
+    rules: DecodingRules = DecodingRules()
     stop: tuple[str, ...] = ()
     seed: int | None = None
 
@@ -197,7 +197,7 @@ class Engine:
     def check_sampling(self, p: SamplingParams) -> None:
         """Raise :class:`ServeError` 400 for sampling settings out of range (``max_tokens`` above the
         server's bound, more than :data:`MAX_STOPS` stop strings, an empty one or one longer than
-        :data:`MAX_STOP_CHARS` characters, bad temperature/top-k/top-p)."""
+        :data:`MAX_STOP_CHARS` characters; the decoding rules checked themselves when made)."""
         if p.max_tokens > self.max_tokens:
             raise ServeError(400, f"max_tokens must be <= {self.max_tokens} (this server's --max-tokens), "
                                   f"got {p.max_tokens}")
@@ -209,10 +209,8 @@ class Engine:
             if len(s) > MAX_STOP_CHARS:
                 raise ServeError(400, f"a stop string may hold at most {MAX_STOP_CHARS} characters, got one of "
                                       f"{len(s):,}")
-        try:
-            check_sampling(p.temperature, p.top_k, p.top_p)
-        except TxlError as err:
-            raise ServeError(400, str(err)) from None
+        if not isinstance(p.rules, DecodingRules):
+            raise ServeError(400, "the decoding rules must be a DecodingRules")
 
     async def encode(self, text: str) -> np.ndarray:
         """Token ids of a whole text (400 for text the tokenizer cannot encode), encoded off the event loop."""
@@ -290,14 +288,15 @@ class Engine:
         generator = torch.Generator(device=self.device)
         generator.manual_seed(p.seed if p.seed is not None else torch.seed() % (2**63))
         ids = torch.as_tensor(context, device=self.device)[None]
-        steps = generate_steps(self.model, ids, p.max_tokens, p.temperature, p.top_k, p.top_p, mems, generator,
-                               span=self.span)
+        steps = generate_steps(self.model, ids, p.max_tokens, mems=mems, generator=generator, span=self.span,
+                               rules=p.rules)
         text = self.tokenizer.text_stream()
         cut = StopText(p.stop)
         self.metrics.add_tokens(read=int(context.size))
         try:
             for n in range(p.max_tokens):
                 try:
+                    cut.armed = n + 1 >= p.rules.min_new_tokens  # stops count from min_tokens tokens on
                     piece = await self.worker.run(_next_piece, steps, text, cut, context if n == 0 else None,
                                                   n == p.max_tokens - 1)
                 except TxlError as err:

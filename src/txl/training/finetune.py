@@ -236,7 +236,7 @@ class PairsTask(CompletionRowsTask):
 
         pair = self.pairs["valid"][0]
         text = complete(model, self.tokenizer, [pair.prompt], max_new_tokens=run.train.sample_tokens,
-                        temperature=0.0, max_prompt_tokens=run.finetune.max_prompt_tokens)[0]
+                        max_prompt_tokens=run.finetune.max_prompt_tokens)[0]  # greedy
         shown = pair.prompt if len(pair.prompt) <= 300 else "…" + pair.prompt[-300:]
         return shown, text
 
