@@ -97,6 +97,15 @@ def test_state_takes_a_starting_memory_and_refuses_a_second_one():
             model(tokens[:1, 8:9], caches=state)
     with pytest.raises(TxlError, match="without autograd"):
         model(tokens[:, 8:9], caches=state)
+    # the one-token step has no dropout: in train mode the state would not give the forward's result
+    model.train()
+    with torch.no_grad(), pytest.raises(TxlError, match="evaluation mode"):
+        model(tokens[:, 8:9], caches=state)
+    model.eval()
+    with torch.no_grad():  # the refusal changed nothing: the state reads on as the memory does
+        torch.testing.assert_close(model(tokens[:, 8:9], caches=state).logits,
+                                   model(tokens[:, 8:9], mems=model(tokens[:, 7:8], mems=mems).mems).logits,
+                                   rtol=0, atol=1e-10)
 
 
 def test_reorder_selects_rows_of_the_state():

@@ -105,8 +105,7 @@ class DecoderLayer(nn.Module):
 
     def step(self, h: torch.Tensor, cache: LayerCache, key_mask: torch.Tensor | None = None) -> torch.Tensor:
         """One decoding step [B, 1, d_model] -> [B, 1, d_model]; see :meth:`MultiHeadAttention.step`."""
-        h = self.attn.step(h, cache, key_mask)
-        return self.ff(h) if self.training else self.ff.step(h)  # dropout only in training mode
+        return self.ff.step(self.attn.step(h, cache, key_mask))  # evaluation mode only (see _check_state)
 
 
 class TransformerXLLM(nn.Module):
@@ -377,6 +376,8 @@ class TransformerXLLM(nn.Module):
                            "attn_type 'abs' has no memory to hold")
         if torch.is_grad_enabled():
             raise TxlError("a decoding state is for reading without autograd: call the model inside torch.no_grad()")
+        if self.training:  # its one-token step has no dropout: train mode would make the two paths differ
+            raise TxlError("a decoding state is for reading in evaluation mode: call model.eval() first")
         if len(state.layers) != c.n_layer:
             raise TxlError(f"the decoding state was made for {len(state.layers)} layers but the model has "
                            f"{c.n_layer}; make it with DecodingState(model.config.n_layer, span)")
