@@ -157,7 +157,17 @@ IGNORE_INDEX = -100
 
 TOKENIZERS = ("byte", "char", "word", "bpe")
 NORMALIZE = ("none", "wikitext")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16")  # autocast dtypes (txl.runtime.autocast), named once here
+# The files of a checkpoint folder (txl.model.serialization, txl.training.checkpoint), named once here so
+# that torch-free code (the command line's early checks) can name them too
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+VOCAB_NAME = "vocab.json"
+RUN_NAME = "run.json"
+STATE_NAME = "state.json"
+CLASSIFIER_NAME = "classifier.json"  # written beside config.json by txl classify
+#: The fields of an attention span (txl.model.AttentionSpan) and of the command line's span flags.
+SPAN_FIELDS = ("tgt_len", "mem_len", "clamp_len", "same_length", "cmem_len")
 MAX_THREADS = 1024  # CPU threads (train.threads, --threads): more than this is taken for a typing error
 # every seed (train.seed, each command's --seed) lies in [0, SEED_LIMIT): what all of python's, numpy's
 # (np.random.seed: 32 bits) and torch's seeding accept

@@ -18,10 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from txl.config import MAX_THREADS
+from txl.config import DTYPES, MAX_THREADS
 from txl.errors import TxlError
-
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def resolve_device(name: str) -> torch.device:

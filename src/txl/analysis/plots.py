@@ -105,11 +105,12 @@ def _metric_label(run_dir: Path) -> str:
     tokenizer in ``run.json``. Runs written before the bits-per-byte label say "bpc" for byte models;
     with ``run.json`` naming a byte tokenizer that is read as "bpb" (the numbers are bits per byte).
     """
+    from txl.config import RUN_NAME
     from txl.evaluation.stream import metric_unit, stored_unit
     from txl.fileio import read_json_object
 
     try:
-        tokenizer = (read_json_object(run_dir / "run.json").get("data") or {}).get("tokenizer")
+        tokenizer = (read_json_object(run_dir / RUN_NAME).get("data") or {}).get("tokenizer")
     except TxlError:
         tokenizer = None
     candidates = [metrics_unit(run_dir)]

@@ -19,10 +19,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from txl.config import DTYPES, SPAN_FIELDS  # txl.config imports no torch
 from txl.errors import TxlError
-
-DTYPES = ("float32", "bfloat16", "float16")  # the same as txl.runtime.DTYPES, without importing torch
-SPAN_FLAGS = ("tgt_len", "mem_len", "clamp_len", "same_length", "cmem_len")
 
 
 @dataclass(frozen=True)
@@ -106,7 +104,7 @@ def add_batch_size(parser: argparse.ArgumentParser, default: int | None = None, 
                help=f"{text} (default: {default if default is not None else 'the config'})")
 
 
-def add_span(parser: argparse.ArgumentParser, names: tuple[str, ...] = SPAN_FLAGS,
+def add_span(parser: argparse.ArgumentParser, names: tuple[str, ...] = SPAN_FIELDS,
              default_text: str = "the checkpoint's eval config") -> None:
     """The attention-span flags ``--tgt-len --mem-len --clamp-len --same-length/--no-same-length``.
 
@@ -224,7 +222,7 @@ def pick(cli: Any, config: Any) -> Any:
 def span_args(args: argparse.Namespace, eval_config) -> dict[str, Any]:
     """``tgt_len``, ``mem_len``, ``clamp_len``, ``same_length``, ``cmem_len``: the flags, else the
     checkpoint's eval config (a flag the command does not have counts as not given)."""
-    return {name: pick(getattr(args, name, None), getattr(eval_config, name, None)) for name in SPAN_FLAGS}
+    return {name: pick(getattr(args, name, None), getattr(eval_config, name, None)) for name in SPAN_FIELDS}
 
 
 def decoding_rules(args: argparse.Namespace):

@@ -125,14 +125,15 @@ def check_finetuned(path: str) -> None:
     Raises:
         TxlError: naming the checkpoint and the command that fine-tunes it; an unreadable ``run.json``.
     """
+    from txl.config import CONFIG_NAME, RUN_NAME
     from txl.fileio import read_json_object
 
     folder = Path(path)
     found = next((f for f in (folder, folder / "best", folder / "last")
-                  if (f / "run.json").is_file() or (f / "config.json").is_file()), None)
+                  if (f / RUN_NAME).is_file() or (f / CONFIG_NAME).is_file()), None)
     if found is None:
         return
-    saved = read_json_object(found / "run.json", "run config") if (found / "run.json").is_file() else {}
+    saved = read_json_object(found / RUN_NAME, "run config") if (found / RUN_NAME).is_file() else {}
     if not isinstance(saved.get("finetune"), dict):
         raise TxlError(f"{path} is a language model that was not fine-tuned on prompt/completion pairs (its "
                        "run.json has no [finetune] section), so its summaries would be noise; fine-tune it first: "

@@ -194,12 +194,13 @@ def resumed_config(resume: str, overrides: list[str]):
     Raises:
         TxlError: no run there, an unreadable ``run.json``, or a bad override.
     """
+    from txl.config import RUN_NAME
     from txl.fileio import read_json_object
     from txl.training.checkpoint import resume_run_dir
     from txl.training.config import RunConfig, parse_override
 
     run_dir = str(resume_run_dir(resume))
-    saved = read_json_object(Path(run_dir) / "run.json")
+    saved = read_json_object(Path(run_dir) / RUN_NAME)
     changes: dict = {}
     for text in overrides:
         section, key, value = parse_override(text)

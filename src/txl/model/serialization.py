@@ -11,11 +11,9 @@ from safetensors.torch import load_file, save_file
 
 from txl.errors import TxlError
 from txl.fileio import atomic_write, read_json_object, write_json
+from txl.config import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME
 from txl.model.config import TransformerXLConfig
 
-WEIGHTS_NAME = "model.safetensors"
-CONFIG_NAME = "config.json"
-VOCAB_NAME = "vocab.json"
 
 
 def save_model(model: torch.nn.Module, directory: str | Path, tokenizer: Any = None,

@@ -13,9 +13,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from txl.config import SPAN_FIELDS
 from txl.errors import TxlError
 
-SPAN_FIELDS = ("tgt_len", "mem_len", "clamp_len", "same_length", "cmem_len")
 
 
 @dataclass(frozen=True)

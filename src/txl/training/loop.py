@@ -493,7 +493,7 @@ def finetune(init: str | Path, data: str | Path | None = None, *, out_dir: str |
     from txl.training.finetune import finetune_config
 
     if resume:
-        run = RunConfig.from_dict(read_json_object(Path(out_dir) / "run.json"))
+        run = RunConfig.from_dict(read_json_object(Path(out_dir) / RUN_NAME))
         run.train.out_dir = str(out_dir)
     else:
         run = finetune_config(init, data, out_dir=out_dir, config=config, overrides=overrides)
