@@ -7,7 +7,7 @@
 Every import counts, those inside functions included (they run too). A module's floor is the first
 part of its name below the package: ``txl/model/attention.py`` is on ``model``, ``txl/runtime.py`` on
 ``runtime``. A module on no listed floor is a problem as well: a new subpackage must be given its place
-here (docs/testing.md). ``.ci/run`` runs this before the tests; tests/test_layers.py runs it too.
+here (docs/architecture.md). ``.ci/run`` runs this before the tests; tests/test_layers.py runs it too.
 """
 
 from __future__ import annotations
