@@ -112,6 +112,7 @@ def test_complete_stops_at_the_end_marker(byte_checkpoint):
         model.crit.out_layers[0].bias[ord("x")] = 40.0
     assert complete(model, tok, ["some prompt"], max_new_tokens=10,
                     rules=DecodingRules(temperature=0.0, min_new_tokens=3)) == ["xxx"]
+    assert complete(model, tok, ["some prompt"], max_new_tokens=10, min_new_tokens=3) == ["xxx"]  # greedy kept
     with pytest.raises(TxlError, match="reserved marker"):
         complete(model, tok, ["a\x1db"])
 
@@ -130,7 +131,7 @@ def test_decoding_rules_are_one_object_checked_when_made():
     rules = DecodingRules(temperature=0.0, min_new_tokens=2)
     assert rules.choose(logits, [[5]], end_ids=[0]).tolist() == [1]
     assert rules.choose(logits, [[5, 6]], end_ids=[0]).tolist() == [0]
-    with pytest.raises(TxlError, match="banned every token"):
+    with pytest.raises(TxlError, match="leave no token to choose in row 0 after 3 tokens"):
         DecodingRules(temperature=0.0, no_repeat_ngram_size=1).choose(logits, [[0, 1, 2]])
 
 
@@ -146,3 +147,5 @@ def test_rules_object_and_keywords_decode_alike_and_not_both(byte_checkpoint):
         generate(model, prompt, 2, temperature=0.5, rules=rules)
     with pytest.raises(TxlError, match="unknown decoding rule"):
         generate(model, prompt, 2, top_q=0.5)
+    with pytest.raises(TxlError, match="unknown decoding rule"):
+        generate(model, prompt, 2, top_q=None)

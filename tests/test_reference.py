@@ -58,8 +58,10 @@ def test_probabilities_distances_and_states_are_what_they_claim():
         assert (p[..., ~hidden] > 0).all()
 
 
-def test_vanilla_model_equals_the_reference_segment_by_segment():
-    model = build(seed=5, attn_type="abs", mem_len=0)
+@pytest.mark.parametrize("span", [dict(mem_len=0), dict(mem_len=2, same_length=True)])
+def test_vanilla_model_equals_the_reference_segment_by_segment(span):
+    # the vanilla model reads each segment alone and causally, whatever its span's memory settings
+    model = build(seed=5, attn_type="abs", **span)
     ids = torch.randint(0, 37, (2, 9), generator=torch.Generator().manual_seed(4))
     want = reference.forward(model, ids, [4, 5]).logits
     got = torch.cat([model(ids[:, :4]).logits, model(ids[:, 4:]).logits], 1)  # no memory: each alone

@@ -166,6 +166,7 @@ VOCAB_NAME = "vocab.json"
 RUN_NAME = "run.json"
 STATE_NAME = "state.json"
 CLASSIFIER_NAME = "classifier.json"  # written beside config.json by txl classify
+CHECKSUMS_NAME = "checksums.json"  # sha256 of every other file of a checkpoint, written last
 #: The fields of an attention span (txl.model.AttentionSpan) and of the command line's span flags.
 SPAN_FIELDS = ("tgt_len", "mem_len", "clamp_len", "same_length", "cmem_len")
 MAX_THREADS = 1024  # CPU threads (train.threads, --threads): more than this is taken for a typing error

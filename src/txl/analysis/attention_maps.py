@@ -55,8 +55,8 @@ def attention_probabilities(model, input_ids: torch.Tensor, mems=None,
         (probs, output): ``probs[l]`` float [B, H, T, M + T] for layer l (:func:`segment_probabilities`),
         and the model's :class:`~txl.model.transformer.LMOutput` (its ``mems`` feed the next segment).
     """
-    out = model(input_ids, mems=mems, span=span)
-    return segment_probabilities(model, input_ids, mems, span), out
+    probs = segment_probabilities(model, input_ids, mems, span)  # refuses a model in training mode first
+    return probs, model(input_ids, mems=mems, span=span)
 
 
 def distance_matrix(qlen: int, klen: int) -> torch.Tensor:

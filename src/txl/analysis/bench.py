@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from txl.config import DTYPES
 from txl.errors import TxlError
 from txl.analysis.bench_generation import GEN_BATCHES, GEN_CONTEXTS, format_generation, generation_table
 from txl.evaluation.segments import decoding_state
@@ -236,8 +237,8 @@ def run_bench(*, vs_hf: bool = False, device: str = "auto", dtype: str = "float3
     from txl.runtime import resolve_device
 
     dev = resolve_device(device)
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise TxlError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    if dtype not in DTYPES:
+        raise TxlError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     cfg_dict = dict(BENCH_SMALL if config is None else config)
     cfg = TransformerXLConfig(**cfg_dict)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)

@@ -9,12 +9,11 @@ from typing import Any
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
+from txl.config import CLASSIFIER_NAME, CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME
 from txl.data import load_tokenizer
 from txl.errors import TxlError
 from txl.fileio import atomic_write, read_json_object, write_json
-from txl.training.checkpoint import CLASSIFIER_NAME
-from txl.model.serialization import (CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, load_weights, read_model_config,
-                                     unique_state)
+from txl.model.serialization import load_weights, read_model_config, unique_state
 
 
 def save_classifier(model, directory: str | Path, extra: dict[str, Any] | None = None) -> None:

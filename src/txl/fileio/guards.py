@@ -11,12 +11,14 @@ import os
 import tempfile
 from pathlib import Path
 
+from txl.config import CHECKSUMS_NAME, CONFIG_NAME, RUN_NAME, WEIGHTS_NAME
 
-# the files that make a folder a txl checkpoint or run folder (txl.training.checkpoint writes them; named
-# here because this module is the bottom layer): run.json or checksums.json, or config.json beside
-# model.safetensors (LM and classifier checkpoints, converted checkpoints)
-RUN_MARKERS = ("run.json", "checksums.json")
-WEIGHTS_MARKERS = ("config.json", "model.safetensors")
+
+# the files that make a folder a txl checkpoint or run folder (txl.training.checkpoint writes them):
+# run.json or checksums.json, or config.json beside model.safetensors (LM and classifier checkpoints,
+# converted checkpoints)
+RUN_MARKERS = (RUN_NAME, CHECKSUMS_NAME)
+WEIGHTS_MARKERS = (CONFIG_NAME, WEIGHTS_NAME)
 LOCK_SUFFIX = ".txl-lock"
 
 

@@ -10,7 +10,7 @@ import torch
 
 from txl.errors import TxlError
 from txl.evaluation.segments import eval_mode
-from txl.generation.sampling import DecodingRules, check_decoding
+from txl.generation.sampling import DecodingRules, check_decoding, rules_from
 from txl.generation.stream import prime_memory
 from txl.model.decoding import DecodingState
 from txl.model.inputs import check_input_ids
@@ -55,13 +55,13 @@ def _check_beams(num_beams: int, vocab_size: int, max_new_tokens: int) -> None:
 @torch.no_grad()
 def beam_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: int, *,
                 length_penalty: float = 1.0, end_ids: Sequence[int] = (), rules: DecodingRules | None = None,
-                span: AttentionSpan | None = None, mem_len: int | None = None) -> BeamResult:
+                span: AttentionSpan | None = None, mem_len: int | None = None, **rule_fields) -> BeamResult:
     """The continuation of one prompt (int64 [1, T]) with the best score among ``num_beams`` beams.
 
     Each step extends every beam by every token, scores ``sum log p`` (after the constraints of the
     decoding ``rules``, a :class:`~txl.generation.DecodingRules`: repetition penalty, no repeated
-    n-grams, ``end_ids`` banned before ``min_new_tokens``; its temperature, top-k and top-p are not
-    used, the search ranks by log-probability) and keeps the ``num_beams`` best; a candidate ending in one of ``end_ids``
+    n-grams, ``end_ids`` banned before ``min_new_tokens``; or those fields as keywords, not both; its
+    temperature, top-k and top-p are not used, the search ranks by log-probability) and keeps the ``num_beams`` best; a candidate ending in one of ``end_ids``
     is set aside as finished (scored ``sum / n ** length_penalty``, n its number of tokens). The memory,
     held in the ring buffers of a :class:`~txl.model.DecodingState`, follows its beams
     (:func:`reorder_state`), so a step costs one forward of one token per beam. The search stops after ``max_new_tokens``, or once ``num_beams``
@@ -79,9 +79,7 @@ def beam_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: 
     check_input_ids(input_ids, model.config.vocab_size, next(model.parameters()).device)
     if input_ids.size(0) != 1:
         raise TxlError(f"beam search decodes one prompt at a time, got a batch of {input_ids.size(0)}")
-    rules = DecodingRules() if rules is None else rules
-    if not isinstance(rules, DecodingRules):
-        raise TxlError(f"rules must be a DecodingRules, got {type(rules).__name__}")
+    rules = rules_from(rules, **rule_fields)
     check_decoding(length_penalty=length_penalty)
     if max_new_tokens < 0:
         raise TxlError(f"max_new_tokens must be >= 0, got {max_new_tokens}")

@@ -11,8 +11,8 @@ import torch
 from txl.config import check_decoding, check_sampling  # re-exported: txl.generation names them too
 from txl.errors import TxlError
 
-__all__ = ["GREEDY", "Chooser", "DecodingRules", "Generators", "LogitsProcessor", "adjust_logits", "banned_ngram_tokens",
-           "check_decoding", "check_sampling", "rules_from", "sample_next"]
+__all__ = ["GREEDY", "DecodingRules", "Generators", "LogitsProcessor", "adjust_logits", "banned_ngram_tokens",
+           "check_decoding", "check_sampling", "sample_next"]  # Chooser and rules_from serve this package
 
 
 Generators = torch.Generator | Sequence[torch.Generator] | None
@@ -45,9 +45,8 @@ def _draw(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: fl
     # it), +inf if it holds +inf, and -inf if every score is -inf; its indices are the greedy choice
     best, argmax = logits.max(dim=-1)
     if not bool(torch.isfinite(best).all()):
-        raise TxlError("the model produced non-finite scores (NaN or inf), or the decoding rules banned every "
-                       "token of a row: if the rules are loose, the weights are broken, e.g. by a diverged "
-                       "training run; use an earlier checkpoint")
+        raise TxlError("the model produced non-finite scores (NaN or inf): its weights are broken, e.g. by a "
+                       "diverged training run; use an earlier checkpoint")
     if generator is not None and not isinstance(generator, torch.Generator) and len(generator) != logits.size(0):
         raise TxlError(f"give one generator per row: {logits.size(0)} rows, {len(generator)} generators")
     if temperature == 0:
@@ -206,9 +205,18 @@ class DecodingRules:
         if len(generated) != logits.size(0):
             raise TxlError(f"generated must hold one token list per row: {logits.size(0)} rows, "
                            f"{len(generated)} lists")
+        constrained = logits
         for process in self.constraints(generated, end_ids):
-            logits = process(logits)
-        return _draw(logits, self.temperature, self.top_k, self.top_p, generator)
+            constrained = process(constrained)
+        if constrained is not logits:
+            left = torch.isfinite(constrained).any(dim=-1) | ~torch.isfinite(logits).all(dim=-1)
+            if not bool(left.all()):
+                row = int((~left).nonzero()[0, 0])
+                raise TxlError(f"the decoding rules leave no token to choose in row {row} after "
+                               f"{len(generated[row])} tokens (e.g. no_repeat_ngram_size "
+                               f"{self.no_repeat_ngram_size} once every n-gram was used): loosen them or "
+                               "generate fewer tokens")
+        return _draw(constrained, self.temperature, self.top_k, self.top_p, generator)
 
 
 GREEDY = DecodingRules(temperature=0.0)
@@ -239,11 +247,11 @@ def rules_from(rules: DecodingRules | None, **fields) -> DecodingRules:
     Raises:
         TxlError: both ``rules`` and a field, an unknown field, or a setting out of range.
     """
-    given = {k: v for k, v in fields.items() if v is not None}
-    unknown = set(given) - set(DecodingRules.__dataclass_fields__)
+    unknown = set(fields) - set(DecodingRules.__dataclass_fields__)
     if unknown:
         raise TxlError(f"unknown decoding rule(s) {', '.join(sorted(unknown))}: the rules are "
                        f"{', '.join(DecodingRules.__dataclass_fields__)}")
+    given = {k: v for k, v in fields.items() if v is not None}
     if rules is None:
         return DecodingRules(**given)
     if given:

@@ -11,7 +11,7 @@ import torch
 
 from txl.errors import TxlError
 from txl.generation.beam import beam_search
-from txl.generation.sampling import GREEDY, DecodingRules, Generators
+from txl.generation.sampling import DecodingRules, Generators, rules_from
 from txl.generation.stream import generate_stream
 from txl.model.span import AttentionSpan
 
@@ -107,15 +107,18 @@ def _prefix_function(s: str) -> list[int]:
 
 
 def continue_texts(model, tokenizer, prompts: Sequence[torch.Tensor], *, max_new_tokens: int = 128,
-                   rules: DecodingRules = GREEDY, generator: Generators = None, stop: Sequence[str] = (),
+                   rules: DecodingRules | None = None, generator: Generators = None, stop: Sequence[str] = (),
                    end_ids: Sequence[int] = (), num_beams: int = 1, length_penalty: float = 1.0, batch_size: int = 8,
                    span: AttentionSpan | None = None, mem_len: int | None = None,
-                   ended: list | None = None) -> list[str]:
+                   ended: list | None = None, **rule_fields) -> list[str]:
     """The text each prompt (int64 [T_b] ids, lengths may differ) continues with, decoded until one of
     ``end_ids`` (not returned), a ``stop`` string (cut before it; stops count from ``rules.min_new_tokens``
     tokens on) or ``max_new_tokens`` tokens.
 
-    ``rules``: the :class:`~txl.generation.DecodingRules` (default greedy, temperature 0).
+    ``rules``: the :class:`~txl.generation.DecodingRules`, or its fields as keywords (``rule_fields``:
+    ``temperature``, ``min_new_tokens``, ...; not both). Completions are greedy unless told otherwise:
+    with neither, :data:`~txl.generation.GREEDY`; keywords without ``temperature`` are greedy too
+    (``rules=DecodingRules(...)`` takes that class's defaults, temperature 1).
     ``num_beams`` 1: up to ``batch_size`` prompts are decoded together (:func:`generate_stream` with
     prompts of different lengths), each exactly as alone; give ``generator`` as one generator per
     prompt for sampling that does not depend on the batching. ``num_beams`` > 1: :func:`beam_search`
@@ -131,8 +134,10 @@ def continue_texts(model, tokenizer, prompts: Sequence[torch.Tensor], *, max_new
         raise TxlError(f"batch_size must be >= 1, got {batch_size}")
     if generator is not None and not isinstance(generator, torch.Generator) and len(generator) != len(prompts):
         raise TxlError(f"give one generator per prompt: {len(prompts)} prompts, {len(generator)} generators")
-    if not isinstance(rules, DecodingRules):
-        raise TxlError(f"rules must be a DecodingRules, got {type(rules).__name__}")
+    if rules is None:  # greedy unless a temperature is given
+        rules = rules_from(None, **{**rule_fields, "temperature": rule_fields.get("temperature") or 0.0})
+    else:
+        rules = rules_from(rules, **rule_fields)
     end = set(int(i) for i in end_ids)
     texts: list[str] = []
     if num_beams > 1:
@@ -208,8 +213,8 @@ def complete(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
     Each prompt is fed as ``prompt + SEP`` (:mod:`txl.data.pairs`; only its last ``max_prompt_tokens``
     tokens when > 0), read segment by segment with the memory however long it is, and decoded until
     the end-of-completion marker, a ``stop`` string or ``max_new_tokens`` tokens, by
-    :func:`continue_texts` (whose keyword ``settings`` apply: ``rules``, greedy by default, ``num_beams``,
-    ``batch_size``, ``generator`` one per prompt ...). Returns the texts without
+    :func:`continue_texts` (whose keyword ``settings`` apply: ``rules`` or their fields, greedy by default,
+    ``num_beams``, ``batch_size``, ``generator`` one per prompt ...). Returns the texts without
     the marker or the stop string.
 
     Raises:

@@ -17,8 +17,8 @@ The equations, as numbered in Dai et al. (2019), with n the layer and τ the seg
 
   with R the sinusoid table of distances (:func:`sinusoid_table`), u = ``r_w_bias``, v = ``r_r_bias``;
   ``a = softmax(A / sqrt(d_head))`` over the visible keys, then ``o = a v W_o``, residual and LayerNorm,
-  then the position-wise feed-forward net (§3.3's final equations; Appendix B's ``clamp_len`` caps
-  ``i - j``; ``same_length`` hides keys ``mem_len`` or more back).
+  then the position-wise feed-forward net (§3.3's final equations). Two settings of the authors'
+  code: ``clamp_len`` caps ``i - j`` in R, ``same_length`` hides keys ``mem_len`` or more back.
 - Shaw et al. (2018), the paper's Table 6 comparison: ``A_ij = q_i·k_j + q_i·a_{min(i-j, max_dist)}``,
   a learned table ``a`` per layer, no u, v.
 - The vanilla Transformer (§3.1, ``attn_type="abs"``): positions ``0 .. T-1`` added to the embedding,
@@ -82,7 +82,8 @@ def compress(compressor, states: torch.Tensor) -> torch.Tensor:
     c = compressor.ratio
     groups = states.reshape(states.size(0), states.size(1) // c, c, states.size(2))  # [B, n, c, d]
     if compressor.kind == "conv1d":
-        return torch.einsum("bnki,oik->bno", groups, compressor.weight.to(states.dtype)) + compressor.bias
+        weight, bias = compressor.weight.to(states.dtype), compressor.bias.to(states.dtype)
+        return torch.einsum("bnki,oik->bno", groups, weight) + bias
     return groups.amax(2) if compressor.kind == "max_pool" else groups.mean(2)
 
 
@@ -114,17 +115,21 @@ def attention(attn, h: torch.Tensor, memory: torch.Tensor, distances: torch.Tens
     k = (x @ w_k.T).unflatten(-1, (H, D))  # [B, K, H, D]
     v = (x @ w_v.T).unflatten(-1, (H, D))
     scores = torch.einsum("bihd,bjhd->bhij", q, k)  # (a)
+    index = distances.clamp(min=0)  # the future's entries are hidden: any row serves them
+    n = int(index.max()) + 1 if index.numel() else 1
     if attn_type == "rel":
-        d = distances.clamp(max=clamp_len) if clamp_len > 0 else distances
-        R = sinusoid_table(d.flatten(), d_model).to(h.dtype).view(*d.shape, d_model)  # R_{i-j}: [T, K, d]
-        r_k = (R @ attn.r_net.weight.T).unflatten(-1, (H, D))  # W_kR R_{i-j}: [T, K, H, D]
+        dist = torch.arange(n).clamp(max=clamp_len) if clamp_len > 0 else torch.arange(n)
+        R = sinusoid_table(dist, d_model).to(h.dtype)  # R_d for every distance d = 0 .. n-1: [n, d_model]
+        r_k = (R @ attn.r_net.weight.T).unflatten(-1, (H, D))  # W_kR R_d: [n, H, D]
         u, vb = attn.r_w_bias, attn.r_r_bias
-        scores = scores + torch.einsum("bihd,ijhd->bhij", q, r_k)  # (b)
+        by_distance = torch.einsum("bihd,nhd->bhin", q, r_k)  # q_i·W_kR R_d for every d
+        scores = scores + by_distance.gather(-1, index.expand(*by_distance.shape[:2], -1, -1))  # (b): d = i-j
         scores = scores + torch.einsum("hd,bjhd->bhj", u, k)[:, :, None, :]  # (c)
-        scores = scores + torch.einsum("hd,ijhd->hij", vb, r_k)[None]  # (d)
+        scores = scores + torch.einsum("hd,nhd->hn", vb, r_k)[:, index][None]  # (d)
     elif attn_type == "shaw":
-        a = attn.r_emb[distances.clamp(0, attn.max_dist)].to(h.dtype)  # a_{min(i-j, max_dist)} (future: any row)
-        scores = scores + torch.einsum("bihd,ijhd->bhij", q, a)
+        a = attn.r_emb[torch.arange(n).clamp(max=attn.max_dist)].to(h.dtype)  # a_{min(d, max_dist)}: [n, H, D]
+        by_distance = torch.einsum("bihd,nhd->bhin", q, a)
+        scores = scores + by_distance.gather(-1, index.expand(*by_distance.shape[:2], -1, -1))
     probs = torch.softmax((scores / math.sqrt(D)).masked_fill(hidden, float("-inf")), dim=-1)
     o = torch.einsum("bhij,bjhd->bihd", probs, v).flatten(2) @ attn.o_net.weight.T
     out = h + o if attn.pre_lnorm else layer_norm(h + o, attn.layer_norm)
@@ -220,7 +225,8 @@ def read_segment(model, input_ids: torch.Tensor, before: list[torch.Tensor] | No
         m = states.size(1)
         dist = key_distances(n, m)
         hidden = dist < 0  # the future
-        if span.same_length and span.mem_len > 0:  # keys mem_len or more back, but compressed and pending
+        if span.same_length and span.mem_len > 0 and c.attn_type != "abs":  # keys mem_len or more back, but
+            # not the compressed and pending slots; the vanilla model reads its segment alone, causally
             hidden = hidden | ((dist >= span.mem_len) & (torch.arange(m + n)[None, :] >= leading))
         inputs.append(h)
         h, p = attention(layer.attn, h, states, dist, hidden, attn_type=c.attn_type, clamp_len=span.clamp_len,

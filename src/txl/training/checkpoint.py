@@ -37,10 +37,9 @@ from txl.fileio import read_json_object as _read_json
 from txl.fileio import path_inside, write_json
 from txl.model import TransformerXLLM
 from txl.model.span import AttentionSpan
-from txl.config import CLASSIFIER_NAME, CONFIG_NAME, RUN_NAME, STATE_NAME, VOCAB_NAME, WEIGHTS_NAME
+from txl.config import CHECKSUMS_NAME, CLASSIFIER_NAME, CONFIG_NAME, RUN_NAME, STATE_NAME, VOCAB_NAME, WEIGHTS_NAME
 from txl.model.serialization import save_model
 
-CHECKSUMS_NAME = "checksums.json"
 # the trainer state of a resumable checkpoint (txl.training.resume writes and reads them)
 TRAINER_JSON = "trainer.json"
 TRAINER_TENSORS = "trainer.safetensors"
