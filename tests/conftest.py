@@ -10,6 +10,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import contextlib  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -20,7 +21,14 @@ from hypothesis import settings
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
-from txl.model import TransformerXLConfig, TransformerXLLM
+from txl.model import TransformerXLConfig, TransformerXLLM  # noqa: E402
+
+# the repository (the tests sit in folders that mirror src/txl: tests/model, tests/generation, ...)
+ROOT = Path(__file__).resolve().parents[1]
+# tiny Shakespeare ships with the repository (data/); TXL_SHAKESPEARE points the tests at another copy
+SHAKESPEARE = Path(os.environ.get("TXL_SHAKESPEARE", ROOT / "data" / "tinyshakespeare.txt"))
+needs_shakespeare = pytest.mark.skipif(
+    not SHAKESPEARE.is_file(), reason=f"tiny Shakespeare not found at {SHAKESPEARE} (TXL_SHAKESPEARE names it)")
 
 
 def tiny_config(**overrides) -> TransformerXLConfig:
@@ -35,6 +43,16 @@ def tiny_model(seed: int = 0, dtype=torch.float64, **overrides) -> TransformerXL
     model = TransformerXLLM(tiny_config(**overrides)).to(dtype)
     model.eval()
     return model
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> torch.device:
+    """Every device this machine has: a test that takes it runs its equality checks on the CPU and, where a
+    GPU exists, again on it, so the CUDA branches of the fast paths meet the same invariants."""
+    return torch.device(request.param)
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
+
 from txl.training.config import RunConfig, load_run_config, parse_override
 from txl.errors import TxlError
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = ROOT / "configs"
 
 
 def test_default_toml_is_the_built_in_default():
@@ -98,7 +100,6 @@ def test_one_ignore_index():
     """IGNORE_INDEX is defined once (txl.config) and no other module writes -100 in code."""
     import io
     import tokenize
-    from pathlib import Path
 
     import txl
     import txl.config

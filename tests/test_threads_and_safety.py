@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import txl.runtime
-from conftest import one_error_line, run_cli, tiny_model
+from conftest import ROOT, one_error_line, run_cli, tiny_model
 from txl.cli import all_parsers
 from txl.data import CharTokenizer
 from txl.errors import TxlError
@@ -22,7 +22,6 @@ from txl.runtime import choose_threads, usable_cpus
 from txl.training.checkpoint import load_checkpoint, save_checkpoint
 from txl.training.config import RunConfig
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.n_layer=1", "model.d_model=16", "model.n_head=2", "model.d_head=8", "model.d_inner=32",
         "model.tgt_len=8", "model.mem_len=8", "train.batch_size=4", "train.max_steps=2", "train.eval_interval=2",
         "train.log_interval=1", "train.sample_tokens=0", "train.warmup_steps=1", "eval.max_tokens=200"]

@@ -71,7 +71,7 @@ def layer_norm(x: torch.Tensor, ln: torch.nn.LayerNorm) -> torch.Tensor:
 def sinusoid_table(positions: torch.Tensor, dim: int) -> torch.Tensor:
     """[N] positions or distances -> float32 [N, dim]: ``[sin(p f_0) .. sin(p f_{dim/2-1}), cos(p f_0) ..]``,
     ``f_k = 10000^(-2k/dim)`` (Vaswani et al. 2017; the paper's R, sine half first)."""
-    freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim))
     angle = positions.to(torch.float32)[:, None] * freq[None, :]
     return torch.cat([angle.sin(), angle.cos()], dim=-1)
 
@@ -87,10 +87,10 @@ def compress(compressor, states: torch.Tensor) -> torch.Tensor:
     return groups.amax(2) if compressor.kind == "max_pool" else groups.mean(2)
 
 
-def key_distances(qlen: int, n_before: int) -> torch.Tensor:
-    """int64 [T, M + T]: ``M + i - j``, key j's distance from query i when the segment's T positions follow
-    M keys (negative for keys in query i's future)."""
-    return n_before + torch.arange(qlen)[:, None] - torch.arange(n_before + qlen)[None, :]
+def key_distances(qlen: int, n_before: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """int64 [T, M + T] on ``device``: ``M + i - j``, key j's distance from query i when the segment's T
+    positions follow M keys (negative for keys in query i's future)."""
+    return n_before + torch.arange(qlen, device=device)[:, None] - torch.arange(n_before + qlen, device=device)[None, :]
 
 
 def attention(attn, h: torch.Tensor, memory: torch.Tensor, distances: torch.Tensor, hidden: torch.Tensor, *,
@@ -118,7 +118,8 @@ def attention(attn, h: torch.Tensor, memory: torch.Tensor, distances: torch.Tens
     index = distances.clamp(min=0)  # the future's entries are hidden: any row serves them
     n = int(index.max()) + 1 if index.numel() else 1
     if attn_type == "rel":
-        dist = torch.arange(n).clamp(max=clamp_len) if clamp_len > 0 else torch.arange(n)
+        dist = torch.arange(n, device=h.device)
+        dist = dist.clamp(max=clamp_len) if clamp_len > 0 else dist
         R = sinusoid_table(dist, d_model).to(h.dtype)  # R_d for every distance d = 0 .. n-1: [n, d_model]
         r_k = (R @ attn.r_net.weight.T).unflatten(-1, (H, D))  # W_kR R_d: [n, H, D]
         u, vb = attn.r_w_bias, attn.r_r_bias
@@ -127,7 +128,7 @@ def attention(attn, h: torch.Tensor, memory: torch.Tensor, distances: torch.Tens
         scores = scores + torch.einsum("hd,bjhd->bhj", u, k)[:, :, None, :]  # (c)
         scores = scores + torch.einsum("hd,nhd->hn", vb, r_k)[:, index][None]  # (d)
     elif attn_type == "shaw":
-        a = attn.r_emb[torch.arange(n).clamp(max=attn.max_dist)].to(h.dtype)  # a_{min(d, max_dist)}: [n, H, D]
+        a = attn.r_emb[torch.arange(n, device=h.device).clamp(max=attn.max_dist)].to(h.dtype)  # a_{min(d, max_dist)}: [n, H, D]
         by_distance = torch.einsum("bihd,nhd->bhin", q, a)
         scores = scores + by_distance.gather(-1, index.expand(*by_distance.shape[:2], -1, -1))
     probs = torch.softmax((scores / math.sqrt(D)).masked_fill(hidden, float("-inf")), dim=-1)
@@ -217,17 +218,17 @@ def read_segment(model, input_ids: torch.Tensor, before: list[torch.Tensor] | No
     if c.attn_type == "abs":
         if any(b.size(1) for b in before):
             raise TxlError("attn_type='abs' (vanilla Transformer) has no memory")
-        h = emb + sinusoid_table(torch.arange(n), c.d_model).to(emb.dtype)  # positions 0 .. T-1 (§3.1)
+        h = emb + sinusoid_table(torch.arange(n, device=emb.device), c.d_model).to(emb.dtype)  # positions 0..T-1
     else:
         h = emb
     inputs, probs = [], []
     for layer, states in zip(model.layers, before):
         m = states.size(1)
-        dist = key_distances(n, m)
+        dist = key_distances(n, m, emb.device)
         hidden = dist < 0  # the future
         if span.same_length and span.mem_len > 0 and c.attn_type != "abs":  # keys mem_len or more back, but
             # not the compressed and pending slots; the vanilla model reads its segment alone, causally
-            hidden = hidden | ((dist >= span.mem_len) & (torch.arange(m + n)[None, :] >= leading))
+            hidden = hidden | ((dist >= span.mem_len) & (torch.arange(m + n, device=emb.device)[None, :] >= leading))
         inputs.append(h)
         h, p = attention(layer.attn, h, states, dist, hidden, attn_type=c.attn_type, clamp_len=span.clamp_len,
                          d_model=c.d_model)

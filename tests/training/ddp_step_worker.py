@@ -1,8 +1,8 @@
-"""Run by tests/test_distributed.py under torchrun: one train_step of a tiny model with plain SGD.
+"""Run by tests/training/test_distributed.py under torchrun: one train_step of a tiny model with plain SGD.
 
 SGD (unlike AdamW with clipping) moves the weights in proportion to the gradient, so the saved
 weights show whether the ranks' gradients add up to the whole batch's mean-loss gradient.
-Usage: torchrun --nproc_per_node N tests/ddp_step_worker.py OUT.safetensors CHUNKS
+Usage: torchrun --nproc_per_node N tests/training/ddp_step_worker.py OUT.safetensors CHUNKS
 """
 
 import sys

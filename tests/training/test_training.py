@@ -3,8 +3,6 @@
 import csv
 import json
 import math
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,11 +16,7 @@ from txl.training.checkpoint import load_checkpoint
 from txl.training.loop import train
 from txl.training.schedules import learning_rate, segment_span
 
-# tiny Shakespeare ships with the repository (data/); TXL_SHAKESPEARE points the tests at another copy
-SHAKESPEARE = Path(os.environ.get("TXL_SHAKESPEARE",
-                                  Path(__file__).resolve().parents[1] / "data" / "tinyshakespeare.txt"))
-needs_shakespeare = pytest.mark.skipif(
-    not SHAKESPEARE.is_file(), reason=f"tiny Shakespeare not found at {SHAKESPEARE} (TXL_SHAKESPEARE names it)")
+from conftest import SHAKESPEARE, needs_shakespeare  # noqa: E402,F401  (the ablation tests use them too)
 
 
 def test_learning_rate_warmup_then_cosine():

@@ -87,12 +87,12 @@ def assert_close(a, b, what):
 @pytest.mark.parametrize("span", SPANS)
 @pytest.mark.parametrize("attn", ATTN)
 @pytest.mark.parametrize("pre_lnorm", [False, True])
-def test_segments_with_memory_equal_one_long_pass(attn, span, pre_lnorm):
+def test_segments_with_memory_equal_one_long_pass(attn, span, pre_lnorm, device):
     # mem_len = 9 >= the 3 + 4 tokens before the last segment: without same_length the memory holds
     # the whole history, so the split is invisible; with same_length every query sees its last 9
     # positions in both computations (and the early ones everything before them)
-    model = build(mem_len=9, pre_lnorm=pre_lnorm, **overrides(attn, span))
-    ids = torch.randint(0, 37, (2, 12), generator=torch.Generator().manual_seed(1))
+    model = build(mem_len=9, pre_lnorm=pre_lnorm, **overrides(attn, span)).to(device)
+    ids = torch.randint(0, 37, (2, 12), generator=torch.Generator().manual_seed(1)).to(device)
     full = model(ids).logits
     pieces, mems = run_segments(model, ids, [3, 4, 5])
     assert_close(pieces, full, "segments vs one long pass")
@@ -127,14 +127,14 @@ def test_segments_with_a_short_memory_equal_the_reference(attn, span):
 
 @pytest.mark.parametrize("span", SPANS)
 @pytest.mark.parametrize("attn", ATTN)
-def test_evaluation_fast_paths_equal_the_reference(attn, span, monkeypatch):
+def test_evaluation_fast_paths_equal_the_reference(attn, span, monkeypatch, device):
     # without autograd a segment reads its realigned scores in place (the causal or same_length
     # mask as a strided view) and attends in cache-sized blocks (attention.biased_attention, here
     # one head of one row per block); with the memory as tensors and as a decoding state's keys and
     # values, the logits must stay the per-position reference
     monkeypatch.setattr(attention, "BLOCK_BYTES", 64)
-    model = build(seed=2, mem_len=4, **overrides(attn, span)).eval()
-    ids = torch.randint(0, 37, (2, 16), generator=torch.Generator().manual_seed(3))
+    model = build(seed=2, mem_len=4, **overrides(attn, span)).eval().to(device)
+    ids = torch.randint(0, 37, (2, 16), generator=torch.Generator().manual_seed(3)).to(device)
     lengths = [5, 1, 3, 6, 1]
     ref = reference_logits(model, ids, lengths)
     with torch.no_grad():

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,7 +22,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
 
-from conftest import one_error_line, run_cli, tiny_model  # noqa: E402
+from conftest import ROOT, one_error_line, run_cli, tiny_model  # noqa: E402
 from test_serve_faults import TEXT, TOK, byte_engine, new_session  # noqa: E402
 from txl.serving.engine import ServeError  # noqa: E402
 from txl.serving.server import listen  # noqa: E402
@@ -211,7 +210,7 @@ def _start(tmp_path, *flags):
     sock = listen("127.0.0.1", 0)
     port = sock.getsockname()[1]
     sock.close()
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(ROOT / "src")
     env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "txl", "serve", str(ckpt), "--port", str(port), *flags],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -4,11 +4,10 @@ import hashlib
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import one_error_line, run_cli
+from conftest import ROOT, one_error_line, run_cli
 
 
 TINY = ["model.n_layer=1", "model.d_model=16", "model.n_head=2", "model.d_head=8", "model.d_inner=32",
@@ -137,7 +136,7 @@ def test_bad_input_gives_one_clear_line(tmp_path, corpus, capsys, monkeypatch, m
 
 
 def test_console_script_reports_without_traceback(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     proc = subprocess.run([sys.executable, "-m", "txl", "train", str(tmp_path / "nope.txt")], capture_output=True,
                           text=True, env=env, cwd=tmp_path, timeout=120)
     assert proc.returncode == 2

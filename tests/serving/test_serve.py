@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +23,7 @@ httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
 
-from conftest import run_cli, served_app, tiny_model  # noqa: E402
+from conftest import ROOT, run_cli, served_app, tiny_model  # noqa: E402
 from txl.data import ByteTokenizer  # noqa: E402
 from txl.data.tokenizers.incremental import TextCursor  # noqa: E402
 from txl.evaluation.scoring import score_tokens, token_text  # noqa: E402
@@ -383,7 +382,7 @@ def test_txl_serve_command_matches_txl_score_and_stops_cleanly_on_sigterm(tmp_pa
     sock = listen("127.0.0.1", 0)
     port = sock.getsockname()[1]
     sock.close()
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(ROOT / "src")
     env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""), "TXL_API_KEY": "k3y",
            "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "txl", "serve", str(tmp_path / "ckpt"), "--port", str(port)],

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import txl.generation
 import txl.runtime
-from conftest import one_error_line, run_cli, tiny_model
+from conftest import ROOT, one_error_line, run_cli, tiny_model
 from txl.cli import build_parser
 from txl.data import BPETokenizer, ByteTokenizer, CharTokenizer, WordTokenizer
 from txl.data.corpus import load_corpus
@@ -26,7 +26,6 @@ from txl.generation import stream_text
 from txl.training.checkpoint import save_checkpoint
 from txl.training.config import RunConfig, parse_override
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.n_layer=1", "model.d_model=16", "model.n_head=2", "model.d_head=8", "model.d_inner=32",
         "model.tgt_len=8", "model.mem_len=8", "train.batch_size=4", "train.max_steps=4", "train.eval_interval=2",
         "train.log_interval=2", "train.sample_tokens=0", "train.warmup_steps=1"]

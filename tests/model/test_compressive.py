@@ -75,10 +75,10 @@ def test_cmem_off_is_transformer_xl_bit_for_bit():
     dict(mem_len=6, cmem_len=2, cmem_ratio=4, same_length=True, clamp_len=7),
     dict(mem_len=3, cmem_len=4, cmem_ratio=2, attn_type="shaw", shaw_max_dist=9),
 ])
-def test_segments_match_brute_force_recomputation(compression, overrides):
-    model = build(compression=compression, **overrides)
+def test_segments_match_brute_force_recomputation(compression, overrides, device):
+    model = build(compression=compression, **overrides).to(device)
     span = model.config.span
-    ids = torch.randint(0, 37, (2, 40), generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(0, 37, (2, 40), generator=torch.Generator().manual_seed(2)).to(device)
     lengths = [5, 3, 7, 1, 4, 6, 2, 8, 4]  # not multiples of c: pending states are exercised
     got, mems = read(model, ids, lengths, span)
     want = reference_logits(model, ids, lengths, span)

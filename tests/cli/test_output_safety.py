@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from conftest import ROOT
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -19,7 +21,7 @@ from txl.cli import main
 from txl.errors import TxlError
 from txl.fileio import LOCK_SUFFIX, check_output_path, claim_folder
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(ROOT / "src")
 ENV = dict(os.environ, PYTHONPATH=SRC)
 TINY = ["model.n_layer=1", "model.d_model=16", "model.n_head=2", "model.d_head=8", "model.d_inner=32",
         "model.tgt_len=8", "model.mem_len=8", "train.batch_size=4", "train.max_steps=6", "train.eval_interval=3",

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_model
-from test_training import SHAKESPEARE, needs_shakespeare
+from conftest import SHAKESPEARE, needs_shakespeare
 from txl.analysis.ablation import (JSON_NAME, PLOT_NAME, TABLE_NAME, VARIANTS, default_base, evaluate_variant,
                           plan_variants, run_ablation)
 from txl.cli import main
