@@ -45,6 +45,17 @@ def tiny_model(seed: int = 0, dtype=torch.float64, **overrides) -> TransformerXL
     return model
 
 
+def reference_attention(attn, h, mem, mask, clamp_len=0):
+    """One attention sub-layer as :mod:`txl.model.reference` computes it for the layer ``attn`` (its kind
+    ``attn.attn_type``): input ``h`` [B, T, d] after ``mem`` [B, M, d] or None, hidden keys ``mask`` [T, M + T]."""
+    from txl.model import reference
+
+    mem = h[:, :0] if mem is None else mem
+    out, _ = reference.attention(attn, h, mem, reference.key_distances(h.size(1), mem.size(1)), mask,
+                                 attn_type=attn.attn_type, clamp_len=clamp_len, d_model=h.size(-1))
+    return out
+
+
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_model
+from conftest import reference_attention, tiny_model
 
-from txl.model import attention, reference
+from txl.model import attention
 from txl.model import linear
 from txl.model.linear import _row_blocks, linear_rows, step_linear
 from txl.model.attention import (MultiHeadAttention, attention_mask, position_scores, rel_shift, rel_shift_bias,
@@ -47,10 +47,7 @@ def brute_force(attn, h, mem, u, v, clamp_len, mask):
     """The layer as :mod:`txl.model.reference` computes it: distances as indices, (a)+(b)+(c)+(d) as
     einsums over the model's weights (its u, v are ``attn.r_w_bias``/``attn.r_r_bias``, as here)."""
     assert u is attn.r_w_bias and v is attn.r_r_bias
-    mem = h[:, :0] if mem is None else mem
-    out, _ = reference.attention(attn, h, mem, reference.key_distances(h.size(1), mem.size(1)), mask,
-                                 attn_type="rel", clamp_len=clamp_len, d_model=h.size(-1))
-    return out
+    return reference_attention(attn, h, mem, mask, clamp_len)
 
 
 @pytest.mark.parametrize("mlen,clamp_len,same_length,pre_lnorm", [

@@ -3,20 +3,17 @@
 import pytest
 import torch
 
-from conftest import tiny_model
+from conftest import reference_attention, tiny_model
 from txl.errors import TxlError
 from txl.generation import generate
-from txl.model import TransformerXLConfig, TransformerXLLM, reference
+from txl.model import TransformerXLConfig, TransformerXLLM
 from txl.model.attention import MultiHeadAttention, attention_mask
 
 
 def shaw_brute_force(attn, h, mem, max_dist, mask):
     """The layer as :mod:`txl.model.reference` computes it: (q_i·k_j + q_i·a_{min(i-j, max_dist)}) / sqrt(D)."""
     assert attn.max_dist == max_dist
-    mem = h[:, :0] if mem is None else mem
-    out, _ = reference.attention(attn, h, mem, reference.key_distances(h.size(1), mem.size(1)), mask,
-                                 attn_type="shaw", clamp_len=0, d_model=h.size(-1))
-    return out
+    return reference_attention(attn, h, mem, mask)
 
 
 @pytest.mark.parametrize("mlen,max_dist,same_length,pre_lnorm", [
