@@ -127,8 +127,16 @@ def main() -> int:
         iv = bootstrap_interval(tuple(arrays), stat, n=2000, seed=0)
         return {"estimate": iv.estimate, "low": iv.low, "high": iv.high}
 
+    import os
+
+    import torch
+
+    from txl.runtime import cpu_flags
+
     results = {"test_documents": len(test), "classes": labels, "steps": args.steps, "batch_size": args.batch_size,
-               "wall_s": {k: round(v) for k, v in times.items()}, "rows": {}}
+               "wall_s": {k: round(v) for k, v in times.items()}, "rows": {},
+               "machine": {"cpus": os.cpu_count(), "cpu_flags": cpu_flags(), "torch": torch.__version__,
+                           "threads": os.environ.get("OMP_NUM_THREADS")}}
     if args.merge:  # rows measured by another run (other seeds or rows), kept as they were
         merged = json.loads(Path(args.merge).read_text())
         if merged.get("test_documents") != len(test) or merged.get("classes") != labels:
