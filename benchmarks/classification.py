@@ -135,7 +135,7 @@ def main() -> int:
 
     results = {"test_documents": len(test), "classes": labels, "steps": args.steps, "batch_size": args.batch_size,
                "wall_s": {k: round(v) for k, v in times.items()}, "rows": {},
-               "machine": {"cpus": os.cpu_count(), "cpu_flags": cpu_flags(), "torch": torch.__version__,
+               "machine": {"cpus": os.cpu_count(), "cpu_flags": sorted(cpu_flags() or ()), "torch": torch.__version__,
                            "threads": os.environ.get("OMP_NUM_THREADS")}}
     if args.merge:  # rows measured by another run (other seeds or rows), kept as they were
         merged = json.loads(Path(args.merge).read_text())
