@@ -74,6 +74,8 @@ def main() -> int:
     ap.add_argument("--lr", default="5e-4")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
+    if args.merge and not Path(args.merge).is_file():  # said before hours of training, not after
+        raise SystemExit(f"--merge: {args.merge} is not a file; give a JSON this script wrote")
     work = Path(args.work)
     data = work / "data"
     times: dict = {}

@@ -31,10 +31,15 @@ def main() -> int:
     ap.add_argument("--data", required=True, help="the txl data packages folder (its test.jsonl)")
     ap.add_argument("--edges", default="640,768", help="bucket edges in tokens")
     args = ap.parse_args()
+    vocab = Path(args.lm) / "best" / "vocab.json"
+    for path, what in ((Path(args.results), "results JSON"), (Path(args.data) / "test.jsonl", "--data test.jsonl"),
+                       (vocab, "--lm vocabulary (LM/best/vocab.json)")):
+        if not path.is_file():
+            raise SystemExit(f"{what}: {path} is not a file")
     results = json.loads(Path(args.results).read_text())
     labels = results["classes"]
     test = [json.loads(line) for line in (Path(args.data) / "test.jsonl").read_text().splitlines()]
-    tokenizer = load_tokenizer(str(Path(args.lm) / "best" / "vocab.json"))
+    tokenizer = load_tokenizer(str(vocab))
     tokens = np.array([len(tokenizer.encode(t["text"])) for t in test])
     y = np.array([labels.index(t["label"]) for t in test])
     preds = {k: np.array([labels.index(p) for p in r["predictions"]])
