@@ -2,6 +2,7 @@
 scoring of answers, and a toy end-to-end run of ``txl bench --long-range``."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -158,12 +159,32 @@ def test_bench_long_range_refuses_bad_flags_before_training(tmp_path, capsys):
     (tmp_path / "full" / "x").write_text("x")
     for argv, words in [(["--rows", "mem64,nope"], "--rows takes names among"),
                         (["--seeds", "0"], "--seeds must be >= 1"),
+                        (["--first-seed", "-1"], "--first-seed must be >= 0"),
                         (["--out", tmp_path / "full"], "is not an empty folder"),
                         (["--json", tmp_path / "r.json"], "--json does not apply to --long-range")]:
         code, _, err = run_cli(capsys, "bench", "--long-range", *argv)
         assert code == 2 and words in one_error_line(err), err
     code, _, err = run_cli(capsys, "bench", "--rows", "mem64")
     assert code == 2 and "--rows applies to --long-range only" in one_error_line(err)
+    code, _, err = run_cli(capsys, "bench", "--first-seed", "2")
+    assert code == 2 and "--first-seed applies to --long-range only" in one_error_line(err)
+
+
+def test_bench_long_range_first_seed_runs_the_seeds_from_it(tmp_path, capsys, monkeypatch):
+    """``--first-seed 2 --seeds 2`` trains seeds 2 and 3: a seed missing from a full run, run alone."""
+    import txl.analysis.long_range as long_range
+
+    seen = {}
+
+    def fake(out, *, rows, seeds, **kwargs):
+        seen.update(rows=[r.name for r in rows], seeds=seeds)
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / long_range.TABLE_NAME).write_text("table", encoding="utf-8")
+
+    monkeypatch.setattr(long_range, "run_long_range", fake)
+    code, out, _ = run_cli(capsys, "bench", "--long-range", "--rows", "cmem", "--first-seed", "2", "--seeds", "2",
+                           "--out", tmp_path / "lr", "-q")
+    assert code == 0 and seen == {"rows": ["cmem"], "seeds": (2, 3)} and "table" in out
 
 
 def test_fact_attention_equals_the_mass_one_long_pass_puts_on_the_value_bytes(filler):

@@ -54,6 +54,41 @@ def test_state_equals_the_memory_recomputed_every_call(overrides):
 
 
 @pytest.mark.parametrize("overrides", CASES)
+def test_each_sub_layer_step_equals_its_forward(overrides):
+    """Layer by layer, token after token through several turns of the ring: the attention sub-layer's
+    one-token ``step`` (ring buffers, rotated position table) equals its ``forward`` over the hidden-state
+    memory, and the feed-forward ``step`` its ``forward``, each given the same input (float64, 1e-10), so
+    that a drift between the two paths is found in the sub-layer where it starts."""
+    from txl.model.attention import attention_mask, relative_positions, sinusoid
+
+    model = _big_weights(tiny_model(tgt_len=4, **overrides))
+    c, span = model.config, model.config.span
+    state = DecodingState(c.n_layer, span)
+    tokens = torch.randint(0, 37, (2, 40), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        model(tokens[:, :3], caches=state)  # a multi-token start, then one token at a time
+        for t in range(3, tokens.size(1)):
+            mems = state.mems() or [None] * c.n_layer
+            mlen = 0 if mems[0] is None else mems[0].size(1)
+            mask = attention_mask(1, mlen, span.same_length, span.mem_len, "cpu")
+            pos_emb = None
+            if c.attn_type == "rel":
+                pos_emb = sinusoid(relative_positions(mlen + 1, span.clamp_len, "cpu"), c.d_model).double()
+            period = state.prepare_step(0, 0)  # the plumbing TransformerXLLM._step does around the layers
+            if period is not None and c.attn_type == "rel":
+                state.pos_emb = sinusoid(relative_positions(period, span.clamp_len, "cpu"), c.d_model).double()
+            state.bind(2, torch.float64)
+            h = model.word_emb(tokens[:, t:t + 1])
+            for layer, cache, mem in zip(model.layers, state.layers, mems):
+                attended = layer.attn(h, mem, pos_emb, mask)
+                torch.testing.assert_close(layer.attn.step(h, cache), attended, rtol=0, atol=1e-10)
+                h = layer.ff(attended)
+                torch.testing.assert_close(layer.ff.step(attended), h, rtol=0, atol=1e-10)
+            state.advance()
+    assert tokens.size(1) > 3 * state.capacity  # the ring has turned over several times
+
+
+@pytest.mark.parametrize("overrides", CASES)
 def test_segments_after_the_memory_are_views_of_the_buffers(overrides):
     """Multi-token calls after the memory (as evaluation makes them) write their keys after the memory and
     attend through one view of the buffers: through growth, slots moving forward, moves back to position 0,

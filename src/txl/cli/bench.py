@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rows", default=None, metavar="A,B,...",
                    help="--long-range: rows to train (default all: mem64,mem256,mem1024,cmem,mem0,abs,mem64-bptt4)")
     g.add_argument("--seeds", type=int, default=3, metavar="N", help="--long-range: seeds per row (default 3)")
+    g.add_argument("--first-seed", type=int, default=0, metavar="S",
+                   help="--long-range: the first seed (default 0): --first-seed 2 --seeds 1 runs seed 2 alone, "
+                        "with the numbers it gives in a full run")
     g.add_argument("--steps", type=int, default=None, metavar="N",
                    help="--long-range: training steps per row (default 1000, of 32 episodes each)")
     g.add_argument("--episodes", type=int, default=None, metavar="N",
@@ -113,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-LONG_RANGE_FLAGS = ("--out", "--rows", "--seeds", "--steps", "--episodes", "--distances", "--quiet")
+LONG_RANGE_FLAGS = ("--out", "--rows", "--seeds", "--first-seed", "--steps", "--episodes", "--distances", "--quiet")
 
 
 def _check_modes(args: argparse.Namespace) -> None:
@@ -124,6 +127,7 @@ def _check_modes(args: argparse.Namespace) -> None:
              "--lengths": args.lengths != LENGTHS, "--eval-speedup": args.eval_speedup,
              "--repeats": args.repeats != 5, "--json": args.json is not None,
              "--out": args.out is not None, "--rows": args.rows is not None, "--seeds": args.seeds != 3,
+             "--first-seed": args.first_seed != 0,
              "--steps": args.steps is not None, "--episodes": args.episodes is not None,
              "--distances": args.distances is not None, "--quiet": args.quiet}
     if args.long_range:
@@ -151,6 +155,7 @@ def _long_range(args: argparse.Namespace) -> int:
     from txl.cli.checks import check_range
 
     check_range(args, 1, "seeds", "steps", "episodes")
+    check_range(args, 0, "first_seed")
     known = ("mem64", "mem256", "mem1024", "cmem", "mem0", "abs", "mem64-bptt4")  # analysis.long_range.ROWS (no torch)
     names = [n.strip() for n in args.rows.split(",")] if args.rows else list(known)
     unknown = [n for n in names if n not in known]
@@ -172,7 +177,7 @@ def _long_range(args: argparse.Namespace) -> int:
     budget = Budget(**{**budget.__dict__, **{k: v for k, v in (("steps", args.steps), ("episodes", args.episodes))
                                               if v is not None}})
     rows = tuple(r for r in ROWS if r.name in names)
-    run_long_range(out, rows=rows, seeds=tuple(range(args.seeds)), budget=budget, distances=distances or DISTANCES,
+    run_long_range(out, rows=rows, seeds=tuple(range(args.first_seed, args.first_seed + args.seeds)), budget=budget, distances=distances or DISTANCES,
                    progress=not args.quiet, log=lambda m: print(m, file=sys.stderr, flush=True))
     print(Path(out, TABLE_NAME).read_text(encoding="utf-8"))
     print(f"wrote {out}/{TABLE_NAME}, results.json and long_range.png")
