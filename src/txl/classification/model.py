@@ -24,6 +24,7 @@ from torch import nn
 
 from txl.classification.serialization import load_classifier_weights, read_classifier, save_classifier
 from txl.errors import TxlError
+from txl.evaluation.segments import segments
 from txl.model.config import TransformerXLConfig, check_fields
 from txl.model.parameters import init_weights
 from txl.model.transformer import TransformerXLLM
@@ -221,33 +222,21 @@ class TransformerXLForSequenceClassification(nn.Module):
         return self._pool(h, counts)
 
     def _encode_with_memory(self, input_ids: torch.Tensor, lengths: torch.Tensor, tgt_len: int) -> torch.Tensor:
-        """Read every segment with the memory; pool each row in the segment holding its last token."""
-        grad = torch.is_grad_enabled()
+        """Read every segment with the memory (the segment loop of :mod:`txl.evaluation.segments`); pool
+        each row in the segment holding its last token."""
         last_seg = (lengths - 1) // tgt_len  # [B] segment of each row's last real token
         k = self.classifier.grad_segments
-        # row b gets gradients through segments window[b] .. last_seg[b]
-        window = (last_seg - k + 1).clamp(min=0) if k is not None else torch.zeros_like(last_seg)
-        grad_from = int(window.min()) if grad else int(last_seg.max()) + 1
-        active = torch.arange(input_ids.size(0), device=input_ids.device)
-        mems = None
+        grad_from = None
+        if torch.is_grad_enabled():  # row b gets gradients through segments grad_from[b] .. last_seg[b]
+            grad_from = (last_seg - k + 1).clamp(min=0) if k is not None else torch.zeros_like(last_seg)
         rows_out, vecs_out = [], []
-        for s in range(int(last_seg.max()) + 1):
-            running = last_seg[active] >= s
-            if not bool(running.all()):  # drop rows whose document has ended
-                active = active[running]
-                mems = [m[running] for m in mems]
-            seg_len = min(tgt_len, int(lengths[active].max()) - s * tgt_len)
-            ids = input_ids[active, s * tgt_len:s * tgt_len + seg_len]
-            with torch.set_grad_enabled(s >= grad_from):
-                if mems is not None and s >= grad_from:
-                    cut = (window[active] >= s)[:, None, None]  # memory entering s is outside these rows' window
-                    mems = [torch.where(cut, m.detach(), m) for m in mems]
-                h, mems = self.body.hidden_states(ids, mems, detach_mems=not (s >= grad_from))
-            ending = last_seg[active] == s
+        for seg in segments(self.body, input_ids[:, :int(lengths.max())], span=self.body.config.span, lengths=lengths,
+                            grad=grad_from is not None, grad_from=grad_from, hidden=True):
+            ending = last_seg[seg.rows] == seg.index
             if bool(ending.any()):
-                rows = active[ending]
+                rows = seg.rows[ending]
                 rows_out.append(rows)
-                vecs_out.append(self._pool(h[ending], lengths[rows] - s * tgt_len))
+                vecs_out.append(self._pool(seg.hidden[ending], lengths[rows] - seg.start))
         rows = torch.cat(rows_out)
         pooled = torch.cat(vecs_out)
         return pooled[torch.argsort(rows)]

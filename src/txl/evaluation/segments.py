@@ -1,9 +1,9 @@
 """The segment loop of every reading function: read token rows segment by segment, carrying the memory (paper §3.2).
 
 Evaluation, document scoring, dynamic evaluation, gradient statistics, attention maps, RECL's
-exact-context windows and generation's prompt priming all read text the same way: cut the rows into
-consecutive segments of ``span.tgt_len`` columns, run each with the memory of the previous one, and
-carry the new memory on. :func:`segments` is that loop; callers consume what it yields. State is
+exact-context windows, generation's prompt priming and the classifiers' reading of documents all read
+text the same way: cut the rows into consecutive segments of ``span.tgt_len`` columns, run each with
+the memory of the previous one, and carry the new memory on. :func:`segments` is that loop; callers consume what it yields. State is
 explicit: the memory goes in (``mems``) and comes out with every :class:`Segment`.
 """
 
@@ -37,6 +37,8 @@ class Segment:
         mems: the memory the segment was read with (``n_layer`` tensors [b, M, d_model]) or None.
         output: the model's :class:`~txl.model.LMOutput`; ``output.mems`` is the memory carried
             to the next segment (detached). Holds the autograd graph when read with ``grad=True``.
+            Read with ``hidden=True``: only ``output.mems`` is set (no logits, no loss).
+        hidden: float [b, t, d_model] the last layer's states when read with ``hidden=True``, else None.
     """
 
     index: int
@@ -46,13 +48,14 @@ class Segment:
     labels: torch.Tensor | None
     mems: Mems | None
     output: LMOutput
+    hidden: torch.Tensor | None = None
 
 
 def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *, span: AttentionSpan,
              mems: Mems | None = None, lengths: torch.Tensor | list[int] | None = None, dtype: str = "float32",
              grad: bool = False, caches: DecodingState | None = None,
              positions: Sequence[tuple[int, int]] | None = None,
-             grad_from: torch.Tensor | None = None) -> Iterator[Segment]:
+             grad_from: torch.Tensor | None = None, hidden: bool = False) -> Iterator[Segment]:
     """Read ``inputs`` in segments of ``span.tgt_len`` columns, carrying the memory; yield each :class:`Segment`.
 
     Segment k covers columns ``[k * tgt_len, (k + 1) * tgt_len)`` (the last may be shorter) and is
@@ -87,18 +90,25 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
             later segment back-propagates through the earlier ones of the window. A segment in which
             no row is inside its window runs under ``torch.no_grad``. None: every segment with
             autograd and the memory detached between segments (the paper's stop-gradient).
+        hidden: yield the last layer's states (:attr:`Segment.hidden`, from
+            :meth:`~txl.model.TransformerXLLM.hidden_states`) instead of the softmax's output, for
+            heads other than the language model's (:mod:`txl.classification`); needs ``labels``
+            and ``caches`` None.
 
     Yields:
         :class:`Segment` objects, one per segment with at least one row.
 
     Raises:
-        TxlError: inputs that are not [B, N], labels or lengths of another shape, or a ``span``
-            that is not an :class:`~txl.model.AttentionSpan`; and what the model raises.
+        TxlError: inputs that are not [B, N], labels or lengths of another shape, a ``span``
+            that is not an :class:`~txl.model.AttentionSpan`, ``hidden`` with labels or caches; and
+            what the model raises.
     """
     if not isinstance(span, AttentionSpan):
         raise TxlError(f"span must be an AttentionSpan, got {type(span).__name__}")
     if inputs.dim() != 2:
         raise TxlError(f"inputs must be [rows, tokens], got shape {tuple(inputs.shape)}")
+    if hidden and (labels is not None or caches is not None):
+        raise TxlError("hidden=True reads states for another head: give no labels and no caches")
     if labels is not None and labels.shape != inputs.shape:
         raise TxlError(f"labels shape {tuple(labels.shape)} differs from inputs {tuple(inputs.shape)}")
     n_rows, width = inputs.shape
@@ -141,12 +151,17 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
             if keep_graph and mems is not None:
                 cut = (window >= index)[:, None, None]  # the memory entering the window's first segment
                 mems = [torch.where(cut, m.detach(), m) for m in mems]
+        detach = grad_from is None or not keep_graph  # else the memory keeps the window's graph
+        states = None
         with torch.set_grad_enabled(keep_graph), autocast(device, dtype):
-            if grad_from is None or not keep_graph:
+            if hidden:
+                states, new_mems = model.hidden_states(x, mems, detach_mems=detach, span=span)
+                out = LMOutput(logits=None, loss=None, mems=new_mems)
+            elif detach:
                 out = model(x, mems=mems, labels=y, caches=caches, span=span)
             else:
                 out = model(x, mems=mems, labels=y, caches=caches, span=span, detach_mems=False)
-        yield Segment(index=index, start=start, rows=rows, inputs=x, labels=y, mems=mems, output=out)
+        yield Segment(index=index, start=start, rows=rows, inputs=x, labels=y, mems=mems, output=out, hidden=states)
         mems = out.mems
 
 
