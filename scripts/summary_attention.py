@@ -47,7 +47,7 @@ def name_shares(model, tokenizer, sep_id: int, pairs: list[dict], span) -> tuple
     """Per pair: the distance of the name from the separator (tokens), the share per layer (float64
     [n, n_layer]) and what uniform attention over the separator's keys would give (float64 [n])."""
     from txl.analysis.attention_maps import segment_probabilities
-    from txl.evaluation.segments import eval_mode, segments
+    from txl.model.segments import eval_mode, segments
 
     n_layer = len(model.layers)
     distances, shares, uniform = [], np.zeros((len(pairs), n_layer)), np.zeros(len(pairs))

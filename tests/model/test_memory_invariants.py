@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from conftest import run_segments, tiny_model
-from txl.evaluation.segments import decoding_state
+from txl.model.segments import decoding_state
 from txl.model import attention, reference
 
 TOL = 1e-10  # float64 rounding differences between the batched and per-position sums are ~1e-14

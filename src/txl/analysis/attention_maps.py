@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from txl.errors import TxlError
-from txl.evaluation.segments import eval_mode, segments
+from txl.model.segments import eval_mode, segments
 from txl.model import reference
 from txl.model.compressive import layer_memory, split_mems
 from txl.model.span import AttentionSpan, resolve_span
@@ -72,7 +72,7 @@ def mean_attention_distance(model, tokens: np.ndarray, *, tgt_len: int | None = 
     """Average attention distance per layer and head over a text, with the memory carried.
 
     The text is read in segments of ``tgt_len`` (memory of ``mem_len``, as in evaluation, through
-    :func:`txl.evaluation.segments.segments`, in eval mode; ``model.config`` is not changed); for every
+    :func:`txl.model.segments.segments`, in eval mode; ``model.config`` is not changed); for every
     query the expected distance ``sum_j p_ij (M + i - j)`` in tokens is averaged over queries and
     segments. With a compressed memory (``cmem_len``, None: the model's) distances count key slots:
     a compressed slot is one step older than the slot after it (see :mod:`txl.model.compressive`);

@@ -23,7 +23,7 @@ import torch
 from txl.config import DTYPES
 from txl.errors import TxlError
 from txl.analysis.bench_generation import GEN_BATCHES, GEN_CONTEXTS, format_generation, generation_table
-from txl.evaluation.segments import decoding_state
+from txl.model.segments import decoding_state
 from txl.model import TransformerXLConfig, TransformerXLLM
 from txl.runtime import cpu_flags, resident_bytes
 

@@ -40,7 +40,7 @@ from txl.data.long_range import CLOSE, FACT, TASKS, VALUE_BYTES, episode, episod
 from txl.data.tokenizers.simple import ByteTokenizer
 from txl.errors import TxlError
 from txl.evaluation.retrieval import retrieval_score
-from txl.evaluation.segments import eval_mode, segments
+from txl.model.segments import eval_mode, segments
 from txl.fileio import atomic_write, claim_folder, write_json
 from txl.model import TransformerXLConfig
 from txl.model.span import AttentionSpan

@@ -258,7 +258,7 @@ def context_losses(model, tokens: np.ndarray, contexts: list[int], positions: np
     import torch
     import torch.nn.functional as F
 
-    from txl.evaluation.segments import eval_mode, segments
+    from txl.model.segments import eval_mode, segments
 
     data = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
     positions = np.asarray(positions, dtype=np.int64)

@@ -24,7 +24,7 @@ from torch import nn
 
 from txl.classification.serialization import load_classifier_weights, read_classifier, save_classifier
 from txl.errors import TxlError
-from txl.evaluation.segments import segments
+from txl.model.segments import segments
 from txl.model.config import TransformerXLConfig, check_fields
 from txl.model.parameters import init_weights
 from txl.model.transformer import TransformerXLLM
@@ -222,7 +222,7 @@ class TransformerXLForSequenceClassification(nn.Module):
         return self._pool(h, counts)
 
     def _encode_with_memory(self, input_ids: torch.Tensor, lengths: torch.Tensor, tgt_len: int) -> torch.Tensor:
-        """Read every segment with the memory (the segment loop of :mod:`txl.evaluation.segments`); pool
+        """Read every segment with the memory (the segment loop of :mod:`txl.model.segments`); pool
         each row in the segment holding its last token."""
         last_seg = (lengths - 1) // tgt_len  # [B] segment of each row's last real token
         k = self.classifier.grad_segments

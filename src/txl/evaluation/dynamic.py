@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from txl.errors import TxlError
-from txl.evaluation.segments import eval_mode, segments
+from txl.model.segments import eval_mode, segments
 from txl.evaluation.stream import EvalResult, token_tensor
 from txl.model.span import AttentionSpan, resolve_span
 from txl.runtime import progress_bar
@@ -70,7 +70,7 @@ def gradient_statistics(model, tokens: np.ndarray, *, tgt_len: int | None = None
 
     Segments of ``tgt_len`` targets are read in order from ``tokens`` (typically the training
     split) with the memory carried, batch size 1, dropout off, as dynamic evaluation reads the test
-    text (Krause et al. 2018, §5), through :func:`txl.evaluation.segments.segments`. The weights
+    text (Krause et al. 2018, §5), through :func:`txl.model.segments.segments`. The weights
     are not changed. ``tgt_len``/``mem_len`` override the model's span (or ``span``); ``model.config``
     is not changed. ``progress`` (True or a label): a progress bar over the segments on stderr.
 

@@ -2,7 +2,7 @@
 
 The episodes of :mod:`txl.data.long_range` hold a question whose answer bytes are known. A model
 reads each episode as it reads any text: segment by segment with its memory (paper §3.2) through
-:func:`txl.evaluation.segments.segments`, or, for a vanilla model (``attn_type="abs"``), with a
+:func:`txl.model.segments.segments`, or, for a vanilla model (``attn_type="abs"``), with a
 window of the last ``context`` tokens before each answer byte (the paper's vanilla protocol, §3.1).
 Answers are teacher-forced: the prediction of answer byte i sees the true bytes before it, and an
 answer is right when every byte's arg max is the true byte.
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from txl.config import IGNORE_INDEX
-from txl.evaluation.segments import eval_mode, segments
+from txl.model.segments import eval_mode, segments
 from txl.model.span import AttentionSpan
 
 __all__ = ["RetrievalScore", "retrieval_score"]

@@ -30,7 +30,7 @@ import torch
 
 from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
-from txl.evaluation.segments import decoding_state, eval_mode, segments
+from txl.model.segments import decoding_state, eval_mode, segments
 from txl.evaluation.stream import metric_value
 from txl.model.span import AttentionSpan, resolve_span
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from txl.config import IGNORE_INDEX
 from txl.data import LMOrderedIterator
 from txl.errors import TxlError
-from txl.evaluation.segments import decoding_state, eval_mode, segments
+from txl.model.segments import decoding_state, eval_mode, segments
 from txl.model.span import AttentionSpan, resolve_span
 from txl.runtime import autocast, progress_bar
 
@@ -96,7 +96,7 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
              progress: bool | str = False) -> EvalResult:
     """Score a token stream segment by segment, carrying the memory (paper §3.2 evaluation).
 
-    The streams are read with :func:`txl.evaluation.segments.segments`, in eval mode (the model's
+    The streams are read with :func:`txl.model.segments.segments`, in eval mode (the model's
     mode is restored afterwards).
 
     Args:

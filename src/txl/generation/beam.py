@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from txl.errors import TxlError
-from txl.evaluation.segments import eval_mode
+from txl.model.segments import eval_mode
 from txl.generation.sampling import DecodingRules, check_decoding, rules_from
 from txl.generation.stream import prime_memory
 from txl.model.decoding import DecodingState

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from txl.errors import TxlError
-from txl.evaluation.segments import eval_mode, segments
+from txl.model.segments import eval_mode, segments
 from txl.generation.sampling import Chooser, DecodingRules, Generators, rules_from
 from txl.model.decoding import DecodingState
 from txl.model.inputs import check_input_ids
@@ -23,7 +23,7 @@ def prime_memory(model, input_ids: torch.Tensor, mems: Mems | None = None,
     """Feed ``input_ids`` (int64 [B, T], T >= 0) through the model in segments of ``span.tgt_len`` and
     return the memory (``n_layer`` tensors [B, <= mem_len, d_model]; ``mems`` itself when T = 0).
 
-    The segments go through :func:`txl.evaluation.segments.segments` (paper §3.2 recurrence). With
+    The segments go through :func:`txl.model.segments.segments` (paper §3.2 recurrence). With
     ``caches`` (a :class:`~txl.model.DecodingState`, whose span is then used) the state is filled
     instead and holds the memory: the return value is None once a segment was read. ``span`` None:
     the model's training span.

@@ -1,4 +1,5 @@
-"""Transformer-XL model: config, attention span, attention, memory and the language model."""
+"""Transformer-XL model: config, attention span, attention, memory, the language model and the segment
+loop that reads text with it (:mod:`txl.model.segments`)."""
 
 from txl.model.decoding import DecodingState, LayerCache
 from txl.model.config import TransformerXLConfig

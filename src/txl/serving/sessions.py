@@ -37,7 +37,7 @@ import torch
 
 from txl.data.tokenizers.incremental import TextCursor
 from txl.errors import TxlError
-from txl.evaluation.segments import segments
+from txl.model.segments import segments
 from txl.model.memory import Mems
 from txl.model.span import AttentionSpan
 
