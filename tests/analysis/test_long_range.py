@@ -248,3 +248,31 @@ def test_fact_shares_with_a_full_memory_equal_layer_0_of_one_pass_renormalised_o
         assert got[b, 0] == pytest.approx(want, rel=1e-9, abs=1e-12), (b, e.distance)
         seen += bool(on_value)
     assert 0 < seen < len(eps)  # some facts in view, some beyond it
+
+
+def _merge_script():
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("long_range_merge", ROOT / "scripts" / "long_range_merge.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_merge_adds_seeds_and_rows_and_refuses_conflicts():
+    merge = _merge_script().merge
+    seed = lambda s: {"seed": s, "scores": {"pass-key": {"16": {"accuracy": s / 4}}}}  # noqa: E731
+    row = lambda name, seeds, reach=128: {"name": name, "reach": reach, "distances": [16], "seeds": seeds}  # noqa: E731
+    base = {"budget": {"steps": 1000}, "command": "c", "rows": [row("mem64", [seed(0), seed(1)])]}
+    part = {"budget": {"steps": 1000}, "rows": [row("mem64", [seed(2)]), row("abs", [seed(0)], reach=320)]}
+    merged = merge(base, [("part", part)])
+    assert merged["seeds_per_row"] == {"mem64": [0, 1, 2], "abs": [0]} and merged["command"] == "c"
+    assert [s["scores"]["pass-key"]["16"]["accuracy"] for s in merged["rows"][0]["seeds"]] == [0, 0.25, 0.5]
+    assert base["rows"][0]["seeds"] == [seed(0), seed(1)]  # the base is not changed
+    for bad, words in [({"budget": {"steps": 1000}, "rows": [row("mem64", [seed(1)])]}, "seed 1 is already"),
+                       ({"budget": {"steps": 3000}, "rows": [row("mem64", [seed(2)])]}, "budget"),
+                       ({"budget": {"steps": 1000}, "rows": [row("mem64", [seed(2)], reach=64)]}, "other settings")]:
+        with pytest.raises(SystemExit, match=words):
+            merge(base, [("bad", bad)])

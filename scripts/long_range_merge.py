@@ -1,0 +1,96 @@
+"""Merge the results of `txl bench --long-range` runs made as parts (rows or seeds run apart) into one JSON.
+
+    PYTHONPATH=src python scripts/long_range_merge.py benchmarks/results/long-range.json \\
+        runs/lr-cmem-seed2/results.json runs/lr-rest-seed2/results.json \\
+        --out benchmarks/results/long-range.json --table runs/long_range.md --plot docs/images/long_range.png
+
+The first file is the base: its keys other than the rows are kept (the command, the machine, notes).
+Each later file's seeds are added to the row of the same name (a row the base lacks is added whole);
+a seed already present in that row, a row whose settings differ or a budget that differs is refused
+with one line, before anything is written. ``seeds_per_row`` is brought up to date. The merged JSON
+is written atomically; ``--table`` writes the markdown tables of the suite and ``--plot`` its plot
+(accuracy against distance, one line per row) from the merged results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+
+def merge(base: dict, parts: list[tuple[str, dict]]) -> dict:
+    """``base`` with the rows and seeds of ``parts`` added (a new dict); raises SystemExit on a conflict."""
+    merged = json.loads(json.dumps(base))
+    rows = {r["name"]: r for r in merged["rows"]}
+    for name, part in parts:
+        if part.get("budget") != merged.get("budget"):
+            raise SystemExit(f"{name}: its budget {part.get('budget')} differs from the base's "
+                             f"{merged.get('budget')}; results of different budgets are not one table")
+        for row in part["rows"]:
+            if row["name"] not in rows:
+                merged["rows"].append(row)
+                rows[row["name"]] = row
+                continue
+            have = rows[row["name"]]
+            settings = [k for k in row if k not in ("seeds", "distances")]  # the row's fields, reach, training
+            if any(have.get(k) != row[k] for k in settings):
+                raise SystemExit(f"{name}: row {row['name']} was run with other settings than the base's; "
+                                 "merge only runs of the same row")
+            seen = {s["seed"] for s in have["seeds"]}
+            for s in row["seeds"]:
+                if s["seed"] in seen:
+                    raise SystemExit(f"{name}: row {row['name']} seed {s['seed']} is already in the base; "
+                                     "leave that file out or run another seed (--first-seed)")
+                have["seeds"].append(s)
+                seen.add(s["seed"])
+            have["seeds"].sort(key=lambda s: s["seed"])
+            have["distances"] = sorted(set(have["distances"]) | set(row["distances"]))
+    merged["seeds_per_row"] = {r["name"]: [s["seed"] for s in r["seeds"]] for r in merged["rows"]}
+    return merged
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("base", help="results JSON to add to (kept as it is; --out may name it)")
+    ap.add_argument("parts", nargs="+", help="results.json files of `txl bench --long-range` runs")
+    ap.add_argument("--out", required=True, help="merged JSON to write")
+    ap.add_argument("--table", help="also write the markdown tables here (a new file)")
+    ap.add_argument("--plot", help="also draw the plot here (.png; replaced if it exists)")
+    args = ap.parse_args()
+    loaded = []
+    for path in [args.base, *args.parts]:
+        p = Path(path)
+        if not p.is_file():
+            raise SystemExit(f"{path} is not a file: give results.json files written by txl bench --long-range")
+        try:
+            loaded.append((path, json.loads(p.read_text(encoding="utf-8"))))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise SystemExit(f"{path} is not JSON ({e}); give results.json files written by txl bench --long-range")
+        if not isinstance(loaded[-1][1], dict) or not isinstance(loaded[-1][1].get("rows"), list):
+            raise SystemExit(f"{path} has no rows: give results.json files written by txl bench --long-range")
+    if args.table and Path(args.table).exists():
+        raise SystemExit(f"--table {args.table} exists; choose a new file (nothing was written)")
+    merged = merge(loaded[0][1], loaded[1:])
+
+    from txl.analysis.long_range import format_table, plot_series
+    from txl.fileio.writes import atomic_write, write_json
+
+    write_json(args.out, merged)
+    if args.table:
+        table = format_table(merged)
+        atomic_write(args.table, lambda tmp: Path(tmp).write_text(table, encoding="utf-8"), overwrite=False)
+    if args.plot:
+        from txl.analysis.plots import plot_long_range
+
+        plot_long_range(plot_series(merged), args.plot)
+    print(f"wrote {args.out}: " + ", ".join(f"{k} seeds {v}" for k, v in merged["seeds_per_row"].items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
