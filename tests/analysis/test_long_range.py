@@ -185,6 +185,12 @@ def test_bench_long_range_first_seed_runs_the_seeds_from_it(tmp_path, capsys, mo
     code, out, _ = run_cli(capsys, "bench", "--long-range", "--rows", "cmem", "--first-seed", "2", "--seeds", "2",
                            "--out", tmp_path / "lr", "-q")
     assert code == 0 and seen == {"rows": ["cmem"], "seeds": (2, 3)} and "table" in out
+    # the default rows are the equal-budget ones; mem64-bptt2 (3,000 steps in the docs) runs when named
+    assert run_cli(capsys, "bench", "--long-range", "--out", tmp_path / "all", "-q")[0] == 0
+    assert seen["rows"] == ["mem64", "mem256", "mem1024", "cmem", "mem0", "abs", "mem64-bptt4"]
+    assert seen["seeds"] == (0, 1, 2)
+    assert run_cli(capsys, "bench", "--long-range", "--rows", "mem64-bptt2", "--out", tmp_path / "b2", "-q")[0] == 0
+    assert seen["rows"] == ["mem64-bptt2"]
 
 
 def test_fact_attention_equals_the_mass_one_long_pass_puts_on_the_value_bytes(filler):

@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--out", default=None, metavar="DIR",
                    help="--long-range: new or empty output folder (default runs/long-range)")
     g.add_argument("--rows", default=None, metavar="A,B,...",
-                   help="--long-range: rows to train (default all: mem64,mem256,mem1024,cmem,mem0,abs,mem64-bptt4)")
+                   help="--long-range: rows to train (default the equal-budget rows: mem64,mem256,mem1024,cmem,mem0,abs,"
+                        "mem64-bptt4; also mem64-bptt2, the recipe that uses the stacked reach: docs/long-range.md)")
     g.add_argument("--seeds", type=int, default=3, metavar="N", help="--long-range: seeds per row (default 3)")
     g.add_argument("--first-seed", type=int, default=0, metavar="S",
                    help="--long-range: the first seed (default 0): --first-seed 2 --seeds 1 runs seed 2 alone, "
@@ -156,8 +157,9 @@ def _long_range(args: argparse.Namespace) -> int:
 
     check_range(args, 1, "seeds", "steps", "episodes")
     check_range(args, 0, "first_seed")
-    known = ("mem64", "mem256", "mem1024", "cmem", "mem0", "abs", "mem64-bptt4")  # analysis.long_range.ROWS (no torch)
-    names = [n.strip() for n in args.rows.split(",")] if args.rows else list(known)
+    default = ("mem64", "mem256", "mem1024", "cmem", "mem0", "abs", "mem64-bptt4")  # analysis.long_range.ROWS (no torch)
+    known = (*default, "mem64-bptt2")  # and EXTRA_ROWS, run only when named
+    names = [n.strip() for n in args.rows.split(",")] if args.rows else list(default)
     unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise TxlError(f"--rows takes names among {', '.join(known)}, got {args.rows!r}")
@@ -169,14 +171,14 @@ def _long_range(args: argparse.Namespace) -> int:
         raise TxlError(f"--out {out} already exists and is not an empty folder; choose a new folder (nothing was changed)")
     require_installed("matplotlib", message="--long-range draws its plot with matplotlib: in the txl folder, "
                                             ".venv/bin/python -m pip install -e '.[plot]'")
-    from txl.analysis.long_range import DISTANCES, ROWS, TABLE_NAME, Budget, run_long_range
+    from txl.analysis.long_range import DISTANCES, EXTRA_ROWS, ROWS, TABLE_NAME, Budget, run_long_range
 
     note_threads(args)
     print_notes(args)
     budget = Budget()
     budget = Budget(**{**budget.__dict__, **{k: v for k, v in (("steps", args.steps), ("episodes", args.episodes))
                                               if v is not None}})
-    rows = tuple(r for r in ROWS if r.name in names)
+    rows = tuple(r for r in ROWS + EXTRA_ROWS if r.name in names)
     run_long_range(out, rows=rows, seeds=tuple(range(args.first_seed, args.first_seed + args.seeds)), budget=budget, distances=distances or DISTANCES,
                    progress=not args.quiet, log=lambda m: print(m, file=sys.stderr, flush=True))
     print(Path(out, TABLE_NAME).read_text(encoding="utf-8"))
