@@ -282,3 +282,19 @@ def test_merge_adds_seeds_and_rows_and_refuses_conflicts():
                        ({"budget": {"steps": 1000}, "rows": [row("mem64", [seed(2)], reach=64)]}, "other settings")]:
         with pytest.raises(SystemExit, match=words):
             merge(base, [("bad", bad)])
+
+
+def test_reachable_share_counts_both_answer_queries_by_hand():
+    """tgt_len 4, mem_len 2: an answer's queries at columns 7 and 8 (segment indices 3 and 0) see 2 + 3 and
+    2 + 0 tokens back in one layer, 4 + 3 and 4 + 0 in two; a value 5 back (query to key: 4) is out of the
+    second query's direct view, so the episode counts only for two layers."""
+    from types import SimpleNamespace
+
+    from txl.analysis.long_range import reachable_share
+
+    far = SimpleNamespace(tokens=list(range(10)), answer=8, distance=5)
+    near = SimpleNamespace(tokens=list(range(6)), answer=4, distance=3)  # padded to 10: queries at 7, 8 again
+    assert reachable_share([far], 4, 2, 1) == 0.0 and reachable_share([far], 4, 2, 2) == 1.0
+    assert reachable_share([far, near], 4, 2, 1) == 0.5  # near: 2 <= 2 + 0
+    assert reachable_share([far], 4, 2, 2, width=11) == 1.0  # shifted one column: indices 0 and 1
+    assert reachable_share([SimpleNamespace(tokens=list(range(10)), answer=8, distance=6)], 4, 2, 2) == 0.0

@@ -48,7 +48,7 @@ from txl.training.config import RunConfig
 from txl.training.loop import train
 from txl.training.stream_task import ExampleTask
 
-__all__ = ["Row", "ROWS", "EXTRA_ROWS", "DISTANCES", "Budget", "run_long_range", "format_table", "fact_attention"]
+__all__ = ["Row", "ROWS", "EXTRA_ROWS", "DISTANCES", "Budget", "run_long_range", "format_table", "fact_attention", "reachable_share"]
 
 DISTANCES = (16, 64, 256, 512, 1024, 2048, 4096, 8192)
 TABLE_NAME, JSON_NAME, PLOT_NAME = "long_range.md", "results.json", "long_range.png"
@@ -186,7 +186,8 @@ def examples(rng, filler: np.ndarray, n: int, distances: tuple[int, int], test: 
 
 def evaluate_row(model, row: Row, budget: Budget, distances: list[int], filler, seed: int) -> dict:
     """Exact-match accuracy (and byte accuracy) per task and distance on the test filler, and for plain
-    memory rows the attention on the fact at the question (:func:`fact_attention`, first 16 episodes)."""
+    memory rows the attention on the fact at the question (:func:`fact_attention`, first 16 episodes)
+    and the ceiling of accuracy through one layer and through all (``reachable``: :func:`reachable_share`)."""
     out: dict = {}
     span = AttentionSpan(budget.tgt_len, row.mem_len, clamp_len=budget.clamp_len, cmem_len=row.cmem_len) \
         if row.attn_type != "abs" else None
@@ -203,7 +204,36 @@ def evaluate_row(model, row: Row, budget: Budget, distances: list[int], filler, 
             if span is not None and not row.cmem_len:
                 out[task][str(d)]["fact_attention"] = fact_attention(model, episodes[:ATTENTION_EPISODES], span,
                                                                      width=tokens.shape[1])
+                out[task][str(d)]["reachable"] = [reachable_share(episodes, budget.tgt_len, row.mem_len, n)
+                                                  for n in (1, budget.n_layer)]  # direct, stacked
     return out
+
+
+def reachable_share(episodes: list, tgt_len: int, mem_len: int, layers: int, width: int | None = None) -> float:
+    """The share of ``episodes`` whose answer the model *could* read from the fact: the ceiling of accuracy.
+
+    Read as :func:`~txl.evaluation.retrieval.retrieval_score` reads them (left-padded to ``width``,
+    segments of ``tgt_len`` from column 0, memory ``mem_len``), a query at index i of its segment
+    sees keys up to ``mem_len + i`` tokens back in one layer; each further layer adds ``mem_len``
+    (its memory holds the previous layer's states of the last ``mem_len`` tokens, each of which saw
+    ``mem_len`` further back: paper §3.2, the O(N × L) dependency length). An episode counts when both
+    value bytes lie within ``layers × mem_len + i`` of the queries that predict them (the distance
+    between each answer byte's query and its value byte is ``d - 1``).
+
+    Args:
+        episodes: :class:`~txl.data.long_range.Episode` list; tgt_len, mem_len: the reading span;
+        layers: 1 for the direct reach, ``n_layer`` for the stacked reach; width: the padded length
+            (None: the longest episode's).
+
+    Returns:
+        a share in [0, 1].
+    """
+    width = max([len(e.tokens) for e in episodes] + [width or 0])
+    ok = 0
+    for e in episodes:
+        first = width - len(e.tokens) + e.answer - 1  # column of the query predicting the value's first byte
+        ok += all(e.distance - 1 <= layers * mem_len + q % tgt_len for q in (first, first + 1))
+    return ok / len(episodes)
 
 
 def fact_attention(model, episodes: list, span: AttentionSpan, width: int | None = None) -> list[float]:
