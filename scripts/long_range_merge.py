@@ -9,7 +9,8 @@ Each later file's seeds are added to the row of the same name (a row the base la
 a seed already present in that row, a row whose settings differ or a budget that differs is refused
 with one line, before anything is written. ``seeds_per_row`` is brought up to date. The merged JSON
 is written atomically; ``--table`` writes the markdown tables of the suite and ``--plot`` its plot
-(accuracy against distance, one line per row) from the merged results.
+(accuracy against distance, one line per row) from the merged results, with the rows of the
+``--plot-with`` files (other budgets, e.g. the 3,000-step mem64-bptt2) drawn beside them.
 """
 
 from __future__ import annotations
@@ -61,9 +62,11 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="merged JSON to write")
     ap.add_argument("--table", help="also write the markdown tables here (a new file)")
     ap.add_argument("--plot", help="also draw the plot here (.png; replaced if it exists)")
+    ap.add_argument("--plot-with", nargs="+", default=[], metavar="JSON",
+                    help="results JSONs of other budgets whose rows the plot draws too (not merged)")
     args = ap.parse_args()
     loaded = []
-    for path in [args.base, *args.parts]:
+    for path in [args.base, *args.parts, *args.plot_with]:
         p = Path(path)
         if not p.is_file():
             raise SystemExit(f"{path} is not a file: give results.json files written by txl bench --long-range")
@@ -75,7 +78,8 @@ def main() -> int:
             raise SystemExit(f"{path} has no rows: give results.json files written by txl bench --long-range")
     if args.table and Path(args.table).exists():
         raise SystemExit(f"--table {args.table} exists; choose a new file (nothing was written)")
-    merged = merge(loaded[0][1], loaded[1:])
+    extra = [results for _, results in loaded[len(loaded) - len(args.plot_with):]] if args.plot_with else []
+    merged = merge(loaded[0][1], loaded[1:len(loaded) - len(args.plot_with)])
 
     from txl.analysis.long_range import format_table, plot_series
     from txl.fileio.writes import atomic_write, write_json
@@ -87,7 +91,8 @@ def main() -> int:
     if args.plot:
         from txl.analysis.plots import plot_long_range
 
-        plot_long_range(plot_series(merged), args.plot)
+        drawn = {**merged, "rows": merged["rows"] + [r for results in extra for r in results["rows"]]}
+        plot_long_range(plot_series(drawn), args.plot)
     print(f"wrote {args.out}: " + ", ".join(f"{k} seeds {v}" for k, v in merged["seeds_per_row"].items()))
     return 0
 
