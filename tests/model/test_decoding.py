@@ -74,7 +74,8 @@ def test_each_sub_layer_step_equals_its_forward(overrides):
             pos_emb = None
             if c.attn_type == "rel":
                 pos_emb = sinusoid(relative_positions(mlen + 1, span.clamp_len, "cpu"), c.d_model).double()
-            period = state.prepare_step(0, 0)  # the plumbing TransformerXLLM._step does around the layers
+            klen = min(state.length + 1, state.capacity)
+            period = state.begin(1, klen, torch.device("cpu"), 0, 0)  # what TransformerXLLM._step does around the layers
             if period is not None and c.attn_type == "rel":
                 state.pos_emb = sinusoid(relative_positions(period, span.clamp_len, "cpu"), c.d_model).double()
             state.bind(2, torch.float64)
@@ -84,7 +85,7 @@ def test_each_sub_layer_step_equals_its_forward(overrides):
                 torch.testing.assert_close(layer.attn.step(h, cache), attended, rtol=0, atol=1e-10)
                 h = layer.ff(attended)
                 torch.testing.assert_close(layer.ff.step(attended), h, rtol=0, atol=1e-10)
-            state.advance()
+            state.commit(klen)
     assert tokens.size(1) > 3 * state.capacity  # the ring has turned over several times
 
 

@@ -339,22 +339,10 @@ class MultiHeadAttention(nn.Module):
         bsz, qlen, _ = h.shape
         hd = self.n_head * self.d_head
         w = self.qkv_net.weight  # [3*H*D, d]: rows W_q, W_kE, W_v
-        state = None if cache is None else cache.state
-        store = state is not None  # keep this call's keys/values in the state afterwards
-        if state is not None and state.length > 0:  # the memory's keys/values are in the cache
-            mlen = state.memory_length
+        if cache is not None and cache.state.length > 0:  # the memory's keys/values are in the cache
             x = self.layer_norm(h) if self.pre_lnorm else h
             q, k, v = (self._heads(t) for t in F.linear(x, w).split(hd, dim=-1))
-            viewed = state.segment_keys(cache, k, v, h)  # [memory + segment] as views of the buffers
-            hidden = None
-            if viewed is not None:  # already written after the memory
-                k, v = viewed
-                store = False
-            else:
-                k = torch.cat([state.ordered(cache.keys, mlen, 2), k], dim=2)
-                v = torch.cat([state.ordered(cache.values, mlen, 2), v], dim=2)
-                if cache.hidden is not None:
-                    hidden = torch.cat([state.ordered(cache.hidden, mlen, 1), h], dim=1)
+            k, v = cache.update(k, v, h)  # [memory + segment]
         else:
             mlen = 0 if mem is None else mem.size(1)
             cat = h if mlen == 0 else torch.cat([mem, h], dim=1)  # [B, K, d]
@@ -365,10 +353,9 @@ class MultiHeadAttention(nn.Module):
             detached = mlen > 0 and not mem.requires_grad and not self.pre_lnorm
             kv = memory_rows_linear(x, w[hd:], mlen) if detached else F.linear(x, w[hd:])
             k, v = (self._heads(t) for t in kv.split(hd, dim=-1))
-            hidden = cat
+            if cache is not None:  # a state's first call: keep the last keys/values
+                k, v = cache.update(k, v, cat)
         klen = k.size(2)
-        if store:
-            state.store(cache, k, v, hidden)
 
         dropatt = self.dropatt.p if self.training else 0.0
         if self.attn_type == "rel":
@@ -422,10 +409,9 @@ class MultiHeadAttention(nn.Module):
         norm = self.layer_norm  # functional calls on [B*H, ...] views: a step is mostly call overhead
         x = F.layer_norm(h, norm.normalized_shape, norm.weight, norm.bias, norm.eps) if self.pre_lnorm else h
         q, k, v = step_linear(x, self.qkv_net.weight).view(bsz, 3, heads, d_head).unbind(1)  # [B, H, D] each
-        state.write(cache, k.unsqueeze(2), v.unsqueeze(2), h)
-        klen = min(state.length + 1, state.capacity)
-        keys = cache.keys[:, :, state.start:state.start + klen].view(rows, klen, d_head)
-        values = cache.values[:, :, state.start:state.start + klen].view(rows, klen, d_head)
+        keys, values = cache.update(k.unsqueeze(2), v.unsqueeze(2), h)  # the filled slots, in slot order
+        klen = keys.size(2)
+        keys, values = keys.view(rows, klen, d_head), values.view(rows, klen, d_head)  # views: no copy
         if cache.pos_keys is None:
             cache.pos_keys = self._step_pos_keys(state, q.dtype)
             if self.attn_type == "rel":  # u and v times the scale, for q_c = (q + u) * scale in one operation

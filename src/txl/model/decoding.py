@@ -7,6 +7,13 @@ the memory is full, the newest token's key overwrites the oldest one's slot, and
 are read with the rotation that gives each slot its distance to the query. A decoding step then
 costs O(mem_len) attention work per layer and O(1) copies, whatever the length of the text.
 
+One protocol serves both kinds of call: the model calls :meth:`DecodingState.begin` (a one-token
+step after a memory, or a segment), then each layer hands its new keys and values to
+:meth:`LayerCache.update` and attends to what it returns, then the model calls
+:meth:`DecodingState.commit`. The one-token step keeps its own attention arithmetic (two small
+products per head, faster than the fused kernel for one query); a layer-level test holds each
+sub-layer's step equal to its forward.
+
 The state is owned by the caller and passed to :meth:`txl.model.TransformerXLLM.forward` as
 ``caches``; while it is in use it *is* the memory (``forward`` returns ``mems=None``; read the
 hidden-state memory with :meth:`DecodingState.mems`). Nothing is kept inside the model.
@@ -65,6 +72,49 @@ class LayerCache:
         self.query_biases: torch.Tensor | None = None
         self.segment_pos_keys: torch.Tensor | None = None  # [H, D, K + 1] of the last multi-token call ("rel")
 
+    def update(self, keys: torch.Tensor, values: torch.Tensor,
+               hidden: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Take the keys and values of the tokens this call adds; return what the call attends to.
+
+        The one per-layer call of the protocol, between :meth:`DecodingState.begin` and
+        :meth:`DecodingState.commit`, for both kinds of call:
+
+        - a one-token step after the memory: the token's key and value [B, H, 1, D] (and input
+          [B, 1, d]) go to slot ``next_slot``; returned are the filled slots [B, H, min(length + 1, S), D]
+          in slot order, views of the buffers (no copy; the step reads its position table rotated to
+          match, :meth:`DecodingState.pos_offset`);
+        - a multi-token call: keys and values [B, H, T, D] of its tokens (for a state's first call,
+          those of [starting memory + call]); returned are [memory + call] [B, H, M + T, D] in time
+          order, views of the buffers where the plan allows (CPU, room after the memory), else
+          concatenated; either way the last S are kept.
+
+        Args:
+            keys, values: float [B, H, n, D] in the state's dtype.
+            hidden: float [B, n, d_model], the layer's inputs for the same tokens (kept for
+                :meth:`DecodingState.mems`), or None.
+
+        Returns:
+            ``(keys, values)`` [B, H, K, D] each: what the call's queries attend to.
+        """
+        state = self.state
+        if state._plan is _STEP:
+            state._write(self, keys, values, hidden)
+            n = min(state.length + 1, state.capacity)
+            return self.keys.narrow(2, state.start, n), self.values.narrow(2, state.start, n)
+        if state.length == 0:  # the first call: its keys already cover a starting memory
+            state._store(self, keys, values, hidden)
+            return keys, values
+        viewed = state._segment_keys(self, keys, values, hidden)  # [memory + call] as views of the buffers
+        if viewed is not None:
+            return viewed
+        m = state.memory_length
+        keys = torch.cat([state.ordered(self.keys, m, 2), keys], dim=2)
+        values = torch.cat([state.ordered(self.values, m, 2), values], dim=2)
+        if self.hidden is not None:
+            hidden = torch.cat([state.ordered(self.hidden, m, 1), hidden], dim=1)
+        state._store(self, keys, values, hidden if self.hidden is not None else None)
+        return keys, values
+
 
 class DecodingState:
     """Caller-owned decoding state of a Transformer-XL model: the memory as ring buffers of keys/values.
@@ -78,7 +128,7 @@ class DecodingState:
 
     Multi-token calls after a memory on a CPU (evaluation, prompts) read the memory and the new keys
     as one view of the buffer, without concatenating them: once the memory is full the buffers get
-    ``room`` - S spare positions after the slots (:meth:`begin_segment`), the new keys are written right after the
+    ``room`` - S spare positions after the slots (:meth:`_begin_segment`), the new keys are written right after the
     memory, and the slots move forward (``start`` grows) instead of being copied. Only when the
     spare room is used up is the memory moved back to position 0: one copy every
     ``(room - S) / T`` calls of T tokens or so.
@@ -119,9 +169,9 @@ class DecodingState:
         self.length = 0
         self.next_slot = 0
         self.start = 0  # buffer position of slot 0
-        self.room = 0  # buffer positions per layer (grows with the text; see grown and begin_segment)
+        self.room = 0  # buffer positions per layer (grows with the text; see grown and _begin_segment)
         self.pos_period = 0  # distances the one-token steps' position tables cover (S once doubled)
-        self._plan: _SegmentPlan | None = None  # the multi-token call in progress (begin_segment)
+        self._plan: _SegmentPlan | object | None = None  # the call in progress (begin): a segment's plan, or _STEP
         self.batch_size: int | None = None
         self.pos_emb: torch.Tensor | None = None  # [P, d_model] sinusoid R for distances P-1 ... 0 ("rel")
         self.segment_klen = -1  # key length whose projected positions the layers hold (multi-token calls)
@@ -205,7 +255,43 @@ class DecodingState:
             return max(n, have // bytes_per_position)  # (less than want here)
         return want
 
-    def prepare_step(self, bytes_per_position: int, table_bytes_per_position: int) -> int | None:
+    def begin(self, qlen: int, klen: int, device: torch.device, bytes_per_position: int,
+              table_bytes_per_position: int = 0) -> int | None:
+        """Start a call of ``qlen`` tokens over ``klen`` keys (memory included), once nothing but the
+        memory it needs can reject it, just before the layers run; then each layer's
+        :meth:`LayerCache.update`, then :meth:`commit`.
+
+        A one-token call after a memory is a ring-buffer step (:meth:`_prepare_step`); any other
+        call is a segment (:meth:`_begin_segment`).
+
+        Args:
+            bytes_per_position: bytes of one buffer position over all layers (keys, values, inputs).
+            table_bytes_per_position: bytes of one distance of a step's position tables, all layers.
+
+        Returns:
+            For a step whose position tables must grow, their new period P (the caller builds
+            ``pos_emb`` for it); else None.
+
+        Raises:
+            TxlError: buffers or tables that do not fit in the available memory (nothing changed then).
+        """
+        if qlen == 1 and self.length > 0:
+            period = self._prepare_step(bytes_per_position, table_bytes_per_position)
+            self._plan = _STEP
+            return period
+        self._begin_segment(qlen, klen, device, bytes_per_position)
+        return None
+
+    def commit(self, klen: int) -> None:
+        """End the call :meth:`begin` started, after every layer's :meth:`LayerCache.update` (layers
+        read the old contents first, so the counters move only now). ``klen``: its key length."""
+        if self._plan is _STEP:
+            self._plan = None
+            self._advance()
+        else:
+            self._advance_to(klen)
+
+    def _prepare_step(self, bytes_per_position: int, table_bytes_per_position: int) -> int | None:
         """Before a one-token step: make the buffers and position tables cover it, or refuse it with
         nothing changed.
 
@@ -269,11 +355,11 @@ class DecodingState:
         index = torch.arange(self.next_slot - n, self.next_slot, device=buffer.device) % self.capacity
         return slots.index_select(dim, index)
 
-    def store(self, cache: LayerCache, keys: torch.Tensor, values: torch.Tensor, hidden: torch.Tensor | None) -> None:
+    def _store(self, cache: LayerCache, keys: torch.Tensor, values: torch.Tensor, hidden: torch.Tensor | None) -> None:
         """Keep the last ``S`` of a segment's keys/values [B, H, K, D] and inputs [B, K, d] in slots
         0 ... in time order (a call with no memory yet, or one too long for the spare room).
 
-        The counters move in :meth:`advance_to` once every layer has stored (layers read the old
+        The counters move in :meth:`commit` once every layer has stored (layers read the old
         contents first).
         """
         n = min(keys.size(2), self.capacity)
@@ -285,16 +371,16 @@ class DecodingState:
         if cache.hidden is not None and hidden is not None:
             cache.hidden[:, at:at + n].copy_(hidden[:, -n:])
 
-    def begin_segment(self, qlen: int, klen: int, device: torch.device, bytes_per_position: int) -> None:
+    def _begin_segment(self, qlen: int, klen: int, device: torch.device, bytes_per_position: int) -> None:
         """Plan a multi-token call of ``qlen`` tokens over ``klen`` keys (memory included), once
         nothing can reject it any more but the memory it needs, just before the layers run it.
 
         On a CPU, after a memory, when the memory and the new tokens fit in ``room`` (grown, when a
         call needs it, to ``S + min(S, max(S // 8, 2 * qlen))`` positions once the memory is full,
         at most 2S; while it fills, to twice what the call needs when it needs more than the
-        buffers hold), each layer's :meth:`segment_keys` returns them as one view of its buffers;
+        buffers hold), each layer's :meth:`LayerCache.update` returns them as one view of its buffers;
         otherwise (the first call, and on other devices, whose attention kernels are not relied on
-        with such views) the layers concatenate and :meth:`store`.
+        with such views) the layers concatenate and :meth:`_store`.
 
         Args:
             bytes_per_position: bytes of one buffer position over all layers (keys, values, inputs).
@@ -326,11 +412,11 @@ class DecodingState:
         self._plan = _SegmentPlan(in_place=True, room=room, relocate=relocate, rotated=rotated, first=first,
                                   start_after=first + m + qlen - filled if filled == S else first)
 
-    def segment_keys(self, cache: LayerCache, keys: torch.Tensor, values: torch.Tensor,
+    def _segment_keys(self, cache: LayerCache, keys: torch.Tensor, values: torch.Tensor,
                      hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Keys and values [B, H, M + T, D] of [memory + this call] as views of ``cache``'s buffers,
         with this call's keys/values [B, H, T, D] (and inputs [B, T, d]) written after the memory;
-        None when the plan of :meth:`begin_segment` says to concatenate instead.
+        None when the plan of :meth:`_begin_segment` says to concatenate instead.
         """
         plan, m, qlen = self._plan, self.memory_length, keys.size(2)
         if plan is None or not plan.in_place:
@@ -355,7 +441,7 @@ class DecodingState:
         span = m + qlen
         return cache.keys.narrow(2, plan.first, span), cache.values.narrow(2, plan.first, span)
 
-    def write(self, cache: LayerCache, key: torch.Tensor, value: torch.Tensor, hidden: torch.Tensor) -> None:
+    def _write(self, cache: LayerCache, key: torch.Tensor, value: torch.Tensor, hidden: torch.Tensor) -> None:
         """Write one token's key/value [B, H, 1, D] and input [B, 1, d] into slot ``next_slot``."""
         w = self.start + self.next_slot
         cache.keys[:, :, w:w + 1].copy_(key)
@@ -363,7 +449,7 @@ class DecodingState:
         if cache.hidden is not None:
             cache.hidden[:, w:w + 1].copy_(hidden)
 
-    def advance_to(self, filled: int) -> None:
+    def _advance_to(self, filled: int) -> None:
         """After a multi-token segment: ``filled`` slots hold the newest tokens in time order."""
         if self._plan is not None:
             self.room, self.start = self._plan.room, self._plan.start_after
@@ -371,7 +457,7 @@ class DecodingState:
         self.length = min(filled, self.capacity)
         self.next_slot = self.length % self.capacity
 
-    def advance(self) -> None:
+    def _advance(self) -> None:
         """After a one-token step: the token written to ``next_slot`` is now the newest."""
         self.length = min(self.length + 1, self.capacity)
         self.next_slot = (self.next_slot + 1) % self.capacity
@@ -482,6 +568,9 @@ class _SegmentPlan:
     rotated: bool
     first: int
     start_after: int
+
+
+_STEP = object()  # DecodingState._plan during a one-token step (see DecodingState.begin)
 
 
 def _move_to_front(buffer: torch.Tensor, dim: int, source: int, n: int) -> None:

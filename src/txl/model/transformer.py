@@ -294,7 +294,7 @@ class TransformerXLLM(nn.Module):
 
         hids = []
         if caches is not None:  # every check that may still reject the call is behind us
-            caches.begin_segment(qlen, klen, emb.device, self._state_bytes(caches, bsz, weight))
+            caches.begin(qlen, klen, emb.device, self._state_bytes(caches, bsz, weight))
             caches.bind(bsz, self._key_dtype(weight))
         try:
             for i, layer in enumerate(self.layers):
@@ -312,7 +312,7 @@ class TransformerXLLM(nn.Module):
         if c.attn_type == "abs":
             return h, None, None
         if caches is not None:
-            caches.advance_to(klen)
+            caches.commit(klen)
             return h, None, None
         return h, update_mems(mems, hids, span.mem_len, detach=detach_mems), None
 
@@ -403,7 +403,8 @@ class TransformerXLLM(nn.Module):
         # (they grow with the text while the memory fills; see DecodingState)
         weight = self.word_emb.emb_layers[0].weight
         tables = ((c.d_model if c.attn_type == "rel" else 0) + c.n_layer * c.n_head * c.d_head) * h.element_size()
-        period = state.prepare_step(self._state_bytes(state, input_ids.size(0), weight), tables)
+        klen = min(state.length + 1, state.capacity)
+        period = state.begin(1, klen, h.device, self._state_bytes(state, input_ids.size(0), weight), tables)
         if period is not None and c.attn_type == "rel":
             state.pos_emb = sinusoid(relative_positions(period, state.span.clamp_len, h.device), c.d_model).to(h.dtype)
         state.bind(input_ids.size(0), self._key_dtype(weight))
@@ -413,7 +414,7 @@ class TransformerXLLM(nn.Module):
         except BaseException:
             state.failed = True  # some layers may have written the token's slot, others not
             raise
-        state.advance()
+        state.commit(klen)
         return self.drop(h)
 
     def _state_bytes(self, state: DecodingState, bsz: int, weight: torch.Tensor) -> int:
