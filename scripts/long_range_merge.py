@@ -6,8 +6,9 @@
 
 The first file is the base: its keys other than the rows are kept (the command, the machine, notes).
 Each later file's seeds are added to the row of the same name (a row the base lacks is added whole);
-a seed already present in that row, a row whose settings differ or a budget that differs is refused
-with one line, before anything is written. ``seeds_per_row`` is brought up to date. The merged JSON
+a seed already present in that row, a row whose settings differ, a budget that differs, a file that
+is not such results, or an output folder that does not exist is refused with one line (exit status
+2), before anything is written. ``seeds_per_row`` is brought up to date. The merged JSON
 is written atomically; ``--table`` writes the markdown tables of the suite and ``--plot`` its plot
 (accuracy against distance, one line per row) from the merged results, with the rows of the
 ``--plot-with`` files (other budgets, e.g. the 3,000-step mem64-bptt2) drawn beside them.
@@ -16,6 +17,7 @@ is written atomically; ``--table`` writes the markdown tables of the suite and `
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from pathlib import Path
@@ -24,34 +26,43 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 
+class Refused(Exception):
+    """A merge that would mix what does not belong together (the message names it)."""
+
+
 def merge(base: dict, parts: list[tuple[str, dict]]) -> dict:
-    """``base`` with the rows and seeds of ``parts`` added (a new dict); raises SystemExit on a conflict."""
-    merged = json.loads(json.dumps(base))
+    """``base`` with the rows and seeds of ``parts`` added (a new dict; neither input is changed).
+
+    Raises:
+        Refused: a budget, row settings or a seed that conflict with the base.
+    """
+    merged = copy.deepcopy(base)
     rows = {r["name"]: r for r in merged["rows"]}
     for name, part in parts:
         if part.get("budget") != merged.get("budget"):
-            raise SystemExit(f"{name}: its budget {part.get('budget')} differs from the base's "
+            raise Refused(f"{name}: its budget {part.get('budget')} differs from the base's "
                              f"{merged.get('budget')}; results of different budgets are not one table")
         for row in part["rows"]:
             if row["name"] not in rows:
-                merged["rows"].append(row)
-                rows[row["name"]] = row
+                merged["rows"].append(copy.deepcopy(row))
+                rows[row["name"]] = merged["rows"][-1]
                 continue
             have = rows[row["name"]]
             settings = [k for k in row if k not in ("seeds", "distances")]  # the row's fields, reach, training
             if any(have.get(k) != row[k] for k in settings):
-                raise SystemExit(f"{name}: row {row['name']} was run with other settings than the base's; "
+                raise Refused(f"{name}: row {row['name']} was run with other settings than the base's; "
                                  "merge only runs of the same row")
             seen = {s["seed"] for s in have["seeds"]}
             for s in row["seeds"]:
                 if s["seed"] in seen:
-                    raise SystemExit(f"{name}: row {row['name']} seed {s['seed']} is already in the base; "
+                    raise Refused(f"{name}: row {row['name']} seed {s['seed']} is already in the base; "
                                      "leave that file out or run another seed (--first-seed)")
-                have["seeds"].append(s)
+                have["seeds"].append(copy.deepcopy(s))
                 seen.add(s["seed"])
             have["seeds"].sort(key=lambda s: s["seed"])
             have["distances"] = sorted(set(have["distances"]) | set(row["distances"]))
     merged["seeds_per_row"] = {r["name"]: [s["seed"] for s in r["seeds"]] for r in merged["rows"]}
+    merged["seeds"] = sorted({s for seeds in merged["seeds_per_row"].values() for s in seeds})
     return merged
 
 
@@ -69,17 +80,30 @@ def main() -> int:
     for path in [args.base, *args.parts, *args.plot_with]:
         p = Path(path)
         if not p.is_file():
-            raise SystemExit(f"{path} is not a file: give results.json files written by txl bench --long-range")
+            ap.error(f"{path} is not a file: give results.json files written by txl bench --long-range")
         try:
             loaded.append((path, json.loads(p.read_text(encoding="utf-8"))))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise SystemExit(f"{path} is not JSON ({e}); give results.json files written by txl bench --long-range")
-        if not isinstance(loaded[-1][1], dict) or not isinstance(loaded[-1][1].get("rows"), list):
-            raise SystemExit(f"{path} has no rows: give results.json files written by txl bench --long-range")
+            ap.error(f"{path} is not JSON ({e}); give results.json files written by txl bench --long-range")
+        results = loaded[-1][1]
+        if not (isinstance(results, dict) and isinstance(results.get("rows"), list) and all(
+                isinstance(r, dict) and {"name", "seeds", "distances"} <= r.keys() for r in results["rows"])):
+            ap.error(f"{path} has no rows of the suite: give results.json files written by txl bench --long-range")
+    for flag, path in (("--out", args.out), ("--table", args.table), ("--plot", args.plot)):
+        if path and not Path(path).resolve().parent.is_dir():
+            ap.error(f"{flag} {path}: its folder does not exist (nothing was written)")
     if args.table and Path(args.table).exists():
-        raise SystemExit(f"--table {args.table} exists; choose a new file (nothing was written)")
+        ap.error(f"--table {args.table} exists; choose a new file (nothing was written)")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            ap.error("--plot needs matplotlib: .venv/bin/python -m pip install -e '.[plot]' (nothing was written)")
     extra = [results for _, results in loaded[len(loaded) - len(args.plot_with):]] if args.plot_with else []
-    merged = merge(loaded[0][1], loaded[1:len(loaded) - len(args.plot_with)])
+    try:
+        merged = merge(loaded[0][1], loaded[1:len(loaded) - len(args.plot_with)])
+    except Refused as e:
+        ap.error(f"{e} (nothing was written)")
 
     from txl.analysis.long_range import format_table, plot_series
     from txl.fileio.writes import atomic_write, write_json

@@ -191,6 +191,10 @@ def test_bench_long_range_first_seed_runs_the_seeds_from_it(tmp_path, capsys, mo
     assert seen["seeds"] == (0, 1, 2)
     assert run_cli(capsys, "bench", "--long-range", "--rows", "mem64-bptt2", "--out", tmp_path / "b2", "-q")[0] == 0
     assert seen["rows"] == ["mem64-bptt2"]
+    # the command line names the rows without importing torch: its list must be the suite's
+    code, _, err = run_cli(capsys, "bench", "--long-range", "--rows", "nope", "--out", tmp_path / "n")
+    listed = one_error_line(err).split("names among ")[1].split(", got")[0].split(", ")
+    assert code == 2 and listed == [r.name for r in long_range.ROWS + long_range.EXTRA_ROWS]
 
 
 def test_fact_attention_equals_the_mass_one_long_pass_puts_on_the_value_bytes(filler):
@@ -268,33 +272,42 @@ def _merge_script():
 
 
 def test_merge_adds_seeds_and_rows_and_refuses_conflicts():
-    merge = _merge_script().merge
+    script = _merge_script()
+    merge = script.merge
     seed = lambda s: {"seed": s, "scores": {"pass-key": {"16": {"accuracy": s / 4}}}}  # noqa: E731
     row = lambda name, seeds, reach=128: {"name": name, "reach": reach, "distances": [16], "seeds": seeds}  # noqa: E731
     base = {"budget": {"steps": 1000}, "command": "c", "rows": [row("mem64", [seed(0), seed(1)])]}
     part = {"budget": {"steps": 1000}, "rows": [row("mem64", [seed(2)]), row("abs", [seed(0)], reach=320)]}
     merged = merge(base, [("part", part)])
     assert merged["seeds_per_row"] == {"mem64": [0, 1, 2], "abs": [0]} and merged["command"] == "c"
+    assert merged["seeds"] == [0, 1, 2] and part["rows"][1]["seeds"] == [seed(0)]
     assert [s["scores"]["pass-key"]["16"]["accuracy"] for s in merged["rows"][0]["seeds"]] == [0, 0.25, 0.5]
     assert base["rows"][0]["seeds"] == [seed(0), seed(1)]  # the base is not changed
     for bad, words in [({"budget": {"steps": 1000}, "rows": [row("mem64", [seed(1)])]}, "seed 1 is already"),
                        ({"budget": {"steps": 3000}, "rows": [row("mem64", [seed(2)])]}, "budget"),
                        ({"budget": {"steps": 1000}, "rows": [row("mem64", [seed(2)], reach=64)]}, "other settings")]:
-        with pytest.raises(SystemExit, match=words):
+        with pytest.raises(script.Refused, match=words):
             merge(base, [("bad", bad)])
 
 
 def test_reachable_share_counts_both_answer_queries_by_hand():
-    """tgt_len 4, mem_len 2: an answer's queries at columns 7 and 8 (segment indices 3 and 0) see 2 + 3 and
-    2 + 0 tokens back in one layer, 4 + 3 and 4 + 0 in two; a value 5 back (query to key: 4) is out of the
-    second query's direct view, so the episode counts only for two layers."""
+    """tgt_len 4, mem_len 2: an answer's queries at columns 7 and 8 (segment indices 3 and 0) see back to
+    columns 2 and 6 in one layer (their segment's start minus 2); in two layers to the earliest column the
+    states in view see: 0 - 2 = -2 (from column 2) and 4 - 2 = 2 (from column 6), i.e. 9 and 6 tokens
+    back. A value 5 back (query to key: 4) is out of the second query's direct view but within two layers'."""
     from types import SimpleNamespace
 
     from txl.analysis.long_range import reachable_share
 
-    far = SimpleNamespace(tokens=list(range(10)), answer=8, distance=5)
-    near = SimpleNamespace(tokens=list(range(6)), answer=4, distance=3)  # padded to 10: queries at 7, 8 again
+    def ep(n, answer, distance):
+        return SimpleNamespace(tokens=list(range(n)), answer=answer, distance=distance)
+
+    far, near = ep(10, 8, 5), ep(6, 4, 3)  # near, padded to 10: queries at 7, 8 again, 2 back: in view
     assert reachable_share([far], 4, 2, 1) == 0.0 and reachable_share([far], 4, 2, 2) == 1.0
-    assert reachable_share([far, near], 4, 2, 1) == 0.5  # near: 2 <= 2 + 0
-    assert reachable_share([far], 4, 2, 2, width=11) == 1.0  # shifted one column: indices 0 and 1
-    assert reachable_share([SimpleNamespace(tokens=list(range(10)), answer=8, distance=6)], 4, 2, 2) == 0.0
+    assert reachable_share([far, near], 4, 2, 1) == 0.5
+    assert reachable_share([ep(10, 8, 7)], 4, 2, 2) == 1.0  # 6 back from column 8: exactly the two-layer reach
+    assert reachable_share([ep(10, 8, 8)], 4, 2, 2) == 0.0  # 7 back: beyond it for the second query
+    assert reachable_share([ep(10, 8, 8)], 4, 2, 3) == 1.0  # three layers: 8 -> 2 -> -2 -> -6
+    # mem_len a multiple of tgt_len (the suite's rows): layers x mem_len + the query's index in its segment
+    assert reachable_share([ep(200, 150, 129)], 64, 64, 2) == 1.0  # queries at 149, 150 (index 21, 22): 128 back
+    assert reachable_share([ep(200, 150, 151)], 64, 64, 2) == 0.0  # 150 back > 128 + 21

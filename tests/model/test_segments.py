@@ -6,7 +6,7 @@ import torch
 from conftest import tiny_model
 from txl.errors import TxlError
 from txl.model.segments import segments
-from txl.model import AttentionSpan
+from txl.model import AttentionSpan, DecodingState
 
 
 def test_hidden_states_of_segments_with_a_whole_memory_equal_one_long_pass():
@@ -31,3 +31,5 @@ def test_hidden_refuses_labels_and_caches():
     ids = torch.zeros(1, 4, dtype=torch.long)
     with pytest.raises(TxlError, match="hidden=True"):
         next(segments(model, ids, ids, span=AttentionSpan(2, 2), hidden=True))
+    with pytest.raises(TxlError, match="hidden=True"):
+        next(segments(model, ids, span=AttentionSpan(2, 2), hidden=True, caches=DecodingState(3, AttentionSpan(2, 2))))

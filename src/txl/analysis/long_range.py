@@ -213,12 +213,12 @@ def reachable_share(episodes: list, tgt_len: int, mem_len: int, layers: int, wid
     """The share of ``episodes`` whose answer the model *could* read from the fact: the ceiling of accuracy.
 
     Read as :func:`~txl.evaluation.retrieval.retrieval_score` reads them (left-padded to ``width``,
-    segments of ``tgt_len`` from column 0, memory ``mem_len``), a query at index i of its segment
-    sees keys up to ``mem_len + i`` tokens back in one layer; each further layer adds ``mem_len``
-    (its memory holds the previous layer's states of the last ``mem_len`` tokens, each of which saw
-    ``mem_len`` further back: paper §3.2, the O(N × L) dependency length). An episode counts when both
-    value bytes lie within ``layers × mem_len + i`` of the queries that predict them (the distance
-    between each answer byte's query and its value byte is ``d - 1``).
+    segments of ``tgt_len`` from column 0, memory ``mem_len``, no ``same_length``), a layer's state
+    at column p sees the previous layer's states from ``start(p) - mem_len`` on (``start(p)``: the
+    first column of p's segment; paper §3.2). Through ``layers`` layers the earliest column within
+    reach is that step taken ``layers`` times, from the longest-reaching state each time (the
+    O(N × L) dependency length). An episode counts when both value bytes are within reach of the
+    queries that predict them (each query is ``d - 1`` after its value byte).
 
     Args:
         episodes: :class:`~txl.data.long_range.Episode` list; tgt_len, mem_len: the reading span;
@@ -229,10 +229,16 @@ def reachable_share(episodes: list, tgt_len: int, mem_len: int, layers: int, wid
         a share in [0, 1].
     """
     width = max([len(e.tokens) for e in episodes] + [width or 0])
+
+    def earliest(column: int) -> int:
+        for _ in range(layers):
+            column = column - column % tgt_len - mem_len
+        return column
+
     ok = 0
     for e in episodes:
         first = width - len(e.tokens) + e.answer - 1  # column of the query predicting the value's first byte
-        ok += all(e.distance - 1 <= layers * mem_len + q % tgt_len for q in (first, first + 1))
+        ok += all(q - (e.distance - 1) >= earliest(q) for q in (first, first + 1))
     return ok / len(episodes)
 
 

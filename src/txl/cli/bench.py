@@ -43,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--long-range: new or empty output folder (default runs/long-range)")
     g.add_argument("--rows", default=None, metavar="A,B,...",
                    help="--long-range: rows to train (default the equal-budget rows: mem64,mem256,mem1024,cmem,mem0,abs,"
-                        "mem64-bptt4; also mem64-bptt2, the recipe that uses the stacked reach: docs/long-range.md)")
+                        "mem64-bptt4; also mem64-bptt2, the recipe that uses the stacked reach with --steps 3000: "
+                        "docs/long-range.md)")
     g.add_argument("--seeds", type=int, default=3, metavar="N", help="--long-range: seeds per row (default 3)")
     g.add_argument("--first-seed", type=int, default=0, metavar="S",
                    help="--long-range: the first seed (default 0): --first-seed 2 --seeds 1 runs seed 2 alone, "

@@ -551,7 +551,7 @@ def slot_padding_mask(state: DecodingState, mem_padding: torch.Tensor, batch: in
 
 @dataclass(frozen=True)
 class _SegmentPlan:
-    """Where a multi-token call after the memory keeps its keys (see :meth:`DecodingState.begin_segment`).
+    """Where a multi-token call after the memory keeps its keys (see :meth:`DecodingState._begin_segment`).
 
     in_place: the memory and new keys are one view of the buffers (else concatenated, then stored).
     room: buffer positions per layer during and after the call.
