@@ -311,3 +311,15 @@ def test_reachable_share_counts_both_answer_queries_by_hand():
     # mem_len a multiple of tgt_len (the suite's rows): layers x mem_len + the query's index in its segment
     assert reachable_share([ep(200, 150, 129)], 64, 64, 2) == 1.0  # queries at 149, 150 (index 21, 22): 128 back
     assert reachable_share([ep(200, 150, 151)], 64, 64, 2) == 0.0  # 150 back > 128 + 21
+
+
+def test_a_row_of_its_own_depth_trains_and_reaches_with_it(tmp_path):
+    """mem64-L4-bptt4 has 4 layers whatever the budget says: its model, its stacked reach, its ceiling."""
+    from txl.analysis.long_range import EXTRA_ROWS, ROWS, Budget, row_run
+
+    deep = next(r for r in EXTRA_ROWS if r.name == "mem64-L4-bptt4")
+    budget = Budget()
+    assert row_run(deep, budget, 0, tmp_path / "a").model.n_layer == 4
+    assert row_run(ROWS[0], budget, 0, tmp_path / "b").model.n_layer == budget.n_layer == 2
+    assert deep.stacked_reach(budget.tgt_len, deep.layers(budget)) == 4 * 64 + 64
+    assert deep.train_distances(budget.tgt_len, budget.max_train_distance) == (8, 64 + 4 * 64)

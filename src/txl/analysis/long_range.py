@@ -64,6 +64,7 @@ class Row:
         attn_type: "rel" (Transformer-XL) or "abs" (vanilla). mem_len, cmem_len, cmem_ratio: its memory.
         grad_segments: segments per training step with back-propagation between them.
         window: for "abs", the window it is trained and evaluated with (tokens).
+        n_layer: its own depth (0: the budget's ``n_layer``).
     """
 
     name: str
@@ -74,6 +75,11 @@ class Row:
     cmem_ratio: int = 4
     grad_segments: int = 1
     window: int = 0
+    n_layer: int = 0
+
+    def layers(self, budget: "Budget") -> int:
+        """Its number of layers: its own ``n_layer``, else the budget's."""
+        return self.n_layer or budget.n_layer
 
     def reach(self, tgt_len: int) -> int:
         """Tokens back that one attention layer covers: ``mem_len + cmem_len × cmem_ratio + tgt_len``
@@ -110,6 +116,8 @@ ROWS = (
 # (docs/long-range.md: 3,000 steps, distances up to the stacked reach)
 EXTRA_ROWS = (
     Row("mem64-bptt2", "mem_len 64, back-propagation through 2 segments", mem_len=64, grad_segments=2),
+    Row("mem64-L4-bptt4", "4 layers, mem_len 64, back-propagation through 4 segments", mem_len=64, grad_segments=4,
+        n_layer=4),
 )
 
 
@@ -147,7 +155,7 @@ def row_run(row: Row, budget: Budget, seed: int, out_dir: Path) -> RunConfig:
     """The run config a row trains with (byte vocabulary)."""
     steps = budget.steps
     tgt_len = row.window if row.attn_type == "abs" else budget.tgt_len
-    model = TransformerXLConfig(vocab_size=256, n_layer=budget.n_layer, d_model=budget.d_model, n_head=budget.n_head,
+    model = TransformerXLConfig(vocab_size=256, n_layer=row.layers(budget), d_model=budget.d_model, n_head=budget.n_head,
                                 d_head=budget.d_model // budget.n_head, d_inner=budget.d_inner, dropout=0.0,
                                 dropatt=0.0, pre_lnorm=True, attn_type=row.attn_type, tgt_len=tgt_len,
                                 mem_len=row.mem_len if row.attn_type != "abs" else 0,
@@ -205,7 +213,7 @@ def evaluate_row(model, row: Row, budget: Budget, distances: list[int], filler, 
                 out[task][str(d)]["fact_attention"] = fact_attention(model, episodes[:ATTENTION_EPISODES], span,
                                                                      width=tokens.shape[1])
                 out[task][str(d)]["reachable"] = [reachable_share(episodes, budget.tgt_len, row.mem_len, n)
-                                                  for n in (1, budget.n_layer)]  # direct, stacked
+                                                  for n in (1, row.layers(budget))]  # direct, stacked
     return out
 
 
@@ -322,7 +330,7 @@ def _run(out_dir, rows, seeds, budget, distances, progress, log, plot) -> dict:
     for row in rows:
         asked = sorted(set(distances) | {row.reach(budget.tgt_len), 2 * row.reach(budget.tgt_len)})
         entry = {**dataclasses.asdict(row), "reach": row.reach(budget.tgt_len),
-                 "stacked_reach": row.stacked_reach(budget.tgt_len, budget.n_layer),
+                 "stacked_reach": row.stacked_reach(budget.tgt_len, row.layers(budget)),
                  "train_distances": list(row.train_distances(budget.tgt_len, budget.max_train_distance)),
                  "distances": asked, "seeds": []}
         results["rows"].append(entry)

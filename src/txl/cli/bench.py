@@ -43,8 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--long-range: new or empty output folder (default runs/long-range)")
     g.add_argument("--rows", default=None, metavar="A,B,...",
                    help="--long-range: rows to train (default the equal-budget rows: mem64,mem256,mem1024,cmem,mem0,abs,"
-                        "mem64-bptt4; also mem64-bptt2, the recipe that uses the stacked reach with --steps 3000: "
-                        "docs/long-range.md)")
+                        "mem64-bptt4; also mem64-bptt2 (--steps 3000) and mem64-L4-bptt4 (--steps 2000), the recipes "
+                        "that use the stacked reach: docs/long-range.md)")
     g.add_argument("--seeds", type=int, default=3, metavar="N", help="--long-range: seeds per row (default 3)")
     g.add_argument("--first-seed", type=int, default=0, metavar="S",
                    help="--long-range: the first seed (default 0): --first-seed 2 --seeds 1 runs seed 2 alone, "
@@ -159,7 +159,7 @@ def _long_range(args: argparse.Namespace) -> int:
     check_range(args, 1, "seeds", "steps", "episodes")
     check_range(args, 0, "first_seed")
     default = ("mem64", "mem256", "mem1024", "cmem", "mem0", "abs", "mem64-bptt4")  # analysis.long_range.ROWS (no torch)
-    known = (*default, "mem64-bptt2")  # and EXTRA_ROWS, run only when named
+    known = (*default, "mem64-bptt2", "mem64-L4-bptt4")  # and EXTRA_ROWS, run only when named
     names = [n.strip() for n in args.rows.split(",")] if args.rows else list(default)
     unknown = [n for n in names if n not in known]
     if unknown or not names:
