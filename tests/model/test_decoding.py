@@ -5,7 +5,7 @@ import torch
 
 from conftest import tiny_model
 from txl.errors import TxlError
-from txl.model import AttentionSpan, DecodingState, decoding
+from txl.model import AttentionSpan, DecodingState, decoding, segment_room
 
 CASES = [
     {"mem_len": 5},
@@ -197,13 +197,13 @@ def test_segments_move_the_memory_back_exactly(mem_len, size, kind, monkeypatch)
     """When the spare room is used up the memory moves back to the start of its buffers, in chunks or
     without overlap; logits equal the plain model's (float64, 1e-10)."""
     moves = []
-    move = decoding._move_to_front
+    move = segment_room.move_to_front
 
     def spy(buffer, dim, source, n):
         moves.append("apart" if source >= n else "chunks")
         move(buffer, dim, source, n)
 
-    monkeypatch.setattr(decoding, "_move_to_front", spy)
+    monkeypatch.setattr(segment_room, "move_to_front", spy)
     model = _big_weights(tiny_model(tgt_len=4, mem_len=mem_len))
     state = DecodingState(model.config.n_layer, model.config.span)
     tokens = torch.randint(0, 37, (2, mem_len + 12 * size), generator=torch.Generator().manual_seed(size))
@@ -222,7 +222,7 @@ def test_move_to_front_moves_every_entry(source, n):
     """Whole copies (overlap of under 1/16), chunks and disjoint ranges all move the same entries."""
     buffer = torch.arange(2 * 3 * 100 * 2, dtype=torch.float64).view(2, 3, 100, 2)
     want = buffer[:, :, source:source + n].clone()
-    decoding._move_to_front(buffer, 2, source, n)
+    segment_room.move_to_front(buffer, 2, source, n)
     assert torch.equal(buffer[:, :, :n], want)
 
 

@@ -30,12 +30,12 @@ Shapes: B = batch, H = heads, D = d_head, S = ``capacity`` slots.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 
 import torch
 
 from txl.errors import TxlError
 from txl.model.inputs import padding_mask
+from txl.model.segment_room import SegmentPlan, place_segment, plan_segment
 from txl.runtime import available_memory_bytes, format_bytes
 from txl.model.span import AttentionSpan
 
@@ -127,11 +127,8 @@ class DecodingState:
     Slot s is buffer position ``start + s``.
 
     Multi-token calls after a memory on a CPU (evaluation, prompts) read the memory and the new keys
-    as one view of the buffer, without concatenating them: once the memory is full the buffers get
-    ``room`` - S spare positions after the slots (:meth:`_begin_segment`), the new keys are written right after the
-    memory, and the slots move forward (``start`` grows) instead of being copied. Only when the
-    spare room is used up is the memory moved back to position 0: one copy every
-    ``(room - S) / T`` calls of T tokens or so.
+    as one view of the buffer, without concatenating them: the buffers keep spare room after the
+    slots, and the slots move forward instead of being copied (:mod:`txl.model.segment_room`).
 
     Buffers and position tables are sized by the text, not by ``mem_len``: while the memory fills
     (the slots then start at buffer position 0) they are reallocated at twice the size a call needs
@@ -171,7 +168,7 @@ class DecodingState:
         self.start = 0  # buffer position of slot 0
         self.room = 0  # buffer positions per layer (grows with the text; see grown and _begin_segment)
         self.pos_period = 0  # distances the one-token steps' position tables cover (S once doubled)
-        self._plan: _SegmentPlan | object | None = None  # the call in progress (begin): a segment's plan, or _STEP
+        self._plan: SegmentPlan | object | None = None  # the call in progress (begin): a segment's plan, or _STEP
         self.batch_size: int | None = None
         self.pos_emb: torch.Tensor | None = None  # [P, d_model] sinusoid R for distances P-1 ... 0 ("rel")
         self.segment_klen = -1  # key length whose projected positions the layers hold (multi-token calls)
@@ -372,74 +369,18 @@ class DecodingState:
             cache.hidden[:, at:at + n].copy_(hidden[:, -n:])
 
     def _begin_segment(self, qlen: int, klen: int, device: torch.device, bytes_per_position: int) -> None:
-        """Plan a multi-token call of ``qlen`` tokens over ``klen`` keys (memory included), once
-        nothing can reject it any more but the memory it needs, just before the layers run it.
-
-        On a CPU, after a memory, when the memory and the new tokens fit in ``room`` (grown, when a
-        call needs it, to ``S + min(S, max(S // 8, 2 * qlen))`` positions once the memory is full,
-        at most 2S; while it fills, to twice what the call needs when it needs more than the
-        buffers hold), each layer's :meth:`LayerCache.update` returns them as one view of its buffers;
-        otherwise (the first call, and on other devices, whose attention kernels are not relied on
-        with such views) the layers concatenate and :meth:`_store`.
-
-        Args:
-            bytes_per_position: bytes of one buffer position over all layers (keys, values, inputs).
+        """Plan a multi-token call of ``qlen`` tokens over ``klen`` keys (:func:`~txl.model.segment_room.plan_segment`).
 
         Raises:
             TxlError: buffers that do not fit in the available memory (nothing changed then).
         """
-        S, m = self.capacity, self.memory_length
-        need = m + qlen  # positions of [memory, this call]
-        room = self.room
-        if self.length > 0 and device.type == "cpu":
-            full = S + min(S, max(S // 8, 2 * qlen))
-            if need >= S and room < full:  # full after this call: spare room for the calls to come
-                # spare room only where it leaves half the available memory
-                room = full if (full - room) * bytes_per_position <= available_memory_bytes() // 2 else room
-            elif room < need < S:  # while the memory fills
-                room = self.grown(need, bytes_per_position)
-        if self.length == 0 or need > room or device.type != "cpu":
-            n = min(klen, S)
-            room = self.room if n <= self.room else self.grown(n, bytes_per_position)
-            self._plan = _SegmentPlan(in_place=False, room=room, relocate=False, rotated=False, first=0,
-                                      start_after=0)
-            return
-        rotated = self.length == S and self.next_slot != 0
-        end = self.start + self.length  # buffer position after the newest token, in time order
-        relocate = rotated or room != self.room or end + qlen > room
-        first = 0 if relocate else end - m  # buffer position of the memory's oldest token during the call
-        filled = min(m + qlen, S)
-        self._plan = _SegmentPlan(in_place=True, room=room, relocate=relocate, rotated=rotated, first=first,
-                                  start_after=first + m + qlen - filled if filled == S else first)
+        self._plan = plan_segment(self, qlen, klen, device, bytes_per_position, available_memory_bytes)
 
     def _segment_keys(self, cache: LayerCache, keys: torch.Tensor, values: torch.Tensor,
-                     hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Keys and values [B, H, M + T, D] of [memory + this call] as views of ``cache``'s buffers,
-        with this call's keys/values [B, H, T, D] (and inputs [B, T, d]) written after the memory;
-        None when the plan of :meth:`_begin_segment` says to concatenate instead.
-        """
-        plan, m, qlen = self._plan, self.memory_length, keys.size(2)
-        if plan is None or not plan.in_place:
-            return None
-        names = ("keys", "values") + (("hidden",) if cache.hidden is not None else ())
-        for name, new in zip(names, (keys, values, hidden)):
-            dim = 1 if name == "hidden" else 2
-            buffer = getattr(cache, name)
-            if plan.relocate:
-                memory = self.ordered(buffer, m, dim)  # a copy when rotated, else a view of the buffer
-                if buffer.size(dim) != plan.room:
-                    shape = list(buffer.shape)
-                    shape[dim] = plan.room
-                    buffer = buffer.new_empty(shape)
-                    setattr(cache, name, buffer)
-                    buffer.narrow(dim, 0, m).copy_(memory)
-                elif plan.rotated:
-                    buffer.narrow(dim, 0, m).copy_(memory)
-                else:
-                    _move_to_front(buffer, dim, self.start + self.length - m, m)
-            buffer.narrow(dim, plan.first + m, qlen).copy_(new)
-        span = m + qlen
-        return cache.keys.narrow(2, plan.first, span), cache.values.narrow(2, plan.first, span)
+                      hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """[memory + this call] as views of ``cache``'s buffers, or None to concatenate
+        (:func:`~txl.model.segment_room.place_segment`)."""
+        return place_segment(self, self._plan, cache, keys, values, hidden)
 
     def _write(self, cache: LayerCache, key: torch.Tensor, value: torch.Tensor, hidden: torch.Tensor) -> None:
         """Write one token's key/value [B, H, 1, D] and input [B, 1, d] into slot ``next_slot``."""
@@ -549,41 +490,4 @@ def slot_padding_mask(state: DecodingState, mem_padding: torch.Tensor, batch: in
     return masked[:, None, None, :]
 
 
-@dataclass(frozen=True)
-class _SegmentPlan:
-    """Where a multi-token call after the memory keeps its keys (see :meth:`DecodingState._begin_segment`).
-
-    in_place: the memory and new keys are one view of the buffers (else concatenated, then stored).
-    room: buffer positions per layer during and after the call.
-    relocate: each layer first moves its memory, in time order, to position 0 (growing its buffers
-        to ``room`` if needed): the ring had rotated, the buffers grow, or the spare room is used up.
-    rotated: the ring had rotated (one-token steps): the memory is gathered in time order first.
-    first: buffer position of the memory's oldest token during the call.
-    start_after: buffer position of slot 0 after the call.
-    """
-
-    in_place: bool
-    room: int
-    relocate: bool
-    rotated: bool
-    first: int
-    start_after: int
-
-
 _STEP = object()  # DecodingState._plan during a one-token step (see DecodingState.begin)
-
-
-def _move_to_front(buffer: torch.Tensor, dim: int, source: int, n: int) -> None:
-    """Copy ``n`` entries of ``buffer`` along ``dim`` from ``source`` to 0. Overlapping ranges move in
-    chunks of ``source`` entries, front to back, so that no chunk's source and destination overlap
-    (a clone of the whole range when that would take more than 16 chunks)."""
-    if source == 0:
-        return
-    if source >= n:
-        buffer.narrow(dim, 0, n).copy_(buffer.narrow(dim, source, n))
-    elif source * 16 < n:
-        buffer.narrow(dim, 0, n).copy_(buffer.narrow(dim, source, n).clone())
-    else:
-        for at in range(0, n, source):
-            width = min(source, n - at)
-            buffer.narrow(dim, at, width).copy_(buffer.narrow(dim, source + at, width))
