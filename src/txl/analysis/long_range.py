@@ -112,8 +112,8 @@ ROWS = (
     Row("mem64-bptt4", "mem_len 64, back-propagation through 4 segments", mem_len=64, grad_segments=4),
 )
 
-# rows outside the equal-budget set, run by name (--rows): the recipe that uses the stacked reach
-# (docs/long-range.md: 3,000 steps, distances up to the stacked reach)
+# rows outside the equal-budget set, run by name (--rows): the recipes that use the stacked reach
+# (docs/long-range.md: mem64-bptt2 with 3,000 steps, mem64-L4-bptt4 with 2,000)
 EXTRA_ROWS = (
     Row("mem64-bptt2", "mem_len 64, back-propagation through 2 segments", mem_len=64, grad_segments=2),
     Row("mem64-L4-bptt4", "4 layers, mem_len 64, back-propagation through 4 segments", mem_len=64, grad_segments=4,

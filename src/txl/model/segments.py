@@ -3,8 +3,9 @@
 Evaluation, document scoring, dynamic evaluation, gradient statistics, attention maps, RECL's
 exact-context windows, generation's prompt priming and the classifiers' reading of documents all read
 text the same way: cut the rows into consecutive segments of ``span.tgt_len`` columns, run each with
-the memory of the previous one, and carry the new memory on. :func:`segments` is that loop; callers consume what it yields. State is
-explicit: the memory goes in (``mems``) and comes out with every :class:`Segment`.
+the memory of the previous one, and carry the new memory on. :func:`segments` is that loop; callers
+consume what it yields. State is explicit: the memory goes in (``mems``) and comes out with every
+:class:`Segment`.
 """
 
 from __future__ import annotations
