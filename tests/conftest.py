@@ -45,14 +45,24 @@ def tiny_model(seed: int = 0, dtype=torch.float64, **overrides) -> TransformerXL
     return model
 
 
+def layer_attention(d_model, n_head, d_head, pre_lnorm, attn_type, **overrides):
+    """One attention sub-layer alone, of the scheme ``attn_type``, built as a model builds it (no dropout)."""
+    from txl.model.attention import MultiHeadAttention
+    from txl.model.positions import position_scheme
+
+    config = tiny_config(d_model=d_model, n_head=n_head, d_head=d_head, pre_lnorm=pre_lnorm, attn_type=attn_type,
+                         **overrides)
+    return MultiHeadAttention(config, position_scheme(attn_type))
+
+
 def reference_attention(attn, h, mem, mask, clamp_len=0):
     """One attention sub-layer as :mod:`txl.model.reference` computes it for the layer ``attn`` (its kind
-    ``attn.attn_type``): input ``h`` [B, T, d] after ``mem`` [B, M, d] or None, hidden keys ``mask`` [T, M + T]."""
+    ``attn.positions.name``): input ``h`` [B, T, d] after ``mem`` [B, M, d] or None, hidden keys ``mask`` [T, M + T]."""
     from txl.model import reference
 
     mem = h[:, :0] if mem is None else mem
     out, _ = reference.attention(attn, h, mem, reference.key_distances(h.size(1), mem.size(1)), mask,
-                                 attn_type=attn.attn_type, clamp_len=clamp_len, d_model=h.size(-1))
+                                 attn_type=attn.positions.name, clamp_len=clamp_len, d_model=h.size(-1))
     return out
 
 

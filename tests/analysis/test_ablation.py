@@ -55,11 +55,12 @@ def test_runner_trains_every_variant_on_equal_tokens_and_parameters(tmp_path, co
     assert by_name["abs"]["d_inner"] > by_name["txl"]["d_inner"]  # pays for the missing position parameters
     assert (by_name["txl"]["train_mem_len"], by_name["rel-no-recurrence"]["train_mem_len"]) == (8, 0)
     assert by_name["shaw"]["attn_type"] == "shaw" and by_name["shaw"]["shaw_max_dist"] == 8 + 8 - 1
+    assert by_name["rope"]["attn_type"] == "rope" and by_name["rope"]["d_inner"] > by_name["txl"]["d_inner"]
     # the protocols: vanilla = sliding window of L; memory models = mem_len L with same_length;
     # no recurrence = segments of L without memory
     for e in by_name["abs"]["results"]:
         assert e["settings"] == {"protocol": "sliding-window", "context": e["length"], "stride": 1}
-    for name in ("txl", "shaw"):
+    for name in ("txl", "shaw", "rope"):
         for e in by_name[name]["results"]:
             assert (e["settings"]["mem_len"], e["settings"]["same_length"], e["settings"]["tgt_len"]) == (e["length"], True, 8)
     for e in by_name["rel-no-recurrence"]["results"]:
@@ -67,7 +68,7 @@ def test_runner_trains_every_variant_on_equal_tokens_and_parameters(tmp_path, co
 
     assert json.loads((out / JSON_NAME).read_text()) == json.loads(json.dumps(res))
     table = (out / TABLE_NAME).read_text()
-    assert table.count("\n| `") == 4 and "bpc L=16" in table
+    assert table.count("\n| `") == 5 and "bpc L=16" in table
     for r in rows:
         assert f"{r['results'][1]['value']:.4f}" in table and f"{r['params']:,}" in table
     assert (out / PLOT_NAME).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

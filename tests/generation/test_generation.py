@@ -74,7 +74,9 @@ def test_top_k_and_top_p_restrict_the_support():
                                        {"mem_len": 0}, {"mem_len": 7, "clamp_len": 3, "untie_r": True},
                                        {"attn_type": "shaw", "shaw_max_dist": 8, "mem_len": 64},
                                        {"attn_type": "shaw", "shaw_max_dist": 8, "mem_len": 5, "same_length": True},
-                                       {"attn_type": "shaw", "shaw_max_dist": 2, "mem_len": 7}])
+                                       {"attn_type": "shaw", "shaw_max_dist": 2, "mem_len": 7},
+                                       {"attn_type": "rope", "mem_len": 64},
+                                       {"attn_type": "rope", "mem_len": 5, "same_length": True}])
 def test_decoding_caches_change_nothing_with_a_sliding_memory(overrides):
     model = tiny_model(tgt_len=4, **overrides)
     prompt = torch.randint(0, 37, (2, 9))

@@ -74,6 +74,7 @@ def test_cmem_off_is_transformer_xl_bit_for_bit():
     dict(mem_len=0, cmem_len=5, cmem_ratio=2),
     dict(mem_len=6, cmem_len=2, cmem_ratio=4, same_length=True, clamp_len=7),
     dict(mem_len=3, cmem_len=4, cmem_ratio=2, attn_type="shaw", shaw_max_dist=9),
+    dict(mem_len=3, cmem_len=4, cmem_ratio=2, attn_type="rope"),
 ])
 def test_segments_match_brute_force_recomputation(compression, overrides, device):
     model = build(compression=compression, **overrides).to(device)

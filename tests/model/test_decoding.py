@@ -16,6 +16,8 @@ CASES = [
     {"mem_len": 1, "same_length": True},
     {"attn_type": "shaw", "shaw_max_dist": 3, "mem_len": 6},
     {"attn_type": "shaw", "shaw_max_dist": 8, "mem_len": 5, "same_length": True},
+    {"attn_type": "rope", "mem_len": 5},
+    {"attn_type": "rope", "mem_len": 4, "pre_lnorm": True, "same_length": True},
 ]
 
 
@@ -59,7 +61,7 @@ def test_each_sub_layer_step_equals_its_forward(overrides):
     one-token ``step`` (ring buffers, rotated position table) equals its ``forward`` over the hidden-state
     memory, and the feed-forward ``step`` its ``forward``, each given the same input (float64, 1e-10), so
     that a drift between the two paths is found in the sub-layer where it starts."""
-    from txl.model.attention import attention_mask, relative_positions, sinusoid
+    from txl.model.attention import attention_mask
 
     model = _big_weights(tiny_model(tgt_len=4, **overrides))
     c, span = model.config, model.config.span
@@ -71,18 +73,17 @@ def test_each_sub_layer_step_equals_its_forward(overrides):
             mems = state.mems() or [None] * c.n_layer
             mlen = 0 if mems[0] is None else mems[0].size(1)
             mask = attention_mask(1, mlen, span.same_length, span.mem_len, "cpu")
-            pos_emb = None
-            if c.attn_type == "rel":
-                pos_emb = sinusoid(relative_positions(mlen + 1, span.clamp_len, "cpu"), c.d_model).double()
+            # the forward's positions count in the window (keys 0 .. mlen); the step's at the text position
+            positions = model.positions.segment(c, mlen + 1, 0, span, "cpu", torch.float64, model.drop)
             klen = min(state.length + 1, state.capacity)
             period = state.begin(1, klen, torch.device("cpu"), 0, 0)  # what TransformerXLLM._step does around the layers
-            if period is not None and c.attn_type == "rel":
-                state.pos_emb = sinusoid(relative_positions(period, span.clamp_len, "cpu"), c.d_model).double()
+            step_positions = model.positions.step_positions(state, period, c, torch.device("cpu"), torch.float64)
             state.bind(2, torch.float64)
             h = model.word_emb(tokens[:, t:t + 1])
             for layer, cache, mem in zip(model.layers, state.layers, mems):
-                attended = layer.attn(h, mem, pos_emb, mask)
-                torch.testing.assert_close(layer.attn.step(h, cache), attended, rtol=0, atol=1e-10)
+                attended = layer.attn(h, mem, positions, mask)
+                torch.testing.assert_close(layer.attn.step(h, cache, None, step_positions), attended, rtol=0,
+                                           atol=1e-10)
                 h = layer.ff(attended)
                 torch.testing.assert_close(layer.ff.step(attended), h, rtol=0, atol=1e-10)
             state.commit(klen)
@@ -179,7 +180,7 @@ def test_a_step_copies_nothing_of_the_memory():
 
 def test_state_refuses_what_it_cannot_serve():
     model = tiny_model(attn_type="abs")
-    with pytest.raises(TxlError, match="attn_type 'rel' or 'shaw'"):
+    with pytest.raises(TxlError, match="needs a model with memory"):
         with torch.no_grad():
             model(torch.randint(0, 37, (1, 2)), caches=DecodingState(3, AttentionSpan(4, 4)))
     with pytest.raises(TxlError, match="must be a txl.model.DecodingState"):
@@ -340,6 +341,8 @@ GROWTH_CASES = [
     {"mem_len": 45, "same_length": True},
     {"attn_type": "shaw", "shaw_max_dist": 30, "mem_len": 10_000},
     {"attn_type": "shaw", "shaw_max_dist": 30, "mem_len": 45},
+    {"attn_type": "rope", "mem_len": 10_000},
+    {"attn_type": "rope", "mem_len": 45, "same_length": True},
 ]
 
 

@@ -6,12 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import reference_attention, tiny_model
+from conftest import layer_attention, reference_attention, tiny_model
 
 from txl.model import attention
 from txl.model import linear
 from txl.model.linear import _row_blocks, linear_rows, step_linear
-from txl.model.attention import (MultiHeadAttention, attention_mask, position_scores, rel_shift, rel_shift_bias,
+from txl.model.attention import (attention_mask, position_scores, rel_shift, rel_shift_bias,
                                   relative_positions, sinusoid)
 
 
@@ -55,7 +55,7 @@ def brute_force(attn, h, mem, u, v, clamp_len, mask):
 def test_rel_attention_equals_brute_force(mlen, clamp_len, same_length, pre_lnorm):
     torch.manual_seed(1)
     d, H, D, qlen, mem_len = 8, 2, 3, 4, 5
-    attn = MultiHeadAttention(d, H, D, 0.0, 0.0, pre_lnorm, "rel", own_biases=True).double()
+    attn = layer_attention(d, H, D, pre_lnorm, "rel", untie_r=True).double()
     for p in attn.parameters():
         torch.nn.init.normal_(p, 0, 0.5)
     h = torch.randn(2, qlen, d, dtype=torch.float64)
@@ -78,7 +78,7 @@ def test_evaluation_blocks_and_window_equal_brute_force(mlen, same_length, block
     per block (or everything, for short memories)."""
     torch.manual_seed(2)
     d, H, D, qlen, mem_len = 8, 2, 3, 4, 5
-    attn = MultiHeadAttention(d, H, D, 0.0, 0.0, False, "rel", own_biases=True).double().eval()
+    attn = layer_attention(d, H, D, False, "rel", untie_r=True).double().eval()
     for p in attn.parameters():
         torch.nn.init.normal_(p, 0, 0.5)
     h = torch.randn(3, qlen, d, dtype=torch.float64)

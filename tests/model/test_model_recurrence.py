@@ -23,7 +23,7 @@ def test_memory_window_holds_the_most_recent_layer_inputs():
     assert torch.allclose(mems[0], emb, atol=1e-12)  # layer-0 memory = embeddings of tokens 6..9
 
 
-@pytest.mark.parametrize("overrides", [{}, {"attn_type": "shaw", "shaw_max_dist": 6}])
+@pytest.mark.parametrize("overrides", [{}, {"attn_type": "shaw", "shaw_max_dist": 6}, {"attn_type": "rope"}])
 def test_changing_a_token_changes_no_earlier_logit(overrides):
     model = tiny_model(mem_len=8, **overrides)
     ids = torch.randint(0, 37, (2, 10))

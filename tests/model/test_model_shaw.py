@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from conftest import reference_attention, tiny_model
+from conftest import layer_attention, reference_attention, tiny_model
 from txl.errors import TxlError
 from txl.generation import generate
 from txl.model import TransformerXLConfig, TransformerXLLM
-from txl.model.attention import MultiHeadAttention, attention_mask
+from txl.model.attention import attention_mask
 
 
 def shaw_brute_force(attn, h, mem, max_dist, mask):
@@ -21,8 +21,7 @@ def shaw_brute_force(attn, h, mem, max_dist, mask):
 def test_shaw_attention_equals_brute_force(mlen, max_dist, same_length, pre_lnorm):
     torch.manual_seed(2)
     d, H, D, qlen, mem_len = 8, 2, 3, 4, 5
-    attn = MultiHeadAttention(d, H, D, 0.0, 0.0, pre_lnorm, "shaw", own_biases=False,
-                              shaw_max_dist=max_dist).double()
+    attn = layer_attention(d, H, D, pre_lnorm, "shaw", shaw_max_dist=max_dist).double()
     for p in attn.parameters():
         torch.nn.init.normal_(p, 0, 0.5)
     assert attn.r_emb.shape == (max_dist + 1, H, D)  # per layer: one vector per clipped distance and head
@@ -39,7 +38,7 @@ def test_shaw_positions_matter():
     # the table is really used: changing the vector of distance 1 changes the output of every query
     # with a visible key at distance 1, and nothing else
     torch.manual_seed(0)
-    attn = MultiHeadAttention(8, 2, 4, 0.0, 0.0, False, "shaw", own_biases=False, shaw_max_dist=6).double()
+    attn = layer_attention(8, 2, 4, False, "shaw", shaw_max_dist=6).double()
     for p in attn.parameters():
         torch.nn.init.normal_(p, 0, 0.5)
     h = torch.randn(1, 4, 8, dtype=torch.float64)

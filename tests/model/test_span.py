@@ -40,13 +40,14 @@ def test_span_validation_and_overrides():
     assert not hasattr(model, "set_attention_span")
 
 
-@pytest.mark.parametrize("attn_type", ["rel", "shaw"])
+@pytest.mark.parametrize("attn_type", ["rel", "shaw", "rope"])
 def test_forward_with_a_span_equals_a_model_built_with_it(attn_type):
     extra = dict(shaw_max_dist=20) if attn_type == "shaw" else {}
+    clamp_len = 0 if attn_type == "rope" else 4  # (rotary positions have no clamp_len)
     trained = tiny_model(attn_type=attn_type, tgt_len=5, mem_len=3, **extra)
-    built = tiny_model(attn_type=attn_type, tgt_len=5, mem_len=9, clamp_len=4, same_length=True, **extra)
+    built = tiny_model(attn_type=attn_type, tgt_len=5, mem_len=9, clamp_len=clamp_len, same_length=True, **extra)
     built.load_state_dict(trained.state_dict())
-    span = AttentionSpan(tgt_len=5, mem_len=9, clamp_len=4, same_length=True)
+    span = AttentionSpan(tgt_len=5, mem_len=9, clamp_len=clamp_len, same_length=True)
     x = torch.randint(0, 37, (2, 20))
     m_a = m_b = None
     for s in range(0, 20, 5):

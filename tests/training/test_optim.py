@@ -36,7 +36,7 @@ def _layer_names(layer: int, attn: str, untie_r: bool) -> tuple[set[str], set[st
     return decay, no_decay
 
 
-@pytest.mark.parametrize("attn,untie_r", [("rel", False), ("rel", True), ("shaw", False)])
+@pytest.mark.parametrize("attn,untie_r", [("rel", False), ("rel", True), ("shaw", False), ("rope", False)])
 def test_groups_of_a_classifier_with_every_option(attn, untie_r):
     config = TransformerXLConfig(**SMALL, **ADAPTIVE, attn_type=attn, untie_r=untie_r,
                                  shaw_max_dist=5 if attn == "shaw" else 0)

@@ -1,6 +1,7 @@
-"""The paper's ablation of recurrence and positional encoding (Dai et al. 2019, §4.3, Table 6) at small scale.
+"""The paper's ablation of recurrence and positional encoding (Dai et al. 2019, §4.3, Table 6) at small scale,
+with rotary positions (Su et al. 2021) beside them.
 
-Four variants are trained from one base :class:`~txl.training.config.RunConfig` at (nearly) equal parameter
+Five variants are trained from one base :class:`~txl.training.config.RunConfig` at (nearly) equal parameter
 count and on the same tokens, then each is scored on the same targets at several attention lengths L:
 
 1. ``txl``: recurrence + relative encoding (``attn_type="rel"``, the base ``mem_len``); evaluated
@@ -14,8 +15,11 @@ count and on the same tokens, then each is scored on the same targets at several
 4. ``abs``: vanilla Transformer, absolute sinusoidal encoding, no memory; evaluated with the
    sliding window of §3.1 (``context=L``, one prediction per window), so the query for target t sees
    min(L, t) tokens, as for the memory models.
+5. ``rope``: recurrence + rotary positions (Su et al. 2021, ``attn_type="rope"``: queries and keys
+   rotated by their positions, no position parameters); evaluated like ``txl``. Not in the paper: the
+   modern scheme most models use, here with the memory.
 
-5. ``compressive`` (opt-in, ``compressive=True`` / ``txl ablate --compressive``): the Compressive
+6. ``compressive`` (opt-in, ``compressive=True`` / ``txl ablate --compressive``): the Compressive
    Transformer (Rae et al. 2019) at the same attention span: memory of ``mem_len // 2``, compressed
    memory of the other half (``cmem_len``), rate ``model.cmem_ratio`` of the base (3 by default),
    conv1d compression; evaluated at L with ``mem_len = L // 2``, ``cmem_len = L - L // 2`` and
@@ -23,7 +27,7 @@ count and on the same tokens, then each is scored on the same targets at several
 
 Parameter counts are matched by giving each variant its own ``d_inner`` (the variants differ only
 in their position parameters: ``r_net`` and u/v for "rel", the ``r_emb`` tables for "shaw", nothing
-for "abs"); the remaining difference is at most half a feed-forward unit, ``n_layer * (2 * d_model + 1)
+for "abs" and "rope"); the remaining difference is at most half a feed-forward unit, ``n_layer * (2 * d_model + 1)
 / 2`` parameters. All variants use the base segment length and batch size, so with a token budget
 they take the same number of steps over exactly the same training tokens; with a wall-clock budget
 each gets an equal share of the time (steps from a timing of a few steps) and the tokens differ.
@@ -73,6 +77,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("rel-no-recurrence", "relative encoding, no recurrence", "rel", False, "segments"),
     Variant("shaw", "recurrence + Shaw et al. (2018) encoding", "shaw", True, "memory"),
     Variant("abs", "vanilla Transformer, absolute encoding", "abs", False, "sliding-window"),
+    Variant("rope", "recurrence + rotary positions (Su et al. 2021)", "rope", True, "memory"),
 )
 COMPRESSIVE = Variant("compressive", "compressive memory (Rae et al. 2019), equal attention span", "rel", True,
                       "compressive")
@@ -116,6 +121,8 @@ def variant_model_config(base: TransformerXLConfig, variant: Variant) -> Transfo
     if variant.protocol == "compressive":  # half the span as memory, half as compressed slots
         values["mem_len"] = base.mem_len // 2
         values["cmem_len"] = base.mem_len - base.mem_len // 2
+    if variant.attn_type == "rope":
+        values["clamp_len"] = 0  # (rotations have no clamp)
     if variant.attn_type == "shaw" and values["shaw_max_dist"] < 1:
         values["shaw_max_dist"] = base.tgt_len + base.mem_len - 1  # every distance seen in training
     return TransformerXLConfig.from_dict(values)
@@ -218,7 +225,7 @@ PROTOCOL_TEXT = {
 def run_ablation(base: RunConfig, data: str | None, out_dir: str | Path, *, budget_tokens: int | None = None,
                  budget_minutes: float | None = None, lengths: list[int] = (64, 128, 256), eval_tokens: int = 4000,
                  progress: bool = False, log: Callable[[str], None] = print, compressive: bool = False) -> dict:
-    """Train and evaluate the four variants of Table 6 and write the table, JSON and plot into ``out_dir``.
+    """Train and evaluate the variants (Table 6 and rotary) and write the table, JSON and plot into ``out_dir``.
 
     Args:
         base: the base run (model, data tokenizer, training hyper-parameters); its ``train.max_steps``

@@ -138,8 +138,8 @@ class TransformerXLForSequenceClassification(nn.Module):
             classifier = ClassifierConfig(num_labels=num_labels, **settings)
         elif num_labels is not None or settings:
             raise TxlError("give either a ClassifierConfig or num_labels and settings, not both")
-        if classifier.mode == "memory" and config.attn_type == "abs":
-            raise TxlError(f"mode='memory' needs a model with memory (attn_type 'rel' or 'shaw'); the attn_type={config.attn_type!r} model has "
+        if classifier.mode == "memory" and not config.has_memory:
+            raise TxlError(f"mode='memory' needs a model with memory (attn_type 'rel', 'shaw' or 'rope'); the attn_type={config.attn_type!r} model has "
                            "no memory: use mode='first' or 'last' (one window of tgt_len tokens)")
         self.classifier = classifier
         self.body = TransformerXLLM(config)

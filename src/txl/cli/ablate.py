@@ -9,10 +9,11 @@ from txl.cli.common import add_data, add_threads
 from txl.errors import TxlError
 
 NAME = "ablate"
-HELP = "train and compare the paper's Table 6 variants (recurrence, relative/Shaw/absolute encoding)"
+HELP = "train and compare the paper's Table 6 variants (recurrence, relative/Shaw/absolute encoding) and rotary"
 EXAMPLE = "txl ablate --data data/shakespeare.txt --budget-minutes 20 --out runs/ablate"
 DETAILS = ("Train full Transformer-XL, relative encoding without recurrence, recurrence with Shaw et al. (2018) "
-           "encoding and a vanilla absolute-position Transformer at equal parameter count and budget, score them "
+           "encoding, a vanilla absolute-position Transformer and recurrence with rotary positions (Su et al. 2021) "
+           "at equal parameter count and budget, score them "
            "at several attention lengths, and write ablation.md, results.json and ablation.png into --out. "
            "Needs matplotlib: in the txl folder, .venv/bin/python -m pip install -e '.[plot]'.")
 

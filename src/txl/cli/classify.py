@@ -121,8 +121,7 @@ def _train_claimed(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     note_threads(args)
     lm_dir = resolve_checkpoint_dir(args.checkpoint)
-    attn_type = read_model_config(lm_dir).attn_type
-    mode = args.mode or ("first" if attn_type == "abs" else "memory")
+    mode = args.mode or ("memory" if read_model_config(lm_dir).has_memory else "first")
     docs = load_labelled(args.data)
     names = sorted({d.label for d in docs})
     if args.valid is None:

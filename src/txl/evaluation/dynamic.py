@@ -202,7 +202,7 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
                 model.zero_grad(set_to_none=True)
             settings = {"protocol": f"dynamic-{method}", "lr": lr, "decay": decay,
                         "stats": "online" if online is not None else ("train" if method == "rms" else "none"),
-                        "tgt_len": span.tgt_len, "mem_len": span.mem_len if model.config.attn_type != "abs" else 0,
+                        "tgt_len": span.tgt_len, "mem_len": span.mem_len if model.config.has_memory else 0,
                         "clamp_len": span.clamp_len, "same_length": span.same_length, "batch_size": 1}
     finally:
         with torch.no_grad():

@@ -28,8 +28,8 @@ def sweep_mem_len(model, tokens: np.ndarray, mem_lens: list[int], *, warmup: boo
     Raises:
         TxlError: a vanilla (``attn_type="abs"``) model, which has no memory, or evaluation errors.
     """
-    if model.config.attn_type == "abs":
-        raise TxlError("--sweep-mem needs a model with memory (attn_type rel or shaw); a vanilla model has no memory")
+    if not model.config.has_memory:
+        raise TxlError("--sweep-mem needs a model with memory (attn_type rel, shaw or rope); a vanilla model has no memory")
     top = max(mem_lens)
     progress = eval_kwargs.pop("progress", False)
     results = []

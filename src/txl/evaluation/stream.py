@@ -127,7 +127,7 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     device = next(model.parameters()).device
     span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
                         same_length=same_length, cmem_len=cmem_len)
-    has_memory = model.config.attn_type != "abs"
+    has_memory = model.config.has_memory
     context = span.mem_len if warmup and has_memory else 0
     if max_tokens:
         tokens = tokens[: max_tokens + 1 + context]

@@ -97,7 +97,7 @@ def beam_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: 
         true_lp = [0.0] * (k + 1)
         greedy_score, greedy_done = 0.0, False
         finished: list[tuple[float, float, list[int]]] = []  # (score, logprob, tokens)
-        state = DecodingState(model.config.n_layer, span, keep_mems=False) if model.config.attn_type != "abs" else None
+        state = DecodingState(model.config.n_layer, span, keep_mems=False) if model.config.has_memory else None
         mems = None
         if state is not None:
             mems = prime_memory(model, input_ids[:, :-1], None, state)  # None once the state holds the memory

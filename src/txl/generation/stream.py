@@ -117,7 +117,7 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
     """Yield ``max_new_tokens`` :class:`GenerationStep` objects (the sampled tokens [B] and the scores
     they were drawn from), one forward of one token per step.
 
-    For ``attn_type`` "rel" and "shaw" the prompt (all but its last token) is fed once in chunks of ``tgt_len`` to
+    For a model with memory ("rel", "shaw", "rope") the prompt (all but its last token) is fed once in chunks of ``tgt_len`` to
     build the memory; then each step feeds only the newest token with the memory (cost per token grows
     with ``mem_len``, not with the length of the text). ``attn_type="abs"`` has no memory: each step
     recomputes a sliding window of the last ``tgt_len`` tokens (the vanilla protocol).
@@ -151,7 +151,7 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
     input_ids, ragged = _check_prompts(model, input_ids)
     if ragged and mems is not None:
         raise TxlError("prompts of different lengths start without a memory: pass mems=None")
-    if model.config.attn_type == "abs" and mems is not None:
+    if not model.config.has_memory and mems is not None:
         raise TxlError("attn_type='abs' (vanilla Transformer) has no memory: pass mems=None")
     if max_new_tokens < 0:
         raise TxlError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -160,7 +160,7 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
     rules = rules_from(rules, temperature=temperature, top_k=top_k, top_p=top_p, **rule_fields)
     choose = Chooser(len(input_ids), rules, generator, end_ids)
     with eval_mode(model):
-        if model.config.attn_type == "abs":
+        if not model.config.has_memory:
             rows = [p[None] for p in input_ids] if ragged else [input_ids]
             for _ in range(max_new_tokens):
                 logits = torch.cat([model(seq[:, -span.tgt_len:], span=span).logits[:, -1] for seq in rows])

@@ -1,4 +1,6 @@
-"""Multi-head attention for Transformer-XL: relative (paper §3.3), Shaw et al. (2018) and absolute.
+"""Multi-head attention for Transformer-XL and the kernels of its relative position term (paper §3.3).
+
+How positions enter a layer is a scheme of :mod:`txl.model.positions` (relative, Shaw, absolute, rotary).
 
 Shapes use B = batch, T = query length (current segment), M = memory length, K = M + T keys,
 H = heads, D = d_head. Everything is batch-first.
@@ -11,7 +13,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from txl.errors import TxlError
 from txl.model.decoding import LayerCache
 from txl.model.dropout import Dropout
 from txl.model.linear import memory_rows_linear, step_linear
@@ -263,73 +264,65 @@ def shaw_distances(klen: int, max_dist: int, device: torch.device | str) -> torc
 
 
 class MultiHeadAttention(nn.Module):
-    """Masked multi-head attention over [memory + current] with relative or absolute positions.
+    """Masked multi-head attention over [memory + current segment], its positions given by a scheme.
 
-    ``attn_type="rel"`` scores query i against key j as (paper §3.3)
-    ``A = (q_i + u)·k_j + (q_i + v)·W_kR R_{i-j}`` scaled by ``1/sqrt(d_head)``, where
-    u = ``r_w_bias``, v = ``r_r_bias`` [H, D]; terms (a)+(c) and (b)+(d) respectively.
-    ``attn_type="shaw"`` scores ``(q_i·k_j + q_i·a_{min(i-j, max_dist)}) / sqrt(d_head)`` (Shaw et al.
-    2018, relative positions on the keys, as Transformer-XL's Table 6 compares it): terms (a) and (b)
-    only, with ``W_kR R`` replaced by a learned table ``r_emb`` [max_dist + 1, H, D] of this layer
-    (one vector per clipped distance and head) and no u, v. Distances count over [memory + current],
-    so it works with memory exactly like "rel".
-    ``attn_type="abs"`` scores ``q_i·k_j / sqrt(d_head)`` (positions were added to the input).
+    Queries, keys and values are ``h W_q``, ``h̃ W_kE``, ``h̃ W_v`` with ``h̃ = [SG(mem) ∘ h]`` (paper
+    §3.2); how positions enter the scores is the business of ``positions``, a
+    :class:`~txl.model.positions.PositionScheme` chosen by ``config.attn_type`` ("rel": the paper's
+    §3.3, "shaw", "abs", "rope"; see :mod:`txl.model.positions`). The scores are scaled by
+    ``1/sqrt(d_head)``.
 
     Parameters: ``qkv_net`` (W_q, W_kE, W_v stacked, no bias), ``o_net`` (no bias), ``layer_norm``,
-    for "rel" ``r_net`` (W_kR, no bias) and, with ``own_biases``, this layer's own
-    ``r_w_bias``/``r_r_bias``; for "shaw" ``r_emb``. Which u, v a "rel" layer uses is decided once
-    here: its own, or ``shared_biases`` (the model's Parameters, registered here as tied parameters,
-    as a tied softmax weight is: ``named_parameters()`` and saved checkpoints hold them once, under
-    the model's ``r_w_bias``/``r_r_bias``, and ``forward`` always reads ``self.r_w_bias``).
+    and the scheme's own under the reference names: for "rel" ``r_net`` (W_kR, no bias) and, with
+    ``untie_r``, this layer's own ``r_w_bias``/``r_r_bias``, else ``shared_biases`` (the model's
+    Parameters, registered here as tied parameters, as a tied softmax weight is: ``named_parameters()``
+    and saved checkpoints hold them once, under the model's ``r_w_bias``/``r_r_bias``); for "shaw"
+    ``r_emb``.
+
+    Args:
+        config: the model's :class:`~txl.model.TransformerXLConfig` (``d_model``, ``n_head``,
+            ``d_head``, ``dropout``, ``dropatt``, ``pre_lnorm`` and the scheme's settings).
+        positions: the scheme (:func:`~txl.model.positions.position_scheme`).
+        shared_biases: for "rel" without ``untie_r``, the model's u and v.
 
     Raises:
-        TxlError: "shaw" without ``shaw_max_dist >= 1``, or "rel" with neither own nor shared biases.
+        TxlError: settings the scheme refuses ("shaw" without ``shaw_max_dist >= 1``, "rel" with
+            neither own nor shared biases).
     """
 
     param_kinds = {"r_w_bias": "position_bias", "r_r_bias": "position_bias", "r_emb": "position_table"}
 
-    def __init__(self, d_model: int, n_head: int, d_head: int, dropout: float, dropatt: float,
-                 pre_lnorm: bool, attn_type: str, own_biases: bool, shaw_max_dist: int = 0,
-                 shared_biases: tuple[nn.Parameter, nn.Parameter] | None = None) -> None:
+    def __init__(self, config, positions, shared_biases: tuple[nn.Parameter, nn.Parameter] | None = None) -> None:
         super().__init__()
-        self.n_head, self.d_head, self.attn_type, self.pre_lnorm = n_head, d_head, attn_type, pre_lnorm
-        self.scale = 1.0 / math.sqrt(d_head)
-        self.qkv_net = nn.Linear(d_model, 3 * n_head * d_head, bias=False)
-        self.o_net = nn.Linear(n_head * d_head, d_model, bias=False)
-        self.layer_norm = nn.LayerNorm(d_model)
-        self.drop = Dropout(dropout)
-        self.dropatt = nn.Dropout(dropatt)
-        if attn_type == "rel":
-            self.r_net = nn.Linear(d_model, n_head * d_head, bias=False)
-            if own_biases:
-                self.r_w_bias = nn.Parameter(torch.empty(n_head, d_head))
-                self.r_r_bias = nn.Parameter(torch.empty(n_head, d_head))
-            elif shared_biases is None:
-                raise TxlError("attn_type='rel' without own biases needs shared_biases (u, v)")
-            else:
-                self.r_w_bias, self.r_r_bias = shared_biases  # tied: the same Parameter objects
-        elif attn_type == "shaw":
-            if shaw_max_dist < 1:
-                raise TxlError(f"attn_type='shaw' needs shaw_max_dist >= 1, got {shaw_max_dist}")
-            self.max_dist = shaw_max_dist
-            self.r_emb = nn.Parameter(torch.empty(shaw_max_dist + 1, n_head, d_head))
+        c = config
+        self.n_head, self.d_head, self.pre_lnorm, self.positions = c.n_head, c.d_head, c.pre_lnorm, positions
+        self.scale = 1.0 / math.sqrt(c.d_head)
+        self.qkv_net = nn.Linear(c.d_model, 3 * c.n_head * c.d_head, bias=False)
+        self.o_net = nn.Linear(c.n_head * c.d_head, c.d_model, bias=False)
+        self.layer_norm = nn.LayerNorm(c.d_model)
+        self.drop = Dropout(c.dropout)
+        self.dropatt = nn.Dropout(c.dropatt)
+        positions.add_parameters(self, c, shared_biases)
 
-    def forward(self, h: torch.Tensor, mem: torch.Tensor | None, pos_emb: torch.Tensor | None,
-                mask: torch.Tensor, cache: LayerCache | None = None, window: int | None = None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, mem: torch.Tensor | None, positions, mask: torch.Tensor,
+                cache: LayerCache | None = None, window: int | None = None) -> torch.Tensor:
         """Attend from the current segment to [memory + current segment].
 
         Args:
             h: [B, T, d_model] input of this layer for the current segment.
             mem: [B, M, d_model] memory of this layer (detached states of earlier segments) or None.
                 Ignored when ``cache`` already holds the memory's keys and values.
-            pos_emb: [K, d_model] sinusoidal R for distances K-1 ... 0 ("rel" only; None otherwise,
-                and None with a ``cache`` whose ``segment_pos_keys`` already hold this key length's).
+            positions: the call's positional input from the scheme's ``segment`` (for "rel" R
+                [K, d_model] for distances K-1 ... 0, or None with a ``cache`` whose
+                ``segment_pos_keys`` already hold this key length's; for "rope" the cos and sin of
+                the keys' positions; None for "shaw" and "abs").
             mask: bool [T, K], True = not visible (see :func:`attention_mask`).
             cache: this layer's part of a :class:`~txl.model.decoding.DecodingState` (incremental
-                decoding without autograd, "rel" and "shaw"): the keys and values of the memory are
-                read from it instead of being projected from ``mem``, and the last ``capacity``
-                keys/values of this call are stored in it. Keys do not depend on position in relative
-                attention, so this is exact.
+                decoding without autograd, a scheme with memory): the keys and values of the memory
+                are read from it instead of being projected from ``mem``, and the last ``capacity``
+                keys/values of this call are stored in it. A kept key does not change as the query
+                moves on (relative positions, or a rotary key rotated once at its own position), so
+                this is exact.
             window: when ``mask`` is exactly :func:`attention_mask` without padding, 0 (causal) or
                 the same_length ``mem_len`` (see :func:`biased_attention`); None otherwise.
 
@@ -342,6 +335,7 @@ class MultiHeadAttention(nn.Module):
         if cache is not None and cache.state.length > 0:  # the memory's keys/values are in the cache
             x = self.layer_norm(h) if self.pre_lnorm else h
             q, k, v = (self._heads(t) for t in F.linear(x, w).split(hd, dim=-1))
+            q, k = self.positions.rotate(q, k, positions)
             k, v = cache.update(k, v, h)  # [memory + segment]
         else:
             mlen = 0 if mem is None else mem.size(1)
@@ -353,83 +347,47 @@ class MultiHeadAttention(nn.Module):
             detached = mlen > 0 and not mem.requires_grad and not self.pre_lnorm
             kv = memory_rows_linear(x, w[hd:], mlen) if detached else F.linear(x, w[hd:])
             k, v = (self._heads(t) for t in kv.split(hd, dim=-1))
+            q, k = self.positions.rotate(q, k, positions)
             if cache is not None:  # a state's first call: keep the last keys/values
                 k, v = cache.update(k, v, cat)
-        klen = k.size(2)
-
         dropatt = self.dropatt.p if self.training else 0.0
-        if self.attn_type == "rel":
-            u, vb = self.r_w_bias, self.r_r_bias
-            if pos_emb is None:  # a decoding state's layer: the positions of this key length are kept
-                r_k = cache.segment_pos_keys
-            else:
-                r_k = self.r_net(pos_emb).view(klen, self.n_head, self.d_head).permute(1, 2, 0)  # [H, D, K]
-                if cache is not None:  # padded and contiguous once, not a strided copy per segment
-                    r_k = cache.segment_pos_keys = padded_position_keys(r_k)
-            # (b) + (d), pre-scaled, realigned and masked, becomes an additive bias of the fused kernel,
-            # which computes softmax(scale * (q + u)·k + bias) @ v, i.e. (a) + (c) + (b) + (d).
-            vec = biased_attention(q + u[:, None, :], (q + vb[:, None, :]) * self.scale, k, v, r_k, mask,
-                                   scale=self.scale, dropout_p=dropatt, window=window)
-        elif self.attn_type == "shaw":
-            # the learned a_d for distances K-1 ... 0 (clipped), then the same realignment as "rel":
-            # (b) = q·a becomes the additive bias, the kernel adds (a) = q·k
-            r_k = self.r_emb[shaw_distances(klen, self.max_dist, q.device)].permute(1, 2, 0)  # [H, D, K]
-            vec = biased_attention(q, q * self.scale, k, v, r_k.to(q.dtype), mask, scale=self.scale,
-                                   dropout_p=dropatt, window=window)
-        else:
-            # no memory and no padding: the mask is the causal one, and the kernel skips its blocks
-            vec = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropatt, scale=self.scale)
+        vec = self.positions.attend(self, q, k, v, positions, mask, cache, window, dropatt)
         vec = vec.transpose(1, 2).reshape(bsz, qlen, hd)  # [B, T, H*D]
         out = self.drop(self.o_net(vec))
         return h + out if self.pre_lnorm else self.layer_norm(h + out)
 
-    def step(self, h: torch.Tensor, cache: LayerCache, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def step(self, h: torch.Tensor, cache: LayerCache, key_mask: torch.Tensor | None = None,
+             positions=None) -> torch.Tensor:
         """One decoding step of one new token per row, reading and updating the ring buffers.
 
         Computes exactly what :meth:`forward` computes for a one-token segment after the memory held
         in ``cache.state`` (same scores, same keys), without concatenating or copying the memory:
-        the token's key and value are written to slot ``state.next_slot`` and the position scores
-        are read from the doubled table at the rotation that gives each slot its distance. No key
-        is masked: every filled slot is in the past (with ``same_length`` the capacity is
-        ``mem_len``, so the oldest key has already been overwritten, as the mask would drop it).
+        the token's key and value are written to slot ``state.next_slot`` and the scheme scores the
+        query against the filled slots in slot order (for "rel" and "shaw" reading its doubled table
+        of distances at the rotation that gives each slot its distance). No key is masked: every
+        filled slot is in the past (with ``same_length`` the capacity is ``mem_len``, so the oldest
+        key has already been overwritten, as the mask would drop it).
 
         Args:
             h: [B, 1, d_model] input of this layer for the new token (eval mode, no autograd).
-            cache: this layer's :class:`~txl.model.decoding.LayerCache` ("rel" or "shaw"); its
-                ``pos_keys`` are computed on the first step from ``state.pos_emb``.
+            cache: this layer's :class:`~txl.model.decoding.LayerCache`.
             key_mask: bool [B, 1, 1, K] True for slots a row must not attend to (the padding of
                 memories of different lengths, see :func:`txl.model.transformer.slot_padding_mask`).
+            positions: what the scheme's ``step_positions`` built for this step (None for "rel", "shaw").
 
         Returns:
             [B, 1, d_model]: the sub-layer output, as :meth:`forward`.
         """
-        state = cache.state
         bsz, heads, d_head = h.size(0), self.n_head, self.d_head
         rows = bsz * heads
         norm = self.layer_norm  # functional calls on [B*H, ...] views: a step is mostly call overhead
         x = F.layer_norm(h, norm.normalized_shape, norm.weight, norm.bias, norm.eps) if self.pre_lnorm else h
         q, k, v = step_linear(x, self.qkv_net.weight).view(bsz, 3, heads, d_head).unbind(1)  # [B, H, D] each
+        q, k = self.positions.step_rotate(q, k, positions)
         keys, values = cache.update(k.unsqueeze(2), v.unsqueeze(2), h)  # the filled slots, in slot order
         klen = keys.size(2)
         keys, values = keys.view(rows, klen, d_head), values.view(rows, klen, d_head)  # views: no copy
-        if cache.pos_keys is None:
-            cache.pos_keys = self._step_pos_keys(state, q.dtype)
-            if self.attn_type == "rel":  # u and v times the scale, for q_c = (q + u) * scale in one operation
-                cache.query_biases = torch.stack([self.r_w_bias, self.r_r_bias]).to(q.dtype) * self.scale
-        off = state.pos_offset(klen)
-        r_k = cache.pos_keys[:, :, off:off + klen]  # [H, D, K]: slot s's distance in column s
-        if self.attn_type == "rel":
-            u, vb = cache.query_biases
-            q_c, q_r = torch.add(u, q, alpha=self.scale), torch.add(vb, q, alpha=self.scale)
-        else:
-            q_c = q_r = q * self.scale
-        # scaled before the products (as the fused kernel does), so that half-precision scores stay in
-        # range; position scores as one [B, D] x [D, K] product per head (broadcasting r_k over the
-        # batch in a batched matmul would copy it B times per layer and step), then the content
-        # scores added to them in one product over the B*H rows
-        bias = torch.bmm(q_r.transpose(0, 1), r_k)  # [H, B, K]
-        scores = torch.baddbmm(bias.transpose(0, 1).reshape(rows, 1, klen), q_c.reshape(rows, 1, d_head),
-                               keys.transpose(1, 2))  # [B*H, 1, K]
+        scores = self.positions.step_scores(self, q, keys, cache, positions)  # [B*H, 1, K], scaled
         if key_mask is not None:
             scores.view(bsz, heads, 1, klen).masked_fill_(key_mask, float("-inf"))
         # one query: two small products and a softmax beat the fused kernel's blocking on a CPU
@@ -439,18 +397,6 @@ class MultiHeadAttention(nn.Module):
         if self.pre_lnorm:
             return h + out
         return F.layer_norm(h + out, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
-
-    def _step_pos_keys(self, state, dtype: torch.dtype) -> torch.Tensor:
-        """The position keys for distances P-1 ... 0, P = ``state.pos_period``: [H, D, P] while the
-        memory fills, [H, D, 2 * S] (twice in a row) once P = S (see :class:`LayerCache`)."""
-        period = state.pos_period
-        if self.attn_type == "rel":
-            r_k = self.r_net(state.pos_emb).view(period, self.n_head, self.d_head).permute(1, 2, 0)
-        else:
-            r_k = self.r_emb[shaw_distances(period, self.max_dist, self.r_emb.device)].permute(1, 2, 0)
-        if period == state.capacity:
-            r_k = torch.cat([r_k, r_k], dim=-1)
-        return r_k.to(dtype).contiguous()
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         """[B, L, H*D] -> [B, H, L, D]."""

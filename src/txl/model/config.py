@@ -9,9 +9,11 @@ from typing import Any
 from txl.config import check_fields
 from txl.errors import TxlError
 from txl.runtime import format_bytes
+from txl.model.positions import SCHEMES, position_scheme
 from txl.model.span import AttentionSpan
 
-ATTN_TYPES = ("rel", "shaw", "abs")
+ATTN_TYPES = tuple(SCHEMES)  # "rel", "shaw", "abs", "rope" (txl.model.positions)
+
 COMPRESSIONS = ("conv1d", "max_pool", "mean_pool")  # the compression functions f_c of Rae et al. (2019) §3.1
 
 
@@ -39,8 +41,9 @@ class TransformerXLConfig:
         tie_weight: share the input embedding matrix with the output softmax weights.
         attn_type: ``"rel"`` (Transformer-XL relative attention, §3.3), ``"shaw"`` (Shaw et al. 2018:
             a learned vector per clipped distance added to the keys, with memory; the paper's Table 6
-            comparison) or ``"abs"`` (the vanilla Transformer baseline: absolute sinusoidal positions
-            added to the input, no memory).
+            comparison), ``"rope"`` (rotary positions, Su et al. 2021, with memory; ``d_head`` even,
+            no ``clamp_len``) or ``"abs"`` (the vanilla Transformer baseline: absolute sinusoidal
+            positions added to the input, no memory). See :mod:`txl.model.positions`.
         shaw_max_dist: for ``attn_type="shaw"``, the largest distance with its own learned vector
             (Shaw's clipping distance k); longer distances share the vector of ``shaw_max_dist``. Each
             layer holds a table [shaw_max_dist + 1, n_head, d_head]. Unused by the other types.
@@ -54,7 +57,7 @@ class TransformerXLConfig:
             the reference default ``[False] + [True] * len(cutoffs)``.
         proj_init_std: standard deviation of the normal initialisation of the projections.
         cmem_len: compressed-memory slots kept per layer (Compressive Transformer, Rae et al. 2019;
-            0: off, the plain Transformer-XL). Needs ``attn_type`` "rel" or "shaw". See
+            0: off, the plain Transformer-XL). Needs an ``attn_type`` with memory. See
             :mod:`txl.model.compressive` and docs/compressive.md.
         cmem_ratio: compression rate c: each group of c states leaving the memory becomes one
             compressed slot (>= 1; the paper uses 3 for enwik8 and 4 for WikiText-103).
@@ -116,11 +119,7 @@ class TransformerXLConfig:
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise TxlError(f"model.{name} must be in [0, 1), got {value}")
-        if self.attn_type not in ATTN_TYPES:
-            raise TxlError(f"model.attn_type must be one of {', '.join(ATTN_TYPES)}, got {self.attn_type!r}")
-        if self.attn_type == "shaw" and self.shaw_max_dist < 1:
-            raise TxlError(f"model.attn_type='shaw' needs model.shaw_max_dist >= 1 (the clipping distance, e.g. "
-                           f"tgt_len + mem_len - 1), got {self.shaw_max_dist}")
+        position_scheme(self.attn_type).check(self)  # (an unknown attn_type raises there)
         if self.shaw_max_dist < 0:
             raise TxlError(f"model.shaw_max_dist must be >= 0, got {self.shaw_max_dist}")
         if not self.init_std > 0 or not self.proj_init_std > 0:
@@ -143,10 +142,16 @@ class TransformerXLConfig:
             raise TxlError(f"model.compression must be one of {', '.join(COMPRESSIONS)}, got {self.compression!r}")
         if not self.recon_loss_weight >= 0:
             raise TxlError(f"model.recon_loss_weight must be >= 0, got {self.recon_loss_weight}")
-        if self.cmem_len and self.attn_type == "abs":
-            raise TxlError("model.cmem_len > 0 (compressed memory) needs a memory: attn_type 'rel' or 'shaw', not 'abs'")
+        if self.cmem_len and not self.has_memory:
+            raise TxlError(f"model.cmem_len > 0 (compressed memory) needs a memory: attn_type 'rel', 'shaw' or 'rope', "
+                           f"not {self.attn_type!r}")
         if self.tie_projs and len(self.tie_projs) != len(self.cutoffs) + 1:
             raise TxlError(f"model.tie_projs needs one flag per cluster ({len(self.cutoffs) + 1}), got {self.tie_projs}")
+
+    @property
+    def has_memory(self) -> bool:
+        """Whether the model keeps a memory (every ``attn_type`` but the vanilla "abs")."""
+        return position_scheme(self.attn_type).memory
 
     @property
     def embed_dim(self) -> int:
@@ -174,10 +179,7 @@ class TransformerXLConfig:
         table = self.vocab_size * self.embed_dim + clusters * self.embed_dim * d  # tables + projections
         output = table + self.vocab_size + clusters * (self.embed_dim + 1)  # + biases and cluster weights
         per_layer = 4 * heads * d + 4 * d + 2 * d * d_inner + d_inner + d  # attention, LayerNorms, feed-forward
-        if self.attn_type == "rel":
-            per_layer += heads * d + 2 * heads  # r_net and per-layer u/v (counted whether untied or not)
-        elif self.attn_type == "shaw":
-            per_layer += (self.shaw_max_dist + 1) * heads
+        per_layer += position_scheme(self.attn_type).layer_parameter_count(self)
         if self.cmem_len and self.compression == "conv1d":
             per_layer += d * d * self.cmem_ratio + d  # the compression convolution
         return table + output + self.n_layer * per_layer + 2 * heads

@@ -4,7 +4,10 @@ In relative attention (paper §3.3, and Shaw et al.) a key does not depend on it
 enters only through the score term ``(q + v)·W_kR R_{i-j}``. So the keys and values of the memory can
 be projected once, kept, and reused at every later step, and a rotating (ring) buffer is exact: when
 the memory is full, the newest token's key overwrites the oldest one's slot, and the position scores
-are read with the rotation that gives each slot its distance to the query. A decoding step then
+are read with the rotation that gives each slot its distance to the query. With rotary positions
+("rope") a key is rotated once, at its position in the text (:attr:`DecodingState.seen` counts them),
+before it is kept; its score with a later query depends on the two positions' difference only, so
+the kept key stays right whatever slot it sits in (:class:`~txl.model.positions.Rotary`). A decoding step then
 costs O(mem_len) attention work per layer and O(1) copies, whatever the length of the text.
 
 One protocol serves both kinds of call: the model calls :meth:`DecodingState.begin` (a one-token
@@ -164,6 +167,7 @@ class DecodingState:
         self.keep_mems = keep_mems
         self.capacity = span.mem_len + (0 if span.same_length and span.mem_len > 0 else 1)
         self.length = 0
+        self.seen = 0  # keys taken in since the start: the text position of the next new key ("rope")
         self.next_slot = 0
         self.start = 0  # buffer position of slot 0
         self.room = 0  # buffer positions per layer (grows with the text; see grown and _begin_segment)
@@ -284,8 +288,10 @@ class DecodingState:
         read the old contents first, so the counters move only now). ``klen``: its key length."""
         if self._plan is _STEP:
             self._plan = None
+            self.seen += 1
             self._advance()
         else:
+            self.seen += klen - self.memory_length  # (a first call's keys include its starting memory)
             self._advance_to(klen)
 
     def _prepare_step(self, bytes_per_position: int, table_bytes_per_position: int) -> int | None:

@@ -21,6 +21,12 @@ The equations, as numbered in Dai et al. (2019), with n the layer and τ the seg
   code: ``clamp_len`` caps ``i - j`` in R, ``same_length`` hides keys ``mem_len`` or more back.
 - Shaw et al. (2018), the paper's Table 6 comparison: ``A_ij = q_i·k_j + q_i·a_{min(i-j, max_dist)}``,
   a learned table ``a`` per layer, no u, v.
+- Rotary positions (Su et al. 2021, ``attn_type="rope"``): q_i and k_j rotated by their positions;
+  per pair of dimensions (f, f + D/2), with ``θ_f = 10000^(-2f/D)`` and d = i - j::
+
+      A_ij = Σ_f (q_i,f k_j,f + q_i,f' k_j,f') cos(d θ_f) - (q_i,f' k_j,f - q_i,f k_j,f') sin(d θ_f)
+
+  (f' = f + D/2): a function of the distance only, written here as such, no rotation of anything.
 - The vanilla Transformer (§3.1, ``attn_type="abs"``): positions ``0 .. T-1`` added to the embedding,
   ``A_ij = q_i·k_j``, causal within the segment, no memory.
 - Compressive memory (Rae et al. 2019, §3, Algorithms 1-2): states leaving the memory are compressed
@@ -127,6 +133,15 @@ def attention(attn, h: torch.Tensor, memory: torch.Tensor, distances: torch.Tens
         scores = scores + by_distance.gather(-1, index.expand(*by_distance.shape[:2], -1, -1))  # (b): d = i-j
         scores = scores + torch.einsum("hd,bjhd->bhj", u, k)[:, :, None, :]  # (c)
         scores = scores + torch.einsum("hd,nhd->hn", vb, r_k)[:, index][None]  # (d)
+    elif attn_type == "rope":  # the rotated product as a function of the distance (see the module doc)
+        half = D // 2
+        theta = 1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.float64, device=h.device) / D))
+        angle = distances.to(torch.float64)[..., None] * theta  # [T, K, D/2]: d θ_f
+        cos, sin = angle.cos().to(h.dtype), angle.sin().to(h.dtype)
+        q1, q2, k1, k2 = q[..., :half], q[..., half:], k[..., :half], k[..., half:]
+        same = torch.einsum("bihf,bjhf->bhijf", q1, k1) + torch.einsum("bihf,bjhf->bhijf", q2, k2)
+        cross = torch.einsum("bihf,bjhf->bhijf", q2, k1) - torch.einsum("bihf,bjhf->bhijf", q1, k2)
+        scores = torch.einsum("bhijf,ijf->bhij", same, cos) - torch.einsum("bhijf,ijf->bhij", cross, sin)
     elif attn_type == "shaw":
         a = attn.r_emb[torch.arange(n, device=h.device).clamp(max=attn.max_dist)].to(h.dtype)  # a_{min(d, max_dist)}: [n, H, D]
         by_distance = torch.einsum("bihd,nhd->bhin", q, a)

@@ -174,7 +174,7 @@ def decoding_state(model, span: AttentionSpan) -> DecodingState | None:
     positions between segments instead of re-projecting them (the scores are the same; only the
     order of float additions inside the projections differs). Its hidden-state memory is not kept.
     """
-    if model.config.attn_type == "abs":
+    if not model.config.has_memory:
         return None
     return DecodingState(model.config.n_layer, span, keep_mems=False)
 

@@ -12,12 +12,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from txl.model.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, tie_adaptive
-from txl.model.attention import BLOCK_BYTES, MultiHeadAttention, attention_mask, relative_positions, sinusoid
+from txl.model.attention import BLOCK_BYTES, MultiHeadAttention, attention_mask
 from txl.model.compressive import Compressor, check_compressive_mems, layer_memory, split_mems, update_compressive
 from txl.model.config import TransformerXLConfig
 from txl.model.decoding import DecodingState, LayerCache, slot_padding_mask
 from txl.model.dropout import Dropout
 from txl.model.parameters import init_weights
+from txl.model.positions import position_scheme
 from txl.model.inputs import check_attention_fits, check_input_ids, check_labels, padding_mask
 from txl.model.linear import step_linear
 from txl.model.memory import Mems, check_mems, update_mems
@@ -91,21 +92,20 @@ class DecoderLayer(nn.Module):
                  shared_biases: tuple[nn.Parameter, nn.Parameter] | None = None) -> None:
         super().__init__()
         c = config
-        self.attn = MultiHeadAttention(c.d_model, c.n_head, c.d_head, c.dropout, c.dropatt, c.pre_lnorm,
-                                       c.attn_type, own_biases=c.untie_r, shaw_max_dist=c.shaw_max_dist,
-                                       shared_biases=shared_biases)
+        self.attn = MultiHeadAttention(c, position_scheme(c.attn_type), shared_biases)
         self.ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm)
         if c.cmem_len > 0:  # the compression function f_c of this layer (Rae et al. 2019)
             self.compress = Compressor(c.d_model, c.cmem_ratio, c.compression)
 
-    def forward(self, h: torch.Tensor, mem: torch.Tensor | None, pos_emb: torch.Tensor | None,
-                mask: torch.Tensor, cache: LayerCache | None = None, window: int | None = None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, mem: torch.Tensor | None, positions, mask: torch.Tensor,
+                cache: LayerCache | None = None, window: int | None = None) -> torch.Tensor:
         """[B, T, d_model] -> [B, T, d_model]; see :meth:`MultiHeadAttention.forward` for the arguments."""
-        return self.ff(self.attn(h, mem, pos_emb, mask, cache, window))
+        return self.ff(self.attn(h, mem, positions, mask, cache, window))
 
-    def step(self, h: torch.Tensor, cache: LayerCache, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def step(self, h: torch.Tensor, cache: LayerCache, key_mask: torch.Tensor | None = None,
+             positions=None) -> torch.Tensor:
         """One decoding step [B, 1, d_model] -> [B, 1, d_model]; see :meth:`MultiHeadAttention.step`."""
-        return self.ff.step(self.attn.step(h, cache, key_mask))  # evaluation mode only (see _check_state)
+        return self.ff.step(self.attn.step(h, cache, key_mask, positions))  # evaluation mode only (see _check_state)
 
 
 class TransformerXLLM(nn.Module):
@@ -114,6 +114,8 @@ class TransformerXLLM(nn.Module):
     ``attn_type="rel"``: the paper's model (§3.2 recurrence, §3.3 relative positions).
     ``attn_type="shaw"``: the same recurrence with Shaw et al. (2018) learned relative positions
     (per-layer tables ``layers[n].attn.r_emb``, no u/v): the paper's Table 6 comparison.
+    ``attn_type="rope"``: the same recurrence with rotary positions (Su et al. 2021; keys rotated at
+    their positions, see :class:`~txl.model.positions.Rotary`).
     ``attn_type="abs"``: the vanilla Transformer baseline (absolute sinusoidal positions added to the
     scaled embedding, causal attention within the segment, no memory).
 
@@ -142,11 +144,8 @@ class TransformerXLLM(nn.Module):
         self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val,
                                           c.init_std, c.proj_init_std)
         self.drop = Dropout(c.dropout)
-        shared = None
-        if c.attn_type == "rel" and not c.untie_r:
-            self.r_w_bias = nn.Parameter(torch.empty(c.n_head, c.d_head))
-            self.r_r_bias = nn.Parameter(torch.empty(c.n_head, c.d_head))
-            shared = (self.r_w_bias, self.r_r_bias)
+        self.positions = position_scheme(c.attn_type)  # how positions enter (txl.model.positions)
+        shared = self.positions.model_parameters(self, c)  # "rel": u and v, unless untie_r
         self.layers = nn.ModuleList(DecoderLayer(c, shared) for _ in range(c.n_layer))
         self.crit = ProjectedAdaptiveLogSoftmax(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val,
                                                 c.init_std, c.proj_init_std)
@@ -172,7 +171,7 @@ class TransformerXLLM(nn.Module):
             labels: int64 [B, T] next tokens already aligned with ``input_ids`` (no shift is done
                 here); positions equal to -100 are ignored.
             caches: a caller-owned :class:`~txl.model.DecodingState` for incremental decoding
-                (no autograd, ``attn_type`` "rel" or "shaw"; see :func:`txl.generation.generate_stream`).
+                (no autograd, an ``attn_type`` with memory; see :func:`txl.generation.generate_stream`).
                 It holds the memory as the keys and values of the remembered tokens: ``mems`` may
                 start it (first call only) and the returned ``mems`` is None; read the hidden-state
                 memory with ``caches.mems()``. One-token calls take the ring-buffer step (no copy of
@@ -252,8 +251,8 @@ class TransformerXLLM(nn.Module):
         weight = self.word_emb.emb_layers[0].weight
         # value (range) checks run on CPU tensors only: on a GPU they would cost a host sync per step
         bsz, qlen = check_input_ids(input_ids, c.vocab_size, weight.device)
-        if c.attn_type == "abs" and mems is not None:
-            raise TxlError("attn_type='abs' (vanilla Transformer) has no memory: pass mems=None")
+        if not self.positions.memory and mems is not None:
+            raise TxlError(f"attn_type={c.attn_type!r} (vanilla Transformer) has no memory: pass mems=None")
         if span.cmem_len > 0:
             if mem_padding is not None:
                 raise TxlError("mem_padding (prompts of different lengths) is not supported with a compressed "
@@ -267,30 +266,21 @@ class TransformerXLLM(nn.Module):
                     return self._step(input_ids, caches, mem_padding), None, None
                 mlen = caches.memory_length
         klen = mlen + qlen
-        if c.attn_type != "abs":  # ("abs" uses the causal kernel, which keeps no scores)
+        if self.positions.keeps_scores:  # ("abs" uses the causal kernel, which keeps no scores)
             check_attention_fits(bsz, c.n_head, qlen, klen, c.n_layer, self._key_dtype(weight).itemsize,
                                  torch.is_grad_enabled() and weight.requires_grad, weight.device, BLOCK_BYTES)
 
         emb = self.word_emb(input_ids)  # [B, T, d_model], scaled by sqrt(d_model)
+        memory = self.positions.memory
+        first = 0 if caches is None else caches.seen - caches.memory_length  # the text position of key 0
+        positions = self.positions.segment(c, klen, first, span, emb.device, emb.dtype, self.drop, caches)
+        h = self.drop(self.positions.embed(emb))  # "abs": positions 0 .. T-1 added to the input
+        mask = attention_mask(qlen, mlen, span.same_length and memory, span.mem_len, emb.device)
         window = None
-        if c.attn_type != "abs":  # "rel" and "shaw": positions enter in every layer's attention
-            pos_emb = None  # "shaw": each layer looks its distances up in its own table
-            if c.attn_type == "rel" and caches is not None and caches.segment_klen == klen:
-                pass  # each layer of the decoding state keeps its projected positions for this key length
-            elif c.attn_type == "rel":
-                if caches is not None:  # valid again once every layer holds this key length's positions
-                    caches.segment_klen = -1
-                pos_emb = self.drop(sinusoid(relative_positions(klen, span.clamp_len, emb.device), c.d_model).to(emb.dtype))
-            h = self.drop(emb)
-            mask = attention_mask(qlen, mlen, span.same_length, span.mem_len, emb.device)
-            if mem_padding is not None:
-                mask = mask | padding_mask(mem_padding, bsz, mlen, klen)
-            else:  # the mask is "future", or "future or distance >= mem_len" (see biased_attention)
-                window = span.mem_len if span.same_length else 0
-        else:
-            pos_emb = None
-            h = self.drop(emb + sinusoid(torch.arange(qlen, device=emb.device), c.d_model).to(emb.dtype))
-            mask = attention_mask(qlen, 0, False, 0, emb.device)
+        if mem_padding is not None and memory:
+            mask = mask | padding_mask(mem_padding, bsz, mlen, klen)
+        else:  # the mask is "future", or "future or distance >= mem_len" (see biased_attention)
+            window = span.mem_len if span.same_length and memory else 0
 
         hids = []
         if caches is not None:  # every check that may still reject the call is behind us
@@ -299,19 +289,17 @@ class TransformerXLLM(nn.Module):
         try:
             for i, layer in enumerate(self.layers):
                 hids.append(h)
-                h = layer(h, None if mems is None else mems[i], pos_emb, mask,
+                h = layer(h, None if mems is None else mems[i], positions, mask,
                           None if caches is None else caches.layers[i], window)
         except BaseException:
             if caches is not None:  # some layers may have moved or written their buffers, others not
                 caches.failed = True
             raise
         h = self.drop(h)
-        if caches is not None and c.attn_type == "rel":
-            caches.segment_klen = klen
-
-        if c.attn_type == "abs":
+        if not memory:
             return h, None, None
         if caches is not None:
+            caches.segment_klen = klen  # (the key length whose positions the layers now hold)
             caches.commit(klen)
             return h, None, None
         return h, update_mems(mems, hids, span.mem_len, detach=detach_mems), None
@@ -340,9 +328,7 @@ class TransformerXLLM(nn.Module):
         extra = clen + plen
         klen = extra + mlen + qlen
         emb = self.word_emb(input_ids)
-        pos_emb = None
-        if c.attn_type == "rel":
-            pos_emb = self.drop(sinusoid(relative_positions(klen, span.clamp_len, emb.device), c.d_model).to(emb.dtype))
+        positions = self.positions.segment(c, klen, 0, span, emb.device, emb.dtype, self.drop)  # slots count
         h = self.drop(emb)
         mask = attention_mask(qlen, mlen, span.same_length, span.mem_len, emb.device)
         if extra:
@@ -350,7 +336,7 @@ class TransformerXLLM(nn.Module):
         hids = []
         for i, layer in enumerate(self.layers):
             hids.append(h)
-            h = layer(h, layer_memory(memory, compressed, pending, i), pos_emb, mask)
+            h = layer(h, layer_memory(memory, compressed, pending, i), positions, mask)
         h = self.drop(h)
         new_mems, recon = update_compressive(
             memory, compressed, pending, hids, mem_len=span.mem_len, cmem_len=span.cmem_len,
@@ -372,9 +358,9 @@ class TransformerXLLM(nn.Module):
                            "this one")
         if state.owner is None:
             state.owner = weakref.ref(self)
-        if c.attn_type == "abs":
-            raise TxlError("a decoding state needs relative positions (attn_type 'rel' or 'shaw'); this model's "
-                           "attn_type 'abs' has no memory to hold")
+        if not self.positions.memory:
+            raise TxlError(f"a decoding state needs a model with memory; this model's attn_type {c.attn_type!r} "
+                           "has none to hold")
         if torch.is_grad_enabled():
             raise TxlError("a decoding state is for reading without autograd: call the model inside torch.no_grad()")
         if self.training:  # its one-token step has no dropout: train mode would make the two paths differ
@@ -402,15 +388,14 @@ class TransformerXLLM(nn.Module):
         # buffers and position tables ([P, d_model] and [H, D, P] per layer) that cover this step
         # (they grow with the text while the memory fills; see DecodingState)
         weight = self.word_emb.emb_layers[0].weight
-        tables = ((c.d_model if c.attn_type == "rel" else 0) + c.n_layer * c.n_head * c.d_head) * h.element_size()
+        tables = self.positions.step_table_bytes(c, h.element_size())
         klen = min(state.length + 1, state.capacity)
         period = state.begin(1, klen, h.device, self._state_bytes(state, input_ids.size(0), weight), tables)
-        if period is not None and c.attn_type == "rel":
-            state.pos_emb = sinusoid(relative_positions(period, state.span.clamp_len, h.device), c.d_model).to(h.dtype)
+        positions = self.positions.step_positions(state, period, c, h.device, h.dtype)
         state.bind(input_ids.size(0), self._key_dtype(weight))
         try:
             for layer, cache in zip(self.layers, state.layers):
-                h = layer.step(h, cache, key_mask)
+                h = layer.step(h, cache, key_mask, positions)
         except BaseException:
             state.failed = True  # some layers may have written the token's slot, others not
             raise
