@@ -77,3 +77,13 @@ def test_rotary_adds_no_parameters_and_round_trips(tmp_path):
     out = rope(x[:, :5])
     torch.testing.assert_close(loaded(x[:, 5:], mems=loaded(x[:, :5]).mems).logits,
                                rope(x[:, 5:], mems=out.mems).logits, rtol=0, atol=1e-12)
+
+
+def test_rotary_keeps_the_keys_in_the_autocast_dtype():
+    model = tiny_model(attn_type="rope", dtype=torch.float32, mem_len=6)
+    state = DecodingState(3, model.config.span)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.randint(0, 37, (2, 5)), caches=state)
+        model(torch.randint(0, 37, (2, 1)), caches=state)
+    assert state.dtype == torch.bfloat16
+    assert all(c.keys.dtype == c.values.dtype == torch.bfloat16 for c in state.layers)

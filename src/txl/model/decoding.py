@@ -174,7 +174,7 @@ class DecodingState:
         self.pos_period = 0  # distances the one-token steps' position tables cover (S once doubled)
         self._plan: SegmentPlan | object | None = None  # the call in progress (begin): a segment's plan, or _STEP
         self.batch_size: int | None = None
-        self.pos_emb: torch.Tensor | None = None  # [P, d_model] sinusoid R for distances P-1 ... 0 ("rel")
+        self.pos_emb: torch.Tensor | None = None  # the scheme's step table: "rel" R [P, d_model]; "rope" θ [D/2]
         self.segment_klen = -1  # key length whose projected positions the layers hold (multi-token calls)
         self.dtype: torch.dtype | None = None  # the keys' dtype, bound by the first call
         self.failed = False  # a call failed inside the layers: the buffers may be half updated

@@ -260,12 +260,15 @@ class Absolute(PositionScheme):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=attn.scale)
 
 
+def rotary_frequencies(d_head: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``θ_f = 10000^(-2f/D)`` for f = 0 .. D/2 - 1 (float64 [D/2]; Su et al. 2021, eq. 15)."""
+    return 1.0 / (10000.0 ** (torch.arange(0, d_head, 2, dtype=torch.float64, device=device) / d_head))
+
+
 def rotary_angles(positions: torch.Tensor, d_head: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of ``p θ_f`` (float64 [N, D/2] each) for int64 positions ``p`` [N], ``θ_f =
-    10000^(-2f/D)``, f = 0 .. D/2 - 1 (Su et al. 2021, eq. 15). Computed in float64, so that a position
-    in the millions keeps its angle to float32 precision."""
-    theta = 1.0 / (10000.0 ** (torch.arange(0, d_head, 2, dtype=torch.float64, device=positions.device) / d_head))
-    angles = positions.to(torch.float64)[:, None] * theta[None, :]
+    """cos and sin of ``p θ_f`` (float64 [N, D/2] each) for int64 positions ``p`` [N]. Computed in
+    float64, so that a position in the millions keeps its angle to float32 precision."""
+    angles = positions.to(torch.float64)[:, None] * rotary_frequencies(d_head, positions.device)[None, :]
     return angles.cos(), angles.sin()
 
 
@@ -313,7 +316,7 @@ class Rotary(PositionScheme):
         return cos.to(dtype), sin.to(dtype)
 
     def rotate(self, q, k, positions):
-        cos, sin = positions
+        cos, sin = (t.to(q.dtype) for t in positions)  # (the keys' dtype, autocast's included)
         return (rotate_half(q, cos[-q.size(2):], sin[-q.size(2):]),
                 rotate_half(k, cos[-k.size(2):], sin[-k.size(2):]))
 
@@ -323,12 +326,15 @@ class Rotary(PositionScheme):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=~mask, dropout_p=dropout_p, scale=attn.scale)
 
     def step_positions(self, state, period, config, device, dtype):
-        cos, sin = rotary_angles(torch.tensor([state.seen], device=device), config.d_head)
-        return cos.to(dtype), sin.to(dtype)
+        if state.pos_emb is None:  # θ (float64 [D/2]) kept by the state: a step multiplies it by its position
+            state.pos_emb = rotary_frequencies(config.d_head, device)
+        angles = state.pos_emb * float(state.seen)  # (no host-to-device copy of the position)
+        return angles.cos(), angles.sin()
 
     def step_rotate(self, q, k, positions):
-        cos, sin = positions
-        return rotate_half(q, cos, sin), rotate_half(k, cos, sin)
+        cos, sin = (t.to(q.dtype) for t in positions)
+        both = rotate_half(torch.stack([q, k], 1), cos, sin)  # [B, 2, H, D]: one rotation for both
+        return both[:, 0], both[:, 1]
 
     def step_scores(self, attn, q, keys, cache, positions):
         bsz, heads, d_head = q.shape
