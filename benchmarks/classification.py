@@ -103,10 +103,10 @@ def main() -> int:
     for name, flags in rows.items():
         for seed in seeds:
             out = work / f"{name}-seed{seed}"
-            if not (out / "classifier.json").is_file():
+            if not (out / "heldout.json").is_file():
                 times[f"{name}/seed{seed}"] = txl("classify", "train", args.lm, "--out", str(out), "--seed",
                                                   str(seed), *flags, *common)
-            extra = json.loads((out / "classifier.json").read_text())["extra"]
+            extra = json.loads((out / "heldout.json").read_text())  # the run's held-out report
             settings = extra["settings"]  # a classifier kept from an earlier run must match this one
             wanted = {"steps": args.steps, "batch_size": args.batch_size, "lr": float(args.lr), "seed": seed}
             stale = [k for k, v in wanted.items() if settings.get(k) != v]

@@ -108,8 +108,8 @@ def main() -> None:
         start = time.perf_counter()
         run(txl + ["classify", "train", "--checkpoint", str(lms[lm]), "--out", str(out), "--mode", mode, *common])
         wall = time.perf_counter() - start
-        saved = json.loads((out / "classifier.json").read_text())
-        extra = saved["extra"]
+        saved = json.loads((out / "best" / "classifier.json").read_text())
+        extra = json.loads((out / "heldout.json").read_text())  # the run's held-out report
         rows.append((label, extra["heldout"]["accuracy"], extra["heldout"]["macro_f1"], extra["heldout"]["n"],
                      extra["train"]["tokens"], wall, saved["max_tokens"], extra["settings"]["tgt_len"],
                      extra["settings"]["mem_len"] if mode == "memory" else 0))

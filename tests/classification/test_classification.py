@@ -166,11 +166,13 @@ def test_cli_train_then_predict_round_trip(tmp_path, capsys):
                  "--steps", "3", "--batch-size", "4", "--quiet", "--device", "cpu"]) == 0
     text = capsys.readouterr().out
     assert "held-out: accuracy" in text
-    for name in ("model.safetensors", "config.json", "classifier.json", "vocab.json"):
-        assert (out / name).is_file(), name
-    saved = json.loads((out / "classifier.json").read_text())
+    # a run of the shared training loop: checkpoints best/ (the final model) and last/ (with the trainer state)
+    for name in ("model.safetensors", "config.json", "classifier.json", "vocab.json", "state.json"):
+        assert (out / "best" / name).is_file() and (out / "last" / name).is_file(), name
+    assert (out / "last" / "trainer.json").is_file() and (out / "metrics.csv").is_file()
+    saved = json.loads((out / "best" / "classifier.json").read_text())
     assert saved["labels"] == ["alpha", "beta"] and saved["mode"] == "memory"
-    held = saved["extra"]["heldout"]
+    held = json.loads((out / "heldout.json").read_text())["heldout"]
     assert 0.0 <= held["accuracy"] <= 1.0 and 0.0 <= held["macro_f1"] <= 1.0 and held["n"] == 4
     doc = tmp_path / "one.txt"
     doc.write_text("zz betabetabeta zz")
@@ -189,7 +191,7 @@ def test_cli_abs_model_defaults_to_first_mode(tmp_path, capsys):
     data = _write_dataset(tmp_path)
     assert main(["classify", "train", "--data", str(data), "--checkpoint", str(lm), "--out", str(tmp_path / "r"),
                  "--steps", "1", "--quiet", "--device", "cpu"]) == 0
-    assert json.loads((tmp_path / "r" / "classifier.json").read_text())["mode"] == "first"
+    assert json.loads((tmp_path / "r" / "best" / "classifier.json").read_text())["mode"] == "first"
     assert main(["classify", "train", "--data", str(data), "--checkpoint", str(lm), "--out", str(tmp_path / "r2"),
                  "--mode", "memory", "--steps", "1", "--device", "cpu"]) == 2
     assert "no memory" in capsys.readouterr().err

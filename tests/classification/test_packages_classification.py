@@ -268,9 +268,9 @@ def test_cli_trains_on_data_and_reports_on_the_valid_file(tmp_path, capsys):
                              "--mode", "last", "--steps", "2", "--batch-size", "4", "-q", "--device", "cpu")
     assert code == 0, err
     assert "train 12, held-out 2 from " + str(test) in out
-    saved = json.loads((tmp_path / "r" / "classifier.json").read_text())
+    saved = json.loads((tmp_path / "r" / "best" / "classifier.json").read_text())
     assert saved["mode"] == "last" and saved["labels"] == ["aa", "bb", "cc"]
-    extra = saved["extra"]
+    extra = json.loads((tmp_path / "r" / "heldout.json").read_text())
     assert extra["heldout_sources"] == [f"{test}:1", f"{test}:2"]
     assert extra["settings"]["valid"] == str(test) and extra["settings"]["valid_fraction"] is None
     held = extra["heldout"]

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from txl.classification.serialization import load_classifier_weights, read_classifier, save_classifier
+from txl.config import CLASSIFIER_NAME
 from txl.errors import TxlError
 from txl.model.segments import segments
 from txl.model.config import TransformerXLConfig, check_fields
@@ -324,11 +325,15 @@ class TransformerXLForSequenceClassification(nn.Module):
     @classmethod
     def from_pretrained(cls, directory: str | Path,
                         map_location: str = "cpu") -> "TransformerXLForSequenceClassification":
-        """Load a folder written by :meth:`save_pretrained` (safetensors + JSON only), in eval mode.
+        """Load a folder written by :meth:`save_pretrained` or a checkpoint of a classification run
+        (safetensors + JSON only), in eval mode. A run folder of ``txl classify train`` gives its ``best/``.
 
         Raises:
             TxlError: missing folder or files, invalid JSON, or weights that do not match the configs.
         """
+        directory = Path(directory)
+        if not (directory / CLASSIFIER_NAME).is_file() and (directory / "best" / CLASSIFIER_NAME).is_file():
+            directory = directory / "best"  # a classification run: its final checkpoint
         config, values = read_classifier(directory)
         model = cls(config, classifier=ClassifierConfig.from_dict(values))
         load_classifier_weights(model, directory, map_location)

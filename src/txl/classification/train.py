@@ -1,19 +1,23 @@
-"""Fine-tuning a document classifier and measuring it (accuracy, macro-F1)."""
+"""Fine-tuning a document classifier through the shared training loop, and measuring it (accuracy, macro-F1)."""
 
 from __future__ import annotations
 
-import time
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from txl.classification.data import pad_batch
+from txl.classification.model import TransformerXLForSequenceClassification
+from txl.classification.task import ClassifyTask
+from txl.config import CLASSIFIER_NAME, DataConfig, EvalConfig, TrainConfig
 from txl.errors import TxlError
 from txl.evaluation.intervals import accuracy, macro_f1
-from txl.training.optim import make_optimizer
-from txl.training.schedules import learning_rate
+from txl.model.serialization import read_model_config
+from txl.runtime import resolve_device
+from txl.training.config import RunConfig
 
 
 @dataclass
@@ -21,78 +25,161 @@ class FitResult:
     """Outcome of :func:`fit_classifier`.
 
     Attributes:
-        steps: optimizer steps taken.
+        model: the trained classifier (the run's final checkpoint, ``best/``), in eval mode.
+        run_dir: the run folder (``run.json``, ``metrics.csv``, ``best/``, ``last/``).
+        steps: optimizer steps taken (earlier sessions of a resumed run included).
         documents: documents read in training (steps x batch size).
-        tokens: real (unpadded) tokens read in training (at most tgt_len per document in "first" and
-            "last" mode).
-        wall_s: seconds of training.
-        final_loss: mean cross-entropy (nats) over the last 10 steps.
+        tokens: real (unpadded) tokens read in training (at most ``tgt_len`` per document in "first"
+            and "last" mode).
+        wall_s: seconds of training (earlier sessions of a resumed run included).
+        final_loss: mean cross-entropy (nats) of the held-out documents at the end.
+        final_accuracy: their accuracy.
     """
 
+    model: TransformerXLForSequenceClassification
+    run_dir: Path
     steps: int
     documents: int
     tokens: int
     wall_s: float
     final_loss: float
+    final_accuracy: float
 
 
-def fit_classifier(model, docs: Sequence[np.ndarray], labels: Sequence[int], *, steps: int, batch_size: int,
-                   lr: float, warmup_steps: int = 0, weight_decay: float = 0.0, clip: float = 1.0,
-                   seed: int = 0, log: Callable[[int, float], None] | None = None) -> FitResult:
-    """Fine-tune ``model`` (body and head) with AdamW on cross-entropy, in shuffled epochs of batches.
+def classifier_run(lm_dir: str | Path, out_dir: str | Path, *, steps: int, batch_size: int, lr: float,
+                   warmup_steps: int = 0, weight_decay: float = 0.0, clip: float = 1.0, seed: int = 0,
+                   tgt_len: int | None = None, mem_len: int | None = None, dtype: str = "float32",
+                   device: str = "auto", threads: int = 0, data: str | Path = "", save_interval: int = 0) -> RunConfig:
+    """The :class:`~txl.training.config.RunConfig` of a classifier fine-tuned from ``lm_dir``.
 
-    Weight decay follows :func:`txl.training.optim.parameter_groups` (linear maps only).
+    The model is the language model's config with ``tgt_len``/``mem_len`` for reading (None: the LM's);
+    AdamW at ``lr`` with linear warm-up and cosine decay to lr/10; one validation, at the end
+    (``eval_interval = steps``); ``last/`` also every ``save_interval`` steps (0: only at the end);
+    ``data`` is recorded in ``run.json`` (the documents' source).
 
-    The learning rate warms up linearly over ``warmup_steps`` then decays with a cosine to lr/10.
-    Documents are cut to ``model.classifier.max_tokens``. ``log(step, loss)`` is called every step.
+    Raises:
+        TxlError: a missing or broken language-model config, impossible settings.
+    """
+    lm = read_model_config(lm_dir)
+    reading = lm.span.replace(tgt_len=tgt_len, mem_len=mem_len)  # checked: TxlError
+    model = dataclasses.replace(lm, tgt_len=reading.tgt_len, mem_len=reading.mem_len)
+    train = TrainConfig(out_dir=str(out_dir), batch_size=batch_size, max_steps=steps, lr=lr, min_lr=lr / 10,
+                        warmup_steps=warmup_steps, weight_decay=weight_decay, clip=clip, eval_interval=steps,
+                        log_interval=10, seed=seed, device=device, threads=threads, dtype=dtype, sample_tokens=0,
+                        save_interval=save_interval)
+    run = RunConfig(model=model, data=DataConfig(path=str(data)) if data else DataConfig(), train=train,
+                    eval=EvalConfig())
+    run.validate()
+    return run
+
+
+# how a run is carried out, not what it trains: a resumed run may change these
+_HOW = {"train.out_dir", "train.threads", "train.device", "train.save_interval", "train.log_interval"}
+
+
+def _flat(values: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def check_same_settings(run_dir: Path, run: RunConfig, classifier) -> None:
+    """Refuse to resume the classification run in ``run_dir`` with other settings than it started with
+    (its ``run.json`` and ``last/classifier.json``): another number of steps, learning rate, batch size,
+    reading span or classifier would make the resumed run something neither setting describes (and a
+    changed number of steps would let ``best/`` be chosen on the held-out documents).
+
+    Raises:
+        TxlError: naming the first settings that differ (the run folder is left as it was).
+    """
+    from txl.fileio import read_json_object
+    from txl.training.checkpoint import RUN_NAME
+
+    if not (run_dir / RUN_NAME).is_file():
+        return  # nothing to resume: the training loop says so
+    saved = _flat(read_json_object(run_dir / RUN_NAME))
+    now = _flat(run.to_dict())
+    for key in ("data.path",):  # recorded resolved
+        for values in (saved, now):
+            values[key] = str(Path(values[key]).resolve()) if values.get(key) else values.get(key)
+    changed = [f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
+               if k not in _HOW and not k.startswith("model.vocab_size") and saved.get(k) != now.get(k)]
+    last = run_dir / "last" / CLASSIFIER_NAME
+    if last.is_file():
+        old = {k: v for k, v in read_json_object(last).items() if k != "extra"}
+        changed += [f"classifier.{k} {old.get(k)!r} -> {v!r}" for k, v in classifier.to_dict().items()
+                    if old.get(k) != v]
+    if changed:
+        shown = "; ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+        raise TxlError(f"{run_dir} was trained with other settings ({shown}); resume it with the settings it "
+                       "started with")
+
+
+def fit_classifier(lm_dir: str | Path, classifier, train: tuple, valid: tuple, *, out_dir: str | Path,
+                   steps: int, batch_size: int, lr: float, warmup_steps: int = 0, weight_decay: float = 0.0,
+                   clip: float = 1.0, seed: int = 0, tgt_len: int | None = None, mem_len: int | None = None,
+                   dtype: str = "float32", device: str = "auto", threads: int = 0, data: str | Path = "",
+                   save_interval: int = 0, resume: bool = False, progress: bool = False, inputs: Sequence = (),
+                   log: Callable[[str], None] | None = None) -> FitResult:
+    """Fine-tune a classifier (body and head) from the language model ``lm_dir`` with the shared training
+    loop (:func:`txl.training.loop.train`, task :class:`~txl.classification.task.ClassifyTask`): checkpoints
+    in ``out_dir``, exact resume (``resume=True``, the same arguments again), several processes under
+    torchrun, mixed precision (``dtype``), Ctrl-C writes ``last/``.
+
+    Weight decay follows :func:`txl.training.optim.parameter_groups` (linear maps only). Documents are
+    cut to ``classifier.max_tokens``.
 
     Args:
-        docs: token-id arrays (int64 [n_i], n_i >= 1), one per document.
-        labels: class index of each document.
+        lm_dir: the language model (a checkpoint folder, or a run folder: its ``best/``).
+        classifier: the :class:`~txl.classification.model.ClassifierConfig`.
+        train, valid: ``(documents, labels)``: token-id arrays (int64 [n_i], n_i >= 1) in the language
+            model's vocabulary, and class indices; ``valid`` is read once, at the end (nothing is selected
+            on it).
+        out_dir: a new or empty folder for the run (or the run's folder, with ``resume``).
+        save_interval: write ``last/`` (the trainer state a resume starts from) every this many steps
+            (0: at the end, and on Ctrl-C).
+        data, inputs: where the documents came from (recorded in ``run.json``), and more paths the run
+            reads (e.g. a held-out file): ``out_dir`` may not be inside any of them or ``lm_dir``.
+        log: the training log's lines (default: stderr).
 
     Returns:
         :class:`FitResult`.
 
     Raises:
-        TxlError: no documents, mismatched lengths, or steps/batch_size < 1.
+        TxlError: no documents, mismatched lengths, steps/batch_size < 1, as
+            :func:`txl.training.loop.train` (a folder in use or holding another run, ...).
     """
-    if not docs or len(docs) != len(labels):
-        raise TxlError(f"need one label per document, got {len(docs)} documents and {len(labels)} labels")
+    from txl.training.checkpoint import load_checkpoint
+    from txl.training.loop import train as train_loop
+
     if steps < 1 or batch_size < 1:
         raise TxlError(f"steps and batch_size must be >= 1, got {steps} and {batch_size}")
-    device = next(model.parameters()).device
-    opt = make_optimizer(model, lr, weight_decay)
-    rng = np.random.default_rng(seed)
-    gen = torch.Generator().manual_seed(seed)  # dropout draws depend on the global generator: seed it too
-    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-    order: list[int] = []
-    max_tokens = model.classifier.max_tokens
-    labels_t = torch.as_tensor(np.asarray(labels, dtype=np.int64))
-    losses, n_docs, n_tokens = [], 0, 0
-    model.train()
-    start = time.perf_counter()
-    for step in range(1, steps + 1):
-        if len(order) < batch_size:
-            order += rng.permutation(len(docs)).tolist()
-        chunk, order = order[:batch_size], order[batch_size:]
-        ids, lengths = pad_batch([docs[i] for i in chunk], max_tokens)
-        for group in opt.param_groups:
-            group["lr"] = learning_rate(step, lr=lr, min_lr=lr / 10, warmup_steps=warmup_steps, max_steps=steps)
-        out = model(ids.to(device), lengths.to(device), labels_t[chunk].to(device))
-        opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        if clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        opt.step()
-        losses.append(float(out.loss.detach()))
-        n_docs += len(chunk)
-        one_window = model.classifier.mode in ("first", "last")
-        n_tokens += int((lengths.clamp(max=model.config.tgt_len) if one_window else lengths).sum())
-        if log is not None:
-            log(step, losses[-1])
-    model.eval()
-    return FitResult(steps=steps, documents=n_docs, tokens=n_tokens, wall_s=time.perf_counter() - start,
-                     final_loss=float(np.mean(losses[-10:])))
+    lm = load_checkpoint(lm_dir)  # the language model's checks: checksums, vocabulary, not a classifier
+    lm_dir = lm.path
+    task = ClassifyTask(lm_dir, classifier, lm.tokenizer, train, valid)
+    task.inputs = [lm_dir, *inputs]
+    run = classifier_run(lm_dir, out_dir, steps=steps, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,
+                         weight_decay=weight_decay, clip=clip, seed=seed, tgt_len=tgt_len, mem_len=mem_len,
+                         dtype=dtype, device=device, threads=threads, data=data, save_interval=save_interval)
+    if resume:
+        check_same_settings(Path(out_dir), run, classifier)
+    result = train_loop(run, progress=progress, log=log, resume=resume, task=task)
+    model = task.load_model(result.best_dir, resolve_device(device))
+    one_window = classifier.mode in ("first", "last")
+    batches = task.batches(run, "cpu")
+    tokens = 0
+    for i in range(result.steps * batch_size):  # the documents read, in the loop's order
+        n = len(train[0])
+        doc = train[0][batches.order(i // n)[i % n]]
+        length = min(len(doc), classifier.max_tokens or len(doc))
+        tokens += min(length, run.model.tgt_len) if one_window else length
+    return FitResult(model=model, run_dir=result.run_dir, steps=result.steps, documents=result.steps * batch_size,
+                     tokens=tokens, wall_s=result.wall_s, final_loss=result.final.loss,
+                     final_accuracy=result.final.settings["accuracy"])
 
 
 @torch.no_grad()
@@ -137,5 +224,5 @@ def evaluate_classifier(model, docs: Sequence[np.ndarray], labels: Sequence[int]
     return classification_metrics(labels, probs.argmax(1), model.classifier.num_labels)
 
 
-__all__ = ["FitResult", "classification_metrics", "evaluate_classifier", "fit_classifier",
+__all__ = ["FitResult", "classification_metrics", "classifier_run", "evaluate_classifier", "fit_classifier",
            "predict_labels"]

@@ -3,24 +3,27 @@
 ``txl classify train LM --data DATA --out RUN`` reads labelled documents (a folder per
 label, or JSON Lines ``{"text": ..., "label": ...}``), holds out a seeded stratified part (or reads the
 held-out documents from ``--valid``), fine-tunes
-a :class:`~txl.classification.TransformerXLForSequenceClassification` initialised from the LM and
-writes the classifier checkpoint folder RUN. ``txl classify predict RUN FILE...`` prints one JSON
-line per document with the predicted label and the probabilities.
+a :class:`~txl.classification.TransformerXLForSequenceClassification` initialised from the LM through
+the shared training loop (the run folder RUN: ``best/`` and ``last/`` checkpoints, ``metrics.csv``,
+``--resume``, ``--dtype``) and writes the held-out report ``RUN/heldout.json``. ``txl classify predict
+RUN FILE...`` prints one JSON line per document with the predicted label and the probabilities.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from txl.cli.checks import check_checkpoint_path, check_exists, check_seed, finite_float
-from txl.cli.common import (Command, add_batch_size, add_checkpoint, add_data, add_device, add_option, add_seed,
-                            add_span, checkpoint_arg, note_threads, print_notes, underscore)
+from txl.cli.common import (Command, add_batch_size, add_checkpoint, add_data, add_device, add_dtype, add_option,
+                            add_seed, add_span, checkpoint_arg, note_threads, print_notes, underscore)
 from txl.errors import TxlError
 
 NAME = "classify"
+HELDOUT_NAME = "heldout.json"  # the held-out report of a run (txl classify train)
 HELP = "long-document classification with memory (fine-tune an LM)"
 EXAMPLE = "txl classify train runs/wt103 --data reviews.jsonl --out runs/reviews"
 
@@ -28,7 +31,11 @@ EXAMPLE = "txl classify train runs/wt103 --data reviews.jsonl --out runs/reviews
 def _add_train(t: argparse.ArgumentParser) -> None:
     add_checkpoint(t, option_alias=True, text="txl LM checkpoint, or a run directory (uses its best/)")
     add_data(t, "folder DIR/LABEL/FILE... or a .jsonl file of {\"text\", \"label\"}", required=True)
-    t.add_argument("--out", "-o", required=True, help="classifier checkpoint folder to write")
+    t.add_argument("--out", "-o", help="new or empty folder for the run (checkpoints best/ and last/, metrics.csv, "
+                                       "heldout.json)")
+    t.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue a stopped classification run from its last/ checkpoint; give the same checkpoint, "
+                        "data and settings as when it started (other data are refused)")
     t.add_argument("--mode", choices=["memory", "first", "last"], default=None,
                    help="memory: whole document with the memory; first / last: the first / last tgt_len tokens "
                         "only (default: memory, or first for an attn_type=abs model)")
@@ -51,13 +58,19 @@ def _add_train(t: argparse.ArgumentParser) -> None:
                help="held-out fraction per label of --data (default 0.2; not with --valid)")
     t.add_argument("--valid", metavar="DATA",
                    help="held-out documents (same forms as --data): train on all of --data, report on these")
+    add_option(t, "--save-interval", aliases=underscore("--save-interval"), type=int, default=50, metavar="N",
+               help="write last/ (what --resume continues from) every N steps (0: only at the end; default 50)")
     add_seed(t, default=0, text="seeds the split, the batches and the head")
     add_device(t)
-    t.add_argument("--quiet", "-q", action="store_true", help="no per-step log")
+    add_dtype(t)
+    t.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="train in N processes (torchrun; one per GPU, or gloo on CPU): --batch-size splits over them")
+    t.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
 
 def _add_predict(q: argparse.ArgumentParser) -> None:
-    q.add_argument("run", metavar="CHECKPOINT", help="classifier folder written by `txl classify train`")
+    q.add_argument("run", metavar="CHECKPOINT", help="run folder written by `txl classify train` (its best/), or a "
+                                                     "classifier checkpoint folder")
     q.set_defaults(_more="inputs")  # later items of the list, after an option (see txl.cli.main)
     q.add_argument("inputs", nargs="+", metavar="FILE",
                    help="text files (one document each) or .jsonl files (one {\"text\": ...} per line)")
@@ -70,7 +83,7 @@ def _check_args(args: argparse.Namespace) -> None:
     for name in ("steps", "batch_size"):
         if getattr(args, name) < 1:
             raise TxlError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("grad_segments", "max_tokens", "warmup_steps"):
+    for name in ("grad_segments", "max_tokens", "warmup_steps", "save_interval"):
         if getattr(args, name) < 0:
             raise TxlError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.tgt_len is not None and args.tgt_len < 1:
@@ -88,6 +101,10 @@ def _check_args(args: argparse.Namespace) -> None:
         raise TxlError("give --valid (held-out documents) or --valid-fraction (a held-out part of --data), not both")
     if args.valid_fraction is not None and not 0 < args.valid_fraction < 1:
         raise TxlError(f"--valid-fraction must be in (0, 1), got {args.valid_fraction:g}")
+    if args.resume is not None and args.out is not None and Path(args.out).resolve() != Path(args.resume).resolve():
+        raise TxlError("--resume continues the run in its own folder: give --resume RUN_DIR without --out")
+    if args.resume is None and args.out is None:
+        raise TxlError("give --out (a new or empty folder for the run) or --resume RUN_DIR")
     check_checkpoint_path(args.checkpoint)  # paths too, before torch is imported
     check_exists(args.data, "--data")
     if args.valid is not None:
@@ -95,33 +112,45 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    """``txl classify train``: fine-tune, report held-out accuracy, write the classifier folder."""
-    from txl.fileio import claim_folder
+    """``txl classify train``: fine-tune through the training loop, report held-out accuracy."""
+    from txl.fileio import check_output_folder
 
     checkpoint_arg(args)
-    _check_args(args)
-    # one process per folder, claimed before anything is loaded; an empty folder it created goes on failure
-    inputs = [args.checkpoint, args.data] + ([args.valid] if args.valid else [])
-    with claim_folder(args.out, empty=True, inputs=inputs):
-        return _train_claimed(args)
-
-
-def _train_claimed(args: argparse.Namespace) -> int:
-    """:func:`_train` once ``--out`` is claimed."""
+    _check_args(args)  # the flags and paths, before torch is imported
+    out = Path(args.resume or args.out)
+    main_rank = os.environ.get("RANK", "0") == "0"  # torchrun: rank 0 checks, writes and reports
+    if args.resume is None and main_rank:  # before anything is loaded (the training loop claims it later)
+        check_output_folder(out, empty=True, inputs=[args.checkpoint, args.data, args.valid])
     import torch
 
     from txl.classification.data import encode_texts, load_labelled, stratified_split
-    from txl.classification.model import TransformerXLForSequenceClassification
+    from txl.classification.model import ClassifierConfig
     from txl.classification.train import classification_metrics, fit_classifier, predict_labels
+    from txl.config import VOCAB_NAME
+    from txl.data import load_tokenizer
     from txl.evaluation.intervals import accuracy, bootstrap_interval, macro_f1
+    from txl.fileio import write_json
     from txl.model.serialization import read_model_config
     from txl.training.checkpoint import resolve_checkpoint_dir
-    from txl.runtime import resolve_device
-
-    device = resolve_device(args.device)
-    note_threads(args)
+    from txl.training.distributed import launch
+    if args.nproc is not None and "RANK" not in os.environ:  # the same command in N ranks (torchrun)
+        if args.nproc < 1 or args.batch_size % args.nproc:
+            raise TxlError(f"--nproc must be >= 1 and divide --batch-size {args.batch_size}, got {args.nproc}")
+        if args.device in (None, "auto", "cuda") and torch.cuda.is_available() and args.nproc > torch.cuda.device_count():
+            raise TxlError(f"--nproc {args.nproc} exceeds the {torch.cuda.device_count()} GPUs here (one rank per GPU)")
+        argv = getattr(args, "_argv", None)
+        rest = list(sys.argv[1:] if argv is None else argv)
+        keep = [item for i, item in enumerate(rest) if item != "--nproc" and not item.startswith("--nproc=")
+                and not (i and rest[i - 1] == "--nproc")]
+        return launch(args.nproc, keep)
     lm_dir = resolve_checkpoint_dir(args.checkpoint)
-    mode = args.mode or ("memory" if read_model_config(lm_dir).has_memory else "first")
+    lm_config = read_model_config(lm_dir)
+    if not (lm_dir / VOCAB_NAME).is_file():
+        raise TxlError(f"{lm_dir} has no {VOCAB_NAME}: cannot encode the documents for this language model")
+    mode = args.mode or ("memory" if lm_config.has_memory else "first")
+    if mode == "memory" and not lm_config.has_memory:
+        raise TxlError(f"--mode memory needs a model with memory; the attn_type={lm_config.attn_type!r} model at "
+                       f"{lm_dir} has no memory: use --mode first or last (one window of tgt_len tokens)")
     docs = load_labelled(args.data)
     names = sorted({d.label for d in docs})
     if args.valid is None:
@@ -135,28 +164,33 @@ def _train_claimed(args: argparse.Namespace) -> int:
         train_idx, valid_idx = list(range(len(docs))), list(range(len(docs), len(docs) + len(held)))
         docs = docs + held
     targets = [names.index(d.label) for d in docs]
-    torch.manual_seed(args.seed)
-    model = TransformerXLForSequenceClassification.from_pretrained_lm(
-        lm_dir, len(names), labels=names, mode=mode, pooling=args.pooling,
-        grad_segments=args.grad_segments or None, classifier_dropout=args.dropout,
-        max_tokens=args.max_tokens or None, tgt_len=args.tgt_len, mem_len=args.mem_len, map_location=str(device))
-    encoded = encode_texts(model.tokenizer, [d.text for d in docs], model.classifier.max_tokens,
-                           [d.source for d in docs])
+    classifier = ClassifierConfig(num_labels=len(names), labels=names, mode=mode, pooling=args.pooling,
+                                  grad_segments=args.grad_segments or None, classifier_dropout=args.dropout,
+                                  max_tokens=args.max_tokens or None)
+    tokenizer = load_tokenizer(lm_dir / VOCAB_NAME)
+    encoded = encode_texts(tokenizer, [d.text for d in docs], classifier.max_tokens, [d.source for d in docs])
+    note_threads(args)
     print_notes(args)  # the threads (the input has passed its checks)
     held_from = f"from {args.valid}" if args.valid else f"(seed {args.seed})"
-    print(f"data: {len(docs)} documents, {len(names)} labels ({', '.join(names)}); "
-          f"train {len(train_idx)}, held-out {len(valid_idx)} {held_from}")
-    c = model.config
-    print(f"model: {lm_dir} (attn_type {c.attn_type}), mode {mode}, tgt_len {c.tgt_len}, mem_len {c.mem_len}, "
-          f"pooling {args.pooling}, grad_segments {args.grad_segments or 'all'}")
-
-    def log(step: int, loss: float) -> None:
-        if not args.quiet and (step % 10 == 0 or step == args.steps):
-            print(f"step {step}/{args.steps} loss {loss:.4f}", flush=True)
-
-    fit = fit_classifier(model, [encoded[i] for i in train_idx], [targets[i] for i in train_idx],
+    tgt_len = lm_config.tgt_len if args.tgt_len is None else args.tgt_len
+    mem_len = lm_config.mem_len if args.mem_len is None else args.mem_len
+    if main_rank:
+        print(f"data: {len(docs)} documents, {len(names)} labels ({', '.join(names)}); "
+              f"train {len(train_idx)}, held-out {len(valid_idx)} {held_from}")
+        print(f"model: {lm_dir} (attn_type {lm_config.attn_type}), mode {mode}, tgt_len {tgt_len}, mem_len "
+              f"{mem_len}, pooling {args.pooling}, grad_segments {args.grad_segments or 'all'}", flush=True)
+    torch.manual_seed(args.seed)
+    fit = fit_classifier(lm_dir, classifier, ([encoded[i] for i in train_idx], [targets[i] for i in train_idx]),
+                         ([encoded[i] for i in valid_idx], [targets[i] for i in valid_idx]), out_dir=out,
                          steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
-                         weight_decay=args.weight_decay, clip=args.clip, seed=args.seed, log=log)
+                         weight_decay=args.weight_decay, clip=args.clip, seed=args.seed, tgt_len=args.tgt_len,
+                         mem_len=args.mem_len, dtype=args.dtype or "float32", device=args.device or "auto",
+                         threads=args.threads or 0, data=args.data, save_interval=args.save_interval,
+                         resume=args.resume is not None,
+                         progress=not args.quiet, inputs=[lm_dir] + ([args.valid] if args.valid else []))
+    if not main_rank:  # torchrun: rank 0 reports for the run
+        return 0
+    model = fit.model
     y_true = [targets[i] for i in valid_idx]
     y_pred = predict_labels(model, [encoded[i] for i in valid_idx], args.batch_size).argmax(1).tolist()
     metrics = classification_metrics(y_true, y_pred, len(names))
@@ -164,23 +198,25 @@ def _train_claimed(args: argparse.Namespace) -> int:
                  for name, fn in (("accuracy", accuracy), ("macro_f1", lambda t, p: macro_f1(t, p, len(names))))}
     settings = {"data": str(args.data), "valid": args.valid, "checkpoint": str(lm_dir), "steps": args.steps,
                 "batch_size": args.batch_size, "lr": args.lr, "warmup": args.warmup_steps,
-                "weight_decay": args.weight_decay, "clip": args.clip,
+                "weight_decay": args.weight_decay, "clip": args.clip, "dtype": args.dtype or "float32",
                 "valid_fraction": None if args.valid else (args.valid_fraction or 0.2), "seed": args.seed,
-                "tgt_len": c.tgt_len, "mem_len": c.mem_len}
+                "tgt_len": tgt_len, "mem_len": mem_len, "classifier": classifier.to_dict()}
     heldout = {k: metrics[k] for k in ("accuracy", "macro_f1", "n", "confusion")}
     heldout.update({f"{k}_interval": [round(v.low, 6), round(v.high, 6)] for k, v in intervals.items()})
-    extra = {"settings": settings, "heldout": heldout,
-             "train": {"documents": fit.documents, "tokens": fit.tokens, "wall_s": round(fit.wall_s, 1),
-                       "final_loss": fit.final_loss},
-             "heldout_sources": [docs[i].source for i in valid_idx],
-             "heldout_predictions": [names[p] for p in y_pred]}
-    model.save_pretrained(args.out, extra)
+    heldout["loss"] = fit.final_loss
+    report = {"settings": settings, "heldout": heldout,
+              "train": {"steps": fit.steps, "documents": fit.documents, "tokens": fit.tokens,
+                        "wall_s": round(fit.wall_s, 1)},
+              "checkpoint": str(fit.run_dir / "best"),
+              "heldout_sources": [docs[i].source for i in valid_idx],
+              "heldout_predictions": [names[p] for p in y_pred]}
+    write_json(out / HELDOUT_NAME, report)
     print(f"trained {fit.steps} steps ({fit.documents} documents, {fit.tokens:,} tokens) in {fit.wall_s:.0f} s")
     acc, f1 = intervals["accuracy"], intervals["macro_f1"]
     print(f"held-out: accuracy {metrics['accuracy']:.4f} [{acc.low:.4f}, {acc.high:.4f}], macro-F1 "
           f"{metrics['macro_f1']:.4f} [{f1.low:.4f}, {f1.high:.4f}] ({metrics['n']} documents; 95% bootstrap "
           "intervals over them)")
-    print(f"checkpoint: {args.out}")
+    print(f"run: {out} (classifier: {out / 'best'}; report: {out / HELDOUT_NAME})")
     return 0
 
 

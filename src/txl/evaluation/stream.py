@@ -45,10 +45,11 @@ class EvalResult:
         return f"{self.unit} {self.value:.4f} (loss {self.loss:.4f} nats/token over {self.n_tokens} tokens; {spans})"
 
 
-UNITS = ("bpb", "bpc", "ppl")
-"""The headline units: bits per byte (byte models), bits per character (char models), perplexity."""
+UNITS = ("bpb", "bpc", "ppl", "nats")
+"""The headline units: bits per byte (byte models), bits per character (char models), perplexity, and
+nats per document (the cross-entropy of a classifier, :mod:`txl.classification.task`)."""
 
-UNIT_NAMES = {"bpb": "bits per byte", "bpc": "bits per character", "ppl": "perplexity"}
+UNIT_NAMES = {"bpb": "bits per byte", "bpc": "bits per character", "ppl": "perplexity", "nats": "nats per document"}
 
 
 def metric_unit(tokenizer_kind: str) -> str:
@@ -79,7 +80,10 @@ def stored_unit(unit: str | None, tokenizer_kind: str | None = None) -> str | No
 
 def metric_value(loss: float, unit: str) -> float:
     """Convert a loss in nats/token to the headline number: bits per token for ``"bpb"`` and ``"bpc"``
-    (loss / ln 2, per byte or per character), perplexity exp(loss) for ``"ppl"``."""
+    (loss / ln 2, per byte or per character), perplexity exp(loss) for ``"ppl"``, the loss itself for
+    ``"nats"``."""
+    if unit == "nats":
+        return loss
     return math.exp(min(loss, 50.0)) if unit == "ppl" else loss / math.log(2)
 
 

@@ -14,11 +14,12 @@ per concern:
 Every public name is importable from ``txl.fileio`` itself.
 """
 
-from txl.fileio.guards import (LOCK_SUFFIX, RUN_MARKERS, WEIGHTS_MARKERS, FolderClaim, check_output_path,
-                               claim_folder, is_protected_folder, protected_folder, refuse_nonempty_folder)
+from txl.fileio.guards import (LOCK_SUFFIX, RUN_MARKERS, WEIGHTS_MARKERS, FolderClaim, check_output_folder,
+                               check_output_path, claim_folder, is_protected_folder, protected_folder, refuse_nonempty_folder)
 from txl.fileio.json_files import path_inside, read_bytes, read_json, read_json_object, read_jsonl
 from txl.fileio.writes import atomic_write, write_json
 
-__all__ = ["LOCK_SUFFIX", "RUN_MARKERS", "WEIGHTS_MARKERS", "FolderClaim", "atomic_write", "check_output_path",
+__all__ = ["LOCK_SUFFIX", "RUN_MARKERS", "WEIGHTS_MARKERS", "FolderClaim", "atomic_write", "check_output_folder",
+           "check_output_path",
            "claim_folder", "is_protected_folder", "path_inside", "protected_folder", "read_bytes", "read_json",
            "read_json_object", "read_jsonl", "refuse_nonempty_folder", "write_json"]

@@ -204,6 +204,56 @@ def _lock_path(folder: Path) -> Path:
     return real.parent / f".{real.name}{LOCK_SUFFIX}"
 
 
+def check_output_folder(path: str | Path, *, flag: str = "--out", create: bool = True, empty: bool = False,
+                        inputs=()) -> None:
+    """The checks of :func:`claim_folder` without the claim, for a command that fails early on a bad
+    output folder and claims it later (through the training loop): ``path`` is no file, not inside a
+    txl checkpoint or run folder nor one of ``inputs`` (or inside one), exists unless ``create``, is
+    new or empty with ``empty``, and no other process holds its claim now. Nothing is created.
+
+    Raises:
+        TxlError: naming the problem.
+    """
+    import fcntl
+
+    from txl.errors import TxlError
+
+    path = Path(path)
+    lock = _lock_path(path)
+    if lock.is_file() and not lock.is_symlink():  # a claim may be held: try it without waiting, let go at once
+        try:
+            fd = os.open(lock, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            fd = None
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                holder = os.read(fd, 32).decode("ascii", "replace").strip()
+                who = f" (pid {holder})" if holder.isdigit() else ""
+                raise TxlError(f"{flag} {path} is in use by another txl process{who}; wait for it to finish, "
+                               "or choose another folder") from None
+            finally:
+                os.close(fd)
+    if path.exists() and not path.is_dir():
+        raise TxlError(f"{flag} {path} is a file; choose a folder")
+    folder = protected_folder(Path(os.path.realpath(path)).parent)
+    if folder is not None:
+        raise TxlError(f"{flag} {path} is inside the txl checkpoint or run folder {folder}; choose a folder "
+                       "outside it")
+    for item in inputs:
+        if item is not None and os.path.isdir(item):
+            item_real = Path(os.path.realpath(item))
+            real = Path(os.path.realpath(path))
+            if real == item_real or item_real in real.parents:
+                raise TxlError(f"{flag} {path} is the input folder {item} or inside it; choose another folder")
+    if not path.exists() and not create:
+        raise TxlError(f"{flag} {path} does not exist")
+    if empty and path.is_dir():
+        refuse_nonempty_folder(path, f"{flag} {path} already exists and", "; choose a new or empty folder "
+                               "(nothing was changed)")
+
+
 def claim_folder(path: str | Path, *, flag: str = "--out", create: bool = True, empty: bool = False,
                  inputs=()) -> FolderClaim:
     """Claim the output folder ``path`` for this process, before anything is written into it.
@@ -232,20 +282,7 @@ def claim_folder(path: str | Path, *, flag: str = "--out", create: bool = True, 
     from txl.errors import TxlError
 
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise TxlError(f"{flag} {path} is a file; choose a folder")
-    folder = protected_folder(Path(os.path.realpath(path)).parent)
-    if folder is not None:
-        raise TxlError(f"{flag} {path} is inside the txl checkpoint or run folder {folder}; choose a folder "
-                       "outside it")
-    for item in inputs:
-        if item is not None and os.path.isdir(item):
-            item_real = Path(os.path.realpath(item))
-            real = Path(os.path.realpath(path))
-            if real == item_real or item_real in real.parents:
-                raise TxlError(f"{flag} {path} is the input folder {item} or inside it; choose another folder")
-    if not path.exists() and not create:
-        raise TxlError(f"{flag} {path} does not exist")
+    check_output_folder(path, flag=flag, create=create, inputs=inputs)
     for _ in range(100):  # retried only when a releasing holder removed the lock file under us
         lock = _lock_path(path)
         try:

@@ -38,7 +38,7 @@ from txl.fileio import path_inside, write_json
 from txl.model import TransformerXLLM
 from txl.model.span import AttentionSpan
 from txl.config import CHECKSUMS_NAME, CLASSIFIER_NAME, CONFIG_NAME, RUN_NAME, STATE_NAME, VOCAB_NAME, WEIGHTS_NAME
-from txl.model.serialization import save_model
+from txl.model.serialization import check_weights_header, load_weights, save_model
 
 # the trainer state of a resumable checkpoint (txl.training.resume writes and reads them)
 TRAINER_JSON = "trainer.json"
@@ -464,6 +464,39 @@ def load_checkpoint(path: str | Path, map_location: str = "cpu", name: str | Non
     run.model = model.config
     state = _read_json(directory / STATE_NAME) if (directory / STATE_NAME).is_file() else {}
     return Checkpoint(model=model, tokenizer=tokenizer, run=run, state=state, path=directory, has_run_config=has_run)
+
+
+def saved_vocabulary(directory: str | Path) -> tuple[Tokenizer, dict]:
+    """The tokenizer and the saved state of the run checkpoint ``directory`` (what a resumed run checks
+    before it loads the weights: :func:`load_into`).
+
+    Raises:
+        TxlError: no or a broken vocabulary, invalid JSON.
+    """
+    directory = Path(directory)
+    if not (directory / VOCAB_NAME).is_file():
+        raise TxlError(f"{directory} has no {VOCAB_NAME}: cannot check the vocabulary of this run")
+    state = _read_json(directory / STATE_NAME) if (directory / STATE_NAME).is_file() else {}
+    return load_tokenizer(directory / VOCAB_NAME), state
+
+
+def load_into(model: torch.nn.Module, directory: str | Path, map_location: str = "cpu") -> None:
+    """Load the weights of the run checkpoint ``directory`` into ``model`` (the module the run trains: a
+    language model, or a task's model such as a classifier).
+
+    Raises:
+        TxlError: weights whose names or shapes differ from ``model``'s (the model config changed), broken
+            weights.
+    """
+    directory = Path(directory)
+    try:
+        check_weights_header(model, directory, "the model")
+    except TxlError as err:
+        if "do not match" not in str(err):  # no or unreadable weights: said as they are
+            raise
+        raise TxlError(f"the weights in {directory} do not fit the changed model config; model shapes cannot "
+                       "change when resuming (start a new run instead)") from None
+    load_weights(model, directory, map_location, str(directory / CONFIG_NAME))
 
 
 def quarantine(bad: list[Path]) -> None:

@@ -1,12 +1,15 @@
 """What the training loop trains on: a *task* gives it the data, the batches, the loss and the reports.
 
 :func:`txl.training.loop.train` is one loop (run folder, checkpoints, resume, progress bar,
-metrics, several processes, bad-input guarantees) driving one of two tasks:
+metrics, several processes, bad-input guarantees) driving a task:
 
 * :class:`LMTask` (this module): language modelling on a corpus, ``txl train`` (paper §3.2): one
   segment of ``batch_size`` streams per step, the memory carried from step to step.
 * :class:`txl.training.finetune.PairsTask`: prompt/completion pairs, ``txl finetune``: each step
-  reads ``batch_size`` whole examples segment by segment, the loss on completion tokens only.
+  reads ``batch_size`` whole examples segment by segment, the loss on completion tokens only
+  (:class:`txl.training.stream_task.ExampleTask` the same on given examples).
+* :class:`txl.classification.task.ClassifyTask`: a document classifier fine-tuned from a language
+  model, ``txl classify train``: each step reads ``batch_size`` whole documents.
 
 A task has these attributes and methods (duck-typed; both classes document their own):
 ``tokenizer``, ``unit``, ``vocab_size``, ``describe()`` (the "data: ..." log line),
@@ -20,7 +23,11 @@ optimizer step calls as ``module(x, mems=..., labels=y, span=...)``, returning a
 with a progress bar on stderr when ``progress``) and
 ``sample(model, run)`` (``(prompt, text)`` shown at the end) and ``fingerprint()`` (the size and
 sha256 of each part of the data, :mod:`txl.training.fingerprint`, recorded in every checkpoint and
-compared when resuming).
+compared when resuming). Three optional hooks let a task train a model other than the language
+model (a classifier): ``build_model(run)`` (the module to train; default ``TransformerXLLM(run.model)``),
+``checkpoint_files(folder, model)`` (more files of each checkpoint, e.g. ``classifier.json``) and
+``load_model(folder, device)`` (a checkpoint of the task, for the final report; default the language
+model of :func:`txl.training.checkpoint.load_checkpoint`).
 """
 
 from __future__ import annotations

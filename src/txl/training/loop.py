@@ -24,8 +24,8 @@ from txl.fileio import FolderClaim, claim_folder, write_json
 from txl.model import TransformerXLLM
 from txl.training import distributed
 from txl.training.checkpoint import (RUN_NAME, NonFiniteWeights, check_run_folder, checkpoint_candidates,
-                                     checkpoint_step, first_good_checkpoint, load_checkpoint, quarantine,
-                                     save_checkpoint)
+                                     checkpoint_step, first_good_checkpoint, load_checkpoint, load_into,
+                                     quarantine, save_checkpoint, saved_vocabulary)
 from txl.training.fingerprint import STATE_KEY as DATA_KEY
 from txl.training.fingerprint import check_resumed_data
 from txl.training.resume import JSON_NAME as TRAINER_JSON
@@ -79,6 +79,8 @@ def eval_scope(res: EvalResult) -> str:
     """What an evaluation's number was measured on, for the log: ``"32,768 tokens, tgt_len 64, mem_len 64"``
     (completion tokens and pairs for fine-tuning; ``cmem_len`` when a compressed memory was read)."""
     s = res.settings
+    if "documents" in s:  # a classifier's held-out documents
+        return f"{s['documents']:,} documents, accuracy {s['accuracy']:.4f}"
     what = (f"{res.n_tokens:,} completion tokens of {s['examples']:,} pairs" if "examples" in s
             else f"{res.n_tokens:,} tokens")
     return ", ".join([what] + [f"{key} {s[key]}" for key in ("tgt_len", "mem_len", "cmem_len") if key in s])
@@ -204,7 +206,8 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
         raise TxlError(f"{out_dir} has no resumable checkpoint (last/{TRAINER_JSON}); start a new run instead")
     created = False
     if d.is_main:  # one process per run folder: claimed before anything is read or written
-        claim = claim_folder(out_dir, flag="train.out_dir", create=not resume, inputs=task_inputs(run))
+        claim = claim_folder(out_dir, flag="train.out_dir", create=not resume,
+                             inputs=task_inputs(run) + list(getattr(task, "inputs", ())))
         claims.append(claim)
         created = claim.created
         if not resume:
@@ -236,7 +239,8 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
     log(task.describe())
 
     distributed.init(d, device)
-    model = TransformerXLLM(run.model).to(device)
+    build = getattr(task, "build_model", None)  # a task may train another model around the LM (a classifier)
+    model = (TransformerXLLM(run.model) if build is None else build(run)).to(device)
     if not resume:
         task.init_weights(model)
     n_params = sum(p.numel() for p in model.parameters())
@@ -258,17 +262,13 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
     pos, mems, best, start_step = 0, None, float("inf"), 0
     span = model.config.span  # the phase of train.tgt_len_schedule in force (set each step)
     if resume:
-        saved = load_checkpoint(resume_dir, map_location=str(device))
-        if saved.tokenizer.to_dict() != task.tokenizer.to_dict():
+        saved_tokenizer, saved_state = saved_vocabulary(resume_dir)
+        if saved_tokenizer.to_dict() != task.tokenizer.to_dict():
             raise TxlError(f"the corpus now gives a different vocabulary than {resume_dir} was trained with; data "
                            "settings cannot change when resuming (start a new run instead)")
-        check_resumed_data(saved.state.get(DATA_KEY), fingerprint, checkpoint=resume_dir, allow=allow_data_change,
+        check_resumed_data(saved_state.get(DATA_KEY), fingerprint, checkpoint=resume_dir, allow=allow_data_change,
                            warn=lambda m: log(f"txl: warning: {m}"))
-        try:
-            model.load_state_dict(saved.model.state_dict())
-        except RuntimeError:
-            raise TxlError(f"the weights in {resume_dir} do not fit the changed model config; model shapes cannot "
-                           "change when resuming (start a new run instead)") from None
+        load_into(model, resume_dir, map_location=str(device))
         restored = load_trainer_state(resume_dir, optimizer=optimizer, scaler=scaler, generator=generator,
                                       device=device, rank=d.rank, model=model)
         start_step, pos, mems, state = restored["step"], restored["position"], restored["mems"], restored["state"]
@@ -321,12 +321,19 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
         full_mems = [distributed.gather_rows(d, m) for m in mems] if (trainer and mems is not None) else mems
         rng = distributed.gather_objects(d, rank_rng_state(device)) if trainer else None
         error = None
+        task_files = getattr(task, "checkpoint_files", None)  # e.g. a classifier's classifier.json
+
+        def files(folder: Path) -> None:
+            if task_files is not None:
+                task_files(folder, model)
+            if trainer:
+                save_trainer_state(folder, optimizer=optimizer, scaler=scaler, generator=generator, mems=full_mems,
+                                   position=pos, step=step, state=dict(state), rank_rng=rng)
+
         if d.is_main:
             try:  # save_checkpoint refuses non-finite weights: said here as the run's divergence
                 save_checkpoint(out_dir / name, model, task.tokenizer, run, dict(state), keep=keep, span=span,
-                                extra=None if not trainer else lambda folder: save_trainer_state(
-                                    folder, optimizer=optimizer, scaler=scaler, generator=generator, mems=full_mems,
-                                    position=pos, step=step, state=dict(state), rank_rng=rng))
+                                extra=files)
             except NonFiniteWeights as err:
                 error = _diverged(step, err.names, out_dir, run)
             except TxlError as err:
@@ -465,11 +472,13 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
     best_dir = out_dir / "best"
     if resume and not best_dir.is_dir():  # already complete before its first validation: its last/, as txl eval
         best_dir = resume_dir
-    best_ckpt = load_checkpoint(best_dir, map_location=str(device))
-    final = task.final(best_ckpt.model, run, d, progress=progress and d.is_main)
+    load = getattr(task, "load_model", None)
+    best_model = (load_checkpoint(best_dir, map_location=str(device)).model if load is None
+                  else load(best_dir, device))
+    final = task.final(best_model, run, d, progress=progress and d.is_main)
     prompt, sample = "", ""
     if t.sample_tokens and d.is_main:
-        prompt, sample = task.sample(best_ckpt.model, run)
+        prompt, sample = task.sample(best_model, run)
     distributed.shutdown(d)
     return TrainResult(run_dir=out_dir, best_dir=best_dir, final=final, steps=step, tokens=state["tokens"],
                        wall_s=wall, tokens_per_s=state["tokens"] / wall, sample_prompt=prompt,

@@ -1,0 +1,138 @@
+"""Classification through the shared training loop: exact resume, the run folder, frozen softmax."""
+
+import csv
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import tiny_model
+from txl.classification import TransformerXLForSequenceClassification
+from txl.classification.model import ClassifierConfig
+from txl.classification.train import fit_classifier
+from txl.data import ByteTokenizer
+from txl.errors import TxlError
+from txl.training import loop
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _lm(tmp_path):
+    torch.manual_seed(0)
+    tiny_model(dtype=torch.float32, vocab_size=256, tgt_len=6, mem_len=6).save_pretrained(tmp_path / "lm",
+                                                                                           ByteTokenizer())
+    return tmp_path / "lm"
+
+
+def _docs(n, seed):
+    g = np.random.default_rng(seed)
+    docs, labels = [], []
+    for i in range(n):
+        label = i % 3
+        body = g.integers(97, 100, size=int(g.integers(4, 30)))
+        docs.append(np.concatenate([body, np.full(3, 65 + label), body[:5]]).astype(np.int64))
+        labels.append(label)
+    return docs, labels
+
+
+def _losses(run_dir):
+    return {int(r["step"]): r["train_loss"] for r in csv.DictReader(open(run_dir / "metrics.csv")) if r["train_loss"]}
+
+
+def test_crash_then_resume_equals_the_uninterrupted_run(tmp_path, monkeypatch):
+    lm = _lm(tmp_path)
+    clf = ClassifierConfig(num_labels=3, labels=["a", "b", "c"], mode="memory", grad_segments=2, classifier_dropout=0.1)
+    train, valid = _docs(20, 0), _docs(6, 1)
+    kw = dict(steps=8, batch_size=4, lr=3e-3, warmup_steps=2, seed=3, save_interval=4, device="cpu")
+    straight = fit_classifier(lm, clf, train, valid, out_dir=tmp_path / "straight", log=lambda m: None, **kw)
+    real_lr = loop.learning_rate
+
+    def crash_at_6(step, **k):  # last/ holds step 4
+        if step == 6:
+            raise RuntimeError("simulated crash")
+        return real_lr(step, **k)
+
+    monkeypatch.setattr(loop, "learning_rate", crash_at_6)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        fit_classifier(lm, clf, train, valid, out_dir=tmp_path / "crashed", log=lambda m: None, **kw)
+    monkeypatch.setattr(loop, "learning_rate", real_lr)
+    said = []
+    resumed = fit_classifier(lm, clf, train, valid, out_dir=tmp_path / "crashed", resume=True, log=said.append, **kw)
+    assert any("after step 4" in line for line in said), said
+    a, b = _losses(tmp_path / "straight"), _losses(tmp_path / "crashed")
+    assert a == b and sorted(a) == [8]  # (one row per 10 steps, and the last)
+    wa = load_file(tmp_path / "straight" / "best" / "model.safetensors")
+    wb = load_file(tmp_path / "crashed" / "best" / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(wa[k].equal(wb[k]) for k in wa)
+    assert resumed.final_loss == straight.final_loss and resumed.steps == straight.steps == 8
+    # the run's checkpoint is a classifier folder; the body's softmax was not trained
+    again = TransformerXLForSequenceClassification.from_pretrained(tmp_path / "straight")
+    assert again.classifier.labels == ["a", "b", "c"] and again.classifier.grad_segments == 2
+    lm_bias = load_file(lm / "model.safetensors")["crit.out_layers.0.bias"]
+    assert torch.equal(again.body.crit.out_layers[0].bias.detach(), lm_bias)
+    assert straight.documents == 32 and straight.tokens == sum(
+        len(train[0][i]) for i in _read_order(train, 8, 4, 3))
+
+
+def _read_order(train, steps, batch_size, seed):
+    n = len(train[0])
+    out = []
+    for i in range(steps * batch_size):
+        out.append(torch.randperm(n, generator=torch.Generator().manual_seed(seed + i // n)).tolist()[i % n])
+    return out
+
+
+def test_a_run_folder_is_refused_when_not_new_and_the_data_when_changed(tmp_path):
+    lm = _lm(tmp_path)
+    clf = ClassifierConfig(num_labels=3, mode="first")
+    train, valid = _docs(9, 0), _docs(3, 1)
+    kw = dict(steps=2, batch_size=3, lr=1e-3, device="cpu", log=lambda m: None)
+    fit_classifier(lm, clf, train, valid, out_dir=tmp_path / "run", **kw)
+    with pytest.raises(TxlError, match="already holds a run"):
+        fit_classifier(lm, clf, train, valid, out_dir=tmp_path / "run", **kw)
+    other = ([d[::-1].copy() for d in train[0]], train[1])
+    with pytest.raises(TxlError, match="data"):
+        fit_classifier(lm, clf, other, valid, out_dir=tmp_path / "run", resume=True, **kw)
+
+
+def test_two_gloo_processes_equal_one_process(tmp_path, capsys):
+    import json
+
+    from txl.cli import main
+
+    lm = _lm(tmp_path)
+    docs, labels = _docs(16, 0)
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"text": bytes(d.tolist()).decode(), "label": "abc"[y]}) + "\n"
+                            for d, y in zip(docs, labels)))
+    common = ["classify", "train", str(lm), "--data", str(data), "--steps", "4", "--batch-size", "4", "-q",
+              "--device", "cpu", "--dropout", "0", "--grad-segments", "2"]
+    assert main([*common, "--out", str(tmp_path / "one")]) == 0
+    assert main([*common, "--out", str(tmp_path / "two"), "--nproc", "2"]) == 0
+    out = capsys.readouterr().out
+    a = load_file(tmp_path / "one" / "best" / "model.safetensors")
+    b = load_file(tmp_path / "two" / "best" / "model.safetensors")
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)  # (float summation order differs)
+    one = json.loads((tmp_path / "one" / "heldout.json").read_text())["heldout"]
+    two = json.loads((tmp_path / "two" / "heldout.json").read_text())["heldout"]
+    assert one["accuracy"] == two["accuracy"] and "held-out: accuracy" in out  # (the ranks print elsewhere)
+
+
+def test_resume_refuses_other_settings_and_a_classifier_as_the_lm(tmp_path):
+    lm = _lm(tmp_path)
+    clf = ClassifierConfig(num_labels=3, mode="first")
+    train, valid = _docs(9, 0), _docs(3, 1)
+    kw = dict(batch_size=3, device="cpu", log=lambda m: None)
+    fit_classifier(lm, clf, train, valid, out_dir=tmp_path / "run", steps=2, lr=1e-3, **kw)
+    before = sorted((p.name, p.read_bytes()) for p in (tmp_path / "run").rglob("*") if p.is_file())
+    # more steps would let best/ be chosen on the held-out documents; another lr or head is another run
+    for change, args in (("train.max_steps 2 -> 4", dict(steps=4, lr=1e-3)), ("train.lr", dict(steps=2, lr=5e-3))):
+        with pytest.raises(TxlError, match=change):
+            fit_classifier(lm, clf, train, valid, out_dir=tmp_path / "run", resume=True, **args, **kw)
+    with pytest.raises(TxlError, match="classifier.mode 'first' -> 'last'"):
+        fit_classifier(lm, ClassifierConfig(num_labels=3, mode="last"), train, valid, out_dir=tmp_path / "run",
+                       resume=True, steps=2, lr=1e-3, **kw)
+    assert sorted((p.name, p.read_bytes()) for p in (tmp_path / "run").rglob("*") if p.is_file()) == before
+    with pytest.raises(TxlError, match="is a document classifier"):
+        fit_classifier(tmp_path / "run", clf, train, valid, out_dir=tmp_path / "other", steps=2, lr=1e-3, **kw)
