@@ -160,6 +160,7 @@ def test_bench_long_range_refuses_bad_flags_before_training(tmp_path, capsys):
     for argv, words in [(["--rows", "mem64,nope"], "--rows takes names among"),
                         (["--seeds", "0"], "--seeds must be >= 1"),
                         (["--first-seed", "-1"], "--first-seed must be >= 0"),
+                        (["--pool", "0"], "--pool must be >= 1"),
                         (["--out", tmp_path / "full"], "is not an empty folder"),
                         (["--json", tmp_path / "r.json"], "--json does not apply to --long-range")]:
         code, _, err = run_cli(capsys, "bench", "--long-range", *argv)
@@ -168,6 +169,8 @@ def test_bench_long_range_refuses_bad_flags_before_training(tmp_path, capsys):
     assert code == 2 and "--rows applies to --long-range only" in one_error_line(err)
     code, _, err = run_cli(capsys, "bench", "--first-seed", "2")
     assert code == 2 and "--first-seed applies to --long-range only" in one_error_line(err)
+    code, _, err = run_cli(capsys, "bench", "--pool", "96000")
+    assert code == 2 and "--pool applies to --long-range only" in one_error_line(err)
 
 
 def test_bench_long_range_first_seed_runs_the_seeds_from_it(tmp_path, capsys, monkeypatch):
@@ -176,15 +179,19 @@ def test_bench_long_range_first_seed_runs_the_seeds_from_it(tmp_path, capsys, mo
 
     seen = {}
 
-    def fake(out, *, rows, seeds, **kwargs):
-        seen.update(rows=[r.name for r in rows], seeds=seeds)
+    def fake(out, *, rows, seeds, budget, **kwargs):
+        seen.update(rows=[r.name for r in rows], seeds=seeds, pool=budget.pool, steps=budget.steps)
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / long_range.TABLE_NAME).write_text("table", encoding="utf-8")
 
     monkeypatch.setattr(long_range, "run_long_range", fake)
     code, out, _ = run_cli(capsys, "bench", "--long-range", "--rows", "cmem", "--first-seed", "2", "--seeds", "2",
                            "--out", tmp_path / "lr", "-q")
-    assert code == 0 and seen == {"rows": ["cmem"], "seeds": (2, 3)} and "table" in out
+    assert code == 0 and seen == {"rows": ["cmem"], "seeds": (2, 3), "pool": 16384, "steps": 1000} and "table" in out
+    # --pool: the distinct training episodes the steps draw from
+    assert run_cli(capsys, "bench", "--long-range", "--rows", "cmem", "--pool", "96000", "--steps", "3000",
+                   "--out", tmp_path / "pool", "-q")[0] == 0
+    assert (seen["pool"], seen["steps"]) == (96000, 3000)
     # the default rows are the equal-budget ones; mem64-bptt2 (3,000 steps in the docs) runs when named
     assert run_cli(capsys, "bench", "--long-range", "--out", tmp_path / "all", "-q")[0] == 0
     assert seen["rows"] == ["mem64", "mem256", "mem1024", "cmem", "mem0", "abs", "mem64-bptt4"]

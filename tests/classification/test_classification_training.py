@@ -92,8 +92,16 @@ def test_a_run_folder_is_refused_when_not_new_and_the_data_when_changed(tmp_path
     with pytest.raises(TxlError, match="already holds a run"):
         fit_classifier(lm, clf, train, valid, out_dir=tmp_path / "run", **kw)
     other = ([d[::-1].copy() for d in train[0]], train[1])
-    with pytest.raises(TxlError, match="data"):
+    with pytest.raises(TxlError, match="the data differ"):
         fit_classifier(lm, clf, other, valid, out_dir=tmp_path / "run", resume=True, **kw)
+    said = []  # allowed: one warning, and the run (already complete) reports again
+    fit_classifier(lm, clf, other, valid, out_dir=tmp_path / "run", resume=True, allow_data_change=True,
+                   **{**kw, "log": said.append})
+    assert any("continuing on the new data" in line for line in said)
+    # txl train / finetune --resume name the command that continues it
+    from txl.cli import main
+
+    assert main(["train", "--resume", str(tmp_path / "run"), "-q"]) == 2
 
 
 def test_two_gloo_processes_equal_one_process(tmp_path, capsys):

@@ -123,7 +123,8 @@ def fit_classifier(lm_dir: str | Path, classifier, train: tuple, valid: tuple, *
                    steps: int, batch_size: int, lr: float, warmup_steps: int = 0, weight_decay: float = 0.0,
                    clip: float = 1.0, seed: int = 0, tgt_len: int | None = None, mem_len: int | None = None,
                    dtype: str = "float32", device: str = "auto", threads: int = 0, data: str | Path = "",
-                   save_interval: int = 0, resume: bool = False, progress: bool = False, inputs: Sequence = (),
+                   save_interval: int = 0, resume: bool = False, allow_data_change: bool = False,
+                   progress: bool = False, inputs: Sequence = (),
                    log: Callable[[str], None] | None = None) -> FitResult:
     """Fine-tune a classifier (body and head) from the language model ``lm_dir`` with the shared training
     loop (:func:`txl.training.loop.train`, task :class:`~txl.classification.task.ClassifyTask`): checkpoints
@@ -142,6 +143,7 @@ def fit_classifier(lm_dir: str | Path, classifier, train: tuple, valid: tuple, *
         out_dir: a new or empty folder for the run (or the run's folder, with ``resume``).
         save_interval: write ``last/`` (the trainer state a resume starts from) every this many steps
             (0: at the end, and on Ctrl-C).
+        allow_data_change: with ``resume``, continue on documents that differ from the run's (one warning).
         data, inputs: where the documents came from (recorded in ``run.json``), and more paths the run
             reads (e.g. a held-out file): ``out_dir`` may not be inside any of them or ``lm_dir``.
         log: the training log's lines (default: stderr).
@@ -167,7 +169,7 @@ def fit_classifier(lm_dir: str | Path, classifier, train: tuple, valid: tuple, *
                          dtype=dtype, device=device, threads=threads, data=data, save_interval=save_interval)
     if resume:
         check_same_settings(Path(out_dir), run, classifier)
-    result = train_loop(run, progress=progress, log=log, resume=resume, task=task)
+    result = train_loop(run, progress=progress, log=log, resume=resume, task=task, allow_data_change=allow_data_change)
     model = task.load_model(result.best_dir, resolve_device(device))
     one_window = classifier.mode in ("first", "last")
     batches = task.batches(run, "cpu")

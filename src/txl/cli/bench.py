@@ -53,6 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--long-range: training steps per row (default 1000, of 32 episodes each)")
     g.add_argument("--episodes", type=int, default=None, metavar="N",
                    help="--long-range: episodes per task and distance (default 64)")
+    g.add_argument("--pool", type=int, default=None, metavar="N",
+                   help="--long-range: distinct training episodes a row draws its steps from (default 16384; "
+                        "steps x 32 makes every training episode new)")
     g.add_argument("--distances", default=None, metavar="D,D,...",
                    help="--long-range: distances asked (default 16,64,256,512,1024,2048,4096,8192; each row is "
                         "also asked at its direct reach and twice that)")
@@ -118,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-LONG_RANGE_FLAGS = ("--out", "--rows", "--seeds", "--first-seed", "--steps", "--episodes", "--distances", "--quiet")
+LONG_RANGE_FLAGS = ("--out", "--rows", "--seeds", "--first-seed", "--steps", "--episodes", "--pool", "--distances",
+                    "--quiet")
 
 
 def _check_modes(args: argparse.Namespace) -> None:
@@ -131,7 +135,7 @@ def _check_modes(args: argparse.Namespace) -> None:
              "--out": args.out is not None, "--rows": args.rows is not None, "--seeds": args.seeds != 3,
              "--first-seed": args.first_seed != 0,
              "--steps": args.steps is not None, "--episodes": args.episodes is not None,
-             "--distances": args.distances is not None, "--quiet": args.quiet}
+             "--pool": args.pool is not None, "--distances": args.distances is not None, "--quiet": args.quiet}
     if args.long_range:
         for flag in ("--vs hf", "--dtype", "--batch-size", "--no-memory", "--gen-lengths", "--model", "--lengths",
                      "--eval-speedup", "--repeats", "--json"):
@@ -156,7 +160,7 @@ def _long_range(args: argparse.Namespace) -> int:
     """``txl bench --long-range``: train the rows, print the table; results in ``--out``."""
     from txl.cli.checks import check_range
 
-    check_range(args, 1, "seeds", "steps", "episodes")
+    check_range(args, 1, "seeds", "steps", "episodes", "pool")
     check_range(args, 0, "first_seed")
     default = ("mem64", "mem256", "mem1024", "cmem", "mem0", "abs", "mem64-bptt4")  # analysis.long_range.ROWS (no torch)
     known = (*default, "mem64-bptt2", "mem64-L4-bptt4")  # and EXTRA_ROWS, run only when named
@@ -177,8 +181,8 @@ def _long_range(args: argparse.Namespace) -> int:
     note_threads(args)
     print_notes(args)
     budget = Budget()
-    budget = Budget(**{**budget.__dict__, **{k: v for k, v in (("steps", args.steps), ("episodes", args.episodes))
-                                              if v is not None}})
+    budget = Budget(**{**budget.__dict__, **{k: v for k, v in (("steps", args.steps), ("episodes", args.episodes),
+                                                                ("pool", args.pool)) if v is not None}})
     rows = tuple(r for r in ROWS + EXTRA_ROWS if r.name in names)
     run_long_range(out, rows=rows, seeds=tuple(range(args.first_seed, args.first_seed + args.seeds)), budget=budget, distances=distances or DISTANCES,
                    progress=not args.quiet, log=lambda m: print(m, file=sys.stderr, flush=True))

@@ -35,7 +35,9 @@ def _add_train(t: argparse.ArgumentParser) -> None:
                                        "heldout.json)")
     t.add_argument("--resume", metavar="RUN_DIR",
                    help="continue a stopped classification run from its last/ checkpoint; give the same checkpoint, "
-                        "data and settings as when it started (other data are refused)")
+                        "data and settings as when it started (other settings are refused)")
+    add_option(t, "--allow-data-change", aliases=underscore("--allow-data-change"), action="store_true",
+               help="with --resume: continue on documents that differ from those the run was trained on")
     t.add_argument("--mode", choices=["memory", "first", "last"], default=None,
                    help="memory: whole document with the memory; first / last: the first / last tgt_len tokens "
                         "only (default: memory, or first for an attn_type=abs model)")
@@ -103,6 +105,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise TxlError(f"--valid-fraction must be in (0, 1), got {args.valid_fraction:g}")
     if args.resume is not None and args.out is not None and Path(args.out).resolve() != Path(args.resume).resolve():
         raise TxlError("--resume continues the run in its own folder: give --resume RUN_DIR without --out")
+    if args.allow_data_change and args.resume is None:
+        raise TxlError("--allow-data-change applies to --resume only")
     if args.resume is None and args.out is None:
         raise TxlError("give --out (a new or empty folder for the run) or --resume RUN_DIR")
     check_checkpoint_path(args.checkpoint)  # paths too, before torch is imported
@@ -186,7 +190,7 @@ def _train(args: argparse.Namespace) -> int:
                          weight_decay=args.weight_decay, clip=args.clip, seed=args.seed, tgt_len=args.tgt_len,
                          mem_len=args.mem_len, dtype=args.dtype or "float32", device=args.device or "auto",
                          threads=args.threads or 0, data=args.data, save_interval=args.save_interval,
-                         resume=args.resume is not None,
+                         resume=args.resume is not None, allow_data_change=args.allow_data_change,
                          progress=not args.quiet, inputs=[lm_dir] + ([args.valid] if args.valid else []))
     if not main_rank:  # torchrun: rank 0 reports for the run
         return 0
