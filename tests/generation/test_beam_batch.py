@@ -70,7 +70,8 @@ def test_beam_search_sets_finished_hypotheses_aside_at_the_end_token():
 
 
 @pytest.mark.parametrize("overrides", [{"mem_len": 6}, {"mem_len": 64}, {"mem_len": 6, "same_length": True, "clamp_len": 3},
-                                       {"attn_type": "shaw", "shaw_max_dist": 3, "mem_len": 6}])
+                                       {"attn_type": "shaw", "shaw_max_dist": 3, "mem_len": 6},
+                                       {"attn_type": "rope", "mem_len": 6, "same_length": True}])
 @pytest.mark.parametrize("tiny_blocks", [False, True])
 def test_padded_memories_give_each_row_its_own_logits(overrides, tiny_blocks, monkeypatch):
     """Model level: rows primed alone, left-padded to one memory, read together = each row alone
@@ -105,7 +106,7 @@ def test_padded_memories_give_each_row_its_own_logits(overrides, tiny_blocks, mo
                     assert torch.allclose(out.logits[0, -1], batch[t][b], rtol=0, atol=1e-10), (cached, b, t)
 
 
-@pytest.mark.parametrize("overrides", [{"mem_len": 5}, {"attn_type": "abs"}])
+@pytest.mark.parametrize("overrides", [{"mem_len": 5}, {"attn_type": "abs"}, {"attn_type": "rope", "mem_len": 5}])
 def test_prompts_of_different_lengths_decode_as_each_alone(overrides):
     model = tiny_model(tgt_len=4, **overrides)
     gen = torch.Generator().manual_seed(3)

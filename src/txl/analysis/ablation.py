@@ -359,7 +359,7 @@ def format_table(results: dict) -> str:
         if r["best"]["value"] == best_overall:
             best = f"**{best}**"
         cells = [f"`{r['name']}` {r['label']}", f"{r['params']:,}", f"{r['tokens']:,}", f"{r['train_wall_s']:.0f}",
-                 r["protocol_text"], *values, best, f"{r['paper_table6_ppl']}"]
+                 r["protocol_text"], *values, best, "" if r["paper_table6_ppl"] is None else f"{r['paper_table6_ppl']}"]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(f"Each cell scores the same {results['eval_tokens']:,} targets of the {results['eval_split']} split; "

@@ -12,7 +12,8 @@ several processes (torchrun: DistributedDataParallel over the objective), mixed 
   e)``, so a resumed run reads exactly the documents it would have read). Rows are right-padded with
   -1 (the objective recovers each document's length from them).
 - The loss of a step is the mean cross-entropy (nats) over its documents; the unit is "nats" (per
-  document). Validation (``train.eval_interval``) reads the held-out documents and reports their
+  document), and what the loop counts as targets (``metrics.csv``'s ``tokens``, the bar's rate) are
+  documents. Validation (``train.eval_interval``) reads the held-out documents and reports their
   mean cross-entropy and accuracy; with ``eval_interval = max_steps`` (what ``txl classify train``
   sets) the only validation is at the end, so ``best/`` is the final model and nothing is selected
   on the held-out documents.
