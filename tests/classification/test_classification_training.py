@@ -102,6 +102,16 @@ def test_a_run_folder_is_refused_when_not_new_and_the_data_when_changed(tmp_path
     from txl.cli import main
 
     assert main(["train", "--resume", str(tmp_path / "run"), "-q"]) == 2
+    # a language-model run is not continued as a classifier
+    import json
+    import shutil
+
+    from txl.training.config import RunConfig
+
+    shutil.copytree(lm, tmp_path / "lmrun" / "last")
+    (tmp_path / "lmrun" / "run.json").write_text(json.dumps(RunConfig().to_dict()))
+    with pytest.raises(TxlError, match="not a document-classification run"):
+        fit_classifier(lm, clf, train, valid, out_dir=tmp_path / "lmrun", resume=True, **kw)
 
 
 def test_two_gloo_processes_equal_one_process(tmp_path, capsys):

@@ -74,7 +74,8 @@ def classifier_run(lm_dir: str | Path, out_dir: str | Path, *, steps: int, batch
 
 
 # how a run is carried out, not what it trains: a resumed run may change these
-_HOW = {"train.out_dir", "train.threads", "train.device", "train.save_interval", "train.log_interval"}
+# (the documents themselves are checked by their fingerprint: data.path only records where they came from)
+_HOW = {"train.out_dir", "train.threads", "train.device", "train.save_interval", "train.log_interval", "data.path"}
 
 
 def _flat(values: dict, prefix: str = "") -> dict:
@@ -101,11 +102,11 @@ def check_same_settings(run_dir: Path, run: RunConfig, classifier) -> None:
 
     if not (run_dir / RUN_NAME).is_file():
         return  # nothing to resume: the training loop says so
+    if not any((run_dir / name / CLASSIFIER_NAME).is_file() for name in ("last", "best")):
+        raise TxlError(f"{run_dir} is not a document-classification run (no last/{CLASSIFIER_NAME}); resume a "
+                       "language-model run with txl train --resume, or give the folder of a txl classify train run")
     saved = _flat(read_json_object(run_dir / RUN_NAME))
     now = _flat(run.to_dict())
-    for key in ("data.path",):  # recorded resolved
-        for values in (saved, now):
-            values[key] = str(Path(values[key]).resolve()) if values.get(key) else values.get(key)
     changed = [f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
                if k not in _HOW and not k.startswith("model.vocab_size") and saved.get(k) != now.get(k)]
     last = run_dir / "last" / CLASSIFIER_NAME

@@ -135,8 +135,12 @@ def _train(args: argparse.Namespace) -> int:
     from txl.evaluation.intervals import accuracy, bootstrap_interval, macro_f1
     from txl.fileio import write_json
     from txl.model.serialization import read_model_config
-    from txl.training.checkpoint import resolve_checkpoint_dir
+    from txl.training.checkpoint import resolve_checkpoint_dir, resume_run_dir
     from txl.training.distributed import launch
+
+    if args.resume is not None:  # RUN/last stands for RUN, as for txl train --resume
+        args.resume = str(resume_run_dir(args.resume))
+        out = Path(args.resume)
     if args.nproc is not None and "RANK" not in os.environ:  # the same command in N ranks (torchrun)
         if args.nproc < 1 or args.batch_size % args.nproc:
             raise TxlError(f"--nproc must be >= 1 and divide --batch-size {args.batch_size}, got {args.nproc}")
@@ -168,6 +172,10 @@ def _train(args: argparse.Namespace) -> int:
         train_idx, valid_idx = list(range(len(docs))), list(range(len(docs), len(docs) + len(held)))
         docs = docs + held
     targets = [names.index(d.label) for d in docs]
+    alone = sorted(name for name in names if sum(docs[i].label == name for i in train_idx) == 1 and args.valid is None)
+    if alone and main_rank:
+        print(f"txl: warning: label(s) {', '.join(alone[:5])} have one document: trained on, never held out",
+              file=sys.stderr)
     classifier = ClassifierConfig(num_labels=len(names), labels=names, mode=mode, pooling=args.pooling,
                                   grad_segments=args.grad_segments or None, classifier_dropout=args.dropout,
                                   max_tokens=args.max_tokens or None)

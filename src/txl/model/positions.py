@@ -46,6 +46,9 @@ class PositionScheme:
     def check(self, config) -> None:
         """Raise :class:`TxlError` for a config this scheme cannot serve (default: none)."""
 
+    def check_clamp(self, clamp_len: int, flag: str = "clamp_len") -> None:
+        """Raise :class:`TxlError` when the scheme cannot read with ``clamp_len`` (given as ``flag``; default: any)."""
+
     def layer_parameter_count(self, config) -> int:
         """Parameters of its own per layer (an upper bound, for the config's size check)."""
         return 0
@@ -305,13 +308,15 @@ class Rotary(PositionScheme):
         if config.d_head % 2:
             raise TxlError(f"model.attn_type='rope' needs an even model.d_head (pairs of dimensions rotate), got "
                            f"{config.d_head}")
-        if config.clamp_len:
-            raise TxlError(f"model.clamp_len={config.clamp_len} has no meaning with attn_type='rope' (rotations of "
-                           "every distance); set it to 0")
+        self.check_clamp(config.clamp_len, "model.clamp_len")
+
+    def check_clamp(self, clamp_len, flag="clamp_len"):
+        if clamp_len:
+            raise TxlError(f"{flag}={clamp_len} has no meaning with attn_type='rope' (rotations of every distance); "
+                           "set it to 0")
 
     def segment(self, config, klen, first, span, device, dtype, drop, caches=None):
-        if span.clamp_len:
-            raise TxlError(f"clamp_len={span.clamp_len} has no meaning with attn_type='rope'; read with clamp_len 0")
+        self.check_clamp(span.clamp_len)
         cos, sin = rotary_angles(torch.arange(first, first + klen, device=device), config.d_head)
         return cos.to(dtype), sin.to(dtype)
 

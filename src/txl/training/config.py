@@ -29,6 +29,7 @@ from typing import Any
 from txl.errors import TxlError
 from txl.config import DataConfig, EvalConfig, TrainConfig, check_fields, did_you_mean
 from txl.model.config import TransformerXLConfig
+from txl.model.positions import position_scheme
 
 
 
@@ -88,6 +89,8 @@ class RunConfig:
         self.data.validate()
         self.train.validate()
         self.eval.validate()
+        if self.eval.clamp_len:  # refused before training, not at its final evaluation
+            position_scheme(self.model.attn_type).check_clamp(self.eval.clamp_len, "eval.clamp_len")
         if self.finetune is not None:
             self.finetune.validate()
 
