@@ -238,7 +238,7 @@ def test_sizes_beyond_the_text_or_the_machine_are_handled_in_one_line(monkeypatc
     with pytest.raises(TxlError, match="max_new_tokens must be >= 0"):
         beam_search(model, _ids(0, 1, 3), 40, -1)
     from txl.model import inputs
-    monkeypatch.setattr(inputs, "available_memory_bytes", lambda: 2**28)
+    monkeypatch.setattr(inputs, "available_memory_bytes", lambda *device: 2**28)
     with pytest.raises(TxlError, match=r"a segment of 8,000 tokens over 8,000 keys .* use a smaller tgt_len"):
         evaluate(model, np.random.default_rng(0).integers(0, V, 8001), tgt_len=8000, batch_size=1)
     with torch.no_grad():  # the same segment with autograd keeps a bias per layer: refused sooner

@@ -54,3 +54,30 @@ def test_the_peak_is_at_least_the_resident_memory_and_grows_with_an_allocation()
     block = b"\x01" * (200 << 20)  # 200 MiB, written: resident
     assert runtime.resident_bytes(field="VmHWM") >= now + (150 << 20)
     assert runtime.resident_bytes() >= now + (150 << 20) and len(block) == 200 << 20
+
+
+def test_a_cuda_device_s_room_is_its_own_free_memory_not_the_host_s(monkeypatch):
+    # through a fake device query: buffers on a GPU are limited by its free memory
+    import torch
+
+    from txl.errors import TxlError
+    from txl.model import AttentionSpan, DecodingState
+
+    asked = []
+
+    def mem_get_info(device=None):
+        asked.append(str(device))
+        return 3 * 2**20, 80 * 2**30
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    assert runtime.available_memory_bytes(torch.device("cuda", 1)) == 3 * 2**20
+    assert runtime.available_memory_bytes("cuda") == 3 * 2**20 and asked == ["cuda:1", "cuda"]
+    host = runtime.available_memory_bytes()
+    assert runtime.available_memory_bytes(torch.device("cpu")) == host and host > 3 * 2**20
+    # a decoding state whose buffers live on that device refuses what does not fit there
+    state = DecodingState(2, AttentionSpan(tgt_len=4, mem_len=8))
+    state.device = torch.device("cuda", 1)
+    with pytest.raises(TxlError, match="needs 4 MiB|needs 4.0 MiB|more than the 3"):
+        state.check_fits(4 * 2**20, "its keys and values")
+    state.device = torch.device("cpu")
+    state.check_fits(4 * 2**20, "its keys and values")  # the host has the room

@@ -231,11 +231,19 @@ def memory_bytes() -> int:
         return 1 << 62
 
 
-def available_memory_bytes() -> int:
-    """Memory available to new allocations of this process in bytes: the least of ``MemAvailable``
-    (/proc/meminfo), the room left under a cgroup memory limit (a container's; v2 or v1) and under
-    an address-space limit (``ulimit -v``), where each exists; the physical memory
-    (:func:`memory_bytes`) where none does."""
+def available_memory_bytes(device=None) -> int:
+    """Memory available to new allocations of this process in bytes, on ``device``.
+
+    On a CUDA device (a ``torch.device`` or a name such as ``"cuda:1"``), that device's free memory
+    (``torch.cuda.mem_get_info``): buffers placed there are limited by it, not by the host's RAM.
+    Otherwise (None, the CPU, other devices whose memory is the host's) the least of ``MemAvailable``
+    (/proc/meminfo), the room left under a cgroup memory limit (a container's; v2 or v1) and under an
+    address-space limit (``ulimit -v``), where each exists; the physical memory (:func:`memory_bytes`)
+    where none does."""
+    if device is not None and str(getattr(device, "type", device)).split(":")[0] == "cuda":
+        import torch
+
+        return int(torch.cuda.mem_get_info(device)[0])
     figures = []
     try:
         with open("/proc/meminfo", encoding="ascii") as f:

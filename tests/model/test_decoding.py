@@ -316,7 +316,7 @@ def test_a_state_refuses_what_would_not_fit_or_is_not_its_own(monkeypatch):
                 state.reorder(bad)
         with pytest.raises(TxlError, match="n_layer must be an integer"):
             DecodingState("2", model.config.span)
-        monkeypatch.setattr(decoding, "available_memory_bytes", lambda: 1000)
+        monkeypatch.setattr(decoding, "available_memory_bytes", lambda *device: 1000)
         with pytest.raises(TxlError, match=r"mem_len 6 needs .* KiB for its keys and values, more than"):
             model(x[:, :4], caches=DecodingState(model.config.n_layer, model.config.span))
 
@@ -387,7 +387,7 @@ def test_growth_that_would_not_fit_is_refused_and_changes_nothing(monkeypatch):
     available = decoding.available_memory_bytes
     refuse = r"mem_len 1,000,000 needs .* KiB .* available: use a smaller mem_len"
     with torch.no_grad():
-        monkeypatch.setattr(decoding, "available_memory_bytes", lambda: 1000)
+        monkeypatch.setattr(decoding, "available_memory_bytes", lambda *device: 1000)
         with pytest.raises(TxlError, match=refuse):
             model(tokens[:, :16], caches=state)
         assert not state.failed and state.length == 0 and state.layers[0].keys is None
@@ -397,7 +397,7 @@ def test_growth_that_would_not_fit_is_refused_and_changes_nothing(monkeypatch):
             model(tokens[:, t:t + 1], caches=state)
         assert state.room == 32 and state.length == 32 and state.pos_period == 34
         tables = [c.pos_keys for c in state.layers]
-        monkeypatch.setattr(decoding, "available_memory_bytes", lambda: 1000)
+        monkeypatch.setattr(decoding, "available_memory_bytes", lambda *device: 1000)
         for size in (1, 8):
             with pytest.raises(TxlError, match=refuse):
                 model(tokens[:, 32:32 + size], caches=state)
@@ -411,7 +411,7 @@ def test_growth_that_would_not_fit_is_refused_and_changes_nothing(monkeypatch):
             torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-10)
             mems, start = want.mems, start + size
         assert state.room > 32
-        monkeypatch.setattr(decoding, "available_memory_bytes", lambda: 10_000)
+        monkeypatch.setattr(decoding, "available_memory_bytes", lambda *device: 10_000)
         with pytest.raises(TxlError, match=r"for the 1,000 rows it is reordered into.* fewer beams"):
             state.reorder(torch.zeros(1000, dtype=torch.long))
         state.reorder(torch.tensor([1, 0]))  # as many rows as before: not a growth
@@ -445,10 +445,10 @@ def test_table_growth_counts_only_new_memory(monkeypatch):
     with torch.no_grad():
         model(tokens[:, :16], caches=state)  # buffers of 32 positions, no tables yet
         assert state.room == 32 and state.pos_period == 0
-        monkeypatch.setattr(decoding, "available_memory_bytes", lambda: 34 * table + 100)
+        monkeypatch.setattr(decoding, "available_memory_bytes", lambda *device: 34 * table + 100)
         model(tokens[:, 16:17], caches=state)  # tables for 34 distances: they fit, the buffers are not new
         assert state.room == 32 and state.pos_period == 34
-        monkeypatch.setattr(decoding, "available_memory_bytes", lambda: 60_000)
+        monkeypatch.setattr(decoding, "available_memory_bytes", lambda *device: 60_000)
         rooms = set()
         for t in range(17, 100):
             model(tokens[:, t:t + 1], caches=state)

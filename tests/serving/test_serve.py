@@ -479,7 +479,7 @@ def test_serve_refuses_one_session_beyond_memory_and_notes_many(tmp_path, capsys
 
     monkeypatch.setattr(server, "serve", fake_serve)
     per_session = 3 * 16 * 1000 * 4 + 6 * 8 + 65536  # n_layer * d_model * mem_len * float32, tail ids, pending text
-    monkeypatch.setattr(runtime, "available_memory_bytes", lambda: per_session * 10)
+    monkeypatch.setattr(runtime, "available_memory_bytes", lambda *device: per_session * 10)
     code, _, err = run_cli(capsys, "serve", tmp_path / "ckpt", "--mem-len", "100000")
     assert code == 2 and "one session with mem_len 100,000 would hold" in one_error_line(err)
     code, _, err = run_cli(capsys, "serve", tmp_path / "ckpt", "--mem-len", "1000", "--max-sessions", "11")

@@ -34,10 +34,10 @@ class BeamResult:
     score: float
 
 
-def _check_beams(num_beams: int, vocab_size: int, max_new_tokens: int) -> None:
-    """Refuse more beams than distinct continuations, or than this machine can hold the scores of."""
+def _check_beams(num_beams: int, vocab_size: int, max_new_tokens: int, device=None) -> None:
+    """Refuse more beams than distinct continuations, or than the model's device can hold the scores of."""
     need = 8 * (num_beams + 1) * vocab_size  # one step's candidate scores (float64 here and there)
-    if need > available_memory_bytes():
+    if need > available_memory_bytes(device):
         raise TxlError(f"num_beams {num_beams:,} needs {format_bytes(need)} for one step's candidate scores, more "
                        "than the memory available: use fewer beams")
     if max_new_tokens == 0:  # one continuation, the empty one, whatever the beams
@@ -83,7 +83,7 @@ def beam_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: 
     check_decoding(length_penalty=length_penalty)
     if max_new_tokens < 0:
         raise TxlError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    _check_beams(int(num_beams), model.config.vocab_size, max_new_tokens)
+    _check_beams(int(num_beams), model.config.vocab_size, max_new_tokens, next(model.parameters()).device)
     span = resolve_span(model.config, span, mem_len=mem_len)
     end = tuple(int(i) for i in end_ids)
     k = num_beams

@@ -181,6 +181,7 @@ class DecodingState:
         self.owner: weakref.ref | None = None  # the model whose keys the buffers hold (its first call's)
         self.layers = [LayerCache(self) for _ in range(n_layer)]
         self.held: list[torch.Tensor] | None = None  # compressive spans: the memory itself (see the module)
+        self.device: torch.device | None = None  # the buffers' device (set by begin); None: the host's memory
 
     @property
     def compressive(self) -> bool:
@@ -250,7 +251,7 @@ class DecodingState:
             TxlError: not even ``n`` positions of ``bytes_per_position`` bytes fit.
         """
         want = min(self.capacity, max(16, 2 * n))
-        have = available_memory_bytes() if bytes_per_position else 0
+        have = available_memory_bytes(self.device) if bytes_per_position else 0
         if bytes_per_position and want * bytes_per_position > have:
             self.check_fits(n * bytes_per_position, what)
             return max(n, have // bytes_per_position)  # (less than want here)
@@ -276,6 +277,7 @@ class DecodingState:
         Raises:
             TxlError: buffers or tables that do not fit in the available memory (nothing changed then).
         """
+        self.device = device  # where the buffers live: their room is that device's free memory
         if qlen == 1 and self.length > 0:
             period = self._prepare_step(bytes_per_position, table_bytes_per_position)
             self._plan = _STEP
@@ -380,7 +382,7 @@ class DecodingState:
         Raises:
             TxlError: buffers that do not fit in the available memory (nothing changed then).
         """
-        self._plan = plan_segment(self, qlen, klen, device, bytes_per_position, available_memory_bytes)
+        self._plan = plan_segment(self, qlen, klen, device, bytes_per_position, lambda: available_memory_bytes(device))
 
     def _segment_keys(self, cache: LayerCache, keys: torch.Tensor, values: torch.Tensor,
                       hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -464,13 +466,14 @@ class DecodingState:
             cache.hidden = hidden.new_zeros(bsz, room, hidden.size(-1))
 
     def check_fits(self, need: int, what: str) -> None:
-        """Refuse buffers of ``need`` bytes that this machine's available memory cannot hold (a clear
-        error instead of an allocator traceback or the process being killed).
+        """Refuse buffers of ``need`` bytes that the available memory of the buffers' device cannot hold (a
+        GPU's free memory, or the host's; a clear error instead of an allocator traceback or the process
+        being killed).
 
         Raises:
             TxlError: ``need`` above the available memory.
         """
-        have = available_memory_bytes()
+        have = available_memory_bytes(self.device)
         if need > have:
             raise TxlError(f"a decoding state with mem_len {self.span.mem_len:,} needs {format_bytes(need)} for {what}, more "
                            f"than the {format_bytes(have)} of memory available: use a smaller mem_len (or a shorter text, "

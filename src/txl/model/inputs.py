@@ -122,7 +122,7 @@ def check_attention_fits(bsz: int, heads: int, qlen: int, klen: int, n_layer: in
         need = 3 * max(per_head, min(bsz * heads * per_head, block_bytes))
     if need < 2**28:  # small: not worth reading the system's memory figures
         return
-    have = available_memory_bytes()
+    have = available_memory_bytes(device)
     if need > have:
         raise TxlError(f"a segment of {qlen:,} tokens over {klen:,} keys (batch {bsz:,}) needs about "
                        f"{format_bytes(need)} for its attention scores, more than the {format_bytes(have)} of "
