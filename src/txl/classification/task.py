@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from txl.classification.data import pad_batch
+from txl.data.iterators import to_device
 from txl.classification.model import TransformerXLForSequenceClassification
 from txl.config import CLASSIFIER_NAME
 from txl.errors import TxlError
@@ -100,7 +101,8 @@ class _DocumentBatches:
         n = len(self.docs)
         chosen = [self.order(i // n)[i % n] for i in range(position, position + self.batch_size)]
         x = padded([self.docs[i] for i in chosen], self.max_tokens)
-        return x.to(self.device), self.labels[chosen].to(self.device), position + self.batch_size, True
+        return (to_device(x, self.device), to_device(self.labels[chosen], self.device), position + self.batch_size,
+                True)
 
 
 class ClassifyTask:

@@ -22,6 +22,15 @@ import torch
 from txl.config import IGNORE_INDEX
 from txl.errors import TxlError, counted
 
+
+def to_device(batch: torch.Tensor, device) -> torch.Tensor:
+    """A host batch on ``device``: for a CUDA device copied from pinned memory without waiting
+    (``non_blocking``: the copy overlaps the work queued before it; the pinned block is kept until the
+    copy is done); elsewhere an ordinary ``.to``."""
+    if torch.device(device).type == "cuda":
+        return batch.pin_memory().to(device, non_blocking=True)
+    return batch.to(device)
+
 __all__ = ["LMOrderedIterator", "LMShuffledIterator", "IGNORE_INDEX", "sample_segment_length"]
 
 """Label value of positions that are not scored (context and padding); ``cross_entropy``'s default."""
@@ -304,7 +313,7 @@ class LMShuffledIterator:
                     any_label = True
             if not any_label:
                 return
-            yield torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
+            yield to_device(torch.from_numpy(x), self.device), to_device(torch.from_numpy(y), self.device)
 
     def __repr__(self) -> str:
         return (
