@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from txl.classification.data import pad_batch
-from txl.data.iterators import to_device
+from txl.data.iterators import EpochOrder, to_device
 from txl.classification.model import TransformerXLForSequenceClassification
 from txl.config import CLASSIFIER_NAME
 from txl.errors import TxlError
@@ -87,19 +87,11 @@ class _DocumentBatches:
 
     def __init__(self, docs, labels, batch_size: int, seed: int, max_tokens: int | None, device) -> None:
         self.docs, self.labels = docs, torch.as_tensor(np.asarray(labels, dtype=np.int64))
-        self.batch_size, self.seed, self.max_tokens, self.device = batch_size, seed, max_tokens, device
-        self._orders: dict[int, list[int]] = {}
-
-    def order(self, epoch: int) -> list[int]:
-        """The documents of epoch ``epoch``, in the order they are read."""
-        if epoch not in self._orders:
-            self._orders = {epoch: torch.randperm(len(self.docs), generator=torch.Generator().manual_seed(
-                self.seed + epoch)).tolist()}
-        return self._orders[epoch]
+        self.batch_size, self.max_tokens, self.device = batch_size, max_tokens, device
+        self.order = EpochOrder(len(docs), seed)
 
     def next(self, position: int, tgt_len: int, generator: torch.Generator):
-        n = len(self.docs)
-        chosen = [self.order(i // n)[i % n] for i in range(position, position + self.batch_size)]
+        chosen = self.order.take(position, self.batch_size)
         x = padded([self.docs[i] for i in chosen], self.max_tokens)
         return (to_device(x, self.device), to_device(self.labels[chosen], self.device), position + self.batch_size,
                 True)

@@ -173,11 +173,9 @@ def fit_classifier(lm_dir: str | Path, classifier, train: tuple, valid: tuple, *
     result = train_loop(run, progress=progress, log=log, resume=resume, task=task, allow_data_change=allow_data_change)
     model = task.load_model(result.best_dir, resolve_device(device))
     one_window = classifier.mode in ("first", "last")
-    batches = task.batches(run, "cpu")
     tokens = 0
-    for i in range(result.steps * batch_size):  # the documents read, in the loop's order
-        n = len(train[0])
-        doc = train[0][batches.order(i // n)[i % n]]
+    for i in task.batches(run, "cpu").order.take(0, result.steps * batch_size):  # the documents read, in order
+        doc = train[0][i]
         length = min(len(doc), classifier.max_tokens or len(doc))
         tokens += min(length, run.model.tgt_len) if one_window else length
     return FitResult(model=model, run_dir=result.run_dir, steps=result.steps, documents=result.steps * batch_size,

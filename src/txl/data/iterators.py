@@ -23,6 +23,32 @@ from txl.config import IGNORE_INDEX
 from txl.errors import TxlError, counted
 
 
+class EpochOrder:
+    """Items ``0 .. n-1`` read in seeded shuffled epochs: epoch e is ``randperm(n)`` drawn from a
+    generator seeded ``seed + e``, so the item at any position of the stream is known without saved
+    RNG state (a resumed run reads exactly what it would have read).
+
+    Raises:
+        TxlError: ``n`` < 1.
+    """
+
+    def __init__(self, n: int, seed: int) -> None:
+        if n < 1:
+            raise TxlError(f"nothing to read: {n} items")
+        self.n, self.seed = n, seed
+        self._epoch: tuple[int, list[int]] | None = None
+
+    def epoch(self, e: int) -> list[int]:
+        """The items of epoch ``e`` in the order they are read."""
+        if self._epoch is None or self._epoch[0] != e:
+            self._epoch = (e, torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + e)).tolist())
+        return self._epoch[1]
+
+    def take(self, position: int, count: int) -> list[int]:
+        """The ``count`` items read from stream position ``position`` on."""
+        return [self.epoch(i // self.n)[i % self.n] for i in range(position, position + count)]
+
+
 def to_device(batch: torch.Tensor, device) -> torch.Tensor:
     """A host batch on ``device``: for a CUDA device copied from pinned memory without waiting
     (``non_blocking``: the copy overlaps the work queued before it; the pinned block is kept until the

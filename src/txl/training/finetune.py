@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from txl.data import Tokenizer
+from txl.data.iterators import EpochOrder
 from txl.data.pairs import Markers, Pair, add_markers, encode_pair, pair_batch, pair_splits
 from txl.errors import TxlError
 from txl.evaluation.completions import completion_losses, evaluate_completions
@@ -122,18 +123,11 @@ class _PairBatches:
     """
 
     def __init__(self, rows, batch_size: int, seed: int, device: torch.device) -> None:
-        self.rows, self.batch_size, self.seed, self.device = rows, batch_size, seed, device
-        self._orders: dict[int, list[int]] = {}
-
-    def _order(self, epoch: int) -> list[int]:
-        if epoch not in self._orders:
-            self._orders = {epoch: torch.randperm(len(self.rows), generator=torch.Generator().manual_seed(
-                self.seed + epoch)).tolist()}
-        return self._orders[epoch]
+        self.rows, self.batch_size, self.device = rows, batch_size, device
+        self.order = EpochOrder(len(rows), seed)
 
     def next(self, position: int, tgt_len: int, generator: torch.Generator):
-        n = len(self.rows)
-        chosen = [self.rows[self._order(i // n)[i % n]] for i in range(position, position + self.batch_size)]
+        chosen = [self.rows[i] for i in self.order.take(position, self.batch_size)]
         x, y = pair_batch(chosen, self.device)
         return x, y, position + self.batch_size, True
 
