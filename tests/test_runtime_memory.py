@@ -70,14 +70,39 @@ def test_a_cuda_device_s_room_is_its_own_free_memory_not_the_host_s(monkeypatch)
         return 3 * 2**20, 80 * 2**30
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
-    assert runtime.available_memory_bytes(torch.device("cuda", 1)) == 3 * 2**20
-    assert runtime.available_memory_bytes("cuda") == 3 * 2**20 and asked == ["cuda:1", "cuda"]
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 5 * 2**20)  # torch's cache: 5 MiB,
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 4 * 2**20)  # 1 of them unused
+    assert runtime.available_memory_bytes(torch.device("cuda", 1)) == 4 * 2**20
+    assert runtime.available_memory_bytes("cuda") == 4 * 2**20 and asked == ["cuda:1", "cuda"]
+    assert runtime.available_memory_bytes(1) == 4 * 2**20 and asked[-1] == "cuda:1"  # an index names a GPU
     host = runtime.available_memory_bytes()
     assert runtime.available_memory_bytes(torch.device("cpu")) == host and host > 3 * 2**20
     # a decoding state whose buffers live on that device refuses what does not fit there
     state = DecodingState(2, AttentionSpan(tgt_len=4, mem_len=8))
     state.device = torch.device("cuda", 1)
-    with pytest.raises(TxlError, match="needs 4 MiB|needs 4.0 MiB|more than the 3"):
-        state.check_fits(4 * 2**20, "its keys and values")
+    with pytest.raises(TxlError, match="more than the 4"):
+        state.check_fits(5 * 2**20, "its keys and values")
     state.device = torch.device("cpu")
-    state.check_fits(4 * 2**20, "its keys and values")  # the host has the room
+    state.check_fits(5 * 2**20, "its keys and values")  # the host has the room
+
+
+def test_a_decoding_state_asks_for_the_room_of_the_device_its_call_runs_on(monkeypatch):
+    import torch
+
+    from conftest import tiny_model
+    from txl.model import DecodingState, decoding
+
+    model = tiny_model(mem_len=40)
+    asked = []
+
+    def available(device=None):
+        asked.append(device)
+        return 1 << 40
+
+    monkeypatch.setattr(decoding, "available_memory_bytes", available)
+    state = DecodingState(3, model.config.span)
+    with torch.no_grad():
+        model(torch.randint(0, 37, (1, 5)), caches=state)
+        for _ in range(30):  # steps that grow the buffers
+            model(torch.randint(0, 37, (1, 1)), caches=state)
+    assert asked and all(d == torch.device("cpu") for d in asked) and state.device == torch.device("cpu")

@@ -234,16 +234,21 @@ def memory_bytes() -> int:
 def available_memory_bytes(device=None) -> int:
     """Memory available to new allocations of this process in bytes, on ``device``.
 
-    On a CUDA device (a ``torch.device`` or a name such as ``"cuda:1"``), that device's free memory
-    (``torch.cuda.mem_get_info``): buffers placed there are limited by it, not by the host's RAM.
+    On a CUDA device (a ``torch.device``, a name such as ``"cuda:1"`` or an index), that device's free
+    memory (``torch.cuda.mem_get_info``) plus what torch's caching allocator holds unused there: buffers
+    placed there are limited by it, not by the host's RAM.
     Otherwise (None, the CPU, other devices whose memory is the host's) the least of ``MemAvailable``
     (/proc/meminfo), the room left under a cgroup memory limit (a container's; v2 or v1) and under an
     address-space limit (``ulimit -v``), where each exists; the physical memory (:func:`memory_bytes`)
     where none does."""
+    if device is not None and not isinstance(device, str) and getattr(device, "type", None) is None:
+        device = f"cuda:{int(device)}"  # an index names a CUDA device, as torch does
     if device is not None and str(getattr(device, "type", device)).split(":")[0] == "cuda":
         import torch
 
-        return int(torch.cuda.mem_get_info(device)[0])
+        free = int(torch.cuda.mem_get_info(device)[0])  # the driver's free memory, plus what torch's
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)  # cache holds unused
+        return free + max(0, int(cached))
     figures = []
     try:
         with open("/proc/meminfo", encoding="ascii") as f:

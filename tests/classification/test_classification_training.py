@@ -154,3 +154,21 @@ def test_resume_refuses_other_settings_and_a_classifier_as_the_lm(tmp_path):
     assert sorted((p.name, p.read_bytes()) for p in (tmp_path / "run").rglob("*") if p.is_file()) == before
     with pytest.raises(TxlError, match="is a document classifier"):
         fit_classifier(tmp_path / "run", clf, train, valid, out_dir=tmp_path / "other", steps=2, lr=1e-3, **kw)
+
+
+def test_cli_names_a_label_with_one_document_only(tmp_path, capsys):
+    import json
+
+    from txl.cli import main
+
+    lm = _lm(tmp_path)
+    rows = [("aaa xyz", "a"), ("aab xyz", "a"), ("bbb xyz", "b"), ("bba xyz", "b"), ("ccc", "c")]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in rows))
+    argv = ["classify", "train", str(lm), "--data", str(data), "--steps", "1", "--batch-size", "2", "-q",
+            "--device", "cpu", "--valid-fraction", "0.5"]
+    assert main([*argv, "--out", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert "label(s) c have one document" in err and " a," not in err and "a have" not in err
+    # RUN/last stands for RUN, given with --out RUN too
+    assert main([*argv, "--resume", str(tmp_path / "r" / "last"), "--out", str(tmp_path / "r")]) == 0

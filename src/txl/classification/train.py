@@ -102,7 +102,8 @@ def check_same_settings(run_dir: Path, run: RunConfig, classifier) -> None:
 
     if not (run_dir / RUN_NAME).is_file():
         return  # nothing to resume: the training loop says so
-    if not any((run_dir / name / CLASSIFIER_NAME).is_file() for name in ("last", "best")):
+    checkpoints = [run_dir / name for name in ("last", "best") if (run_dir / name / "config.json").is_file()]
+    if checkpoints and not any((folder / CLASSIFIER_NAME).is_file() for folder in checkpoints):
         raise TxlError(f"{run_dir} is not a document-classification run (no last/{CLASSIFIER_NAME}); resume a "
                        "language-model run with txl train --resume, or give the folder of a txl classify train run")
     saved = _flat(read_json_object(run_dir / RUN_NAME))

@@ -103,7 +103,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise TxlError("give --valid (held-out documents) or --valid-fraction (a held-out part of --data), not both")
     if args.valid_fraction is not None and not 0 < args.valid_fraction < 1:
         raise TxlError(f"--valid-fraction must be in (0, 1), got {args.valid_fraction:g}")
-    if args.resume is not None and args.out is not None and Path(args.out).resolve() != Path(args.resume).resolve():
+    if args.resume is not None and args.out is not None and Path(args.out).resolve() not in (
+            Path(args.resume).resolve(), Path(args.resume).resolve().parent if Path(args.resume).name == "last" else None):
         raise TxlError("--resume continues the run in its own folder: give --resume RUN_DIR without --out")
     if args.allow_data_change and args.resume is None:
         raise TxlError("--allow-data-change applies to --resume only")
@@ -172,7 +173,7 @@ def _train(args: argparse.Namespace) -> int:
         train_idx, valid_idx = list(range(len(docs))), list(range(len(docs), len(docs) + len(held)))
         docs = docs + held
     targets = [names.index(d.label) for d in docs]
-    alone = sorted(name for name in names if sum(docs[i].label == name for i in train_idx) == 1 and args.valid is None)
+    alone = sorted(name for name in names if sum(d.label == name for d in docs) == 1 and args.valid is None)
     if alone and main_rank:
         print(f"txl: warning: label(s) {', '.join(alone[:5])} have one document: trained on, never held out",
               file=sys.stderr)

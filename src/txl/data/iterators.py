@@ -53,7 +53,7 @@ def to_device(batch: torch.Tensor, device) -> torch.Tensor:
     """A host batch on ``device``: for a CUDA device copied from pinned memory without waiting
     (``non_blocking``: the copy overlaps the work queued before it; the pinned block is kept until the
     copy is done); elsewhere an ordinary ``.to``."""
-    if torch.device(device).type == "cuda":
+    if torch.device(device).type == "cuda" and batch.device.type == "cpu":
         return batch.pin_memory().to(device, non_blocking=True)
     return batch.to(device)
 
