@@ -12,7 +12,8 @@ from txl.errors import TxlError
 
 NAME = "bench"
 HELP = "throughput and memory, optionally against transformers' TransfoXL"
-EXAMPLE = "txl bench --vs hf --json benchmarks/results/cpu-bench-small.json\n  txl bench --long-range --out runs/long-range"
+EXAMPLE = ("txl bench --vs hf --json benchmarks/results/cpu-bench-small.json\n  txl bench --long-range --out runs/long-range\n"
+           "  txl bench --quantize int8 --json benchmarks/results/int8.json")
 LENGTHS = "128,256,512,800,1800,2800,3800"  # --eval-speedup's default attention lengths
 
 
@@ -31,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(batch 1, about 5 minutes); default bench-small")
     p.add_argument("--lengths", default=LENGTHS,
                    help="attention lengths for --eval-speedup (default: 128-800 and the paper's 1800, 2800, 3800)")
+    p.add_argument("--quantize", choices=["int8"], default=None,
+                   help="instead: int8 weights against float32 on bench-small, decoding at batch 1 and 8 and evaluation "
+                        "with memory, side by side (docs/quantization.md)")
     p.add_argument("--gen-lengths", default=None, metavar="L,L,...",
                    help="instead: greedy generation tokens/s against the length attended to (txl mem_len = L, "
                         "GPT-2 after L tokens; needs --vs hf for GPT-2), e.g. 128,512,1024,2048,3800")
@@ -102,6 +106,15 @@ def run(args: argparse.Namespace) -> int:
         config, batch = EVAL_PRESETS[model]
         results = eval_speedup(lengths, device=args.device, batch=batch, repeats=args.repeats, config=config, log=log)
         results["model"] = model
+    elif args.quantize:
+        from txl.analysis.bench import BENCH_SMALL, hardware
+        from txl.analysis.bench_quantize import quantize_table
+        from txl.runtime import resolve_device
+
+        if resolve_device(args.device).type != "cpu":
+            raise TxlError("--quantize measures the int8 kernels of a CPU; run it with --device cpu")
+        results = {"hardware": hardware(resolve_device("cpu")),
+                   **quantize_table(BENCH_SMALL, repeats=args.repeats, log=log)}
     elif args.gen_lengths:
         from txl.analysis.bench import BENCH_SMALL
         from txl.analysis.bench_generation import generation_lengths
@@ -131,6 +144,7 @@ def _check_modes(args: argparse.Namespace) -> None:
              "--batch-size": args.batch_size != 16, "--no-memory": args.no_memory,
              "--gen-lengths": args.gen_lengths is not None, "--model": args.model is not None,
              "--lengths": args.lengths != LENGTHS, "--eval-speedup": args.eval_speedup,
+             "--quantize": args.quantize is not None,
              "--repeats": args.repeats != 5, "--json": args.json is not None,
              "--out": args.out is not None, "--rows": args.rows is not None, "--seeds": args.seeds != 3,
              "--first-seed": args.first_seed != 0,
@@ -138,17 +152,20 @@ def _check_modes(args: argparse.Namespace) -> None:
              "--pool": args.pool is not None, "--distances": args.distances is not None, "--quiet": args.quiet}
     if args.long_range:
         for flag in ("--vs hf", "--dtype", "--batch-size", "--no-memory", "--gen-lengths", "--model", "--lengths",
-                     "--eval-speedup", "--repeats", "--json"):
+                     "--eval-speedup", "--repeats", "--json", "--quantize"):
             if given[flag]:
                 raise TxlError(f"{flag} does not apply to --long-range (it would be ignored); leave it out")
         return
     for flag in LONG_RANGE_FLAGS:
         if given[flag]:
             raise TxlError(f"{flag} applies to --long-range only; add --long-range or leave it out")
-    if args.eval_speedup:
-        mode, ignored = "--eval-speedup", ("--vs hf", "--dtype", "--batch-size", "--no-memory", "--gen-lengths")
+    if args.quantize:
+        mode, ignored = "--quantize", ("--vs hf", "--dtype", "--batch-size", "--no-memory", "--gen-lengths", "--model",
+                                       "--lengths", "--eval-speedup")
+    elif args.eval_speedup:
+        mode, ignored = "--eval-speedup", ("--vs hf", "--dtype", "--batch-size", "--no-memory", "--gen-lengths", "--quantize")
     elif args.gen_lengths is not None:
-        mode, ignored = "--gen-lengths", ("--dtype", "--batch-size", "--no-memory", "--model", "--lengths")
+        mode, ignored = "--gen-lengths", ("--dtype", "--batch-size", "--no-memory", "--model", "--lengths", "--quantize")
     else:
         mode, ignored = "the speed table", ("--model", "--lengths")
     for flag in ignored:

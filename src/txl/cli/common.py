@@ -97,6 +97,13 @@ def add_dtype(parser: argparse.ArgumentParser, default: str | None = "float32") 
                         help=f"float32, or autocast to bfloat16/float16 (default {default or 'the config'})")
 
 
+def add_quantize(parser: argparse.ArgumentParser) -> None:
+    """``--quantize int8``: the checkpoint's linear layers with int8 weights (:mod:`txl.model.quantize`)."""
+    parser.add_argument("--quantize", choices=("none", "int8"), default="none",
+                        help="int8: every linear layer with int8 weights, one scale per output channel (inference "
+                             "only; see docs/quantization.md; default none)")
+
+
 def add_batch_size(parser: argparse.ArgumentParser, default: int | None = None, text: str = "batch size",
                    aliases: tuple[str, ...] = ()) -> None:
     """``--batch-size N`` (hidden alias ``--batch_size``)."""
@@ -239,7 +246,7 @@ def load_checkpoint(args: argparse.Namespace, path: str | None = None, announce:
     """Load the command's checkpoint (``path``, else ``args.checkpoint``) onto ``--device``.
 
     ``args.checkpoint_name`` (``--checkpoint-name``, when the command has it) picks best/ or last/ of a
-    run directory. torch's CPU threads are set first (``--threads``, :func:`use_threads`). With
+    run directory; ``--quantize int8`` (when the command has it) gives the model int8 weights. torch's CPU threads are set first (``--threads``, :func:`use_threads`). With
     ``announce``, one line on stderr says which checkpoint was loaded and at which step, and the
     threads (``txl: using runs/x/best (step 600; last/ is at step 700); threads 1 (2 CPUs, load 1.3,
     busy now 1.0)``), and a half-precision ``--dtype`` the CPU has no native support for gets a warning (see
@@ -256,9 +263,16 @@ def load_checkpoint(args: argparse.Namespace, path: str | None = None, announce:
     threads = use_threads(args)
     ckpt = load(path if path is not None else args.checkpoint, map_location=str(device),
                 name=getattr(args, "checkpoint_name", None))
+    quantized = ""
+    if getattr(args, "quantize", "none") == "int8":
+        from txl.model.quantize import is_quantized, quantize_int8
+
+        if not is_quantized(ckpt.model):
+            quantize_int8(ckpt.model)
+        quantized = "; int8 weights"
     if announce:  # said once the command's input has passed its checks (see print_notes)
         notes = args.__dict__.setdefault("_notes", [])
-        notes.append(f"txl: using {describe_checkpoint(ckpt.path)}; {threads}")
+        notes.append(f"txl: using {describe_checkpoint(ckpt.path)}{quantized}; {threads}")
         warning = slow_dtype_warning(device, getattr(args, "dtype", None))
         if warning:
             notes.append(warning)

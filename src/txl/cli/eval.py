@@ -9,7 +9,7 @@ from pathlib import Path
 
 from txl.cli.checks import (check_output, check_range, check_seed, check_checkpoint_path, check_exists, finite_float,
                             parse_ints)
-from txl.cli.common import (add_batch_size, add_checkpoint_name, add_data, add_device, add_dtype, add_force, add_json,
+from txl.cli.common import (add_quantize, add_batch_size, add_checkpoint_name, add_data, add_device, add_dtype, add_force, add_json,
                             add_option, add_seed, add_span, emit_json, human_stream, load_checkpoint, pick, print_notes,
                             span_args, underscore)
 from txl.errors import TxlError
@@ -37,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                metavar="CONTEXT", help="vanilla protocol: recompute a window of CONTEXT tokens for each prediction")
     p.add_argument("--stride", type=int, default=1, help="predictions per sliding window (default 1)")
     add_dtype(p)
+    add_quantize(p)
     add_device(p)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar (stderr)")
     add_seed(p, text="seeds python, numpy and torch (evaluation itself draws no random numbers)", unset="not seeded")
@@ -88,6 +89,8 @@ def _check(args: argparse.Namespace) -> None:
         if spans:
             raise TxlError(f"--sliding-window evaluates windows of CONTEXT tokens without memory: {', '.join(spans)} "
                            "would be ignored; leave them out")
+    if args.dynamic and args.quantize != "none":
+        raise TxlError("--dynamic adapts the weights, which int8 weights cannot; drop --quantize")
     if args.dynamic and args.warmup:
         raise TxlError("--dynamic reads the text from its start without warm-up; drop --warmup")
     if not args.dynamic and (args.dynamic_lr is not None or args.dynamic_decay or args.dynamic_method != "rms"):

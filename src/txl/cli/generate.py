@@ -12,7 +12,7 @@ from pathlib import Path
 
 from txl.cli.checks import (check_checkpoint_path, check_exists, check_line_keys, check_min_new_tokens, check_range,
                             check_seed, finite_float)
-from txl.cli.common import (add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_option,
+from txl.cli.common import (add_quantize, add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_option,
                             add_seed, add_span, decoding_rules, load_checkpoint, print_notes, underscore)
 from txl.errors import TxlError
 
@@ -61,6 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_seed(p)
     add_span(p, ("mem_len",), default_text="the model's")
     add_dtype(p)
+    add_quantize(p)
     add_device(p)
 
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from txl.cli.checks import check_checkpoint_path, check_exists, check_output, check_range
-from txl.cli.common import (add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_force,
+from txl.cli.common import (add_quantize, add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_force,
                             add_option, add_span, checkpoint_arg, load_checkpoint, print_notes, span_args)
 from txl.errors import TxlError
 
@@ -49,6 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_span(p)
     add_batch_size(p, text="documents scored side by side")
     add_dtype(p)
+    add_quantize(p)
     add_device(p)
     add_option(p, "--out", "-o", aliases=("--output",), metavar="FILE",
                help="write here (atomically) instead of stdout; an existing file only with --force")

@@ -9,7 +9,7 @@ import sys
 import threading
 
 from txl.cli.checks import check_range, check_checkpoint_path, finite_float, require_installed
-from txl.cli.common import (add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_span, load_checkpoint,
+from txl.cli.common import (add_quantize, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_span, load_checkpoint,
                             print_notes, span_args)
 from txl.errors import TxlError
 
@@ -59,6 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "cut off (default 10)")
     add_span(p)
     add_dtype(p)
+    add_quantize(p)
     add_device(p)
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="warning",
                    help="uvicorn's log level; info and debug also log every request (default warning)")

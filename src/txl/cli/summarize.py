@@ -15,7 +15,7 @@ from pathlib import Path
 
 from txl.cli.checks import (check_min_new_tokens, check_output, check_seed, check_checkpoint_path, finite_float,
                             require_installed)
-from txl.cli.common import (add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_force,
+from txl.cli.common import (add_quantize, add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_force,
                             add_json, add_option, add_seed, add_span, decoding_rules, load_checkpoint, print_notes, underscore,
                             emit_json)
 from txl.errors import TxlError
@@ -62,6 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rouge", action="store_true", help="print ROUGE-1/2/L F1 against the references")
     add_json(p)
     add_dtype(p)
+    add_quantize(p)
     add_device(p)
 
 

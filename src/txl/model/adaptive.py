@@ -42,7 +42,8 @@ from torch import nn
 
 from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
-from txl.model.linear import linear_rows
+from txl.model.linear import Int8Rows, linear_rows
+from txl.model.quantize import weight_rows
 from txl.model.parameters import init_weights
 
 
@@ -186,15 +187,18 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         tail i -> [n, size_i]; float32 for half inputs."""
         lo, hi = self.bounds[i], self.bounds[i + 1]
         if self.div_val == 1:
-            weight, bias = self.out_layers[0].weight[lo:hi], self.out_layers[0].bias[lo:hi]
+            weight, bias = weight_rows(self.out_layers[0])[lo:hi], self.out_layers[0].bias[lo:hi]
             proj = self.out_projs[i] if len(self.out_projs) > 0 else None
         else:
-            weight, bias, proj = self.out_layers[i].weight, self.out_layers[i].bias, self.out_projs[i]
-        if i == 0 and self.n_clusters > 0:
-            weight = torch.cat([weight, self.cluster_weight], dim=0)
-            bias = torch.cat([bias, self.cluster_bias], dim=0)
+            weight, bias, proj = weight_rows(self.out_layers[i]), self.out_layers[i].bias, self.out_projs[i]
         x = hidden if proj is None else hidden @ proj  # [n, d_proj] -> [n, d_i]
-        logits = linear_rows(x, weight, bias)  # a decoding step's few rows: the faster product form
+        if i == 0 and self.n_clusters > 0 and isinstance(weight, Int8Rows):  # the cluster rows stay float
+            logits = torch.cat([linear_rows(x, weight, bias), linear_rows(x, self.cluster_weight, self.cluster_bias)], -1)
+        else:
+            if i == 0 and self.n_clusters > 0:
+                weight = torch.cat([weight, self.cluster_weight], dim=0)
+                bias = torch.cat([bias, self.cluster_bias], dim=0)
+            logits = linear_rows(x, weight, bias)  # a decoding step's few rows: the faster product form
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()
         return F.log_softmax(logits, dim=-1)
@@ -249,7 +253,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         self._check_hidden(hidden)
         proj = self.out_projs[0] if len(self.out_projs) > 0 else None
         x = hidden if proj is None else hidden @ proj
-        return linear_rows(x, self.out_layers[0].weight, self.out_layers[0].bias)
+        return linear_rows(x, weight_rows(self.out_layers[0]), self.out_layers[0].bias)
 
     def log_prob(self, hidden: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary log-probabilities ``[N, V]`` (nats) for ``hidden`` ``[N, d_proj]``.

@@ -8,6 +8,9 @@ row blocks of the weight (a view, no copy) reads the blocks on every intra-op th
 faster for bench-small's weights at batch 1. From about four rows on, a plain matrix product is as
 fast, and ``weight @ x.T`` (the weight read along its rows) beats ``x @ weight.T`` by about 15%.
 Every form gives the numbers of ``F.linear`` up to the order of float additions.
+
+An int8 layer (:mod:`txl.model.quantize`) hands these functions its weight as :class:`Int8Rows` instead of a
+tensor; every function here then takes the int8 product (:func:`int8_linear`).
 """
 
 from __future__ import annotations
@@ -19,9 +22,67 @@ FEW_ROWS = 2  # up to this many rows, the row-block product (CPU)
 AUTOCAST_DEVICES = ("cpu", "cuda", "mps", "xpu")  # device kinds memory_rows_linear follows autocast on
 
 
-def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+class Int8Rows:
+    """The rows of an int8 weight: ``weight`` int8 [out, in] (contiguous) and ``scale`` [out] (float32), with
+    W ~= weight * scale[:, None] (one scale per output channel, symmetric: |weight| <= 127).
+
+    Slicing selects output rows (``rows[:hd]``, a view: no copy), as slicing a float weight does, so code
+    that takes the queries' rows of ``qkv_net`` works on both.
+    """
+
+    __slots__ = ("weight", "scale")
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor) -> None:
+        self.weight, self.scale = weight, scale
+
+    def __getitem__(self, rows: slice) -> "Int8Rows":
+        return Int8Rows(self.weight[rows], self.scale[rows])
+
+    def size(self, dim: int | None = None):
+        """The weight's size, as ``Tensor.size``."""
+        return self.weight.size() if dim is None else self.weight.size(dim)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The float weight [out, in] these rows stand for."""
+        return self.weight.to(dtype) * self.scale.to(dtype)[:, None]
+
+
+def linear(x: torch.Tensor, weight: "torch.Tensor | Int8Rows", bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``: x [..., in] -> [..., out], for a float weight [out, in] or :class:`Int8Rows`."""
+    if isinstance(weight, Int8Rows):
+        return int8_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def int8_linear(x: torch.Tensor, weight: Int8Rows, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] (float32, bfloat16 or float16) times an int8 weight's transpose -> [..., out] in x's dtype.
+
+    On a CPU each row of x is quantised with its own symmetric scale (max |x_row| / 127, dynamic
+    quantisation) and multiplied by the int8 weight with exact int32 sums (``torch._int_mm``), then scaled
+    back by the row's and the output channel's scales: a row's result does not depend on the other rows,
+    so a decoding step and a whole segment give a token the same numbers. Other dtypes (float64) and
+    devices multiply by :meth:`Int8Rows.dequantize` (the weight's rounding only, no saving).
+    """
+    lead, flat = x.shape[:-1], x.reshape(-1, x.size(-1))
+    if flat.device.type != "cpu" or flat.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        out = F.linear(flat, weight.dequantize(flat.dtype))
+    else:
+        wide = flat.float()
+        row_scale = wide.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12).div_(127.0)  # [N, 1]
+        q = wide.div(row_scale).round_().to(torch.int8)  # |q| <= 127 by construction
+        out = torch._int_mm(q, weight.weight.t()).to(torch.float32).mul_(row_scale).mul_(weight.scale)
+        out = out.to(flat.dtype)
+    if bias is not None:
+        out = out + bias.to(out.dtype)
+    return out.view(*lead, out.size(-1))
+
+
+def linear_rows(x: torch.Tensor, weight: "torch.Tensor | Int8Rows", bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for x [N, in], weight [out, in], bias [out] -> [N, out], as the
-    row-block product when N <= :data:`FEW_ROWS` on a CPU, else ``F.linear`` itself."""
+    row-block product when N <= :data:`FEW_ROWS` on a CPU, else ``F.linear`` itself (:func:`int8_linear`
+    for :class:`Int8Rows`)."""
+    if isinstance(weight, Int8Rows):
+        return int8_linear(x, weight, bias)
     rows, in_features = x.shape
     out_features = weight.size(0)
     fits = rows <= FEW_ROWS and weight.device.type == "cpu" and weight.is_contiguous()
@@ -35,13 +96,15 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return out if bias is None else out + bias.to(out.dtype)
 
 
-def step_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def step_linear(x: torch.Tensor, weight: "torch.Tensor | Int8Rows", bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` for the one-token rows of a decoding step: x [B, 1, in] -> [B, 1, out] (possibly a
     strided view). Up to :data:`FEW_ROWS` rows on a CPU: :func:`linear_rows`' row-block product; more
-    rows: ``(weight @ x.T).T``."""
+    rows: ``(weight @ x.T).T``; :func:`int8_linear` for :class:`Int8Rows`."""
     rows = x.size(0)
     flat = x.reshape(rows, x.size(-1))
-    if rows <= FEW_ROWS and weight.device.type == "cpu":
+    if isinstance(weight, Int8Rows):
+        out = int8_linear(flat, weight, bias)
+    elif rows <= FEW_ROWS and weight.device.type == "cpu":
         out = linear_rows(flat, weight, bias)
     elif rows == 1:
         out = torch.mm(flat, weight.t()) if bias is None else torch.addmm(bias, flat, weight.t())
@@ -92,8 +155,11 @@ def memory_rows_linear(x: torch.Tensor, weight: torch.Tensor, mlen: int) -> torc
     used: this product's backward computes the input gradient of the T segment rows only (zeros for
     the memory rows), which saves a [B*M, out] x [out, in] product per call in training, e.g. the
     keys and values over the memory. Under autocast it computes in the autocast dtype, as
-    ``F.linear`` would. Without autograd, or with no memory, it is ``F.linear`` itself.
+    ``F.linear`` would. Without autograd, or with no memory, it is ``F.linear`` itself (:func:`int8_linear`
+    for :class:`Int8Rows`: inference only).
     """
+    if isinstance(weight, Int8Rows):
+        return int8_linear(x, weight)
     if mlen == 0 or not torch.is_grad_enabled() or not x.requires_grad:
         return F.linear(x, weight)
     kind = x.device.type

@@ -56,6 +56,22 @@ def read_model_config(directory: str | Path) -> TransformerXLConfig:
     return TransformerXLConfig.from_dict(read_json_object(path))
 
 
+def weight_names(directory: Path) -> list[str]:
+    """The tensor names in the header of ``directory/model.safetensors`` (reading nothing else).
+
+    Raises:
+        TxlError: no or unreadable weights.
+    """
+    path = directory / WEIGHTS_NAME
+    if not path.is_file():
+        raise TxlError(f"{directory} has no {WEIGHTS_NAME}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return list(f.keys())
+    except (SafetensorError, OSError, ValueError) as err:
+        raise TxlError(f"cannot read weights {path}: {err}") from None
+
+
 def check_weights_header(model: torch.nn.Module, directory: Path, described_by: str) -> None:
     """Compare the tensor names and shapes in the header of ``directory/model.safetensors`` with
     ``model``'s (typically built on the meta device), reading nothing but the header.
@@ -101,9 +117,14 @@ def load_weights(model: torch.nn.Module, directory: Path, map_location, describe
         tensors = load_file(str(path), device=str(map_location))
     except (SafetensorError, OSError, ValueError) as err:
         raise TxlError(f"cannot read weights {path}: {err}") from None
-    _compare({k: tuple(v.shape) for k, v in tensors.items()}, {k: tuple(v.shape) for k, v in unique_state(model).items()},
+    expected = unique_state(model)
+    _compare({k: tuple(v.shape) for k, v in tensors.items()}, {k: tuple(v.shape) for k, v in expected.items()},
              path, described_by)
     for key, value in tensors.items():
+        if expected[key].dtype == torch.int8:  # an int8 layer's weight (txl.model.quantize)
+            if value.dtype != torch.int8:
+                raise TxlError(f"weights in {path} are broken: {key} has dtype {value.dtype}, not int8")
+            continue
         if not value.is_floating_point():
             raise TxlError(f"weights in {path} are broken: {key} has dtype {value.dtype}, not a floating-point type")
         if not bool(torch.isfinite(value).all()):

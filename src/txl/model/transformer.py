@@ -21,8 +21,10 @@ from txl.model.parameters import init_weights
 from txl.model.positions import position_scheme
 from txl.model.inputs import check_attention_fits, check_input_ids, check_labels, padding_mask
 from txl.model.linear import step_linear
+from txl.model.quantize import int8_names, quantize_int8, weight_rows
 from txl.model.memory import Mems, check_mems, update_mems
-from txl.model.serialization import CONFIG_NAME, check_weights_header, load_weights, read_model_config, save_model
+from txl.model.serialization import (CONFIG_NAME, check_weights_header, load_weights, read_model_config, save_model,
+                                     weight_names)
 from txl.model.span import AttentionSpan, check_readable
 from txl.config import IGNORE_INDEX
 from txl.runtime import memory_bytes
@@ -79,7 +81,7 @@ class PositionwiseFF(nn.Module):
         dropout), with functional calls instead of five sub-module calls (a step is mostly call overhead)."""
         first, second, norm = self.net[0], self.net[3], self.layer_norm
         x = F.layer_norm(h, norm.normalized_shape, norm.weight, norm.bias, norm.eps) if self.pre_lnorm else h
-        y = step_linear(torch.relu_(step_linear(x, first.weight, first.bias)), second.weight, second.bias)
+        y = step_linear(torch.relu_(step_linear(x, weight_rows(first), first.bias)), weight_rows(second), second.bias)
         if self.pre_lnorm:
             return h + y
         return F.layer_norm(h + y, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
@@ -458,14 +460,19 @@ class TransformerXLLM(nn.Module):
     @classmethod
     def from_pretrained(cls, directory: str | Path, map_location: str | torch.device = "cpu") -> "TransformerXLLM":
         """Load a model written by :meth:`save_pretrained` (safetensors + JSON only, nothing unpickled).
+        A quantised model's int8 layers (:mod:`txl.model.quantize`) are recognised by their weights'
+        names and loaded as they are.
 
         Raises:
             TxlError: missing directory/config/weights, invalid JSON, or weights that do not match the config.
         """
         config = read_model_config(directory)
         config.check_fits(memory_bytes(), f"{Path(directory) / CONFIG_NAME}")
+        int8 = int8_names(weight_names(Path(directory)))  # a quantised checkpoint: its int8 layers
         with torch.device("meta"):  # shapes only: compare them with the weights' header before allocating
-            check_weights_header(cls(config), Path(directory), CONFIG_NAME)
+            check_weights_header(quantize_int8(cls(config), int8, empty=True), Path(directory), CONFIG_NAME)
         model = cls(config)
+        if int8:
+            quantize_int8(model, int8, empty=True)
         load_weights(model, Path(directory), map_location, CONFIG_NAME)
         return model.to(map_location).eval()  # inference mode, like a freshly loaded model anywhere

@@ -1,0 +1,119 @@
+"""Int8 weights for inference: every linear product of a trained model with one byte per weight.
+
+A decoding step reads every weight once per token, so at batch 1 its time is the weights' bytes over
+the memory bandwidth; int8 weights are a quarter of float32's bytes. Reading a segment is bound by
+the products' arithmetic, which int8 products with int32 sums do faster on CPUs with VNNI/AMX.
+
+:func:`quantize_int8` replaces the model's ``nn.Linear`` layers (attention ``qkv_net``/``o_net``/``r_net``,
+the feed-forward nets, the softmax's ``out_layers``) with :class:`Int8Linear`: symmetric int8 weights
+with one float32 scale per output channel (``scale = max |w_row| / 127``). Embeddings, LayerNorms,
+biases, the u/v biases and the adaptive softmax's projections and cluster weights stay in float: they
+are few bytes and the embedding's rows are read one per token. The saved names stay those of the
+float model (``...qkv_net.weight``, now int8) plus ``...weight_scale``, so a quantised checkpoint is
+recognised from its weights' names (:func:`int8_names`) and loads without quantising again.
+
+Quantised models are for inference: they have no gradients and cannot be trained or fine-tuned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from txl.errors import TxlError
+from txl.model.linear import Int8Rows, int8_linear
+
+SCALE_SUFFIX = ".weight_scale"
+
+
+class Int8Linear(nn.Module):
+    """A linear layer with int8 weights [out, in], a float32 scale per output channel [out], and an
+    optional float bias [out]: y = x @ (weight * scale[:, None]).T + bias, computed by
+    :func:`~txl.model.linear.int8_linear` (x [..., in] float32/bfloat16/float16 -> [..., out]).
+
+    Buffers (saved in ``model.safetensors``): ``weight`` (int8), ``weight_scale`` (float32), ``bias``.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, device=None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
+        self.register_buffer("weight_scale", torch.ones(out_features, dtype=torch.float32, device=device))
+        self.register_buffer("bias", torch.zeros(out_features, device=device) if bias else None)
+
+    @classmethod
+    def from_linear(cls, layer: nn.Linear) -> "Int8Linear":
+        """The int8 layer closest to ``layer`` (rounding each weight to its channel's nearest step)."""
+        w = layer.weight.detach().float()
+        out = cls(layer.in_features, layer.out_features, layer.bias is not None, device=w.device)
+        scale = w.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127.0
+        out.weight.copy_(torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8))
+        out.weight_scale.copy_(scale)
+        if layer.bias is not None:
+            out.bias = layer.bias.detach().clone()
+        return out
+
+    def rows(self) -> Int8Rows:
+        """The weight as :class:`~txl.model.linear.Int8Rows` (views of the buffers)."""
+        return Int8Rows(self.weight, self.weight_scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., in] -> [..., out] in x's dtype."""
+        return int8_linear(x, self.rows(), self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8"
+
+
+def weight_rows(layer: nn.Module) -> "torch.Tensor | Int8Rows":
+    """What the weight products of :mod:`txl.model.linear` take for ``layer``: its float weight [out, in]
+    for an ``nn.Linear``, :class:`~txl.model.linear.Int8Rows` for an :class:`Int8Linear`."""
+    return layer.rows() if isinstance(layer, Int8Linear) else layer.weight
+
+
+def linear_names(model: nn.Module) -> list[str]:
+    """The names of the ``nn.Linear`` layers :func:`quantize_int8` replaces by default (all of them)."""
+    return [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+
+
+def quantize_int8(model: nn.Module, names: Iterable[str] | None = None, *, empty: bool = False) -> nn.Module:
+    """Replace the ``nn.Linear`` layers of ``model`` named in ``names`` (default: every one) by
+    :class:`Int8Linear`, in place, and put the model in eval mode with no gradients; returns ``model``.
+
+    ``empty=True`` builds the int8 layers without quantising (their buffers are filled by loading a
+    quantised checkpoint, :meth:`~txl.model.transformer.TransformerXLLM.from_pretrained`).
+
+    Raises:
+        TxlError: a name that is not an ``nn.Linear`` of ``model`` (e.g. weights of another model).
+    """
+    modules = dict(model.named_modules())
+    wanted = linear_names(model) if names is None else list(names)
+    for name in wanted:
+        layer = modules.get(name)
+        if not isinstance(layer, nn.Linear):
+            raise TxlError(f"cannot quantise {name!r}: not a linear layer of this model")
+        if empty:
+            new = Int8Linear(layer.in_features, layer.out_features, layer.bias is not None, device=layer.weight.device)
+        else:
+            new = Int8Linear.from_linear(layer)
+        parent_name, _, child = name.rpartition(".")
+        parent = modules[parent_name] if parent_name else model
+        if isinstance(parent, (nn.ModuleList, nn.Sequential)):
+            parent[int(child)] = new
+        else:
+            setattr(parent, child, new)
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def is_quantized(model: nn.Module) -> bool:
+    """Whether any layer of ``model`` is an :class:`Int8Linear`."""
+    return any(isinstance(m, Int8Linear) for m in model.modules())
+
+
+def int8_names(tensor_names: Iterable[str]) -> list[str]:
+    """The layers whose weights are int8 in a saved model, from its tensor names (``<layer>.weight_scale``)."""
+    return sorted(n[: -len(SCALE_SUFFIX)] for n in tensor_names if n.endswith(SCALE_SUFFIX))

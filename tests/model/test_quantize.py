@@ -1,0 +1,211 @@
+"""Int8 weights (txl.model.quantize): the products' error bounds, the model's outputs against float32, the
+saved quantised checkpoint, and the --quantize flag of the inference commands."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from tests.conftest import one_error_line, run_cli, tiny_model
+from txl.errors import TxlError
+from txl.model.linear import Int8Rows, int8_linear, linear_rows, step_linear
+from txl.model.quantize import Int8Linear, int8_names, is_quantized, quantize_int8
+from txl.model.transformer import TransformerXLLM
+
+
+def _layer(out_features=24, in_features=40, bias=True, seed=0):
+    torch.manual_seed(seed)
+    layer = nn.Linear(in_features, out_features, bias=bias)
+    with torch.no_grad():
+        layer.weight[3] *= 50  # one channel far larger than the others: per-channel scales keep the rest fine
+    return layer
+
+
+def test_weights_round_to_their_channel_step():
+    layer = _layer()
+    q = Int8Linear.from_linear(layer)
+    step = layer.weight.abs().amax(dim=1) / 127
+    assert torch.equal(q.weight_scale, step)
+    assert q.weight.dtype == torch.int8 and int(q.weight.abs().max()) == 127
+    err = (q.rows().dequantize() - layer.weight).abs()
+    assert bool((err <= step[:, None] / 2 + 1e-7).all())  # nearest step of its own channel
+    assert torch.equal(q.weight.abs().amax(dim=1), torch.full((24,), 127, dtype=torch.int8))  # the range used
+
+
+@pytest.mark.parametrize("rows", [1, 3, 70])
+def test_each_row_stays_within_its_rounding_bound(rows):
+    """Each input row is rounded to its own step s = max|x_row| / 127: the product's
+    error is at most s/2 * sum_i |W_ji| per output (plus float sums), and exactly zero for rows that are
+    multiples of their step."""
+    q = Int8Linear.from_linear(_layer(bias=False))
+    x = torch.randn(rows, 40)
+    x[0] = torch.randint(-127, 128, (40,)).float() * 0.25  # multiples of 0.25 ...
+    x[0, 5] = 31.75  # ... whose max |x| = 127 * 0.25: its step is 0.25, and it is quantised exactly
+    w = q.rows().dequantize(torch.float64)
+    exact = x.double() @ w.T
+    got = q(x).double()
+    step = x.abs().amax(dim=1, keepdim=True).double() / 127
+    bound = step / 2 * w.abs().sum(dim=1)[None, :] + 1e-4
+    assert bool(((got - exact).abs() <= bound).all())
+    torch.testing.assert_close(got[0], exact[0], atol=1e-4, rtol=1e-6)
+    # each row is quantised on its own: a row's result does not depend on the rows beside it
+    torch.testing.assert_close(q(x)[0], q(torch.cat([x, 100 * torch.randn(4, 40)]))[0], atol=0, rtol=0)
+
+
+def test_every_product_form_takes_int8_rows():
+    q = Int8Linear.from_linear(_layer())
+    rows = q.rows()
+    x = torch.randn(3, 1, 40)
+    want = int8_linear(x.view(3, 40), rows, q.bias)
+    torch.testing.assert_close(step_linear(x, rows, q.bias).view(3, 24), want, atol=0, rtol=0)
+    torch.testing.assert_close(linear_rows(x.view(3, 40), rows, q.bias), want, atol=0, rtol=0)
+    sliced = rows[4:10]  # the queries' rows of qkv_net, as the attention takes them
+    assert isinstance(sliced, Int8Rows) and sliced.size(0) == 6
+    torch.testing.assert_close(int8_linear(x.view(3, 40), sliced), want[:, 4:10] - q.bias[4:10], atol=1e-5, rtol=1e-5)
+    # float64 (the invariant tests' dtype) multiplies the dequantised weight
+    x64 = torch.randn(2, 40, dtype=torch.float64)
+    torch.testing.assert_close(int8_linear(x64, rows), x64 @ rows.dequantize(torch.float64).T)
+
+
+def _logits(model, ids, mems=None):
+    with torch.no_grad():
+        out = model(ids, mems=mems)
+    return out.logits, out.mems
+
+
+def test_a_quantised_model_stays_close_to_float32_and_keeps_its_memory():
+    model = tiny_model(dtype=torch.float32, d_model=32, d_head=16, d_inner=64, vocab_size=50)
+    q = quantize_int8(copy.deepcopy(model))
+    assert is_quantized(q) and not is_quantized(model)
+    assert all(not p.requires_grad for p in q.parameters()) and not q.training
+    assert sum(isinstance(m, Int8Linear) for m in q.modules()) == 3 * 5 + 1  # 3 layers: qkv, o, r, two FF; the softmax
+    torch.manual_seed(1)
+    ids = torch.randint(0, 50, (2, 20))
+    ref, ref_mems = _logits(model, ids)
+    got, mems = _logits(q, ids)
+    assert (got - ref).abs().max() < 0.02 * ref.abs().max()
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    # the memory is the float hidden states, as in the float model (close to them)
+    assert all((a - b).abs().max() < 0.05 for a, b in zip(mems, ref_mems))
+    nxt = torch.randint(0, 50, (2, 5))
+    torch.testing.assert_close(_logits(q, nxt, mems)[0], _logits(model, nxt, ref_mems)[0], atol=0.05, rtol=0.05)
+
+
+def test_quantised_greedy_decoding_matches_its_own_uncached_passes():
+    """The one-token step with int8 weights computes what the int8 forward computes for that token (each
+    row is quantised on its own, and the int8 sums are exact)."""
+    from txl.generation import generate
+
+    q = quantize_int8(tiny_model(dtype=torch.float32, vocab_size=40, d_model=32, d_head=16, d_inner=64, mem_len=64))
+    prompt = torch.randint(0, 40, (1, 6))
+    out = generate(q, prompt, max_new_tokens=8, temperature=0)
+    seq = prompt
+    for _ in range(8):  # no cache: the whole sequence again each time
+        with torch.no_grad():
+            nxt = q(seq).logits[:, -1].argmax(-1, keepdim=True)
+        seq = torch.cat([seq, nxt], 1)
+    assert torch.equal(out[:, : seq.size(1)], seq)
+
+
+def test_adaptive_softmax_with_clusters_quantised():
+    model = tiny_model(dtype=torch.float32, vocab_size=60, cutoffs=[20, 40], div_val=1, d_model=32, d_head=16)
+    q = quantize_int8(copy.deepcopy(model))
+    ids = torch.randint(0, 60, (2, 9))
+    with torch.no_grad():
+        ref = model(ids, labels=ids).loss
+        got = q(ids, labels=ids).loss
+    assert abs(float(got) - float(ref)) < 0.01 * float(ref)
+    assert isinstance(q.crit.out_layers[0], Int8Linear) and not isinstance(q.crit.cluster_weight, Int8Rows)
+
+
+def test_a_saved_quantised_model_loads_as_it_was(tmp_path):
+    q = quantize_int8(tiny_model(dtype=torch.float32, tie_weight=True))
+    q.save_pretrained(tmp_path / "q")
+    loaded = TransformerXLLM.from_pretrained(tmp_path / "q")
+    assert is_quantized(loaded)
+    for name, value in q.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], value), name
+    ids = torch.randint(0, 37, (2, 7))
+    torch.testing.assert_close(_logits(loaded, ids)[0], _logits(q, ids)[0], atol=0, rtol=0)
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "q" / "model.safetensors"), framework="pt") as f:
+        names = list(f.keys())
+        assert f.get_tensor("layers.0.attn.qkv_net.weight").dtype == torch.int8
+    assert "layers.0.attn.qkv_net" in int8_names(names) and "word_emb.emb_layers.0" not in int8_names(names)
+
+
+def test_a_quantised_file_with_float_in_place_of_int8_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    q = quantize_int8(tiny_model(dtype=torch.float32))
+    q.save_pretrained(tmp_path / "q")
+    tensors = load_file(str(tmp_path / "q" / "model.safetensors"))
+    tensors["layers.0.attn.o_net.weight"] = tensors["layers.0.attn.o_net.weight"].float()
+    save_file(tensors, str(tmp_path / "q" / "model.safetensors"))
+    with pytest.raises(TxlError, match="o_net.weight has dtype torch.float32, not int8"):
+        TransformerXLLM.from_pretrained(tmp_path / "q")
+
+
+def test_quantise_refuses_a_name_that_is_no_linear_layer():
+    with pytest.raises(TxlError, match="not a linear layer"):
+        quantize_int8(tiny_model(), ["word_emb"])
+
+
+@pytest.fixture(scope="module")
+def char_run(tmp_path_factory):
+    from tests.cli.test_cli import TINY
+
+    root = tmp_path_factory.mktemp("int8")
+    corpus = root / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog.\n" * 60, encoding="utf-8")
+    from txl.cli import main
+
+    assert main(["train", str(corpus), "--tokenizer", "char", "--out", str(root / "run"), "-q", *TINY]) == 0
+    return root / "run"
+
+
+def test_the_inference_commands_take_quantize_int8(char_run, capsys, tmp_path):
+    import json
+
+    (tmp_path / "doc.txt").write_text("the lazy dog", encoding="utf-8")
+
+    code, out, err = run_cli(capsys, "eval", char_run, "--json", "-")
+    assert code == 0, err
+    base = json.loads(out)
+    code, out, err = run_cli(capsys, "eval", char_run, "--json", "-", "--quantize", "int8")
+    assert code == 0 and "int8 weights" in err, err
+    quant = json.loads(out)
+    assert abs(quant["value"] - base["value"]) < 0.01 * base["value"]
+    for argv in (["generate", char_run, "--prompt", "the ", "-n", "8", "--quantize", "int8", "--temperature", "0"],
+                 ["score", char_run, tmp_path / "doc.txt", "--quantize", "int8"]):
+        code, out, err = run_cli(capsys, *argv)
+        assert code == 0 and out, err
+    code, out, err = run_cli(capsys, "eval", char_run, "--quantize", "int4")
+    assert code == 2 and "--quantize" in one_error_line(err)
+    code, out, err = run_cli(capsys, "eval", char_run, "--quantize", "int8", "--dynamic")
+    assert code == 2 and "drop --quantize" in one_error_line(err) and out == ""
+
+
+@pytest.mark.parametrize("command", ["eval", "generate", "score", "summarize", "serve"])
+def test_every_inference_command_has_the_flag(command, capsys):
+    code, out, _ = run_cli(capsys, command, "--help")
+    assert code == 0 and "--quantize {none,int8}" in out
+
+
+def test_a_saved_quantised_checkpoint_evaluates_as_quantising_at_load(char_run, capsys, tmp_path):
+    """Python API: quantise, save; txl eval then reads the int8 weights as they are (no second rounding)."""
+    import json
+
+    from txl.training.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(char_run)
+    quantize_int8(ckpt.model).save_pretrained(tmp_path / "int8", ckpt.tokenizer)
+    data, span = char_run.parent / "corpus.txt", ("--tgt-len", "8", "--mem-len", "16")
+    code, out, err = run_cli(capsys, "eval", tmp_path / "int8", "--json", "-", "--data", data, *span)
+    assert code == 0, err
+    saved = json.loads(out)["value"]
+    code, out, err = run_cli(capsys, "eval", char_run, "--json", "-", "--quantize", "int8", "--data", data, *span)
+    assert code == 0, err
+    assert saved == json.loads(out)["value"]
