@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--eval-speedup", action="store_true", help="vanilla sliding window vs memory (paper Table 9)")
     p.add_argument("--model", choices=["bench-small", "enwik8-large"], default=None,
-                   help="model for --eval-speedup: bench-small (6 layers, d_model 256; batch 8, about 2 minutes on "
+                   help="model for --eval-speedup and --quantize: bench-small (6 layers, d_model 256; batch 8, about 2 minutes on "
                         "2 cores) or enwik8-large, the paper's 24-layer model evaluated at length 3,800 "
                         "(batch 1, about 5 minutes); default bench-small")
     p.add_argument("--lengths", default=LENGTHS,
@@ -107,14 +107,17 @@ def run(args: argparse.Namespace) -> int:
         results = eval_speedup(lengths, device=args.device, batch=batch, repeats=args.repeats, config=config, log=log)
         results["model"] = model
     elif args.quantize:
-        from txl.analysis.bench import BENCH_SMALL, hardware
+        from txl.analysis.bench import hardware
         from txl.analysis.bench_quantize import quantize_table
         from txl.runtime import resolve_device
 
         if resolve_device(args.device).type != "cpu":
             raise TxlError("--quantize measures the int8 kernels of a CPU; run it with --device cpu")
-        results = {"hardware": hardware(resolve_device("cpu")),
-                   **quantize_table(BENCH_SMALL, repeats=args.repeats, log=log)}
+        from txl.analysis.bench import EVAL_PRESETS
+
+        model = args.model or "bench-small"
+        results = {"hardware": hardware(resolve_device("cpu")), "model": model,
+                   **quantize_table(EVAL_PRESETS[model][0], repeats=args.repeats, log=log)}
     elif args.gen_lengths:
         from txl.analysis.bench import BENCH_SMALL
         from txl.analysis.bench_generation import generation_lengths
@@ -160,7 +163,7 @@ def _check_modes(args: argparse.Namespace) -> None:
         if given[flag]:
             raise TxlError(f"{flag} applies to --long-range only; add --long-range or leave it out")
     if args.quantize:
-        mode, ignored = "--quantize", ("--vs hf", "--dtype", "--batch-size", "--no-memory", "--gen-lengths", "--model",
+        mode, ignored = "--quantize", ("--vs hf", "--dtype", "--batch-size", "--no-memory", "--gen-lengths",
                                        "--lengths", "--eval-speedup")
     elif args.eval_speedup:
         mode, ignored = "--eval-speedup", ("--vs hf", "--dtype", "--batch-size", "--no-memory", "--gen-lengths", "--quantize")
