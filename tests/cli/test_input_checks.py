@@ -296,6 +296,7 @@ EARLY = [  # (argv, the error line); CKPT is an existing empty folder
     (["bench", "--eval-speedup", "--lengths", "x"], "--lengths needs comma-separated positive integers, got 'x'"),
     (["convert", "hf", "nope", "dst"], "SRC nope does not exist"),
     (["convert", "to-hf", "nope", "dst"], "checkpoint nope does not exist"),
+    (["convert", "int8", "nope", "dst"], "checkpoint nope does not exist"),
     (["data", "prepare", "enwik8", "--source", "nope"], "--source nope does not exist"),
     (["data", "docstrings", "--min-bytes", "0"], "--min-bytes must be >= 1, got 0"),
     (["data", "packages", "--doc-bytes", "100"], "--doc-bytes must be >= --min-bytes (1024), got 100"),

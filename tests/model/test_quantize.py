@@ -194,6 +194,30 @@ def test_every_inference_command_has_the_flag(command, capsys):
     assert code == 0 and "--quantize {none,int8}" in out
 
 
+def test_convert_int8_writes_a_checkpoint_that_loads_as_it_is(char_run, capsys, tmp_path):
+    import hashlib
+    import json
+
+    code, out, err = run_cli(capsys, "convert", "int8", char_run, tmp_path / "int8")
+    assert code == 0 and "wrote" in out, err
+    assert (tmp_path / "int8" / "run.json").is_file() and (tmp_path / "int8" / "vocab.json").is_file()
+    state = json.loads((tmp_path / "int8" / "state.json").read_text())
+    assert state["quantize"] == "int8" and state["quantized_from"].endswith("best")
+    code, out, err = run_cli(capsys, "eval", tmp_path / "int8", "--json", "-")
+    assert code == 0, err
+    saved = json.loads(out)["value"]
+    code, out, err = run_cli(capsys, "eval", char_run, "--json", "-", "--quantize", "int8")
+    assert code == 0 and saved == json.loads(out)["value"], err
+    before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (tmp_path / "int8").rglob("*") if p.is_file()}
+    for argv, expect in ((["convert", "int8", tmp_path / "int8", tmp_path / "again"], "already holds int8"),
+                         (["convert", "int8", char_run, tmp_path / "int8"], "DST"),
+                         (["convert", "to-hf", tmp_path / "int8", tmp_path / "hf"], "int8 weights")):
+        code, out, err = run_cli(capsys, *argv)
+        assert code == 2 and expect in one_error_line(err), err
+    after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (tmp_path / "int8").rglob("*") if p.is_file()}
+    assert after == before and not (tmp_path / "again").exists() and not (tmp_path / "hf").exists()
+
+
 def test_a_saved_quantised_checkpoint_evaluates_as_quantising_at_load(char_run, capsys, tmp_path):
     """Python API: quantise, save; txl eval then reads the int8 weights as they are (no second rounding)."""
     import json

@@ -1,4 +1,5 @@
-"""``txl convert hf|to-hf``: convert Hugging Face TransfoXL checkpoints to txl and back."""
+"""``txl convert hf|to-hf|int8``: convert Hugging Face TransfoXL checkpoints to txl and back; write a checkpoint
+with int8 weights."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from txl.cli.checks import check_checkpoint_path, check_exists
 from txl.cli.common import Command
 
 NAME = "convert"
-HELP = "convert Hugging Face TransfoXL checkpoints to txl and back"
+HELP = "convert Hugging Face TransfoXL checkpoints to txl and back, or a checkpoint to int8 weights"
 EXAMPLE = "txl convert hf hf-models/transfo-xl-wt103 runs/wt103-hf"
 
 
@@ -21,6 +22,20 @@ def _add_from_hf(p: argparse.ArgumentParser) -> None:
 def _add_to_hf(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", metavar="CHECKPOINT", help="txl checkpoint directory, or a run directory (uses its best/)")
     p.add_argument("dst", metavar="DST", help="HF folder to write (never overwritten)")
+
+
+def _add_int8(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", metavar="CHECKPOINT", help="txl checkpoint directory, or a run directory (uses its best/)")
+    p.add_argument("dst", metavar="DST", help="txl checkpoint folder to write (never overwritten)")
+
+
+def _int8(args: argparse.Namespace) -> int:
+    """``txl convert int8 CHECKPOINT DST``."""
+    check_checkpoint_path(args.src)  # before torch is imported
+    from txl.convert.commands import convert_to_int8
+
+    print(f"wrote {convert_to_int8(args.src, args.dst)}")
+    return 0
 
 
 def _from_hf(args: argparse.Namespace) -> int:
@@ -47,4 +62,6 @@ SUBCOMMANDS = (
             "txl convert hf hf-models/transfo-xl-wt103 runs/wt103-hf", _add_from_hf, _from_hf),
     Command("to-hf", "a txl checkpoint -> an HF TransfoXLLMHeadModel folder",
             "txl convert to-hf runs/wt103 hf-models/my-transfo-xl", _add_to_hf, _to_hf),
+    Command("int8", "a txl checkpoint -> the same with int8 weights, for inference (docs/quantization.md)",
+            "txl convert int8 runs/default runs/default-int8", _add_int8, _int8),
 )

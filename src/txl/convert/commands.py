@@ -99,7 +99,7 @@ def convert_to_hf(src: str | Path, dst: str | Path) -> Path:
 
     Raises:
         TxlError: a model HF cannot express (``attn_type="abs"``, a compressed memory, unusual
-            ``tie_projs``) or a
+            ``tie_projs``, int8 weights) or a
             ``dst`` that is not empty, is in use by another process or lies inside a checkpoint or run
             folder. A failed write removes what it wrote.
     """
@@ -116,6 +116,11 @@ def convert_to_hf(src: str | Path, dst: str | Path) -> Path:
 def _to_hf(src: Path, dst: Path) -> Path:
     """:func:`convert_to_hf` once ``dst`` is claimed."""
     ckpt = load_checkpoint(src)
+    from txl.model.quantize import is_quantized
+
+    if is_quantized(ckpt.model):
+        raise TxlError(f"{ckpt.path} holds int8 weights, which a TransfoXL checkpoint cannot; convert the float "
+                       "checkpoint it was made from")
     write_hf_checkpoint(ckpt.model, dst)
     tok = ckpt.tokenizer
     if isinstance(tok, WordTokenizer):
@@ -126,3 +131,25 @@ def _to_hf(src: Path, dst: Path) -> Path:
         atomic_write(dst / "vocab.pkl", lambda tmp: Path(tmp).write_bytes(pickle.dumps(state, protocol=4)))
     atomic_write(dst / "txl_vocab.json", lambda tmp: Path(tmp).write_text(json.dumps(tok.to_dict()), encoding="utf-8"))
     return dst
+
+
+def convert_to_int8(src: str | Path, dst: str | Path) -> Path:
+    """Write the txl checkpoint ``src`` (a checkpoint folder, or a run folder: its ``best/``) as a checkpoint
+    ``dst`` whose linear layers hold int8 weights (:func:`txl.model.quantize.quantize_int8`): the same run
+    config and vocabulary, ``model.safetensors`` with int8 weights and their scales. Every command loads it
+    as it is (inference only).
+
+    Raises:
+        TxlError: an unreadable ``src``, one already int8, or a ``dst`` that is not empty, is in use by another
+            process or lies inside a checkpoint or run folder.
+    """
+    from txl.model.quantize import is_quantized, quantize_int8
+
+    src, dst = Path(src), Path(dst)
+    with _claim(dst, [src]):
+        ckpt = load_checkpoint(src)
+        if is_quantized(ckpt.model):
+            raise TxlError(f"{ckpt.path} already holds int8 weights; nothing to convert")
+        save_checkpoint(dst, quantize_int8(ckpt.model), ckpt.tokenizer, ckpt.run,
+                        {"quantized_from": str(ckpt.path), "quantize": "int8"})
+        return dst
