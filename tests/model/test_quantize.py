@@ -182,6 +182,9 @@ def test_the_inference_commands_take_quantize_int8(char_run, capsys, tmp_path):
                  ["score", char_run, tmp_path / "doc.txt", "--quantize", "int8"]):
         code, out, err = run_cli(capsys, *argv)
         assert code == 0 and out, err
+    code, out, err = run_cli(capsys, "eval", char_run, "--json", "-", "--quantize", "bf16")
+    assert code == 0 and "bf16 weights" in err, err
+    assert abs(json.loads(out)["value"] - base["value"]) < 0.01 * base["value"]
     code, out, err = run_cli(capsys, "eval", char_run, "--quantize", "int4")
     assert code == 2 and "--quantize" in one_error_line(err)
     code, out, err = run_cli(capsys, "eval", char_run, "--quantize", "int8", "--dynamic")
@@ -191,7 +194,7 @@ def test_the_inference_commands_take_quantize_int8(char_run, capsys, tmp_path):
 @pytest.mark.parametrize("command", ["eval", "generate", "score", "summarize", "serve"])
 def test_every_inference_command_has_the_flag(command, capsys):
     code, out, _ = run_cli(capsys, command, "--help")
-    assert code == 0 and "--quantize {none,int8}" in out
+    assert code == 0 and "--quantize {none,int8,bf16}" in out
 
 
 def test_convert_int8_writes_a_checkpoint_that_loads_as_it_is(char_run, capsys, tmp_path):
@@ -210,6 +213,7 @@ def test_convert_int8_writes_a_checkpoint_that_loads_as_it_is(char_run, capsys, 
     assert code == 0 and saved == json.loads(out)["value"], err
     before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (tmp_path / "int8").rglob("*") if p.is_file()}
     for argv, expect in ((["convert", "int8", tmp_path / "int8", tmp_path / "again"], "already holds int8"),
+                         (["eval", tmp_path / "int8", "--quantize", "bf16"], "needs a float checkpoint"),
                          (["convert", "int8", char_run, tmp_path / "int8"], "DST"),
                          (["convert", "to-hf", tmp_path / "int8", tmp_path / "hf"], "int8 weights")):
         code, out, err = run_cli(capsys, *argv)
@@ -239,12 +243,46 @@ def test_the_benchmark_measures_both_models_side_by_side():
     from txl.analysis.bench_quantize import quantize_table
 
     config = dict(vocab_size=40, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, tgt_len=8, mem_len=8)
-    result = quantize_table(config, batches=(1, 2), gen_tokens=2, repeats=1, log=lambda _: None)
+    result = quantize_table(config, batches=(1, 2), gen_tokens=2, repeats=1, bf16=True, log=lambda _: None)
     assert [r["batch"] for r in result["decoding"]] == [1, 2] and [r["batch"] for r in result["evaluation"]] == [1, 2]
     for row in result["decoding"] + result["evaluation"]:
         assert row["ratio"] == pytest.approx(row["int8_tokens_per_s"] / row["float32_tokens_per_s"])
+        assert row["bfloat16_ratio"] == pytest.approx(row["bfloat16_tokens_per_s"] / row["float32_tokens_per_s"])
     # bytes a step reads: 4 per float32 weight, 1 per int8 weight plus a 4-byte scale per output channel
     linear = 2 * (32 * 96 + 32 * 32 + 32 * 64 + 64 * 32) + 32 * 40  # qkv, o, two FF per layer; the softmax
     channels = 2 * (96 + 32 + 64 + 32) + 40
     rest = result["bytes_per_step"]["float32"] - 4 * linear
     assert result["bytes_per_step"]["int8"] == rest + linear + 4 * channels
+    assert result["bytes_per_step"]["bfloat16"] * 2 == result["bytes_per_step"]["float32"]
+
+
+@pytest.mark.parametrize("kind", ["int8", "bf16"])
+def test_a_served_session_with_quantised_weights_scores_as_the_quantised_model(kind):
+    """txl serve's session (appends in pieces) gives what txl score gives with the same quantised model."""
+    import httpx
+    import numpy as np
+
+    from tests.conftest import served_app
+    from txl.data import ByteTokenizer
+    from txl.evaluation.scoring import score_tokens
+    from txl.model.quantize import to_bfloat16
+    from txl.model.span import AttentionSpan
+    from txl.serving.app import create_app
+    from txl.serving.server import build_engine
+
+    span, tok = AttentionSpan(tgt_len=6, mem_len=10), ByteTokenizer()
+    model = tiny_model(seed=3, dtype=torch.float32, vocab_size=256, d_model=32, d_head=16, d_inner=64)
+    model = quantize_int8(model) if kind == "int8" else to_bfloat16(model)
+    text = "Transformer-XL reads text segment by segment; the memory carries the past.\n" * 2
+    (expected,) = score_tokens(copy.deepcopy(model), [tok.encode(text)], carry_memory=True, span=span)
+    engine = build_engine(model, tok, span=span, max_sessions=4, idle_timeout=300, max_tokens=5000)
+    with served_app(create_app(engine, max_request_bytes=20000)) as base, httpx.Client(base_url=base, timeout=60) as c:
+        sid = c.post("/v1/sessions").json()["id"]
+        got = []
+        for a in range(0, len(text), 17):
+            reply = c.post(f"/v1/sessions/{sid}/append", json={"text": text[a:a + 17]})
+            assert reply.status_code == 200, reply.text
+            got += [np.nan if t["logprob"] is None else t["logprob"] for t in reply.json()["tokens"]]
+        done = c.post("/v1/completions", json={"prompt": "The memory", "max_tokens": 5, "temperature": 0})
+        assert done.status_code == 200, done.text
+    np.testing.assert_allclose(got, expected.logprobs, atol=1e-4 if kind == "int8" else 0.05)

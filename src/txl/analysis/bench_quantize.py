@@ -1,7 +1,8 @@
 """``txl bench --quantize int8``: int8 weights against float32, side by side in one run (docs/quantization.md).
 
 Two models with the same weights (bench-small by default, random weights: speed does not depend on
-them), one quantised with :func:`txl.model.quantize.quantize_int8`, take turns:
+them), one quantised with :func:`txl.model.quantize.quantize_int8`, and on a CPU with native bfloat16 a
+third with bfloat16 weights (:func:`txl.model.quantize.to_bfloat16`), take turns:
 
 - decoding: greedy tokens/s of txl's cached loop (the ring buffers) with ``mem_len`` = the context, at
   each batch size (the implementations alternate run by run, as :func:`txl.analysis.bench_generation`
@@ -25,7 +26,7 @@ import torch
 from txl.analysis.bench_generation import _per_token_seconds, _txl_steps
 from txl.model import TransformerXLConfig, TransformerXLLM
 from txl.model.segments import decoding_state
-from txl.model.quantize import Int8Linear, quantize_int8
+from txl.model.quantize import Int8Linear, quantize_int8, to_bfloat16
 
 
 def step_weight_bytes(model: TransformerXLLM) -> int:
@@ -66,14 +67,16 @@ def _segment_seconds(models: dict[str, TransformerXLLM], batch: int, repeats: in
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def quantize_table(config: dict, *, batches=(1, 8), gen_tokens: int = 32, repeats: int = 5,
+def quantize_table(config: dict, *, batches=(1, 8), gen_tokens: int = 32, repeats: int = 5, bf16: bool = False,
                    log: Callable[[str], None] = print) -> dict[str, Any]:
-    """int8 against float32 on this CPU: decoding and evaluation rows (see the module docstring).
+    """int8 (and with ``bf16`` bfloat16 weights, :func:`~txl.model.quantize.to_bfloat16`) against float32 on
+    this CPU: decoding and evaluation rows (see the module docstring).
 
     Returns ``{"config", "decoding": [rows], "evaluation": [rows], "bytes_per_step": {...}}``; a decoding
     row ``{"batch", "context", "float32_tokens_per_s", "int8_tokens_per_s", "ratio", "float32_gb_per_s",
     "int8_gb_per_s"}``, an evaluation row ``{"batch", "tgt_len", "mem_len", "float32_tokens_per_s",
-    "int8_tokens_per_s", "ratio"}``.
+    "int8_tokens_per_s", "ratio"}``; with ``bf16`` also ``bfloat16_tokens_per_s`` and ``bfloat16_ratio``
+    (against float32) in every row.
     """
     import copy
 
@@ -82,6 +85,8 @@ def quantize_table(config: dict, *, batches=(1, 8), gen_tokens: int = 32, repeat
     fp = TransformerXLLM(cfg).eval()
     q = quantize_int8(copy.deepcopy(fp))
     models = {"float32": fp, "int8": q}
+    if bf16:
+        models["bfloat16"] = to_bfloat16(copy.deepcopy(fp))
     weight_bytes = {name: step_weight_bytes(m) for name, m in models.items()}
     out: dict[str, Any] = {"config": {k: v for k, v in config.items()}, "bytes_per_step": weight_bytes,
                            "decoding": [], "evaluation": []}
@@ -94,18 +99,31 @@ def quantize_table(config: dict, *, batches=(1, 8), gen_tokens: int = 32, repeat
         for name in models:
             row[f"{name}_tokens_per_s"] = batch / sec[name]
             row[f"{name}_gb_per_s"] = weight_bytes[name] / sec[name] / 1e9
-        row["ratio"] = row["int8_tokens_per_s"] / row["float32_tokens_per_s"]
+        _ratios(row)
         out["decoding"].append(row)
         log(f"decode batch {batch:2d} (mem_len {context}): float32 {row['float32_tokens_per_s']:8,.0f} tokens/s "
             f"({row['float32_gb_per_s']:.1f} GB/s of weights), int8 {row['int8_tokens_per_s']:8,.0f} tokens/s "
-            f"({row['int8_gb_per_s']:.1f} GB/s): {row['ratio']:.2f}x")
+            f"({row['int8_gb_per_s']:.1f} GB/s): {row['ratio']:.2f}x" + _bf16_text(row))
     for batch in batches:
         sec = _segment_seconds(models, batch, repeats)
         tokens = batch * cfg.tgt_len
         row = {"batch": batch, "tgt_len": cfg.tgt_len, "mem_len": cfg.mem_len,
                **{f"{name}_tokens_per_s": tokens / sec[name] for name in models}}
-        row["ratio"] = row["int8_tokens_per_s"] / row["float32_tokens_per_s"]
+        _ratios(row)
         out["evaluation"].append(row)
         log(f"evaluate batch {batch:2d} (tgt_len {cfg.tgt_len}, mem_len {cfg.mem_len}): float32 "
-            f"{row['float32_tokens_per_s']:8,.0f} tokens/s, int8 {row['int8_tokens_per_s']:8,.0f}: {row['ratio']:.2f}x")
+            f"{row['float32_tokens_per_s']:8,.0f} tokens/s, int8 {row['int8_tokens_per_s']:8,.0f}: {row['ratio']:.2f}x"
+            + _bf16_text(row))
     return out
+
+
+def _ratios(row: dict[str, Any]) -> None:
+    row["ratio"] = row["int8_tokens_per_s"] / row["float32_tokens_per_s"]
+    if "bfloat16_tokens_per_s" in row:
+        row["bfloat16_ratio"] = row["bfloat16_tokens_per_s"] / row["float32_tokens_per_s"]
+
+
+def _bf16_text(row: dict[str, Any]) -> str:
+    if "bfloat16_tokens_per_s" not in row:
+        return ""
+    return f"; bfloat16 {row['bfloat16_tokens_per_s']:8,.0f}: {row['bfloat16_ratio']:.2f}x"

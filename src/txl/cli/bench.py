@@ -116,8 +116,13 @@ def run(args: argparse.Namespace) -> int:
         from txl.analysis.bench import EVAL_PRESETS
 
         model = args.model or "bench-small"
+        from txl.runtime import native_dtype_support
+
+        bf16 = native_dtype_support(resolve_device("cpu"), "bfloat16")  # emulated bf16 would measure the emulation
+        if not bf16:
+            log("txl bench: no bfloat16 column: this CPU has no native bfloat16 arithmetic (AVX512-BF16 or AMX)")
         results = {"hardware": hardware(resolve_device("cpu")), "model": model,
-                   **quantize_table(EVAL_PRESETS[model][0], repeats=args.repeats, log=log)}
+                   **quantize_table(EVAL_PRESETS[model][0], repeats=args.repeats, bf16=bf16, log=log)}
     elif args.gen_lengths:
         from txl.analysis.bench import BENCH_SMALL
         from txl.analysis.bench_generation import generation_lengths

@@ -99,9 +99,9 @@ def add_dtype(parser: argparse.ArgumentParser, default: str | None = "float32") 
 
 def add_quantize(parser: argparse.ArgumentParser) -> None:
     """``--quantize int8``: the checkpoint's linear layers with int8 weights (:mod:`txl.model.quantize`)."""
-    parser.add_argument("--quantize", choices=("none", "int8"), default="none",
-                        help="int8: every linear layer with int8 weights, one scale per output channel (inference "
-                             "only; see docs/quantization.md; default none)")
+    parser.add_argument("--quantize", choices=("none", "int8", "bf16"), default="none",
+                        help="int8: every linear layer with int8 weights, one scale per output channel; bf16: every "
+                             "weight in bfloat16 (inference only; see docs/quantization.md; default none)")
 
 
 def add_batch_size(parser: argparse.ArgumentParser, default: int | None = None, text: str = "batch size",
@@ -263,17 +263,21 @@ def load_checkpoint(args: argparse.Namespace, path: str | None = None, announce:
     threads = use_threads(args)
     ckpt = load(path if path is not None else args.checkpoint, map_location=str(device),
                 name=getattr(args, "checkpoint_name", None))
-    quantized = ""
-    if getattr(args, "quantize", "none") == "int8":
-        from txl.model.quantize import is_quantized, quantize_int8
+    quantized, quantize = "", getattr(args, "quantize", "none")
+    if quantize != "none":
+        from txl.model.quantize import is_quantized, quantize_int8, to_bfloat16
 
-        if not is_quantized(ckpt.model):
+        if is_quantized(ckpt.model) and quantize == "bf16":
+            raise TxlError(f"{ckpt.path} holds int8 weights; --quantize bf16 needs a float checkpoint")
+        if quantize == "bf16":
+            to_bfloat16(ckpt.model)
+        elif not is_quantized(ckpt.model):
             quantize_int8(ckpt.model)
-        quantized = "; int8 weights"
+        quantized = f"; {quantize} weights"
     if announce:  # said once the command's input has passed its checks (see print_notes)
         notes = args.__dict__.setdefault("_notes", [])
         notes.append(f"txl: using {describe_checkpoint(ckpt.path)}{quantized}; {threads}")
-        warning = slow_dtype_warning(device, getattr(args, "dtype", None))
+        warning = slow_dtype_warning(device, "bfloat16" if quantize == "bf16" else getattr(args, "dtype", None))
         if warning:
             notes.append(warning)
     return ckpt, device

@@ -109,6 +109,16 @@ def quantize_int8(model: nn.Module, names: Iterable[str] | None = None, *, empty
     return model
 
 
+def to_bfloat16(model: nn.Module) -> nn.Module:
+    """Cast every floating-point weight of ``model`` to bfloat16, in place (half of float32's bytes; the
+    products then run in bfloat16, natively on CPUs with AVX512-BF16 or AMX), eval mode, no gradients;
+    returns ``model``. Log-probabilities are still computed in float32 (the softmax widens half logits)."""
+    model.to(torch.bfloat16)
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
 def is_quantized(model: nn.Module) -> bool:
     """Whether any layer of ``model`` is an :class:`Int8Linear`."""
     return any(isinstance(m, Int8Linear) for m in model.modules())
