@@ -115,8 +115,18 @@ def test_adaptive_softmax_with_clusters_quantised():
     with torch.no_grad():
         ref = model(ids, labels=ids).loss
         got = q(ids, labels=ids).loss
-    assert abs(float(got) - float(ref)) < 0.01 * float(ref)
-    assert isinstance(q.crit.out_layers[0], Int8Linear) and not isinstance(q.crit.cluster_weight, Int8Rows)
+    assert abs(float(got) - float(ref)) < 0.01 * float(ref) and float(got) != float(ref)  # rounded, not far
+    assert isinstance(q.crit.out_layers[0], Int8Linear)
+    # the decoding step's few rows read the clusters too: cached greedy = uncached greedy
+    from txl.generation import generate
+
+    prompt = torch.randint(0, 60, (2, 5))
+    out = generate(q, prompt, max_new_tokens=6, temperature=0)
+    seq = prompt
+    for _ in range(6):
+        with torch.no_grad():
+            seq = torch.cat([seq, q(seq).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, seq)
 
 
 def test_a_saved_quantised_model_loads_as_it_was(tmp_path):
@@ -146,6 +156,31 @@ def test_a_quantised_file_with_float_in_place_of_int8_is_refused(tmp_path):
     save_file(tensors, str(tmp_path / "q" / "model.safetensors"))
     with pytest.raises(TxlError, match="o_net.weight has dtype torch.float32, not int8"):
         TransformerXLLM.from_pretrained(tmp_path / "q")
+
+
+@pytest.mark.parametrize("attn_type", ["rel", "shaw", "rope", "abs"])
+def test_the_reference_reads_an_int8_model_as_its_dequantised_weights(attn_type):
+    """In float64 an int8 layer multiplies by its dequantised weight (no input rounding), which is what the
+    plain reference (txl plot --attention) reads: the two agree to float64 rounding, for every scheme."""
+    from tests.conftest import run_segments
+    from txl.model import reference
+
+    extra = {"shaw_max_dist": 11} if attn_type == "shaw" else {}
+    q = quantize_int8(tiny_model(dtype=torch.float32, attn_type=attn_type, **extra)).double()
+    ids = torch.randint(0, 37, (2, 12))
+    got, _ = run_segments(q, ids, [5, 7])
+    ref = reference.forward(q, ids, [5, 7]).logits
+    torch.testing.assert_close(got, ref, atol=1e-10, rtol=1e-10)
+
+
+def test_old_torch_versions_are_refused():
+    from txl.model.quantize import check_torch
+
+    for old in ("2.2.0", "2.5.1+cpu"):
+        with pytest.raises(TxlError, match="need torch 2.6 or later"):
+            check_torch(old)
+    for fine in ("2.6.0", "2.13.0+cpu", "3.0.0.dev20270101"):
+        check_torch(fine)
 
 
 def test_quantise_refuses_a_name_that_is_no_linear_layer():
@@ -212,14 +247,30 @@ def test_convert_int8_writes_a_checkpoint_that_loads_as_it_is(char_run, capsys, 
     code, out, err = run_cli(capsys, "eval", char_run, "--json", "-", "--quantize", "int8")
     assert code == 0 and saved == json.loads(out)["value"], err
     before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (tmp_path / "int8").rglob("*") if p.is_file()}
+    (tmp_path / "docs" / "a").mkdir(parents=True)
+    (tmp_path / "docs" / "b").mkdir()
+    for label in "ab":
+        for i in range(4):
+            (tmp_path / "docs" / label / f"{i}.txt").write_text(f"the {label} quick fox " * 5 + "jumps " * i)
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": "the " + "quick " * i + "fox", "completion": " dog"}) + "\n"
+                             for i in range(6)))
     for argv, expect in ((["convert", "int8", tmp_path / "int8", tmp_path / "again"], "already holds int8"),
                          (["eval", tmp_path / "int8", "--quantize", "bf16"], "needs a float checkpoint"),
+                         (["eval", tmp_path / "int8", "--dynamic"], "int8 weights, which are for inference only"),
+                         (["finetune", "--init", tmp_path / "int8", "--data", pairs, "--out", tmp_path / "ft"],
+                          "int8 weights, which are for inference only"),
+                         (["classify", "train", tmp_path / "int8", "--data", tmp_path / "docs", "--out", tmp_path / "clf",
+                           "--steps", "2"], "int8 weights, which are for inference only"),
                          (["convert", "int8", char_run, tmp_path / "int8"], "DST"),
                          (["convert", "to-hf", tmp_path / "int8", tmp_path / "hf"], "int8 weights")):
         code, out, err = run_cli(capsys, *argv)
         assert code == 2 and expect in one_error_line(err), err
     after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (tmp_path / "int8").rglob("*") if p.is_file()}
     assert after == before and not (tmp_path / "again").exists() and not (tmp_path / "hf").exists()
+    code, out, err = run_cli(capsys, "plot", tmp_path / "int8", "--attention", "--text", "the quick brown fox " * 3,
+                             "--out", tmp_path / "plots")
+    assert code == 0 and list((tmp_path / "plots").glob("*.png")), err
 
 
 def test_a_saved_quantised_checkpoint_evaluates_as_quantising_at_load(char_run, capsys, tmp_path):

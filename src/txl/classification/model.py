@@ -28,6 +28,7 @@ from txl.errors import TxlError
 from txl.model.segments import segments
 from txl.model.config import TransformerXLConfig, check_fields
 from txl.model.parameters import init_weights
+from txl.model.quantize import check_trainable
 from txl.model.transformer import TransformerXLLM
 
 MODES = ("memory", "first", "last")
@@ -306,6 +307,7 @@ class TransformerXLForSequenceClassification(nn.Module):
         from txl.training.checkpoint import load_checkpoint
 
         lm = load_checkpoint(checkpoint, map_location=map_location)
+        check_trainable(lm.model.state_dict(), str(lm.path))
         reading = lm.model.config.span.replace(tgt_len=tgt_len, mem_len=mem_len)  # checked: TxlError
         config = dataclasses.replace(lm.model.config, tgt_len=reading.tgt_len, mem_len=reading.mem_len)
         model = cls(config, num_labels, **settings).to(map_location)

@@ -33,8 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", default=LENGTHS,
                    help="attention lengths for --eval-speedup (default: 128-800 and the paper's 1800, 2800, 3800)")
     p.add_argument("--quantize", choices=["int8"], default=None,
-                   help="instead: int8 weights against float32 on bench-small, decoding at batch 1 and 8 and evaluation "
-                        "with memory, side by side (docs/quantization.md)")
+                   help="instead: int8 (and, on a CPU with native bfloat16, bfloat16) weights against float32 on "
+                        "--model, decoding at batch 1 and 8 and evaluation with memory, side by side "
+                        "(docs/quantization.md)")
     p.add_argument("--gen-lengths", default=None, metavar="L,L,...",
                    help="instead: greedy generation tokens/s against the length attended to (txl mem_len = L, "
                         "GPT-2 after L tokens; needs --vs hf for GPT-2), e.g. 128,512,1024,2048,3800")

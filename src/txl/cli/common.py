@@ -273,13 +273,21 @@ def load_checkpoint(args: argparse.Namespace, path: str | None = None, announce:
             to_bfloat16(ckpt.model)
         elif not is_quantized(ckpt.model):
             quantize_int8(ckpt.model)
-        quantized = f"; {quantize} weights"
+    from txl.model.quantize import is_quantized
+
+    int8 = is_quantized(ckpt.model)  # --quantize int8, or a checkpoint written with int8 weights
+    if int8 or quantize == "bf16":
+        quantized = f"; {'int8' if int8 else 'bf16'} weights"
     if announce:  # said once the command's input has passed its checks (see print_notes)
         notes = args.__dict__.setdefault("_notes", [])
         notes.append(f"txl: using {describe_checkpoint(ckpt.path)}{quantized}; {threads}")
         warning = slow_dtype_warning(device, "bfloat16" if quantize == "bf16" else getattr(args, "dtype", None))
         if warning:
             notes.append(warning)
+        if int8 and device.type != "cpu":
+            notes.append(f"txl: warning: int8 weights have no {device.type} kernel here: each product multiplies by the "
+                         "dequantised weight, slower than float32 and without the rounding of the inputs (use them "
+                         "on a CPU, or the float checkpoint)")
     return ckpt, device
 
 

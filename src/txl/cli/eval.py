@@ -90,7 +90,7 @@ def _check(args: argparse.Namespace) -> None:
             raise TxlError(f"--sliding-window evaluates windows of CONTEXT tokens without memory: {', '.join(spans)} "
                            "would be ignored; leave them out")
     if args.dynamic and args.quantize != "none":
-        raise TxlError("--dynamic adapts the weights, which int8 weights cannot; drop --quantize")
+        raise TxlError("--dynamic adapts the weights, which --quantize makes inference-only; drop --quantize")
     if args.dynamic and args.warmup:
         raise TxlError("--dynamic reads the text from its start without warm-up; drop --warmup")
     if not args.dynamic and (args.dynamic_lr is not None or args.dynamic_decay or args.dynamic_method != "rms"):
@@ -147,6 +147,10 @@ def run(args: argparse.Namespace) -> int:
 
         seed_everything(args.seed)
     ckpt, _ = load_checkpoint(args, announce=True)
+    if args.dynamic:
+        from txl.model.quantize import check_trainable
+
+        check_trainable(ckpt.model.state_dict(), f"{ckpt.path} (--dynamic adapts the weights)")
     if not args.data and ckpt.has_run_config:  # the run's corpus is read too: never written over either
         d = ckpt.run.data
         _check_outputs(args, [args.checkpoint, d.path, d.train, d.valid, d.test])

@@ -44,7 +44,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from txl.errors import TxlError
+from txl.model.linear import linear
 from txl.model.memory import Mems, check_mems
+from txl.model.quantize import weight_rows
 
 
 class Compressor(nn.Module):
@@ -211,7 +213,8 @@ def content_attention(attn: nn.Module, h: torch.Tensor, states: torch.Tensor) ->
         float [B, T, n_head * d_head].
     """
     hd, heads, d_head = attn.n_head * attn.d_head, attn.n_head, attn.d_head
-    w = attn.qkv_net.weight.detach()
+    w = weight_rows(attn.qkv_net)  # float, or int8 rows (a quantised model: nothing to detach)
+    w = w.detach() if isinstance(w, torch.Tensor) else w
     ln = attn.layer_norm
 
     def norm(x):
@@ -222,8 +225,8 @@ def content_attention(attn: nn.Module, h: torch.Tensor, states: torch.Tensor) ->
     def split(x):
         return x.view(x.size(0), x.size(1), heads, d_head).transpose(1, 2)
 
-    q = split(F.linear(norm(h), w[:hd]))
-    k, v = (split(t) for t in F.linear(norm(states), w[hd:]).split(hd, dim=-1))
+    q = split(linear(norm(h), w[:hd]))
+    k, v = (split(t) for t in linear(norm(states), w[hd:]).split(hd, dim=-1))
     out = F.scaled_dot_product_attention(q, k, v, scale=attn.scale)  # [B, H, T, D]
     return out.transpose(1, 2).reshape(h.size(0), h.size(1), hd)
 

@@ -26,6 +26,24 @@ from txl.errors import TxlError
 from txl.model.linear import Int8Rows, int8_linear
 
 SCALE_SUFFIX = ".weight_scale"
+MIN_TORCH = (2, 6)  # the first torch whose CPU int8 product (torch._int_mm) is right on every x86 CPU
+
+
+def check_torch(version: str | None = None) -> None:
+    """Refuse int8 products on a torch older than :data:`MIN_TORCH` (``version`` defaults to the installed one).
+
+    Raises:
+        TxlError: naming the installed version and the one needed.
+    """
+    version = version or torch.__version__
+    try:
+        found = tuple(int(part) for part in version.split("+")[0].split(".")[:2])
+    except ValueError:  # a development build's odd version string: let it run
+        return
+    if found < MIN_TORCH:
+        raise TxlError(f"int8 weights need torch {MIN_TORCH[0]}.{MIN_TORCH[1]} or later (earlier CPU int8 products "
+                       f"are missing or sum wrongly on CPUs without AVX512-VNNI); this is torch {version}: "
+                       "upgrade torch, or leave out --quantize int8")
 
 
 class Int8Linear(nn.Module):
@@ -86,8 +104,11 @@ def quantize_int8(model: nn.Module, names: Iterable[str] | None = None, *, empty
     quantised checkpoint, :meth:`~txl.model.transformer.TransformerXLLM.from_pretrained`).
 
     Raises:
-        TxlError: a name that is not an ``nn.Linear`` of ``model`` (e.g. weights of another model).
+        TxlError: a name that is not an ``nn.Linear`` of ``model`` (e.g. weights of another model); a torch
+            older than :data:`MIN_TORCH` (its CPU ``torch._int_mm`` is missing, or sums wrongly on CPUs
+            without AVX512-VNNI: pytorch issue 136746, fixed in 2.6).
     """
+    check_torch()
     modules = dict(model.named_modules())
     wanted = linear_names(model) if names is None else list(names)
     for name in wanted:
@@ -122,6 +143,17 @@ def to_bfloat16(model: nn.Module) -> nn.Module:
 def is_quantized(model: nn.Module) -> bool:
     """Whether any layer of ``model`` is an :class:`Int8Linear`."""
     return any(isinstance(m, Int8Linear) for m in model.modules())
+
+
+def check_trainable(tensor_names: Iterable[str], where: str) -> None:
+    """Refuse int8 weights where a model is to be trained (fine-tuning, a classifier, dynamic evaluation).
+
+    Raises:
+        TxlError: ``tensor_names`` (of the weights at ``where``) include an int8 layer's scales.
+    """
+    if int8_names(tensor_names):
+        raise TxlError(f"{where} holds int8 weights, which are for inference only and cannot be trained; use "
+                       "the float checkpoint it was made from")
 
 
 def int8_names(tensor_names: Iterable[str]) -> list[str]:

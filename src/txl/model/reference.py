@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from txl.errors import TxlError
+from txl.model.quantize import Int8Linear
 from txl.model.span import AttentionSpan
 
 
@@ -116,7 +117,7 @@ def attention(attn, h: torch.Tensor, memory: torch.Tensor, distances: torch.Tens
     H, D = attn.n_head, attn.d_head
     keys_in = torch.cat([memory, h], dim=1)  # h̃ = [SG(m) ∘ h]
     x = layer_norm(keys_in, attn.layer_norm) if attn.pre_lnorm else keys_in
-    w_q, w_k, w_v = attn.qkv_net.weight.split(H * D, dim=0)
+    w_q, w_k, w_v = dense(attn.qkv_net, h.dtype).split(H * D, dim=0)
     q = (x[:, memory.size(1):] @ w_q.T).unflatten(-1, (H, D))  # [B, T, H, D]
     k = (x @ w_k.T).unflatten(-1, (H, D))  # [B, K, H, D]
     v = (x @ w_v.T).unflatten(-1, (H, D))
@@ -127,7 +128,7 @@ def attention(attn, h: torch.Tensor, memory: torch.Tensor, distances: torch.Tens
         dist = torch.arange(n, device=h.device)
         dist = dist.clamp(max=clamp_len) if clamp_len > 0 else dist
         R = sinusoid_table(dist, d_model).to(h.dtype)  # R_d for every distance d = 0 .. n-1: [n, d_model]
-        r_k = (R @ attn.r_net.weight.T).unflatten(-1, (H, D))  # W_kR R_d: [n, H, D]
+        r_k = (R @ dense(attn.r_net, h.dtype).T).unflatten(-1, (H, D))  # W_kR R_d: [n, H, D]
         u, vb = attn.r_w_bias, attn.r_r_bias
         by_distance = torch.einsum("bihd,nhd->bhin", q, r_k)  # q_i·W_kR R_d for every d
         scores = scores + by_distance.gather(-1, index.expand(*by_distance.shape[:2], -1, -1))  # (b): d = i-j
@@ -147,9 +148,15 @@ def attention(attn, h: torch.Tensor, memory: torch.Tensor, distances: torch.Tens
         by_distance = torch.einsum("bihd,nhd->bhin", q, a)
         scores = scores + by_distance.gather(-1, index.expand(*by_distance.shape[:2], -1, -1))
     probs = torch.softmax((scores / math.sqrt(D)).masked_fill(hidden, float("-inf")), dim=-1)
-    o = torch.einsum("bhij,bjhd->bihd", probs, v).flatten(2) @ attn.o_net.weight.T
+    o = torch.einsum("bhij,bjhd->bihd", probs, v).flatten(2) @ dense(attn.o_net, h.dtype).T
     out = h + o if attn.pre_lnorm else layer_norm(h + o, attn.layer_norm)
     return out, probs
+
+
+def dense(layer, dtype: torch.dtype) -> torch.Tensor:
+    """A linear layer's weight [out, in] as a float matrix: its own, or an int8 layer's dequantised one
+    (:class:`~txl.model.quantize.Int8Linear`: the weights it multiplies by, without the rounding of its inputs)."""
+    return layer.rows().dequantize(dtype) if isinstance(layer, Int8Linear) else layer.weight
 
 
 def feed_forward(ff, h: torch.Tensor) -> torch.Tensor:
@@ -158,7 +165,7 @@ def feed_forward(ff, h: torch.Tensor) -> torch.Tensor:
     first, second = ff.net[0], ff.net[3]
 
     def net(z):
-        return torch.relu(z @ first.weight.T + first.bias) @ second.weight.T + second.bias
+        return torch.relu(z @ dense(first, z.dtype).T + first.bias) @ dense(second, z.dtype).T + second.bias
 
     return h + net(layer_norm(h, ff.layer_norm)) if ff.pre_lnorm else layer_norm(h + net(h), ff.layer_norm)
 

@@ -13,6 +13,7 @@ from txl.errors import TxlError
 from txl.fileio import atomic_write, read_json_object, write_json
 from txl.config import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME
 from txl.model.config import TransformerXLConfig
+from txl.model.quantize import check_trainable, int8_names
 
 
 
@@ -93,6 +94,8 @@ def check_weights_header(model: torch.nn.Module, directory: Path, described_by: 
 def _compare(found: dict[str, tuple], expected: dict[str, tuple], path: Path, described_by: str) -> None:
     missing = sorted(set(expected) - set(found))
     unexpected = sorted(set(found) - set(expected))
+    if unexpected and not int8_names(expected):  # int8 weights where a float model is built (to be trained)
+        check_trainable(unexpected, str(path.parent))
     if missing or unexpected:
         raise TxlError(f"weights in {path} do not match {described_by}: missing {missing[:5]}, unexpected {unexpected[:5]}")
     for key, shape in found.items():

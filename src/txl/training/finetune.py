@@ -33,6 +33,7 @@ from txl.evaluation.completions import completion_losses, evaluate_completions
 from txl.evaluation.stream import EvalResult, metric_unit
 from txl.model import TransformerXLLM
 from txl.model.config import TransformerXLConfig
+from txl.model.quantize import check_trainable
 from txl.model.span import resolve_span
 from txl.model.transformer import LMOutput
 from txl.training.checkpoint import load_checkpoint, resolve_checkpoint_dir
@@ -169,6 +170,7 @@ class PairsTask(CompletionRowsTask):
         init = load_checkpoint(resolve_checkpoint_dir(run.finetune.init))
         self.init_config: TransformerXLConfig = init.model.config
         self.init_state = init.model.state_dict()
+        check_trainable(self.init_state, str(init.path))
         self.tokenizer, self.markers, self.added = add_markers(init.tokenizer)
         self.vocab_size = self.tokenizer.vocab_size
         self.unit = metric_unit(self.tokenizer.kind)
