@@ -7,7 +7,8 @@ server must do to score the same line: re-send the whole history plus the line
 (POST /v1/completions with echo and logprobs, max_tokens 0), alternating the two kinds of
 request so that both see the same load (the machine may be shared), and reports medians. The two
 answers' log-probabilities of the line are compared (they must agree). The most surprising lines
-of the stream (bits per byte) are listed.
+of the stream (bits per byte) are listed. ``--generate N`` then times N greedy session generations;
+``--serve-args`` passes more arguments to ``txl serve`` (``--quantize int8``: docs/quantization.md).
 
     python benchmarks/serve_latency.py RUN --json benchmarks/results/cpu-serve-latency.json \\
         --plot docs/images/serve-latency.png
@@ -43,10 +44,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(run: str, port: int, threads: int) -> subprocess.Popen:
+def start_server(run: str, port: int, threads: int, extra: tuple[str, ...] = ()) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": str(threads)}
-    proc = subprocess.Popen([sys.executable, "-m", "txl", "serve", run, "--port", str(port)], env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "txl", "serve", run, "--port", str(port), *extra], env=env)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -95,13 +96,17 @@ def main() -> int:
     p.add_argument("--held-out", type=float, default=0.05,
                    help="start at the file where this last fraction of the standard library begins (default 0.05)")
     p.add_argument("--top", type=int, default=10, help="surprising lines to list (default 10)")
+    p.add_argument("--serve-args", default="", help="more txl serve arguments, e.g. '--quantize int8'")
+    p.add_argument("--generate", type=int, default=0, metavar="N",
+                   help="then time N greedy session generations of --generate-tokens tokens (default 0: none)")
+    p.add_argument("--generate-tokens", type=int, default=32, metavar="T", help="tokens per generation (default 32)")
     p.add_argument("--json", default=None, help="write the measurements here")
     p.add_argument("--plot", default=None, help="draw the plot here (PNG)")
     args = p.parse_args()
     points = sorted(int(v) for v in args.points.split(","))
 
     port = free_port()
-    proc = start_server(args.run, port, args.threads)
+    proc = start_server(args.run, port, args.threads, tuple(args.serve_args.split()))
     lines, session_points, stateless_points, mismatch = [], [], [], 0.0
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600) as c:
@@ -147,6 +152,15 @@ def main() -> int:
                     print(f"history {row['history']:7d} tokens: session {row['session_ms']:8.1f} ms/line, "
                           f"stateless {row['stateless_ms']:9.1f} ms/line ({row['stateless_ms'] / row['session_ms']:.0f}x)",
                           flush=True)
+            generations = []
+            for _ in range(args.generate):  # the session's memory holds the whole stream; nothing appended
+                ms, reply = timed(lambda: c.post(f"/v1/sessions/{sid}/generate", json={
+                    "max_tokens": args.generate_tokens, "temperature": 0, "append": False}))
+                reply.raise_for_status()
+                generations.append(ms)
+            if generations:
+                print(f"session generation of {args.generate_tokens} tokens: median "
+                      f"{statistics.median(generations):.1f} ms ({generations})", flush=True)
             metrics = c.get("/metrics").json()
     finally:
         proc.terminate()
@@ -161,7 +175,8 @@ def main() -> int:
     scored = [r for r in lines if r["bpb"] is not None and len(r["text"].strip()) >= 16]
     top = sorted(scored, key=lambda r: -r["bpb"])[:args.top]
     result = {"run": args.run, "health": health, "tokens": history, "lines": len(lines),
-              "repeats": args.repeats, "server_threads": args.threads, "max_logprob_difference": mismatch,
+              "repeats": args.repeats, "server_threads": args.threads, "serve_args": args.serve_args,
+              "generate_tokens": args.generate_tokens, "generate_ms": generations, "max_logprob_difference": mismatch,
               "points": stateless_points, "session_bins": session_points,
               "stream_bpb": sum(r["bits"] for r in lines) / max(1, history - 1), "most_surprising": top,
               "server_metrics": metrics, "per_line": [[r["history"], round(r["ms"], 3)] for r in lines]}
