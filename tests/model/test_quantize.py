@@ -109,7 +109,8 @@ def test_quantised_greedy_decoding_matches_its_own_uncached_passes():
 
 
 def test_adaptive_softmax_with_clusters_quantised():
-    model = tiny_model(dtype=torch.float32, vocab_size=60, cutoffs=[20, 40], div_val=1, d_model=32, d_head=16)
+    model = tiny_model(dtype=torch.float32, vocab_size=60, cutoffs=[20, 40], div_val=1, d_model=32, d_head=16,
+                       mem_len=32)
     q = quantize_int8(copy.deepcopy(model))
     ids = torch.randint(0, 60, (2, 9))
     with torch.no_grad():
@@ -117,16 +118,49 @@ def test_adaptive_softmax_with_clusters_quantised():
         got = q(ids, labels=ids).loss
     assert abs(float(got) - float(ref)) < 0.01 * float(ref) and float(got) != float(ref)  # rounded, not far
     assert isinstance(q.crit.out_layers[0], Int8Linear)
-    # the decoding step's few rows read the clusters too: cached greedy = uncached greedy
-    from txl.generation import generate
+    # each cached decoding step (its few rows read the clusters too) scores what the uncached int8 pass
+    # scores for that position, and not what the float model scores
+    from txl.generation.stream import generate_steps
 
     prompt = torch.randint(0, 60, (2, 5))
-    out = generate(q, prompt, max_new_tokens=6, temperature=0)
     seq = prompt
-    for _ in range(6):
+    for step in generate_steps(q, prompt, 6, temperature=0):
         with torch.no_grad():
-            seq = torch.cat([seq, q(seq).logits[:, -1].argmax(-1, keepdim=True)], 1)
-    assert torch.equal(out, seq)
+            whole, float_whole = q(seq).logits[:, -1], model(seq).logits[:, -1]
+        torch.testing.assert_close(step.logits.float(), whole, atol=1e-4, rtol=1e-4)
+        assert (step.logits.float() - float_whole).abs().max() > 1e-4
+        seq = torch.cat([seq, step.token[:, None]], 1)
+
+
+def test_compressed_memory_trains_its_compressor_beside_int8_weights():
+    """The attention-reconstruction loss (Rae et al. 2019) reads the int8 attention weights."""
+    q = quantize_int8(tiny_model(dtype=torch.float32, mem_len=5, cmem_len=4, cmem_ratio=2))
+    ids = torch.randint(0, 37, (2, 12))
+    out = q(ids[:, :6], labels=ids[:, :6])
+    out = q(ids[:, 6:], labels=ids[:, 6:], mems=out.mems)
+    assert out.recon_loss is not None and bool(torch.isfinite(out.recon_loss)) and float(out.recon_loss) > 0
+
+
+def test_training_an_int8_model_through_the_python_api_is_refused(tmp_path):
+    from txl.evaluation.dynamic import dynamic_evaluate, gradient_statistics
+
+    q = quantize_int8(tiny_model(dtype=torch.float32))
+    tokens = torch.randint(0, 37, (40,)).numpy()
+    for call in (lambda: dynamic_evaluate(q, tokens), lambda: gradient_statistics(q, tokens)):
+        with pytest.raises(TxlError, match="int8 weights, which are for inference only"):
+            call()
+
+
+def test_an_old_torch_loads_float_checkpoints_and_refuses_int8_ones(tmp_path, monkeypatch):
+    model = tiny_model(dtype=torch.float32)
+    model.save_pretrained(tmp_path / "float")
+    quantize_int8(copy.deepcopy(model)).save_pretrained(tmp_path / "int8")
+    monkeypatch.setattr(torch, "__version__", "2.5.1+cpu")
+    assert not is_quantized(TransformerXLLM.from_pretrained(tmp_path / "float"))
+    with pytest.raises(TxlError, match="need torch 2.6 or later"):
+        TransformerXLLM.from_pretrained(tmp_path / "int8")
+    with pytest.raises(TxlError, match="need torch 2.6 or later"):
+        quantize_int8(model)
 
 
 def test_a_saved_quantised_model_loads_as_it_was(tmp_path):

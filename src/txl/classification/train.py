@@ -15,6 +15,7 @@ from txl.classification.task import ClassifyTask
 from txl.config import CLASSIFIER_NAME, DataConfig, EvalConfig, TrainConfig
 from txl.errors import TxlError
 from txl.evaluation.intervals import accuracy, macro_f1
+from txl.model.quantize import check_trainable
 from txl.model.serialization import read_model_config
 from txl.runtime import resolve_device
 from txl.training.config import RunConfig
@@ -164,6 +165,7 @@ def fit_classifier(lm_dir: str | Path, classifier, train: tuple, valid: tuple, *
         raise TxlError(f"steps and batch_size must be >= 1, got {steps} and {batch_size}")
     lm = load_checkpoint(lm_dir)  # the language model's checks: checksums, vocabulary, not a classifier
     lm_dir = lm.path
+    check_trainable(lm.model.state_dict(), str(lm_dir))  # before the run folder is claimed
     task = ClassifyTask(lm_dir, classifier, lm.tokenizer, train, valid)
     task.inputs = [lm_dir, *inputs]
     run = classifier_run(lm_dir, out_dir, steps=steps, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps,

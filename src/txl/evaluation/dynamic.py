@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from txl.errors import TxlError
+from txl.model.quantize import check_float_model
 from txl.model.segments import eval_mode, segments
 from txl.evaluation.stream import EvalResult, token_tensor
 from txl.model.span import AttentionSpan, resolve_span
@@ -79,8 +80,9 @@ def gradient_statistics(model, tokens: np.ndarray, *, tgt_len: int | None = None
 
     Raises:
         TxlError: ``tokens`` that is not 1-D integer ids in the vocabulary, fewer than 2 tokens or
-            n_segments < 1.
+            n_segments < 1; a model with int8 weights.
     """
+    check_float_model(model, "gradient statistics")
     data = token_tensor(tokens, vocab_size=model.config.vocab_size, min_tokens=0)
     if data.numel() < 2 or n_segments < 1:
         raise TxlError("gradient statistics need at least 2 tokens and n_segments >= 1")
@@ -142,8 +144,10 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
     Raises:
         TxlError: unknown method, negative lr, decay outside [0, 1), ``tokens`` that is not 1-D
             integer ids in the vocabulary, fewer than 2 tokens, stats
-            missing a parameter, or a non-finite segment loss (the updates diverged: lower lr).
+            missing a parameter, or a non-finite segment loss (the updates diverged: lower lr); a model
+            with int8 weights.
     """
+    check_float_model(model, "dynamic evaluation")
     if method not in METHODS:
         raise TxlError(f"dynamic evaluation method must be one of {', '.join(METHODS)}, got {method!r}")
     if lr < 0 or not 0.0 <= decay < 1.0:

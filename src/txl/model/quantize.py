@@ -43,7 +43,7 @@ def check_torch(version: str | None = None) -> None:
     if found < MIN_TORCH:
         raise TxlError(f"int8 weights need torch {MIN_TORCH[0]}.{MIN_TORCH[1]} or later (earlier CPU int8 products "
                        f"are missing or sum wrongly on CPUs without AVX512-VNNI); this is torch {version}: "
-                       "upgrade torch, or leave out --quantize int8")
+                       "upgrade torch, or use a float checkpoint without --quantize int8")
 
 
 class Int8Linear(nn.Module):
@@ -108,9 +108,10 @@ def quantize_int8(model: nn.Module, names: Iterable[str] | None = None, *, empty
             older than :data:`MIN_TORCH` (its CPU ``torch._int_mm`` is missing, or sums wrongly on CPUs
             without AVX512-VNNI: pytorch issue 136746, fixed in 2.6).
     """
-    check_torch()
     modules = dict(model.named_modules())
     wanted = linear_names(model) if names is None else list(names)
+    if wanted:  # a float checkpoint's load asks for no layer: any torch will do
+        check_torch()
     for name in wanted:
         layer = modules.get(name)
         if not isinstance(layer, nn.Linear):
@@ -138,6 +139,17 @@ def to_bfloat16(model: nn.Module) -> nn.Module:
     model.eval()
     model.requires_grad_(False)
     return model
+
+
+def check_float_model(model: nn.Module, what: str) -> None:
+    """Refuse a model with int8 weights where it would be trained (``what`` names the operation).
+
+    Raises:
+        TxlError: ``model`` has an :class:`Int8Linear`.
+    """
+    if is_quantized(model):
+        raise TxlError(f"{what} adapts the weights; this model holds int8 weights, which are for inference only: "
+                       "use the float model it was made from")
 
 
 def is_quantized(model: nn.Module) -> bool:
