@@ -263,21 +263,18 @@ def load_checkpoint(args: argparse.Namespace, path: str | None = None, announce:
     threads = use_threads(args)
     ckpt = load(path if path is not None else args.checkpoint, map_location=str(device),
                 name=getattr(args, "checkpoint_name", None))
-    quantized, quantize = "", getattr(args, "quantize", "none")
-    if quantize != "none":
-        from txl.model.quantize import is_quantized, quantize_int8, to_bfloat16
+    from txl.model.quantize import is_quantized, quantize_int8, to_bfloat16
 
-        if is_quantized(ckpt.model) and quantize == "bf16":
+    quantize = getattr(args, "quantize", "none")
+    int8 = is_quantized(ckpt.model)  # a checkpoint written with int8 weights
+    if quantize == "bf16":
+        if int8:
             raise TxlError(f"{ckpt.path} holds int8 weights; --quantize bf16 needs a float checkpoint")
-        if quantize == "bf16":
-            to_bfloat16(ckpt.model)
-        elif not is_quantized(ckpt.model):
-            quantize_int8(ckpt.model)
-    from txl.model.quantize import is_quantized
-
-    int8 = is_quantized(ckpt.model)  # --quantize int8, or a checkpoint written with int8 weights
-    if int8 or quantize == "bf16":
-        quantized = f"; {'int8' if int8 else 'bf16'} weights"
+        to_bfloat16(ckpt.model)
+    elif quantize == "int8" and not int8:
+        quantize_int8(ckpt.model)
+        int8 = True
+    quantized = "; int8 weights" if int8 else "; bf16 weights" if quantize == "bf16" else ""
     if announce:  # said once the command's input has passed its checks (see print_notes)
         notes = args.__dict__.setdefault("_notes", [])
         notes.append(f"txl: using {describe_checkpoint(ckpt.path)}{quantized}; {threads}")
