@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The txl bench tables on a CUDA GPU, in under 5 minutes: bfloat16 autocast, batch sized to the device.
+# The txl bench tables on a CUDA GPU, in under 8 minutes: bfloat16 autocast, batch sized to the device;
+# torch.compile against eager in float32.
 #
-#   bash benchmarks/gpu.sh            # writes benchmarks/results/<gpu>.json, <gpu>-eval-speedup.json and
-#                                     # <gpu>-eval-speedup-enwik8-large.json
+#   bash benchmarks/gpu.sh            # writes benchmarks/results/<gpu>.json, <gpu>-eval-speedup.json,
+#                                     # <gpu>-eval-speedup-enwik8-large.json and <gpu>-compile.json
 #
 # Uses the python on PATH (or $PYTHON) with a CUDA build of torch; txl from this checkout (src/).
 # Against transformers' TransfoXL and GPT-2 when transformers==4.35.2 is importable, txl alone otherwise.
@@ -28,3 +29,6 @@ timeout 45 "$PY" -m txl bench --eval-speedup --device cuda --lengths 128,256,512
 # the paper's Table 9 with its large enwik8/text8 model (24 layers, d_model 1024)
 timeout 55 "$PY" -m txl bench --eval-speedup --model enwik8-large --device cuda --repeats 3 \
     --json "benchmarks/results/$name-eval-speedup-enwik8-large.json" --force
+# torch.compile against eager (float32; training and evaluation segments of bench-small; docs/compile.md)
+timeout 150 "$PY" -m txl bench --compile --device cuda --repeats 5 \
+    --json "benchmarks/results/$name-compile.json" --force

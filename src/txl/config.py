@@ -256,6 +256,11 @@ class TrainConfig:
             falls back to the one before.
         deterministic: ``torch.use_deterministic_algorithms(True)`` (bit-identical reruns on GPU too,
             at some speed cost; CPU runs are deterministic at a given thread count).
+        compile: run the training forward and backward through ``torch.compile`` (the language
+            model traces as one graph, no break; the first steps of each segment shape pay the
+            compilation). The same updates as eager up to float rounding; dropout draws its masks
+            from the compiler's own generator, so a run with dropout is not the eager run's twin.
+            docs/compile.md.
     """
 
     out_dir: str = "runs/default"
@@ -282,6 +287,7 @@ class TrainConfig:
     save_interval: int = 0
     keep_last: int = 2
     deterministic: bool = False
+    compile: bool = False
 
     def validate(self) -> None:
         """Raise :class:`TxlError` naming the first value of a wrong type or impossible."""

@@ -13,7 +13,7 @@ from txl.errors import TxlError
 NAME = "bench"
 HELP = "throughput and memory, optionally against transformers' TransfoXL"
 EXAMPLE = ("txl bench --vs hf --json benchmarks/results/cpu-bench-small.json\n  txl bench --long-range --out runs/long-range\n"
-           "  txl bench --quantize int8 --json benchmarks/results/int8.json")
+           "  txl bench --quantize int8 --json benchmarks/results/int8.json\n  txl bench --compile")
 LENGTHS = "128,256,512,800,1800,2800,3800"  # --eval-speedup's default attention lengths
 
 
@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--eval-speedup", action="store_true", help="vanilla sliding window vs memory (paper Table 9)")
     p.add_argument("--model", choices=["bench-small", "enwik8-large"], default=None,
-                   help="model for --eval-speedup and --quantize: bench-small (6 layers, d_model 256; batch 8, about 2 minutes on "
+                   help="model for --eval-speedup, --quantize and --compile: bench-small (6 layers, d_model 256; batch 8, about 2 minutes on "
                         "2 cores) or enwik8-large, the paper's 24-layer model evaluated at length 3,800 "
                         "(batch 1, about 5 minutes); default bench-small")
     p.add_argument("--lengths", default=LENGTHS,
@@ -36,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="instead: int8 (and, on a CPU with native bfloat16, bfloat16) weights against float32 on "
                         "--model, decoding at batch 1 and 8 and evaluation with memory, side by side "
                         "(docs/quantization.md)")
+    p.add_argument("--compile", action="store_true",
+                   help="instead: the model under torch.compile against eager on --model, a training segment and "
+                        "an evaluation segment with memory, side by side (docs/compile.md)")
     p.add_argument("--gen-lengths", default=None, metavar="L,L,...",
                    help="instead: greedy generation tokens/s against the length attended to (txl mem_len = L, "
                         "GPT-2 after L tokens; needs --vs hf for GPT-2), e.g. 128,512,1024,2048,3800")
@@ -124,6 +127,16 @@ def run(args: argparse.Namespace) -> int:
             log("txl bench: no bfloat16 column: this CPU has no native bfloat16 arithmetic (AVX512-BF16 or AMX)")
         results = {"hardware": hardware(resolve_device("cpu")), "model": model,
                    **quantize_table(EVAL_PRESETS[model][0], repeats=args.repeats, bf16=bf16, log=log)}
+    elif args.compile:
+        from txl.analysis.bench import EVAL_PRESETS, hardware
+        from txl.analysis.bench_compile import compile_table
+        from txl.runtime import resolve_device
+
+        device = resolve_device(args.device)
+        model = args.model or "bench-small"
+        config, batch = EVAL_PRESETS[model]
+        results = {"hardware": hardware(device), "model": model,
+                   **compile_table(config, batch=batch, repeats=args.repeats, device=device, log=log)}
     elif args.gen_lengths:
         from txl.analysis.bench import BENCH_SMALL
         from txl.analysis.bench_generation import generation_lengths
@@ -153,7 +166,7 @@ def _check_modes(args: argparse.Namespace) -> None:
              "--batch-size": args.batch_size != 16, "--no-memory": args.no_memory,
              "--gen-lengths": args.gen_lengths is not None, "--model": args.model is not None,
              "--lengths": args.lengths != LENGTHS, "--eval-speedup": args.eval_speedup,
-             "--quantize": args.quantize is not None,
+             "--quantize": args.quantize is not None, "--compile": args.compile,
              "--repeats": args.repeats != 5, "--json": args.json is not None,
              "--out": args.out is not None, "--rows": args.rows is not None, "--seeds": args.seeds != 3,
              "--first-seed": args.first_seed != 0,
@@ -161,7 +174,7 @@ def _check_modes(args: argparse.Namespace) -> None:
              "--pool": args.pool is not None, "--distances": args.distances is not None, "--quiet": args.quiet}
     if args.long_range:
         for flag in ("--vs hf", "--dtype", "--batch-size", "--no-memory", "--gen-lengths", "--model", "--lengths",
-                     "--eval-speedup", "--repeats", "--json", "--quantize"):
+                     "--eval-speedup", "--repeats", "--json", "--quantize", "--compile"):
             if given[flag]:
                 raise TxlError(f"{flag} does not apply to --long-range (it would be ignored); leave it out")
         return
@@ -170,11 +183,15 @@ def _check_modes(args: argparse.Namespace) -> None:
             raise TxlError(f"{flag} applies to --long-range only; add --long-range or leave it out")
     if args.quantize:
         mode, ignored = "--quantize", ("--vs hf", "--dtype", "--batch-size", "--no-memory", "--gen-lengths",
-                                       "--lengths", "--eval-speedup")
+                                       "--lengths", "--eval-speedup", "--compile")
+    elif args.compile:
+        mode, ignored = "--compile", ("--vs hf", "--dtype", "--batch-size", "--no-memory", "--gen-lengths",
+                                      "--lengths", "--eval-speedup")
     elif args.eval_speedup:
         mode, ignored = "--eval-speedup", ("--vs hf", "--dtype", "--batch-size", "--no-memory", "--gen-lengths", "--quantize")
     elif args.gen_lengths is not None:
-        mode, ignored = "--gen-lengths", ("--dtype", "--batch-size", "--no-memory", "--model", "--lengths", "--quantize")
+        mode, ignored = "--gen-lengths", ("--dtype", "--batch-size", "--no-memory", "--model", "--lengths", "--quantize",
+                                          "--compile")
     else:
         mode, ignored = "the speed table", ("--model", "--lengths")
     for flag in ignored:

@@ -38,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stride", type=int, default=1, help="predictions per sliding window (default 1)")
     add_dtype(p)
     add_quantize(p)
+    p.add_argument("--compile", action="store_true",
+                   help="read the segments through torch.compile (the first segments pay the compilation; "
+                        "docs/compile.md)")
     add_device(p)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar (stderr)")
     add_seed(p, text="seeds python, numpy and torch (evaluation itself draws no random numbers)", unset="not seeded")
@@ -89,6 +92,8 @@ def _check(args: argparse.Namespace) -> None:
         if spans:
             raise TxlError(f"--sliding-window evaluates windows of CONTEXT tokens without memory: {', '.join(spans)} "
                            "would be ignored; leave them out")
+    if args.compile and modes:
+        raise TxlError(f"--compile applies to the plain evaluation with memory, not {modes[0]}; drop one of them")
     if args.dynamic and args.quantize != "none":
         raise TxlError("--dynamic adapts the weights, which --quantize makes inference-only; drop --quantize")
     if args.dynamic and args.warmup:
@@ -194,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
                        tgt_len=span["tgt_len"], mem_len=span["mem_len"],
                        clamp_len=span["clamp_len"], same_length=span["same_length"], cmem_len=span["cmem_len"],
                        warmup=args.warmup or e.warmup, max_tokens=max_tokens, dtype=args.dtype,
-                       progress=not args.quiet)
+                       progress=not args.quiet, compiled=args.compile)
     if args.json != "-":
         print(f"{where}: {res}")
     if args.json:
@@ -212,7 +217,7 @@ def _eval_pairs(args, ckpt, split, e) -> int:
 
     flags = [flag for flag, on in (("--dynamic", args.dynamic), ("--sweep-mem", args.sweep_mem is not None),
                                    ("--sliding-window", args.sliding_window is not None), ("--warmup", args.warmup),
-                                   ("--max-tokens", args.max_tokens is not None)) if on]
+                                   ("--max-tokens", args.max_tokens is not None), ("--compile", args.compile)) if on]
     if flags:
         raise TxlError(f"{ckpt.path} is fine-tuned on prompt/completion pairs: txl eval scores the completions of "
                        f"its {split} pairs, and {', '.join(flags)} does not apply to that; leave it out, or pass "

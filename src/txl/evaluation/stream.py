@@ -97,7 +97,7 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
              mem_len: int | None = None, clamp_len: int | None = None, same_length: bool | None = None,
              warmup: bool = False, max_tokens: int = 0, dtype: str = "float32", dist=None,
              span: AttentionSpan | None = None, cmem_len: int | None = None,
-             progress: bool | str = False) -> EvalResult:
+             progress: bool | str = False, compiled: bool = False) -> EvalResult:
     """Score a token stream segment by segment, carrying the memory (paper §3.2 evaluation).
 
     The streams are read with :func:`txl.model.segments.segments`, in eval mode (the model's
@@ -119,6 +119,9 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
             and the sums are added over ranks, so every rank gets the single-process result.
         progress: True (or a label such as ``"mem_len 256"``): a progress bar over the segments
             on stderr (:func:`txl.runtime.progress_bar`); False: none.
+        compiled: read the segments with ``torch.compile(model)`` (one graph per segment shape), the
+            memory carried as hidden states instead of a decoding state's keys and values (whose
+            bookkeeping runs on the host); the same result up to float rounding (docs/compile.md).
 
     Returns:
         :class:`EvalResult` (loss in nats/token). Every target token is scored exactly once.
@@ -144,9 +147,10 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, targets
     if inputs.size(0):  # more ranks than streams: this rank has none
         positions = batches.positions()
+        reader = torch.compile(model) if compiled else model
         with eval_mode(model), progress_bar(len(positions), progress, "evaluating") as bar:
-            for seg in segments(model, inputs, labels, span=span, dtype=dtype, positions=positions,
-                                caches=decoding_state(model, span)):
+            for seg in segments(reader, inputs, labels, span=span, dtype=dtype, positions=positions,
+                                caches=None if compiled else decoding_state(model, span)):
                 sums[0] += seg.output.token_loss.double().sum()
                 sums[1] += (seg.labels != IGNORE_INDEX).sum()
                 bar.update(1)

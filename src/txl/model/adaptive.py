@@ -118,6 +118,13 @@ class AdaptiveEmbedding(nn.Module):
             return emb * self.emb_scale
 
         flat = ids.reshape(-1)
+        if torch.compiler.is_compiling():  # no data-dependent shapes: each cluster embeds every token, masked
+            out = None
+            for i, (lo, hi) in enumerate(zip(self.bounds, self.bounds[1:])):
+                inside = ((flat >= lo) & (flat < hi)).unsqueeze(1)
+                chunk = F.linear(self.emb_layers[i]((flat - lo).clamp(0, hi - lo - 1)), self.emb_projs[i])
+                out = torch.where(inside, chunk, 0.0 if out is None else out)
+            return out.view(*ids.shape, self.d_proj) * self.emb_scale
         rows, chunks = [], []
         for i, (lo, hi) in enumerate(zip(self.bounds, self.bounds[1:])):
             rows_i = ((flat >= lo) & (flat < hi)).nonzero().squeeze(1)
@@ -224,7 +231,8 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         if labels.shape != hidden.shape[:1]:
             raise TxlError(f"labels must have shape [{hidden.shape[0]}], got {list(labels.shape)}")
         valid = labels != IGNORE_INDEX
-        if labels.device.type == "cpu":  # value checks need data (not meta) and cost a host sync on a GPU
+        # value checks need data (not meta), cost a host sync on a GPU and would break a compiled graph
+        if labels.device.type == "cpu" and not torch.compiler.is_compiling():
             if bool((valid & ((labels < 0) | (labels >= self.vocab_size))).any()):
                 raise TxlError(f"labels must lie in [0, {self.vocab_size}) or be {IGNORE_INDEX}")
         head_lp = self._log_softmax(hidden, 0)  # [N, shortlist + K]
@@ -233,8 +241,15 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         for i in range(1, self.n_clusters + 1):
             head_target = torch.where(labels >= self.bounds[i], self.shortlist_size + i - 1, head_target)
         nll = -head_lp.gather(1, head_target.unsqueeze(1)).squeeze(1)  # [N]
+        compiling = torch.compiler.is_compiling()
         for i in range(1, self.n_clusters + 1):
             lo, hi = self.bounds[i], self.bounds[i + 1]
+            if compiling:  # no data-dependent shapes: the cluster's softmax over every row, masked
+                inside = (labels >= lo) & (labels < hi)
+                target = (labels - lo).clamp(0, hi - lo - 1).unsqueeze(1)
+                picked = self._log_softmax(hidden, i).gather(1, target).squeeze(1)
+                nll = nll - torch.where(inside, picked, 0.0)
+                continue
             rows = ((labels >= lo) & (labels < hi)).nonzero().squeeze(1)  # only this cluster's rows
             tail_lp = self._log_softmax(hidden.index_select(0, rows), i)  # [n_i, size_i]
             target = (labels.index_select(0, rows) - lo).unsqueeze(1)

@@ -123,10 +123,27 @@ def rel_shift_bias(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         mask: bool [T, K], True where the key is not visible.
 
     The backward maps gradients back without the zero-pad/reshape copies of the classic trick.
+    While ``torch.compile`` traces the model, the shift is a gather instead (:func:`rel_shift_gather`):
+    the strided view needs the storage offset, which the compiler cannot trace, and its backward
+    writes through a strided view, which it cannot lower.
     """
+    if torch.compiler.is_compiling():
+        return rel_shift_gather(x).masked_fill(mask, float("-inf"))
     if not (torch.is_grad_enabled() and x.requires_grad):  # evaluation and decoding: no autograd node
         return _shifted_and_masked(x, mask)
     return _RelShiftBias.apply(x, mask)
+
+
+def rel_shift_gather(x: torch.Tensor) -> torch.Tensor:
+    """:func:`rel_shift` as a gather: ``out[..., i, j] = x[..., i, j + T - 1 - i]`` for every causal
+    entry, a new tensor [..., T, K] of ``x``'s dtype (a future entry, j > M + i, repeats column K - 1:
+    mask it). The form ``torch.compile`` traces, forward and backward (a scatter-add), and fuses with
+    the mask."""
+    *lead, qlen, klen = x.shape
+    rows = torch.arange(qlen, device=x.device)[:, None]
+    cols = torch.arange(klen, device=x.device)[None, :]
+    index = (cols + (qlen - 1) - rows).clamp(max=klen - 1)  # [T, K]
+    return x.gather(-1, index.expand(*lead, qlen, klen))
 
 
 def _shifted_and_masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -201,9 +218,11 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
     bsz, heads, qlen, _ = q_pos.shape
     klen = k.size(2)
     on_cpu = q_pos.device.type == "cpu"
-    in_place = window is not None and not grad and on_cpu
+    compiling = torch.compiler.is_compiling()
+    in_place = window is not None and not grad and on_cpu and not compiling
     if r_k.size(-1) == klen + 1 and not in_place:
         r_k = r_k[..., 1:]
+    future = None
     if in_place:  # a key for distance K, which no query has: the column the view starts each row with
         r_k = padded_position_keys(r_k) if r_k.size(-1) == klen else r_k
         future = torch.ones(qlen, qlen, dtype=torch.bool, device=q_pos.device).tril_().flip(0)  # m < T - i
@@ -218,7 +237,7 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
                                               dropout_p=dropout_p, scale=scale)
 
     everything = slice(None)
-    if grad or not on_cpu:
+    if grad or not on_cpu or compiling:  # (the compiler fuses the unblocked form)
         return attend(everything, everything)
     per_head = qlen * (klen + in_place) * q_pos.element_size()
     limit = BLOCK_BYTES if block_bytes is None else block_bytes

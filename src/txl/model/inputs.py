@@ -19,8 +19,10 @@ ID_DTYPES = (torch.int64, torch.int32)
 
 
 def _values_checkable(t: torch.Tensor) -> bool:
-    """Whether a value check is cheap here: CPU tensors only (no sync; meta tensors have no values)."""
-    return t.device.type == "cpu"
+    """Whether a value check is cheap here: CPU tensors only (no sync; meta tensors have no values),
+    and not while ``torch.compile`` traces the model (a value read would break the graph; the
+    compiled call checks shapes, dtypes and devices as eager does)."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 def check_input_ids(input_ids, vocab_size: int, device: torch.device | None = None,
@@ -94,7 +96,7 @@ def padding_mask(mem_padding: torch.Tensor, batch: int, mlen: int, klen: int) ->
     """
     if not isinstance(mem_padding, torch.Tensor) or mem_padding.shape != (batch,) or mem_padding.is_floating_point():
         raise TxlError(f"mem_padding must be an integer tensor [batch] = [{batch}]")
-    if mem_padding.device.type == "cpu" and batch and (int(mem_padding.min()) < 0 or int(mem_padding.max()) > mlen):
+    if _values_checkable(mem_padding) and batch and (int(mem_padding.min()) < 0 or int(mem_padding.max()) > mlen):
         raise TxlError(f"mem_padding values must be in [0, memory length {mlen}], got {mem_padding.tolist()}")
     keys = torch.arange(klen, device=mem_padding.device)
     return (keys[None, :] < mem_padding[:, None])[:, None, None, :]

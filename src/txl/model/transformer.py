@@ -284,19 +284,16 @@ class TransformerXLLM(nn.Module):
         else:  # the mask is "future", or "future or distance >= mem_len" (see biased_attention)
             window = span.mem_len if span.same_length and memory else 0
 
-        hids = []
-        if caches is not None:  # every check that may still reject the call is behind us
+        if caches is None:
+            h, hids = self._layers(h, mems, positions, mask, None, window)
+        else:  # every check that may still reject the call is behind us
             caches.begin(qlen, klen, emb.device, self._state_bytes(caches, bsz, weight))
             caches.bind(bsz, self._key_dtype(weight))
-        try:
-            for i, layer in enumerate(self.layers):
-                hids.append(h)
-                h = layer(h, None if mems is None else mems[i], positions, mask,
-                          None if caches is None else caches.layers[i], window)
-        except BaseException:
-            if caches is not None:  # some layers may have moved or written their buffers, others not
-                caches.failed = True
-            raise
+            try:
+                h, hids = self._layers(h, mems, positions, mask, caches, window)
+            except BaseException:
+                caches.failed = True  # some layers may have moved or written their buffers, others not
+                raise
         h = self.drop(h)
         if not memory:
             return h, None, None
@@ -305,6 +302,17 @@ class TransformerXLLM(nn.Module):
             caches.commit(klen)
             return h, None, None
         return h, update_mems(mems, hids, span.mem_len, detach=detach_mems), None
+
+    def _layers(self, h: torch.Tensor, mems: Mems | None, positions, mask: torch.Tensor,
+                caches: DecodingState | None, window: int | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The layer stack over one segment: the last layer's output [B, T, d_model] and every layer's
+        input (the states the next memory is made of). No ``try`` here: ``torch.compile`` traces it whole."""
+        hids = []
+        for i, layer in enumerate(self.layers):
+            hids.append(h)
+            h = layer(h, None if mems is None else mems[i], positions, mask,
+                      None if caches is None else caches.layers[i], window)
+        return h, hids
 
     def _compressive_body(self, input_ids: torch.Tensor, mems: Mems | None, caches: DecodingState | None,
                           detach_mems: bool, span: AttentionSpan,

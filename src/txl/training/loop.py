@@ -294,6 +294,8 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
     if d.enabled:
         ddp = torch.nn.parallel.DistributedDataParallel(ddp, device_ids=[device.index] if device.type == "cuda"
                                                         else None)
+    if t.compile:  # the checkpoints are still written from `model` (no "_orig_mod." names)
+        ddp = torch.compile(ddp)
 
     metrics_file = writer = None
     if d.is_main:

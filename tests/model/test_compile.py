@@ -1,0 +1,169 @@
+"""The model under ``torch.compile``: one graph, no break, for training (forward and backward over two
+segments with memory) and evaluation, and compiled = eager within float32 rounding (docs/compile.md).
+
+The sweep over position schemes and options traces with the ``aot_eager`` backend (the whole graph and
+its autograd, without inductor's C++ build: seconds); one configuration goes through inductor itself.
+"""
+
+import pytest
+import torch
+
+from tests.conftest import tiny_config
+from txl.model import TransformerXLLM
+from txl.model.attention import rel_shift, rel_shift_gather
+
+torch._dynamo.config.cache_size_limit = 64  # many small models in one process
+
+
+def test_rel_shift_gather_equals_the_strided_view_on_every_causal_entry():
+    torch.manual_seed(0)
+    for qlen, mlen in [(1, 0), (1, 5), (4, 0), (4, 3), (6, 9)]:
+        klen = qlen + mlen
+        x = torch.randn(2, 3, qlen, klen)
+        causal = torch.arange(klen)[None, :] <= mlen + torch.arange(qlen)[:, None]
+        got, want = rel_shift_gather(x), rel_shift(x)
+        assert got.shape == want.shape
+        assert torch.equal(got[..., causal], want[..., causal])
+        # entry (i, j) holds distance M + i - j: the score at key slot K - 1 - (M + i - j)
+        i, j = qlen - 1, 0
+        assert got[0, 0, i, j] == x[0, 0, i, klen - 1 - (mlen + i - j)]
+
+
+def _model(**overrides) -> TransformerXLLM:
+    torch.manual_seed(0)
+    config = tiny_config(**{"vocab_size": 40, "tgt_len": 6, "mem_len": 6, **overrides})
+    return TransformerXLLM(config)
+
+
+def _two_segments(module, model, x, y):
+    """Loss of the second segment and every gradient, after two segments of training with memory."""
+    model.zero_grad()
+    first = module(x[:, :6], labels=y[:, :6])
+    second = module(x[:, 6:], mems=first.mems, labels=y[:, 6:])
+    (first.loss.mean() + second.loss.mean()).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return second.loss.detach(), [m.detach() for m in second.mems or []], grads
+
+
+CONFIGS = {
+    "rel": {},
+    "rel-same-length-clamp": {"same_length": True, "clamp_len": 4},
+    "rel-untied-pre-lnorm": {"untie_r": True, "pre_lnorm": True},
+    "shaw": {"attn_type": "shaw", "shaw_max_dist": 4},
+    "rope": {"attn_type": "rope"},
+    "abs": {"attn_type": "abs"},
+    "adaptive": {"cutoffs": [10, 20], "div_val": 2, "d_embed": 16},
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_training_and_evaluation_trace_as_one_graph_equal_to_eager(name):
+    model = _model(**CONFIGS[name])
+    torch.manual_seed(1)
+    x = torch.randint(0, 40, (2, 12))
+    y = torch.randint(0, 40, (2, 12))
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)  # fullgraph: a break is an error
+    loss, mems, grads = _two_segments(compiled, model, x, y)
+    loss_e, mems_e, grads_e = _two_segments(model, model, x, y)
+    torch.testing.assert_close(loss, loss_e, rtol=1e-5, atol=1e-6)
+    for a, b in zip(mems, mems_e):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert grads.keys() == grads_e.keys() and grads
+    for n in grads:
+        torch.testing.assert_close(grads[n], grads_e[n], rtol=1e-4, atol=1e-6, msg=n)
+    model.eval()
+    with torch.no_grad():
+        first = model(x[:, :6])
+        explained = torch._dynamo.explain(model)(x[:, 6:], mems=first.mems, labels=y[:, 6:])
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+        want = model(x[:, 6:], mems=first.mems, labels=y[:, 6:])
+        got = compiled(x[:, 6:], mems=first.mems, labels=y[:, 6:])
+    torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.token_loss, want.token_loss, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow  # about a minute of C++ compilation
+def test_inductor_training_step_equals_eager():
+    """The default backend (inductor: generated C++ kernels) on the paper's model: loss, memory and
+    gradients of two segments within float32 rounding."""
+    model = _model()
+    torch.manual_seed(1)
+    x = torch.randint(0, 40, (2, 12))
+    y = torch.randint(0, 40, (2, 12))
+    loss, mems, grads = _two_segments(torch.compile(model, fullgraph=True), model, x, y)
+    loss_e, mems_e, grads_e = _two_segments(model, model, x, y)
+    torch.testing.assert_close(loss, loss_e, rtol=1e-5, atol=1e-6)
+    for a, b in zip(mems, mems_e):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for n in grads_e:
+        torch.testing.assert_close(grads[n], grads_e[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_value_checks_still_run_in_eager_and_shape_checks_while_compiling():
+    from txl.errors import TxlError
+
+    model = _model()
+    with pytest.raises(TxlError, match="outside the vocabulary"):
+        model(torch.tensor([[1, 40]]))
+    compiled = torch.compile(model, backend="aot_eager")  # as train.compile and --compile call it
+    with pytest.raises(TxlError, match="integer tensor"):
+        compiled(torch.zeros(1, 3))
+
+
+@pytest.fixture
+def aot_eager(monkeypatch):
+    """``torch.compile`` with the ``aot_eager`` backend for the code under test (inductor's C++ build
+    would take a minute per shape; the slow tests run it)."""
+    import functools
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+
+
+def test_evaluate_compiled_equals_the_decoding_state_reading(aot_eager):
+    from txl.evaluation.stream import evaluate
+
+    model = _model().eval()
+    torch.manual_seed(2)
+    tokens = torch.randint(0, 40, (83,)).numpy()  # segments of 6 with a shorter last one
+    eager = evaluate(model, tokens, batch_size=2, mem_len=9)
+    compiled = evaluate(model, tokens, batch_size=2, mem_len=9, compiled=True)
+    assert compiled.n_tokens == eager.n_tokens == 82
+    assert compiled.loss == pytest.approx(eager.loss, rel=1e-6)
+    assert model.training is False and not hasattr(model, "_orig_mod")
+
+
+def test_train_compile_gives_the_eager_run(tmp_path, aot_eager):
+    import csv
+
+    from txl.training.config import load_run_config
+    from txl.training.loop import train
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"line {i}: the quick brown fox {i * 7 % 13} jumps.\n" for i in range(200)))
+    args = ["model.n_layer=2", "model.d_model=16", "model.n_head=2", "model.d_head=8", "model.d_inner=32",
+            "model.tgt_len=8", "model.mem_len=8", "model.dropout=0", "model.dropatt=0", "train.batch_size=4",
+            "train.max_steps=6", "train.eval_interval=6", "train.log_interval=1", "train.sample_tokens=0",
+            f"data.path={corpus}", "data.tokenizer=char", f"data.cache_dir={tmp_path / 'cache'}"]
+    losses = {}
+    for name, extra in (("eager", []), ("compiled", ["train.compile=true"])):
+        train(load_run_config(None, [*args, f"train.out_dir={tmp_path / name}", *extra]), progress=False,
+              log=lambda m: None)
+        rows = csv.DictReader(open(tmp_path / name / "metrics.csv"))
+        losses[name] = [float(r["train_loss"]) for r in rows if r["train_loss"]]
+    assert len(losses["eager"]) == 6
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-5)
+    from safetensors.torch import load_file
+
+    saved = load_file(tmp_path / "compiled" / "last" / "model.safetensors")
+    assert saved.keys() == load_file(tmp_path / "eager" / "last" / "model.safetensors").keys()  # no _orig_mod.
+
+
+@pytest.mark.slow  # minutes of C++ compilation: one graph per memory length while it fills
+def test_inductor_evaluate_equals_eager():
+    from txl.evaluation.stream import evaluate
+
+    model = _model().eval()
+    torch.manual_seed(2)
+    tokens = torch.randint(0, 40, (83,)).numpy()
+    eager = evaluate(model, tokens, batch_size=2, mem_len=9)
+    assert evaluate(model, tokens, batch_size=2, mem_len=9, compiled=True).loss == pytest.approx(eager.loss, rel=1e-6)
