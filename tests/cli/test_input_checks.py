@@ -296,6 +296,7 @@ EARLY = [  # (argv, the error line); CKPT is an existing empty folder
     (["bench", "--eval-speedup", "--lengths", "x"], "--lengths needs comma-separated positive integers, got 'x'"),
     (["bench", "--compile", "--dtype", "bfloat16"], "--dtype does not apply to --compile (it would be ignored)"),
     (["bench", "--compile", "--quantize", "int8"], "--compile does not apply to --quantize (it would be ignored)"),
+    (["eval", "CKPT", "--compile", "--quantize", "int8"], "--compile does not serve --quantize yet; drop one of them"),
     (["eval", "CKPT", "--compile", "--sliding-window", "64"],
      "--compile applies to the plain evaluation with memory, not --sliding-window; drop one of them"),
     (["convert", "hf", "nope", "dst"], "SRC nope does not exist"),

@@ -12,7 +12,13 @@ from tests.conftest import tiny_config
 from txl.model import TransformerXLLM
 from txl.model.attention import rel_shift, rel_shift_gather
 
-torch._dynamo.config.cache_size_limit = 64  # many small models in one process
+
+
+@pytest.fixture(autouse=True)
+def room_for_many_graphs():
+    """Many small models in one process: more compiled graphs than dynamo's default limit per function."""
+    with torch._dynamo.config.patch(cache_size_limit=64):
+        yield
 
 
 def test_rel_shift_gather_equals_the_strided_view_on_every_causal_entry():
@@ -53,6 +59,7 @@ CONFIGS = {
     "rope": {"attn_type": "rope"},
     "abs": {"attn_type": "abs"},
     "adaptive": {"cutoffs": [10, 20], "div_val": 2, "d_embed": 16},
+    "adaptive-div-1": {"cutoffs": [10, 20], "div_val": 1},
 }
 
 
@@ -122,14 +129,29 @@ def aot_eager(monkeypatch):
 def test_evaluate_compiled_equals_the_decoding_state_reading(aot_eager):
     from txl.evaluation.stream import evaluate
 
-    model = _model().eval()
+    model = _model().train()
     torch.manual_seed(2)
     tokens = torch.randint(0, 40, (83,)).numpy()  # segments of 6 with a shorter last one
     eager = evaluate(model, tokens, batch_size=2, mem_len=9)
     compiled = evaluate(model, tokens, batch_size=2, mem_len=9, compiled=True)
     assert compiled.n_tokens == eager.n_tokens == 82
-    assert compiled.loss == pytest.approx(eager.loss, rel=1e-6)
-    assert model.training is False and not hasattr(model, "_orig_mod")
+    assert compiled.loss == pytest.approx(eager.loss, rel=1e-6)  # read in eval mode (no dropout), as eager
+    assert model.training is True  # the mode is restored
+
+
+def test_compile_refuses_what_it_does_not_serve_yet(tmp_path):
+    from txl.errors import TxlError
+    from txl.evaluation.stream import evaluate
+    from txl.model.quantize import quantize_int8
+    from txl.training.config import load_run_config
+
+    with pytest.raises(TxlError, match=r"train.compile does not serve an adaptive softmax \(model.cutoffs=\[10, 20\]\)"):
+        load_run_config(None, ["train.compile=true", "model.cutoffs=[10, 20]", "model.vocab_size=40"])
+    with pytest.raises(TxlError, match=r"train.compile does not serve a compressed memory"):
+        load_run_config(None, ["train.compile=true", "model.cmem_len=8"])
+    tokens = torch.randint(0, 40, (30,)).numpy()
+    with pytest.raises(TxlError, match="--compile does not serve int8 weights yet"):
+        evaluate(quantize_int8(_model()), tokens, compiled=True)
 
 
 def test_train_compile_gives_the_eager_run(tmp_path, aot_eager):

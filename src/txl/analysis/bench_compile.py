@@ -54,6 +54,10 @@ def compile_table(config: dict, *, batch: int = 8, repeats: int = 5, device: tor
     "evaluation": row}``; the training row ``{"eager_tokens_per_s", "compiled_tokens_per_s", "ratio"}``,
     the evaluation row the same plus ``"eager_hidden_tokens_per_s"`` (eager reading the memory as hidden
     states) and ``"ratio_vs_hidden"``.
+
+    Raises:
+        TxlError: an impossible ``config``; RuntimeError (torch's) when compilation fails, e.g. no C++
+            compiler for inductor on a CPU (the CLI turns it into one line).
     """
     device = torch.device(device)
     cfg = TransformerXLConfig(**config)

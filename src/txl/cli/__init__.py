@@ -161,11 +161,25 @@ def _main(argv: list[str] | None) -> int:
     except (MemoryError, RuntimeError) as err:  # an allocation no check foresaw: one line, not a traceback
         from txl.runtime import out_of_memory
 
+        if _compile_failure(err):
+            print(f"txl: error: torch.compile failed ({type(err).__name__}: {_first_line(err)}); run without "
+                  "--compile / train.compile (docs/compile.md: inductor needs a C++ compiler on a CPU)", file=sys.stderr)
+            return 1
         if not out_of_memory(err):
             raise
         print("txl: error: out of memory: the machine could not hold what this command needed; use a smaller "
               "batch, --tgt-len, --mem-len or text (files already written are untouched)", file=sys.stderr)
         return 1
+
+
+def _compile_failure(err: BaseException) -> bool:
+    """Whether ``err`` comes from ``torch.compile`` (dynamo tracing or a backend's build), not from txl."""
+    return type(err).__module__.startswith(("torch._dynamo", "torch._inductor"))
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else "no message"
 
 
 if __name__ == "__main__":

@@ -190,8 +190,7 @@ def _check_modes(args: argparse.Namespace) -> None:
     elif args.eval_speedup:
         mode, ignored = "--eval-speedup", ("--vs hf", "--dtype", "--batch-size", "--no-memory", "--gen-lengths", "--quantize")
     elif args.gen_lengths is not None:
-        mode, ignored = "--gen-lengths", ("--dtype", "--batch-size", "--no-memory", "--model", "--lengths", "--quantize",
-                                          "--compile")
+        mode, ignored = "--gen-lengths", ("--dtype", "--batch-size", "--no-memory", "--model", "--lengths", "--quantize")
     else:
         mode, ignored = "the speed table", ("--model", "--lengths")
     for flag in ignored:

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from txl.config import IGNORE_INDEX
 from txl.data import LMOrderedIterator
 from txl.errors import TxlError
+from txl.model.config import check_compilable
+from txl.model.quantize import is_quantized
 from txl.model.segments import decoding_state, eval_mode, segments
 from txl.model.span import AttentionSpan, resolve_span
 from txl.runtime import autocast, progress_bar
@@ -122,6 +124,7 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
         compiled: read the segments with ``torch.compile(model)`` (one graph per segment shape), the
             memory carried as hidden states instead of a decoding state's keys and values (whose
             bookkeeping runs on the host); the same result up to float rounding (docs/compile.md).
+            Not for a compressed memory, an adaptive softmax or int8 weights (TxlError).
 
     Returns:
         :class:`EvalResult` (loss in nats/token). Every target token is scored exactly once.
@@ -130,6 +133,10 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
         TxlError: ``tokens`` that is not 1-D integer data or holds ids outside the vocabulary, a split
             too short for one target (plus the warm-up context), or an impossible span.
     """
+    if compiled:
+        check_compilable(model.config, "--compile")
+        if is_quantized(model):
+            raise TxlError("--compile does not serve int8 weights yet; drop --compile or --quantize")
     tokens = token_tensor(tokens, vocab_size=model.config.vocab_size, min_tokens=0)  # the iterator says how many
     device = next(model.parameters()).device
     span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,

@@ -210,6 +210,9 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
             one row when even that is larger), so each block's scores are still in cache when the
             kernel reads them.
 
+    While ``torch.compile`` traces the model neither the in-place view nor the blocks are used: the
+    bias is the gathered, masked copy of :func:`rel_shift_bias` over the whole batch.
+
     Returns:
         [B, H, T, D] attention output: the unblocked, masked computation up to float rounding (the
         products' shapes differ, so their summation order may).

@@ -208,3 +208,19 @@ class TransformerXLConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict of all fields."""
         return dataclasses.asdict(self)
+
+
+def check_compilable(config: TransformerXLConfig, what: str) -> None:
+    """Refuse ``torch.compile`` (``what``: the setting or flag) for the models it does not serve yet.
+
+    Raises:
+        TxlError: a compressed memory (``cmem_len`` > 0: its host-side bookkeeping is not traced) or an
+            adaptive softmax (``cutoffs``: traced, it would score every tail cluster for every token,
+            N x V floats; for a word-level vocabulary that is gigabytes). docs/compile.md.
+    """
+    if config.cmem_len > 0:
+        raise TxlError(f"{what} does not serve a compressed memory (model.cmem_len={config.cmem_len}) yet; "
+                       "run without it")
+    if config.cutoffs:
+        raise TxlError(f"{what} does not serve an adaptive softmax (model.cutoffs={config.cutoffs}) yet: traced, it "
+                       "would score every tail cluster for every token; run without it")

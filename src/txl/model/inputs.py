@@ -122,7 +122,7 @@ def check_attention_fits(bsz: int, heads: int, qlen: int, klen: int, n_layer: in
         need = (n_layer + 3) * bsz * heads * per_head
     else:
         need = 3 * max(per_head, min(bsz * heads * per_head, block_bytes))
-    if need < 2**28:  # small: not worth reading the system's memory figures
+    if need < 2**28 or torch.compiler.is_compiling():  # small, or traced (reading /proc would break the graph)
         return
     have = available_memory_bytes(device)
     if need > have:

@@ -203,7 +203,9 @@ class TransformerXLLM(nn.Module):
                 an integer tensor shaped like ``input_ids``, or hold values outside ``[0, vocab_size)``
                 other than -100; a ``span`` that is not an AttentionSpan; ``caches`` used with autograd
                 or in training mode (its one-token step has no dropout), or holding another model's keys.
-                Value (range) checks run on CPU tensors only, to keep GPU steps free of host synchronisation.
+                Value (range) checks run on CPU tensors only, to keep GPU steps free of host synchronisation,
+                and not while ``torch.compile`` traces the model (shapes, dtypes and devices are still
+                checked; docs/compile.md). The memory check of very long segments is skipped there too.
         """
         if labels is not None and caches is not None:  # refused before the decoding state takes the segment in
             check_input_ids(input_ids, self.config.vocab_size, self.word_emb.emb_layers[0].weight.device)
