@@ -2,11 +2,12 @@
 
 Runs, printing each command (skipping the ones whose output already exists):
 
-  1. ``txl data docstrings --out WORK/data --split 0.7,0.1,0.2 --short-train``: functions and classes
-     of the top-level standard-library modules with their docstring removed (documents), the first
-     docstring sentence (summaries), split by module; ``train-with-short.jsonl``, the train pairs and
-     the shorter documents of the train modules (what the fine-tuning reads); and
-     ``WORK/data/pretrain``: the default corpus without the valid and test modules;
+  1. ``txl data docstrings --out WORK/data --split 0.7,0.1,0.2 --short-train --package-train``: functions
+     and classes of the top-level standard-library modules with their docstring removed (documents), the
+     first docstring sentence (summaries), split by module; ``train-with-packages.jsonl``, what the
+     fine-tuning reads: the train pairs, the shorter documents of the train modules and every pair of the
+     standard library's packages (none in a valid or test module); and ``WORK/data/pretrain``: the
+     default corpus without the valid and test modules;
   2. ``txl train WORK/data/pretrain --config configs/docstrings-lm.toml --out WORK/lm``: a BPE
      language model that has not seen the held-out modules (``--lm RUN`` uses an existing one);
   3. for each seed: ``txl finetune --init WORK/lm --config configs/summarize-docstrings.toml --out
@@ -63,7 +64,7 @@ def main() -> int:
                     help="more txl summarize arguments (both readings)")
     ap.add_argument("--max-new-tokens", type=int, default=40)
     ap.add_argument("--seeds", type=int, default=3, help="fine-tuning seeds")
-    ap.add_argument("--train", default="train-with-short.jsonl",
+    ap.add_argument("--train", default="train-with-packages.jsonl",
                     help="the pairs file of WORK/data to fine-tune on (train.jsonl: the long documents only)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
@@ -71,7 +72,8 @@ def main() -> int:
     data, lm = work / "data", Path(args.lm) if args.lm else work / "lm"
     times: dict = {}
     if not (data / "test.jsonl").is_file():
-        times["data"] = txl("data", "docstrings", "--out", str(data), "--split", "0.7,0.1,0.2", "--short-train")
+        times["data"] = txl("data", "docstrings", "--out", str(data), "--split", "0.7,0.1,0.2", "--short-train",
+                            "--package-train")
     if not (lm / "best").is_dir():
         times["pretrain"] = txl("train", str(data / "pretrain"), "--out", str(lm), *shlex.split(args.lm_args))
     test = [json.loads(line) for line in (data / "test.jsonl").read_text().splitlines()]

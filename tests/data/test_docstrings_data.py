@@ -76,3 +76,36 @@ def test_the_command_writes_the_short_pairs_and_refuses_them_below_one_byte(tmp_
     lines = (tmp_path / "d" / "train-with-short.jsonl").read_text().splitlines()
     assert len(lines) == n["train_with_short"] > n["train"]
     assert {json.loads(line)["module"] for line in lines} <= set(info["modules"]["train"])
+
+
+def test_package_pairs_join_the_train_pairs_only(tmp_path):
+    src = tmp_path / "lib"
+    files = []
+    for i in range(5):
+        files.append(src / f"mod{i}.py")
+        files[-1].parent.mkdir(exist_ok=True)
+        files[-1].write_text(_module(i))
+    pkg = src / "pkg" / "sub"
+    pkg.mkdir(parents=True)
+    (src / "pkg" / "__init__.py").write_text(_module(7))
+    (pkg / "deep.py").write_text(_module(8))
+    copy = src / "pkg" / "copy.py"  # a package function identical to a module's: kept out of train
+    copy.write_text(_module(0))
+    packages = [src / "pkg" / "__init__.py", pkg / "deep.py", copy]
+    info = prepare_docstrings(tmp_path / "out", seed=1, fractions=(0.6, 0.2, 0.2), min_bytes=200, files=files,
+                              short_train=True, package_train=True, packages=packages)
+    out = tmp_path / "out"
+    rows = {s: [json.loads(line) for line in (out / f"{s}.jsonl").read_text().splitlines()]
+            for s in ("train", "valid", "test", "train-with-short", "train-with-packages")}
+    assert rows["train-with-packages"][:len(rows["train-with-short"])] == rows["train-with-short"]
+    extra = rows["train-with-packages"][len(rows["train-with-short"]):]
+    held = {r["prompt"] for s in ("valid", "test") for r in rows[s]}
+    assert not held & {r["prompt"] for r in extra}
+    # every pair of every size of the package files, named by their path below the library folder
+    want = {("pkg/__init__.py", "long_7"), ("pkg/__init__.py", "short_7"), ("pkg/sub/deep.py", "long_8"),
+            ("pkg/sub/deep.py", "short_8"), ("pkg/copy.py", "short_0")}
+    if "mod0.py" in info["modules"]["train"]:  # long_0 is held out only when mod0 is a valid or test module
+        want.add(("pkg/copy.py", "long_0"))
+    assert {(r["module"], r["name"]) for r in extra} == want
+    assert info["pairs"]["train_with_packages"] == len(rows["train-with-short"]) + len(want)
+    assert {p.name for p in (out / "pretrain").iterdir()} == set(info["modules"]["train"])  # no package file

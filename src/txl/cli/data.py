@@ -43,6 +43,9 @@ def _add_docstrings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--short-train", action="store_true",
                    help="also write train-with-short.jsonl: the train pairs and the shorter documents of the same "
                         "modules (more fine-tuning examples; the split is unchanged)")
+    p.add_argument("--package-train", action="store_true",
+                   help="also write train-with-packages.jsonl: those pairs and every pair of the standard library's "
+                        "packages (about 3x the fine-tuning pairs; valid and test unchanged)")
     p.add_argument("--max-bytes", type=int, default=4096, metavar="N", help="longest document kept (default 4096)")
 
 
@@ -59,7 +62,7 @@ def _docstrings(args: argparse.Namespace) -> int:
     from txl.data.docstrings import prepare_docstrings
 
     info = prepare_docstrings(args.out, seed=args.seed, fractions=tuple(args.split), min_bytes=args.min_bytes,
-                              max_bytes=args.max_bytes, short_train=args.short_train)
+                              max_bytes=args.max_bytes, short_train=args.short_train, package_train=args.package_train)
     n = info["pairs"]
     m = info["modules"]
     print(f"pairs train/valid/test {n['train']}/{n['valid']}/{n['test']} from {len(m['train'])}/{len(m['valid'])}/"
@@ -68,6 +71,9 @@ def _docstrings(args: argparse.Namespace) -> int:
     if "train_with_short" in n:
         print(f"train-with-short.jsonl: {n['train_with_short']} pairs (the {n['train']} train pairs, then the shorter "
               "documents of the train modules)")
+    if "train_with_packages" in n:
+        print(f"train-with-packages.jsonl: {n['train_with_packages']} pairs (those, then every pair of the standard "
+              "library's packages)")
     return 0
 
 
@@ -115,7 +121,7 @@ SUBCOMMANDS = (
     Command("prepare", "download/unpack a benchmark into train/valid/test.txt + dataset.json",
             "txl data prepare wikitext-103 --source wikitext-103-v1.zip", _add_prepare, _prepare),
     Command("docstrings", "standard-library functions/classes and their first docstring sentence, split by module",
-            "txl data docstrings --out data/docstrings --split 0.7,0.1,0.2 --short-train", _add_docstrings, _docstrings),
+            "txl data docstrings --out data/docstrings --split 0.7,0.1,0.2 --short-train --package-train", _add_docstrings, _docstrings),
     Command("packages", "standard-library source cut into ~2 KB documents labelled by package, split by file",
             "txl data packages --out data/packages", _add_packages, _packages),
 )

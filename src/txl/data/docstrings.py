@@ -16,7 +16,14 @@ and test modules (pre-train the language model on it, or it has seen the answers
 ``split.json`` (the modules of each split and the counts). With ``short_train``, also
 ``train-with-short.jsonl``: the train pairs followed by the pairs of the *same train modules* whose
 documents are shorter than ``min_bytes`` (several times more examples of a name turning into a
-summary, for fine-tuning; the split and the other files are unchanged).
+summary, for fine-tuning; the split and the other files are unchanged). With ``package_train``, also
+``train-with-packages.jsonl``: those pairs (``train-with-short``'s, or the train pairs) followed by
+every pair, of any size up to ``max_bytes``, of the standard library's *packages*
+(:func:`txl.data.packages.package_files`: the files below a top-level package folder, none of them in
+the default corpus, so none in a valid or test module). More fine-tuning pairs at no cost to the
+split: the valid and test pairs stay those of the top-level modules. (The package benchmark of
+``txl classify``, :mod:`txl.data.packages`, reads the same files as *documents to classify*; a
+language model only *fine-tuned* for summaries on them is not the one that benchmark starts from.)
 """
 
 from __future__ import annotations
@@ -88,22 +95,25 @@ def _documents(tree: ast.Module, lines: list[str], module: str) -> list[dict]:
     return found
 
 
-def module_documents(path: str | Path, min_bytes: int = 0, max_bytes: int | None = None) -> list[dict]:
+def module_documents(path: str | Path, min_bytes: int = 0, max_bytes: int | None = None,
+                     module: str | None = None) -> list[dict]:
     """The docstring pairs of one Python file (see the module docstring), in source order, whose
-    document has ``min_bytes`` to ``max_bytes`` UTF-8 bytes. A file that does not parse gives none."""
+    document has ``min_bytes`` to ``max_bytes`` UTF-8 bytes; their ``module`` is ``module`` (default the
+    file's name). A file that does not parse gives none."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
         tree = ast.parse(text)
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
         return []
-    docs = _documents(tree, text.splitlines(keepends=True), path.name)
+    docs = _documents(tree, text.splitlines(keepends=True), module or path.name)
     return [d for d in docs if min_bytes <= len(d["prompt"].encode("utf-8")) <= (max_bytes or float("inf"))]
 
 
 def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
                        min_bytes: int = 512, max_bytes: int = 4096, files: list[Path] | None = None,
-                       short_train: bool = False) -> dict:
+                       short_train: bool = False, package_train: bool = False,
+                       packages: list[Path] | None = None) -> dict:
     """Write the docstring data set into ``out_dir`` (see the module docstring); returns ``split.json``'s content.
 
     Args:
@@ -112,6 +122,9 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
         min_bytes, max_bytes: the document sizes kept.
         files: the modules (default: :func:`~txl.data.files.default_corpus_files`).
         short_train: also write ``train-with-short.jsonl`` (see the module docstring).
+        package_train: also write ``train-with-packages.jsonl`` (see the module docstring).
+        packages: the package files for ``package_train`` (default: every file of
+            :func:`txl.data.packages.package_files`).
 
     Raises:
         TxlError: bad fractions or sizes, an ``out_dir`` that is not empty or is in use, no pairs.
@@ -139,6 +152,20 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
             path_of = {f.name: f for f in files}
             pairs["train-with-short"] = pairs["train"] + [
                 d for m in split["train"] for d in module_documents(path_of[m], 1, min_bytes - 1)]
+        if package_train:
+            if packages is None:
+                from txl.data.packages import package_files
+
+                packages = [f for group in package_files().values() for f in group]
+            held = {d["prompt"] for name in ("valid", "test") for d in pairs[name]}  # (identical code elsewhere)
+            root = files[0].parent
+
+            def named(f: Path) -> str:  # email/utils.py, not utils.py
+                return f.relative_to(root).as_posix() if f.is_relative_to(root) else f.name
+
+            extra = [d for f in sorted(packages) for d in module_documents(f, 1, max_bytes, named(f))
+                     if d["prompt"] not in held]
+            pairs["train-with-packages"] = pairs["train-with-short" if short_train else "train"] + extra
         counts = {}
         for name, rows in pairs.items():
             counts[name.replace("-", "_")] = len(rows)
