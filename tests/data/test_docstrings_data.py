@@ -91,7 +91,9 @@ def test_package_pairs_join_the_train_pairs_only(tmp_path):
     (pkg / "deep.py").write_text(_module(8))
     copy = src / "pkg" / "copy.py"  # a package function identical to a module's: kept out of train
     copy.write_text(_module(0))
-    packages = [src / "pkg" / "__init__.py", pkg / "deep.py", copy]
+    near = src / "pkg" / "near.py"  # another function with a held-out summary (spacing and case aside)
+    near.write_text('def other(y):\n    """compute  the long thing number 0."""\n    return y * 2\n')
+    packages = [src / "pkg" / "__init__.py", pkg / "deep.py", copy, near]
     info = prepare_docstrings(tmp_path / "out", seed=1, fractions=(0.6, 0.2, 0.2), min_bytes=200, files=files,
                               short_train=True, package_train=True, packages=packages)
     out = tmp_path / "out"
@@ -104,8 +106,7 @@ def test_package_pairs_join_the_train_pairs_only(tmp_path):
     # every pair of every size of the package files, named by their path below the library folder
     want = {("pkg/__init__.py", "long_7"), ("pkg/__init__.py", "short_7"), ("pkg/sub/deep.py", "long_8"),
             ("pkg/sub/deep.py", "short_8"), ("pkg/copy.py", "short_0")}
-    if "mod0.py" in info["modules"]["train"]:  # long_0 is held out only when mod0 is a valid or test module
-        want.add(("pkg/copy.py", "long_0"))
+    assert "mod0.py" not in info["modules"]["train"]  # (seed 1) so copy.py's long_0 and near.py's other are held out
     assert {(r["module"], r["name"]) for r in extra} == want
     assert info["pairs"]["train_with_packages"] == len(rows["train-with-short"]) + len(want)
     assert {p.name for p in (out / "pretrain").iterdir()} == set(info["modules"]["train"])  # no package file

@@ -129,7 +129,7 @@ def aot_eager(monkeypatch):
 def test_evaluate_compiled_equals_the_decoding_state_reading(aot_eager):
     from txl.evaluation.stream import evaluate
 
-    model = _model().train()
+    model = _model(dropout=0.5).train()  # read in eval mode all the same
     torch.manual_seed(2)
     tokens = torch.randint(0, 40, (83,)).numpy()  # segments of 6 with a shorter last one
     eager = evaluate(model, tokens, batch_size=2, mem_len=9)
@@ -139,19 +139,28 @@ def test_evaluate_compiled_equals_the_decoding_state_reading(aot_eager):
     assert model.training is True  # the mode is restored
 
 
-def test_compile_refuses_what_it_does_not_serve_yet(tmp_path):
+def test_compile_refuses_what_it_does_not_serve_yet(tmp_path, aot_eager):
     from txl.errors import TxlError
     from txl.evaluation.stream import evaluate
     from txl.model.quantize import quantize_int8
     from txl.training.config import load_run_config
 
+    from txl.training.loop import train
+
+    # a config holding it loads (a saved run must stay usable by eval, generate, serve): refused in train()
+    adaptive = load_run_config(None, ["train.compile=true", "model.cutoffs=[10, 20]", "model.vocab_size=40",
+                                      f"train.out_dir={tmp_path / 'a'}"])
     with pytest.raises(TxlError, match=r"train.compile does not serve an adaptive softmax \(model.cutoffs=\[10, 20\]\)"):
-        load_run_config(None, ["train.compile=true", "model.cutoffs=[10, 20]", "model.vocab_size=40"])
+        train(adaptive, progress=False, log=lambda m: None)
+    compressed = load_run_config(None, ["train.compile=true", "model.cmem_len=8", f"train.out_dir={tmp_path / 'c'}"])
     with pytest.raises(TxlError, match=r"train.compile does not serve a compressed memory"):
-        load_run_config(None, ["train.compile=true", "model.cmem_len=8"])
+        train(compressed, progress=False, log=lambda m: None)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "c").exists()  # nothing written
     tokens = torch.randint(0, 40, (30,)).numpy()
     with pytest.raises(TxlError, match="--compile does not serve int8 weights yet"):
         evaluate(quantize_int8(_model()), tokens, compiled=True)
+    with pytest.raises(TxlError, match=r"--compile does not serve an adaptive softmax"):
+        evaluate(_model(cutoffs=[10, 20]), tokens, compiled=True)
 
 
 def test_train_compile_gives_the_eager_run(tmp_path, aot_eager):
@@ -189,3 +198,32 @@ def test_inductor_evaluate_equals_eager():
     tokens = torch.randint(0, 40, (83,)).numpy()
     eager = evaluate(model, tokens, batch_size=2, mem_len=9)
     assert evaluate(model, tokens, batch_size=2, mem_len=9, compiled=True).loss == pytest.approx(eager.loss, rel=1e-6)
+
+
+def test_a_failed_compilation_is_one_line_and_other_errors_still_raise(monkeypatch, capsys):
+    import txl.cli.eval as eval_command
+    from txl.cli import main
+
+    class BackendCompilerFailed(RuntimeError):  # what torch.compile raises when its backend fails
+        pass
+
+    BackendCompilerFailed.__module__ = "torch._dynamo.exc"
+    failure = BackendCompilerFailed("backend='inductor' raised:")
+    failure.inner_exception = type("InvalidCxxCompiler", (RuntimeError,), {"__module__": "torch._inductor.exc"})(
+        "No working C++ compiler found\nmore detail")
+
+    def fail(args):
+        raise failure
+
+    monkeypatch.setattr(eval_command, "run", fail)
+    assert main(["eval", "runs/x", "--compile"]) == 1
+    err = capsys.readouterr().err
+    assert err == ("txl: error: torch.compile failed (InvalidCxxCompiler: No working C++ compiler found) (inductor "
+                   "needs a C++ compiler on a CPU: docs/compile.md); run without --compile / train.compile\n")
+
+    def bug(args):
+        raise RuntimeError("a plain bug")
+
+    monkeypatch.setattr(eval_command, "run", bug)
+    with pytest.raises(RuntimeError, match="a plain bug"):
+        main(["eval", "runs/x", "--compile"])

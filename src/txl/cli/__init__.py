@@ -162,8 +162,11 @@ def _main(argv: list[str] | None) -> int:
         from txl.runtime import out_of_memory
 
         if _compile_failure(err):
-            print(f"txl: error: torch.compile failed ({type(err).__name__}: {_first_line(err)}); run without "
-                  "--compile / train.compile (docs/compile.md: inductor needs a C++ compiler on a CPU)", file=sys.stderr)
+            cause = getattr(err, "inner_exception", None) or err  # a backend's failure wraps the real one
+            hint = " (inductor needs a C++ compiler on a CPU: docs/compile.md)" if "_inductor" in type(
+                cause).__module__ or type(err).__name__ == "BackendCompilerFailed" else ""
+            print(f"txl: error: torch.compile failed ({type(cause).__name__}: {_first_line(cause)}){hint}; run "
+                  "without --compile / train.compile", file=sys.stderr)
             return 1
         if not out_of_memory(err):
             raise
@@ -173,7 +176,9 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _compile_failure(err: BaseException) -> bool:
-    """Whether ``err`` comes from ``torch.compile`` (dynamo tracing or a backend's build), not from txl."""
+    """Whether ``err`` comes from ``torch.compile`` (dynamo tracing or a backend's build), not from txl:
+    its type is one of ``torch._dynamo``'s or ``torch._inductor``'s. Only ``--compile`` and
+    ``train.compile`` run the compiler, so no other command meets one."""
     return type(err).__module__.startswith(("torch._dynamo", "torch._inductor"))
 
 

@@ -44,8 +44,9 @@ def _add_docstrings(p: argparse.ArgumentParser) -> None:
                    help="also write train-with-short.jsonl: the train pairs and the shorter documents of the same "
                         "modules (more fine-tuning examples; the split is unchanged)")
     p.add_argument("--package-train", action="store_true",
-                   help="also write train-with-packages.jsonl: those pairs and every pair of the standard library's "
-                        "packages (about 3x the fine-tuning pairs; valid and test unchanged)")
+                   help="also write train-with-packages.jsonl: the train pairs (with --short-train, train-with-short's) "
+                        "and every pair of the standard library's packages, less those with a valid or test pair's "
+                        "document or summary (valid and test unchanged)")
     p.add_argument("--max-bytes", type=int, default=4096, metavar="N", help="longest document kept (default 4096)")
 
 

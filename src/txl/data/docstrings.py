@@ -20,7 +20,10 @@ summary, for fine-tuning; the split and the other files are unchanged). With ``p
 ``train-with-packages.jsonl``: those pairs (``train-with-short``'s, or the train pairs) followed by
 every pair, of any size up to ``max_bytes``, of the standard library's *packages*
 (:func:`txl.data.packages.package_files`: the files below a top-level package folder, none of them in
-the default corpus, so none in a valid or test module). More fine-tuning pairs at no cost to the
+the default corpus, so none in a valid or test module), except those whose document or summary
+equals a valid or test pair's (case and spacing aside): the library holds near-copies of some
+functions in another place (``distutils.archive_util`` of ``shutil``'s, ``lib2to3``'s tokenizer), and
+such a pair would show the fine-tuning a held-out answer. More fine-tuning pairs at no cost to the
 split: the valid and test pairs stay those of the top-level modules. (The package benchmark of
 ``txl classify``, :mod:`txl.data.packages`, reads the same files as *documents to classify*; a
 language model only *fine-tuned* for summaries on them is not the one that benchmark starts from.)
@@ -110,6 +113,10 @@ def module_documents(path: str | Path, min_bytes: int = 0, max_bytes: int | None
     return [d for d in docs if min_bytes <= len(d["prompt"].encode("utf-8")) <= (max_bytes or float("inf"))]
 
 
+def _summary_key(summary: str) -> str:
+    return " ".join(summary.split()).lower()
+
+
 def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
                        min_bytes: int = 512, max_bytes: int = 4096, files: list[Path] | None = None,
                        short_train: bool = False, package_train: bool = False,
@@ -124,7 +131,9 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
         short_train: also write ``train-with-short.jsonl`` (see the module docstring).
         package_train: also write ``train-with-packages.jsonl`` (see the module docstring).
         packages: the package files for ``package_train`` (default: every file of
-            :func:`txl.data.packages.package_files`).
+            :func:`txl.data.packages.package_files`; ignored without ``package_train``). Their pairs'
+            ``module`` is the path below the folder of ``files`` (``email/utils.py``), or the file's
+            name for a file outside it.
 
     Raises:
         TxlError: bad fractions or sizes, an ``out_dir`` that is not empty or is in use, no pairs.
@@ -157,14 +166,17 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
                 from txl.data.packages import package_files
 
                 packages = [f for group in package_files().values() for f in group]
-            held = {d["prompt"] for name in ("valid", "test") for d in pairs[name]}  # (identical code elsewhere)
+            # the standard library holds near-copies (distutils' archive_util of shutil, lib2to3's tokenize, ...):
+            # a package pair with a held-out document or summary (case and outer spaces aside) is left out
+            held = {d["prompt"] for name in ("valid", "test") for d in pairs[name]}
+            held_summaries = {_summary_key(d["completion"]) for name in ("valid", "test") for d in pairs[name]}
             root = files[0].parent
 
             def named(f: Path) -> str:  # email/utils.py, not utils.py
                 return f.relative_to(root).as_posix() if f.is_relative_to(root) else f.name
 
             extra = [d for f in sorted(packages) for d in module_documents(f, 1, max_bytes, named(f))
-                     if d["prompt"] not in held]
+                     if d["prompt"] not in held and _summary_key(d["completion"]) not in held_summaries]
             pairs["train-with-packages"] = pairs["train-with-short" if short_train else "train"] + extra
         counts = {}
         for name, rows in pairs.items():

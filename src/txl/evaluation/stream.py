@@ -131,7 +131,8 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
 
     Raises:
         TxlError: ``tokens`` that is not 1-D integer data or holds ids outside the vocabulary, a split
-            too short for one target (plus the warm-up context), or an impossible span.
+            too short for one target (plus the warm-up context), or an impossible span; ``compiled``
+            with a model it does not serve yet (compressed memory, adaptive softmax, int8 weights).
     """
     if compiled:
         check_compilable(model.config, "--compile")

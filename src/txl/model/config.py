@@ -220,7 +220,7 @@ def check_compilable(config: TransformerXLConfig, what: str) -> None:
     """
     if config.cmem_len > 0:
         raise TxlError(f"{what} does not serve a compressed memory (model.cmem_len={config.cmem_len}) yet; "
-                       "run without it")
+                       f"drop {what}")
     if config.cutoffs:
         raise TxlError(f"{what} does not serve an adaptive softmax (model.cutoffs={config.cutoffs}) yet: traced, it "
-                       "would score every tail cluster for every token; run without it")
+                       f"would score every tail cluster for every token; drop {what}")

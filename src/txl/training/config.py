@@ -28,7 +28,7 @@ from typing import Any
 
 from txl.errors import TxlError
 from txl.config import DataConfig, EvalConfig, TrainConfig, check_fields, did_you_mean
-from txl.model.config import TransformerXLConfig, check_compilable
+from txl.model.config import TransformerXLConfig
 from txl.model.positions import position_scheme
 
 
@@ -93,8 +93,6 @@ class RunConfig:
             position_scheme(self.model.attn_type).check_clamp(self.eval.clamp_len, "eval.clamp_len")
         if self.finetune is not None:
             self.finetune.validate()
-        if self.train.compile:
-            check_compilable(self.model, "train.compile")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON/TOML-able nested dict (no ``finetune`` key for a language-model run)."""

@@ -22,6 +22,7 @@ from txl.runtime import resolve_device, seed_everything, set_threads
 from txl.evaluation.stream import EvalResult, metric_value
 from txl.fileio import FolderClaim, claim_folder, write_json
 from txl.model import TransformerXLLM
+from txl.model.config import check_compilable
 from txl.training import distributed
 from txl.training.checkpoint import (RUN_NAME, NonFiniteWeights, check_run_folder, checkpoint_candidates,
                                      checkpoint_step, first_good_checkpoint, load_checkpoint, load_into,
@@ -188,6 +189,8 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
     if not d.is_main:
         log = lambda msg: None  # noqa: E731 - rank 0 speaks for the run
     run.validate()
+    if run.train.compile:  # (a saved run's config may hold it: refused where training starts, not on loading)
+        check_compilable(run.model, "train.compile")
     t = run.train
     if d.enabled and t.batch_size % (d.world * t.grad_accum_steps):
         raise TxlError(f"train.batch_size {t.batch_size} must divide into {d.world} ranks × train.grad_accum_steps "
