@@ -21,7 +21,7 @@ and (c) - (b), the fraction of summaries that end (the model wrote its end marke
 distinct summaries, and examples. Usage::
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python scripts/docstring_summaries.py --work runs/docstrings \\
-        --json benchmarks/results/summaries-docstrings.json
+        --json benchmarks/results/summaries-docstrings-filtered.json
 """
 
 from __future__ import annotations
@@ -121,8 +121,9 @@ def main() -> int:
     results["pairs"] = json.loads((data / "split.json").read_text())["pairs"]
     lm_state = json.loads((lm / "best" / "state.json").read_text())
     results["lm"] = {k: lm_state.get(k) for k in ("step", "tokens", "elapsed_s", "val_loss", "val_metric", "unit")}
-    results["finetune_best_step"] = [json.loads((work / f"ft-seed{s}" / "best" / "state.json").read_text())["step"]
-                                     for s in range(args.seeds)]
+    best = [json.loads((work / f"ft-seed{s}" / "best" / "state.json").read_text()) for s in range(args.seeds)]
+    results["finetune_best_step"] = [b["step"] for b in best]
+    results["finetune_best_valid"] = [{"value": b.get("val_metric"), "unit": b.get("unit")} for b in best]
     # ROUGE-L by the document's length in tokens (mean over the seeds for (b) and (c)): where the memory matters
     from txl.training.checkpoint import load_checkpoint
 
@@ -133,6 +134,10 @@ def main() -> int:
     seeds = range(args.seeds)
     mean_of = {"a": per["a"], "b": np.mean([per[f"b{s}"] for s in seeds], 0),
                "c": np.mean([per[f"c{s}"] for s in seeds], 0)}
+    # the mean over the seeds of each document's ROUGE-L, against the baselines (intervals over the test documents)
+    results["mean_of_seeds"] = {"rougeL": {k: float(v.mean()) for k, v in mean_of.items()},
+                                "c_minus_a": interval(mean_of["c"], mean_of["a"]),
+                                "c_minus_b": interval(mean_of["c"], mean_of["b"])}
     results["by_document_tokens"] = []
     for lo, hi in ((0, 256), (256, 512), (512, 1024), (1024, None)):
         sel = (n_tokens >= lo) & (n_tokens < (hi or np.inf))

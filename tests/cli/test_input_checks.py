@@ -296,6 +296,8 @@ EARLY = [  # (argv, the error line); CKPT is an existing empty folder
     (["bench", "--eval-speedup", "--lengths", "x"], "--lengths needs comma-separated positive integers, got 'x'"),
     (["bench", "--compile", "--dtype", "bfloat16"], "--dtype does not apply to --compile (it would be ignored)"),
     (["bench", "--compile", "--quantize", "int8"], "--compile does not apply to --quantize (it would be ignored)"),
+    (["bench", "--export", "--batch-size", "4"], "--batch-size does not apply to --export (it would be ignored)"),
+    (["bench", "--export", "--compile"], "--export does not apply to --compile (it would be ignored)"),
     (["eval", "CKPT", "--compile", "--quantize", "int8"], "--compile does not serve --quantize yet; drop one of them"),
     (["eval", "CKPT", "--compile", "--sliding-window", "64"],
      "--compile applies to the plain evaluation with memory, not --sliding-window; drop one of them"),
@@ -312,6 +314,9 @@ EARLY = [  # (argv, the error line); CKPT is an existing empty folder
     (["plot", "nope", "--attention", "--text", "x"], "checkpoint nope does not exist"),
     (["recl", "nope"], "checkpoint nope does not exist"),
     (["ablate", "--data", "nope"], "--data nope does not exist"),
+    (["export", "nope", "out"], "checkpoint nope does not exist"),
+    (["export", "CKPT", "doc.txt"], "OUT doc.txt is a file; choose a folder"),
+    (["export", "CKPT", "out", "--mem-len", "0"], "--mem-len must be >= 1, got 0"),
     # the span flags of every command, by the one shared check (the flag as --help shows it)
     (["eval", "CKPT", "--clamp-len", "-5"], "--clamp-len must be >= 0, got -5"),
     (["score", "CKPT", "doc.txt", "--clamp-len", "-5"], "--clamp-len must be >= 0, got -5"),

@@ -30,7 +30,7 @@ from txl.errors import TxlError
 COMMAND_MODULES: tuple[str, ...] = (
     "txl.cli.train", "txl.cli.finetune", "txl.cli.eval", "txl.cli.generate", "txl.cli.summarize", "txl.cli.score",
     "txl.cli.bench", "txl.cli.convert", "txl.cli.data", "txl.cli.classify", "txl.cli.serve", "txl.cli.plot",
-    "txl.cli.recl", "txl.cli.ablate",
+    "txl.cli.recl", "txl.cli.ablate", "txl.cli.export",
 )
 
 

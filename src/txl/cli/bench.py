@@ -13,7 +13,7 @@ from txl.errors import TxlError
 NAME = "bench"
 HELP = "throughput and memory, optionally against transformers' TransfoXL"
 EXAMPLE = ("txl bench --vs hf --json benchmarks/results/cpu-bench-small.json\n  txl bench --long-range --out runs/long-range\n"
-           "  txl bench --quantize int8 --json benchmarks/results/int8.json\n  txl bench --compile")
+           "  txl bench --quantize int8 --json benchmarks/results/int8.json\n  txl bench --compile\n  txl bench --export")
 LENGTHS = "128,256,512,800,1800,2800,3800"  # --eval-speedup's default attention lengths
 
 
@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--eval-speedup", action="store_true", help="vanilla sliding window vs memory (paper Table 9)")
     p.add_argument("--model", choices=["bench-small", "enwik8-large"], default=None,
-                   help="model for --eval-speedup, --quantize and --compile: bench-small (6 layers, d_model 256; batch 8, about 2 minutes on "
+                   help="model for --eval-speedup, --quantize, --compile and --export: bench-small (6 layers, d_model 256; batch 8, about 2 minutes on "
                         "2 cores) or enwik8-large, the paper's 24-layer model evaluated at length 3,800 "
                         "(batch 1, about 5 minutes); default bench-small")
     p.add_argument("--lengths", default=LENGTHS,
@@ -39,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true",
                    help="instead: the model under torch.compile against eager on --model, a training segment and "
                         "an evaluation segment with memory, side by side (docs/compile.md)")
+    p.add_argument("--export", action="store_true",
+                   help="instead: --model exported to ONNX (txl export) and decoded by ONNX Runtime against txl's "
+                        "eager decoding, batch 1 and 8, side by side (docs/export.md; needs the export extra)")
     p.add_argument("--gen-lengths", default=None, metavar="L,L,...",
                    help="instead: greedy generation tokens/s against the length attended to (txl mem_len = L, "
                         "GPT-2 after L tokens; needs --vs hf for GPT-2), e.g. 128,512,1024,2048,3800")
@@ -137,6 +140,19 @@ def run(args: argparse.Namespace) -> int:
         config, batch = EVAL_PRESETS[model]
         results = {"hardware": hardware(device), "model": model,
                    **compile_table(config, batch=batch, repeats=args.repeats, device=device, log=log)}
+    elif args.export:
+        from txl.analysis.bench import EVAL_PRESETS, hardware
+        from txl.analysis.bench_export import export_table
+        from txl.runtime import resolve_device
+
+        if resolve_device(args.device).type != "cpu":
+            raise TxlError("--export measures ONNX Runtime's CPU provider; run it with --device cpu")
+        for package in ("onnx", "onnxscript", "onnxruntime"):
+            require_installed(package, message=f"--export needs {package}: in the txl folder, "
+                                                ".venv/bin/python -m pip install -e '.[export]'")
+        model = args.model or "bench-small"
+        results = {"hardware": hardware(resolve_device("cpu")), "model": model,
+                   **export_table(EVAL_PRESETS[model][0], repeats=args.repeats, log=log)}
     elif args.gen_lengths:
         from txl.analysis.bench import BENCH_SMALL
         from txl.analysis.bench_generation import generation_lengths
@@ -167,14 +183,14 @@ def _check_modes(args: argparse.Namespace) -> None:
              "--gen-lengths": args.gen_lengths is not None, "--model": args.model is not None,
              "--lengths": args.lengths != LENGTHS, "--eval-speedup": args.eval_speedup,
              "--quantize": args.quantize is not None, "--compile": args.compile,
-             "--repeats": args.repeats != 5, "--json": args.json is not None,
+             "--export": args.export, "--repeats": args.repeats != 5, "--json": args.json is not None,
              "--out": args.out is not None, "--rows": args.rows is not None, "--seeds": args.seeds != 3,
              "--first-seed": args.first_seed != 0,
              "--steps": args.steps is not None, "--episodes": args.episodes is not None,
              "--pool": args.pool is not None, "--distances": args.distances is not None, "--quiet": args.quiet}
     if args.long_range:
         for flag in ("--vs hf", "--dtype", "--batch-size", "--no-memory", "--gen-lengths", "--model", "--lengths",
-                     "--eval-speedup", "--repeats", "--json", "--quantize", "--compile"):
+                     "--eval-speedup", "--repeats", "--json", "--quantize", "--compile", "--export"):
             if given[flag]:
                 raise TxlError(f"{flag} does not apply to --long-range (it would be ignored); leave it out")
         return
@@ -183,14 +199,19 @@ def _check_modes(args: argparse.Namespace) -> None:
             raise TxlError(f"{flag} applies to --long-range only; add --long-range or leave it out")
     if args.quantize:
         mode, ignored = "--quantize", ("--vs hf", "--dtype", "--batch-size", "--no-memory", "--gen-lengths",
-                                       "--lengths", "--eval-speedup", "--compile")
+                                       "--lengths", "--eval-speedup", "--compile", "--export")
     elif args.compile:
         mode, ignored = "--compile", ("--vs hf", "--dtype", "--batch-size", "--no-memory", "--gen-lengths",
-                                      "--lengths", "--eval-speedup")
+                                      "--lengths", "--eval-speedup", "--export")
+    elif args.export:
+        mode, ignored = "--export", ("--vs hf", "--dtype", "--batch-size", "--no-memory", "--gen-lengths",
+                                     "--lengths", "--eval-speedup")
     elif args.eval_speedup:
-        mode, ignored = "--eval-speedup", ("--vs hf", "--dtype", "--batch-size", "--no-memory", "--gen-lengths", "--quantize")
+        mode, ignored = "--eval-speedup", ("--vs hf", "--dtype", "--batch-size", "--no-memory", "--gen-lengths", "--quantize",
+                                           "--export")
     elif args.gen_lengths is not None:
-        mode, ignored = "--gen-lengths", ("--dtype", "--batch-size", "--no-memory", "--model", "--lengths", "--quantize")
+        mode, ignored = "--gen-lengths", ("--dtype", "--batch-size", "--no-memory", "--model", "--lengths", "--quantize",
+                                          "--export")
     else:
         mode, ignored = "the speed table", ("--model", "--lengths")
     for flag in ignored:

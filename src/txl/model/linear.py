@@ -80,12 +80,14 @@ def int8_linear(x: torch.Tensor, weight: Int8Rows, bias: torch.Tensor | None = N
 def linear_rows(x: torch.Tensor, weight: "torch.Tensor | Int8Rows", bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for x [N, in], weight [out, in], bias [out] -> [N, out], as the
     row-block product when N <= :data:`FEW_ROWS` on a CPU, else ``F.linear`` itself (:func:`int8_linear`
-    for :class:`Int8Rows`)."""
+    for :class:`Int8Rows`). While ``torch.compile`` or ``torch.export`` traces, ``F.linear`` whatever N
+    (a test of N would fix the batch size of the graph)."""
     if isinstance(weight, Int8Rows):
         return int8_linear(x, weight, bias)
     rows, in_features = x.shape
     out_features = weight.size(0)
-    fits = rows <= FEW_ROWS and weight.device.type == "cpu" and weight.is_contiguous()
+    fits = (not torch.compiler.is_compiling() and rows <= FEW_ROWS and weight.device.type == "cpu"
+            and weight.is_contiguous())
     blocks = _row_blocks(out_features) if fits else 1
     if blocks == 1:
         return F.linear(x, weight, bias)

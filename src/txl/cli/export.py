@@ -1,0 +1,54 @@
+"""``txl export``: a checkpoint's decoder as two graphs (ONNX or ``.pt2``) for deployment (docs/export.md)."""
+
+from __future__ import annotations
+
+import argparse
+
+from txl.cli.checks import check_checkpoint_path, check_range
+from txl.cli.common import (add_checkpoint, add_checkpoint_name, add_option, add_span, add_threads, load_checkpoint,
+                            print_notes)
+
+NAME = "export"
+HELP = "write a checkpoint's decoder as ONNX or torch.export graphs with a fixed-size ring state"
+EXAMPLE = "txl export runs/default runs/default-onnx --format onnx"
+DETAILS = ("Writes OUT/segment.onnx (reads a prompt in segments), OUT/step.onnx (one token per row, its state the "
+           "memory's keys and values in a ring of fixed size), vocab.json and export.json. Generate with them: "
+           "python -m txl.export.runner OUT \"prompt\" -n 40 (greedy: the tokens of txl generate --temperature 0 "
+           "with the same --mem-len).")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``export`` flags (no torch import here)."""
+    add_checkpoint(p)
+    p.add_argument("out", metavar="OUT", help="folder to write (new or empty; never overwritten)")
+    add_checkpoint_name(p)
+    add_option(p, "--format", choices=("onnx", "pt2"), default="onnx",
+               help="onnx (ONNX Runtime; needs the export extra) or pt2 (torch.export) (default onnx)")
+    add_span(p, ("tgt_len", "mem_len", "clamp_len", "same_length"), default_text="the model's")
+    add_threads(p)
+    p.set_defaults(device="cpu")  # graphs are traced on the CPU (ONNX Runtime picks its own device)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``txl export``."""
+    check_checkpoint_path(args.checkpoint)  # before torch is imported
+    check_range(args, 1, "tgt_len", "mem_len")
+    check_range(args, 0, "clamp_len")
+    from txl.fileio import check_output_folder
+
+    check_output_folder(args.out, flag="OUT", empty=True, inputs=[args.checkpoint])  # before the model is loaded
+    ckpt, _ = load_checkpoint(args, announce=True)
+    from txl.config import VOCAB_NAME
+    from txl.export.files import check_export, export_decoder
+    from txl.model.span import resolve_span
+
+    span = resolve_span(ckpt.model.config, tgt_len=args.tgt_len, mem_len=args.mem_len, clamp_len=args.clamp_len,
+                        same_length=args.same_length)
+    check_export(ckpt.model, span, args.format, ckpt.path / VOCAB_NAME)  # before the start line: one line if refused
+    print_notes(args)
+    manifest = export_decoder(ckpt.model, ckpt.path / VOCAB_NAME, args.out, span, args.format,
+                              inputs=[args.checkpoint])
+    s = manifest["span"]
+    print(f"wrote {args.out}: {', '.join(manifest['graphs'].values())} (tgt_len {s['tgt_len']}, mem_len {s['mem_len']}, "
+          f"{manifest['capacity']} slots per layer)")
+    return 0

@@ -1,0 +1,188 @@
+"""The two graphs of an exported decoder: a segment reader that builds the memory, and a one-token step
+whose state is a fixed-capacity ring buffer of keys and values held as tensors.
+
+:class:`~txl.model.DecodingState` keeps its slot counters as Python numbers and grows its buffers with
+the text: right for eager decoding, but a traced graph would freeze those numbers. Here the whole state
+is tensors of fixed shape, so one graph serves every step, whatever the memory holds:
+
+- ``keys``, ``values``: float [L, B, H, S, D], S = ``capacity`` slots per layer (``mem_len + 1``, or
+  ``mem_len`` with ``same_length``: the keys a step attends to once the memory is full, as in
+  DecodingState);
+- ``write``: int64 [] the slot the next token goes to; ``fill``: int64 [] the slots that hold a token
+  (while ``fill < S``, ``write == fill`` and the slots are in time order from slot 0; once full they
+  rotate).
+
+The step reads the filled slots but writes nothing: it returns the new token's key and value
+[L, B, H, D], and the caller writes them to slot ``write`` in place (one slot per layer and token), then
+moves ``write`` on by one (mod S) and ``fill`` up to S. In relative attention a key does not depend on
+its position (paper §3.3), so a kept key stays right in whatever slot it sits; slot s is at distance
+``(write - s) mod S`` from the new token, and its position term is read from a per-layer table of the
+projected encodings of distances 0 ... S-1 (``W_kR R`` for "rel", the learned table for "shaw"), made
+once from the parameters when the graph is built (a constant of the graph).
+
+The segment reader takes ``tgt_len`` tokens per call, right-padded (``n_valid`` of them are real),
+with a memory of exactly ``mem_len`` positions per layer, left-padded (``mem_padding`` of them are not
+text yet, masked: the model's ``mem_padding``), and returns the next memory and the ring made from it.
+Reading a prompt in calls of ``tgt_len`` gives the memory that :func:`txl.generation.prime_memory`
+gives, so greedy tokens equal ``txl generate``'s (tests/export).
+
+Shapes: L = layers, B = batch, H = heads, D = ``d_head``, S = capacity, M = ``mem_len``, d = ``d_model``,
+T = ``tgt_len``, V = vocabulary.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from txl.errors import TxlError
+from txl.model.linear import linear
+from txl.model.quantize import weight_rows
+from txl.model.span import AttentionSpan
+
+EXPORTABLE = ("rel", "shaw")  # the schemes whose step is a table of distances (keys independent of position)
+
+
+def ring_capacity(span: AttentionSpan) -> int:
+    """Slots per layer of a ring over ``span``: ``mem_len + 1`` (``mem_len`` with ``same_length``)."""
+    return span.mem_len + (0 if span.same_length else 1)
+
+
+def check_exportable(config, span: AttentionSpan) -> None:
+    """Refuse what the exported graphs cannot hold, with one line naming it.
+
+    Raises:
+        TxlError: a position scheme other than "rel"/"shaw", a compressed memory, ``mem_len`` 0, or
+            ``mem_len < tgt_len`` (the reader recovers a call's memory from the memory it was given).
+    """
+    if config.attn_type not in EXPORTABLE:
+        raise TxlError(f"export serves attn_type 'rel' and 'shaw' (keys independent of position); this model has "
+                       f"{config.attn_type!r}")
+    if span.cmem_len > 0 or config.cmem_len > 0:
+        raise TxlError("export does not hold a compressed memory (cmem_len > 0): its slots change every few tokens")
+    if span.mem_len < 1:
+        raise TxlError("export needs a memory (mem_len >= 1): the step's state is the memory's keys and values")
+    if span.mem_len < span.tgt_len:
+        raise TxlError(f"export needs mem_len >= tgt_len (got mem_len {span.mem_len}, tgt_len {span.tgt_len}): "
+                       "pass --mem-len or --tgt-len")
+
+
+def distance_tables(model: nn.Module, span: AttentionSpan, dtype: torch.dtype) -> torch.Tensor:
+    """The step's position keys: float [L, H, D, S], column j for distance S-1-j (clamped by ``clamp_len``).
+
+    Built by each layer's position scheme exactly as a :class:`~txl.model.DecodingState` builds its
+    step tables once the memory is full (``step_positions`` then ``position_keys``).
+    """
+    capacity = ring_capacity(span)
+    weight = model.word_emb.emb_layers[0].weight
+    state = SimpleNamespace(span=span, pos_period=capacity, pos_emb=None)
+    scheme = model.positions
+    with torch.no_grad():
+        scheme.step_positions(state, capacity, model.config, weight.device, dtype)
+        return torch.stack([scheme.position_keys(layer.attn, state).to(dtype) for layer in model.layers])
+
+
+def layer_keys(attn: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values [B, H, n, D] a layer projects from its inputs ``hidden`` [B, n, d] (pre-LN applied
+    first, as :meth:`~txl.model.attention.MultiHeadAttention.forward` does)."""
+    hd = attn.n_head * attn.d_head
+    x = attn.layer_norm(hidden) if attn.pre_lnorm else hidden
+    k, v = linear(x, weight_rows(attn.qkv_net)[hd:]).split(hd, dim=-1)
+    return attn._heads(k), attn._heads(v)
+
+
+class SegmentReader(nn.Module):
+    """Graph 1: read one right-padded segment with a left-padded memory of ``mem_len`` positions.
+
+    ``forward(input_ids, mems, mem_padding, n_valid)``:
+
+    - ``input_ids`` int64 [B, T]: the segment, its first ``n_valid`` tokens real (1 <= n_valid <= T);
+    - ``mems`` float [L, B, M, d]: each layer's memory, its first ``mem_padding`` positions padding;
+    - ``mem_padding`` int64 [B] (0 ... M); ``n_valid`` int64 [].
+
+    Returns ``(mems, mem_padding, keys, values, fill)``: the memory after the real tokens [L, B, M, d]
+    and its padding [B]; the ring made from it, keys and values [L, B, H, S, D] (slots 0 ... fill-1 the
+    memory in time order, the rest zeros) and ``fill`` int64 [] (``write`` is ``fill % S``). The ring
+    assumes every row has the same padding (prompts of one length).
+
+    Raises (at construction): TxlError as :func:`check_exportable`.
+    """
+
+    def __init__(self, model: nn.Module, span: AttentionSpan) -> None:
+        super().__init__()
+        check_exportable(model.config, span)
+        self.model, self.span, self.capacity = model, span, ring_capacity(span)
+
+    def forward(self, input_ids, mems, mem_padding, n_valid):
+        span, tgt_len, mem_len = self.span, self.span.tgt_len, self.span.mem_len
+        out = self.model(input_ids, mems=list(mems.unbind(0)), span=span, mem_padding=mem_padding)
+        # out.mems holds positions T ... M+T-1 of [memory + segment]; the old memory holds 0 ... M-1 (T <= M)
+        cat = torch.cat([mems[:, :, :tgt_len], torch.stack(out.mems)], dim=2)  # [L, B, M + T, d]
+        index = torch.arange(mem_len, device=input_ids.device) + n_valid  # the M positions after the real tokens
+        new_mems = cat.index_select(2, index)
+        new_padding = (mem_padding - n_valid).clamp(min=0)
+        keys, values = zip(*(layer_keys(layer.attn, m) for layer, m in zip(self.model.layers, new_mems.unbind(0))))
+        keys, values = torch.stack(keys), torch.stack(values)  # [L, B, H, M, D]
+        pad = new_padding[0]
+        slots = (torch.arange(mem_len, device=input_ids.device) + pad).clamp(max=mem_len - 1)
+        real = (torch.arange(mem_len, device=input_ids.device) < mem_len - pad)[:, None]
+        keys = keys.index_select(3, slots) * real
+        values = values.index_select(3, slots) * real
+        if self.capacity > mem_len:  # one more slot for the token that fills the ring
+            extra = keys.new_zeros(*keys.shape[:3], self.capacity - mem_len, keys.size(-1))
+            keys, values = torch.cat([keys, extra], dim=3), torch.cat([values, extra], dim=3)
+        return new_mems, new_padding, keys, values, mem_len - pad
+
+
+class RingStep(nn.Module):
+    """Graph 2: one token per row after the memory held in a ring (see the module doc).
+
+    ``forward(input_ids, keys, values, write, fill)`` with ``input_ids`` int64 [B, 1], ``keys`` and
+    ``values`` float [L, B, H, S, D], ``write`` and ``fill`` int64 []; returns ``(logits, key, value)``:
+    logits [B, V] for the next token (the model's ``crit.logits``: raw scores, or log-probabilities
+    with an adaptive softmax) and the new token's key and value [L, B, H, D] for slot ``write``.
+
+    Same arithmetic as :meth:`~txl.model.attention.MultiHeadAttention.step` (scaled queries, the
+    scheme's ``step_queries``, its distance table), with the old slots and the new token's own key
+    scored side by side instead of written first; a slot is attended to when ``s < fill`` and
+    ``s != write`` (once full, slot ``write`` holds the token the new one replaces).
+
+    Raises (at construction): TxlError as :func:`check_exportable`.
+    """
+
+    def __init__(self, model: nn.Module, span: AttentionSpan) -> None:
+        super().__init__()
+        check_exportable(model.config, span)
+        self.model, self.capacity = model, ring_capacity(span)
+        self.register_buffer("tables", distance_tables(model, span, model.word_emb.emb_layers[0].weight.dtype),
+                             persistent=False)
+
+    def forward(self, input_ids, keys, values, write, fill):
+        model, capacity = self.model, self.capacity
+        slots = torch.arange(capacity, device=input_ids.device)
+        hidden = (slots < fill) & (slots != write)  # [S]: the slots the new token attends to
+        columns = capacity - 1 - torch.remainder(write - slots, capacity)  # slot s's distance, as a table column
+        h = model.word_emb(input_ids)[:, 0]  # [B, d]
+        new_keys, new_values = [], []
+        for i, layer in enumerate(model.layers):
+            attn = layer.attn
+            bsz, heads, d_head = h.size(0), attn.n_head, attn.d_head
+            norm = attn.layer_norm
+            x = norm(h) if attn.pre_lnorm else h
+            q, k, v = linear(x, weight_rows(attn.qkv_net)).view(bsz, 3, heads, d_head).unbind(1)  # [B, H, D]
+            q_c, q_r = model.positions.step_queries(attn, q, SimpleNamespace(query_biases=None))
+            table = self.tables[i]  # [H, D, S]
+            r_k = table.index_select(2, columns)  # [H, D, S]: slot s's position key in column s
+            old = torch.einsum("bhd,bhsd->bhs", q_c, keys[i]) + torch.einsum("bhd,hds->bhs", q_r, r_k)
+            old = old.masked_fill(~hidden, float("-inf"))
+            own = (q_c * k).sum(-1) + (q_r * table[:, :, capacity - 1]).sum(-1)  # distance 0
+            p = torch.softmax(torch.cat([old, own[..., None]], dim=-1), dim=-1)
+            vec = torch.einsum("bhs,bhsd->bhd", p[..., :capacity], values[i]) + p[..., capacity:] * v
+            out = linear(vec.reshape(bsz, heads * d_head), weight_rows(attn.o_net))
+            h = h + out if attn.pre_lnorm else norm(h + out)
+            h = layer.ff(h)
+            new_keys.append(k)
+            new_values.append(v)
+        return model.crit.logits(h), torch.stack(new_keys), torch.stack(new_values)

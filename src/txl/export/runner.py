@@ -1,0 +1,251 @@
+"""Greedy decoding with an exported decoder (``txl export``): ONNX Runtime, or ``torch.export``'s ``.pt2``.
+
+The runner holds the ring state of :mod:`txl.export.graphs` as NumPy arrays: it reads the prompt
+(all but its last token) in calls of ``tgt_len`` tokens to the segment graph, then calls the step
+graph once per token and writes the new key and value into slot ``write`` in place (one slot per
+layer and token), as ``txl generate`` keeps its ring buffers. Greedy tokens equal ``txl generate
+--temperature 0``'s with the same ``--mem-len`` (and :func:`txl.generation.generate`'s with the exported
+span; tests/export). :class:`ExportedDecoder` with ONNX graphs needs NumPy and ``onnxruntime`` only (the
+``export`` extra); ``.pt2`` graphs need torch, and the command line below txl's tokenizer.
+
+A ``.pt2`` archive can hold more than tensors and a graph (pickled objects, compiled libraries), and
+``torch.export.load`` would run them; the runner opens only archives whose every entry is one of the
+kinds ``txl export`` writes (the graph as JSON, raw weights, tensor constants, sample inputs read with
+``weights_only``), and refuses any other.
+
+::
+
+    python -m txl.export.runner runs/default-onnx "ROMEO:" -n 40      # prints the prompt and 40 tokens
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from txl.errors import TxlError
+from txl.fileio import path_inside, read_json_object
+
+_SIZES = ("capacity", "n_layer", "n_head", "d_head", "d_model", "vocab_size")
+# the entries of a .pt2 archive that txl export writes (anything else could be code: see the module doc)
+_PT2_ENTRIES = re.compile(r"[\w.-]+/(models/[\w.-]+\.json|data/weights/(weight_\d+|model_weights_config\.json)"
+                          r"|data/constants/(tensor_\d+|model_constants_config\.json)|data/sample_inputs/[\w.-]+\.pt"
+                          r"|archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id)")
+
+
+def _check_manifest(m: dict, where: Path) -> None:
+    """Raise TxlError unless ``m`` has every field the runner reads, of the right kind."""
+    problems = [k for k in _SIZES if isinstance(m.get(k), bool) or not isinstance(m.get(k), int) or m[k] < 1]
+    if m.get("format") not in ("onnx", "pt2"):
+        problems.append("format")
+    span = m.get("span")
+    if not isinstance(span, dict) or any(isinstance(span.get(k), bool) or not isinstance(span.get(k), int)
+                                         or span[k] < 1 for k in ("tgt_len", "mem_len")):
+        problems.append("span")
+    for key in ("graphs", "inputs"):
+        if not isinstance(m.get(key), dict) or not all(g in m[key] for g in ("segment", "step")):
+            problems.append(key)
+    if not isinstance(m.get("vocab"), str):
+        problems.append("vocab")
+    if problems:
+        raise TxlError(f"{where} is not a txl export manifest (bad or missing: {', '.join(problems)}); "
+                       "export the model again with txl export")
+
+
+def check_pt2_archive(path: Path) -> None:
+    """Refuse a ``.pt2`` archive holding anything but what ``txl export`` writes (see the module doc).
+
+    Raises:
+        TxlError: not a zip archive, or an entry of another kind (named).
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError) as err:
+        raise TxlError(f"{path} is not a .pt2 archive ({err})") from None
+    odd = [n for n in names if not _PT2_ENTRIES.fullmatch(n)]
+    if odd:
+        raise TxlError(f"{path} holds {odd[0]!r}, which is not what txl export writes (it could be code that "
+                       "loading would run); txl does not load it")
+
+
+@dataclass
+class Ring:
+    """The decoding state: ``keys``/``values`` float32 [L, B, H, S, D]; ``write`` the next slot, ``fill``
+    the filled slots (ints); ``last`` int64 [B, 1], the token the next step reads."""
+
+    keys: np.ndarray
+    values: np.ndarray
+    write: int
+    fill: int
+    last: np.ndarray
+
+
+class ExportedDecoder:
+    """An exported decoder folder, ready to generate (see the module doc).
+
+    Args:
+        folder: what ``txl export`` wrote (``export.json``, the two graphs, ``vocab.json``).
+        threads: intra-op threads for ONNX Runtime / torch (None: their default).
+
+    Raises:
+        TxlError: a missing or malformed ``export.json``, a graph file missing, ``onnxruntime`` missing
+            for ONNX graphs.
+    """
+
+    def __init__(self, folder: str | os.PathLike[str], threads: int | None = None) -> None:
+        self.folder = Path(folder)
+        if not (self.folder / "export.json").is_file():
+            raise TxlError(f"{self.folder} is not an exported decoder (no export.json): make one with txl export")
+        m = read_json_object(self.folder / "export.json", "export manifest")
+        _check_manifest(m, self.folder / "export.json")
+        self.manifest = m
+        self.tgt_len, self.mem_len = int(m["span"]["tgt_len"]), int(m["span"]["mem_len"])
+        self.capacity = int(m["capacity"])
+        paths = {k: path_inside(self.folder, m["graphs"].get(k), "export.json graphs") for k in ("segment", "step")}
+        for path in paths.values():
+            if not path.is_file():
+                raise TxlError(f"{path} is missing: export the model again")
+        self._run = self._onnx(paths, threads) if m["format"] == "onnx" else self._pt2(paths, threads)
+
+    def _onnx(self, paths: dict, threads: int | None):
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise TxlError("ONNX graphs need onnxruntime: pip install onnxruntime (or txl's '.[export]' extra)") from None
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        try:
+            sessions = {k: ort.InferenceSession(str(p), options, providers=["CPUExecutionProvider"])
+                        for k, p in paths.items()}
+        except Exception as err:  # a truncated graph, its .onnx.data missing: ONNX Runtime's own exception types
+            raise TxlError(f"ONNX Runtime cannot open the graphs of {self.folder}: {str(err).splitlines()[0]}") from None
+        names = self.manifest["inputs"]
+
+        def run(graph: str, *arrays: np.ndarray) -> list[np.ndarray]:
+            try:
+                return sessions[graph].run(None, dict(zip(names[graph], arrays)))
+            except Exception as err:
+                raise TxlError(f"the {graph} graph of {self.folder} failed: {str(err).splitlines()[0]}") from None
+        return run
+
+    def _pt2(self, paths: dict, threads: int | None):
+        import torch
+
+        if threads:
+            torch.set_num_threads(threads)
+        for path in paths.values():
+            check_pt2_archive(path)
+        before = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+        os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"  # a .pt2's tensors are read without unpickling code
+        try:
+            modules = {k: torch.export.load(str(p)).module() for k, p in paths.items()}
+        except Exception as err:
+            raise TxlError(f"cannot load the .pt2 graphs of {self.folder}: {str(err).splitlines()[0]}") from None
+        finally:
+            if before is None:
+                os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
+            else:
+                os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = before
+
+        def run(graph: str, *arrays: np.ndarray) -> list[np.ndarray]:
+            with torch.no_grad():
+                out = modules[graph](*(torch.from_numpy(np.asarray(a)) for a in arrays))
+            return [t.numpy() for t in out]
+        return run
+
+    def read_prompt(self, input_ids: np.ndarray) -> Ring:
+        """The state after reading ``input_ids`` (int64 [B, T], T >= 1) but its last token, which the first
+        :meth:`step` reads.
+
+        Raises:
+            TxlError: ``input_ids`` that is not [B, T] with B, T >= 1 and ids in the vocabulary.
+        """
+        ids = np.asarray(input_ids)
+        m = self.manifest
+        if ids.ndim != 2 or ids.shape[0] < 1 or ids.shape[1] < 1 or ids.dtype.kind not in "iu":
+            raise TxlError(f"input_ids must be integers [batch, length] with batch, length >= 1, got shape {ids.shape}")
+        if ids.min() < 0 or ids.max() >= m["vocab_size"]:
+            raise TxlError(f"token ids must be in [0, {m['vocab_size']}), got {int(ids.min())} ... {int(ids.max())}")
+        ids = ids.astype(np.int64)
+        bsz, length = ids.shape
+        shape = (m["n_layer"], bsz, m["n_head"], self.capacity, m["d_head"])
+        keys, values, fill = np.zeros(shape, np.float32), np.zeros(shape, np.float32), 0
+        mems = np.zeros((m["n_layer"], bsz, self.mem_len, m["d_model"]), np.float32)
+        padding = np.full((bsz,), self.mem_len, np.int64)
+        for start in range(0, length - 1, self.tgt_len):
+            chunk = ids[:, start:min(start + self.tgt_len, length - 1)]
+            n = chunk.shape[1]
+            chunk = np.concatenate([chunk, np.zeros((bsz, self.tgt_len - n), np.int64)], axis=1)
+            mems, padding, keys, values, fill = self._run("segment", chunk, mems, padding, np.array(n, np.int64))
+            keys, values = np.ascontiguousarray(keys), np.ascontiguousarray(values)
+        return Ring(keys, values, int(fill) % self.capacity, int(fill), ids[:, -1:])
+
+    def step(self, ring: Ring) -> np.ndarray:
+        """Read ``ring.last`` int64 [B, 1]; returns the next-token logits float32 [B, V] and writes the
+        token's key and value into slot ``ring.write`` (then moves the counters on).
+
+        Raises:
+            TxlError: the graph fails (e.g. a ring of another shape than the export's).
+        """
+        logits, key, value = self._run("step", ring.last, ring.keys, ring.values,
+                                       np.array(ring.write, np.int64), np.array(ring.fill, np.int64))
+        ring.keys[:, :, :, ring.write] = key
+        ring.values[:, :, :, ring.write] = value
+        ring.write = (ring.write + 1) % self.capacity
+        ring.fill = min(ring.fill + 1, self.capacity)
+        return logits
+
+    def greedy(self, input_ids: np.ndarray, max_new_tokens: int) -> np.ndarray:
+        """``input_ids`` (int64 [B, T]) followed by ``max_new_tokens`` greedy tokens: int64 [B, T + n].
+
+        Raises:
+            TxlError: as :meth:`read_prompt`, or ``max_new_tokens < 0``.
+        """
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
+            raise TxlError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        ring = self.read_prompt(input_ids)
+        out = [ring.last.copy()]
+        for _ in range(max_new_tokens):
+            ring.last = self.step(ring).argmax(-1).astype(np.int64)[:, None]
+            out.append(ring.last)
+        return np.concatenate([np.asarray(input_ids, np.int64)[:, :-1], *out], axis=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m txl.export.runner FOLDER PROMPT [-n N] [--threads N]``: print the prompt and its greedy continuation."""
+    p = argparse.ArgumentParser(prog="python -m txl.export.runner", description=__doc__.split("\n")[0],
+                                epilog='example: python -m txl.export.runner runs/default-onnx "ROMEO:" -n 40')
+    p.add_argument("folder", help="what txl export wrote")
+    p.add_argument("prompt", help="the text to continue")
+    p.add_argument("-n", "--max-new-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args(argv)
+    try:
+        from txl.data.tokenizers import load_tokenizer
+
+        if args.max_new_tokens < 0:
+            raise TxlError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+        decoder = ExportedDecoder(args.folder, args.threads)
+        tokenizer = load_tokenizer(path_inside(decoder.folder, decoder.manifest["vocab"], "export.json vocab"))
+        ids = np.asarray(tokenizer.encode(args.prompt), np.int64)
+        if ids.size == 0:
+            raise TxlError("the prompt is empty: give at least one character")
+        out = decoder.greedy(ids[None], args.max_new_tokens)
+        print(tokenizer.decode(out[0].tolist()))
+    except TxlError as err:
+        print(f"txl: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
