@@ -9,7 +9,9 @@ turn over ``repeats`` rounds, after the compiled one has been compiled and warme
   (train mode: dropout on), the gradients cleared between calls;
 - evaluation: the same segment without autograd, eager as ``txl eval`` reads it (keys and values of
   the memory kept in a decoding state) and eager with the hidden-state memory (what the compiled model
-  reads), against the compiled hidden-state reading.
+  reads), against the compiled hidden-state reading;
+- decoding: greedy tokens after a prompt of ``mem_len`` tokens at batch 1 and 8, txl's eager loop against
+  ``generate(..., compile=True)`` (the fixed-shape ring step of :mod:`txl.model.ring`), step by step.
 
 Each row reports tokens/s and the ratio compiled / eager; the compilation's own seconds are reported
 too (paid once per segment shape).
@@ -51,7 +53,7 @@ def compile_table(config: dict, *, batch: int = 8, repeats: int = 5, device: tor
     """Eager against compiled on ``device`` (float32): training and evaluation rows (see the module docstring).
 
     Returns ``{"config", "batch", "compile_seconds": {"training", "evaluation"}, "training": row,
-    "evaluation": row}``; the training row ``{"eager_tokens_per_s", "compiled_tokens_per_s", "ratio"}``,
+    "evaluation": row, "decoding": rows}`` (rows of :func:`decoding_rows`); the training row ``{"eager_tokens_per_s", "compiled_tokens_per_s", "ratio"}``,
     the evaluation row the same plus ``"eager_hidden_tokens_per_s"`` (eager reading the memory as hidden
     states) and ``"ratio_vs_hidden"``.
 
@@ -116,4 +118,38 @@ def compile_table(config: dict, *, batch: int = 8, repeats: int = 5, device: tor
         f"tokens/s (decoding state; {row['eager_hidden_tokens_per_s']:,.0f} with the hidden-state memory), compiled "
         f"{row['compiled_tokens_per_s']:8,.0f}: {row['ratio']:.2f}x ({row['ratio_vs_hidden']:.2f}x the hidden-state "
         f"reading; compiling: {out['compile_seconds']['evaluation']:.0f} s)")
+    out["decoding"] = decoding_rows(model, repeats=repeats, device=device, log=log)
     return out
+
+
+def decoding_rows(model: TransformerXLLM, *, batches=(1, 8), gen_tokens: int = 32, repeats: int = 5,
+                  device: torch.device | str = "cpu", log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Greedy decoding after a prompt of ``mem_len`` tokens: txl's eager loop (the decoding state's ring
+    buffers) against ``generate(..., compile=True)`` (the ring step of :mod:`txl.model.ring` under inductor),
+    timed step by step, taking turns run by run (:func:`txl.analysis.bench_generation._per_token_seconds`).
+
+    Returns rows ``{"batch", "context", "eager_tokens_per_s", "compiled_tokens_per_s", "ratio",
+    "compile_seconds"}`` (ratio = compiled / eager speed; the compilation of one batch size's graphs).
+    """
+    from txl.analysis.bench_generation import _per_token_seconds
+    from txl.generation import generate_steps
+
+    device = torch.device(device)
+    span = model.config.span
+    rows = []
+    for batch in batches:
+        prompt = torch.randint(0, model.config.vocab_size, (batch, span.mem_len), device=device)
+        start = time.perf_counter()
+        for _ in generate_steps(model, prompt, 2, temperature=0, span=span, compile=True):  # compiles this batch size
+            pass
+        compile_s = time.perf_counter() - start
+        runs = {"eager": lambda p, n: generate_steps(model, p, n + 1, temperature=0, span=span),
+                "compiled": lambda p, n: generate_steps(model, p, n + 1, temperature=0, span=span, compile=True)}
+        sec = _per_token_seconds(runs, prompt, gen_tokens, repeats, lambda: _sync(device))
+        row = {"batch": batch, "context": span.mem_len, "eager_tokens_per_s": batch / sec["eager"],
+               "compiled_tokens_per_s": batch / sec["compiled"], "ratio": sec["eager"] / sec["compiled"],
+               "compile_seconds": compile_s}
+        rows.append(row)
+        log(f"decode   batch {batch} (mem_len {span.mem_len}): eager {row['eager_tokens_per_s']:8,.0f} tokens/s, "
+            f"compiled {row['compiled_tokens_per_s']:8,.0f}: {row['ratio']:.2f}x (compiling: {compile_s:.0f} s)")
+    return rows

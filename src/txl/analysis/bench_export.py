@@ -31,7 +31,7 @@ import torch
 
 from txl.analysis.bench_generation import _per_token_seconds, _txl_steps
 from txl.export.files import export_decoder
-from txl.export.graphs import RingStep, SegmentReader
+from txl.model.ring import RingStep, SegmentReader
 from txl.export.runner import ExportedDecoder
 from txl.model import TransformerXLConfig, TransformerXLLM
 

@@ -60,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_batch_size(p, default=8, text="prompts of --input decoded together")
     add_seed(p)
     add_span(p, ("mem_len",), default_text="the model's")
+    p.add_argument("--compile", action="store_true",
+                   help="decode through torch.compile: the ring step of docs/export.md, one graph for every memory "
+                        "fill (the first tokens pay the compilation; docs/compile.md)")
     add_dtype(p)
     add_quantize(p)
     add_device(p)
@@ -98,6 +101,11 @@ def run(args: argparse.Namespace) -> int:
     check_range(args, 1, "num_beams", "batch_size")
     if args.input is not None and (args.prompt is not None or args.prompt_file):
         raise TxlError("give prompts either with --input or with --prompt/--prompt-file, not both")
+    if args.compile:
+        for flag, on in (("--input", args.input is not None), ("--num-beams", args.num_beams > 1),
+                         ("--quantize", args.quantize != "none"), ("--dtype", args.dtype not in (None, "float32"))):
+            if on:
+                raise TxlError(f"--compile does not serve {flag} yet; drop one of them")
     check_checkpoint_path(args.checkpoint)
     check_exists(args.prompt_file, "prompt file", kind="file")
     check_exists(args.input, "prompts file", kind="file")
@@ -119,6 +127,11 @@ def run(args: argparse.Namespace) -> int:
     ids = torch.as_tensor(prompt_ids, device=device)[None]
     if ids.size(1) == 0:
         raise TxlError("the prompt encodes to no tokens; give a longer prompt")
+    if args.compile:  # what the ring step cannot hold, refused before the start line
+        from txl.model.ring import check_exportable
+        from txl.model.span import resolve_span
+
+        check_exportable(ckpt.model.config, resolve_span(ckpt.model.config, mem_len=args.mem_len), "--compile")
     print_notes(args)  # which checkpoint (the input has passed its checks)
     generator = torch.Generator(device=device)
     generator.manual_seed(args.seed if args.seed is not None else torch.seed() % (2**63))
@@ -133,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     with autocast(device, args.dtype):
         tokens = (int(t[0]) for t in generate_stream(ckpt.model, ids, args.max_new_tokens, generator=generator,
-                                                     mem_len=args.mem_len, rules=decoding_rules(args)))
+                                                     mem_len=args.mem_len, rules=decoding_rules(args),
+                                                     compile=args.compile))
         pieces = stream_text(ckpt.tokenizer, tokens, prompt_ids.tolist())
         # the prompt as the model reads it, so that all printed is decode(prompt + sample): a word model's
         # prompt ends with the <eos> its encoding adds (a line end), and unknown words read <unk>

@@ -14,6 +14,7 @@ from txl.generation.sampling import Chooser, DecodingRules, Generators, rules_fr
 from txl.model.decoding import DecodingState
 from txl.model.inputs import check_input_ids
 from txl.model.memory import Mems
+from txl.model.ring import RingDecoder, check_exportable
 from txl.model.span import AttentionSpan, resolve_span
 
 
@@ -113,7 +114,7 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
                    generator: Generators = None, *, span: AttentionSpan | None = None,
                    tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
                    same_length: bool | None = None, rules: DecodingRules | None = None,
-                   end_ids: Sequence[int] = (), **rule_fields) -> Iterator[GenerationStep]:
+                   end_ids: Sequence[int] = (), compile: bool | str = False, **rule_fields) -> Iterator[GenerationStep]:
     """Yield ``max_new_tokens`` :class:`GenerationStep` objects (the sampled tokens [B] and the scores
     they were drawn from), one forward of one token per step.
 
@@ -142,6 +143,13 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
     alone (scores equal up to float rounding), with its own generator when ``generator`` is a list.
     ``mems`` must then be None. (``attn_type="abs"``: each row's window is read alone.)
 
+    ``compile=True`` (or a ``torch.compile`` backend's name): the prompt is read and each step taken by
+    the two modules of :class:`txl.model.ring.RingDecoder` under ``torch.compile(fullgraph=True)``, whose state (the ring
+    of keys and values, its write index and fill) is tensors of fixed shape, so the step compiles once
+    for every memory fill; the tokens are those of the default path (scores equal to float rounding).
+    For prompts of one length, no ``mems``, a model and span :func:`txl.model.ring.check_exportable`
+    accepts.
+
     Raises:
         TxlError: ``input_ids`` that is not a non-empty integer tensor [batch, length] of ids in the
             vocabulary on the model's device (a Python list of ints, an empty batch or prompt), nor a
@@ -159,7 +167,21 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
                         same_length=same_length)
     rules = rules_from(rules, temperature=temperature, top_k=top_k, top_p=top_p, **rule_fields)
     choose = Chooser(len(input_ids), rules, generator, end_ids)
+    if compile:
+        if ragged or mems is not None:
+            raise TxlError("compiled decoding takes prompts of one length and no mems")
+        check_exportable(model.config, span, "compiled decoding")
     with eval_mode(model):
+        if compile:  # the ring's state is tensors of fixed shape: one compiled step for every memory fill
+            ring = RingDecoder(model, span, compile=compile)
+            ring.read_prompt(input_ids[:, :-1])
+            last = input_ids[:, -1:]
+            for _ in range(max_new_tokens):
+                logits = ring.step(last)
+                token = choose(logits)
+                last = token[:, None]
+                yield GenerationStep(token, logits)
+            return
         if not model.config.has_memory:
             rows = [p[None] for p in input_ids] if ragged else [input_ids]
             for _ in range(max_new_tokens):

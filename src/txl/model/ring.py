@@ -1,5 +1,6 @@
-"""The two graphs of an exported decoder: a segment reader that builds the memory, and a one-token step
-whose state is a fixed-capacity ring buffer of keys and values held as tensors.
+"""Decoding with the state as tensors of fixed shape: a segment reader that builds the memory, and a
+one-token step whose state is a fixed-capacity ring buffer of keys and values — the two graphs that
+``txl export`` writes (:mod:`txl.export`) and that ``generate(..., compile=True)`` compiles.
 
 :class:`~txl.model.DecodingState` keeps its slot counters as Python numbers and grows its buffers with
 the text: right for eager decoding, but a traced graph would freeze those numbers. Here the whole state
@@ -45,27 +46,36 @@ from txl.model.span import AttentionSpan
 EXPORTABLE = ("rel", "shaw")  # the schemes whose step is a table of distances (keys independent of position)
 
 
+class _Uncached:
+    """Stands for a layer's cache where a scheme's ``step_queries`` keeps its scaled biases: here they are
+    computed in the graph, from the parameters, at every step (H x D numbers)."""
+
+    def __init__(self) -> None:
+        self.query_biases = None
+
+
 def ring_capacity(span: AttentionSpan) -> int:
     """Slots per layer of a ring over ``span``: ``mem_len + 1`` (``mem_len`` with ``same_length``)."""
     return span.mem_len + (0 if span.same_length else 1)
 
 
-def check_exportable(config, span: AttentionSpan) -> None:
-    """Refuse what the exported graphs cannot hold, with one line naming it.
+def check_exportable(config, span: AttentionSpan, what: str = "export") -> None:
+    """Refuse what the ring modules cannot hold, with one line naming it (``what``: the feature asked
+    for, e.g. "export" or "compiled decoding").
 
     Raises:
         TxlError: a position scheme other than "rel"/"shaw", a compressed memory, ``mem_len`` 0, or
             ``mem_len < tgt_len`` (the reader recovers a call's memory from the memory it was given).
     """
     if config.attn_type not in EXPORTABLE:
-        raise TxlError(f"export serves attn_type 'rel' and 'shaw' (keys independent of position); this model has "
+        raise TxlError(f"{what} serves attn_type 'rel' and 'shaw' (keys independent of position); this model has "
                        f"{config.attn_type!r}")
     if span.cmem_len > 0 or config.cmem_len > 0:
-        raise TxlError("export does not hold a compressed memory (cmem_len > 0): its slots change every few tokens")
+        raise TxlError(f"{what} does not hold a compressed memory (cmem_len > 0): its slots change every few tokens")
     if span.mem_len < 1:
-        raise TxlError("export needs a memory (mem_len >= 1): the step's state is the memory's keys and values")
+        raise TxlError(f"{what} needs a memory (mem_len >= 1): the step's state is the memory's keys and values")
     if span.mem_len < span.tgt_len:
-        raise TxlError(f"export needs mem_len >= tgt_len (got mem_len {span.mem_len}, tgt_len {span.tgt_len}): "
+        raise TxlError(f"{what} needs mem_len >= tgt_len (got mem_len {span.mem_len}, tgt_len {span.tgt_len}): "
                        "pass --mem-len or --tgt-len")
 
 
@@ -172,7 +182,7 @@ class RingStep(nn.Module):
             norm = attn.layer_norm
             x = norm(h) if attn.pre_lnorm else h
             q, k, v = linear(x, weight_rows(attn.qkv_net)).view(bsz, 3, heads, d_head).unbind(1)  # [B, H, D]
-            q_c, q_r = model.positions.step_queries(attn, q, SimpleNamespace(query_biases=None))
+            q_c, q_r = model.positions.step_queries(attn, q, _Uncached())
             table = self.tables[i]  # [H, D, S]
             r_k = table.index_select(2, columns)  # [H, D, S]: slot s's position key in column s
             old = torch.einsum("bhd,bhsd->bhs", q_c, keys[i]) + torch.einsum("bhd,hds->bhs", q_r, r_k)
@@ -186,3 +196,64 @@ class RingStep(nn.Module):
             new_keys.append(k)
             new_values.append(v)
         return model.crit.logits(h), torch.stack(new_keys), torch.stack(new_values)
+
+
+class RingDecoder:
+    """Decoding in torch with the two modules above, optionally compiled: the protocol of the exported
+    runner (:mod:`txl.export.runner`) on tensors, for ``generate(..., compile=True)``.
+
+    The state lives here as tensors of fixed shape, so a compiled step is one graph for every step,
+    whatever the memory holds (no recompilation as it fills): ``keys``/``values`` [L, B, H, S, D] in the
+    parameters' dtype, ``write``/``fill`` int64 [].
+
+    Args:
+        model: a :class:`~txl.model.TransformerXLLM` in eval mode (no autograd is used).
+        span: the span to read and decode with (:func:`check_exportable` holds).
+        compile: wrap both modules in ``torch.compile(fullgraph=True)``: True (inductor) or a backend's name
+            (e.g. "aot_eager"); False: run them eagerly.
+
+    Raises:
+        TxlError: as :func:`check_exportable`.
+    """
+
+    def __init__(self, model: nn.Module, span: AttentionSpan, compile: bool | str = False) -> None:
+        self.model, self.span, self.capacity = model, span, ring_capacity(span)
+        self.segment, self.step_module = SegmentReader(model, span), RingStep(model, span)
+        if compile:
+            backend = compile if isinstance(compile, str) else "inductor"
+            self.segment = torch.compile(self.segment, fullgraph=True, dynamic=False, backend=backend)
+            self.step_module = torch.compile(self.step_module, fullgraph=True, dynamic=False, backend=backend)
+        self.keys = self.values = self.write = self.fill = None
+
+    @torch.no_grad()
+    def read_prompt(self, input_ids: torch.Tensor) -> None:
+        """Read ``input_ids`` (int64 [B, T], T >= 0 tokens: the prompt without the token the first
+        :meth:`step` reads) in calls of ``tgt_len``, as :func:`txl.generation.prime_memory` does."""
+        c, span = self.model.config, self.span
+        weight = self.model.word_emb.emb_layers[0].weight
+        bsz, length = input_ids.shape
+        shape = (c.n_layer, bsz, c.n_head, self.capacity, c.d_head)
+        self.keys = weight.new_zeros(shape)
+        self.values = weight.new_zeros(shape)
+        self.fill = torch.zeros((), dtype=torch.long, device=weight.device)
+        mems = weight.new_zeros(c.n_layer, bsz, span.mem_len, c.d_model)
+        padding = torch.full((bsz,), span.mem_len, dtype=torch.long, device=weight.device)
+        for start in range(0, length, span.tgt_len):
+            chunk = input_ids[:, start:start + span.tgt_len]
+            n = chunk.size(1)
+            chunk = torch.cat([chunk, chunk.new_zeros(bsz, span.tgt_len - n)], dim=1)
+            mems, padding, self.keys, self.values, self.fill = self.segment(
+                chunk, mems, padding, torch.tensor(n, device=weight.device))
+        self.write = self.fill % self.capacity
+
+    @torch.no_grad()
+    def step(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """One token per row (int64 [B, 1]) after what was read: the next-token logits [B, V] (as the
+        model's ``crit.logits``); the token's keys and values go to slot ``write`` (in place)."""
+        input_ids = input_ids.contiguous()  # (a prompt's last column is strided: one graph for every step)
+        logits, key, value = self.step_module(input_ids, self.keys, self.values, self.write, self.fill)
+        self.keys.index_copy_(3, self.write.view(1), key.unsqueeze(3))
+        self.values.index_copy_(3, self.write.view(1), value.unsqueeze(3))
+        self.write = (self.write + 1) % self.capacity
+        self.fill = torch.clamp(self.fill + 1, max=self.capacity)
+        return logits

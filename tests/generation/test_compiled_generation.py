@@ -1,0 +1,75 @@
+"""Compiled decoding (``generate(..., compile=...)``, ``txl generate --compile``): the ring modules of
+txl.model.ring under torch.compile give the default path's tokens, with one graph per module for every
+memory fill. The aot_eager backend traces exactly what inductor would compile, without the C++ build;
+inductor itself is in a slow test."""
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+
+from conftest import one_error_line, run_cli, tiny_model
+from txl.errors import TxlError
+from txl.generation import generate
+
+
+@pytest.mark.parametrize("overrides", [dict(), dict(same_length=True, clamp_len=3), dict(attn_type="shaw", shaw_max_dist=6),
+                                       dict(cutoffs=[10, 20], div_val=2, d_embed=16)],
+                         ids=["default", "same_length-clamp_len", "shaw", "adaptive"])
+def test_compiled_generation_equals_the_default_path(overrides):
+    model = tiny_model(**overrides)  # float64: sampled draws cannot differ by rounding
+    ids = torch.randint(0, 37, (2, 13), generator=torch.Generator().manual_seed(3))
+    want = generate(model, ids, 30, temperature=0)
+    assert torch.equal(generate(model, ids, 30, temperature=0, compile="aot_eager"), want)
+    sampled = [generate(model, ids, 30, temperature=1.0, top_p=0.9, generator=torch.Generator().manual_seed(5), **kw)
+               for kw in ({}, {"compile": "aot_eager"})]
+    assert torch.equal(*sampled)
+
+
+@pytest.mark.parametrize("length,graphs", [(1, 1), (20, 2)])
+def test_one_graph_per_module_for_every_memory_fill(length, graphs):
+    # 40 steps past a ring of 8 slots: the memory fills, then rotates, and nothing is compiled again
+    model = tiny_model(dtype=torch.float32)
+    ids = torch.randint(0, 37, (2, length), generator=torch.Generator().manual_seed(1))
+    torch._dynamo.reset()
+    counters.clear()
+    out = generate(model, ids, 40, temperature=0, compile="aot_eager")
+    assert counters["stats"]["unique_graphs"] == graphs  # the step (and the prompt reader when there is a prompt)
+    assert torch.equal(out, generate(model, ids, 40, temperature=0))
+    # a second call, and another model of the same shape, reuse the graphs
+    generate(tiny_model(seed=5, dtype=torch.float32), ids, 10, temperature=0, compile="aot_eager")
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_compiled_generation_refuses_what_the_ring_cannot_hold():
+    model = tiny_model()
+    with pytest.raises(TxlError, match="prompts of one length and no mems"):
+        generate(model, [torch.tensor([1, 2, 3]), torch.tensor([4])], 3, temperature=0, compile="aot_eager")
+    with pytest.raises(TxlError, match="compiled decoding serves attn_type 'rel' and 'shaw'"):
+        generate(tiny_model(attn_type="rope"), torch.tensor([[1, 2]]), 3, temperature=0, compile="aot_eager")
+    with pytest.raises(TxlError, match="compiled decoding needs mem_len >= tgt_len"):
+        generate(model, torch.tensor([[1, 2]]), 3, temperature=0, compile="aot_eager", mem_len=3)
+
+
+def test_txl_generate_compile_refusals_are_one_line(tmp_path, capsys):
+    from txl.data import ByteTokenizer
+    from txl.training.checkpoint import save_checkpoint
+    from txl.training.config import RunConfig
+
+    tokenizer = ByteTokenizer()
+    save_checkpoint(tmp_path / "ckpt", tiny_model(dtype=torch.float32, vocab_size=tokenizer.vocab_size, n_layer=1),
+                    tokenizer, RunConfig(), {"step": 1})
+    for extra, message in ((("--num-beams", "2"), "--compile does not serve --num-beams yet"),
+                           (("--quantize", "int8"), "--compile does not serve --quantize yet"),
+                           (("--mem-len", "3"), "--compile needs mem_len >= tgt_len")):
+        code, out, err = run_cli(capsys, "generate", tmp_path / "ckpt", "--compile", "-p", "ab", "-n", "2", *extra)
+        assert code == 2 and message in one_error_line(err) and out == "", (extra, err)
+
+
+@pytest.mark.slow
+def test_inductor_compiled_generation_equals_eager():
+    # inductor's C++ build (a minute or more): the same greedy tokens as the default path
+    model = tiny_model(dtype=torch.float32)
+    ids = torch.randint(0, 37, (2, 13), generator=torch.Generator().manual_seed(3))
+    torch._dynamo.reset()
+    assert torch.equal(generate(model, ids, 20, temperature=0, compile=True), generate(model, ids, 20, temperature=0))
