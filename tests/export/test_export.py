@@ -240,7 +240,21 @@ def test_a_pt2_archive_with_other_entries_is_not_loaded(exported, tmp_path):
         archive.writestr("step/data/aotinductor/model/evil.so", b"\x7fELF")
     with pytest.raises(TxlError, match="holds 'step/data/aotinductor/model/evil.so', which is not what txl export"):
         ExportedDecoder(tmp_path / "pt2")
-    (tmp_path / "pt2" / "step.pt2").write_bytes(b"not a zip")
+    # entries of the right names whose JSON would make the loader evaluate text or unpickle a tensor
+    for member, old, new in [("segment/models/model.json", "Symbol('s", "__import__('os').system('true') or Symbol('s"),
+                             ("segment/data/weights/model_weights_config.json", '"use_pickle": false',
+                              '"use_pickle": true')]:
+        with zipfile.ZipFile(folders["pt2"] / "segment.pt2") as archive:
+            entries = {n: archive.read(n) for n in archive.namelist()}
+        text = entries[member].decode()
+        assert old in text
+        entries[member] = text.replace(old, new, 1).encode()
+        with zipfile.ZipFile(tmp_path / "pt2" / "segment.pt2", "w") as archive:
+            for name, data in entries.items():
+                archive.writestr(name, data)
+        with pytest.raises(TxlError, match="the shape expression|a pickled tensor"):
+            ExportedDecoder(tmp_path / "pt2")
+    (tmp_path / "pt2" / "segment.pt2").write_bytes(b"not a zip")
     with pytest.raises(TxlError, match="is not a .pt2 archive"):
         ExportedDecoder(tmp_path / "pt2")
 

@@ -26,11 +26,11 @@ def test_compiled_generation_equals_the_default_path(overrides):
     assert torch.equal(*sampled)
 
 
-@pytest.mark.parametrize("length,graphs", [(1, 1), (20, 2)])
-def test_one_graph_per_module_for_every_memory_fill(length, graphs):
+@pytest.mark.parametrize("batch,length,graphs", [(2, 1, 1), (2, 20, 2), (1, 20, 2)])
+def test_one_graph_per_module_for_every_memory_fill(batch, length, graphs):
     # 40 steps past a ring of 8 slots: the memory fills, then rotates, and nothing is compiled again
     model = tiny_model(dtype=torch.float32)
-    ids = torch.randint(0, 37, (2, length), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 37, (batch, length), generator=torch.Generator().manual_seed(1))
     torch._dynamo.reset()
     counters.clear()
     out = generate(model, ids, 40, temperature=0, compile="aot_eager")
@@ -49,6 +49,12 @@ def test_compiled_generation_refuses_what_the_ring_cannot_hold():
         generate(tiny_model(attn_type="rope"), torch.tensor([[1, 2]]), 3, temperature=0, compile="aot_eager")
     with pytest.raises(TxlError, match="compiled decoding needs mem_len >= tgt_len"):
         generate(model, torch.tensor([[1, 2]]), 3, temperature=0, compile="aot_eager", mem_len=3)
+    with pytest.raises(TxlError, match="compile takes True or one of inductor, aot_eager, eager"):
+        generate(model, torch.tensor([[1, 2]]), 3, temperature=0, compile="cudagraphs")
+    with pytest.raises(TxlError, match="float32 .or float64. weights without autocast"):
+        generate(tiny_model(dtype=torch.bfloat16), torch.tensor([[1, 2]]), 3, temperature=0, compile="aot_eager")
+    with pytest.raises(TxlError, match="without autocast"), torch.autocast("cpu", dtype=torch.bfloat16):
+        generate(tiny_model(dtype=torch.float32), torch.tensor([[1, 2]]), 3, temperature=0, compile="aot_eager")
 
 
 def test_txl_generate_compile_refusals_are_one_line(tmp_path, capsys):
@@ -61,7 +67,8 @@ def test_txl_generate_compile_refusals_are_one_line(tmp_path, capsys):
                     tokenizer, RunConfig(), {"step": 1})
     for extra, message in ((("--num-beams", "2"), "--compile does not serve --num-beams yet"),
                            (("--quantize", "int8"), "--compile does not serve --quantize yet"),
-                           (("--mem-len", "3"), "--compile needs mem_len >= tgt_len")):
+                           (("--mem-len", "3"), "--compile needs mem_len >= tgt_len"),
+                           (("--dtype", "bfloat16"), "--compile does not serve --dtype yet")):
         code, out, err = run_cli(capsys, "generate", tmp_path / "ckpt", "--compile", "-p", "ab", "-n", "2", *extra)
         assert code == 2 and message in one_error_line(err) and out == "", (extra, err)
 

@@ -50,7 +50,7 @@ def _alternate(calls: dict[str, Callable[[], object]], repeats: int, device: tor
 
 def compile_table(config: dict, *, batch: int = 8, repeats: int = 5, device: torch.device | str = "cpu",
                   log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Eager against compiled on ``device`` (float32): training and evaluation rows (see the module docstring).
+    """Eager against compiled on ``device`` (float32): training, evaluation and decoding rows (see the module docstring).
 
     Returns ``{"config", "batch", "compile_seconds": {"training", "evaluation"}, "training": row,
     "evaluation": row, "decoding": rows}`` (rows of :func:`decoding_rows`); the training row ``{"eager_tokens_per_s", "compiled_tokens_per_s", "ratio"}``,

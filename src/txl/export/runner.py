@@ -8,10 +8,13 @@ layer and token), as ``txl generate`` keeps its ring buffers. Greedy tokens equa
 span; tests/export). :class:`ExportedDecoder` with ONNX graphs needs NumPy and ``onnxruntime`` only (the
 ``export`` extra); ``.pt2`` graphs need torch, and the command line below txl's tokenizer.
 
-A ``.pt2`` archive can hold more than tensors and a graph (pickled objects, compiled libraries), and
-``torch.export.load`` would run them; the runner opens only archives whose every entry is one of the
-kinds ``txl export`` writes (the graph as JSON, raw weights, tensor constants, sample inputs read with
-``weights_only``), and refuses any other.
+A ``.pt2`` archive can hold more than tensors and a graph (pickled objects, compiled libraries, shape
+expressions that the loader evaluates), and ``torch.export.load`` would run them; the runner opens only
+archives whose every entry is one of the kinds ``txl export`` writes (the graph as JSON, raw weights,
+tensor constants, sample inputs read with ``weights_only``), whose graph calls only ATen operators,
+whose shape expressions are products and sums of integers and size symbols, and whose weights are not
+pickled; it refuses any other. Still, load only ``.pt2`` files you made or trust; for files from
+others, ONNX holds no code.
 
 ::
 
@@ -59,20 +62,55 @@ def _check_manifest(m: dict, where: Path) -> None:
                        "export the model again with txl export")
 
 
+_SHAPE_EXPR = re.compile(r"(Mul|Add|FloorDiv|Mod|Max|Min|Integer\(-?\d+\)|"
+                         r"Symbol\('s\d+'(, (positive|integer|nonnegative)=(True|False))*\)|[(), ])+")
+_TARGET = re.compile(r"torch\.ops\.aten\.\w+(\.\w+)?|torch\.sym_\w+"
+                     r"|_?operator\.(getitem|add|sub|mul|floordiv|truediv|mod|neg|pow|eq|ne|lt|le|gt|ge)")
+
+
+def _odd_json(value, where: str) -> str | None:
+    """The first field of a .pt2's JSON that is not what txl export writes (see the module doc), or None."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            for key, v in item.items():
+                if key == "expr_str" and not (isinstance(v, str) and _SHAPE_EXPR.fullmatch(v)):
+                    return f"the shape expression {str(v)[:60]!r} in {where}"
+                if key == "target" and isinstance(v, str) and not _TARGET.fullmatch(v):
+                    return f"a call of {v[:60]!r} in {where}"
+                if key == "use_pickle" and v is not False:
+                    return f"a pickled tensor in {where}"
+                stack.append(v)
+    return None
+
+
 def check_pt2_archive(path: Path) -> None:
     """Refuse a ``.pt2`` archive holding anything but what ``txl export`` writes (see the module doc).
 
     Raises:
-        TxlError: not a zip archive, or an entry of another kind (named).
+        TxlError: not a zip archive, an entry of another kind, or a graph or config field of another
+            kind (named).
     """
+    import json
+
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
+            odd = [f"{n!r}" for n in names if not _PT2_ENTRIES.fullmatch(n)]
+            for name in names:
+                if not odd and name.endswith(".json"):
+                    try:
+                        found = _odd_json(json.loads(archive.read(name)), name)
+                    except ValueError:
+                        found = f"{name!r}, which is not JSON"
+                    odd += [found] if found else []
     except (zipfile.BadZipFile, OSError) as err:
         raise TxlError(f"{path} is not a .pt2 archive ({err})") from None
-    odd = [n for n in names if not _PT2_ENTRIES.fullmatch(n)]
     if odd:
-        raise TxlError(f"{path} holds {odd[0]!r}, which is not what txl export writes (it could be code that "
+        raise TxlError(f"{path} holds {odd[0]}, which is not what txl export writes (it could be code that "
                        "loading would run); txl does not load it")
 
 
@@ -157,8 +195,11 @@ class ExportedDecoder:
                 os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = before
 
         def run(graph: str, *arrays: np.ndarray) -> list[np.ndarray]:
-            with torch.no_grad():
-                out = modules[graph](*(torch.from_numpy(np.asarray(a)) for a in arrays))
+            try:
+                with torch.no_grad():
+                    out = modules[graph](*(torch.from_numpy(np.asarray(a)) for a in arrays))
+            except Exception as err:
+                raise TxlError(f"the {graph} graph of {self.folder} failed: {str(err).splitlines()[0]}") from None
             return [t.numpy() for t in out]
         return run
 

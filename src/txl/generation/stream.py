@@ -14,6 +14,7 @@ from txl.generation.sampling import Chooser, DecodingRules, Generators, rules_fr
 from txl.model.decoding import DecodingState
 from txl.model.inputs import check_input_ids
 from txl.model.memory import Mems
+from txl.model.quantize import is_quantized
 from txl.model.ring import RingDecoder, check_exportable
 from txl.model.span import AttentionSpan, resolve_span
 
@@ -99,12 +100,13 @@ def generate_stream(model, input_ids: torch.Tensor, max_new_tokens: int, tempera
                     generator: Generators = None, *, span: AttentionSpan | None = None,
                     tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
                     same_length: bool | None = None, rules: DecodingRules | None = None, end_ids: Sequence[int] = (),
-                    **rule_fields) -> Iterator[torch.Tensor]:
+                    compile: bool | str = False, **rule_fields) -> Iterator[torch.Tensor]:
     """Yield ``max_new_tokens`` sampled tokens (int64 [B] each): the tokens of :func:`generate_steps`
-    (same arguments and decoding rules, same errors)."""
+    (same arguments, ``compile`` included, and decoding rules, same errors)."""
     for step in generate_steps(model, input_ids, max_new_tokens, temperature, top_k, top_p, mems, generator,
                                span=span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
-                               same_length=same_length, rules=rules, end_ids=end_ids, **rule_fields):
+                               same_length=same_length, rules=rules, end_ids=end_ids, compile=compile,
+                               **rule_fields):
         yield step.token
 
 
@@ -171,6 +173,11 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
         if ragged or mems is not None:
             raise TxlError("compiled decoding takes prompts of one length and no mems")
         check_exportable(model.config, span, "compiled decoding")
+        weight = model.word_emb.emb_layers[0].weight
+        if (is_quantized(model) or weight.dtype not in (torch.float32, torch.float64)
+                or torch.is_autocast_enabled(weight.device.type)):
+            raise TxlError("compiled decoding takes float32 (or float64) weights without autocast: not int8 or "
+                           "half-precision weights, nor torch.autocast")
     with eval_mode(model):
         if compile:  # the ring's state is tensors of fixed shape: one compiled step for every memory fill
             ring = RingDecoder(model, span, compile=compile)
@@ -217,19 +224,20 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: f
              generator: Generators = None, *, span: AttentionSpan | None = None,
              tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
              same_length: bool | None = None, rules: DecodingRules | None = None, end_ids: Sequence[int] = (),
-             **rule_fields) -> torch.Tensor:
+             compile: bool | str = False, **rule_fields) -> torch.Tensor:
     """Sample continuations of ``input_ids`` (int64 [B, T]); returns int64 [B, T + max_new_tokens]
     (for a list of prompts of different lengths, a list of int64 [T_b + max_new_tokens]).
 
     Memory-cached sampling as in :func:`generate_steps` (same span arguments, decoding ``rules`` or
-    their keywords, ``end_ids``); ``generator`` makes it reproducible.
+    their keywords, ``end_ids``, ``compile``); ``generator`` makes it reproducible.
 
     Raises:
         TxlError: as :func:`generate_stream`.
     """
     tokens = list(generate_stream(model, input_ids, max_new_tokens, temperature, top_k, top_p, mems, generator,
                                   span=span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
-                                  same_length=same_length, rules=rules, end_ids=end_ids, **rule_fields))
+                                  same_length=same_length, rules=rules, end_ids=end_ids, compile=compile,
+                                  **rule_fields))
     if isinstance(input_ids, (list, tuple)):  # prompts of different lengths: one tensor each
         new = torch.stack(tokens, dim=1) if tokens else None
         return [p if new is None else torch.cat([p, new[b]]) for b, p in enumerate(input_ids)]

@@ -43,7 +43,8 @@ from txl.model.linear import linear
 from txl.model.quantize import weight_rows
 from txl.model.span import AttentionSpan
 
-EXPORTABLE = ("rel", "shaw")  # the schemes whose step is a table of distances (keys independent of position)
+EXPORTABLE = ("rel", "shaw")
+BACKENDS = ("inductor", "aot_eager", "eager")  # torch.compile backends RingDecoder takes  # the schemes whose step is a table of distances (keys independent of position)
 
 
 class _Uncached:
@@ -76,7 +77,7 @@ def check_exportable(config, span: AttentionSpan, what: str = "export") -> None:
         raise TxlError(f"{what} needs a memory (mem_len >= 1): the step's state is the memory's keys and values")
     if span.mem_len < span.tgt_len:
         raise TxlError(f"{what} needs mem_len >= tgt_len (got mem_len {span.mem_len}, tgt_len {span.tgt_len}): "
-                       "pass --mem-len or --tgt-len")
+                       "use a longer memory (or, where it can be set, a shorter tgt_len)")
 
 
 def distance_tables(model: nn.Module, span: AttentionSpan, dtype: torch.dtype) -> torch.Tensor:
@@ -221,6 +222,8 @@ class RingDecoder:
         self.segment, self.step_module = SegmentReader(model, span), RingStep(model, span)
         if compile:
             backend = compile if isinstance(compile, str) else "inductor"
+            if backend not in BACKENDS:  # (others, e.g. cudagraphs, may hand back outputs a later step overwrites)
+                raise TxlError(f"compile takes True or one of {', '.join(BACKENDS)}, got {compile!r}")
             self.segment = torch.compile(self.segment, fullgraph=True, dynamic=False, backend=backend)
             self.step_module = torch.compile(self.step_module, fullgraph=True, dynamic=False, backend=backend)
         self.keys = self.values = self.write = self.fill = None
@@ -238,6 +241,7 @@ class RingDecoder:
         self.fill = torch.zeros((), dtype=torch.long, device=weight.device)
         mems = weight.new_zeros(c.n_layer, bsz, span.mem_len, c.d_model)
         padding = torch.full((bsz,), span.mem_len, dtype=torch.long, device=weight.device)
+        input_ids = input_ids.to(torch.long)
         for start in range(0, length, span.tgt_len):
             chunk = input_ids[:, start:start + span.tgt_len]
             n = chunk.size(1)
@@ -250,7 +254,8 @@ class RingDecoder:
     def step(self, input_ids: torch.Tensor) -> torch.Tensor:
         """One token per row (int64 [B, 1]) after what was read: the next-token logits [B, V] (as the
         model's ``crit.logits``); the token's keys and values go to slot ``write`` (in place)."""
-        input_ids = input_ids.contiguous()  # (a prompt's last column is strided: one graph for every step)
+        # one layout for every step (a prompt's last column is strided, a sampled token's is not): one graph
+        input_ids = input_ids.to(torch.long).clone(memory_format=torch.contiguous_format)
         logits, key, value = self.step_module(input_ids, self.keys, self.values, self.write, self.fill)
         self.keys.index_copy_(3, self.write.view(1), key.unsqueeze(3))
         self.values.index_copy_(3, self.write.view(1), value.unsqueeze(3))
