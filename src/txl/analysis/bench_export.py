@@ -9,8 +9,8 @@ the ring rotates) is timed step by step, the implementations taking turns run by
 - ``txl``: txl's own loop (:func:`txl.generation.generate_steps`, the ring buffers of a decoding state);
 - ``onnxruntime``: :class:`txl.export.runner.ExportedDecoder` (the step graph in ONNX Runtime, the new
   key and value written into the ring in place by the runner), with as many threads as torch;
-- ``graphs eager``: the same two graph modules run by PyTorch without export (what the graph computes,
-  with PyTorch's kernels).
+- ``graphs eager``: the same two graph modules run by PyTorch without export
+  (:class:`~txl.model.ring.RingDecoder`: what the graph computes, with PyTorch's kernels).
 
 The prompt fills S - 2 of the ring's S = ``mem_len + 1`` slots; from the second timed step on the ring
 is full and rotates. Each implementation's time per token is the median of all its timed steps
@@ -31,7 +31,7 @@ import torch
 
 from txl.analysis.bench_generation import _per_token_seconds, _txl_steps
 from txl.export.files import export_decoder
-from txl.model.ring import RingStep, SegmentReader
+from txl.model.ring import RingDecoder
 from txl.export.runner import ExportedDecoder
 from txl.model import TransformerXLConfig, TransformerXLLM
 
@@ -48,18 +48,17 @@ def _runner_steps(decoder) -> Callable[[torch.Tensor, int], Iterator]:
     return steps
 
 
-class _EagerGraphs(ExportedDecoder):
-    """The runner's protocol over the graph modules run by PyTorch (no export)."""
-
-    def __init__(self, model: TransformerXLLM, span, manifest: dict) -> None:  # noqa: D107 - see the class
-        self.manifest, self.capacity = manifest, manifest["capacity"]
-        self.tgt_len, self.mem_len = span.tgt_len, span.mem_len
-        modules = {"segment": SegmentReader(model, span), "step": RingStep(model, span)}
-
-        def run(graph: str, *arrays: np.ndarray) -> list[np.ndarray]:
-            with torch.no_grad():
-                return [t.numpy() for t in modules[graph](*(torch.from_numpy(np.asarray(a)) for a in arrays))]
-        self._run = run
+def _ring_steps(model: TransformerXLLM, span) -> Callable[[torch.Tensor, int], Iterator]:
+    """Greedy steps of the same two modules run by PyTorch (:class:`~txl.model.ring.RingDecoder`, no export)."""
+    def steps(prompt: torch.Tensor, n: int) -> Iterator[None]:
+        ring = RingDecoder(model, span)
+        ring.read_prompt(prompt[:, :-1])
+        last = ring.step(prompt[:, -1:]).argmax(-1, keepdim=True)
+        yield
+        for _ in range(n):
+            last = ring.step(last).argmax(-1, keepdim=True)
+            yield
+    return steps
 
 
 def export_table(config: dict, *, batches=(1, 8), gen_tokens: int = 32, repeats: int = 5,
@@ -90,14 +89,13 @@ def export_table(config: dict, *, batches=(1, 8), gen_tokens: int = 32, repeats:
         vocab = Path(tmp) / "vocab.json"
         vocab.write_text("{}")
         start = time.perf_counter()
-        manifest = export_decoder(model, vocab, Path(tmp) / "onnx", span, "onnx")
+        export_decoder(model, vocab, Path(tmp) / "onnx", span, "onnx")
         out["export_seconds"] = time.perf_counter() - start
         decoder = ExportedDecoder(Path(tmp) / "onnx", threads=torch.get_num_threads())
-        eager = _EagerGraphs(model, span, manifest)
         for batch in batches:
             prompt = torch.randint(0, cfg.vocab_size, (batch, span.mem_len))
             runs = {"txl": _txl_steps(model, span.mem_len, "greedy"), "onnxruntime": _runner_steps(decoder),
-                    "graphs_eager": _runner_steps(eager)}
+                    "graphs_eager": _ring_steps(model, span)}
             sec = _per_token_seconds(runs, prompt, gen_tokens, repeats, lambda: None)
             row: dict[str, Any] = {"batch": batch, "context": span.mem_len}
             for name in runs:
