@@ -223,6 +223,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def reads_values(t: torch.Tensor) -> bool:
+    """Whether txl reads ``t``'s values on the host here, for a check or a decision: only for CPU tensors
+    and not while ``torch.compile`` traces (a read would break the graph). A CPU tensor's values are
+    there already; on an accelerator the read would wait for all the work queued before it (a host
+    synchronisation), so per-token and per-segment loops skip such checks or keep their result on the
+    device until the loop ends. Every value check in txl asks this one function."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def memory_bytes() -> int:
     """This machine's physical memory in bytes (a very large number where the system does not say)."""
     try:

@@ -19,8 +19,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_repetition_penalty_known_values():
     logits = torch.tensor([[2.0, -1.0, 0.5, 3.0], [2.0, -1.0, 0.5, 3.0]])
     out = adjust_logits(logits, [[0, 1, 1], []], repetition_penalty=2.0)
-    assert out.dtype == torch.float64
+    assert out.dtype == torch.float32  # the logits' dtype: no [B, V] float64 work per step
     assert out.tolist() == [[1.0, -2.0, 0.5, 3.0], [2.0, -1.0, 0.5, 3.0]]
+    half = adjust_logits(logits.bfloat16(), [[0, 1, 1], []], repetition_penalty=2.0)
+    assert half.dtype == torch.float32 and half.tolist() == out.tolist()  # bf16 widened, not kept
     assert adjust_logits(logits, [[0], [1]]) is logits  # no rule: untouched (greedy stays bit-exact)
 
 

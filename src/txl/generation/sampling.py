@@ -10,6 +10,7 @@ import torch
 
 from txl.config import check_decoding, check_sampling  # re-exported: txl.generation names them too
 from txl.errors import TxlError
+from txl.runtime import reads_values
 
 __all__ = ["GREEDY", "DecodingRules", "Generators", "LogitsProcessor", "adjust_logits", "banned_ngram_tokens",
            "check_decoding", "check_sampling", "sample_next"]  # Chooser and rules_from serve this package
@@ -38,19 +39,28 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
 
 
 def _draw(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
-          generator: Generators) -> torch.Tensor:
-    """The draw after the constraints: temperature, top-k, top-p processors, then multinomial (or arg max)."""
+          generator: Generators, faults: "Faults | None" = None) -> torch.Tensor:
+    """The draw after the constraints: temperature, top-k, top-p processors, then multinomial (or arg max).
+
+    Non-finite scores raise at once where their values can be read for free (:func:`~txl.runtime.reads_values`),
+    else they are noted in ``faults`` (raised when the decoder checks it, at the end of its loop) and the
+    faulty rows are drawn from uniform scores, so that the draw itself cannot fail on the device."""
     check_sampling(temperature, top_k, top_p)
+    if generator is not None and not isinstance(generator, torch.Generator) and len(generator) != logits.size(0):
+        raise TxlError(f"give one generator per row: {logits.size(0)} rows, {len(generator)} generators")
     # one reduction finds all three faults: a row's max is NaN if the row holds a NaN (max propagates
     # it), +inf if it holds +inf, and -inf if every score is -inf; its indices are the greedy choice
     best, argmax = logits.max(dim=-1)
-    if not bool(torch.isfinite(best).all()):
-        raise TxlError("the model produced non-finite scores (NaN or inf): its weights are broken, e.g. by a "
-                       "diverged training run; use an earlier checkpoint")
-    if generator is not None and not isinstance(generator, torch.Generator) and len(generator) != logits.size(0):
-        raise TxlError(f"give one generator per row: {logits.size(0)} rows, {len(generator)} generators")
+    finite = torch.isfinite(best)
+    if faults is None or reads_values(logits):
+        if not bool(finite.all()):
+            raise TxlError(NON_FINITE)
+    else:
+        faults.note(~finite, Faults.NON_FINITE)
+        logits = torch.where(finite[:, None], logits, 0.0)
     if temperature == 0:
         return argmax
+    logits = _wide(logits)
     for process in (_temperature(temperature), _top_k(top_k), _top_p(top_p)):
         if process is not None:
             logits = process(logits)
@@ -60,16 +70,60 @@ def _draw(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: fl
     return torch.cat([torch.multinomial(probs[b:b + 1], 1, generator=g)[:, 0] for b, g in enumerate(generator)])
 
 
+NON_FINITE = ("the model produced non-finite scores (NaN or inf): its weights are broken, e.g. by a diverged "
+              "training run; use an earlier checkpoint")
+
+
+def _wide(logits: torch.Tensor) -> torch.Tensor:
+    """Scores in the logits' own dtype, but bf16/fp16 widened to float32 (their 8-bit or 11-bit
+    mantissa would round small probabilities away in the softmax and the nucleus' running sum)."""
+    return logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
+
+
+class Faults:
+    """What a decoding loop found wrong on the device, kept there until the loop checks it: a per-token
+    check would wait for an accelerator at every step (on CPU tensors the checks run at once instead).
+
+    ``note(rows, kind)`` records bool [B] ``rows`` at fault of one kind; :meth:`check` reads the record
+    once (one host synchronisation) and raises.
+    """
+
+    NON_FINITE, NO_TOKEN = 1, 2
+
+    def __init__(self) -> None:
+        self.kind: torch.Tensor | None = None  # int64 scalar on the device: the kinds seen, or-ed
+
+    def note(self, rows: torch.Tensor, kind: int) -> None:
+        """Record ``kind`` if any of the bool [B] ``rows`` is set (no host synchronisation)."""
+        found = rows.any().to(torch.int64) * kind
+        self.kind = found if self.kind is None else self.kind | found
+
+    def check(self) -> None:
+        """Raise what was noted, if anything.
+
+        Raises:
+            TxlError: non-finite scores, or a row left without a token by the decoding rules.
+        """
+        kind = 0 if self.kind is None else int(self.kind)
+        if kind & self.NON_FINITE:
+            raise TxlError(NON_FINITE)
+        if kind & self.NO_TOKEN:
+            raise TxlError("the decoding rules left no token to choose in a row: loosen them (e.g. a smaller "
+                           "min_new_tokens) or generate fewer tokens")
+
+
 LogitsProcessor = Callable[[torch.Tensor], torch.Tensor]
-"""[B, V] scores -> [B, V] scores (float64 out; -inf bans a token)."""
+"""[B, V] scores -> [B, V] scores (the dtype of the scores, at least float32; -inf bans a token)."""
 
 
 def _temperature(temperature: float) -> LogitsProcessor | None:
     """Scores shifted so that each row's best is 0, then divided by the temperature (> 0): <= 0 for any
     temperature (-inf at worst for a tiny one), never inf or NaN; the limit T -> 0 is greedy."""
     def process(logits):
-        logits = logits.double()
-        return (logits - logits.max(dim=-1, keepdim=True).values) / temperature
+        shifted = logits - logits.max(dim=-1, keepdim=True).values
+        if temperature < torch.finfo(shifted.dtype).tiny:  # T itself underflows the dtype (1e-300 in float32):
+            return shifted * torch.finfo(shifted.dtype).max  # the greedy limit, every tie at the best kept
+        return shifted / temperature
     return process
 
 
@@ -115,7 +169,8 @@ def banned_ngram_tokens(generated: Sequence[int], n: int) -> set[int]:
 
 def adjust_logits(logits: torch.Tensor, generated: Sequence[Sequence[int]], *, repetition_penalty: float = 1.0,
                   no_repeat_ngram_size: int = 0, banned: Sequence[int] = ()) -> torch.Tensor:
-    """The scores [B, V] after the decoding rules, float64 (``logits`` itself when no rule applies).
+    """The scores [B, V] after the decoding rules, in the logits' dtype (float32 for bf16/fp16 logits;
+    ``logits`` itself when no rule applies).
 
     ``generated[b]`` holds the tokens row b has generated so far (the prompt is not counted, so that
     copying a phrase of the prompt stays allowed):
@@ -134,7 +189,7 @@ def adjust_logits(logits: torch.Tensor, generated: Sequence[Sequence[int]], *, r
         raise TxlError(f"generated must hold one token list per row: {logits.size(0)} rows, {len(generated)} lists")
     if repetition_penalty == 1.0 and not no_repeat_ngram_size and not banned:
         return logits
-    out = logits.double().clone()
+    out = _wide(logits).clone()
     for b, seq in enumerate(generated):
         if repetition_penalty != 1.0 and len(seq):
             ids = torch.as_tensor(sorted(set(int(t) for t in seq)), dtype=torch.long, device=out.device)
@@ -184,19 +239,29 @@ class DecodingRules:
         check_sampling(self.temperature, self.top_k, self.top_p)
         check_decoding(self.repetition_penalty, self.no_repeat_ngram_size, self.min_new_tokens)
 
-    def constraints(self, generated: Sequence[Sequence[int]], end_ids: Sequence[int] = ()) -> list[LogitsProcessor]:
-        """Processors 1-3 for rows that have generated ``generated[b]`` so far (empty when all are off)."""
-        n = len(generated[0]) if len(generated) else 0
+    @property
+    def needs_history(self) -> bool:
+        """Whether a rule reads the tokens each row has generated (repetition penalty, no repeated n-grams):
+        then a decoder keeps them on the host, one read of each step's tokens."""
+        return self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0
+
+    def constraints(self, generated: Sequence[Sequence[int]], end_ids: Sequence[int] = (),
+                    steps: int | None = None) -> list[LogitsProcessor]:
+        """Processors 1-3 for rows that have generated ``generated[b]`` so far (empty when all are off);
+        ``steps``: how many tokens each row has generated (None: ``len(generated[0])``)."""
+        n = steps if steps is not None else (len(generated[0]) if len(generated) else 0)
         banned = tuple(end_ids) if n < self.min_new_tokens else ()
-        if self.repetition_penalty == 1.0 and not self.no_repeat_ngram_size and not banned:
+        if not self.needs_history and not banned:
             return []
         return [lambda logits: adjust_logits(logits, generated, repetition_penalty=self.repetition_penalty,
                                              no_repeat_ngram_size=self.no_repeat_ngram_size, banned=banned)]
 
     def choose(self, logits: torch.Tensor, generated: Sequence[Sequence[int]], end_ids: Sequence[int] = (),
-               generator: Generators = None) -> torch.Tensor:
+               generator: Generators = None, *, steps: int | None = None, faults: Faults | None = None) -> torch.Tensor:
         """The next token of each row (int64 [B]) from the model's scores ``logits`` [B, V]: every
-        processor, then the draw. ``generated[b]``: the tokens row b has generated so far.
+        processor, then the draw. ``generated[b]``: the tokens row b has generated so far (may be empty
+        lists when no rule needs them and ``steps`` gives their number). ``faults``: where a fault is noted
+        instead of raised when the scores' values cannot be read for free (see :class:`Faults`).
 
         Raises:
             TxlError: non-finite scores or a row whose every token is banned; a generator list or
@@ -206,17 +271,19 @@ class DecodingRules:
             raise TxlError(f"generated must hold one token list per row: {logits.size(0)} rows, "
                            f"{len(generated)} lists")
         constrained = logits
-        for process in self.constraints(generated, end_ids):
+        for process in self.constraints(generated, end_ids, steps):
             constrained = process(constrained)
         if constrained is not logits:
             left = torch.isfinite(constrained).any(dim=-1) | ~torch.isfinite(logits).all(dim=-1)
-            if not bool(left.all()):
+            if faults is not None and not reads_values(logits):
+                faults.note(~left, Faults.NO_TOKEN)
+            elif not bool(left.all()):
                 row = int((~left).nonzero()[0, 0])
                 raise TxlError(f"the decoding rules leave no token to choose in row {row} after "
-                               f"{len(generated[row])} tokens (e.g. no_repeat_ngram_size "
-                               f"{self.no_repeat_ngram_size} once every n-gram was used): loosen them or "
-                               "generate fewer tokens")
-        return _draw(constrained, self.temperature, self.top_k, self.top_p, generator)
+                               f"{len(generated[row]) if steps is None else steps} tokens (e.g. "
+                               f"no_repeat_ngram_size {self.no_repeat_ngram_size} once every n-gram was used): "
+                               "loosen them or generate fewer tokens")
+        return _draw(constrained, self.temperature, self.top_k, self.top_p, generator, faults)
 
 
 GREEDY = DecodingRules(temperature=0.0)
@@ -224,20 +291,33 @@ GREEDY = DecodingRules(temperature=0.0)
 
 
 class Chooser:
-    """A decoding's token chooser: :meth:`DecodingRules.choose` over the tokens each row has generated,
-    which it keeps."""
+    """A decoding's token chooser: :meth:`DecodingRules.choose` over the tokens each row has generated.
+
+    It keeps those tokens on the host only when a rule reads them (:attr:`DecodingRules.needs_history`),
+    else just their number, so that a step's tokens stay on the device; faults found on an accelerator are
+    kept in :attr:`faults` until :meth:`check` (the decoder's loop calls it when it ends).
+    """
 
     def __init__(self, batch: int, rules: DecodingRules, generator: Generators = None, end_ids: Sequence[int] = ()):
         self.rules, self.generator = rules, generator
         self.end_ids = tuple(int(i) for i in end_ids)
         self.generated: list[list[int]] = [[] for _ in range(batch)]
+        self.steps = 0
+        self.faults = Faults()
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """int64 [B]: the next token of each row, drawn from ``logits`` [B, V]."""
-        token = self.rules.choose(logits, self.generated, self.end_ids, self.generator)
-        for row, t in zip(self.generated, token.tolist()):
-            row.append(t)
+        token = self.rules.choose(logits, self.generated, self.end_ids, self.generator, steps=self.steps,
+                                  faults=self.faults)
+        self.steps += 1
+        if self.rules.needs_history:
+            for row, t in zip(self.generated, token.tolist()):
+                row.append(t)
         return token
+
+    def check(self) -> None:
+        """Raise a fault noted on the device during the decoding (:meth:`Faults.check`)."""
+        self.faults.check()
 
 
 def rules_from(rules: DecodingRules | None, **fields) -> DecodingRules:

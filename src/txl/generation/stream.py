@@ -137,7 +137,12 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
     ``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``); the default samples at
     temperature 1. ``end_ids`` (e.g. the end-of-completion marker of :mod:`txl.data.pairs`) cannot be
     drawn before ``min_new_tokens`` tokens. The stream itself never stops early: the caller stops
-    reading it (see :func:`complete`). ``generator``: one, or one per row (:data:`Generators`).
+    reading it (see :func:`complete`).
+
+    No step reads a value back from the device (no host synchronisation per token) unless a rule needs
+    the generated tokens on the host (repetition penalty, no repeated n-grams): on an accelerator,
+    non-finite scores and rows the rules leave without a token are checked once, when the stream ends
+    (on CPU at the step). ``generator``: one, or one per row (:data:`Generators`).
 
     Prompts of different lengths: ``input_ids`` a list of int64 [T_b] tensors. Each prompt primes its
     own memory alone (:func:`prime_rows`); the memories are left-padded to one length and the
@@ -188,6 +193,7 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
                 token = choose(logits)
                 last = token[:, None]
                 yield GenerationStep(token, logits)
+            choose.check()
             return
         if not model.config.has_memory:
             rows = [p[None] for p in input_ids] if ragged else [input_ids]
@@ -197,6 +203,7 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
                 rows = [torch.cat([seq, t[:, None]], dim=1) for seq, t in zip(rows, token.split(
                     [seq.size(0) for seq in rows]))]
                 yield GenerationStep(token, logits)
+            choose.check()
             return
         # the memory lives in ring buffers of keys/values: a step projects and writes only the new token
         state = DecodingState(model.config.n_layer, span, keep_mems=False)
@@ -217,6 +224,7 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
             token = choose(out.logits[:, -1])
             last = token[:, None]
             yield GenerationStep(token, out.logits[:, -1])
+        choose.check()
 
 
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float | None = None,

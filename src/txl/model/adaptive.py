@@ -45,6 +45,7 @@ from txl.errors import TxlError
 from txl.model.linear import Int8Rows, linear_rows
 from txl.model.quantize import weight_rows
 from txl.model.parameters import init_weights
+from txl.runtime import reads_values
 
 
 def _boundaries(vocab_size: int, d_embed: int, d_proj: int, cutoffs: list[int], div_val: int) -> list[int]:
@@ -118,7 +119,10 @@ class AdaptiveEmbedding(nn.Module):
             return emb * self.emb_scale
 
         flat = ids.reshape(-1)
-        if torch.compiler.is_compiling():  # no data-dependent shapes: each cluster embeds every token, masked
+        # no data-dependent shapes where the ids' values cannot be read for free (compiling, or on an
+        # accelerator, where selecting each cluster's rows would wait for the device): every cluster
+        # embeds every token, masked -- a few [N, d_proj] products more, no host synchronisation
+        if not reads_values(flat):
             out = None
             for i, (lo, hi) in enumerate(zip(self.bounds, self.bounds[1:])):
                 inside = ((flat >= lo) & (flat < hi)).unsqueeze(1)
@@ -232,7 +236,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
             raise TxlError(f"labels must have shape [{hidden.shape[0]}], got {list(labels.shape)}")
         valid = labels != IGNORE_INDEX
         # value checks need data (not meta), cost a host sync on a GPU and would break a compiled graph
-        if labels.device.type == "cpu" and not torch.compiler.is_compiling():
+        if reads_values(labels):
             if bool((valid & ((labels < 0) | (labels >= self.vocab_size))).any()):
                 raise TxlError(f"labels must lie in [0, {self.vocab_size}) or be {IGNORE_INDEX}")
         head_lp = self._log_softmax(hidden, 0)  # [N, shortlist + K]
@@ -250,7 +254,10 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
                 picked = self._log_softmax(hidden, i).gather(1, target).squeeze(1)
                 nll = nll - torch.where(inside, picked, 0.0)
                 continue
-            rows = ((labels >= lo) & (labels < hi)).nonzero().squeeze(1)  # only this cluster's rows
+            # only this cluster's rows: a data-dependent size, one host synchronisation per cluster on an
+            # accelerator, kept there because the masked form above costs a softmax over the whole tail for
+            # every row (e.g. 9,000 rows x 200,000 tail tokens on WikiText-103)
+            rows = ((labels >= lo) & (labels < hi)).nonzero().squeeze(1)
             tail_lp = self._log_softmax(hidden.index_select(0, rows), i)  # [n_i, size_i]
             target = (labels.index_select(0, rows) - lo).unsqueeze(1)
             nll = nll.index_add(0, rows, -tail_lp.gather(1, target).squeeze(1))

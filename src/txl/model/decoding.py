@@ -39,7 +39,7 @@ import torch
 from txl.errors import TxlError
 from txl.model.inputs import padding_mask
 from txl.model.segment_room import SegmentPlan, place_segment, plan_segment
-from txl.runtime import available_memory_bytes, format_bytes
+from txl.runtime import available_memory_bytes, format_bytes, reads_values
 from txl.model.span import AttentionSpan
 
 
@@ -442,7 +442,7 @@ class DecodingState:
         if (not isinstance(index, torch.Tensor) or index.dim() != 1 or index.is_floating_point()
                 or index.dtype == torch.bool or index.numel() == 0):
             raise TxlError("reorder needs a non-empty 1-D integer tensor of row numbers")
-        if rows is not None and index.device.type == "cpu" and (int(index.min()) < 0 or int(index.max()) >= rows):
+        if rows is not None and reads_values(index) and (int(index.min()) < 0 or int(index.max()) >= rows):
             raise TxlError(f"reorder row numbers must be in [0, {rows}), got {index.tolist()}")
         if rows is not None and index.numel() > rows:  # more rows than now (beams from one prompt): checked
             tensors = [b for c in self.layers for b in (c.keys, c.values, c.hidden) if b is not None] + (self.held or [])

@@ -13,16 +13,9 @@ import torch
 
 from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
-from txl.runtime import available_memory_bytes, format_bytes
+from txl.runtime import available_memory_bytes, format_bytes, reads_values
 
 ID_DTYPES = (torch.int64, torch.int32)
-
-
-def _values_checkable(t: torch.Tensor) -> bool:
-    """Whether a value check is cheap here: CPU tensors only (no sync; meta tensors have no values),
-    and not while ``torch.compile`` traces the model (a value read would break the graph; the
-    compiled call checks shapes, dtypes and devices as eager does)."""
-    return t.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 def check_input_ids(input_ids, vocab_size: int, device: torch.device | None = None,
@@ -53,7 +46,7 @@ def check_input_ids(input_ids, vocab_size: int, device: torch.device | None = No
         raise TxlError(f"{name} is empty: a segment needs at least one token")
     if device is not None and input_ids.device != device:
         raise TxlError(f"{name} is on {input_ids.device} but the model is on {device}: move it with .to({str(device)!r})")
-    if _values_checkable(input_ids):
+    if reads_values(input_ids):
         lo, hi = int(input_ids.min()), int(input_ids.max())
         if lo < 0 or hi >= vocab_size:
             raise TxlError(f"{name}: token id {lo if lo < 0 else hi} is outside the vocabulary [0, {vocab_size})")
@@ -79,7 +72,7 @@ def check_labels(labels, input_ids: torch.Tensor, vocab_size: int) -> torch.Tens
         raise TxlError(f"labels shape {tuple(labels.shape)} differs from input_ids {tuple(input_ids.shape)}")
     if labels.device != input_ids.device:
         raise TxlError(f"labels are on {labels.device} but input_ids on {input_ids.device}")
-    if _values_checkable(labels):
+    if reads_values(labels):
         bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= vocab_size))
         if bool(bad.any()):
             value = int(labels[bad][0])
@@ -96,7 +89,7 @@ def padding_mask(mem_padding: torch.Tensor, batch: int, mlen: int, klen: int) ->
     """
     if not isinstance(mem_padding, torch.Tensor) or mem_padding.shape != (batch,) or mem_padding.is_floating_point():
         raise TxlError(f"mem_padding must be an integer tensor [batch] = [{batch}]")
-    if _values_checkable(mem_padding) and batch and (int(mem_padding.min()) < 0 or int(mem_padding.max()) > mlen):
+    if reads_values(mem_padding) and batch and (int(mem_padding.min()) < 0 or int(mem_padding.max()) > mlen):
         raise TxlError(f"mem_padding values must be in [0, memory length {mlen}], got {mem_padding.tolist()}")
     keys = torch.arange(klen, device=mem_padding.device)
     return (keys[None, :] < mem_padding[:, None])[:, None, None, :]

@@ -115,40 +115,49 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
     n_rows, width = inputs.shape
     device = inputs.device
     rows = torch.arange(n_rows, device=device)
-    ends = None
+    # the loop decides on the host which rows still run and which need a graph: Python lists, read once
+    # here when given as tensors, so that no segment waits for an accelerator to answer
+    ends_host = None
     if lengths is not None:
-        ends = torch.as_tensor(lengths, dtype=torch.int64, device=device)
-        if ends.shape != (n_rows,):
-            raise TxlError(f"lengths must be [rows] = [{n_rows}], got shape {tuple(ends.shape)}")
+        ends_host = torch.as_tensor(lengths, dtype=torch.int64).cpu()
+        if ends_host.shape != (n_rows,):
+            raise TxlError(f"lengths must be [rows] = [{n_rows}], got shape {tuple(ends_host.shape)}")
+        ends_host = ends_host.tolist()
+    grad_from_host = None
     if grad_from is not None:
-        grad_from = torch.as_tensor(grad_from, dtype=torch.int64, device=device)
-        if grad_from.shape != (n_rows,):
-            raise TxlError(f"grad_from must be [rows] = [{n_rows}], got shape {tuple(grad_from.shape)}")
+        grad_from_host = torch.as_tensor(grad_from, dtype=torch.int64).cpu()
+        if grad_from_host.shape != (n_rows,):
+            raise TxlError(f"grad_from must be [rows] = [{n_rows}], got shape {tuple(grad_from_host.shape)}")
+        grad_from = grad_from_host.to(device)
+        grad_from_host = grad_from_host.tolist()
+    rows_host = list(range(n_rows))  # the rows still running, as ``rows`` on the device
     if positions is None:
         positions = [(start, min(span.tgt_len, width - start)) for start in range(0, width, span.tgt_len)]
     for index, (start, size) in enumerate(positions):
         if not 1 <= size <= span.tgt_len or start < 0 or start + size > width:
             raise TxlError(f"segment {index} at ({start}, {size}) does not fit rows of {width} tokens and "
                            f"tgt_len {span.tgt_len}")
-        if ends is not None:
-            running = ends[rows] > start
-            if not bool(running.all()):
-                rows = rows[running]
+        if ends_host is not None:
+            kept = [i for i, r in enumerate(rows_host) if ends_host[r] > start]  # among the running rows
+            if len(kept) < len(rows_host):
+                rows_host = [rows_host[i] for i in kept]
+                kept = torch.tensor(kept, dtype=torch.int64).to(device)
+                rows = rows.index_select(0, kept)
                 if mems is not None:
-                    mems = [m[running] for m in mems]
+                    mems = [m.index_select(0, kept) for m in mems]
                 if caches is not None and caches.length > 0:
-                    caches.reorder(running.nonzero().squeeze(1))
-            if rows.numel() == 0:
+                    caches.reorder(kept)
+            if not rows_host:
                 return
         cols = slice(start, start + size)
-        if rows.numel() == n_rows:
+        if len(rows_host) == n_rows:
             x, y = inputs[:, cols], None if labels is None else labels[:, cols]
         else:
             x, y = inputs[rows, cols], None if labels is None else labels[rows, cols]
         keep_graph = grad
         if grad and grad_from is not None:
             window = grad_from[rows]
-            keep_graph = bool((window <= index).any())
+            keep_graph = any(grad_from_host[r] <= index for r in rows_host)
             if keep_graph and mems is not None:
                 cut = (window >= index)[:, None, None]  # the memory entering the window's first segment
                 mems = [torch.where(cut, m.detach(), m) for m in mems]
