@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The txl bench tables on a CUDA GPU, in under 8 minutes: bfloat16 autocast, batch sized to the device;
-# torch.compile against eager in float32.
+# The txl bench tables on a CUDA GPU, in under 8 minutes (15 with the host CPU rows): bfloat16 autocast, batch sized to the device;
+# torch.compile against eager in float32; FlexAttention against the biased kernel; int8 and ONNX rows on the host CPU.
 #
 #   bash benchmarks/gpu.sh            # writes benchmarks/results/<gpu>.json, <gpu>-eval-speedup.json,
 #                                     # <gpu>-eval-speedup-enwik8-large.json and <gpu>-compile.json
@@ -32,3 +32,13 @@ timeout 55 "$PY" -m txl bench --eval-speedup --model enwik8-large --device cuda 
 # torch.compile against eager (float32; training and evaluation segments of bench-small; docs/compile.md)
 timeout 150 "$PY" -m txl bench --compile --device cuda --repeats 5 \
     --json "benchmarks/results/$name-compile.json" --force
+# the relative position term as FlexAttention's score_mod (txl.model.flex), compiled, against txl's biased kernel
+timeout 120 "$PY" benchmarks/flex_attention.py --device cuda --json "benchmarks/results/$name-flex-attention.json"
+# int8 weights and the ONNX decoder are CPU kernels (no CUDA int8 kernel in txl; ONNX Runtime's CPU provider):
+# their rows on this host's CPU, unless CPU_ROWS=0 (export rows need the export extra)
+if [ "${CPU_ROWS:-1}" = 1 ]; then
+    timeout 240 "$PY" -m txl bench --quantize int8 --json "benchmarks/results/$name-host-int8.json" --force
+    if "$PY" -c "import onnxruntime, onnxscript" 2>/dev/null; then
+        timeout 240 "$PY" -m txl bench --export --json "benchmarks/results/$name-host-export.json" --force
+    fi
+fi
