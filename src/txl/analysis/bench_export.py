@@ -9,6 +9,8 @@ the ring rotates) is timed step by step, the implementations taking turns run by
 - ``txl``: txl's own loop (:func:`txl.generation.generate_steps`, the ring buffers of a decoding state);
 - ``onnxruntime``: :class:`txl.export.runner.ExportedDecoder` (the step graph in ONNX Runtime, the new
   key and value written into the ring in place by the runner), with as many threads as torch;
+- ``onnxruntime int8``: the same export with ``--quantize int8`` (ONNX Runtime's dynamic int8 products,
+  :func:`txl.export.files.quantize_onnx_graph`), and how many of its greedy tokens equal txl's;
 - ``graphs eager``: the same two graph modules run by PyTorch without export
   (:class:`~txl.model.ring.RingDecoder`: what the graph computes, with PyTorch's kernels).
 
@@ -33,6 +35,7 @@ from txl.analysis.bench_generation import _per_token_seconds, _txl_steps
 from txl.export.files import export_decoder
 from txl.model.ring import RingDecoder
 from txl.export.runner import ExportedDecoder
+from txl.generation import generate
 from txl.model import TransformerXLConfig, TransformerXLLM
 
 
@@ -66,8 +69,10 @@ def export_table(config: dict, *, batches=(1, 8), gen_tokens: int = 32, repeats:
     """ONNX Runtime against txl eager, greedy decoding at each batch size (see the module doc), float32, CPU.
 
     Returns ``{"config", "gen_tokens", "repeats", "versions", "export_seconds", "decoding": [rows]}``; a row ``{"batch", "context",
-    "txl_tokens_per_s", "onnxruntime_tokens_per_s", "graphs_eager_tokens_per_s", "ratio_onnxruntime",
-    "ratio_graphs_eager"}`` (ratios against txl).
+    "txl_tokens_per_s", "onnxruntime_tokens_per_s", "onnxruntime_int8_tokens_per_s", "graphs_eager_tokens_per_s",
+    "ratio_onnxruntime", "ratio_onnxruntime_int8", "ratio_graphs_eager", "int8_greedy_agreement"}`` (ratios
+    against txl; the agreement: the fraction of ``gen_tokens`` greedy tokens per row equal to txl's float32 ones
+    after the same prompt, random weights).
 
     Raises:
         ImportError: onnx/onnxscript/onnxruntime missing (the ``export`` extra; ``txl bench --export`` says so
@@ -91,19 +96,25 @@ def export_table(config: dict, *, batches=(1, 8), gen_tokens: int = 32, repeats:
         start = time.perf_counter()
         export_decoder(model, vocab, Path(tmp) / "onnx", span, "onnx")
         out["export_seconds"] = time.perf_counter() - start
+        export_decoder(model, vocab, Path(tmp) / "int8", span, "onnx", quantize="int8")
         decoder = ExportedDecoder(Path(tmp) / "onnx", threads=torch.get_num_threads())
+        int8 = ExportedDecoder(Path(tmp) / "int8", threads=torch.get_num_threads())
         for batch in batches:
             prompt = torch.randint(0, cfg.vocab_size, (batch, span.mem_len))
             runs = {"txl": _txl_steps(model, span.mem_len, "greedy"), "onnxruntime": _runner_steps(decoder),
-                    "graphs_eager": _ring_steps(model, span)}
+                    "onnxruntime_int8": _runner_steps(int8), "graphs_eager": _ring_steps(model, span)}
             sec = _per_token_seconds(runs, prompt, gen_tokens, repeats, lambda: None)
             row: dict[str, Any] = {"batch": batch, "context": span.mem_len}
             for name in runs:
                 row[f"{name}_tokens_per_s"] = batch / sec[name]
-            for name in ("onnxruntime", "graphs_eager"):
+            for name in ("onnxruntime", "onnxruntime_int8", "graphs_eager"):
                 row[f"ratio_{name}"] = sec["txl"] / sec[name]
+            want = generate(model, prompt, gen_tokens, temperature=0)[:, span.mem_len:].numpy()
+            row["int8_greedy_agreement"] = float((int8.greedy(prompt.numpy(), gen_tokens)[:, span.mem_len:] == want).mean())
             out["decoding"].append(row)
             log(f"decode batch {batch:2d} (mem_len {span.mem_len}): txl {row['txl_tokens_per_s']:8,.0f} tokens/s, "
                 f"ONNX Runtime {row['onnxruntime_tokens_per_s']:8,.0f} ({row['ratio_onnxruntime']:.2f}x), "
+                f"int8 {row['onnxruntime_int8_tokens_per_s']:8,.0f} ({row['ratio_onnxruntime_int8']:.2f}x, "
+                f"{row['int8_greedy_agreement']:.0%} of greedy tokens as float32), "
                 f"graphs eager {row['graphs_eager_tokens_per_s']:8,.0f} ({row['ratio_graphs_eager']:.2f}x)")
     return out

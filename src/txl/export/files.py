@@ -25,6 +25,7 @@ from txl.model.quantize import is_quantized
 from txl.model.span import AttentionSpan
 
 FORMATS = ("onnx", "pt2")
+QUANTIZE = ("int8",)
 SEGMENT_INPUTS = ["input_ids", "mems", "mem_padding", "n_valid"]
 SEGMENT_OUTPUTS = ["new_mems", "new_padding", "keys", "values", "fill"]
 STEP_INPUTS = ["input_ids", "keys", "values", "write", "fill"]
@@ -52,45 +53,109 @@ def example_inputs(model, span: AttentionSpan, batch_size: int = 2) -> tuple[tup
 def _quiet():
     """The exporters' progress lines, warnings and log records kept off the user's terminal (a failure
     still raises, with its message)."""
-    logger = logging.getLogger("torch.onnx")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "")]  # ONNX Runtime's quantizer logs to the root
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
-def check_export(model, span: AttentionSpan, fmt: str, vocab: Path) -> None:
+def check_export(model, span: AttentionSpan, fmt: str, vocab: Path, quantize: str | None = None) -> None:
     """Everything :func:`export_decoder` refuses before it writes (the CLI calls it before its start line).
 
     Raises:
         TxlError: an unknown format, a model or span the graphs cannot hold
             (:func:`~txl.model.ring.check_exportable`), weights other than float32 (int8, half
             precision, float64: the runner's state is float32), a missing ``vocab``, a missing
-            ``onnx``/``onnxscript`` for ONNX.
+            ``onnx``/``onnxscript`` for ONNX; ``quantize`` other than "int8", or with a format other than
+            ONNX, or without ``onnxruntime``.
     """
     if fmt not in FORMATS:
         raise TxlError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if quantize is not None and quantize not in QUANTIZE:
+        raise TxlError(f"--quantize must be one of {', '.join(QUANTIZE)}, got {quantize!r}")
+    if quantize and fmt != "onnx":
+        raise TxlError(f"--quantize {quantize} is for --format onnx (ONNX Runtime's int8 products); a .pt2 holds "
+                       "float32 weights")
     check_exportable(model.config, span)
     if is_quantized(model) or any(p.dtype != torch.float32 for p in model.parameters()):
         raise TxlError("export takes a float32 model: int8, half-precision and float64 weights are not exported "
-                       "(use the float32 checkpoint)")
+                       "(use the float32 checkpoint; --quantize int8 makes the exported products int8)")
     if not Path(vocab).is_file():
         raise TxlError(f"{vocab} is missing: the exported decoder needs the checkpoint's vocabulary")
     if fmt == "onnx":
-        try:
-            import onnx  # noqa: F401
-            import onnxscript  # noqa: F401
-        except ImportError:
-            raise TxlError("--format onnx needs onnx and onnxscript: in the txl folder, "
-                           ".venv/bin/python -m pip install -e '.[export]'") from None
+        need = ["onnx", "onnxscript"] + (["onnxruntime"] if quantize else [])
+        for package in need:
+            try:
+                __import__(package)
+            except ImportError:
+                raise TxlError(f"--format onnx{' --quantize ' + quantize if quantize else ''} needs "
+                               f"{' and '.join(need)}: in the txl folder, .venv/bin/python -m pip install -e "
+                               "'.[export]'") from None
+
+
+def _linear_as_matmul(graph) -> None:
+    """Rewrite each ``Gemm`` of the ONNX ``graph`` whose weight is an initializer (``x @ W^T + b``, as
+    ``nn.Linear`` exports) as ``MatMul`` with the transposed weight (+ ``Add``), in place: ONNX Runtime's
+    dynamic quantizer mishandles a transposed Gemm weight, and quantizes MatMul weights per column."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    weights = {t.name: t for t in graph.initializer}
+    nodes = []
+    for node in graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        plain = attrs.get("transA", 0) == 0 and attrs.get("alpha", 1.0) == 1.0 and attrs.get("beta", 1.0) == 1.0
+        if node.op_type != "Gemm" or node.input[1] not in weights or not plain:
+            nodes.append(node)
+            continue
+        name = node.input[1]
+        if attrs.get("transB", 0):
+            name += ".T"  # a tied weight (the embedding's Gather reads it too) keeps its own copy
+            if name not in weights:
+                weight = numpy_helper.to_array(weights[node.input[1]])
+                weights[name] = numpy_helper.from_array(np.ascontiguousarray(weight.T), name)
+                graph.initializer.append(weights[name])
+        if len(node.input) > 2 and node.input[2]:
+            product = node.output[0] + "_product"
+            nodes += [helper.make_node("MatMul", [node.input[0], name], [product], name=node.name + "_matmul"),
+                      helper.make_node("Add", [product, node.input[2]], list(node.output), name=node.name + "_bias")]
+        else:
+            nodes.append(helper.make_node("MatMul", [node.input[0], name], list(node.output), name=node.name))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.value_info[:]  # the exporter's intermediate shapes; the quantizer infers them again
+
+
+def quantize_onnx_graph(path: Path) -> int:
+    """Replace the ONNX graph at ``path`` (and its ``.data``) by its dynamic int8 form: every product with a
+    2-D weight becomes ONNX Runtime's ``DynamicQuantizeMatMul`` (int8 weights, one scale per output column;
+    the activations quantised per call), the embedding lookup and everything else stay float32.
+
+    Returns the number of products made int8. Raises what ONNX Runtime's quantizer raises.
+    """
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    model = onnx.load(str(path))  # the weights too, from path's .data
+    _linear_as_matmul(model.graph)
+    weights = {t.name: len(t.dims) for t in model.graph.initializer}
+    products = [n.name for n in model.graph.node if n.op_type == "MatMul" and weights.get(n.input[1]) == 2]
+    for stale in (path, path.with_name(path.name + ".data")):
+        stale.unlink(missing_ok=True)
+    quantize_dynamic(model, str(path), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"],
+                     nodes_to_quantize=products, use_external_data_format=True)
+    return len(products)
 
 
 def export_decoder(model, vocab: Path, out: str | os.PathLike[str], span: AttentionSpan, fmt: str = "onnx",
-                   inputs: tuple = ()) -> dict:
+                   inputs: tuple = (), quantize: str | None = None) -> dict:
     """Export ``model``'s segment reader and one-token step into the new (or empty) folder ``out``.
 
     Args:
@@ -101,6 +166,8 @@ def export_decoder(model, vocab: Path, out: str | os.PathLike[str], span: Attent
         fmt: "onnx" (``torch.onnx.export``, dynamo; needs ``onnx`` and ``onnxscript``: the ``export``
             extra) or "pt2" (``torch.export.save``).
         inputs: files or folders the command reads (``out`` may not be one of them or lie inside one).
+        quantize: "int8" (ONNX only; needs ``onnxruntime``): the graphs' weight products made dynamic int8
+            (:func:`quantize_onnx_graph`); None: float32.
 
     Returns:
         The manifest written to ``out/export.json``.
@@ -109,7 +176,7 @@ def export_decoder(model, vocab: Path, out: str | os.PathLike[str], span: Attent
         TxlError: what :func:`check_export` refuses; ``out`` that is not new or empty; a failed export
             (nothing is left in ``out`` then).
     """
-    check_export(model, span, fmt, vocab)
+    check_export(model, span, fmt, vocab, quantize)
     model.eval()
     c = model.config
     segment_args, step_args = example_inputs(model, span)
@@ -124,7 +191,7 @@ def export_decoder(model, vocab: Path, out: str | os.PathLike[str], span: Attent
         "span": span.to_dict(), "capacity": ring_capacity(span), "n_layer": c.n_layer, "n_head": c.n_head,
         "d_head": c.d_head, "d_model": c.d_model, "vocab_size": c.vocab_size,
         "dtype": str(model.word_emb.emb_layers[0].weight.dtype).removeprefix("torch."),
-        "logits": "log_probs" if c.cutoffs else "scores",
+        "logits": "log_probs" if c.cutoffs else "scores", "weights": quantize or "float32",
         "inputs": {k: v[0] for k, v in names.items()}, "outputs": {k: v[1] for k, v in names.items()},
     }
     folder = Path(out)
@@ -140,6 +207,8 @@ def export_decoder(model, vocab: Path, out: str | os.PathLike[str], span: Attent
                         torch.onnx.export(module, args[key], str(path), dynamo=True, dynamic_shapes=dynamic[key],
                                           input_names=names[key][0], output_names=names[key][1],
                                           external_data=True, verbose=False, optimize=True)
+                        if quantize:
+                            manifest.setdefault("int8_products", {})[key] = quantize_onnx_graph(path)
             shutil.copyfile(vocab, folder / "vocab.json")
             write_json(folder / MANIFEST, manifest)  # last: a folder with export.json is complete
         except BaseException as err:
