@@ -321,6 +321,8 @@ EARLY = [  # (argv, the error line); CKPT is an existing empty folder
     (["eval", "CKPT", "--clamp-len", "-5"], "--clamp-len must be >= 0, got -5"),
     (["score", "CKPT", "doc.txt", "--clamp-len", "-5"], "--clamp-len must be >= 0, got -5"),
     (["serve", "CKPT", "--cmem-len", "-1"], "--cmem-len must be >= 0, got -1"),
+    (["serve", "CKPT", "--compile", "--quantize", "int8"], "--compile does not serve --quantize yet; drop one of them"),
+    (["serve", "CKPT", "--compile", "--dtype", "bfloat16"], "--compile does not serve --dtype yet; drop one of them"),
     (["eval", "CKPT", "--tgt_len", "0"], "--tgt-len must be >= 1, got 0"),  # the hidden alias: named as --help does
     (["generate", "CKPT", "--mem-len", "-1"], "--mem-len must be >= 0, got -1"),
     (["summarize", "CKPT", "doc.txt", "--mem-len", "-1"], "--mem-len must be >= 0, got -1"),

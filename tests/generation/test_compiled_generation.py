@@ -41,9 +41,25 @@ def test_one_graph_per_module_for_every_memory_fill(batch, length, graphs):
     assert counters["stats"]["unique_graphs"] == graphs
 
 
+@pytest.mark.parametrize("memory", [3, 7, 12, 0], ids=["shorter", "full", "longer", "empty"])
+def test_compiled_generation_after_a_given_memory(memory):
+    # a txl serve session's memory (shorter than mem_len while it fills), then its tail and new tokens
+    model = tiny_model()
+    ids = torch.randint(0, 37, (2, 30), generator=torch.Generator().manual_seed(4))
+    mems = model(ids[:, :memory]).mems if memory else [torch.zeros(2, 0, 16, dtype=torch.float64)] * 3
+    if memory > 7:  # a longer memory than the span keeps: its last mem_len positions
+        first = model(ids[:, :5])
+        mems = [torch.cat([a, b], dim=1) for a, b in zip(first.mems, model(ids[:, 5:memory], mems=first.mems).mems)]
+        assert mems[0].size(1) > 7
+    for tail in (1, 4, 13):
+        prompt = ids[:, memory:memory + tail]
+        want = generate(model, prompt, 20, temperature=0, mems=mems)
+        assert torch.equal(generate(model, prompt, 20, temperature=0, mems=mems, compile="aot_eager"), want), tail
+
+
 def test_compiled_generation_refuses_what_the_ring_cannot_hold():
     model = tiny_model()
-    with pytest.raises(TxlError, match="prompts of one length and no mems"):
+    with pytest.raises(TxlError, match="compiled decoding takes prompts of one length"):
         generate(model, [torch.tensor([1, 2, 3]), torch.tensor([4])], 3, temperature=0, compile="aot_eager")
     with pytest.raises(TxlError, match="compiled decoding serves attn_type 'rel' and 'shaw'"):
         generate(tiny_model(attn_type="rope"), torch.tensor([[1, 2]]), 3, temperature=0, compile="aot_eager")
@@ -71,6 +87,9 @@ def test_txl_generate_compile_refusals_are_one_line(tmp_path, capsys):
                            (("--dtype", "bfloat16"), "--compile does not serve --dtype yet")):
         code, out, err = run_cli(capsys, "generate", tmp_path / "ckpt", "--compile", "-p", "ab", "-n", "2", *extra)
         assert code == 2 and message in one_error_line(err) and out == "", (extra, err)
+    pytest.importorskip("fastapi")
+    code, out, err = run_cli(capsys, "serve", tmp_path / "ckpt", "--compile", "--mem-len", "3", "--port", "0")
+    assert code == 2 and "--compile needs mem_len >= tgt_len" in one_error_line(err) and out == "", err
 
 
 @pytest.mark.slow

@@ -518,3 +518,32 @@ def test_a_whole_response_stops_generating_when_its_client_leaves(client, url):
     stopped = client.get("/metrics").json()["tokens_generated"]
     time.sleep(0.5)
     assert client.get("/metrics").json()["tokens_generated"] == stopped < before + 5000
+
+
+@pytest.mark.parametrize("length", [5, 50], ids=["no-complete-segment", "memory-and-tail"])
+def test_a_compiled_engine_samples_what_the_eager_one_does(ref, length):
+    """``txl serve --compile``: a session's memory and tail read by the compiled ring, then sampled; the tokens
+    of :func:`generate` on the whole text with the same seed (float64: no rounding between the two)."""
+    import asyncio
+
+    from txl.generation import DecodingRules
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from txl.serving.engine import Piece, SamplingParams
+
+    torch._dynamo.reset()
+    counters.clear()
+    engine = build_engine(copy.deepcopy(ref), TOK, span=SPAN, max_sessions=2, idle_timeout=300, max_tokens=50,
+                          compile="aot_eager")
+    assert counters["stats"]["unique_graphs"] == 2  # the prompt reader and the step, compiled before any request
+
+    async def run():
+        sid = engine.new_session()["id"]
+        await engine.append(sid, TEXT[:length])
+        params = SamplingParams(max_tokens=15, seed=9, rules=DecodingRules(temperature=0.9))
+        return [piece.token async for piece in engine.generate(sid, params, append=False) if isinstance(piece, Piece)]
+
+    got = asyncio.run(run())
+    assert got == reference_generate(ref, ids_of(TEXT[:length]), 15, 9, temperature=0.9)
+    assert counters["stats"]["unique_graphs"] == 2  # the request ran the same two graphs

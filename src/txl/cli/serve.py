@@ -60,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_span(p)
     add_dtype(p)
     add_quantize(p)
+    p.add_argument("--compile", action="store_true",
+                   help="sample through torch.compile: the ring step of docs/export.md, one graph for every memory "
+                        "fill, compiled before the server starts listening (docs/compile.md)")
     add_device(p)
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="warning",
                    help="uvicorn's log level; info and debug also log every request (default warning)")
@@ -78,6 +81,10 @@ def run(args: argparse.Namespace) -> int:
         raise TxlError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
     if not args.read_timeout > 0:
         raise TxlError(f"--read-timeout must be > 0 seconds, got {args.read_timeout}")
+    if args.compile:
+        for flag, on in (("--quantize", args.quantize != "none"), ("--dtype", args.dtype not in (None, "float32"))):
+            if on:
+                raise TxlError(f"--compile does not serve {flag} yet; drop one of them")
     check_checkpoint_path(args.checkpoint)  # the arguments, the path and the optional packages before torch
     require_installed("fastapi", "uvicorn", message="txl serve needs FastAPI and uvicorn: in the txl folder, "
                                                     ".venv/bin/python -m pip install -e '.[serve]' (or pip install "
@@ -112,10 +119,14 @@ def _run(args: argparse.Namespace, api_key: str | None) -> int:
 
     ckpt, _ = load_checkpoint(args, announce=True)
     span = resolve_span(ckpt.model.config, **span_args(args, ckpt.run.eval))
+    if args.compile:  # what the ring step cannot hold, refused in one line before the compilation
+        from txl.model.ring import check_exportable
+
+        check_exportable(ckpt.model.config, span, "--compile")
     engine = build_engine(ckpt.model, ckpt.tokenizer, span=span, dtype=args.dtype, max_sessions=args.max_sessions,
                           idle_timeout=args.idle_timeout, max_tokens=args.max_tokens,
                           max_pending_bytes=args.max_pending_bytes, max_request_tokens=args.max_request_tokens,
-                          name=model_name(ckpt.path))
+                          name=model_name(ckpt.path), compile=args.compile)
     from txl.runtime import available_memory_bytes, format_bytes
 
     have = available_memory_bytes()

@@ -13,7 +13,7 @@ from txl.model.segments import eval_mode, segments
 from txl.generation.sampling import Chooser, DecodingRules, Generators, rules_from
 from txl.model.decoding import DecodingState
 from txl.model.inputs import check_input_ids
-from txl.model.memory import Mems
+from txl.model.memory import Mems, check_mems
 from txl.model.quantize import is_quantized
 from txl.model.ring import RingDecoder, check_exportable
 from txl.model.span import AttentionSpan, resolve_span
@@ -154,8 +154,8 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
     the two modules of :class:`txl.model.ring.RingDecoder` under ``torch.compile(fullgraph=True)``, whose state (the ring
     of keys and values, its write index and fill) is tensors of fixed shape, so the step compiles once
     for every memory fill; the tokens are those of the default path (scores equal to float rounding).
-    For prompts of one length, no ``mems``, a model and span :func:`txl.model.ring.check_exportable`
-    accepts.
+    For prompts of one length (``mems`` too: the last ``mem_len`` positions are kept), a model and span
+    :func:`txl.model.ring.check_exportable` accepts.
 
     Raises:
         TxlError: ``input_ids`` that is not a non-empty integer tensor [batch, length] of ids in the
@@ -175,8 +175,8 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
     rules = rules_from(rules, temperature=temperature, top_k=top_k, top_p=top_p, **rule_fields)
     choose = Chooser(len(input_ids), rules, generator, end_ids)
     if compile:
-        if ragged or mems is not None:
-            raise TxlError("compiled decoding takes prompts of one length and no mems")
+        if ragged:
+            raise TxlError("compiled decoding takes prompts of one length")
         check_exportable(model.config, span, "compiled decoding")
         weight = model.word_emb.emb_layers[0].weight
         if (is_quantized(model) or weight.dtype not in (torch.float32, torch.float64)
@@ -185,8 +185,11 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
                            "half-precision weights, nor torch.autocast")
     with eval_mode(model):
         if compile:  # the ring's state is tensors of fixed shape: one compiled step for every memory fill
+            if mems is not None:  # the checks of a forward with this memory (shape, dtype, device)
+                check_mems(mems, model.config.n_layer, input_ids.size(0), model.config.d_model,
+                           dtypes=(weight.dtype,), device=weight.device)
             ring = RingDecoder(model, span, compile=compile)
-            ring.read_prompt(input_ids[:, :-1])
+            ring.read_prompt(input_ids[:, :-1], mems)
             last = input_ids[:, -1:]
             for _ in range(max_new_tokens):
                 logits = ring.step(last)

@@ -134,17 +134,24 @@ class SegmentReader(nn.Module):
         index = torch.arange(mem_len, device=input_ids.device) + n_valid  # the M positions after the real tokens
         new_mems = cat.index_select(2, index)
         new_padding = (mem_padding - n_valid).clamp(min=0)
-        keys, values = zip(*(layer_keys(layer.attn, m) for layer, m in zip(self.model.layers, new_mems.unbind(0))))
+        return (new_mems, new_padding, *self.ring(new_mems, new_padding))
+
+    def ring(self, mems: torch.Tensor, mem_padding: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The ring made from a left-padded memory ``mems`` [L, B, M, d] (``mem_padding`` [B], the same in
+        every row): keys and values [L, B, H, S, D], the memory's in slots 0 ... fill-1 in time order, and
+        ``fill`` int64 []."""
+        mem_len = self.span.mem_len
+        keys, values = zip(*(layer_keys(layer.attn, m) for layer, m in zip(self.model.layers, mems.unbind(0))))
         keys, values = torch.stack(keys), torch.stack(values)  # [L, B, H, M, D]
-        pad = new_padding[0]
-        slots = (torch.arange(mem_len, device=input_ids.device) + pad).clamp(max=mem_len - 1)
-        real = (torch.arange(mem_len, device=input_ids.device) < mem_len - pad)[:, None]
+        pad = mem_padding[0]
+        slots = (torch.arange(mem_len, device=mems.device) + pad).clamp(max=mem_len - 1)
+        real = (torch.arange(mem_len, device=mems.device) < mem_len - pad)[:, None]
         keys = keys.index_select(3, slots) * real
         values = values.index_select(3, slots) * real
         if self.capacity > mem_len:  # one more slot for the token that fills the ring
             extra = keys.new_zeros(*keys.shape[:3], self.capacity - mem_len, keys.size(-1))
             keys, values = torch.cat([keys, extra], dim=3), torch.cat([values, extra], dim=3)
-        return new_mems, new_padding, keys, values, mem_len - pad
+        return keys, values, mem_len - pad
 
 
 class RingStep(nn.Module):
@@ -219,7 +226,8 @@ class RingDecoder:
 
     def __init__(self, model: nn.Module, span: AttentionSpan, compile: bool | str = False) -> None:
         self.model, self.span, self.capacity = model, span, ring_capacity(span)
-        self.segment, self.step_module = SegmentReader(model, span), RingStep(model, span)
+        self.segment_reader = SegmentReader(model, span)
+        self.segment, self.step_module = self.segment_reader, RingStep(model, span)
         if compile:
             backend = compile if isinstance(compile, str) else "inductor"
             if backend not in BACKENDS:  # (others, e.g. cudagraphs, may hand back outputs a later step overwrites)
@@ -229,25 +237,30 @@ class RingDecoder:
         self.keys = self.values = self.write = self.fill = None
 
     @torch.no_grad()
-    def read_prompt(self, input_ids: torch.Tensor) -> None:
+    def read_prompt(self, input_ids: torch.Tensor, mems: list[torch.Tensor] | None = None) -> None:
         """Read ``input_ids`` (int64 [B, T], T >= 0 tokens: the prompt without the token the first
-        :meth:`step` reads) in calls of ``tgt_len``, as :func:`txl.generation.prime_memory` does."""
+        :meth:`step` reads) in calls of ``tgt_len``, as :func:`txl.generation.prime_memory` does, after
+        ``mems`` (``n_layer`` tensors [B, M', d], e.g. a ``txl serve`` session's memory; the last
+        ``mem_len`` positions are kept, fewer are left-padded and masked) or from no memory (None)."""
         c, span = self.model.config, self.span
         weight = self.model.word_emb.emb_layers[0].weight
         bsz, length = input_ids.shape
-        shape = (c.n_layer, bsz, c.n_head, self.capacity, c.d_head)
-        self.keys = weight.new_zeros(shape)
-        self.values = weight.new_zeros(shape)
-        self.fill = torch.zeros((), dtype=torch.long, device=weight.device)
-        mems = weight.new_zeros(c.n_layer, bsz, span.mem_len, c.d_model)
+        reader = self.segment_reader  # the eager module (the compiled one reads whole segments only)
+        memory = weight.new_zeros(c.n_layer, bsz, span.mem_len, c.d_model)
         padding = torch.full((bsz,), span.mem_len, dtype=torch.long, device=weight.device)
+        if mems is not None and mems[0].size(1) > 0:
+            given = torch.stack([m[:, -span.mem_len:] for m in mems]).to(weight.dtype)  # [L, B, M', d]
+            memory[:, :, span.mem_len - given.size(2):] = given
+            padding.fill_(span.mem_len - given.size(2))
+        self.keys, self.values, self.fill = reader.ring(memory, padding)
+        self.fill = torch.as_tensor(self.fill, dtype=torch.long, device=weight.device)
         input_ids = input_ids.to(torch.long)
         for start in range(0, length, span.tgt_len):
             chunk = input_ids[:, start:start + span.tgt_len]
             n = chunk.size(1)
             chunk = torch.cat([chunk, chunk.new_zeros(bsz, span.tgt_len - n)], dim=1)
-            mems, padding, self.keys, self.values, self.fill = self.segment(
-                chunk, mems, padding, torch.tensor(n, device=weight.device))
+            memory, padding, self.keys, self.values, self.fill = self.segment(
+                chunk, memory, padding, torch.tensor(n, device=weight.device))
         self.write = self.fill % self.capacity
 
     @torch.no_grad()

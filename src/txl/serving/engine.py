@@ -171,6 +171,9 @@ class Engine:
         job_tokens: about how many tokens one model job reads: longer texts are read in jobs of
             whole segments of about this size, between which other requests' jobs run.
         name: the model's name in responses.
+        compile: sample through ``torch.compile`` (True, or a backend's name; see
+            :func:`~txl.generation.generate_steps`): one graph for every memory fill, compiled by a warm-up
+            request when the engine is made.
     """
 
     model: Any
@@ -184,6 +187,7 @@ class Engine:
     job_tokens: int = 256
     name: str = "txl"
     metrics: Metrics = field(default_factory=Metrics)
+    compile: bool | str = False
 
     def __post_init__(self) -> None:
         self.device = next(self.model.parameters()).device
@@ -191,6 +195,11 @@ class Engine:
         c = self.model.config
         self.session_bytes = session_memory_bytes(c, self.span, next(self.model.parameters()).dtype,
                                                   self.max_pending_bytes)
+        if self.compile:  # compiled now, not in the first user's request: a prompt segment and two steps
+            ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
+            for _ in generate_steps(self.model, ids, 2, span=self.span, rules=DecodingRules(temperature=0),
+                                    compile=self.compile):
+                pass
 
     # --- shared pieces -------------------------------------------------------------------------
 
@@ -289,7 +298,7 @@ class Engine:
         generator.manual_seed(p.seed if p.seed is not None else torch.seed() % (2**63))
         ids = torch.as_tensor(context, device=self.device)[None]
         steps = generate_steps(self.model, ids, p.max_tokens, mems=mems, generator=generator, span=self.span,
-                               rules=p.rules)
+                               rules=p.rules, compile=self.compile)
         text = self.tokenizer.text_stream()
         cut = StopText(p.stop)
         self.metrics.add_tokens(read=int(context.size))

@@ -54,12 +54,14 @@ def is_loopback(host: str) -> bool:
 
 def build_engine(model, tokenizer, *, span: AttentionSpan, dtype: str = "float32", max_sessions: int = 64,
                  idle_timeout: float = 600.0, max_tokens: int = 4096, max_pending_bytes: int = 1 << 16,
-                 max_request_tokens: int = 1 << 17, name: str = "txl"):
-    """The :class:`~txl.serving.engine.Engine` serving ``model`` (eval mode) and ``tokenizer``.
+                 max_request_tokens: int = 1 << 17, name: str = "txl", compile: bool | str = False):
+    """The :class:`~txl.serving.engine.Engine` serving ``model`` (eval mode) and ``tokenizer``; ``compile``:
+    sample through ``torch.compile`` (compiled here, before the first request).
 
     Raises:
         TxlError: FastAPI/uvicorn missing, bounds out of range, or a span the model cannot read with
-            (``cmem_len`` > 0 for a model without a compressed memory).
+            (``cmem_len`` > 0 for a model without a compressed memory); with ``compile``, what compiled
+            decoding refuses (:func:`~txl.generation.generate_steps`).
     """
     _require_stack()
     from txl.serving.engine import Engine
@@ -76,7 +78,7 @@ def build_engine(model, tokenizer, *, span: AttentionSpan, dtype: str = "float32
     model.eval()
     return Engine(model=model, tokenizer=tokenizer, span=span, store=SessionStore(max_sessions, idle_timeout),
                   dtype=dtype, max_tokens=max_tokens, max_pending_bytes=max_pending_bytes,
-                  max_request_tokens=max_request_tokens, name=name)
+                  max_request_tokens=max_request_tokens, name=name, compile=compile)
 
 
 def listen(host: str, port: int) -> socket.socket:
