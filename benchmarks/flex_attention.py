@@ -5,7 +5,8 @@ under torch.compile. Prints and writes (--json) the median time of each and the 
     PYTHONPATH=src python benchmarks/flex_attention.py --device cuda --json benchmarks/results/flex-<gpu>.json
     OMP_NUM_THREADS=2 PYTHONPATH=src python benchmarks/flex_attention.py   # CPU: the compiled kernel of inductor
 
-Shapes: bench-small's layer by default (batch 8, 8 heads of 32, tgt_len 128, mem_len 128); --tgt-len,
+The flex rows include building the block mask from the mask (``create_block_mask``) in every call, as
+the model would per segment. Shapes: bench-small's layer by default (batch 8, 8 heads of 32, tgt_len 128, mem_len 128); --tgt-len,
 --mem-len, --batch-size change them. Timings are only comparable within one run on an idle machine.
 """
 

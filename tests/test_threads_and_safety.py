@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import txl.runtime
+import txl.training.checkpoint_files
 from conftest import ROOT, one_error_line, run_cli, tiny_model
 from txl.cli import all_parsers
 from txl.data import CharTokenizer
@@ -262,8 +263,8 @@ def test_checksums_naming_a_file_outside_the_checkpoint_are_refused_unread(tmp_p
     listed = json.loads((ckpt / "checksums.json").read_text())
     (ckpt / "checksums.json").write_text(json.dumps({**listed, name: "0" * 64} if name != 7 else {**listed, "7": 7}))
     hashed = []
-    real = txl.training.checkpoint._sha256
-    monkeypatch.setattr(txl.training.checkpoint, "_sha256", lambda path: (hashed.append(Path(path)), real(path))[1])
+    real = txl.training.checkpoint_files.sha256_file
+    monkeypatch.setattr(txl.training.checkpoint_files, "sha256_file", lambda path: (hashed.append(Path(path)), real(path))[1])
     if name == 7:  # a checksum that is not a string
         with pytest.raises(TxlError, match=r"checksums\.json gives 7 a checksum that is not a string"):
             load_checkpoint(ckpt)
@@ -284,8 +285,8 @@ def test_a_checkpoint_file_that_is_a_symbolic_link_is_refused_unread(tmp_path, c
     (ckpt / name).unlink()
     (ckpt / name).symlink_to(outside)
     hashed = []
-    real = txl.training.checkpoint._sha256
-    monkeypatch.setattr(txl.training.checkpoint, "_sha256", lambda path: (hashed.append(Path(path)), real(path))[1])
+    real = txl.training.checkpoint_files.sha256_file
+    monkeypatch.setattr(txl.training.checkpoint_files, "sha256_file", lambda path: (hashed.append(Path(path)), real(path))[1])
     message = (f"checkpoint {ckpt} holds {name} as a symbolic link; txl reads only the checkpoint's own files (a "
                "link can lead anywhere): replace the link with the file itself")
     with pytest.raises(TxlError, match=re.escape(message)):

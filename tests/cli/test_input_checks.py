@@ -26,7 +26,9 @@ from txl.data import ByteTokenizer, CharTokenizer
 from txl.data.pairs import add_markers
 from txl.errors import TxlError
 from txl.model import TransformerXLConfig, TransformerXLLM
-from txl.training.checkpoint import CHECKSUMS_NAME, RUN_NAME, _sha256, save_checkpoint
+from txl.config import CHECKSUMS_NAME, RUN_NAME
+from txl.data.download import sha256_file
+from txl.training.checkpoint import save_checkpoint
 from txl.training.config import SECTIONS, FinetuneConfig, RunConfig, load_run_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -130,7 +132,7 @@ def _rewrite_run_json(folder, change):
     change(values)
     (folder / RUN_NAME).write_text(json.dumps(values))
     sums = json.loads((folder / CHECKSUMS_NAME).read_text())
-    sums[RUN_NAME] = _sha256(folder / RUN_NAME)
+    sums[RUN_NAME] = sha256_file(folder / RUN_NAME)
     (folder / CHECKSUMS_NAME).write_text(json.dumps(sums))
 
 

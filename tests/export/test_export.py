@@ -360,4 +360,4 @@ def test_bench_export_table_has_the_int8_row():
     (row,) = table["decoding"]
     assert row["batch"] == 2 and row["context"] == 6
     assert {"ratio_onnxruntime", "ratio_onnxruntime_int8", "ratio_graphs_eager"} <= row.keys()
-    assert 0.0 <= row["int8_greedy_agreement"] <= 1.0
+    assert row["int8_greedy_agreement"] == 1.0  # the model's weights are seeded: measured, all 6 tokens equal

@@ -30,18 +30,26 @@ READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "__c
 
 
 class HostReads(TorchFunctionMode):
-    """Counts the calls that read a tensor's values on the host (names in :data:`READS`). (``.to(device)`` is
-    left out: on CPU it cannot tell a copy to an accelerator, which does not wait, from one back.)"""
+    """Counts the calls that read a tensor's values on the host (names in :data:`READS`) and, as
+    ``"upload"``, the host-to-device copies a loop could make: ``torch.tensor``/``torch.as_tensor`` given a
+    ``device`` and ``.to(device)`` (on an accelerator such a copy from pageable memory waits for the
+    device too). On CPU both kinds are free, so the counts stand for what would happen on a GPU."""
 
     def __init__(self):
         super().__init__()
         self.calls: list[str] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         name = getattr(func, "__name__", str(func))
         if name in READS:
             self.calls.append(name)
-        return func(*args, **(kwargs or {}))
+        elif name in ("tensor", "as_tensor") and kwargs.get("device") is not None:
+            self.calls.append("upload")
+        elif name == "to" and (kwargs.get("device") is not None
+                               or any(isinstance(a, (torch.device, str)) for a in args[1:])):
+            self.calls.append("upload")
+        return func(*args, **kwargs)
 
 
 @pytest.fixture
@@ -63,8 +71,9 @@ def _reads(fn) -> list[str]:
 
 def test_the_counter_sees_each_kind_of_read():
     t = torch.arange(4.0)
-    calls = _reads(lambda: (t.tolist(), t[0].item(), bool(t.sum() > 0), int(t[1]), t.nonzero(), t.cpu()))
-    assert calls == ["tolist", "item", "__bool__", "__int__", "nonzero", "cpu"]
+    calls = _reads(lambda: (t.tolist(), t[0].item(), bool(t.sum() > 0), int(t[1]), t.nonzero(), t.cpu(), t.to("cpu"),
+                            torch.tensor([1, 2], device="cpu"), t.to(torch.float64)))
+    assert calls == ["tolist", "item", "__bool__", "__int__", "nonzero", "cpu", "upload", "upload"]
 
 
 @pytest.mark.parametrize("overrides", [dict(), dict(cutoffs=[10, 20], div_val=2, d_embed=16),
@@ -80,7 +89,7 @@ def test_generation_reads_nothing_per_token(accelerator_checks, overrides, rules
     short = _reads(lambda: generate(model, ids, 3, generator=torch.Generator().manual_seed(1), **kwargs))
     long = _reads(lambda: generate(model, ids, 24, generator=torch.Generator().manual_seed(1), **kwargs))
     assert long == short, f"reads grow with the tokens: {len(short)} for 3 tokens, {len(long)} for 24: {long}"
-    assert len(short) <= 1  # at most the faults' one check at the end
+    assert short.count("__int__") <= 1  # at most the faults' one check, before the last step
 
 
 def test_rules_that_need_the_history_read_one_step_at_a_time(accelerator_checks):
@@ -109,16 +118,54 @@ def test_rows_of_different_lengths_leave_without_a_read(accelerator_checks):
         with torch.no_grad():
             return [seg.rows.numel() for seg in segments(model, inputs[:, :width], inputs[:, :width], span=span,
                                                          lengths=[width, width // 2, 3])]
-    # the lengths are read once, before the loop (here from a list: a CPU tensor made and read back)
-    assert _reads(lambda: read(20)) == _reads(lambda: read(40)) == ["cpu", "tolist"]
+    # the lengths are read once, before the loop (here from a list: a CPU tensor made and read back); one
+    # upload each time rows leave (twice in both widths: at 5 and at 10 or 20 tokens)
+    assert _reads(lambda: read(20)) == _reads(lambda: read(40)) == ["cpu", "tolist", "upload", "upload"]
     assert read(40) == [3, 2, 2, 2, 1, 1, 1, 1]  # rows leave at the first segment starting at or past their length
 
 
-def test_faults_found_on_the_device_raise_when_the_stream_ends(accelerator_checks):
+def _nan_model():
     model = tiny_model(dtype=torch.float32)
     with torch.no_grad():
         model.crit.out_layers[0].bias.fill_(float("nan"))
+    return model
+
+
+def test_faults_found_on_the_device_raise_before_the_last_step(accelerator_checks):
+    from txl.generation import generate_steps
+
+    model = _nan_model()
     ids = torch.randint(0, 37, (2, 4), generator=torch.Generator().manual_seed(0))
     for rules in (DecodingRules(temperature=0), DecodingRules(temperature=1.0, top_p=0.9)):
         with pytest.raises(TxlError, match="non-finite scores"):
             generate(model, ids, 5, rules=rules)
+        # a consumer that asks for exactly the steps it wants (as txl serve does) still gets the error
+        steps = generate_steps(model, ids, 3, rules=rules)
+        first = [next(steps), next(steps)]  # on the device, not raised at once: noted
+        assert all(step.faults is not None for step in first)
+        with pytest.raises(TxlError, match="non-finite scores"):
+            next(steps)
+        # and one that may stop early checks the steps it reads
+        with pytest.raises(TxlError, match="non-finite scores"):
+            first[0].check()
+
+
+def test_a_row_left_without_a_token_is_said_as_such_on_the_device(accelerator_checks):
+    # no_repeat_ngram_size 1 bans every token generated: after 37 tokens of a 37-token vocabulary, none is left
+    model = tiny_model(dtype=torch.float32)
+    ids = torch.randint(0, 37, (1, 4), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(TxlError, match="the decoding rules left no token to choose"):
+        generate(model, ids, 40, rules=DecodingRules(temperature=0, no_repeat_ngram_size=1))
+
+
+def test_completions_that_stop_early_check_what_they_read(accelerator_checks):
+    from txl.data import ByteTokenizer
+    from txl.generation import continue_texts
+
+    model = tiny_model(dtype=torch.float32, vocab_size=256)
+    with torch.no_grad():
+        model.crit.out_layers[0].bias.fill_(float("nan"))
+    prompt = torch.tensor(list(b"abc"))
+    with pytest.raises(TxlError, match="non-finite scores"):  # the NaN argmax is token 0: an end id at once
+        continue_texts(model, ByteTokenizer(), [prompt], max_new_tokens=20, end_ids=(0,),
+                       rules=DecodingRules(temperature=0))

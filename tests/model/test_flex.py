@@ -48,8 +48,11 @@ def test_a_padded_memory_mask_per_row():
 
 def test_shapes_that_disagree_are_refused():
     q_content, q_pos, k, v, r_k = _inputs()
-    with pytest.raises(TxlError, match="do not fit together"):
-        flex_biased_attention(q_content, q_pos, k, v, r_k[..., :-2], attention_mask(5, 7, False, 7, "cpu"), scale=0.5)
+    mask = attention_mask(5, 7, False, 7, "cpu")
+    for args in ((q_content, q_pos, k, v, r_k[..., :-2], mask), (q_content[:1], q_pos, k, v, r_k, mask),
+                 (q_content, q_pos, k, v, r_k, mask[None, None].repeat(3, 1, 1, 1)), (q_content, q_pos, k, v[:, :, :4], r_k, mask)):
+        with pytest.raises(TxlError, match="do not fit together"):
+            flex_biased_attention(*args, scale=0.5)
 
 
 @pytest.fixture

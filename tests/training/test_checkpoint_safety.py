@@ -12,7 +12,8 @@ import pytest
 
 from txl.cli import main
 from txl.errors import TxlError
-from txl.training.checkpoint import load_checkpoint, verify_checkpoint
+from txl.training.checkpoint import load_checkpoint
+from txl.training.checkpoint_files import verify_checkpoint
 
 TINY = ["model.n_layer=2", "model.d_model=16", "model.n_head=2", "model.d_head=8", "model.d_inner=32",
         "model.tgt_len=8", "model.mem_len=8", "model.dropout=0.1", "train.batch_size=4", "train.log_interval=1",

@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
-    from txl.generation import generate_stream, stream_text
+    from txl.generation import generate_steps, stream_text
     from txl.runtime import autocast
 
     ckpt, device = load_checkpoint(args, announce=True)
@@ -145,9 +145,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(ckpt.tokenizer.decode(prompt_ids.tolist()) + text + "\n")  # as read, as when streamed
         return 0
     with autocast(device, args.dtype):
-        tokens = (int(t[0]) for t in generate_stream(ckpt.model, ids, args.max_new_tokens, generator=generator,
-                                                     mem_len=args.mem_len, rules=decoding_rules(args),
-                                                     compile=args.compile))
+        steps = generate_steps(ckpt.model, ids, args.max_new_tokens, generator=generator, mem_len=args.mem_len,
+                               rules=decoding_rules(args), compile=args.compile)
+        tokens = (_read(step) for step in steps)
         pieces = stream_text(ckpt.tokenizer, tokens, prompt_ids.tolist())
         # the prompt as the model reads it, so that all printed is decode(prompt + sample): a word model's
         # prompt ends with the <eos> its encoding adds (a line end), and unknown words read <unk>
@@ -210,3 +210,10 @@ def _run_input(args: argparse.Namespace) -> int:
     for prompt, text in zip(prompts, texts):
         print(json.dumps({"prompt": prompt, "text": text}, ensure_ascii=False))
     return 0
+
+
+def _read(step) -> int:
+    """The token of a batch-1 generation step, its device-side faults checked with it (one read)."""
+    token = int(step.token[0])
+    step.check()
+    return token

@@ -105,11 +105,12 @@ class Faults:
             TxlError: non-finite scores, or a row left without a token by the decoding rules.
         """
         kind = 0 if self.kind is None else int(self.kind)
-        if kind & self.NON_FINITE:
-            raise TxlError(NON_FINITE)
+        # a row the rules leave without a token has -inf as its best score too: that kind is said first
         if kind & self.NO_TOKEN:
             raise TxlError("the decoding rules left no token to choose in a row: loosen them (e.g. a smaller "
                            "min_new_tokens) or generate fewer tokens")
+        if kind & self.NON_FINITE:
+            raise TxlError(NON_FINITE)
 
 
 LogitsProcessor = Callable[[torch.Tensor], torch.Tensor]
@@ -168,7 +169,7 @@ def banned_ngram_tokens(generated: Sequence[int], n: int) -> set[int]:
 
 
 def adjust_logits(logits: torch.Tensor, generated: Sequence[Sequence[int]], *, repetition_penalty: float = 1.0,
-                  no_repeat_ngram_size: int = 0, banned: Sequence[int] = ()) -> torch.Tensor:
+                  no_repeat_ngram_size: int = 0, banned: Sequence[int] | torch.Tensor = ()) -> torch.Tensor:
     """The scores [B, V] after the decoding rules, in the logits' dtype (float32 for bf16/fp16 logits;
     ``logits`` itself when no rule applies).
 
@@ -179,7 +180,8 @@ def adjust_logits(logits: torch.Tensor, generated: Sequence[Sequence[int]], *, r
       ``generated[b]`` becomes s / θ when s > 0, else s · θ (θ > 1 discourages repeating);
     * ``no_repeat_ngram_size`` n > 0: a token that would complete an n-gram already in
       ``generated[b]`` gets -inf (:func:`banned_ngram_tokens`);
-    * ``banned``: these ids get -inf in every row (e.g. the end marker before ``min_new_tokens``).
+    * ``banned``: these ids get -inf in every row (e.g. the end marker before ``min_new_tokens``); a
+      sequence, or an int64 tensor (on the logits' device: no copy per step).
 
     Raises:
         TxlError: bad settings (:func:`check_decoding`) or a ``generated`` list whose length is not B.
@@ -199,8 +201,9 @@ def adjust_logits(logits: torch.Tensor, generated: Sequence[Sequence[int]], *, r
             ban = banned_ngram_tokens([int(t) for t in seq], no_repeat_ngram_size)
             if ban:
                 out[b, torch.as_tensor(sorted(ban), dtype=torch.long, device=out.device)] = float("-inf")
-    if banned:
-        out[:, torch.as_tensor(list(banned), dtype=torch.long, device=out.device)] = float("-inf")
+    if len(banned):  # a tensor on the device already (a decoder's end ids, made once) or a sequence of ids
+        ids = banned if isinstance(banned, torch.Tensor) else torch.as_tensor(list(banned), dtype=torch.long)
+        out[:, ids.to(out.device)] = float("-inf")
     return out
 
 
@@ -245,18 +248,19 @@ class DecodingRules:
         then a decoder keeps them on the host, one read of each step's tokens."""
         return self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0
 
-    def constraints(self, generated: Sequence[Sequence[int]], end_ids: Sequence[int] = (),
+    def constraints(self, generated: Sequence[Sequence[int]], end_ids: Sequence[int] | torch.Tensor = (),
                     steps: int | None = None) -> list[LogitsProcessor]:
         """Processors 1-3 for rows that have generated ``generated[b]`` so far (empty when all are off);
-        ``steps``: how many tokens each row has generated (None: ``len(generated[0])``)."""
+        ``steps``: how many tokens each row has generated (None: ``len(generated[0])``); ``end_ids`` a
+        sequence or an int64 tensor."""
         n = steps if steps is not None else (len(generated[0]) if len(generated) else 0)
-        banned = tuple(end_ids) if n < self.min_new_tokens else ()
-        if not self.needs_history and not banned:
+        banned = end_ids if n < self.min_new_tokens and len(end_ids) else ()
+        if not self.needs_history and not len(banned):
             return []
         return [lambda logits: adjust_logits(logits, generated, repetition_penalty=self.repetition_penalty,
                                              no_repeat_ngram_size=self.no_repeat_ngram_size, banned=banned)]
 
-    def choose(self, logits: torch.Tensor, generated: Sequence[Sequence[int]], end_ids: Sequence[int] = (),
+    def choose(self, logits: torch.Tensor, generated: Sequence[Sequence[int]], end_ids: Sequence[int] | torch.Tensor = (),
                generator: Generators = None, *, steps: int | None = None, faults: Faults | None = None) -> torch.Tensor:
         """The next token of each row (int64 [B]) from the model's scores ``logits`` [B, V]: every
         processor, then the draw. ``generated[b]``: the tokens row b has generated so far (may be empty
@@ -307,6 +311,8 @@ class Chooser:
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """int64 [B]: the next token of each row, drawn from ``logits`` [B, V]."""
+        if self.steps < self.rules.min_new_tokens and self.end_ids and not isinstance(self.end_ids, torch.Tensor):
+            self.end_ids = torch.tensor(self.end_ids, dtype=torch.long).to(logits.device)  # once, not per step
         token = self.rules.choose(logits, self.generated, self.end_ids, self.generator, steps=self.steps,
                                   faults=self.faults)
         self.steps += 1

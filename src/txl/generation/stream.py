@@ -10,7 +10,7 @@ import torch
 
 from txl.errors import TxlError
 from txl.model.segments import eval_mode, segments
-from txl.generation.sampling import Chooser, DecodingRules, Generators, rules_from
+from txl.generation.sampling import Chooser, DecodingRules, Faults, Generators, rules_from
 from txl.model.decoding import DecodingState
 from txl.model.inputs import check_input_ids
 from txl.model.memory import Mems, check_mems
@@ -82,16 +82,37 @@ class GenerationStep:
         token: int64 [B] the sampled token of each row.
         logits: float [B, V] the model's scores for this step (before temperature, top-k/top-p and
             the decoding rules).
+        faults: what the decoding noted on the device so far (:class:`~txl.generation.sampling.Faults`;
+            None: nothing can be noted, e.g. on CPU, where faults raise at the step).
     """
 
     token: torch.Tensor
     logits: torch.Tensor
+    faults: Faults | None = None
+
+    def check(self) -> None:
+        """Raise a fault the decoding noted on the device up to this step (one read of the device: free for
+        a caller that reads the step's tokens anyway, as a consumer that may stop early does).
+
+        Raises:
+            TxlError: non-finite scores, or a row the decoding rules left without a token.
+        """
+        if self.faults is not None:
+            self.faults.check()
 
     @property
     def logprob(self) -> torch.Tensor:
         """float64 [B]: log p(token | everything before it) in nats, under the model's distribution
         (temperature 1, before top-k/top-p and the decoding rules); computed when asked for."""
         return torch.log_softmax(self.logits.double(), dim=-1).gather(-1, self.token[:, None]).squeeze(-1)
+
+
+def _step(choose: Chooser, token: torch.Tensor, logits: torch.Tensor, last: bool) -> GenerationStep:
+    """The step of ``token`` drawn from ``logits``; the faults are checked first when it is the ``last`` one
+    of the decoding (its consumer may never ask for more)."""
+    if last:
+        choose.check()
+    return GenerationStep(token, logits, None if choose.faults.kind is None else choose.faults)
 
 
 @torch.no_grad()
@@ -141,8 +162,9 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
 
     No step reads a value back from the device (no host synchronisation per token) unless a rule needs
     the generated tokens on the host (repetition penalty, no repeated n-grams): on an accelerator,
-    non-finite scores and rows the rules leave without a token are checked once, when the stream ends
-    (on CPU at the step). ``generator``: one, or one per row (:data:`Generators`).
+    non-finite scores and rows the rules leave without a token are checked once, before the last step is
+    yielded (on CPU at the step); a caller that may stop earlier and reads each step's tokens anyway
+    calls :meth:`GenerationStep.check` with them. ``generator``: one, or one per row (:data:`Generators`).
 
     Prompts of different lengths: ``input_ids`` a list of int64 [T_b] tensors. Each prompt primes its
     own memory alone (:func:`prime_rows`); the memories are left-padded to one length and the
@@ -191,22 +213,20 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
             ring = RingDecoder(model, span, compile=compile)
             ring.read_prompt(input_ids[:, :-1], mems)
             last = input_ids[:, -1:]
-            for _ in range(max_new_tokens):
+            for i in range(max_new_tokens):
                 logits = ring.step(last)
                 token = choose(logits)
                 last = token[:, None]
-                yield GenerationStep(token, logits)
-            choose.check()
+                yield _step(choose, token, logits, i == max_new_tokens - 1)
             return
         if not model.config.has_memory:
             rows = [p[None] for p in input_ids] if ragged else [input_ids]
-            for _ in range(max_new_tokens):
+            for i in range(max_new_tokens):
                 logits = torch.cat([model(seq[:, -span.tgt_len:], span=span).logits[:, -1] for seq in rows])
                 token = choose(logits)
                 rows = [torch.cat([seq, t[:, None]], dim=1) for seq, t in zip(rows, token.split(
                     [seq.size(0) for seq in rows]))]
-                yield GenerationStep(token, logits)
-            choose.check()
+                yield _step(choose, token, logits, i == max_new_tokens - 1)
             return
         # the memory lives in ring buffers of keys/values: a step projects and writes only the new token
         state = DecodingState(model.config.n_layer, span, keep_mems=False)
@@ -216,7 +236,7 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
         else:
             mems, padding = prime_memory(model, input_ids[:, :-1], mems, state), None
             last = input_ids[:, -1:]
-        for _ in range(max_new_tokens):
+        for i in range(max_new_tokens):
             before = 0
             if padding is not None:  # the memory length before this step (the model checks the memory first)
                 before = state.memory_length if state.length else (0 if mems is None else mems[0].size(1))
@@ -226,8 +246,7 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
                 padding = (padding - (before + 1 - state.memory_length)).clamp(min=0)
             token = choose(out.logits[:, -1])
             last = token[:, None]
-            yield GenerationStep(token, out.logits[:, -1])
-        choose.check()
+            yield _step(choose, token, out.logits[:, -1], i == max_new_tokens - 1)
 
 
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float | None = None,

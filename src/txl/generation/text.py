@@ -12,7 +12,7 @@ import torch
 from txl.errors import TxlError
 from txl.generation.beam import beam_search
 from txl.generation.sampling import DecodingRules, Generators, rules_from
-from txl.generation.stream import generate_stream
+from txl.generation.stream import generate_steps
 from txl.model.span import AttentionSpan
 
 
@@ -119,7 +119,7 @@ def continue_texts(model, tokenizer, prompts: Sequence[torch.Tensor], *, max_new
     ``temperature``, ``min_new_tokens``, ...; not both). Completions are greedy unless told otherwise:
     with neither, :data:`~txl.generation.GREEDY`; keywords without ``temperature`` are greedy too
     (``rules=DecodingRules(...)`` takes that class's defaults, temperature 1).
-    ``num_beams`` 1: up to ``batch_size`` prompts are decoded together (:func:`generate_stream` with
+    ``num_beams`` 1: up to ``batch_size`` prompts are decoded together (:func:`generate_steps` with
     prompts of different lengths), each exactly as alone; give ``generator`` as one generator per
     prompt for sampling that does not depend on the batching. ``num_beams`` > 1: :func:`beam_search`
     for each prompt (the rules' temperature, top-k and top-p and ``generator`` are not used).
@@ -150,17 +150,18 @@ def continue_texts(model, tokenizer, prompts: Sequence[torch.Tensor], *, max_new
         chunk = list(prompts[start:start + batch_size])
         gen = generator if generator is None or isinstance(generator, torch.Generator) else \
             list(generator[start:start + batch_size])
-        steps = generate_stream(model, chunk, max_new_tokens, generator=gen, span=span, mem_len=mem_len,
-                                rules=rules, end_ids=tuple(end))
+        steps = generate_steps(model, chunk, max_new_tokens, generator=gen, span=span, mem_len=mem_len,
+                               rules=rules, end_ids=tuple(end))
         texts += _cut_texts(tokenizer, _Columns(steps, len(chunk)).rows(), end, stop, rules.min_new_tokens, ended)
     return texts
 
 
 class _Columns:
-    """The rows of a batched token stream (int64 [B] per step), each read one token at a time; a step
-    is computed only when a row that is still being read needs its next token."""
+    """The rows of a batched stream of :class:`~txl.generation.stream.GenerationStep` (int64 [B] tokens per
+    step), each read one token at a time; a step is computed only when a row that is still being read needs
+    its next token, and its faults are checked as its tokens are read (the reading may stop early)."""
 
-    def __init__(self, steps: Iterator[torch.Tensor], n: int) -> None:
+    def __init__(self, steps: Iterator, n: int) -> None:
         self.steps, self.buffer = steps, [[] for _ in range(n)]
 
     def rows(self) -> list[Iterator[int]]:
@@ -172,8 +173,9 @@ class _Columns:
                 step = next(self.steps, None)
                 if step is None:
                     return
-                for row, t in zip(self.buffer, step.tolist()):
+                for row, t in zip(self.buffer, step.token.tolist()):
                     row.append(t)
+                step.check()
             yield self.buffer[b].pop(0)
 
 

@@ -55,9 +55,12 @@ def flex_biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch
     klen = k.size(2)
     if r_k.size(-1) == klen + 1:
         r_k = r_k[..., 1:]
-    if r_k.size(-1) != klen or k.shape[:2] != (bsz, heads) or mask.shape[-2:] != (qlen, klen):
-        raise TxlError(f"flex attention: queries [{bsz}, {heads}, {qlen}, D], keys {tuple(k.shape)}, position keys "
-                       f"{tuple(r_k.shape)} and mask {tuple(mask.shape)} do not fit together")
+    batch_mask = mask.dim() == 2 or (mask.dim() == 4 and mask.size(0) in (1, bsz) and mask.size(1) == 1)
+    if (r_k.size(-1) != klen or k.shape[:2] != (bsz, heads) or mask.shape[-2:] != (qlen, klen) or not batch_mask
+            or q_content.shape != q_pos.shape or v.shape[:3] != k.shape[:3]):
+        raise TxlError(f"flex attention: queries {tuple(q_content.shape)} and {tuple(q_pos.shape)}, keys "
+                       f"{tuple(k.shape)}, values {tuple(v.shape)}, position keys {tuple(r_k.shape)} and mask "
+                       f"{tuple(mask.shape)} do not fit together")
     pos = position_scores(q_pos, r_k)  # [B, H, T, K]: column c holds distance K - 1 - c
     visible = ~(mask if mask.dim() == 4 else mask[None, None]).expand(bsz, 1, qlen, klen)[:, 0]  # [B, T, K]
     shift = qlen - 1  # query i, key j: distance M + i - j is column j + T - 1 - i

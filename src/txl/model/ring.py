@@ -255,12 +255,14 @@ class RingDecoder:
         self.keys, self.values, self.fill = reader.ring(memory, padding)
         self.fill = torch.as_tensor(self.fill, dtype=torch.long, device=weight.device)
         input_ids = input_ids.to(torch.long)
-        for start in range(0, length, span.tgt_len):
+        starts = range(0, length, span.tgt_len)
+        # every call's count of real tokens, sent to the device once (a copy per call would wait for it)
+        counts = torch.tensor([min(span.tgt_len, length - a) for a in starts], dtype=torch.long).to(weight.device)
+        for i, start in enumerate(starts):
             chunk = input_ids[:, start:start + span.tgt_len]
             n = chunk.size(1)
             chunk = torch.cat([chunk, chunk.new_zeros(bsz, span.tgt_len - n)], dim=1)
-            memory, padding, self.keys, self.values, self.fill = self.segment(
-                chunk, memory, padding, torch.tensor(n, device=weight.device))
+            memory, padding, self.keys, self.values, self.fill = self.segment(chunk, memory, padding, counts[i])
         self.write = self.fill % self.capacity
 
     @torch.no_grad()

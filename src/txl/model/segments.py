@@ -139,16 +139,16 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
                            f"tgt_len {span.tgt_len}")
         if ends_host is not None:
             kept = [i for i, r in enumerate(rows_host) if ends_host[r] > start]  # among the running rows
+            if not kept:  # every row has ended
+                return
             if len(kept) < len(rows_host):
                 rows_host = [rows_host[i] for i in kept]
-                kept = torch.tensor(kept, dtype=torch.int64).to(device)
+                kept = torch.tensor(kept, dtype=torch.int64).to(device)  # one copy each time rows leave
                 rows = rows.index_select(0, kept)
                 if mems is not None:
                     mems = [m.index_select(0, kept) for m in mems]
                 if caches is not None and caches.length > 0:
                     caches.reorder(kept)
-            if not rows_host:
-                return
         cols = slice(start, start + size)
         if len(rows_host) == n_rows:
             x, y = inputs[:, cols], None if labels is None else labels[:, cols]

@@ -195,6 +195,9 @@ class Engine:
         c = self.model.config
         self.session_bytes = session_memory_bytes(c, self.span, next(self.model.parameters()).dtype,
                                                   self.max_pending_bytes)
+        if self.compile and self.dtype != "float32":
+            raise TxlError(f"compiled sampling takes float32 without autocast, not dtype {self.dtype!r}: drop "
+                           "compile or the dtype")
         if self.compile:  # compiled now, not in the first user's request: a prompt segment and two steps
             ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
             for _ in generate_steps(self.model, ids, 2, span=self.span, rules=DecodingRules(temperature=0),
@@ -473,6 +476,7 @@ def _next_piece(steps, text, cut: StopText, context: np.ndarray | None, last: bo
             text.push(i)  # the context's text: the output continues it
     step = next(steps)
     token = int(step.token[0])
+    step.check()  # a fault noted on the device (its value is read with the token's, no further wait)
     shown = cut.push(text.push(token) + (text.finish() if last else ""))
     if last and not cut.stopped:
         shown += cut.finish()

@@ -24,9 +24,9 @@ from txl.fileio import FolderClaim, claim_folder, write_json
 from txl.model import TransformerXLLM
 from txl.model.config import check_compilable
 from txl.training import distributed
-from txl.training.checkpoint import (RUN_NAME, NonFiniteWeights, check_run_folder, checkpoint_candidates,
-                                     checkpoint_step, first_good_checkpoint, load_checkpoint, load_into,
+from txl.training.checkpoint import (RUN_NAME, NonFiniteWeights, checkpoint_step, load_checkpoint, load_into,
                                      quarantine, save_checkpoint, saved_vocabulary)
+from txl.training.checkpoint_files import check_run_folder, checkpoint_candidates, first_good_checkpoint
 from txl.training.fingerprint import STATE_KEY as DATA_KEY
 from txl.training.fingerprint import check_resumed_data
 from txl.training.resume import JSON_NAME as TRAINER_JSON
@@ -153,7 +153,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     the free CPUs), said in the ``model:`` line, and are set back when this function returns.
 
     A new run needs a new or empty ``out_dir``; txl never deletes or replaces a file or folder of
-    the run directory that it did not write (:func:`txl.training.checkpoint.check_run_folder`).
+    the run directory that it did not write (:func:`txl.training.checkpoint_files.check_run_folder`).
     Every checkpoint records the size and sha256 of the data (:mod:`txl.training.fingerprint`); a
     resumed run whose data differ is refused unless ``allow_data_change`` (then one warning line).
     A ``metrics.csv`` row is written before the checkpoint of its step, so a kill between the two

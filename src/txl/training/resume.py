@@ -17,9 +17,9 @@ from safetensors.torch import load_file, save_file
 
 from txl.errors import TxlError
 from txl.fileio import atomic_write, read_json_object, write_json
-from txl.training.checkpoint import TRAINER_JSON as JSON_NAME
-from txl.training.checkpoint import TRAINER_TENSORS as TENSORS_NAME
-from txl.training.checkpoint import checkpoint_candidates, first_good_checkpoint
+from txl.training.checkpoint_files import TRAINER_JSON as JSON_NAME
+from txl.training.checkpoint_files import TRAINER_TENSORS as TENSORS_NAME
+from txl.training.checkpoint_files import checkpoint_candidates, first_good_checkpoint
 
 
 def rank_rng_state(device: torch.device) -> list[torch.Tensor]:
