@@ -100,11 +100,11 @@ def test_generate_prints_the_decoded_sample_of_a_byte_model(tmp_path, capsys, mo
     ckpt = make_checkpoint(tmp_path / "byte", ByteTokenizer(), step=5)
     sample = list(bytes.fromhex("80F09F90956F6B"))
 
-    def fake_stream(model, ids, n, **kw):  # the model "draws" these bytes
+    def fake_steps(model, ids, n, **kw):  # the model "draws" these bytes
         for b in sample:
-            yield torch.tensor([b])
+            yield txl.generation.GenerationStep(torch.tensor([b]), torch.zeros(1, 256))
 
-    monkeypatch.setattr(txl.generation, "generate_stream", fake_stream)
+    monkeypatch.setattr(txl.generation, "generate_steps", fake_steps)
     code, out, err = run_cli(capsys, "generate", ckpt, "--prompt", "x", "-n", "7", "--device", "cpu")
     assert code == 0, err
     assert out == "x\ufffd\U0001F415ok\n"

@@ -725,11 +725,11 @@ def test_generate_of_a_word_model_prints_the_decoded_prompt_and_sample(tmp_path,
     tok = load_checkpoint(lm).tokenizer
     sample = [4, 5, 1, 2]  # pursuit. caitiff <eos> the
 
-    def fake_stream(model, ids, n, **kw):
+    def fake_steps(model, ids, n, **kw):
         for i in sample[:n]:
-            yield torch.tensor([i])
+            yield txl.generation.GenerationStep(torch.tensor([i]), torch.zeros(1, tok.vocab_size))
 
-    monkeypatch.setattr(txl.generation, "generate_stream", fake_stream)
+    monkeypatch.setattr(txl.generation, "generate_steps", fake_steps)
     for prompt in ("the king", "the KING"):  # the sibling: an unknown word is printed as the model read it
         code, out, err = run_cli(capsys, "generate", lm, "--prompt", prompt, "-n", "4", "--seed", "1")
         assert code == 0, err
