@@ -81,10 +81,10 @@ def test_txl_generate_compile_refusals_are_one_line(tmp_path, capsys):
     tokenizer = ByteTokenizer()
     save_checkpoint(tmp_path / "ckpt", tiny_model(dtype=torch.float32, vocab_size=tokenizer.vocab_size, n_layer=1),
                     tokenizer, RunConfig(), {"step": 1})
-    for extra, message in ((("--num-beams", "2"), "--compile does not serve --num-beams yet"),
-                           (("--quantize", "int8"), "--compile does not serve --quantize yet"),
+    for extra, message in ((("--num-beams", "2"), "--compile does not take --num-beams yet"),
+                           (("--quantize", "int8"), "--compile does not take --quantize yet"),
                            (("--mem-len", "3"), "--compile needs mem_len >= tgt_len"),
-                           (("--dtype", "bfloat16"), "--compile does not serve --dtype yet")):
+                           (("--dtype", "bfloat16"), "--compile does not take a half-precision --dtype yet")):
         code, out, err = run_cli(capsys, "generate", tmp_path / "ckpt", "--compile", "-p", "ab", "-n", "2", *extra)
         assert code == 2 and message in one_error_line(err) and out == "", (extra, err)
     pytest.importorskip("fastapi")

@@ -103,9 +103,9 @@ def run(args: argparse.Namespace) -> int:
         raise TxlError("give prompts either with --input or with --prompt/--prompt-file, not both")
     if args.compile:
         for flag, on in (("--input", args.input is not None), ("--num-beams", args.num_beams > 1),
-                         ("--quantize", args.quantize != "none"), ("--dtype", args.dtype not in (None, "float32"))):
+                         ("--quantize", args.quantize != "none"), ("a half-precision --dtype", args.dtype not in (None, "float32"))):
             if on:
-                raise TxlError(f"--compile does not serve {flag} yet; drop one of them")
+                raise TxlError(f"--compile does not take {flag} yet; drop one of them")
     check_checkpoint_path(args.checkpoint)
     check_exists(args.prompt_file, "prompt file", kind="file")
     check_exists(args.input, "prompts file", kind="file")
@@ -133,6 +133,9 @@ def run(args: argparse.Namespace) -> int:
 
         check_exportable(ckpt.model.config, resolve_span(ckpt.model.config, mem_len=args.mem_len), "--compile")
     print_notes(args)  # which checkpoint (the input has passed its checks)
+    if args.compile:
+        print("txl: compiling the decoder (torch.compile): the first tokens wait for it, a minute or so on a CPU",
+              file=sys.stderr, flush=True)
     generator = torch.Generator(device=device)
     generator.manual_seed(args.seed if args.seed is not None else torch.seed() % (2**63))
     if args.num_beams > 1:  # the best continuation is known only at the end

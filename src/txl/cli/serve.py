@@ -82,9 +82,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.read_timeout > 0:
         raise TxlError(f"--read-timeout must be > 0 seconds, got {args.read_timeout}")
     if args.compile:
-        for flag, on in (("--quantize", args.quantize != "none"), ("--dtype", args.dtype not in (None, "float32"))):
+        for flag, on in (("--quantize", args.quantize != "none"), ("a half-precision --dtype", args.dtype not in (None, "float32"))):
             if on:
-                raise TxlError(f"--compile does not serve {flag} yet; drop one of them")
+                raise TxlError(f"--compile does not take {flag} yet; drop one of them")
     check_checkpoint_path(args.checkpoint)  # the arguments, the path and the optional packages before torch
     require_installed("fastapi", "uvicorn", message="txl serve needs FastAPI and uvicorn: in the txl folder, "
                                                     ".venv/bin/python -m pip install -e '.[serve]' (or pip install "
@@ -123,6 +123,8 @@ def _run(args: argparse.Namespace, api_key: str | None) -> int:
         from txl.model.ring import check_exportable
 
         check_exportable(ckpt.model.config, span, "--compile")
+        print("txl: compiling the decoder (torch.compile) before serving: a minute or so on a CPU", file=sys.stderr,
+              flush=True)
     engine = build_engine(ckpt.model, ckpt.tokenizer, span=span, dtype=args.dtype, max_sessions=args.max_sessions,
                           idle_timeout=args.idle_timeout, max_tokens=args.max_tokens,
                           max_pending_bytes=args.max_pending_bytes, max_request_tokens=args.max_request_tokens,

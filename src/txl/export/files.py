@@ -154,6 +154,17 @@ def quantize_onnx_graph(path: Path) -> int:
     return len(products)
 
 
+def _readable_as_made(folder: Path) -> None:
+    """Give every file of ``folder`` the permissions of a file this process creates (0666 less the umask):
+    the exporters write the weights' ``.onnx.data`` files readable by their owner only, which a deployment
+    running as another user could not read beside the readable graphs."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in folder.iterdir():
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~mask)
+
+
 def export_decoder(model, vocab: Path, out: str | os.PathLike[str], span: AttentionSpan, fmt: str = "onnx",
                    inputs: tuple = (), quantize: str | None = None) -> dict:
     """Export ``model``'s segment reader and one-token step into the new (or empty) folder ``out``.
@@ -210,6 +221,7 @@ def export_decoder(model, vocab: Path, out: str | os.PathLike[str], span: Attent
                         if quantize:
                             manifest.setdefault("int8_products", {})[key] = quantize_onnx_graph(path)
             shutil.copyfile(vocab, folder / "vocab.json")
+            _readable_as_made(folder)
             write_json(folder / MANIFEST, manifest)  # last: a folder with export.json is complete
         except BaseException as err:
             for child in folder.iterdir():  # the folder was new or empty: leave it so
