@@ -252,8 +252,11 @@ class RingDecoder:
             given = torch.stack([m[:, -span.mem_len:] for m in mems]).to(weight.dtype)  # [L, B, M', d]
             memory[:, :, span.mem_len - given.size(2):] = given
             padding.fill_(span.mem_len - given.size(2))
-        self.keys, self.values, self.fill = reader.ring(memory, padding)
-        self.fill = torch.as_tensor(self.fill, dtype=torch.long, device=weight.device)
+            self.keys, self.values, self.fill = reader.ring(memory, padding)
+        else:  # no memory: an empty ring, nothing to project
+            shape = (c.n_layer, bsz, c.n_head, self.capacity, c.d_head)
+            self.keys, self.values = weight.new_zeros(shape), weight.new_zeros(shape)
+            self.fill = torch.zeros((), dtype=torch.long, device=weight.device)
         input_ids = input_ids.to(torch.long)
         starts = range(0, length, span.tgt_len)
         # every call's count of real tokens, sent to the device once (a copy per call would wait for it)

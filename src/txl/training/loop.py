@@ -24,13 +24,11 @@ from txl.fileio import FolderClaim, claim_folder, write_json
 from txl.model import TransformerXLLM
 from txl.model.config import check_compilable
 from txl.training import distributed
-from txl.training.checkpoint import (RUN_NAME, NonFiniteWeights, checkpoint_step, load_checkpoint, load_into,
-                                     quarantine, save_checkpoint, saved_vocabulary)
+from txl.training.checkpoint import (RUN_NAME, NonFiniteWeights, checkpoint_step, load_checkpoint, save_checkpoint)
 from txl.training.checkpoint_files import check_run_folder, checkpoint_candidates, first_good_checkpoint
 from txl.training.fingerprint import STATE_KEY as DATA_KEY
-from txl.training.fingerprint import check_resumed_data
 from txl.training.resume import JSON_NAME as TRAINER_JSON
-from txl.training.resume import load_trainer_state, rank_rng_state, save_trainer_state
+from txl.training.resume import rank_rng_state, restore_run, save_trainer_state
 from txl.training.runlog import (StopRequest, check_new_run_folder, open_metrics, record_resumed_config,
                                 remove_unfinished)
 from txl.training.optim import make_optimizer
@@ -265,33 +263,10 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
     pos, mems, best, start_step = 0, None, float("inf"), 0
     span = model.config.span  # the phase of train.tgt_len_schedule in force (set each step)
     if resume:
-        saved_tokenizer, saved_state = saved_vocabulary(resume_dir)
-        if saved_tokenizer.to_dict() != task.tokenizer.to_dict():
-            raise TxlError(f"the corpus now gives a different vocabulary than {resume_dir} was trained with; data "
-                           "settings cannot change when resuming (start a new run instead)")
-        check_resumed_data(saved_state.get(DATA_KEY), fingerprint, checkpoint=resume_dir, allow=allow_data_change,
-                           warn=lambda m: log(f"txl: warning: {m}"))
-        load_into(model, resume_dir, map_location=str(device))
-        restored = load_trainer_state(resume_dir, optimizer=optimizer, scaler=scaler, generator=generator,
-                                      device=device, rank=d.rank, model=model)
-        start_step, pos, mems, state = restored["step"], restored["position"], restored["mems"], restored["state"]
-        if mems is not None and mems[0].size(0) != t.batch_size:
-            raise TxlError(f"{resume_dir} holds the memory of {mems[0].size(0)} streams but train.batch_size is now "
-                           f"{t.batch_size}; the batch size cannot change when resuming (start a new run instead)")
-        if mems is not None:
-            # memory saved under another train.dtype: the model takes its parameter dtype or the autocast one
-            allowed = {model.word_emb.emb_layers[0].weight.dtype, getattr(torch, t.dtype)}
-            mems = [m[rows] if m.dtype in allowed else m[rows].to(model.word_emb.emb_layers[0].weight.dtype)
-                    for m in mems]
-        if d.rank and not restored["own_rng"]:  # a rank the saved run did not have: its own dropout stream
-            torch.manual_seed(t.seed + 7919 * d.rank + start_step)
-        distributed.barrier(d)  # every rank has read it
-        if d.is_main and resume_dir != candidates[0]:
-            quarantine(candidates[:candidates.index(resume_dir)])  # the torn/corrupt newer ones
-        best = state["best_val_loss"] if state.get("best_val_loss") is not None else float("inf")
-        state["unit"] = unit  # runs written before the "bpb" label said "bpc" for byte models
-        state[DATA_KEY] = fingerprint  # the data the checkpoints from now on were trained on
-        state["threads"] = torch.get_num_threads()
+        start_step, pos, mems, state, best = restore_run(
+            resume_dir, candidates, model=model, optimizer=optimizer, scaler=scaler, generator=generator,
+            device=device, d=d, rows=rows, batch_size=t.batch_size, dtype=t.dtype, seed=t.seed, task=task, unit=unit,
+            fingerprint=fingerprint, allow_data_change=allow_data_change, log=log)
         log(f"resuming {out_dir} after step {start_step} (from {resume_dir.name}/)")
     ddp = task.objective(model)
     if d.enabled:

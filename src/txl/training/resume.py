@@ -17,9 +17,12 @@ from safetensors.torch import load_file, save_file
 
 from txl.errors import TxlError
 from txl.fileio import atomic_write, read_json_object, write_json
+from txl.training import distributed
+from txl.training.checkpoint import load_into, quarantine, saved_vocabulary
 from txl.training.checkpoint_files import TRAINER_JSON as JSON_NAME
 from txl.training.checkpoint_files import TRAINER_TENSORS as TENSORS_NAME
 from txl.training.checkpoint_files import checkpoint_candidates, first_good_checkpoint
+from txl.training.fingerprint import STATE_KEY, check_resumed_data
 
 
 def rank_rng_state(device: torch.device) -> list[torch.Tensor]:
@@ -162,3 +165,56 @@ def saved_step(run_dir: str | Path) -> int | None:
     except TxlError:
         return None
     return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def restore_run(resume_dir: Path, candidates: list[Path], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                scaler: torch.amp.GradScaler, generator: torch.Generator, device: torch.device, d, rows,
+                batch_size: int, dtype: str, seed: int, task, unit: str, fingerprint, allow_data_change: bool,
+                log) -> tuple[int, int, list[torch.Tensor] | None, dict[str, Any], float]:
+    """Bring a run back to the checkpoint ``resume_dir`` (the first intact one of ``candidates``, newest
+    first): the weights, optimizer, scaler, RNG states, the data position and this rank's ``rows`` of the
+    memory; the newer torn or corrupt candidates are set aside (rank 0).
+
+    Args:
+        d: the run's :class:`~txl.training.distributed.Dist`; ``task``: its task (its tokenizer must give
+            the saved vocabulary); ``fingerprint``: the data's, compared with the saved one
+            (``allow_data_change`` lets a change through with a warning, through ``log``).
+
+    Returns:
+        ``(step, position, mems, state, best)``: the saved step, the data position, the memory (this
+        rank's rows, float [b, M, d_model] per layer, or None), ``state.json``'s dict updated for the run
+        from now on (unit, data fingerprint, threads) and the best validation loss so far (inf if none).
+
+    Raises:
+        TxlError: another vocabulary, changed data (without ``allow_data_change``), another batch size,
+            or what loading the checkpoint raises.
+    """
+    saved_tokenizer, saved_state = saved_vocabulary(resume_dir)
+    if saved_tokenizer.to_dict() != task.tokenizer.to_dict():
+        raise TxlError(f"the corpus now gives a different vocabulary than {resume_dir} was trained with; data "
+                       "settings cannot change when resuming (start a new run instead)")
+    check_resumed_data(saved_state.get(STATE_KEY), fingerprint, checkpoint=resume_dir, allow=allow_data_change,
+                       warn=lambda m: log(f"txl: warning: {m}"))
+    load_into(model, resume_dir, map_location=str(device))
+    restored = load_trainer_state(resume_dir, optimizer=optimizer, scaler=scaler, generator=generator,
+                                  device=device, rank=d.rank, model=model)
+    start_step, pos, mems, state = restored["step"], restored["position"], restored["mems"], restored["state"]
+    if mems is not None and mems[0].size(0) != batch_size:
+        raise TxlError(f"{resume_dir} holds the memory of {mems[0].size(0)} streams but train.batch_size is now "
+                       f"{batch_size}; the batch size cannot change when resuming (start a new run instead)")
+    if mems is not None:
+        # memory saved under another train.dtype: the model takes its parameter dtype or the autocast one
+        weight_dtype = model.word_emb.emb_layers[0].weight.dtype
+        allowed = {weight_dtype, getattr(torch, dtype)}
+        mems = [m[rows] if m.dtype in allowed else m[rows].to(weight_dtype) for m in mems]
+    if d.rank and not restored["own_rng"]:  # a rank the saved run did not have: its own dropout stream
+        torch.manual_seed(seed + 7919 * d.rank + start_step)
+    distributed.barrier(d)  # every rank has read it
+    if d.is_main and resume_dir != candidates[0]:
+        quarantine(candidates[:candidates.index(resume_dir)])  # the torn/corrupt newer ones
+    best = state["best_val_loss"] if state.get("best_val_loss") is not None else float("inf")
+    state["unit"] = unit  # runs written before the "bpb" label said "bpc" for byte models
+    state[STATE_KEY] = fingerprint  # the data the checkpoints from now on were trained on
+    state["threads"] = torch.get_num_threads()
+    return start_step, pos, mems, state, best
+
