@@ -66,12 +66,15 @@ def main() -> int:
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--rows", default="memory,first,last,window", help="which fine-tuned rows to run")
     ap.add_argument("--merge", help="a JSON this script wrote for other seeds or rows: its rows join this one's")
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--tgt-len", type=int, default=128)
-    ap.add_argument("--mem-len", type=int, default=1024)
+    ap.add_argument("--config", default=str(ROOT / "configs" / "classify-packages.toml"),
+                    help="the txl classify train settings of every row (the memory row's as they are; the other "
+                         "rows change the reading only)")
+    ap.add_argument("--steps", type=int, help="(default: the config's)")
+    ap.add_argument("--batch-size", type=int, help="(default: the config's)")
+    ap.add_argument("--tgt-len", type=int, help="(default: the config's)")
+    ap.add_argument("--mem-len", type=int, help="(default: the config's)")
     ap.add_argument("--window", type=int, default=512)
-    ap.add_argument("--lr", default="5e-4")
+    ap.add_argument("--lr", help="(default: the config's)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     if args.merge and not Path(args.merge).is_file():  # said before hours of training, not after
@@ -81,15 +84,31 @@ def main() -> int:
     times: dict = {}
     if not (data / "test.jsonl").is_file():
         times["data"] = txl("data", "packages", "--out", str(data))
-    rows = {
-        "memory": ["--mode", "memory", "--tgt-len", str(args.tgt_len), "--mem-len", str(args.mem_len),
-                   "--pooling", "mean", "--grad-segments", "2"],
-        "first": ["--mode", "first", "--tgt-len", str(args.tgt_len), "--pooling", "mean"],
-        "last": ["--mode", "last", "--tgt-len", str(args.tgt_len), "--pooling", "mean"],
-        "window": ["--mode", "first", "--tgt-len", str(args.window), "--mem-len", "0", "--pooling", "mean"],
+    from txl.cli.classify import TRAIN_SETTINGS, resolve_settings
+    from txl.errors import TxlError
+
+    given = {"steps": args.steps, "batch_size": args.batch_size, "lr": None if args.lr is None else float(args.lr),
+             "tgt_len": args.tgt_len, "mem_len": args.mem_len}
+    shared = argparse.Namespace(**{**dict.fromkeys(TRAIN_SETTINGS), **given, "config": args.config, "valid": "test"})
+    try:  # the settings every row shares: the config file's, with this script's flags over them
+        resolve_settings(shared)
+    except TxlError as err:
+        raise SystemExit(f"--config: {err}") from None
+    steps, batch_size, lr = shared.steps, shared.batch_size, shared.lr
+    rows = {  # each row is the shared settings with its own reading (one segment or window: no memory to carry)
+        "memory": ["--mode", "memory"],
+        "first": ["--mode", "first"],
+        "last": ["--mode", "last"],
+        "window": ["--mode", "first", "--tgt-len", str(args.window), "--mem-len", "0"],
     }
-    common = ["--data", str(data / "train.jsonl"), "--valid", str(data / "test.jsonl"), "--steps", str(args.steps),
-              "--batch-size", str(args.batch_size), "--lr", args.lr, "-q"]
+    # what a kept classifier's settings must show for each row (the LM's tgt_len when neither file nor flag sets one)
+    reading = {"memory": {"mode": "memory", "tgt_len": shared.tgt_len, "mem_len": shared.mem_len,
+                          "grad_segments": shared.grad_segments},
+               "first": {"mode": "first", "tgt_len": shared.tgt_len}, "last": {"mode": "last", "tgt_len": shared.tgt_len},
+               "window": {"mode": "first", "tgt_len": args.window, "mem_len": 0}}
+    given = {f"--{k.replace('_', '-')}": v for k, v in given.items() if v is not None}
+    common = ["--config", args.config, "--data", str(data / "train.jsonl"), "--valid", str(data / "test.jsonl"),
+              *[str(item) for pair in given.items() for item in pair], "-q"]
     test = [json.loads(line) for line in (data / "test.jsonl").read_text().splitlines()]
     train = [json.loads(line) for line in (data / "train.jsonl").read_text().splitlines()]
     labels = sorted({t["label"] for t in train})
@@ -105,11 +124,13 @@ def main() -> int:
             out = work / f"{name}-seed{seed}"
             if not (out / "heldout.json").is_file():
                 times[f"{name}/seed{seed}"] = txl("classify", "train", args.lm, "--out", str(out), "--seed",
-                                                  str(seed), *flags, *common)
+                                                  str(seed), *common, *flags)
             extra = json.loads((out / "heldout.json").read_text())  # the run's held-out report
             settings = extra["settings"]  # a classifier kept from an earlier run must match this one
-            wanted = {"steps": args.steps, "batch_size": args.batch_size, "lr": float(args.lr), "seed": seed}
-            stale = [k for k, v in wanted.items() if settings.get(k) != v]
+            wanted = {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed, "pooling": shared.pooling,
+                      **reading[name]}
+            found = {**settings, **settings.get("classifier", {})}  # (mode, pooling, grad_segments are the head's)
+            stale = [k for k, v in wanted.items() if v is not None and found.get(k) != v]
             if stale or not str(settings.get("checkpoint", "")).startswith(str(Path(args.lm))):
                 raise SystemExit(f"{out} was trained with other settings ({', '.join(stale) or 'checkpoint'}); "
                                  "remove it or give another --work")
@@ -135,7 +156,8 @@ def main() -> int:
 
     from txl.runtime import cpu_flags
 
-    results = {"test_documents": len(test), "classes": labels, "steps": args.steps, "batch_size": args.batch_size,
+    results = {"test_documents": len(test), "classes": labels, "steps": steps, "batch_size": batch_size,
+               "lr": lr, "config": {k: getattr(shared, k) for k in TRAIN_SETTINGS},
                "wall_s": {k: round(v) for k, v in times.items()}, "rows": {},
                "machine": {"cpus": os.cpu_count(), "cpu_flags": sorted(cpu_flags() or ()), "torch": torch.__version__,
                            "threads": os.environ.get("OMP_NUM_THREADS")}}

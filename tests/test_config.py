@@ -20,7 +20,17 @@ def test_default_toml_is_the_built_in_default():
 def test_every_shipped_config_loads(path):
     import tomllib
 
-    finetuning = "finetune" in tomllib.loads(path.read_text(encoding="utf-8"))  # its language model comes from --init
+    tables = tomllib.loads(path.read_text(encoding="utf-8"))
+    if "classify" in tables:  # a txl classify train --config file: every key resolves, nothing left unset
+        import argparse
+
+        from txl.cli.classify import TRAIN_SETTINGS, resolve_settings
+
+        args = argparse.Namespace(config=str(path), **dict.fromkeys(TRAIN_SETTINGS))
+        resolve_settings(args)
+        assert all(getattr(args, key) == value for key, value in tables["classify"].items())
+        return
+    finetuning = "finetune" in tables  # its language model comes from --init
     load_run_config(path, ["finetune.init=runs/some-lm"] if finetuning else []).validate()
 
 

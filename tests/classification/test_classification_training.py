@@ -172,3 +172,85 @@ def test_cli_names_a_label_with_one_document_only(tmp_path, capsys):
     assert "label(s) c have one document" in err and " a," not in err and "a have" not in err
     # RUN/last stands for RUN, given with --out RUN too
     assert main([*argv, "--resume", str(tmp_path / "r" / "last"), "--out", str(tmp_path / "r")]) == 0
+
+
+def _jsonl_docs(tmp_path, n=12):
+    import json
+
+    docs, labels = _docs(n, 0)
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"text": bytes(d.tolist()).decode(), "label": "abc"[y]}) + "\n"
+                            for d, y in zip(docs, labels)))
+    return data
+
+
+def test_a_config_file_equals_its_flags_and_a_flag_wins_over_it(tmp_path):
+    import json
+
+    from txl.cli import main
+
+    lm, data = _lm(tmp_path), _jsonl_docs(tmp_path)
+    config = tmp_path / "clf.toml"
+    config.write_text('[classify]\nmode = "memory"\npooling = "mean"\ngrad_segments = 2\nsteps = 3\nbatch_size = 4\n'
+                      'lr = 1e-3\ndropout = 0\nseed = 5\nmem_len = 4\n')
+    common = ["classify", "train", str(lm), "--data", str(data), "-q", "--device", "cpu"]
+    assert main([*common, "--out", str(tmp_path / "flags"), "--mode", "memory", "--pooling", "mean",
+                 "--grad-segments", "2", "--steps", "3", "--batch-size", "4", "--lr", "1e-3", "--dropout", "0",
+                 "--seed", "5", "--mem-len", "4"]) == 0
+    assert main([*common, "--out", str(tmp_path / "file"), "--config", str(config)]) == 0
+    a = load_file(tmp_path / "flags" / "best" / "model.safetensors")
+    b = load_file(tmp_path / "file" / "best" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # a flag on the command line wins over the file; the file's other settings still apply
+    assert main([*common, "--out", str(tmp_path / "over"), "--config", str(config), "--steps", "2",
+                 "--pooling", "last"]) == 0
+    settings = json.loads((tmp_path / "over" / "heldout.json").read_text())["settings"]
+    assert (settings["steps"], settings["lr"], settings["seed"], settings["mem_len"]) == (2, 1e-3, 5, 4)
+    assert settings["classifier"]["pooling"] == "last" and settings["classifier"]["grad_segments"] == 2
+    assert settings["config"] == str(config)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[classify]\nstep = 3\n", "unknown setting [classify] 'step' (did you mean steps?)"),
+    ("[classify]\nsteps = 2.5\n", "[classify] steps must be int, got 2.5"),
+    ("[classify]\nsteps = true\n", "[classify] steps must be int, got True"),
+    ("[classify]\nlr = nan\n", "[classify] lr must be a finite number, got nan"),
+    ("[classify]\nlr = 1" + "0" * 400 + "\n", "[classify] lr must be a finite number, got inf"),
+    ("[classify]\nlr = \"big\"\n", "[classify] lr must be a number, got 'big'"),
+    ("[classify]\nmode = \"middle\"\n", "[classify] mode must be one of memory, first, last, got 'middle'"),
+    ("[train]\nsteps = 3\n", "must hold one [classify] table of txl classify train settings (found: 'train')"),
+    ("[classify\n", "is not valid TOML"),
+    ("[classify]\nsteps = 0\n", "[classify] steps of {config} must be >= 1, got 0"),  # a value from the file is named as such
+    ("[classify]\nseed = -1\n", "[classify] seed of {config} must be in [0, 2**32), got -1"),
+    ("[classify]\nclip = -1\n", "[classify] clip of {config} must be >= 0, got -1"),
+    ("steps = 3\n", "(found: 'steps')"),
+])
+def test_a_bad_config_file_is_one_line_and_writes_nothing(tmp_path, capsys, text, message):
+    from txl.cli import main
+
+    lm, data = _lm(tmp_path), _jsonl_docs(tmp_path)
+    config = tmp_path / "bad.toml"
+    config.write_text(text)
+    assert main(["classify", "train", str(lm), "--data", str(data), "--out", str(tmp_path / "run"),
+                 "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("txl: error: ") and message.format(config=config) in err and err.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+    assert main(["classify", "train", str(lm), "--data", str(data), "--out", str(tmp_path / "run"),
+                 "--config", str(tmp_path / "none.toml")]) == 2
+    assert "config file " + str(tmp_path / "none.toml") + " does not exist" in capsys.readouterr().err
+
+
+def test_valid_on_the_command_line_wins_over_the_files_valid_fraction(tmp_path):
+    import argparse
+
+    from txl.cli.classify import TRAIN_SETTINGS, resolve_settings
+
+    config = tmp_path / "c.toml"
+    config.write_text("[classify]\nvalid_fraction = 0.3\nsteps = 7\n")
+    args = argparse.Namespace(config=str(config), valid="held.jsonl", **dict.fromkeys(TRAIN_SETTINGS))
+    resolve_settings(args)
+    assert args.valid_fraction is None and args.steps == 7 and args.batch_size == 8
+    args = argparse.Namespace(config=str(config), valid=None, **dict.fromkeys(TRAIN_SETTINGS))
+    resolve_settings(args)
+    assert args.valid_fraction == 0.3

@@ -13,19 +13,31 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
 
 from txl.cli.checks import check_checkpoint_path, check_exists, check_seed, finite_float
 from txl.cli.common import (Command, add_batch_size, add_checkpoint, add_data, add_device, add_dtype, add_option,
-                            add_seed, add_span, checkpoint_arg, note_threads, print_notes, underscore)
+                            add_span, flag_name, checkpoint_arg, note_threads, print_notes, underscore)
 from txl.errors import TxlError
 
 NAME = "classify"
 HELDOUT_NAME = "heldout.json"  # the held-out report of a run (txl classify train)
 HELP = "long-document classification with memory (fine-tune an LM)"
 EXAMPLE = "txl classify train runs/wt103 --data reviews.jsonl --out runs/reviews"
+MODES = ("memory", "first", "last")
+POOLINGS = ("last", "mean")
+# the settings of `txl classify train` a --config file's [classify] table may give: name -> (type, built-in
+# default). A flag on the command line wins over the file, the file over the default (None: the LM's, or
+# decided from the data: mode memory for a model with memory, valid_fraction 0.2 without --valid).
+TRAIN_SETTINGS: dict[str, tuple[type, object]] = {
+    "mode": (str, None), "pooling": (str, "last"), "grad_segments": (int, 1), "tgt_len": (int, None),
+    "mem_len": (int, None), "max_tokens": (int, 0), "steps": (int, 200), "batch_size": (int, 8), "lr": (float, 3e-4),
+    "warmup_steps": (int, 10), "weight_decay": (float, 0.0), "clip": (float, 1.0), "dropout": (float, 0.1),
+    "valid_fraction": (float, None), "save_interval": (int, 50), "seed": (int, 0),
+}
 
 
 def _add_train(t: argparse.ArgumentParser) -> None:
@@ -35,34 +47,42 @@ def _add_train(t: argparse.ArgumentParser) -> None:
                                        "heldout.json)")
     t.add_argument("--resume", metavar="RUN_DIR",
                    help="continue a stopped classification run from its last/ checkpoint; give the same checkpoint, "
-                        "data and settings as when it started (other settings are refused)")
+                        "data, --config and flags as when it started (other settings are refused)")
     add_option(t, "--allow-data-change", aliases=underscore("--allow-data-change"), action="store_true",
                help="with --resume: continue on documents that differ from those the run was trained on")
-    t.add_argument("--mode", choices=["memory", "first", "last"], default=None,
+    t.add_argument("--config", "-c", metavar="FILE",
+                   help="TOML file whose [classify] table sets any of the settings below (steps = 300, mode = "
+                        "\"memory\", ...); a flag given here wins over the file, and the defaults shown apply "
+                        "where neither gives a value")
+    t.add_argument("--mode", choices=MODES, default=None,
                    help="memory: whole document with the memory; first / last: the first / last tgt_len tokens "
                         "only (default: memory, or first for an attn_type=abs model)")
-    t.add_argument("--pooling", choices=["last", "mean"], default="last",
+    t.add_argument("--pooling", choices=POOLINGS, default=None,
                    help="last: state of the last token; mean: mean over the last segment (default last)")
-    add_option(t, "--grad-segments", aliases=underscore("--grad-segments"), type=int, default=1, metavar="K",
+    add_option(t, "--grad-segments", aliases=underscore("--grad-segments"), type=int, default=None, metavar="K",
                help="back-propagate through the last K segments of each document (0: all; default 1)")
     add_span(t, ("tgt_len", "mem_len"), default_text="the LM's")
-    add_option(t, "--max-tokens", aliases=underscore("--max-tokens"), type=int, default=0, metavar="N",
+    add_option(t, "--max-tokens", aliases=underscore("--max-tokens"), type=int, default=None, metavar="N",
                help="cut documents to their first N tokens (0: whole documents)")
-    t.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200)")
-    add_batch_size(t, default=8, text="documents per step")
-    t.add_argument("--lr", type=finite_float, default=3e-4, help="peak learning rate (AdamW, warm-up then cosine)")
-    add_option(t, "--warmup-steps", aliases=("--warmup", "--warmup_steps"), type=int, default=10, metavar="N",
+    t.add_argument("--steps", type=int, default=None, help="optimizer steps (default 200)")
+    add_option(t, "--batch-size", aliases=underscore("--batch-size"), type=int, default=None, metavar="N",
+               help="documents per step (default 8)")
+    t.add_argument("--lr", type=finite_float, default=None,
+                   help="peak learning rate (AdamW, warm-up then cosine; default 3e-4)")
+    add_option(t, "--warmup-steps", aliases=("--warmup", "--warmup_steps"), type=int, default=None, metavar="N",
                help="learning-rate warm-up steps (default 10)")
-    add_option(t, "--weight-decay", aliases=underscore("--weight-decay"), type=finite_float, default=0.0)
-    t.add_argument("--clip", type=finite_float, default=1.0, help="max gradient norm (0: none)")
-    t.add_argument("--dropout", type=finite_float, default=0.1, help="dropout before the linear head")
+    add_option(t, "--weight-decay", aliases=underscore("--weight-decay"), type=finite_float, default=None,
+               help="AdamW weight decay (default 0)")
+    t.add_argument("--clip", type=finite_float, default=None, help="max gradient norm (0: none; default 1)")
+    t.add_argument("--dropout", type=finite_float, default=None, help="dropout before the linear head (default 0.1)")
     add_option(t, "--valid-fraction", aliases=underscore("--valid-fraction"), type=finite_float, default=None,
                help="held-out fraction per label of --data (default 0.2; not with --valid)")
     t.add_argument("--valid", metavar="DATA",
                    help="held-out documents (same forms as --data): train on all of --data, report on these")
-    add_option(t, "--save-interval", aliases=underscore("--save-interval"), type=int, default=50, metavar="N",
+    add_option(t, "--save-interval", aliases=underscore("--save-interval"), type=int, default=None, metavar="N",
                help="write last/ (what --resume continues from) every N steps (0: only at the end; default 50)")
-    add_seed(t, default=0, text="seeds the split, the batches and the head")
+    t.add_argument("--seed", type=int, default=None, metavar="N",
+                   help="seeds the split, the batches and the head (default: 0)")
     add_device(t)
     add_dtype(t)
     t.add_argument("--nproc", type=int, default=None, metavar="N",
@@ -80,29 +100,88 @@ def _add_predict(q: argparse.ArgumentParser) -> None:
     add_device(q)
 
 
+def resolve_settings(args: argparse.Namespace) -> None:
+    """Fill each training setting of ``args`` left unset on the command line (None) from the ``--config``
+    file's ``[classify]`` table, else from :data:`TRAIN_SETTINGS`'s default; torch-free. A value taken
+    from the file is named in later errors as ``[classify] KEY of FILE`` (through ``args._flags``, see
+    :func:`~txl.cli.common.flag_name`), not as the flag nobody typed. ``--valid`` on the command line
+    wins over the file's ``valid_fraction``.
+
+    Raises:
+        TxlError: the file is missing or not TOML, holds anything but one ``[classify]`` table, an
+            unknown key (naming the nearest known one), or a value of the wrong type (a float must be
+            finite; an integer is taken for a float) or outside ``--mode`` / ``--pooling``'s choices.
+    """
+    from txl.config import did_you_mean
+    from txl.fileio import read_toml
+
+    given: dict = {}
+    if args.config is not None:
+        tables = read_toml(args.config)
+        extra = sorted(set(tables) - {"classify"})
+        if extra or not isinstance(tables.get("classify"), dict):
+            raise TxlError(f"config file {args.config} must hold one [classify] table of txl classify train settings"
+                           + (f" (found: {', '.join(repr(k) for k in extra)})" if extra else ""))
+        for key, value in tables["classify"].items():
+            if key not in TRAIN_SETTINGS:
+                raise TxlError(f"config file {args.config}: unknown setting [classify] {key!r}"
+                               f"{did_you_mean(key, TRAIN_SETTINGS)}; known: {', '.join(TRAIN_SETTINGS)}")
+            given[key] = _file_value(args.config, key, value)
+    if getattr(args, "valid", None) is not None:  # held-out documents given: the file's held-out fraction does not apply
+        given.pop("valid_fraction", None)
+    flags = dict(getattr(args, "_flags", None) or {})
+    for key, (_, default) in TRAIN_SETTINGS.items():
+        if getattr(args, key) is None:
+            if key in given:
+                flags[key] = f"[classify] {key} of {args.config}"
+            setattr(args, key, given.get(key, default))
+    args._flags = flags
+
+
+def _file_value(config: str, key: str, value):
+    """``value`` of ``[classify] key`` in the file ``config``, checked against :data:`TRAIN_SETTINGS`."""
+    kind = TRAIN_SETTINGS[key][0]
+    where = f"config file {config}: [classify] {key}"
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
+        raise TxlError(f"{where} must be {'a number' if kind is float else kind.__name__}, got {value!r}")
+    if kind is float:
+        try:
+            value = float(value)
+        except OverflowError:
+            value = math.inf
+        if not math.isfinite(value):
+            raise TxlError(f"{where} must be a finite number, got {value!r}")
+    choices = {"mode": MODES, "pooling": POOLINGS}.get(key)
+    if choices and value not in choices:
+        raise TxlError(f"{where} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
 def _check_args(args: argparse.Namespace) -> None:
-    """Reject out-of-range training flags before anything is loaded."""
+    """Reject out-of-range training settings before anything is loaded (naming the flag, or the config
+    file's key the value came from)."""
     for name in ("steps", "batch_size"):
         if getattr(args, name) < 1:
-            raise TxlError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            raise TxlError(f"{flag_name(args, name)} must be >= 1, got {getattr(args, name)}")
     for name in ("grad_segments", "max_tokens", "warmup_steps", "save_interval"):
         if getattr(args, name) < 0:
-            raise TxlError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+            raise TxlError(f"{flag_name(args, name)} must be >= 0, got {getattr(args, name)}")
     if args.tgt_len is not None and args.tgt_len < 1:
-        raise TxlError(f"--tgt-len must be >= 1, got {args.tgt_len}")
+        raise TxlError(f"{flag_name(args, 'tgt_len')} must be >= 1, got {args.tgt_len}")
     if args.mem_len is not None and args.mem_len < 0:
-        raise TxlError(f"--mem-len must be >= 0, got {args.mem_len}")
+        raise TxlError(f"{flag_name(args, 'mem_len')} must be >= 0, got {args.mem_len}")
     if not 0 < args.lr < float("inf"):
-        raise TxlError(f"--lr must be a finite number > 0, got {args.lr}")
+        raise TxlError(f"{flag_name(args, 'lr')} must be a finite number > 0, got {args.lr}")
     check_seed(args)
-    if args.weight_decay < 0 or args.clip < 0:
-        raise TxlError(f"--weight-decay and --clip must be >= 0, got {args.weight_decay:g} and {args.clip:g}")
+    for name in ("weight_decay", "clip"):
+        if getattr(args, name) < 0:
+            raise TxlError(f"{flag_name(args, name)} must be >= 0, got {getattr(args, name):g}")
     if not 0 <= args.dropout < 1:
-        raise TxlError(f"--dropout must be in [0, 1), got {args.dropout:g}")
+        raise TxlError(f"{flag_name(args, 'dropout')} must be in [0, 1), got {args.dropout:g}")
     if args.valid is not None and args.valid_fraction is not None:
         raise TxlError("give --valid (held-out documents) or --valid-fraction (a held-out part of --data), not both")
     if args.valid_fraction is not None and not 0 < args.valid_fraction < 1:
-        raise TxlError(f"--valid-fraction must be in (0, 1), got {args.valid_fraction:g}")
+        raise TxlError(f"{flag_name(args, 'valid_fraction')} must be in (0, 1), got {args.valid_fraction:g}")
     if args.resume is not None and args.out is not None and Path(args.out).resolve() not in (
             Path(args.resume).resolve(), Path(args.resume).resolve().parent if Path(args.resume).name == "last" else None):
         raise TxlError("--resume continues the run in its own folder: give --resume RUN_DIR without --out")
@@ -121,6 +200,7 @@ def _train(args: argparse.Namespace) -> int:
     from txl.fileio import check_output_folder
 
     checkpoint_arg(args)
+    resolve_settings(args)  # the --config file's settings where no flag gave one
     _check_args(args)  # the flags and paths, before torch is imported
     out = Path(args.resume or args.out)
     main_rank = os.environ.get("RANK", "0") == "0"  # torchrun: rank 0 checks, writes and reports
@@ -213,7 +293,8 @@ def _train(args: argparse.Namespace) -> int:
     metrics = classification_metrics(y_true, y_pred, len(names))
     intervals = {name: bootstrap_interval((y_true, y_pred), fn, n=1000, seed=args.seed)
                  for name, fn in (("accuracy", accuracy), ("macro_f1", lambda t, p: macro_f1(t, p, len(names))))}
-    settings = {"data": str(args.data), "valid": args.valid, "checkpoint": str(lm_dir), "steps": args.steps,
+    settings = {"data": str(args.data), "valid": args.valid, "checkpoint": str(lm_dir), "config": args.config,
+                "steps": args.steps,
                 "batch_size": args.batch_size, "lr": args.lr, "warmup": args.warmup_steps,
                 "weight_decay": args.weight_decay, "clip": args.clip, "dtype": args.dtype or "float32",
                 "valid_fraction": None if args.valid else (args.valid_fraction or 0.2), "seed": args.seed,

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from txl.errors import TxlError
+from txl.fileio import read_toml
 from txl.config import DataConfig, EvalConfig, TrainConfig, check_fields, did_you_mean
 from txl.model.config import TransformerXLConfig
 from txl.model.positions import position_scheme
@@ -187,13 +188,7 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | tuple
     """
     values: dict[str, dict[str, Any]] = {}
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise TxlError(f"config file {path} " + ("is not a file" if path.exists() else "does not exist"))
-        try:
-            values = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-            raise TxlError(f"config file {path} is not valid TOML: {err}") from None
+        values = read_toml(path)
     for text in overrides:
         section, key, value = parse_override(text)
         values.setdefault(section, {})[key] = value

@@ -284,8 +284,7 @@ def finetune_config(init: str | Path, data: str | Path | None = None, *, out_dir
     Raises:
         TxlError: an unusable checkpoint, a bad config file or override.
     """
-    import tomllib
-
+    from txl.fileio import read_toml
     from txl.model.serialization import read_model_config
     from txl.training.config import parse_override
 
@@ -298,13 +297,7 @@ def finetune_config(init: str | Path, data: str | Path | None = None, *, out_dir
     if data is not None:
         values["data"]["path"] = str(data)
     if config is not None:
-        path = Path(config)
-        if not path.is_file():
-            raise TxlError(f"config file {path} " + ("is not a file" if path.exists() else "does not exist"))
-        try:
-            given = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-            raise TxlError(f"config file {path} is not valid TOML: {err}") from None
+        given = read_toml(config)
         for section, table in given.items():
             if isinstance(table, dict) and isinstance(values.get(section), dict):
                 values[section].update(table)
