@@ -78,13 +78,18 @@ def test_the_command_writes_the_short_pairs_and_refuses_them_below_one_byte(tmp_
     assert {json.loads(line)["module"] for line in lines} <= set(info["modules"]["train"])
 
 
-def test_package_pairs_join_the_train_pairs_only(tmp_path):
+def _library(tmp_path, n=5):
+    """A folder of n modules (``_module(i)`` each): the library a data set is made of; returns its files."""
     src = tmp_path / "lib"
-    files = []
-    for i in range(5):
-        files.append(src / f"mod{i}.py")
-        files[-1].parent.mkdir(exist_ok=True)
-        files[-1].write_text(_module(i))
+    src.mkdir()
+    files = [src / f"mod{i}.py" for i in range(n)]
+    for i, f in enumerate(files):
+        f.write_text(_module(i))
+    return src, files
+
+
+def test_package_pairs_join_the_train_pairs_only(tmp_path):
+    src, files = _library(tmp_path)
     pkg = src / "pkg" / "sub"
     pkg.mkdir(parents=True)
     (src / "pkg" / "__init__.py").write_text(_module(7))
@@ -110,3 +115,40 @@ def test_package_pairs_join_the_train_pairs_only(tmp_path):
     assert {(r["module"], r["name"]) for r in extra} == want
     assert info["pairs"]["train_with_packages"] == len(rows["train-with-short"]) + len(want)
     assert {p.name for p in (out / "pretrain").iterdir()} == set(info["modules"]["train"])  # no package file
+
+
+def test_installed_package_pairs_join_the_most_train_pairs_written(tmp_path, monkeypatch):
+    _, files = _library(tmp_path)
+    site = tmp_path / "site"  # an installed package: found on sys.path, never imported
+    (site / "fakepkg" / "sub").mkdir(parents=True)
+    (site / "fakepkg" / "tests").mkdir()
+    (site / "fakepkg" / "__init__.py").write_text("raise RuntimeError('imported')\n" + _module(7))
+    (site / "fakepkg" / "sub" / "deep.py").write_text(_module(8))
+    (site / "fakepkg" / "tests" / "it.py").write_text(_module(9))  # test code: left out
+    (site / "fakepkg" / "sub" / "test_deep.py").write_text(_module(9))
+    (site / "fakepkg" / "copy.py").write_text(_module(0))  # mod0's functions: held out below (seed 1)
+    monkeypatch.syspath_prepend(str(site))
+    info = prepare_docstrings(tmp_path / "out", seed=1, fractions=(0.6, 0.2, 0.2), min_bytes=200, files=files,
+                              short_train=True, installed_train=["fakepkg"])
+    out = tmp_path / "out"
+    rows = {s: [json.loads(line) for line in (out / f"{s}.jsonl").read_text().splitlines()]
+            for s in ("train-with-short", "train-with-installed")}
+    assert rows["train-with-installed"][:len(rows["train-with-short"])] == rows["train-with-short"]
+    extra = rows["train-with-installed"][len(rows["train-with-short"]):]
+    assert "mod0.py" not in info["modules"]["train"]  # so copy.py's long_0 is a held-out document
+    assert {(r["module"], r["name"]) for r in extra} == {
+        ("fakepkg/__init__.py", "long_7"), ("fakepkg/__init__.py", "short_7"), ("fakepkg/copy.py", "short_0"),
+        ("fakepkg/sub/deep.py", "long_8"), ("fakepkg/sub/deep.py", "short_8")}
+    assert info["installed_train"] == {"fakepkg": {"version": None, "files": 3}}
+    assert info["pairs"]["train_with_installed"] == len(rows["train-with-short"]) + 5
+
+
+def test_an_unknown_installed_package_is_one_line_and_writes_nothing(tmp_path, capsys):
+    from conftest import one_error_line, run_cli
+
+    code, out, err = run_cli(capsys, "data", "docstrings", "--out", tmp_path / "d", "--installed-train",
+                             "numpy,no_such_package_here")
+    assert code == 2 and not (tmp_path / "d").exists()
+    assert one_error_line(err) == ("txl: error: --installed-train: 'no_such_package_here' is not an installed package "
+                                   "(a folder of Python modules) in this Python; give import names such as torch or "
+                                   "numpy")

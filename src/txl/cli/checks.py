@@ -61,6 +61,19 @@ def finite_floats(count: int | None = None) -> Callable[[str], list[float]]:
     return parse
 
 
+def package_names(text: str) -> list[str]:
+    """An argparse ``type`` for comma-separated import names of packages (``torch,numpy``).
+
+    Raises:
+        argparse.ArgumentTypeError: an empty list or an item that is not a Python identifier.
+    """
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    bad = [item for item in items if not item.isidentifier()]
+    if not items or bad:
+        raise argparse.ArgumentTypeError(f"needs comma-separated import names such as torch,numpy, got {text!r}")
+    return items
+
+
 def parse_ints(text: str, flag: str, minimum: int) -> list[int]:
     """The comma-separated integers of a list flag (``--sweep-mem 0,128,256``), in the order given.
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from txl.cli.checks import check_exists, check_range, finite_floats
+from txl.cli.checks import check_exists, check_range, finite_floats, package_names
 from txl.cli.common import Command, add_seed
 
 NAME = "data"
@@ -47,6 +47,11 @@ def _add_docstrings(p: argparse.ArgumentParser) -> None:
                    help="also write train-with-packages.jsonl: the train pairs (with --short-train, train-with-short's) "
                         "and every pair of the standard library's packages, less those with a valid or test pair's "
                         "document or summary (valid and test unchanged)")
+    p.add_argument("--installed-train", type=package_names,
+                   default=[], metavar="PACKAGE[,PACKAGE...]",
+                   help="also write train-with-installed.jsonl: the most train pairs written above and every pair of "
+                        "these installed packages' source (import names, e.g. torch,numpy: txl's own dependencies; no "
+                        "test code), less those with a valid or test pair's document or summary")
     p.add_argument("--max-bytes", type=int, default=4096, metavar="N", help="longest document kept (default 4096)")
 
 
@@ -63,7 +68,8 @@ def _docstrings(args: argparse.Namespace) -> int:
     from txl.data.docstrings import prepare_docstrings
 
     info = prepare_docstrings(args.out, seed=args.seed, fractions=tuple(args.split), min_bytes=args.min_bytes,
-                              max_bytes=args.max_bytes, short_train=args.short_train, package_train=args.package_train)
+                              max_bytes=args.max_bytes, short_train=args.short_train, package_train=args.package_train,
+                              installed_train=args.installed_train)
     n = info["pairs"]
     m = info["modules"]
     print(f"pairs train/valid/test {n['train']}/{n['valid']}/{n['test']} from {len(m['train'])}/{len(m['valid'])}/"
@@ -75,6 +81,9 @@ def _docstrings(args: argparse.Namespace) -> int:
     if "train_with_packages" in n:
         print(f"train-with-packages.jsonl: {n['train_with_packages']} pairs (those, then every pair of the standard "
               "library's packages)")
+    if "train_with_installed" in n:
+        versions = ", ".join(f"{k} {v['version'] or '(no version)'}" for k, v in info["installed_train"].items())
+        print(f"train-with-installed.jsonl: {n['train_with_installed']} pairs (those, then every pair of {versions})")
     return 0
 
 

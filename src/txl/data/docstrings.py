@@ -24,7 +24,13 @@ the default corpus, so none in a valid or test module), except those whose docum
 equals a valid or test pair's (case and spacing aside): the library holds near-copies of some
 functions in another place (``distutils.archive_util`` of ``shutil``'s, ``lib2to3``'s tokenizer), and
 such a pair would show the fine-tuning a held-out answer. More fine-tuning pairs at no cost to the
-split: the valid and test pairs stay those of the top-level modules. (The package benchmark of
+split: the valid and test pairs stay those of the top-level modules. With ``installed_train`` (names
+of installed packages, e.g. ``torch numpy``: the source of txl's own dependencies, so on every machine
+txl runs on), also ``train-with-installed.jsonl``: the most of those pairs written
+(``train-with-packages``', else ``train-with-short``'s, else the train pairs) followed by every pair of
+those packages' ``*.py`` files (:func:`installed_files`: no test code; any size up to
+``max_bytes``), held-out documents and summaries left out as for the packages; ``split.json`` records
+each package's version. (The package benchmark of
 ``txl classify``, :mod:`txl.data.packages`, reads the same files as *documents to classify*; a
 language model only *fine-tuned* for summaries on them is not the one that benchmark starts from.)
 """
@@ -38,6 +44,7 @@ import random
 import re
 import shutil
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 
 from txl.config import check_split
@@ -113,6 +120,40 @@ def module_documents(path: str | Path, min_bytes: int = 0, max_bytes: int | None
     return [d for d in docs if min_bytes <= len(d["prompt"].encode("utf-8")) <= (max_bytes or float("inf"))]
 
 
+def installed_files(names: Sequence[str]) -> dict[str, tuple[str | None, Path, list[Path]]]:
+    """``{name: (version, folder, files)}``: the ``*.py`` files of each installed package named (an import
+    name: ``torch``, ``numpy``) in its folder, found with :func:`importlib.util.find_spec` (nothing is
+    imported) and sorted, leaving out test code (every file or folder whose name starts with ``test``:
+    ``tests/``, ``testing/``, ``test_*.py``); the version is its
+    distribution's (None when no distribution has that name).
+
+    Raises:
+        TxlError: a name that is not an installed package (a folder of modules), naming it.
+    """
+    import importlib.metadata
+    import importlib.util
+
+    found = {}
+    for name in names:
+        try:
+            spec = importlib.util.find_spec(name) if name.isidentifier() else None
+        except (ImportError, ValueError):
+            spec = None
+        folders = list(spec.submodule_search_locations or []) if spec is not None else []
+        if not folders:
+            raise TxlError(f"--installed-train: {name!r} is not an installed package (a folder of Python modules) "
+                           "in this Python; give import names such as torch or numpy")
+        root = Path(folders[0])
+        files = sorted(f for f in root.rglob("*.py")  # no test code: no folder or file whose name starts "test"
+                       if not any(part.startswith("test") for part in f.relative_to(root).parts))
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            version = None
+        found[name] = (version, root, files)
+    return found
+
+
 def _summary_key(summary: str) -> str:
     return " ".join(summary.split()).lower()
 
@@ -120,7 +161,7 @@ def _summary_key(summary: str) -> str:
 def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
                        min_bytes: int = 512, max_bytes: int = 4096, files: list[Path] | None = None,
                        short_train: bool = False, package_train: bool = False,
-                       packages: list[Path] | None = None) -> dict:
+                       packages: list[Path] | None = None, installed_train: Sequence[str] = ()) -> dict:
     """Write the docstring data set into ``out_dir`` (see the module docstring); returns ``split.json``'s content.
 
     Args:
@@ -134,9 +175,13 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
             :func:`txl.data.packages.package_files`; ignored without ``package_train``). Their pairs'
             ``module`` is the path below the folder of ``files`` (``email/utils.py``), or the file's
             name for a file outside it.
+        installed_train: installed packages whose pairs make ``train-with-installed.jsonl`` (see the
+            module docstring); their pairs' ``module`` is the path from the package's folder on
+            (``torch/nn/functional.py``).
 
     Raises:
-        TxlError: bad fractions or sizes, an ``out_dir`` that is not empty or is in use, no pairs.
+        TxlError: bad fractions or sizes, an ``out_dir`` that is not empty or is in use, no pairs, an
+            ``installed_train`` name that is not an installed package.
     """
     check_split(fractions, "the split fractions", train_needed=True)
     if min_bytes < 1 or max_bytes < min_bytes:
@@ -145,6 +190,7 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
         raise TxlError("--short-train adds the documents shorter than --min-bytes, and there are none below 1 byte: "
                        "give --min-bytes 2 or more")
     files = sorted(files or default_corpus_files())
+    installed = installed_files(installed_train)  # (an unknown name is refused before the folder is claimed)
     with claim_folder(out_dir, empty=True, inputs=[files[0].parent]) as claim:
         by_module = {f.name: module_documents(f, min_bytes, max_bytes) for f in files}
         modules = sorted(m for m, docs in by_module.items() if docs)
@@ -161,23 +207,32 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
             path_of = {f.name: f for f in files}
             pairs["train-with-short"] = pairs["train"] + [
                 d for m in split["train"] for d in module_documents(path_of[m], 1, min_bytes - 1)]
+        # the standard library holds near-copies (distutils' archive_util of shutil, lib2to3's tokenize, ...):
+        # a pair from beyond the split with a held-out document or summary (case and outer spaces aside) is left out
+        held = {d["prompt"] for name in ("valid", "test") for d in pairs[name]}
+        held_summaries = {_summary_key(d["completion"]) for name in ("valid", "test") for d in pairs[name]}
+
+        def beyond(group, name_of) -> list[dict]:  # the pairs of files outside the split
+            return [d for f in group for d in module_documents(f, 1, max_bytes, name_of(f))
+                    if d["prompt"] not in held and _summary_key(d["completion"]) not in held_summaries]
+
         if package_train:
             if packages is None:
                 from txl.data.packages import package_files
 
                 packages = [f for group in package_files().values() for f in group]
-            # the standard library holds near-copies (distutils' archive_util of shutil, lib2to3's tokenize, ...):
-            # a package pair with a held-out document or summary (case and outer spaces aside) is left out
-            held = {d["prompt"] for name in ("valid", "test") for d in pairs[name]}
-            held_summaries = {_summary_key(d["completion"]) for name in ("valid", "test") for d in pairs[name]}
             root = files[0].parent
 
             def named(f: Path) -> str:  # email/utils.py, not utils.py
                 return f.relative_to(root).as_posix() if f.is_relative_to(root) else f.name
 
-            extra = [d for f in sorted(packages) for d in module_documents(f, 1, max_bytes, named(f))
-                     if d["prompt"] not in held and _summary_key(d["completion"]) not in held_summaries]
-            pairs["train-with-packages"] = pairs["train-with-short" if short_train else "train"] + extra
+            pairs["train-with-packages"] = pairs["train-with-short" if short_train else "train"] + beyond(
+                sorted(packages), named)
+        if installed:
+            base = next(pairs[k] for k in ("train-with-packages", "train-with-short", "train") if k in pairs)
+            pairs["train-with-installed"] = base + [
+                d for _, folder, group in installed.values()
+                for d in beyond(group, lambda f, folder=folder: f.relative_to(folder.parent).as_posix())]
         counts = {}
         for name, rows in pairs.items():
             counts[name.replace("-", "_")] = len(rows)
@@ -191,5 +246,8 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
         info = {"source": str(files[0].parent), "seed": seed, "fractions": list(fractions), "min_bytes": min_bytes,
                 "max_bytes": max_bytes, "pairs": counts, "modules": split,
                 "pretrain_files": len(kept), "pretrain_excludes": sorted(held_out)}
+        if installed:
+            info["installed_train"] = {name: {"version": version, "files": len(group)}
+                                       for name, (version, _, group) in installed.items()}
         write_json(out / "split.json", info)
     return info
