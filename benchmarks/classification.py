@@ -74,7 +74,7 @@ def main() -> int:
     ap.add_argument("--tgt-len", type=int, help="(default: the config's)")
     ap.add_argument("--mem-len", type=int, help="(default: the config's)")
     ap.add_argument("--window", type=int, default=512)
-    ap.add_argument("--lr", help="(default: the config's)")
+    ap.add_argument("--lr", type=float, help="(default: the config's)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     if args.merge and not Path(args.merge).is_file():  # said before hours of training, not after
@@ -87,7 +87,7 @@ def main() -> int:
     from txl.cli.classify import TRAIN_SETTINGS, resolve_settings
     from txl.errors import TxlError
 
-    given = {"steps": args.steps, "batch_size": args.batch_size, "lr": None if args.lr is None else float(args.lr),
+    given = {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
              "tgt_len": args.tgt_len, "mem_len": args.mem_len}
     shared = argparse.Namespace(**{**dict.fromkeys(TRAIN_SETTINGS), **given, "config": args.config, "valid": "test"})
     try:  # the settings every row shares: the config file's, with this script's flags over them
@@ -103,7 +103,7 @@ def main() -> int:
     }
     # what a kept classifier's settings must show for each row (the LM's tgt_len when neither file nor flag sets one)
     reading = {"memory": {"mode": "memory", "tgt_len": shared.tgt_len, "mem_len": shared.mem_len,
-                          "grad_segments": shared.grad_segments},
+                          "grad_segments": shared.grad_segments or None},  # (0, all segments: kept as None)
                "first": {"mode": "first", "tgt_len": shared.tgt_len}, "last": {"mode": "last", "tgt_len": shared.tgt_len},
                "window": {"mode": "first", "tgt_len": args.window, "mem_len": 0}}
     given = {f"--{k.replace('_', '-')}": v for k, v in given.items() if v is not None}
@@ -130,7 +130,7 @@ def main() -> int:
             wanted = {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed, "pooling": shared.pooling,
                       **reading[name]}
             found = {**settings, **settings.get("classifier", {})}  # (mode, pooling, grad_segments are the head's)
-            stale = [k for k, v in wanted.items() if v is not None and found.get(k) != v]
+            stale = [k for k, v in wanted.items() if found.get(k) != v and (v is not None or k == "grad_segments")]
             if stale or not str(settings.get("checkpoint", "")).startswith(str(Path(args.lm))):
                 raise SystemExit(f"{out} was trained with other settings ({', '.join(stale) or 'checkpoint'}); "
                                  "remove it or give another --work")

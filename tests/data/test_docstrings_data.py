@@ -3,7 +3,10 @@ and the pre-training corpus without the held-out modules."""
 
 import json
 
+import pytest
+
 from txl.data.docstrings import first_sentence, module_documents, name_words, prepare_docstrings
+from txl.errors import TxlError
 
 
 def _module(i: int) -> str:
@@ -152,3 +155,20 @@ def test_an_unknown_installed_package_is_one_line_and_writes_nothing(tmp_path, c
     assert one_error_line(err) == ("txl: error: --installed-train: 'no_such_package_here' is not an installed package "
                                    "(a folder of Python modules) in this Python; give import names such as torch or "
                                    "numpy")
+
+
+def test_installed_files_walk_every_folder_of_a_namespace_package_and_refuse_an_empty_one(tmp_path, monkeypatch):
+    from txl.data.docstrings import installed_files
+
+    for site, module in (("a", "one.py"), ("b", "two.py")):  # one namespace package (no __init__) in two folders
+        (tmp_path / site / "nspkg").mkdir(parents=True)
+        (tmp_path / site / "nspkg" / module).write_text(_module(1))
+        monkeypatch.syspath_prepend(str(tmp_path / site))
+    (tmp_path / "a" / "nspkg" / "odd.py").mkdir()  # a folder named like a module: not a file
+    (tmp_path / "c" / "emptypkg").mkdir(parents=True)
+    (tmp_path / "c" / "emptypkg" / "__init__.pyc").write_bytes(b"")
+    monkeypatch.syspath_prepend(str(tmp_path / "c"))
+    version, files = installed_files(["nspkg"])["nspkg"]
+    assert version is None and sorted(module for _, module in files) == ["nspkg/one.py", "nspkg/two.py"]
+    with pytest.raises(TxlError, match="'emptypkg' has no readable Python files"):
+        installed_files(["emptypkg"])

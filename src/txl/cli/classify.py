@@ -242,7 +242,8 @@ def _train(args: argparse.Namespace) -> int:
         raise TxlError(f"{lm_dir} has no {VOCAB_NAME}: cannot encode the documents for this language model")
     mode = args.mode or ("memory" if lm_config.has_memory else "first")
     if mode == "memory" and not lm_config.has_memory:
-        raise TxlError(f"--mode memory needs a model with memory; the attn_type={lm_config.attn_type!r} model at "
+        said = "--mode memory" if flag_name(args, "mode").startswith("-") else f'mode = "memory" in {args.config}'
+        raise TxlError(f"{said} needs a model with memory; the attn_type={lm_config.attn_type!r} model at "
                        f"{lm_dir} has no memory: use --mode first or last (one window of tgt_len tokens)")
     docs = load_labelled(args.data)
     names = sorted({d.label for d in docs})

@@ -114,21 +114,22 @@ def module_documents(path: str | Path, min_bytes: int = 0, max_bytes: int | None
     try:
         text = path.read_text(encoding="utf-8")
         tree = ast.parse(text)
-    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError, RecursionError, MemoryError):
         return []
     docs = _documents(tree, text.splitlines(keepends=True), module or path.name)
     return [d for d in docs if min_bytes <= len(d["prompt"].encode("utf-8")) <= (max_bytes or float("inf"))]
 
 
-def installed_files(names: Sequence[str]) -> dict[str, tuple[str | None, Path, list[Path]]]:
-    """``{name: (version, folder, files)}``: the ``*.py`` files of each installed package named (an import
-    name: ``torch``, ``numpy``) in its folder, found with :func:`importlib.util.find_spec` (nothing is
-    imported) and sorted, leaving out test code (every file or folder whose name starts with ``test``:
+def installed_files(names: Sequence[str]) -> dict[str, tuple[str | None, list[tuple[Path, str]]]]:
+    """``{name: (version, [(file, "name/path/below.py"), ...])}``: the ``*.py`` files of each installed
+    package named (an import name: ``torch``, ``numpy``) in its folders (a namespace package may have
+    several), found with :func:`importlib.util.find_spec` (nothing is imported) and sorted, leaving out test code (every file or folder whose name starts with ``test``:
     ``tests/``, ``testing/``, ``test_*.py``); the version is its
     distribution's (None when no distribution has that name).
 
     Raises:
-        TxlError: a name that is not an installed package (a folder of modules), naming it.
+        TxlError: a name that is not an installed package (a folder of modules), or one with no readable
+            ``*.py`` file (zipped, unreadable), naming it.
     """
     import importlib.metadata
     import importlib.util
@@ -139,18 +140,21 @@ def installed_files(names: Sequence[str]) -> dict[str, tuple[str | None, Path, l
             spec = importlib.util.find_spec(name) if name.isidentifier() else None
         except (ImportError, ValueError):
             spec = None
-        folders = list(spec.submodule_search_locations or []) if spec is not None else []
+        folders = [Path(f) for f in (spec.submodule_search_locations or [])] if spec is not None else []
         if not folders:
             raise TxlError(f"--installed-train: {name!r} is not an installed package (a folder of Python modules) "
                            "in this Python; give import names such as torch or numpy")
-        root = Path(folders[0])
-        files = sorted(f for f in root.rglob("*.py")  # no test code: no folder or file whose name starts "test"
-                       if not any(part.startswith("test") for part in f.relative_to(root).parts))
+        # every folder of the package (a namespace package may have several); no test code
+        files = sorted((f, f"{name}/{f.relative_to(root).as_posix()}") for root in folders for f in root.rglob("*.py")
+                       if f.is_file() and not any(part.startswith("test") for part in f.relative_to(root).parts))
+        if not files:
+            raise TxlError(f"--installed-train: the installed package {name!r} has no readable Python files "
+                           f"in {', '.join(str(f) for f in folders)} (zipped, or not readable by this user)")
         try:
             version = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             version = None
-        found[name] = (version, root, files)
+        found[name] = (version, files)
     return found
 
 
@@ -230,9 +234,9 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
                 sorted(packages), named)
         if installed:
             base = next(pairs[k] for k in ("train-with-packages", "train-with-short", "train") if k in pairs)
-            pairs["train-with-installed"] = base + [
-                d for _, folder, group in installed.values()
-                for d in beyond(group, lambda f, folder=folder: f.relative_to(folder.parent).as_posix())]
+            module_of = {f: module for _, group in installed.values() for f, module in group}
+            pairs["train-with-installed"] = base + beyond([f for _, group in installed.values() for f, _ in group],
+                                                          module_of.__getitem__)
         counts = {}
         for name, rows in pairs.items():
             counts[name.replace("-", "_")] = len(rows)
@@ -248,6 +252,6 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
                 "pretrain_files": len(kept), "pretrain_excludes": sorted(held_out)}
         if installed:
             info["installed_train"] = {name: {"version": version, "files": len(group)}
-                                       for name, (version, _, group) in installed.items()}
+                                       for name, (version, group) in installed.items()}
         write_json(out / "split.json", info)
     return info
