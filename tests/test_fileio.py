@@ -110,3 +110,22 @@ def test_classify_predict_cli_deep_jsonl(tmp_path, capsys):
     docs.write_text(json.dumps({"text": "to be", "label": "0"}) + "\n" + DEEP + "\n")
     assert main(["classify", "predict", str(tmp_path / "cls"), str(docs), "--device", "cpu"]) != 0
     _one_error_line(capsys, docs, 2)
+
+
+def test_read_toml_says_one_line_for_every_bad_file(tmp_path):
+    from txl.fileio import read_toml
+
+    good = tmp_path / "good.toml"
+    good.write_text("[classify]\nsteps = 3\n")
+    assert read_toml(good) == {"classify": {"steps": 3}}
+    cases = {"deep.toml": ("a = " + "[" * 100000 + "]" * 100000, "is not valid TOML for txl: nested too deeply"),
+             "bad.toml": ("[x\n", "is not valid TOML: "), "latin.toml": (b"a = '\xff'", "is not valid TOML: ")}
+    for name, (text, message) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        with pytest.raises(TxlError, match=f"^config file {path} {message}"):
+            read_toml(path)
+    with pytest.raises(TxlError, match=f"^config file {tmp_path} is not a file$"):
+        read_toml(tmp_path)
+    with pytest.raises(TxlError, match="does not exist$"):
+        read_toml(tmp_path / "none.toml")

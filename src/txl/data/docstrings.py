@@ -25,7 +25,7 @@ equals a valid or test pair's (case and spacing aside): the library holds near-c
 functions in another place (``distutils.archive_util`` of ``shutil``'s, ``lib2to3``'s tokenizer), and
 such a pair would show the fine-tuning a held-out answer. More fine-tuning pairs at no cost to the
 split: the valid and test pairs stay those of the top-level modules. With ``installed_train`` (names
-of installed packages, e.g. ``torch numpy``: the source of txl's own dependencies, so on every machine
+of installed packages, e.g. ``("torch", "numpy")``: the source of txl's own dependencies, so on every machine
 txl runs on), also ``train-with-installed.jsonl``: the most of those pairs written
 (``train-with-packages``', else ``train-with-short``'s, else the train pairs) followed by every pair of
 those packages' ``*.py`` files (:func:`installed_files`: no test code; any size up to
@@ -123,9 +123,9 @@ def module_documents(path: str | Path, min_bytes: int = 0, max_bytes: int | None
 def installed_files(names: Sequence[str]) -> dict[str, tuple[str | None, list[tuple[Path, str]]]]:
     """``{name: (version, [(file, "name/path/below.py"), ...])}``: the ``*.py`` files of each installed
     package named (an import name: ``torch``, ``numpy``) in its folders (a namespace package may have
-    several), found with :func:`importlib.util.find_spec` (nothing is imported) and sorted, leaving out test code (every file or folder whose name starts with ``test``:
-    ``tests/``, ``testing/``, ``test_*.py``); the version is its
-    distribution's (None when no distribution has that name).
+    several), found with :func:`importlib.util.find_spec` (nothing is imported) and sorted, leaving out
+    test code (every file or folder whose name starts with ``test``: ``tests/``, ``testing/``,
+    ``test_*.py``); the version is its distribution's (None when no distribution has that name).
 
     Raises:
         TxlError: a name that is not an installed package (a folder of modules), or one with no readable
@@ -216,8 +216,8 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
         held = {d["prompt"] for name in ("valid", "test") for d in pairs[name]}
         held_summaries = {_summary_key(d["completion"]) for name in ("valid", "test") for d in pairs[name]}
 
-        def beyond(group, name_of) -> list[dict]:  # the pairs of files outside the split
-            return [d for f in group for d in module_documents(f, 1, max_bytes, name_of(f))
+        def beyond(named_files) -> list[dict]:  # the pairs of (file, module name)s outside the split
+            return [d for f, module in named_files for d in module_documents(f, 1, max_bytes, module)
                     if d["prompt"] not in held and _summary_key(d["completion"]) not in held_summaries]
 
         if package_train:
@@ -231,12 +231,10 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
                 return f.relative_to(root).as_posix() if f.is_relative_to(root) else f.name
 
             pairs["train-with-packages"] = pairs["train-with-short" if short_train else "train"] + beyond(
-                sorted(packages), named)
+                (f, named(f)) for f in sorted(packages))
         if installed:
             base = next(pairs[k] for k in ("train-with-packages", "train-with-short", "train") if k in pairs)
-            module_of = {f: module for _, group in installed.values() for f, module in group}
-            pairs["train-with-installed"] = base + beyond([f for _, group in installed.values() for f, _ in group],
-                                                          module_of.__getitem__)
+            pairs["train-with-installed"] = base + beyond(pair for _, group in installed.values() for pair in group)
         counts = {}
         for name, rows in pairs.items():
             counts[name.replace("-", "_")] = len(rows)

@@ -13,7 +13,7 @@ def read_toml(path: str | Path, what: str = "config file") -> dict[str, Any]:
 
     Raises:
         TxlError: the file is missing or not a file, unreadable, not UTF-8, or not valid TOML
-            (``config file PATH is not valid TOML: reason``).
+            (``config file PATH is not valid TOML: reason``), or nested past Python's recursion limit.
     """
     from txl.errors import TxlError
 
@@ -24,5 +24,7 @@ def read_toml(path: str | Path, what: str = "config file") -> dict[str, Any]:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise TxlError(f"{what} {path} is not valid TOML: {err}") from None
+    except RecursionError:
+        raise TxlError(f"{what} {path} is not valid TOML for txl: nested too deeply") from None
     except OSError as err:
         raise TxlError(f"cannot read {what} {path}: {err.strerror or err}") from None
