@@ -3,9 +3,10 @@ decoding loops, taking turns in one run (docs/quantization.md, "Why bench-small'
 
 Rows: txl's cached decoding loop (``generate_steps``, what ``txl generate`` runs) with float32 and with
 int8 weights, and the ring decoder (:class:`txl.model.ring.RingDecoder`: fixed-shape state, the step
-compiled once) with each, eager and compiled (inductor, ``fullgraph=True``). ``txl generate --compile``
-refuses int8 weights today; this script builds the ring decoder itself to measure what allowing it
-would give. Prints and writes (``--json``) tokens/s (median over ``--repeats`` runs of ``--tokens``
+compiled once) with each, eager and compiled (inductor, ``fullgraph=True``; ``txl generate --compile
+--quantize int8`` decodes with the last of these). The ring rows pick each token by argmax, without the
+decoding-rules object ``txl generate`` adds per step (``txl bench --quantize int8`` times the command's
+own path). Prints and writes (``--json``) tokens/s (median over ``--repeats`` runs of ``--tokens``
 steps after a 127-token prompt) and whether each row's greedy tokens equal float32 eager's.
 
     OMP_NUM_THREADS=2 PYTHONPATH=src python benchmarks/int8_compiled_decoding.py --batch-size 1 8 \\

@@ -1,4 +1,5 @@
-"""Where and how computations run: the device, the autocast dtype, the CPU threads, seeding and the cache folder.
+"""Where and how computations run: the device, the autocast dtype, the CPU threads, seeding, the cache folder
+and the compiler's settings.
 
 Every command and library function that needs one of these takes it from here, so that the
 analysis tools and commands take them from one place.
@@ -203,6 +204,29 @@ def set_threads(requested: int | None = None, flag: str = "--threads", keep: int
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     return text
+
+
+# inductor's settings for every model txl compiles. "inplace_buffers" lets a kernel write its output into
+# an input's buffer once nothing reads that input again; on torch 2.13's CPU backend it got a model of 4 or
+# more layers wrong when the graph reads a segment after a memory and returns the logits and the next
+# memory (the prompt reader of `txl generate --compile`): logits off by 0.7-25, greedy text garbled from
+# the first token (3 layers and fewer, training, and `txl eval --compile`'s graph were right). With it off,
+# the compiled model equals eager to float rounding (tests/model/test_compile.py).
+INDUCTOR_OPTIONS = {"inplace_buffers": False}
+
+
+def compile_module(module, *, backend: str | None = None, **kwargs):
+    """``torch.compile(module, **kwargs)`` with :data:`INDUCTOR_OPTIONS` when the backend is inductor (the
+    default, ``backend`` None or "inductor"); another backend (e.g. "aot_eager") takes no options.
+
+    Returns the compiled module (or function). Raises what ``torch.compile`` raises (a failed compilation
+    shows when the module is first called)."""
+    if backend not in (None, "inductor"):
+        return torch.compile(module, backend=backend, **kwargs)
+    options = {**INDUCTOR_OPTIONS, **kwargs.pop("options", {})}
+    if backend is None:  # (torch.compile's own default, whatever a caller has bound it to)
+        return torch.compile(module, options=options, **kwargs)
+    return torch.compile(module, backend=backend, options=options, **kwargs)
 
 
 def progress_bar(total: int, progress: bool | str, label: str, unit: str = "segment"):

@@ -300,7 +300,7 @@ EARLY = [  # (argv, the error line); CKPT is an existing empty folder
     (["bench", "--compile", "--quantize", "int8"], "--compile does not apply to --quantize (it would be ignored)"),
     (["bench", "--export", "--batch-size", "4"], "--batch-size does not apply to --export (it would be ignored)"),
     (["bench", "--export", "--compile"], "--export does not apply to --compile (it would be ignored)"),
-    (["eval", "CKPT", "--compile", "--quantize", "int8"], "--compile does not take --quantize yet; drop one of them"),
+    (["eval", "CKPT", "--compile", "--quantize", "bf16"], "--compile does not take --quantize bf16 yet; drop one of them"),
     (["eval", "CKPT", "--compile", "--sliding-window", "64"],
      "--compile applies to the plain evaluation with memory, not --sliding-window; drop one of them"),
     (["convert", "hf", "nope", "dst"], "SRC nope does not exist"),
@@ -323,7 +323,7 @@ EARLY = [  # (argv, the error line); CKPT is an existing empty folder
     (["eval", "CKPT", "--clamp-len", "-5"], "--clamp-len must be >= 0, got -5"),
     (["score", "CKPT", "doc.txt", "--clamp-len", "-5"], "--clamp-len must be >= 0, got -5"),
     (["serve", "CKPT", "--cmem-len", "-1"], "--cmem-len must be >= 0, got -1"),
-    (["serve", "CKPT", "--compile", "--quantize", "int8"], "--compile does not take --quantize yet; drop one of them"),
+    (["serve", "CKPT", "--compile", "--quantize", "bf16"], "--compile does not take --quantize bf16 yet; drop one of them"),
     (["serve", "CKPT", "--compile", "--dtype", "bfloat16"], "--compile does not take a half-precision --dtype yet; drop one of them"),
     (["eval", "CKPT", "--tgt_len", "0"], "--tgt-len must be >= 1, got 0"),  # the hidden alias: named as --help does
     (["generate", "CKPT", "--mem-len", "-1"], "--mem-len must be >= 0, got -1"),

@@ -41,6 +41,21 @@ def test_one_graph_per_module_for_every_memory_fill(batch, length, graphs):
     assert counters["stats"]["unique_graphs"] == graphs
 
 
+@pytest.mark.parametrize("batch,length", [(1, 13), (3, 20)])
+def test_compiled_int8_generation_equals_the_int8_default_path(batch, length):
+    # int8 weights (the products of txl.model.linear.int8_linear) compile with the step: the tokens of the
+    # eager int8 loop, one graph per module while the ring of 8 slots fills and rotates
+    from txl.model.quantize import quantize_int8
+
+    model = quantize_int8(tiny_model(dtype=torch.float32))
+    ids = torch.randint(0, 37, (batch, length), generator=torch.Generator().manual_seed(2))
+    torch._dynamo.reset()
+    counters.clear()
+    out = generate(model, ids, 40, temperature=0, compile="aot_eager")
+    assert counters["stats"]["unique_graphs"] == 2
+    assert torch.equal(out, generate(model, ids, 40, temperature=0))
+
+
 @pytest.mark.parametrize("memory", [3, 7, 12, 0], ids=["shorter", "full", "longer", "empty"])
 def test_compiled_generation_after_a_given_memory(memory):
     # a txl serve session's memory (shorter than mem_len while it fills), then its tail and new tokens
@@ -67,7 +82,7 @@ def test_compiled_generation_refuses_what_the_ring_cannot_hold():
         generate(model, torch.tensor([[1, 2]]), 3, temperature=0, compile="aot_eager", mem_len=3)
     with pytest.raises(TxlError, match="compile takes True or one of inductor, aot_eager, eager"):
         generate(model, torch.tensor([[1, 2]]), 3, temperature=0, compile="cudagraphs")
-    with pytest.raises(TxlError, match="float32 .or float64. weights without autocast"):
+    with pytest.raises(TxlError, match="float32, float64 or int8 weights without autocast"):
         generate(tiny_model(dtype=torch.bfloat16), torch.tensor([[1, 2]]), 3, temperature=0, compile="aot_eager")
     with pytest.raises(TxlError, match="without autocast"), torch.autocast("cpu", dtype=torch.bfloat16):
         generate(tiny_model(dtype=torch.float32), torch.tensor([[1, 2]]), 3, temperature=0, compile="aot_eager")
@@ -82,7 +97,7 @@ def test_txl_generate_compile_refusals_are_one_line(tmp_path, capsys):
     save_checkpoint(tmp_path / "ckpt", tiny_model(dtype=torch.float32, vocab_size=tokenizer.vocab_size, n_layer=1),
                     tokenizer, RunConfig(), {"step": 1})
     for extra, message in ((("--num-beams", "2"), "--compile does not take --num-beams yet"),
-                           (("--quantize", "int8"), "--compile does not take --quantize yet"),
+                           (("--quantize", "bf16"), "--compile does not take --quantize bf16 yet"),
                            (("--mem-len", "3"), "--compile needs mem_len >= tgt_len"),
                            (("--dtype", "bfloat16"), "--compile does not take a half-precision --dtype yet")):
         code, out, err = run_cli(capsys, "generate", tmp_path / "ckpt", "--compile", "-p", "ab", "-n", "2", *extra)

@@ -139,10 +139,22 @@ def test_evaluate_compiled_equals_the_decoding_state_reading(aot_eager):
     assert model.training is True  # the mode is restored
 
 
+def test_evaluate_compiled_with_int8_weights_equals_eager_int8(aot_eager):
+    # the int8 products (txl.model.linear.int8_linear) trace with the rest of the model: the same loss
+    from txl.evaluation.stream import evaluate
+    from txl.model.quantize import quantize_int8
+
+    model = quantize_int8(_model().float())
+    torch.manual_seed(3)
+    tokens = torch.randint(0, 40, (83,)).numpy()
+    eager = evaluate(model, tokens, batch_size=2, mem_len=9)
+    assert evaluate(model, tokens, batch_size=2, mem_len=9, compiled=True).loss == pytest.approx(eager.loss, rel=1e-6)
+    assert eager.loss != pytest.approx(evaluate(_model().float(), tokens, batch_size=2, mem_len=9).loss, rel=1e-6)
+
+
 def test_compile_refuses_what_it_does_not_serve_yet(tmp_path, aot_eager):
     from txl.errors import TxlError
     from txl.evaluation.stream import evaluate
-    from txl.model.quantize import quantize_int8
     from txl.training.config import load_run_config
 
     from txl.training.loop import train
@@ -157,8 +169,6 @@ def test_compile_refuses_what_it_does_not_serve_yet(tmp_path, aot_eager):
         train(compressed, progress=False, log=lambda m: None)
     assert not (tmp_path / "a").exists() and not (tmp_path / "c").exists()  # nothing written
     tokens = torch.randint(0, 40, (30,)).numpy()
-    with pytest.raises(TxlError, match="--compile does not serve int8 weights yet"):
-        evaluate(quantize_int8(_model()), tokens, compiled=True)
     with pytest.raises(TxlError, match=r"--compile does not serve an adaptive softmax"):
         evaluate(_model(cutoffs=[10, 20]), tokens, compiled=True)
 
@@ -187,6 +197,38 @@ def test_train_compile_gives_the_eager_run(tmp_path, aot_eager):
 
     saved = load_file(tmp_path / "compiled" / "last" / "model.safetensors")
     assert saved.keys() == load_file(tmp_path / "eager" / "last" / "model.safetensors").keys()  # no _orig_mod.
+
+
+def test_every_model_compilation_turns_inductors_in_place_buffers_off(monkeypatch):
+    # the setting that keeps a compiled segment read after a memory right (txl.runtime.INDUCTOR_OPTIONS)
+    from txl.runtime import compile_module
+
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: calls.append(kw) or module)
+    compile_module(None, fullgraph=True)
+    compile_module(None, backend="inductor", options={"max_autotune": False})
+    compile_module(None, backend="aot_eager")
+    assert calls == [{"fullgraph": True, "options": {"inplace_buffers": False}},
+                     {"backend": "inductor", "options": {"inplace_buffers": False, "max_autotune": False}},
+                     {"backend": "aot_eager"}]
+
+
+@pytest.mark.parametrize("int8", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["float32", "int8"])
+def test_inductor_reads_a_segment_after_a_memory_as_eager_with_four_layers(int8):
+    # with in-place buffers on, torch 2.13's inductor got 4+ layer models wrong here (logits off by 0.7);
+    # inductor's C++ build of this tiny model takes 15-20 s, the one inductor check in the default run
+    from txl.model.quantize import quantize_int8
+    from txl.runtime import compile_module
+
+    model = _model(n_layer=4, tgt_len=4, mem_len=4, d_model=32, d_head=16, d_inner=64).eval()
+    model = quantize_int8(model) if int8 else model
+    torch.manual_seed(1)
+    ids, mems = torch.randint(0, 40, (1, 4)), [torch.randn(1, 4, 32) for _ in range(4)]
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager, compiled = model(ids, mems=mems), compile_module(model, fullgraph=True)(ids, mems=mems)
+    for a, b in zip([eager.logits, *eager.mems], [compiled.logits, *compiled.mems]):
+        torch.testing.assert_close(b, a, rtol=0, atol=0.05 if int8 else 1e-5)  # int8: a row may round apart
 
 
 @pytest.mark.slow  # minutes of C++ compilation: one graph per memory length while it fills

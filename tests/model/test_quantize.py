@@ -328,11 +328,15 @@ def test_the_benchmark_measures_both_models_side_by_side():
     from txl.analysis.bench_quantize import quantize_table
 
     config = dict(vocab_size=40, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, tgt_len=8, mem_len=8)
-    result = quantize_table(config, batches=(1, 2), gen_tokens=2, repeats=1, bf16=True, log=lambda _: None)
+    result = quantize_table(config, batches=(1, 2), gen_tokens=2, repeats=1, bf16=True, compiled="aot_eager",
+                            log=lambda _: None)
     assert [r["batch"] for r in result["decoding"]] == [1, 2] and [r["batch"] for r in result["evaluation"]] == [1, 2]
     for row in result["decoding"] + result["evaluation"]:
         assert row["ratio"] == pytest.approx(row["int8_tokens_per_s"] / row["float32_tokens_per_s"])
         assert row["bfloat16_ratio"] == pytest.approx(row["bfloat16_tokens_per_s"] / row["float32_tokens_per_s"])
+    for row in result["decoding"] + result["evaluation"]:  # int8 compiled (txl generate/eval --compile --quantize int8)
+        assert row["compiled_ratio"] == pytest.approx(row["int8_compiled_tokens_per_s"] / row["float32_tokens_per_s"])
+    assert all(row["compile_seconds"] > 0 for row in result["decoding"])
     # bytes a step reads: 4 per float32 weight, 1 per int8 weight plus a 4-byte scale per output channel
     linear = 2 * (32 * 96 + 32 * 32 + 32 * 64 + 64 * 32) + 32 * 40  # qkv, o, two FF per layer; the softmax
     channels = 2 * (96 + 32 + 64 + 32) + 40

@@ -28,6 +28,7 @@ import torch
 
 from txl.model import TransformerXLConfig, TransformerXLLM
 from txl.model.segments import decoding_state
+from txl.runtime import compile_module
 
 
 def _sync(device: torch.device) -> None:
@@ -65,7 +66,7 @@ def compile_table(config: dict, *, batch: int = 8, repeats: int = 5, device: tor
     cfg = TransformerXLConfig(**config)
     torch.manual_seed(0)
     model = TransformerXLLM(cfg).to(device)
-    compiled = torch.compile(model, fullgraph=True)
+    compiled = compile_module(model, fullgraph=True)
     seg = torch.randint(0, cfg.vocab_size, (batch, cfg.tgt_len), device=device)
     labels = torch.randint(0, cfg.vocab_size, (batch, cfg.tgt_len), device=device)
     tokens = batch * cfg.tgt_len

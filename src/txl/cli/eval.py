@@ -92,8 +92,8 @@ def _check(args: argparse.Namespace) -> None:
         if spans:
             raise TxlError(f"--sliding-window evaluates windows of CONTEXT tokens without memory: {', '.join(spans)} "
                            "would be ignored; leave them out")
-    if args.compile and args.quantize != "none":
-        raise TxlError("--compile does not take --quantize yet; drop one of them")
+    if args.compile and args.quantize == "bf16":
+        raise TxlError("--compile does not take --quantize bf16 yet; drop one of them")
     if args.compile and modes:
         raise TxlError(f"--compile applies to the plain evaluation with memory, not {modes[0]}; drop one of them")
     if args.dynamic and args.quantize != "none":

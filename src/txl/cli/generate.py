@@ -62,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_span(p, ("mem_len",), default_text="the model's")
     p.add_argument("--compile", action="store_true",
                    help="decode through torch.compile: the ring step of docs/export.md, one graph for every memory "
-                        "fill (the first tokens pay the compilation; docs/compile.md)")
+                        "fill, float32 or --quantize int8 (the first tokens pay the compilation; docs/compile.md)")
     add_dtype(p)
     add_quantize(p)
     add_device(p)
@@ -103,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
         raise TxlError("give prompts either with --input or with --prompt/--prompt-file, not both")
     if args.compile:
         for flag, on in (("--input", args.input is not None), ("--num-beams", args.num_beams > 1),
-                         ("--quantize", args.quantize != "none"), ("a half-precision --dtype", args.dtype not in (None, "float32"))):
+                         ("a half-precision --dtype", args.dtype not in (None, "float32")),
+                         ("--quantize bf16", args.quantize == "bf16")):
             if on:
                 raise TxlError(f"--compile does not take {flag} yet; drop one of them")
     check_checkpoint_path(args.checkpoint)

@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.read_timeout > 0:
         raise TxlError(f"--read-timeout must be > 0 seconds, got {args.read_timeout}")
     if args.compile:
-        for flag, on in (("--quantize", args.quantize != "none"), ("a half-precision --dtype", args.dtype not in (None, "float32"))):
+        for flag, on in (("a half-precision --dtype", args.dtype not in (None, "float32")),
+                         ("--quantize bf16", args.quantize == "bf16")):
             if on:
                 raise TxlError(f"--compile does not take {flag} yet; drop one of them")
     check_checkpoint_path(args.checkpoint)  # the arguments, the path and the optional packages before torch

@@ -14,10 +14,9 @@ from txl.config import IGNORE_INDEX
 from txl.data import LMOrderedIterator
 from txl.errors import TxlError
 from txl.model.config import check_compilable
-from txl.model.quantize import is_quantized
 from txl.model.segments import decoding_state, eval_mode, segments
 from txl.model.span import AttentionSpan, resolve_span
-from txl.runtime import autocast, progress_bar
+from txl.runtime import autocast, compile_module, progress_bar
 
 
 @dataclass
@@ -132,12 +131,10 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     Raises:
         TxlError: ``tokens`` that is not 1-D integer data or holds ids outside the vocabulary, a split
             too short for one target (plus the warm-up context), or an impossible span; ``compiled``
-            with a model it does not serve yet (compressed memory, adaptive softmax, int8 weights).
+            with a model it does not serve yet (compressed memory, adaptive softmax).
     """
     if compiled:
         check_compilable(model.config, "--compile")
-        if is_quantized(model):
-            raise TxlError("--compile does not serve int8 weights yet; drop --compile or --quantize")
     tokens = token_tensor(tokens, vocab_size=model.config.vocab_size, min_tokens=0)  # the iterator says how many
     device = next(model.parameters()).device
     span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
@@ -155,7 +152,7 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, targets
     if inputs.size(0):  # more ranks than streams: this rank has none
         positions = batches.positions()
-        reader = torch.compile(model) if compiled else model
+        reader = compile_module(model) if compiled else model
         with eval_mode(model), progress_bar(len(positions), progress, "evaluating") as bar:
             for seg in segments(reader, inputs, labels, span=span, dtype=dtype, positions=positions,
                                 caches=None if compiled else decoding_state(model, span)):

@@ -14,7 +14,6 @@ from txl.generation.sampling import Chooser, DecodingRules, Faults, Generators, 
 from txl.model.decoding import DecodingState
 from txl.model.inputs import check_input_ids
 from txl.model.memory import Mems, check_mems
-from txl.model.quantize import is_quantized
 from txl.model.ring import RingDecoder, check_exportable
 from txl.model.span import AttentionSpan, resolve_span
 
@@ -177,7 +176,8 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
     of keys and values, its write index and fill) is tensors of fixed shape, so the step compiles once
     for every memory fill; the tokens are those of the default path (scores equal to float rounding).
     For prompts of one length (``mems`` too: the last ``mem_len`` positions are kept), a model and span
-    :func:`txl.model.ring.check_exportable` accepts.
+    :func:`txl.model.ring.check_exportable` accepts, with float32, float64 or int8 weights
+    (:func:`txl.model.quantize.quantize_int8`: the int8 products compile with the rest of the step).
 
     Raises:
         TxlError: ``input_ids`` that is not a non-empty integer tensor [batch, length] of ids in the
@@ -201,9 +201,8 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
             raise TxlError("compiled decoding takes prompts of one length")
         check_exportable(model.config, span, "compiled decoding")
         weight = model.word_emb.emb_layers[0].weight
-        if (is_quantized(model) or weight.dtype not in (torch.float32, torch.float64)
-                or torch.is_autocast_enabled(weight.device.type)):
-            raise TxlError("compiled decoding takes float32 (or float64) weights without autocast: not int8 or "
+        if weight.dtype not in (torch.float32, torch.float64) or torch.is_autocast_enabled(weight.device.type):
+            raise TxlError("compiled decoding takes float32, float64 or int8 weights without autocast: not "
                            "half-precision weights, nor torch.autocast")
     with eval_mode(model):
         if compile:  # the ring's state is tensors of fixed shape: one compiled step for every memory fill

@@ -42,6 +42,7 @@ from txl.errors import TxlError
 from txl.model.linear import linear
 from txl.model.quantize import weight_rows
 from txl.model.span import AttentionSpan
+from txl.runtime import compile_module
 
 EXPORTABLE = ("rel", "shaw")
 BACKENDS = ("inductor", "aot_eager", "eager")  # torch.compile backends RingDecoder takes  # the schemes whose step is a table of distances (keys independent of position)
@@ -191,11 +192,11 @@ class RingStep(nn.Module):
             x = norm(h) if attn.pre_lnorm else h
             q, k, v = linear(x, weight_rows(attn.qkv_net)).view(bsz, 3, heads, d_head).unbind(1)  # [B, H, D]
             q_c, q_r = model.positions.step_queries(attn, q, _Uncached())
-            table = self.tables[i]  # [H, D, S]
-            r_k = table.index_select(2, columns)  # [H, D, S]: slot s's position key in column s
-            old = torch.einsum("bhd,bhsd->bhs", q_c, keys[i]) + torch.einsum("bhd,hds->bhs", q_r, r_k)
+            # the position term of every distance, then each slot's (a gather of H x S scores, not of the table)
+            by_distance = torch.einsum("bhd,hds->bhs", q_r, self.tables[i])  # [B, H, S]: column j, distance S-1-j
+            old = torch.einsum("bhd,bhsd->bhs", q_c, keys[i]) + by_distance.index_select(2, columns)
             old = old.masked_fill(~hidden, float("-inf"))
-            own = (q_c * k).sum(-1) + (q_r * table[:, :, capacity - 1]).sum(-1)  # distance 0
+            own = (q_c * k).sum(-1) + by_distance[:, :, capacity - 1]  # distance 0
             p = torch.softmax(torch.cat([old, own[..., None]], dim=-1), dim=-1)
             vec = torch.einsum("bhs,bhsd->bhd", p[..., :capacity], values[i]) + p[..., capacity:] * v
             out = linear(vec.reshape(bsz, heads * d_head), weight_rows(attn.o_net))
@@ -212,7 +213,9 @@ class RingDecoder:
 
     The state lives here as tensors of fixed shape, so a compiled step is one graph for every step,
     whatever the memory holds (no recompilation as it fills): ``keys``/``values`` [L, B, H, S, D] in the
-    parameters' dtype, ``write``/``fill`` int64 [].
+    parameters' dtype. The counters ``write`` and ``fill`` are Python ints kept on the host (they follow
+    from the lengths read, so no step waits for the device to learn them); the modules get them as int64
+    [] tensors made once per value, and a step writes its token into one slot of the ring in place.
 
     Args:
         model: a :class:`~txl.model.TransformerXLLM` in eval mode (no autograd is used).
@@ -232,9 +235,11 @@ class RingDecoder:
             backend = compile if isinstance(compile, str) else "inductor"
             if backend not in BACKENDS:  # (others, e.g. cudagraphs, may hand back outputs a later step overwrites)
                 raise TxlError(f"compile takes True or one of {', '.join(BACKENDS)}, got {compile!r}")
-            self.segment = torch.compile(self.segment, fullgraph=True, dynamic=False, backend=backend)
-            self.step_module = torch.compile(self.step_module, fullgraph=True, dynamic=False, backend=backend)
-        self.keys = self.values = self.write = self.fill = None
+            self.segment = compile_module(self.segment, fullgraph=True, dynamic=False, backend=backend)
+            self.step_module = compile_module(self.step_module, fullgraph=True, dynamic=False, backend=backend)
+        self.keys = self.values = None
+        self.write = self.fill = 0
+        self._counters: dict[tuple[int, int], torch.Tensor] = {}  # (counter, value) -> int64 [], made once each
 
     @torch.no_grad()
     def read_prompt(self, input_ids: torch.Tensor, mems: list[torch.Tensor] | None = None) -> None:
@@ -248,15 +253,14 @@ class RingDecoder:
         reader = self.segment_reader  # the eager module (the compiled one reads whole segments only)
         memory = weight.new_zeros(c.n_layer, bsz, span.mem_len, c.d_model)
         padding = torch.full((bsz,), span.mem_len, dtype=torch.long, device=weight.device)
-        if mems is not None and mems[0].size(1) > 0:
-            given = torch.stack([m[:, -span.mem_len:] for m in mems]).to(weight.dtype)  # [L, B, M', d]
-            memory[:, :, span.mem_len - given.size(2):] = given
-            padding.fill_(span.mem_len - given.size(2))
-            self.keys, self.values, self.fill = reader.ring(memory, padding)
+        given = 0 if mems is None else min(mems[0].size(1), span.mem_len)
+        if given > 0:
+            memory[:, :, span.mem_len - given:] = torch.stack([m[:, -given:] for m in mems]).to(weight.dtype)
+            padding.fill_(span.mem_len - given)
+            self.keys, self.values, _ = reader.ring(memory, padding)
         else:  # no memory: an empty ring, nothing to project
             shape = (c.n_layer, bsz, c.n_head, self.capacity, c.d_head)
             self.keys, self.values = weight.new_zeros(shape), weight.new_zeros(shape)
-            self.fill = torch.zeros((), dtype=torch.long, device=weight.device)
         input_ids = input_ids.to(torch.long)
         starts = range(0, length, span.tgt_len)
         # every call's count of real tokens, sent to the device once (a copy per call would wait for it)
@@ -265,7 +269,8 @@ class RingDecoder:
             chunk = input_ids[:, start:start + span.tgt_len]
             n = chunk.size(1)
             chunk = torch.cat([chunk, chunk.new_zeros(bsz, span.tgt_len - n)], dim=1)
-            memory, padding, self.keys, self.values, self.fill = self.segment(chunk, memory, padding, counts[i])
+            memory, padding, self.keys, self.values, _ = self.segment(chunk, memory, padding, counts[i])
+        self.fill = min(given + length, span.mem_len)  # the slots the reader filled, known without asking it
         self.write = self.fill % self.capacity
 
     @torch.no_grad()
@@ -274,9 +279,19 @@ class RingDecoder:
         model's ``crit.logits``); the token's keys and values go to slot ``write`` (in place)."""
         # one layout for every step (a prompt's last column is strided, a sampled token's is not): one graph
         input_ids = input_ids.to(torch.long).clone(memory_format=torch.contiguous_format)
-        logits, key, value = self.step_module(input_ids, self.keys, self.values, self.write, self.fill)
-        self.keys.index_copy_(3, self.write.view(1), key.unsqueeze(3))
-        self.values.index_copy_(3, self.write.view(1), value.unsqueeze(3))
+        logits, key, value = self.step_module(input_ids, self.keys, self.values, self._counter(0, self.write),
+                                              self._counter(1, self.fill))
+        self.keys.select(3, self.write).copy_(key)
+        self.values.select(3, self.write).copy_(value)
         self.write = (self.write + 1) % self.capacity
-        self.fill = torch.clamp(self.fill + 1, max=self.capacity)
+        self.fill = min(self.fill + 1, self.capacity)
         return logits
+
+    def _counter(self, which: int, value: int) -> torch.Tensor:
+        """``value`` of counter ``which`` (0 write, 1 fill) as an int64 [] tensor on the model's device,
+        made once per value (a copy per step to a GPU would be one more transfer per token). The two
+        counters never share a tensor, even when equal: a graph compiled for two inputs would be compiled
+        again for one input passed twice."""
+        if (which, value) not in self._counters:
+            self._counters[which, value] = torch.tensor(value, dtype=torch.long, device=self.keys.device)
+        return self._counters[which, value]

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from txl.training.config import RunConfig
 from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
-from txl.runtime import resolve_device, seed_everything, set_threads
+from txl.runtime import compile_module, resolve_device, seed_everything, set_threads
 from txl.evaluation.stream import EvalResult, metric_value
 from txl.fileio import FolderClaim, claim_folder, write_json
 from txl.model import TransformerXLLM
@@ -273,7 +273,7 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
         ddp = torch.nn.parallel.DistributedDataParallel(ddp, device_ids=[device.index] if device.type == "cuda"
                                                         else None)
     if t.compile:  # the checkpoints are still written from `model` (no "_orig_mod." names)
-        ddp = torch.compile(ddp)
+        ddp = compile_module(ddp)
 
     metrics_file = writer = None
     if d.is_main:
