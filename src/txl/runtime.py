@@ -219,8 +219,13 @@ def compile_module(module, *, backend: str | None = None, **kwargs):
     """``torch.compile(module, **kwargs)`` with :data:`INDUCTOR_OPTIONS` when the backend is inductor (the
     default, ``backend`` None or "inductor"); another backend (e.g. "aot_eager") takes no options.
 
+    Inductor's ``mode`` presets (e.g. "max-autotune") are not taken: ``torch.compile`` refuses a mode
+    together with options; give the preset's settings as ``options`` instead.
+
     Returns the compiled module (or function). Raises what ``torch.compile`` raises (a failed compilation
-    shows when the module is first called)."""
+    shows when the module is first called); TypeError for ``mode``."""
+    if "mode" in kwargs:
+        raise TypeError("compile_module takes no mode (torch.compile refuses it with options); pass options")
     if backend not in (None, "inductor"):
         return torch.compile(module, backend=backend, **kwargs)
     options = {**INDUCTOR_OPTIONS, **kwargs.pop("options", {})}

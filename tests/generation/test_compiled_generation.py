@@ -108,9 +108,36 @@ def test_txl_generate_compile_refusals_are_one_line(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_inductor_compiled_generation_equals_eager():
-    # inductor's C++ build (a minute or more): the same greedy tokens as the default path
-    model = tiny_model(dtype=torch.float32)
+@pytest.mark.parametrize("int8", [False, True], ids=["float32", "int8"])
+def test_inductor_compiled_generation_equals_eager(int8):
+    # inductor's C++ build (a minute or more): the same greedy tokens as the default path, with 4 layers
+    # (where inductor's in-place buffers got the prompt reader wrong: txl.runtime.INDUCTOR_OPTIONS)
+    from txl.model.quantize import quantize_int8
+
+    model = tiny_model(dtype=torch.float32, n_layer=4)
+    model = quantize_int8(model) if int8 else model
     ids = torch.randint(0, 37, (2, 13), generator=torch.Generator().manual_seed(3))
     torch._dynamo.reset()
     assert torch.equal(generate(model, ids, 20, temperature=0, compile=True), generate(model, ids, 20, temperature=0))
+
+
+def test_txl_generate_compile_with_int8_weights(tmp_path, capsys, monkeypatch):
+    # --compile --quantize int8 passes the command's checks and prints what --quantize int8 prints
+    # (aot_eager in place of inductor: the same graphs without the C++ build)
+    import txl.model.ring as ring
+    from txl.data import ByteTokenizer
+    from txl.runtime import compile_module
+    from txl.training.checkpoint import save_checkpoint
+    from txl.training.config import RunConfig
+
+    monkeypatch.setattr(ring, "compile_module", lambda module, **kw: compile_module(module, **{**kw, "backend": "aot_eager"}))
+    tokenizer = ByteTokenizer()
+    save_checkpoint(tmp_path / "ckpt", tiny_model(dtype=torch.float32, vocab_size=tokenizer.vocab_size, n_layer=4),
+                    tokenizer, RunConfig(), {"step": 1})
+    outs = []
+    for extra in ((), ("--compile",)):
+        code, out, err = run_cli(capsys, "generate", tmp_path / "ckpt", "-p", "ab", "-n", "12", "--temperature", "0",
+                                 "--quantize", "int8", *extra)
+        assert code == 0, err
+        outs.append(out)
+    assert outs[0] == outs[1] and len(outs[0]) > len("ab")

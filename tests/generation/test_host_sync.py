@@ -92,6 +92,19 @@ def test_generation_reads_nothing_per_token(accelerator_checks, overrides, rules
     assert short.count("__int__") <= 1  # at most the faults' one check, before the last step
 
 
+@pytest.mark.parametrize("int8", [False, True], ids=["float32", "int8"])
+def test_compiled_generation_reads_nothing_per_token(accelerator_checks, int8):
+    # the ring decoder's counters live on the host; what the step reads of them is made on the device
+    from txl.model.quantize import quantize_int8
+
+    model = tiny_model(dtype=torch.float32)
+    model = quantize_int8(model) if int8 else model
+    ids = torch.randint(0, 37, (2, 9), generator=torch.Generator().manual_seed(0))
+    short = _reads(lambda: generate(model, ids, 3, temperature=0, compile="aot_eager"))
+    long = _reads(lambda: generate(model, ids, 24, temperature=0, compile="aot_eager"))  # fills, then rotates
+    assert long == short, f"reads grow with the tokens: {len(short)} for 3 tokens, {len(long)} for 24: {long}"
+
+
 def test_rules_that_need_the_history_read_one_step_at_a_time(accelerator_checks):
     # the repetition penalty looks at the generated tokens on the host: one read per step, no more
     model = tiny_model(dtype=torch.float32)

@@ -27,15 +27,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument("--eval-speedup", action="store_true", help="vanilla sliding window vs memory (paper Table 9)")
     p.add_argument("--model", choices=["bench-small", "enwik8-large"], default=None,
-                   help="model for --eval-speedup, --quantize, --compile and --export: bench-small (6 layers, d_model 256; batch 8, about 2 minutes on "
+                   help="model for --eval-speedup, --quantize, --compile and --export: bench-small (6 layers, d_model 256; batch 8, 2-4 minutes on "
                         "2 cores) or enwik8-large, the paper's 24-layer model evaluated at length 3,800 "
                         "(batch 1, about 5 minutes); default bench-small")
     p.add_argument("--lengths", default=LENGTHS,
                    help="attention lengths for --eval-speedup (default: 128-800 and the paper's 1800, 2800, 3800)")
     p.add_argument("--quantize", choices=["int8"], default=None,
                    help="instead: int8 (and, on a CPU with native bfloat16, bfloat16) weights against float32 on "
-                        "--model, decoding at batch 1 and 8 and evaluation with memory, side by side "
-                        "(docs/quantization.md)")
+                        "--model, decoding at batch 1 and 8 and evaluation with memory, side by side, with the int8 "
+                        "model also under torch.compile (inductor: needs a C++ compiler; docs/quantization.md)")
     p.add_argument("--compile", action="store_true",
                    help="instead: the model under torch.compile against eager on --model, a training segment and "
                         "an evaluation segment with memory, side by side (docs/compile.md)")

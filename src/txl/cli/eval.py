@@ -39,8 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_dtype(p)
     add_quantize(p)
     p.add_argument("--compile", action="store_true",
-                   help="read the segments through torch.compile (the first segments pay the compilation; "
-                        "docs/compile.md)")
+                   help="read the segments through torch.compile, float32 or --quantize int8 (the first segments "
+                        "pay the compilation; docs/compile.md)")
     add_device(p)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar (stderr)")
     add_seed(p, text="seeds python, numpy and torch (evaluation itself draws no random numbers)", unset="not seeded")

@@ -62,7 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_quantize(p)
     p.add_argument("--compile", action="store_true",
                    help="sample through torch.compile: the ring step of docs/export.md, one graph for every memory "
-                        "fill, compiled before the server starts listening (docs/compile.md)")
+                        "fill, float32 or --quantize int8, compiled before the server starts listening "
+                        "(docs/compile.md)")
     add_device(p)
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="warning",
                    help="uvicorn's log level; info and debug also log every request (default warning)")

@@ -123,7 +123,7 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
         compiled: read the segments with ``torch.compile(model)`` (one graph per segment shape), the
             memory carried as hidden states instead of a decoding state's keys and values (whose
             bookkeeping runs on the host); the same result up to float rounding (docs/compile.md).
-            Not for a compressed memory, an adaptive softmax or int8 weights (TxlError).
+            Not for a compressed memory or an adaptive softmax (TxlError); int8 weights compile.
 
     Returns:
         :class:`EvalResult` (loss in nats/token). Every target token is scored exactly once.

@@ -173,8 +173,8 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
 
     ``compile=True`` (or a ``torch.compile`` backend's name): the prompt is read and each step taken by
     the two modules of :class:`txl.model.ring.RingDecoder` under ``torch.compile(fullgraph=True)``, whose state (the ring
-    of keys and values, its write index and fill) is tensors of fixed shape, so the step compiles once
-    for every memory fill; the tokens are those of the default path (scores equal to float rounding).
+    of keys and values, its write index and fill) reaches the graphs as tensors of fixed shape, so the step
+    compiles once for every memory fill; the tokens are those of the default path (scores equal to float rounding).
     For prompts of one length (``mems`` too: the last ``mem_len`` positions are kept), a model and span
     :func:`txl.model.ring.check_exportable` accepts, with float32, float64 or int8 weights
     (:func:`txl.model.quantize.quantize_int8`: the int8 products compile with the rest of the step).

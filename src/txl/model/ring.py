@@ -239,7 +239,10 @@ class RingDecoder:
             self.step_module = compile_module(self.step_module, fullgraph=True, dynamic=False, backend=backend)
         self.keys = self.values = None
         self.write = self.fill = 0
-        self._counters: dict[tuple[int, int], torch.Tensor] = {}  # (counter, value) -> int64 [], made once each
+        # the counters' values 0 ... S on the model's device (one copy there), and (counter, value) -> its own
+        # int64 [] tensor, cut from them once per value on the device: no copy from the host per step
+        self._values = torch.arange(self.capacity + 1, device=model.word_emb.emb_layers[0].weight.device)
+        self._counters: dict[tuple[int, int], torch.Tensor] = {}
 
     @torch.no_grad()
     def read_prompt(self, input_ids: torch.Tensor, mems: list[torch.Tensor] | None = None) -> None:
@@ -288,10 +291,10 @@ class RingDecoder:
         return logits
 
     def _counter(self, which: int, value: int) -> torch.Tensor:
-        """``value`` of counter ``which`` (0 write, 1 fill) as an int64 [] tensor on the model's device,
-        made once per value (a copy per step to a GPU would be one more transfer per token). The two
+        """``value`` of counter ``which`` (0 write, 1 fill) as an int64 [] tensor on the model's device, made
+        once per value by a copy on the device (a copy from the host per step would wait for a GPU). The two
         counters never share a tensor, even when equal: a graph compiled for two inputs would be compiled
         again for one input passed twice."""
         if (which, value) not in self._counters:
-            self._counters[which, value] = torch.tensor(value, dtype=torch.long, device=self.keys.device)
+            self._counters[which, value] = self._values[value].clone()
         return self._counters[which, value]
