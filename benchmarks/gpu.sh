@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The txl bench tables on a CUDA GPU, in under 10 minutes (under 18 with the host CPU rows: each command's
+# The txl bench tables on a CUDA GPU, in under 10 minutes (under 20 with the host CPU rows: each command's
 # timeout bounds it): bfloat16 autocast, batch sized to the device; torch.compile against eager in float32;
-# FlexAttention against the biased kernel; int8 and ONNX rows on the host CPU.
+# FlexAttention against the biased kernel; int8 (eager and compiled) and ONNX rows on the host CPU.
 #
 #   bash benchmarks/gpu.sh            # writes benchmarks/results/<gpu>.json, <gpu>-eval-speedup.json,
 #                                     # <gpu>-eval-speedup-enwik8-large.json, <gpu>-compile.json,
@@ -41,7 +41,7 @@ timeout 120 "$PY" benchmarks/flex_attention.py --device cuda --json "benchmarks/
 # int8 weights and the ONNX decoder are CPU kernels (no CUDA int8 kernel in txl; ONNX Runtime's CPU provider):
 # their rows on this host's CPU, unless CPU_ROWS=0 (export rows need the export extra)
 if [ "${CPU_ROWS:-1}" = 1 ]; then
-    timeout 240 "$PY" -m txl bench --quantize int8 --json "benchmarks/results/$name-host-int8.json" --force \
+    timeout 360 "$PY" -m txl bench --quantize int8 --json "benchmarks/results/$name-host-int8.json" --force \
         || echo "host int8 row failed"
     if "$PY" -c "import onnxruntime, onnxscript" 2>/dev/null; then
         timeout 240 "$PY" -m txl bench --export --json "benchmarks/results/$name-host-export.json" --force \
