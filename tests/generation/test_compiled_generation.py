@@ -72,6 +72,15 @@ def test_compiled_generation_after_a_given_memory(memory):
         assert torch.equal(generate(model, prompt, 20, temperature=0, mems=mems, compile="aot_eager"), want), tail
 
 
+def test_no_new_token_compiles_nothing():
+    model = tiny_model(dtype=torch.float32)
+    ids = torch.randint(0, 37, (2, 9), generator=torch.Generator().manual_seed(1))
+    torch._dynamo.reset()
+    counters.clear()
+    assert torch.equal(generate(model, ids, 0, temperature=0, compile="aot_eager"), generate(model, ids, 0, temperature=0))
+    assert counters["stats"]["unique_graphs"] == 0
+
+
 def test_compiled_generation_refuses_what_the_ring_cannot_hold():
     model = tiny_model()
     with pytest.raises(TxlError, match="compiled decoding takes prompts of one length"):

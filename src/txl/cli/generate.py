@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
 
         check_exportable(ckpt.model.config, resolve_span(ckpt.model.config, mem_len=args.mem_len), "--compile")
     print_notes(args)  # which checkpoint (the input has passed its checks)
-    if args.compile:
+    if args.compile and args.max_new_tokens > 0:  # (no token: nothing to compile)
         print("txl: compiling the decoder (torch.compile): the first tokens wait for it, a minute or so on a CPU",
               file=sys.stderr, flush=True)
     generator = torch.Generator(device=device)

@@ -209,6 +209,8 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
             if mems is not None:  # the checks of a forward with this memory (shape, dtype, device)
                 check_mems(mems, model.config.n_layer, input_ids.size(0), model.config.d_model,
                            dtypes=(weight.dtype,), device=weight.device)
+            if max_new_tokens == 0:  # nothing to decode: nothing to compile
+                return
             ring = RingDecoder(model, span, compile=compile)
             ring.read_prompt(input_ids[:, :-1], mems)
             last = input_ids[:, -1:]
