@@ -45,10 +45,13 @@ def _sampling(mode: str, device: torch.device) -> dict[str, Any]:
     return dict(temperature=1.0, top_p=TOP_P, generator=torch.Generator(device).manual_seed(0))
 
 
-def _txl_steps(model: TransformerXLLM, context: int, mode: str) -> Callable[[torch.Tensor, int], Iterator]:
-    """Yields once after reading the prompt and its first token, then once per decoding step."""
+def _txl_steps(model: TransformerXLLM, context: int, mode: str,
+               compile: bool | str = False) -> Callable[[torch.Tensor, int], Iterator]:
+    """Yields once after reading the prompt and its first token, then once per decoding step (``compile``:
+    as ``generate_steps`` takes it, the compiled ring decoder)."""
     span = model.config.span.replace(mem_len=context)
-    return lambda prompt, n: generate_steps(model, prompt, n + 1, span=span, **_sampling(mode, prompt.device))
+    return lambda prompt, n: generate_steps(model, prompt, n + 1, span=span, compile=compile,
+                                            **_sampling(mode, prompt.device))
 
 
 def _gpt2_steps(model, mode: str) -> Callable[[torch.Tensor, int], Iterator]:

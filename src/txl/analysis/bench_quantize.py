@@ -27,7 +27,6 @@ from typing import Any
 import torch
 
 from txl.analysis.bench_generation import _per_token_seconds, _txl_steps
-from txl.generation import generate_steps
 from txl.runtime import compile_module
 from txl.model import TransformerXLConfig, TransformerXLLM
 from txl.model.segments import decoding_state
@@ -80,12 +79,6 @@ def _segment_seconds(models: dict[str, TransformerXLLM], batch: int, repeats: in
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def _compiled_steps(model: TransformerXLLM, context: int, backend: bool | str) -> Callable:
-    """Greedy decoding through ``generate_steps(..., compile=backend)``; yields as ``_txl_steps`` does."""
-    span = model.config.span.replace(mem_len=context)
-    return lambda prompt, n: generate_steps(model, prompt, n + 1, span=span, temperature=0, compile=backend)
-
-
 def quantize_table(config: dict, *, batches=(1, 8), gen_tokens: int = 32, repeats: int = 5, bf16: bool = False,
                    compiled: bool | str = True, log: Callable[[str], None] = print) -> dict[str, Any]:
     """int8 (and with ``bf16`` bfloat16 weights, :func:`~txl.model.quantize.to_bfloat16`) against float32 on
@@ -122,7 +115,7 @@ def quantize_table(config: dict, *, batches=(1, 8), gen_tokens: int = 32, repeat
         runs = {name: _txl_steps(m, context, "greedy") for name, m in models.items()}
         row = {"batch": batch, "context": context}
         if compiled:
-            runs["int8_compiled"] = _compiled_steps(q, context, compiled)
+            runs["int8_compiled"] = _txl_steps(q, context, "greedy", compile=compiled)
             log(f"decode batch {batch:2d}: compiling the int8 ring decoder (a minute or so)")
             start = time.perf_counter()
             for _ in runs["int8_compiled"](prompt, 2):  # both graphs, for this batch size

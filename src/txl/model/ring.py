@@ -44,8 +44,8 @@ from txl.model.quantize import weight_rows
 from txl.model.span import AttentionSpan
 from txl.runtime import compile_module
 
-EXPORTABLE = ("rel", "shaw")
-BACKENDS = ("inductor", "aot_eager", "eager")  # torch.compile backends RingDecoder takes  # the schemes whose step is a table of distances (keys independent of position)
+EXPORTABLE = ("rel", "shaw")  # the schemes whose step is a table of distances (keys independent of position)
+BACKENDS = ("inductor", "aot_eager", "eager")  # torch.compile backends RingDecoder takes
 
 
 class _Uncached:
