@@ -2,7 +2,8 @@
 
 Runs, printing each command (skipping the ones whose output already exists):
 
-  1. ``txl data docstrings --out WORK/data --split 0.7,0.1,0.2 --short-train --package-train``: functions
+  1. ``txl data docstrings --out WORK/data --split 0.7,0.1,0.2 --short-train --package-train`` (``--data-args``
+     gives others, e.g. with ``--package-pretrain``): functions
      and classes of the top-level standard-library modules with their docstring removed (documents), the
      first docstring sentence (summaries), split by module; ``train-with-packages.jsonl``, what the
      fine-tuning reads: the train pairs, the shorter documents of the train modules and every pair of the
@@ -55,6 +56,8 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", default="runs/docstrings", help="folder for the data, runs and summaries")
+    ap.add_argument("--data-args", default="--split 0.7,0.1,0.2 --short-train --package-train",
+                    help="txl data docstrings arguments (the data step)")
     ap.add_argument("--lm", help="an existing language-model run to fine-tune (default: pre-train WORK/lm)")
     ap.add_argument("--lm-args", default=f"--config {ROOT / 'configs/docstrings-lm.toml'} -q",
                     help="txl train arguments (pre-training)")
@@ -72,8 +75,7 @@ def main() -> int:
     data, lm = work / "data", Path(args.lm) if args.lm else work / "lm"
     times: dict = {}
     if not (data / "test.jsonl").is_file():
-        times["data"] = txl("data", "docstrings", "--out", str(data), "--split", "0.7,0.1,0.2", "--short-train",
-                            "--package-train")
+        times["data"] = txl("data", "docstrings", "--out", str(data), *shlex.split(args.data_args))
     if not (lm / "best").is_dir():
         times["pretrain"] = txl("train", str(data / "pretrain"), "--out", str(lm), *shlex.split(args.lm_args))
     test = [json.loads(line) for line in (data / "test.jsonl").read_text().splitlines()]

@@ -47,6 +47,9 @@ def _add_docstrings(p: argparse.ArgumentParser) -> None:
                    help="also write train-with-packages.jsonl: the train pairs (with --short-train, train-with-short's) "
                         "and every pair of the standard library's packages, less those with a valid or test pair's "
                         "document or summary (valid and test unchanged)")
+    p.add_argument("--package-pretrain", action="store_true",
+                   help="also copy into pretrain/ every standard-library package file with a docstring pair and none "
+                        "whose document or summary is a valid or test pair's (a larger pre-training corpus)")
     p.add_argument("--installed-train", type=package_names,
                    default=[], metavar="PACKAGE[,PACKAGE...]",
                    help="also write train-with-installed.jsonl: the most train pairs written above and every pair of "
@@ -69,12 +72,18 @@ def _docstrings(args: argparse.Namespace) -> int:
 
     info = prepare_docstrings(args.out, seed=args.seed, fractions=tuple(args.split), min_bytes=args.min_bytes,
                               max_bytes=args.max_bytes, short_train=args.short_train, package_train=args.package_train,
-                              installed_train=args.installed_train)
+                              package_pretrain=args.package_pretrain, installed_train=args.installed_train)
     n = info["pairs"]
     m = info["modules"]
     print(f"pairs train/valid/test {n['train']}/{n['valid']}/{n['test']} from {len(m['train'])}/{len(m['valid'])}/"
           f"{len(m['test'])} modules; {args.out}/pretrain holds the {info['pretrain_files']} modules of the default "
           f"corpus outside valid and test (pre-train on it: txl train {args.out}/pretrain)")
+    if info["pretrain_near_copies"] or sum(info["near_copy_pairs_left_out"].values()):
+        print(f"left out as near-copies of a valid or test pair's document or summary: "
+              f"{max(info['near_copy_pairs_left_out'].values())} fine-tuning pairs, "
+              f"{len(info['pretrain_near_copies'])} pre-training files ({', '.join(info['pretrain_near_copies'])})")
+    if "pretrain_package_files" in info:
+        print(f"{args.out}/pretrain also holds {info['pretrain_package_files']} package files")
     if "train_with_short" in n:
         print(f"train-with-short.jsonl: {n['train_with_short']} pairs (the {n['train']} train pairs, then the shorter "
               "documents of the train modules)")

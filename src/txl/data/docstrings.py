@@ -20,19 +20,24 @@ summary, for fine-tuning; the split and the other files are unchanged). With ``p
 ``train-with-packages.jsonl``: those pairs (``train-with-short``'s, or the train pairs) followed by
 every pair, of any size up to ``max_bytes``, of the standard library's *packages*
 (:func:`txl.data.packages.package_files`: the files below a top-level package folder, none of them in
-the default corpus, so none in a valid or test module), except those whose document or summary
-equals a valid or test pair's (case and spacing aside): the library holds near-copies of some
-functions in another place (``distutils.archive_util`` of ``shutil``'s, ``lib2to3``'s tokenizer), and
-such a pair would show the fine-tuning a held-out answer. More fine-tuning pairs at no cost to the
-split: the valid and test pairs stay those of the top-level modules. With ``installed_train`` (names
-of installed packages, e.g. ``("torch", "numpy")``: the source of txl's own dependencies, so on every machine
-txl runs on), also ``train-with-installed.jsonl``: the most of those pairs written
-(``train-with-packages``', else ``train-with-short``'s, else the train pairs) followed by every pair of
-those packages' ``*.py`` files (:func:`installed_files`: no test code; any size up to
-``max_bytes``), held-out documents and summaries left out as for the packages; ``split.json`` records
-each package's version. (The package benchmark of
+the default corpus, so none in a valid or test module). More fine-tuning pairs at no cost to the
+split: the valid and test pairs stay those of the top-level modules. With ``package_pretrain``,
+``pretrain/`` also holds the package files (``pretrain/email/utils.py``) that have at least one
+docstring pair (codec tables and generated data have none): more text in the same library's style
+(2.4 times the pre-training tokens of CPython 3.11's top-level train modules). With
+``installed_train`` (names of installed packages, e.g. ``("torch", "numpy")``: the source of txl's
+own dependencies, so on every machine txl runs on), also ``train-with-installed.jsonl``: the most of
+those pairs written (``train-with-packages``', else ``train-with-short``'s, else the train pairs)
+followed by every pair of those packages' ``*.py`` files (:func:`installed_files`: no test code; any
+size up to ``max_bytes``); ``split.json`` records each package's version. (The package benchmark of
 ``txl classify``, :mod:`txl.data.packages`, reads the same files as *documents to classify*; a
 language model only *fine-tuned* for summaries on them is not the one that benchmark starts from.)
+
+The library holds near-copies across modules (``ntpath`` and ``posixpath``, ``distutils.archive_util``
+of ``shutil``, ``lib2to3``'s tokenizer): every fine-tuning file leaves out a pair whose document or
+summary equals a valid or test pair's (case and spacing aside), and ``pretrain/`` leaves out a whole
+file whose text holds one anywhere (``split.json``: ``near_copy_pairs_left_out``,
+``pretrain_near_copies``), so neither the language model nor the fine-tuning reads a held-out answer.
 """
 
 from __future__ import annotations
@@ -164,7 +169,7 @@ def _summary_key(summary: str) -> str:
 
 def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
                        min_bytes: int = 512, max_bytes: int = 4096, files: list[Path] | None = None,
-                       short_train: bool = False, package_train: bool = False,
+                       short_train: bool = False, package_train: bool = False, package_pretrain: bool = False,
                        packages: list[Path] | None = None, installed_train: Sequence[str] = ()) -> dict:
     """Write the docstring data set into ``out_dir`` (see the module docstring); returns ``split.json``'s content.
 
@@ -175,8 +180,10 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
         files: the modules (default: :func:`~txl.data.files.default_corpus_files`).
         short_train: also write ``train-with-short.jsonl`` (see the module docstring).
         package_train: also write ``train-with-packages.jsonl`` (see the module docstring).
-        packages: the package files for ``package_train`` (default: every file of
-            :func:`txl.data.packages.package_files`; ignored without ``package_train``). Their pairs'
+        package_pretrain: also copy the package files with a docstring pair into ``pretrain/``, near-copies
+            left out (see the module docstring).
+        packages: the package files for ``package_train`` and ``package_pretrain`` (default: every file of
+            :func:`txl.data.packages.package_files`; ignored without either). Their pairs'
             ``module`` is the path below the folder of ``files`` (``email/utils.py``), or the file's
             name for a file outside it.
         installed_train: installed packages whose pairs make ``train-with-installed.jsonl`` (see the
@@ -185,7 +192,8 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
 
     Raises:
         TxlError: bad fractions or sizes, an ``out_dir`` that is not empty or is in use, no pairs, an
-            ``installed_train`` name that is not an installed package.
+            ``installed_train`` name that is not an installed package, a package file outside the folder
+            of ``files`` whose name is already in ``pretrain/``.
     """
     check_split(fractions, "the split fractions", train_needed=True)
     if min_bytes < 1 or max_bytes < min_bytes:
@@ -207,29 +215,43 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
                  "test": sorted(modules[n_train + n_valid:])}
         out = Path(claim.path)
         pairs = {name: [d for m in mods for d in by_module[m]] for name, mods in split.items()}
-        if short_train:
-            path_of = {f.name: f for f in files}
-            pairs["train-with-short"] = pairs["train"] + [
-                d for m in split["train"] for d in module_documents(path_of[m], 1, min_bytes - 1)]
-        # the standard library holds near-copies (distutils' archive_util of shutil, lib2to3's tokenize, ...):
-        # a pair from beyond the split with a held-out document or summary (case and outer spaces aside) is left out
+        # the standard library holds near-copies (ntpath and posixpath, distutils' archive_util of shutil, lib2to3's
+        # tokenize, ...): a pair with a held-out document or summary (case and spacing aside) is left out of every
+        # fine-tuning file, and a file whose text holds one is left out of pretrain/
         held = {d["prompt"] for name in ("valid", "test") for d in pairs[name]}
         held_summaries = {_summary_key(d["completion"]) for name in ("valid", "test") for d in pairs[name]}
+        held_flat = {" ".join(doc.split()) for doc in held}
+
+        def near_copy(d: dict) -> bool:
+            return d["prompt"] in held or _summary_key(d["completion"]) in held_summaries
+
+        def holds_answer(f: Path) -> bool:
+            flat = " ".join(f.read_text(encoding="utf-8", errors="replace").split())
+            lower = flat.lower()
+            return any(k in lower for k in held_summaries) or any(doc in flat for doc in held_flat)
+
+        left_out = {"train": sum(near_copy(d) for d in pairs["train"])}
+        pairs["train"] = [d for d in pairs["train"] if not near_copy(d)]
+        if short_train:
+            path_of = {f.name: f for f in files}
+            short = [d for m in split["train"] for d in module_documents(path_of[m], 1, min_bytes - 1)]
+            left_out["train_with_short"] = left_out["train"] + sum(near_copy(d) for d in short)
+            pairs["train-with-short"] = pairs["train"] + [d for d in short if not near_copy(d)]
 
         def beyond(named_files) -> list[dict]:  # the pairs of (file, module name)s outside the split
             return [d for f, module in named_files for d in module_documents(f, 1, max_bytes, module)
-                    if d["prompt"] not in held and _summary_key(d["completion"]) not in held_summaries]
+                    if not near_copy(d)]
 
+        root = files[0].parent
+
+        def named(f: Path) -> str:  # email/utils.py, not utils.py
+            return f.relative_to(root).as_posix() if f.is_relative_to(root) else f.name
+
+        if (package_train or package_pretrain) and packages is None:
+            from txl.data.packages import package_files
+
+            packages = [f for group in package_files().values() for f in group]
         if package_train:
-            if packages is None:
-                from txl.data.packages import package_files
-
-                packages = [f for group in package_files().values() for f in group]
-            root = files[0].parent
-
-            def named(f: Path) -> str:  # email/utils.py, not utils.py
-                return f.relative_to(root).as_posix() if f.is_relative_to(root) else f.name
-
             pairs["train-with-packages"] = pairs["train-with-short" if short_train else "train"] + beyond(
                 (f, named(f)) for f in sorted(packages))
         if installed:
@@ -242,12 +264,30 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
             atomic_write(out / f"{name}.jsonl", lambda tmp, data=payload: Path(tmp).write_bytes(data))
         held_out = set(split["valid"]) | set(split["test"])
         (out / "pretrain").mkdir()
-        kept = [f for f in files if f.name not in held_out]
+        outside = [f for f in files if f.name not in held_out]
+        near = [f.name for f in outside if holds_answer(f)]
+        kept = [f for f in outside if f.name not in near]
         for f in kept:
             shutil.copyfile(f, out / "pretrain" / f.name)
         info = {"source": str(files[0].parent), "seed": seed, "fractions": list(fractions), "min_bytes": min_bytes,
-                "max_bytes": max_bytes, "pairs": counts, "modules": split,
-                "pretrain_files": len(kept), "pretrain_excludes": sorted(held_out)}
+                "max_bytes": max_bytes, "pairs": counts, "near_copy_pairs_left_out": left_out, "modules": split,
+                "pretrain_files": len(kept), "pretrain_excludes": sorted(held_out), "pretrain_near_copies": near}
+        if package_pretrain:
+            copied = []
+            for f in sorted(packages):
+                if not module_documents(f, 1, None):
+                    continue  # no docstring pair (codec tables, generated data): not text for summaries
+                if holds_answer(f):
+                    near.append(named(f))
+                    continue
+                target = out / "pretrain" / named(f)
+                if target.exists():
+                    raise TxlError(f"package file {f} would replace pretrain/{named(f)}: give package files below "
+                                   f"the library folder {root}")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(f, target)
+                copied.append(named(f))
+            info["pretrain_package_files"] = len(copied)
         if installed:
             info["installed_train"] = {name: {"version": version, "files": len(group)}
                                        for name, (version, group) in installed.items()}
