@@ -129,7 +129,10 @@ def test_near_copies_of_held_out_answers_leave_the_pairs_and_the_pretraining_fil
     # a train module with a short function whose summary is long_0's (a cross-module near-copy: left out of the
     # pairs and, as its text holds the summary, of pretrain/) and another whose text quotes the summary only in a
     # comment (no pair: the text check finds it)
-    copier.write_text(copier.read_text() + 'def again(y):\n    """Compute the long thing NUMBER 0."""\n    return y\n')
+    copier.write_text(copier.read_text() + 'def again(y):\n    """Compute the long thing NUMBER 0."""\n    return y\n'
+                      # a class whose document (its source less its own docstring) holds the summary in a method's
+                      'class Holder:\n    """Hold the things."""\n    def run(self):\n'
+                      '        """Compute the long thing number 0."""\n        return 1\n')
     quoter.write_text(quoter.read_text() + "# as mod0 says: compute the long   thing number 0.\n")
     pkg = src / "pkg" / "sub"
     pkg.mkdir(parents=True)
@@ -139,6 +142,8 @@ def test_near_copies_of_held_out_answers_leave_the_pairs_and_the_pretraining_fil
     (src / "pkg" / "nested.py").write_text(  # long_0's summary in a nested function (no pair), and a pair of its own
         'def outer():\n    def inner(y):\n        """Compute the long thing number 0."""\n        return y\n'
         '    return inner\n\n\ndef mine(y):\n    """Do my own thing."""\n    return y\n')
+    (src / "pkg" / "redoc.py").write_text(  # long_0's code under another docstring: its document is held out
+        _module(0).replace("Compute the long thing number 0. More words follow.", "Work out item zero."))
     (src / "pkg" / "train_copy.py").write_text(_module(int(plain.stem[3:])))  # a copy of a *train* module: kept
     (src / "pkg" / "table.py").write_text("TABLE = (1, 2, 3)\n")  # no docstring pair: not text for summaries
     packages = sorted((src / "pkg").rglob("*.py"))
@@ -150,15 +155,17 @@ def test_near_copies_of_held_out_answers_leave_the_pairs_and_the_pretraining_fil
     copied = sorted(p.relative_to(pretrain).as_posix() for p in pretrain.rglob("*.py"))
     assert copied == sorted([plain.name, "pkg/__init__.py", "pkg/sub/deep.py", "pkg/train_copy.py"])
     assert (pretrain / "pkg" / "sub" / "deep.py").read_text() == _module(8)
-    assert info["pretrain_near_copies"] == [copier.name, quoter.name, "pkg/copy.py", "pkg/nested.py"]
+    assert info["pretrain_near_copies"] == [copier.name, quoter.name, "pkg/copy.py", "pkg/nested.py", "pkg/redoc.py"]
     assert info["pretrain_package_files"] == 3 and info["pretrain_files"] == 1
     short = [json.loads(line) for line in (out / "train-with-short.jsonl").read_text().splitlines()]
-    assert "again" not in {r["name"] for r in short} and info["near_copy_pairs_left_out"] == {
-        "train": 0, "train_with_short": 1}
+    assert not {"again", "Holder", "Holder.run"} & {r["name"] for r in short}
+    # the short pairs again, Holder, Holder.run; the package pairs long_0 of copy.py and of redoc.py
+    assert info["near_copy_pairs_left_out"] == {"train": 0, "short": 3, "packages": 2}
     packaged = [json.loads(line) for line in (out / "train-with-packages.jsonl").read_text().splitlines()]
     assert {(r["module"], r["name"]) for r in packaged[len(short):]} >= {("pkg/train_copy.py", f"long_{plain.stem[3:]}"),
                                                                         ("pkg/nested.py", "mine")}
     assert not {"long_0", "inner"} & {r["name"] for r in packaged}
+    assert ("pkg/redoc.py", "short_0") in {(r["module"], r["name"]) for r in packaged}
 
 
 def test_installed_package_pairs_join_the_most_train_pairs_written(tmp_path, monkeypatch):

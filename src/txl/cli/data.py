@@ -80,7 +80,7 @@ def _docstrings(args: argparse.Namespace) -> int:
           f"corpus outside valid and test (pre-train on it: txl train {args.out}/pretrain)")
     if info["pretrain_near_copies"] or sum(info["near_copy_pairs_left_out"].values()):
         print(f"left out as near-copies of a valid or test pair's document or summary: "
-              f"{max(info['near_copy_pairs_left_out'].values())} fine-tuning pairs, "
+              f"{sum(info['near_copy_pairs_left_out'].values())} fine-tuning pairs, "
               f"{len(info['pretrain_near_copies'])} pre-training files ({', '.join(info['pretrain_near_copies'])})")
     if "pretrain_package_files" in info:
         print(f"{args.out}/pretrain also holds {info['pretrain_package_files']} package files")

@@ -34,10 +34,11 @@ size up to ``max_bytes``); ``split.json`` records each package's version. (The p
 language model only *fine-tuned* for summaries on them is not the one that benchmark starts from.)
 
 The library holds near-copies across modules (``ntpath`` and ``posixpath``, ``distutils.archive_util``
-of ``shutil``, ``lib2to3``'s tokenizer): every fine-tuning file leaves out a pair whose document or
-summary equals a valid or test pair's (case and spacing aside), and ``pretrain/`` leaves out a whole
-file whose text holds one anywhere (``split.json``: ``near_copy_pairs_left_out``,
-``pretrain_near_copies``), so neither the language model nor the fine-tuning reads a held-out answer.
+of ``shutil``, ``lib2to3``'s tokenizer): every fine-tuning file leaves out a pair whose summary is a
+valid or test pair's, or whose document holds a valid or test pair's document or summary (spacing
+aside; summaries case aside too), and ``pretrain/`` leaves out a whole file whose text holds one or
+that has such a pair (``split.json``: ``near_copy_pairs_left_out`` by source, ``pretrain_near_copies``),
+so neither the language model nor the fine-tuning reads a held-out answer.
 """
 
 from __future__ import annotations
@@ -216,31 +217,35 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
         out = Path(claim.path)
         pairs = {name: [d for m in mods for d in by_module[m]] for name, mods in split.items()}
         # the standard library holds near-copies (ntpath and posixpath, distutils' archive_util of shutil, lib2to3's
-        # tokenize, ...): a pair with a held-out document or summary (case and spacing aside) is left out of every
-        # fine-tuning file, and a file whose text holds one is left out of pretrain/
-        held = {d["prompt"] for name in ("valid", "test") for d in pairs[name]}
+        # tokenize, ...): a pair with a held-out document (spacing aside) or a held-out summary (case and spacing
+        # aside) in its document or summary is left out of every fine-tuning file; a file whose text holds one, or
+        # with such a pair, is left out of pretrain/
+        held_flat = {" ".join(d["prompt"].split()) for name in ("valid", "test") for d in pairs[name]}
         held_summaries = {_summary_key(d["completion"]) for name in ("valid", "test") for d in pairs[name]}
-        held_flat = {" ".join(doc.split()) for doc in held}
 
-        def near_copy(d: dict) -> bool:
-            return d["prompt"] in held or _summary_key(d["completion"]) in held_summaries
-
-        def holds_answer(f: Path) -> bool:
-            flat = " ".join(f.read_text(encoding="utf-8", errors="replace").split())
+        def holds(flat: str) -> bool:  # a whitespace-flattened text holding a held-out document or summary
             lower = flat.lower()
             return any(k in lower for k in held_summaries) or any(doc in flat for doc in held_flat)
+
+        def near_copy(d: dict) -> bool:
+            return _summary_key(d["completion"]) in held_summaries or holds(" ".join(d["prompt"].split()))
+
+        def holds_answer(f: Path) -> bool:
+            text = f.read_text(encoding="utf-8", errors="replace")
+            return holds(" ".join(text.split())) or any(near_copy(d) for d in module_documents(f, 1, None))
 
         left_out = {"train": sum(near_copy(d) for d in pairs["train"])}
         pairs["train"] = [d for d in pairs["train"] if not near_copy(d)]
         if short_train:
             path_of = {f.name: f for f in files}
             short = [d for m in split["train"] for d in module_documents(path_of[m], 1, min_bytes - 1)]
-            left_out["train_with_short"] = left_out["train"] + sum(near_copy(d) for d in short)
+            left_out["short"] = sum(near_copy(d) for d in short)
             pairs["train-with-short"] = pairs["train"] + [d for d in short if not near_copy(d)]
 
-        def beyond(named_files) -> list[dict]:  # the pairs of (file, module name)s outside the split
-            return [d for f, module in named_files for d in module_documents(f, 1, max_bytes, module)
-                    if not near_copy(d)]
+        def beyond(name: str, named_files) -> list[dict]:  # the pairs of (file, module name)s outside the split
+            found = [d for f, module in named_files for d in module_documents(f, 1, max_bytes, module)]
+            left_out[name] = sum(near_copy(d) for d in found)
+            return [d for d in found if not near_copy(d)]
 
         root = files[0].parent
 
@@ -253,10 +258,11 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
             packages = [f for group in package_files().values() for f in group]
         if package_train:
             pairs["train-with-packages"] = pairs["train-with-short" if short_train else "train"] + beyond(
-                (f, named(f)) for f in sorted(packages))
+                "packages", ((f, named(f)) for f in sorted(packages)))
         if installed:
             base = next(pairs[k] for k in ("train-with-packages", "train-with-short", "train") if k in pairs)
-            pairs["train-with-installed"] = base + beyond(pair for _, group in installed.values() for pair in group)
+            pairs["train-with-installed"] = base + beyond(
+                "installed", (pair for _, group in installed.values() for pair in group))
         counts = {}
         for name, rows in pairs.items():
             counts[name.replace("-", "_")] = len(rows)
@@ -271,14 +277,14 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
             shutil.copyfile(f, out / "pretrain" / f.name)
         info = {"source": str(files[0].parent), "seed": seed, "fractions": list(fractions), "min_bytes": min_bytes,
                 "max_bytes": max_bytes, "pairs": counts, "near_copy_pairs_left_out": left_out, "modules": split,
-                "pretrain_files": len(kept), "pretrain_excludes": sorted(held_out), "pretrain_near_copies": near}
+                "pretrain_files": len(kept), "pretrain_excludes": sorted(held_out)}
         if package_pretrain:
             copied = []
             for f in sorted(packages):
                 if not module_documents(f, 1, None):
                     continue  # no docstring pair (codec tables, generated data): not text for summaries
                 if holds_answer(f):
-                    near.append(named(f))
+                    near.append(named(f))  # after the top-level modules
                     continue
                 target = out / "pretrain" / named(f)
                 if target.exists():
@@ -288,6 +294,7 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
                 shutil.copyfile(f, target)
                 copied.append(named(f))
             info["pretrain_package_files"] = len(copied)
+        info["pretrain_near_copies"] = near
         if installed:
             info["installed_train"] = {name: {"version": version, "files": len(group)}
                                        for name, (version, group) in installed.items()}
