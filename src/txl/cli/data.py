@@ -48,8 +48,8 @@ def _add_docstrings(p: argparse.ArgumentParser) -> None:
                         "and every pair of the standard library's packages, less those with a valid or test pair's "
                         "document or summary (valid and test unchanged)")
     p.add_argument("--package-pretrain", action="store_true",
-                   help="also copy into pretrain/ every standard-library package file with a docstring pair and none "
-                        "whose document or summary is a valid or test pair's (a larger pre-training corpus)")
+                   help="also copy into pretrain/ every standard-library package file with a docstring pair (a larger "
+                        "pre-training corpus), less those holding a valid or test pair's document or summary")
     p.add_argument("--installed-train", type=package_names,
                    default=[], metavar="PACKAGE[,PACKAGE...]",
                    help="also write train-with-installed.jsonl: the most train pairs written above and every pair of "

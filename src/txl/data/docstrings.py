@@ -24,7 +24,7 @@ the default corpus, so none in a valid or test module). More fine-tuning pairs a
 split: the valid and test pairs stay those of the top-level modules. With ``package_pretrain``,
 ``pretrain/`` also holds the package files (``pretrain/email/utils.py``) that have at least one
 docstring pair (codec tables and generated data have none): more text in the same library's style
-(2.4 times the pre-training tokens of CPython 3.11's top-level train modules). With
+(with them the pre-training corpus has 2.4 times the tokens on CPython 3.11). With
 ``installed_train`` (names of installed packages, e.g. ``("torch", "numpy")``: the source of txl's
 own dependencies, so on every machine txl runs on), also ``train-with-installed.jsonl``: the most of
 those pairs written (``train-with-packages``', else ``train-with-short``'s, else the train pairs)
@@ -230,22 +230,26 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
         def near_copy(d: dict) -> bool:
             return _summary_key(d["completion"]) in held_summaries or holds(" ".join(d["prompt"].split()))
 
-        def holds_answer(f: Path) -> bool:
+        def holds_answer(f: Path, docs: list[dict]) -> bool:  # docs: the file's pairs of every size
             text = f.read_text(encoding="utf-8", errors="replace")
-            return holds(" ".join(text.split())) or any(near_copy(d) for d in module_documents(f, 1, None))
+            return holds(" ".join(text.split())) or any(near_copy(d) for d in docs)
 
-        left_out = {"train": sum(near_copy(d) for d in pairs["train"])}
-        pairs["train"] = [d for d in pairs["train"] if not near_copy(d)]
+        left_out: dict[str, int] = {}
+
+        def without_near_copies(name: str, found: list[dict]) -> list[dict]:  # counted in left_out[name]
+            kept = [d for d in found if not near_copy(d)]
+            left_out[name] = len(found) - len(kept)
+            return kept
+
+        pairs["train"] = without_near_copies("train", pairs["train"])
         if short_train:
             path_of = {f.name: f for f in files}
-            short = [d for m in split["train"] for d in module_documents(path_of[m], 1, min_bytes - 1)]
-            left_out["short"] = sum(near_copy(d) for d in short)
-            pairs["train-with-short"] = pairs["train"] + [d for d in short if not near_copy(d)]
+            pairs["train-with-short"] = pairs["train"] + without_near_copies(
+                "short", [d for m in split["train"] for d in module_documents(path_of[m], 1, min_bytes - 1)])
 
         def beyond(name: str, named_files) -> list[dict]:  # the pairs of (file, module name)s outside the split
-            found = [d for f, module in named_files for d in module_documents(f, 1, max_bytes, module)]
-            left_out[name] = sum(near_copy(d) for d in found)
-            return [d for d in found if not near_copy(d)]
+            return without_near_copies(
+                name, [d for f, module in named_files for d in module_documents(f, 1, max_bytes, module)])
 
         root = files[0].parent
 
@@ -271,7 +275,7 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
         held_out = set(split["valid"]) | set(split["test"])
         (out / "pretrain").mkdir()
         outside = [f for f in files if f.name not in held_out]
-        near = [f.name for f in outside if holds_answer(f)]
+        near = [f.name for f in outside if holds_answer(f, module_documents(f, 1, None))]
         kept = [f for f in outside if f.name not in near]
         for f in kept:
             shutil.copyfile(f, out / "pretrain" / f.name)
@@ -281,9 +285,10 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
         if package_pretrain:
             copied = []
             for f in sorted(packages):
-                if not module_documents(f, 1, None):
+                docs = module_documents(f, 1, None)
+                if not docs:
                     continue  # no docstring pair (codec tables, generated data): not text for summaries
-                if holds_answer(f):
+                if holds_answer(f, docs):
                     near.append(named(f))  # after the top-level modules
                     continue
                 target = out / "pretrain" / named(f)
