@@ -2,18 +2,19 @@
 
 Runs, printing each command (skipping the ones whose output already exists):
 
-  1. ``txl data docstrings --out WORK/data --split 0.7,0.1,0.2 --short-train --package-train`` (``--data-args``
-     gives others, e.g. with ``--package-pretrain``): functions
+  1. ``txl data docstrings --out WORK/data --split 0.5,0.1,0.4 --short-train --package-train --package-pretrain``
+     (``--data-args`` gives others, e.g. ``--split 0.7,0.1,0.2 --short-train --package-train``): functions
      and classes of the top-level standard-library modules with their docstring removed (documents), the
      first docstring sentence (summaries), split by module; ``train-with-packages.jsonl``, what the
      fine-tuning reads: the train pairs, the shorter documents of the train modules and every pair of the
      standard library's packages (none in a valid or test module); and ``WORK/data/pretrain``: the
-     default corpus without the valid and test modules;
+     default corpus without the valid and test modules, and the package files;
   2. ``txl train WORK/data/pretrain --config configs/docstrings-lm.toml --out WORK/lm``: a BPE
      language model that has not seen the held-out modules (``--lm RUN`` uses an existing one);
   3. for each seed: ``txl finetune --init WORK/lm --config configs/summarize-docstrings.toml --out
      WORK/ft-seedS``, then ``txl summarize`` on the test pairs: (b) reading only the last ``tgt_len``
-     tokens of each document (``--prompt-tokens``), (c) reading the whole document with the memory;
+     tokens of each document (``--prompt-tokens``), (c) reading the whole document with the memory, both
+     greedy with ``--no-repeat-ngram-size 3 --repetition-penalty 1.2`` (``--summarize-args``);
 
 then writes (``--json``) and prints ROUGE-1/2/L F1 (rouge-score, stemmed) of (a) the words of the
 function or class name, (b) and (c) for every seed, with 95% bootstrap intervals over the test
@@ -21,8 +22,8 @@ documents (:func:`txl.evaluation.intervals.bootstrap_interval`), the paired inte
 and (c) - (b), the fraction of summaries that end (the model wrote its end marker), the number of
 distinct summaries, and examples. Usage::
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python scripts/docstring_summaries.py --work runs/docstrings \\
-        --json benchmarks/results/summaries-docstrings-filtered.json
+    OMP_NUM_THREADS=2 PYTHONPATH=src python scripts/docstring_summaries.py --work runs/docstrings-split4 \\
+        --json benchmarks/results/summaries-docstrings-split4.json
 """
 
 from __future__ import annotations
@@ -56,14 +57,14 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", default="runs/docstrings", help="folder for the data, runs and summaries")
-    ap.add_argument("--data-args", default="--split 0.7,0.1,0.2 --short-train --package-train",
+    ap.add_argument("--data-args", default="--split 0.5,0.1,0.4 --short-train --package-train --package-pretrain",
                     help="txl data docstrings arguments (the data step)")
     ap.add_argument("--lm", help="an existing language-model run to fine-tune (default: pre-train WORK/lm)")
     ap.add_argument("--lm-args", default=f"--config {ROOT / 'configs/docstrings-lm.toml'} -q",
                     help="txl train arguments (pre-training)")
     ap.add_argument("--ft-args", default=f"--config {ROOT / 'configs/summarize-docstrings.toml'} -q",
                     help="txl finetune arguments")
-    ap.add_argument("--summarize-args", default="--no-repeat-ngram-size 3",
+    ap.add_argument("--summarize-args", default="--no-repeat-ngram-size 3 --repetition-penalty 1.2",
                     help="more txl summarize arguments (both readings)")
     ap.add_argument("--max-new-tokens", type=int, default=40)
     ap.add_argument("--seeds", type=int, default=3, help="fine-tuning seeds")
