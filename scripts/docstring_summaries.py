@@ -56,7 +56,7 @@ def main() -> int:
     from txl.evaluation.rouge import rouge_scores
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--work", default="runs/docstrings", help="folder for the data, runs and summaries")
+    ap.add_argument("--work", default="runs/docstrings-split4", help="folder for the data, runs and summaries")
     ap.add_argument("--data-args", default="--split 0.5,0.1,0.4 --short-train --package-train --package-pretrain",
                     help="txl data docstrings arguments (the data step)")
     ap.add_argument("--lm", help="an existing language-model run to fine-tune (default: pre-train WORK/lm)")
