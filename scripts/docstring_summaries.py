@@ -40,10 +40,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def txl(*argv: str) -> float:
-    """Run ``txl ARGV`` (this checkout's), echoing the command; returns its wall time in seconds."""
-    print("$ txl " + " ".join(shlex.quote(a) for a in argv), flush=True)
+    """Run ``txl ARGV`` (this checkout's), echoing the command; returns its wall time in seconds.
+
+    A step that fails (txl has printed why) ends the script with the step's exit status, no traceback.
+    """
+    command = "txl " + " ".join(shlex.quote(a) for a in argv)
+    print("$ " + command, flush=True)
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "txl", *argv], check=True)
+    done = subprocess.run([sys.executable, "-m", "txl", *argv])
+    if done.returncode:
+        sys.exit(f"docstring_summaries.py: the step failed (exit status {done.returncode}): {command}")
     return time.perf_counter() - start
 
 

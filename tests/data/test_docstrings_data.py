@@ -168,6 +168,17 @@ def test_near_copies_of_held_out_answers_leave_the_pairs_and_the_pretraining_fil
     assert ("pkg/redoc.py", "short_0") in {(r["module"], r["name"]) for r in packaged}
 
 
+def test_package_files_with_one_place_in_pretrain_are_refused_before_anything_is_written(tmp_path):
+    _, files = _library(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "mod1.py").write_text(_module(9))  # outside the library folder: it would be pretrain/mod1.py
+    with pytest.raises(TxlError, match=r"would both be pretrain/mod1\.py"):
+        prepare_docstrings(tmp_path / "out", seed=1, fractions=(0.6, 0.2, 0.2), min_bytes=200, files=files,
+                           package_pretrain=True, packages=[elsewhere / "mod1.py"])
+    assert not (tmp_path / "out").exists()
+
+
 def test_installed_package_pairs_join_the_most_train_pairs_written(tmp_path, monkeypatch):
     _, files = _library(tmp_path)
     site = tmp_path / "site"  # an installed package: found on sys.path, never imported

@@ -193,8 +193,8 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
 
     Raises:
         TxlError: bad fractions or sizes, an ``out_dir`` that is not empty or is in use, no pairs, an
-            ``installed_train`` name that is not an installed package, a package file outside the folder
-            of ``files`` whose name is already in ``pretrain/``.
+            ``installed_train`` name that is not an installed package, with ``package_pretrain`` a package
+            file outside the folder of ``files`` named as a module or another package file (nothing written).
     """
     check_split(fractions, "the split fractions", train_needed=True)
     if min_bytes < 1 or max_bytes < min_bytes:
@@ -204,6 +204,22 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
                        "give --min-bytes 2 or more")
     files = sorted(files or default_corpus_files())
     installed = installed_files(installed_train)  # (an unknown name is refused before the folder is claimed)
+    root = files[0].parent
+
+    def named(f: Path) -> str:  # email/utils.py, not utils.py
+        return f.relative_to(root).as_posix() if f.is_relative_to(root) else f.name
+
+    if (package_train or package_pretrain) and packages is None:
+        from txl.data.packages import package_files
+
+        packages = [f for group in package_files().values() for f in group]
+    if package_pretrain:  # two files for one place in pretrain/: refused before the folder is claimed
+        taken = {f.name: f for f in files}
+        for f in sorted(packages):
+            other = taken.setdefault(named(f), f)
+            if other != f:
+                raise TxlError(f"package files {other} and {f} would both be pretrain/{named(f)}: give package files "
+                               f"below the library folder {root}")
     with claim_folder(out_dir, empty=True, inputs=[files[0].parent]) as claim:
         by_module = {f.name: module_documents(f, min_bytes, max_bytes) for f in files}
         modules = sorted(m for m, docs in by_module.items() if docs)
@@ -251,15 +267,6 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
             return without_near_copies(
                 name, [d for f, module in named_files for d in module_documents(f, 1, max_bytes, module)])
 
-        root = files[0].parent
-
-        def named(f: Path) -> str:  # email/utils.py, not utils.py
-            return f.relative_to(root).as_posix() if f.is_relative_to(root) else f.name
-
-        if (package_train or package_pretrain) and packages is None:
-            from txl.data.packages import package_files
-
-            packages = [f for group in package_files().values() for f in group]
         if package_train:
             pairs["train-with-packages"] = pairs["train-with-short" if short_train else "train"] + beyond(
                 "packages", ((f, named(f)) for f in sorted(packages)))
@@ -292,9 +299,6 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
                     near.append(named(f))  # after the top-level modules
                     continue
                 target = out / "pretrain" / named(f)
-                if target.exists():
-                    raise TxlError(f"package file {f} would replace pretrain/{named(f)}: give package files below "
-                                   f"the library folder {root}")
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(f, target)
                 copied.append(named(f))
