@@ -20,7 +20,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from txl.errors import TxlError
+from txl.errors import TxlError, listed
 
 def did_you_mean(name: str, known: typing.Iterable[str]) -> str:
     """``" (did you mean X?)"`` (or ``X or Y``) for the known names closest to a misspelt ``name``, else ""."""
@@ -45,11 +45,14 @@ def check_fields(cls: type, values: dict[str, Any], where: str) -> dict[str, Any
     unknown = sorted(set(values) - set(known))
     if unknown:
         hints = "".join(did_you_mean(key, known) for key in unknown[:1])
-        raise TxlError(f"unknown key(s) {', '.join(map(str, unknown))} in {where}{hints}; known keys: {', '.join(known)}")
+        raise TxlError(f"unknown key(s) {listed(unknown)} in {where}{hints}; known keys: {', '.join(known)}")
     out: dict[str, Any] = {}
     for key, value in values.items():
         out[key] = _coerce(hints[key], value, f"{where}.{key}")
     return out
+
+
+_KINDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}  # (as messages say them)
 
 
 def _coerce(hint: Any, value: Any, name: str) -> Any:
@@ -66,6 +69,9 @@ def _coerce(hint: Any, value: Any, name: str) -> Any:
                 return _coerce(arg, value, name)
             except TxlError as err:
                 errors.append(str(err))
+        kinds = [_KINDS.get(arg) for arg in args if arg is not type(None)]
+        if len(kinds) > 1 and all(kinds):  # str | int: "must be a string or an integer"
+            raise TxlError(f"{name} must be {' or '.join(kinds)}, got {value!r}")
         raise TxlError(errors[0] if errors else f"{name} may not be null")
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
@@ -98,6 +104,25 @@ def _coerce(hint: Any, value: Any, name: str) -> Any:
             raise TxlError(f"{name} must be a string, got {value!r}")
         return value
     return value
+
+
+HALF_DTYPES = ("bfloat16", "float16")
+
+
+def check_weights_dtype(weights: str, dtype: str | None, weights_text: str | None = None,
+                        dtype_text: str | None = None, advice: str | None = None) -> None:
+    """Half-precision weights run under autocast only to their own dtype: ``bfloat16`` weights with a
+    ``float16`` autocast (or the reverse) reach kernels that multiply one by the other, which none does
+    (CPU: "mixed dtype"). ``weights`` and ``dtype`` are dtype names (``dtype`` None or float32: no
+    autocast); ``weights_text``, ``dtype_text`` and ``advice`` word the message (a command's flags).
+
+    Raises:
+        TxlError: the pair cannot run, naming both and what to give instead.
+    """
+    if weights in HALF_DTYPES and dtype in HALF_DTYPES and dtype != weights:
+        dtype_text = dtype_text or f"dtype {dtype}"
+        raise TxlError(f"{weights_text or weights + ' weights'} cannot run with {dtype_text}: {weights} weights "
+                       f"compute in {weights}; {advice or f'use dtype {weights} or float32'}")
 
 
 def check_split(fractions: typing.Sequence[float], name: str, train_needed: bool = False) -> tuple[float, float, float]:
@@ -173,6 +198,18 @@ MAX_THREADS = 1024  # CPU threads (train.threads, --threads): more than this is 
 # every seed (train.seed, each command's --seed) lies in [0, SEED_LIMIT): what all of python's, numpy's
 # (np.random.seed: 32 bits) and torch's seeding accept
 SEED_LIMIT = 2**32
+
+
+def check_threads(value, name: str = "--threads") -> None:
+    """The one rule of a thread count (``--threads`` of every command and of the export runner,
+    ``train.threads``): None (not given) or an integer from 0 (automatic: the free CPUs) to
+    :data:`MAX_THREADS`. Torch-free, so commands check it before loading anything.
+
+    Raises:
+        TxlError: naming ``name`` and the value.
+    """
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_THREADS):
+        raise TxlError(f"{name} must be from 0 (automatic: the free CPUs) to {MAX_THREADS}, got {value!r}")
 
 
 @dataclass
@@ -309,9 +346,7 @@ class TrainConfig:
             raise TxlError("train.clip and train.weight_decay must be >= 0")
         if self.dtype not in DTYPES:
             raise TxlError(f"train.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if not 0 <= self.threads <= MAX_THREADS:
-            raise TxlError(f"train.threads must be from 0 (automatic: the free CPUs) to {MAX_THREADS}, "
-                           f"got {self.threads}")
+        check_threads(self.threads, "train.threads")
         last = -1
         for entry in self.tgt_len_schedule:
             if len(entry) not in (2, 3) or entry[0] < 0 or any(v < 1 for v in entry[1:2]) or \

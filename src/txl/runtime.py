@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from txl.config import DTYPES, MAX_THREADS
+from txl.config import DTYPES, MAX_THREADS, check_threads
 from txl.errors import TxlError
 
 
@@ -167,9 +167,7 @@ def choose_threads(requested: int | None, *, cpus: int, load: float | None, onli
     Raises:
         TxlError: ``requested`` that is not an integer in ``[0, MAX_THREADS]`` (``flag`` names it).
     """
-    if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int)
-                                  or not 0 <= requested <= MAX_THREADS):
-        raise TxlError(f"{flag} must be from 0 (automatic: the free CPUs) to {MAX_THREADS}, got {requested!r}")
+    check_threads(requested, flag)
     seen = f"{cpus} CPU{'s' if cpus != 1 else ''}, load " + ("unknown" if load is None else f"{load:.1f}")
     seen += "" if now is None else f", busy now {now:.1f}"
     if requested:
@@ -184,10 +182,11 @@ def choose_threads(requested: int | None, *, cpus: int, load: float | None, onli
     return threads, f"threads {threads} ({seen})"
 
 
-def set_threads(requested: int | None = None, flag: str = "--threads", keep: int | None = None) -> str:
-    """Set torch's intra-op threads by :func:`choose_threads` for this machine now (its CPUs, load, the
-    threads busy now when the choice is automatic, and ``OMP_NUM_THREADS``); returns the text for the
-    command's start line (``"threads 1 (2 CPUs, load 1.3, busy now 1.0)"``).
+def pick_threads(requested: int | None = None, flag: str = "--threads", keep: int | None = None) -> tuple[int, str]:
+    """The thread count :func:`choose_threads` gives for this machine now (its CPUs, load, the threads busy
+    now when the choice is automatic, and ``OMP_NUM_THREADS``), and the text for a command's start line
+    (``"threads 1 (2 CPUs, load 1.3, busy now 1.0)"``); sets nothing (for a runtime other than torch's,
+    e.g. ONNX Runtime's intra-op threads).
 
     ``keep`` (a count recorded earlier, e.g. by the run being resumed) replaces the automatic choice:
     another thread count changes float results in their last digits, so a resumed run keeps its own.
@@ -199,8 +198,18 @@ def set_threads(requested: int | None = None, flag: str = "--threads", keep: int
     automatic = not requested and _env_threads(env) is None
     if automatic and keep:
         requested, flag = keep, "as recorded by the run"
-    threads, text = choose_threads(requested, cpus=usable_cpus(), load=load_average(), online=os.cpu_count(),
-                                   env=env, now=busy_now() if automatic and not keep else None, flag=flag)
+    return choose_threads(requested, cpus=usable_cpus(), load=load_average(), online=os.cpu_count(),
+                          env=env, now=busy_now() if automatic and not keep else None, flag=flag)
+
+
+def set_threads(requested: int | None = None, flag: str = "--threads", keep: int | None = None) -> str:
+    """Set torch's intra-op threads by :func:`pick_threads`; returns the text for the command's start line
+    (``"threads 1 (2 CPUs, load 1.3, busy now 1.0)"``).
+
+    Raises:
+        TxlError: as :func:`choose_threads`.
+    """
+    threads, text = pick_threads(requested, flag, keep)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     return text

@@ -156,6 +156,28 @@ def test_resume_refuses_other_settings_and_a_classifier_as_the_lm(tmp_path):
         fit_classifier(tmp_path / "run", clf, train, valid, out_dir=tmp_path / "other", steps=2, lr=1e-3, **kw)
 
 
+def test_a_run_that_stored_integer_labels_as_text_resumes_with_them(tmp_path):
+    import json
+
+    from txl.data.download import sha256_file
+
+    lm = _lm(tmp_path)
+    clf = ClassifierConfig(num_labels=3, labels=[0, 1, 2], mode="first")
+    train, valid = _docs(9, 0), _docs(3, 1)
+    kw = dict(batch_size=3, device="cpu", log=lambda m: None, steps=2, lr=1e-3)
+    fit_classifier(lm, clf, train, valid, out_dir=tmp_path / "run", **kw)
+    saved = tmp_path / "run" / "last" / "classifier.json"
+    assert json.loads(saved.read_text())["labels"] == [0, 1, 2]
+    saved.write_text(saved.read_text().replace('"labels": [\n    0,\n    1,\n    2\n  ]', '"labels": ["0", "1", "2"]'))
+    assert json.loads(saved.read_text())["labels"] == ["0", "1", "2"]
+    sums = saved.parent / "checksums.json"  # the checkpoint's own record of its files, made anew for the edit
+    sums.write_text(json.dumps({**json.loads(sums.read_text()), "classifier.json": sha256_file(saved)}))
+    assert fit_classifier(lm, clf, train, valid, out_dir=tmp_path / "run", resume=True, **kw).steps == 2
+    with pytest.raises(TxlError, match=r"classifier.labels \['0', '1', '2'\] -> \[0, 1, 3\]"):
+        fit_classifier(lm, ClassifierConfig(num_labels=3, labels=[0, 1, 3], mode="first"), train, valid,
+                       out_dir=tmp_path / "run", resume=True, **kw)
+
+
 def test_cli_names_a_label_with_one_document_only(tmp_path, capsys):
     import json
 

@@ -304,6 +304,41 @@ def test_cli_valid_file_errors_are_one_line(tmp_path, capsys, case):
 
 # --- metrics, bootstrap intervals ----------------------------------------------------------------------------
 
+# --- labels keep their identity: 1 and "1" are not merged; true labels are reported as given -------------------
+
+def test_labels_whose_texts_collide_are_refused_not_merged(tmp_path, capsys):
+    lm = _lm(tmp_path)
+    data = _jsonl(tmp_path / "d.jsonl", [("aa " * 9, 1), ("bb " * 9, "b"), ("cc " * 9, "1"), ("dd " * 9, "b")])
+    code, out, err = run_cli(capsys, "classify", "train", lm, "--data", data, "--out", tmp_path / "r", "--steps", "1",
+                             "--device", "cpu")
+    assert code == 2 and out == "" and not (tmp_path / "r").exists()
+    assert one_error_line(err) == (f'txl: error: labels a number 1 ({data}:1) and a string "1" ({data}:3) have '
+                                   "the same text '1' but are not the same label; write every label of a class the "
+                                   "same way (all strings or all numbers)")
+    # the sibling: the two spellings in --data and --valid
+    data = _jsonl(tmp_path / "d.jsonl", [("aa " * 9, 1), ("bb " * 9, 2), ("aa " * 8, 1), ("bb " * 8, 2)])
+    held = _jsonl(tmp_path / "h.jsonl", [("aa " * 7, "1")])
+    code, _, err = run_cli(capsys, "classify", "train", lm, "--data", data, "--valid", held, "--out", tmp_path / "r",
+                           "--steps", "1", "--device", "cpu")
+    assert code == 2 and "have the same text '1' but are not the same label" in one_error_line(err)
+
+
+def test_labels_are_kept_and_reported_as_given(tmp_path, capsys):
+    lm = _lm(tmp_path)
+    rows = [(f"{w} {i} " * 4, label) for w, label in (("aa", 1), ("bb", "b")) for i in range(4)]
+    code, out, err = run_cli(capsys, "classify", "train", lm, "--data", _jsonl(tmp_path / "d.jsonl", rows), "--out",
+                             tmp_path / "r", "--mode", "last", "--steps", "2", "--batch-size", "4", "-q",
+                             "--device", "cpu")
+    assert code == 0 and "2 labels (1, b)" in out, err
+    assert json.loads((tmp_path / "r" / "best" / "classifier.json").read_text())["labels"] == [1, "b"]
+    docs = _jsonl(tmp_path / "p.jsonl", [("aa 9 " * 4, 1), ("bb 9 " * 4, "b"), ("aa 7 " * 4, 3), ("bb 7 " * 4, "3")])
+    code, out, err = run_cli(capsys, "classify", "predict", tmp_path / "r" / "best", docs, "--device", "cpu")
+    assert code == 0, err
+    records = [json.loads(line) for line in out.splitlines()]
+    assert [r["true_label"] for r in records] == [1, "b", 3, "3"]  # as this input gives them, types included
+    assert all(r["label"] in (1, "b") and set(r["probs"]) == {"1", "b"} for r in records)
+
+
 def test_accuracy_and_macro_f1_by_hand():
     y_true, y_pred = [0, 0, 1, 1, 2], [0, 1, 1, 1, 0]
     # class 0: tp 1, support 2, predicted 2 -> F1 2/4; class 1: tp 2, support 2, predicted 3 -> 4/5;

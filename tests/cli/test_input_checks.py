@@ -704,7 +704,7 @@ def test_generate_input_and_summarize_name_the_line_of_a_prompt_they_cannot_enco
     docs.write_text('{"prompt": "abc", "module": "m"}\n["abc"]\n')
     code, out, err = run_cli(capsys, "summarize", ft, docs, "-n", "2")
     assert code == 2 and one_error_line(err) == (f'txl: error: {docs} line 2 must be a JSON object with a "prompt" '
-                                                 '(or "text") string')
+                                                 '(or "text") string, got an array')
 
 
 # --- word models: what generate prints is decode(prompt + sample) (B8) ----------------------------------------

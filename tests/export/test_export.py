@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_model
+from conftest import one_error_line, tiny_model
 from txl.errors import TxlError
 from txl.export.files import export_decoder
 from txl.model.ring import RingStep, SegmentReader, check_exportable, ring_capacity
@@ -322,7 +322,7 @@ def test_txl_export_and_the_runner_from_the_command_line(tmp_path, capsys):
     assert runner_main([str(tmp_path / "q8"), "ROMEO: ", "-n", "12"]) == 0
     assert capsys.readouterr().out.startswith("ROMEO: ")
     assert runner_main([str(tmp_path / "nowhere"), "x"]) == 2
-    assert "no export.json" in one_error_line(capsys.readouterr().err)
+    assert "nowhere does not exist" in one_error_line(capsys.readouterr().err)
 
 
 # --- the int8 variant ------------------------------------------------------------------------------
@@ -362,3 +362,98 @@ def test_bench_export_table_has_the_int8_row():
     assert row["batch"] == 2 and row["context"] == 6
     assert {"ratio_onnxruntime", "ratio_onnxruntime_int8", "ratio_graphs_eager"} <= row.keys()
     assert row["int8_greedy_agreement"] == 1.0  # the model's weights are seeded: measured, all 6 tokens equal
+
+
+# --- the runner's arguments and manifest, checked before any work ---------------------------------------------
+
+def _with_manifest(folders, fmt, tmp_path, **changes):
+    """A copy of the ``fmt`` export whose export.json has ``changes``."""
+    import shutil
+
+    folder = tmp_path / f"{fmt}-changed"
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(folders[fmt], folder)
+    manifest = json.loads((folder / "export.json").read_text())
+    for key, value in changes.items():
+        if "." in key:
+            outer, inner = key.split(".")
+            manifest[outer] = {**manifest[outer], inner: value}
+        else:
+            manifest[key] = value
+    (folder / "export.json").write_text(json.dumps(manifest))
+    return folder
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
+@pytest.mark.parametrize("change,said", [
+    ({"capacity": 10**9}, "says capacity 1,000,000,000, but the segment graph's output keys has shape [3, 'batch', 2, 8, 6]"),
+    ({"n_layer": 4}, "says n_layer 4, but the segment graph's input mems has shape [3, 'batch', 7, 16]"),
+    ({"span.mem_len": 70}, "says span.mem_len 70, but the segment graph's input mems"),
+    ({"span.tgt_len": 9}, "says span.tgt_len 9, but the segment graph's input input_ids has shape ['batch', 5]"),
+    ({"d_head": 1}, "says d_head 1"),
+    ({"vocab_size": 99}, "says vocab_size 99, but the step graph's output logits has shape ['batch', 37]"),
+])
+def test_a_manifest_that_disagrees_with_its_graphs_is_refused_before_any_array_is_made(exported, tmp_path, monkeypatch,
+                                                                                       fmt, change, said):
+    _, _, folders = exported
+    folder = _with_manifest(folders, fmt, tmp_path, **change)
+
+    def no_arrays(*args, **kwargs):
+        raise AssertionError("an array was made from the manifest's sizes")
+
+    monkeypatch.setattr(np, "zeros", no_arrays)
+    with pytest.raises(TxlError) as refused:
+        ExportedDecoder(folder).greedy(np.array([[1, 2, 3]]), 2)
+    message = str(refused.value)
+    assert message.startswith(f"{folder / 'export.json'} {said}") and message.endswith(": export the model again")
+
+
+def test_other_manifest_fields_are_checked_too(exported, tmp_path, capsys):
+    from txl.export.runner import main as runner_main
+
+    _, _, folders = exported
+    names = json.loads((folders["onnx"] / "export.json").read_text())["inputs"]
+    swapped = {**names, "segment": ["mems", "input_ids", "mem_padding", "n_valid"]}
+    with pytest.raises(TxlError, match=r"the segment graph's inputs are \['input_ids', 'mems', 'mem_padding', "
+                                       r"'n_valid'\], not those export.json lists"):
+        ExportedDecoder(_with_manifest(folders, "onnx", tmp_path, inputs=swapped))
+    for key, value in (("dtype", "float16"), ("logits", "probabilities"), ("weights", "int4"), ("dtype", None),
+                       ("span.clamp_len", True)):
+        with pytest.raises(TxlError, match=f"bad or missing: {key.split('.')[0]}"):
+            ExportedDecoder(_with_manifest(folders, "onnx", tmp_path, **{key: value}))
+    # from the command line: one line, exit status 2
+    assert runner_main([str(_with_manifest(folders, "onnx", tmp_path, capacity=10**9)), "x"]) == 2
+    assert "says capacity 1,000,000,000" in one_error_line(capsys.readouterr().err)
+
+
+def test_the_runners_threads_are_checked_first_and_chosen_as_every_command_chooses_them(exported, tmp_path, capsys,
+                                                                                         monkeypatch):
+    from txl.data import CharTokenizer
+    import txl.export.runner as runner
+
+    _, _, folders = exported
+    made = []
+
+    class Recorded(ExportedDecoder):
+        def __init__(self, folder, threads=None):
+            made.append(threads)
+            super().__init__(folder, threads)
+
+    monkeypatch.setattr(runner, "ExportedDecoder", Recorded)
+    for threads in ("99999", "-1"):
+        assert runner.main([str(folders["onnx"]), "x", "-n", "1", "--threads", threads]) == 2
+        assert one_error_line(capsys.readouterr().err) == (f"txl: error: --threads must be from 0 (automatic: the free "
+                                                           f"CPUs) to 1024, got {threads}")
+    assert runner.main([str(folders["onnx"]), "x", "-n", "-2"]) == 2
+    assert "-n/--max-new-tokens must be >= 0, got -2" in one_error_line(capsys.readouterr().err)
+    assert made == []  # nothing was loaded
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    folder = _with_manifest(folders, "onnx", tmp_path)
+    CharTokenizer.build("abcdefghij").save(folder / "vocab.json")  # the tiny model's 37 ids hold these 10 characters
+    code = runner.main([str(folder), "abc", "-n", "3"])
+    out, err = capsys.readouterr()
+    assert code == 0 and out.startswith("abc") and made == [1] and "threads 1 (OMP_NUM_THREADS" in err, err
+    # the sibling: the class, called from Python, refuses a count no machine has
+    for threads in (99999, -1, True, 2.5):
+        with pytest.raises(TxlError, match="threads must be from 0"):
+            ExportedDecoder(folders["onnx"], threads)

@@ -375,3 +375,26 @@ def test_a_served_session_with_quantised_weights_scores_as_the_quantised_model(k
         done = c.post("/v1/completions", json={"prompt": "The memory", "max_tokens": 5, "temperature": 0})
         assert done.status_code == 200, done.text
     np.testing.assert_allclose(got, expected.logprobs, atol=1e-4 if kind == "int8" else 0.05)
+
+
+def test_half_weights_under_the_other_half_autocast_are_one_txl_error_in_every_reading():
+    # bf16 weights under a float16 autocast reach no kernel (CPU: "mixed dtype"): refused by the model itself, so
+    # the API, the server's engine and the classifier (which reads through hidden_states) all say it in one line
+    from txl.evaluation.stream import evaluate
+    from txl.model.quantize import to_bfloat16
+
+    model = to_bfloat16(tiny_model(dtype=torch.float32))
+    ids = torch.randint(0, 37, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.float16):
+        with pytest.raises(TxlError, match="bfloat16 weights cannot run with torch.autocast to float16: bfloat16 "
+                                           "weights compute in bfloat16; autocast to bfloat16, or not at all"):
+            model(ids)
+        with pytest.raises(TxlError, match="bfloat16 weights cannot run with torch.autocast to float16"):
+            model.hidden_states(ids)
+    with pytest.raises(TxlError, match="bfloat16 weights cannot run with torch.autocast to float16"):
+        evaluate(model, ids.flatten().numpy(), tgt_len=4, mem_len=4, batch_size=1, dtype="float16")
+    half = tiny_model(dtype=torch.float16)
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(TxlError, match="float16 weights cannot run"):
+        half(ids)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # their own dtype runs
+        assert model(ids).logits.shape == (2, 9, 37)

@@ -6,7 +6,9 @@ test_serve_lifecycle.py).
 """
 
 import asyncio
+import contextlib
 import json
+import logging
 import signal
 import socket
 import threading
@@ -24,6 +26,7 @@ pytest.importorskip("fastapi")
 from conftest import one_error_line, run_cli, served_app, tiny_model  # noqa: E402
 from txl.data import ByteTokenizer  # noqa: E402
 from txl.data.tokenizers.simple import WordTokenizer  # noqa: E402
+from txl.errors import TxlError  # noqa: E402
 from txl.evaluation.scoring import score_tokens  # noqa: E402
 from txl.generation import StopText, generate  # noqa: E402
 from txl.model.span import AttentionSpan  # noqa: E402
@@ -451,3 +454,128 @@ def wait_for(condition, seconds: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "the condition did not come true in time"
         time.sleep(0.01)
+
+
+# --- issue 42: internal errors say nothing of the machine; failed streams end with an event; long ids ------------
+
+class _LogLines(logging.Handler):
+    """The records of the server's log (uvicorn's logger, which does not propagate to pytest's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def server_log():
+    """The records of uvicorn's error logger while the block runs (added once the server has started:
+    uvicorn's logging set-up replaces the handlers it finds)."""
+    handler = _LogLines()
+    logger = logging.getLogger("uvicorn.error")
+    logger.addHandler(handler)
+    try:
+        yield handler.records
+    finally:
+        logger.removeHandler(handler)
+
+
+SECRET = "mixed dtype (CPU) in /home/alice/models/secret-run"
+
+
+def _failing_after(engine, calls: int, monkeypatch) -> None:
+    """The engine's model raises a RuntimeError (whose text names a path) on every call after the first ``calls``."""
+    forward, count = type(engine.model).forward.__get__(engine.model), [0]  # the model's own, not a patched one
+
+    def fails(*args, **kwargs):
+        count[0] += 1
+        if count[0] > calls:
+            raise RuntimeError(SECRET)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine.model, "forward", fails)
+
+
+def _logged(records, request_id: str) -> logging.LogRecord:
+    found = [r for r in records if request_id in r.getMessage()]
+    assert len(found) == 1 and found[0].exc_info and SECRET in str(found[0].exc_info[1])
+    return found[0]
+
+
+def _internal(body: dict) -> str:
+    error = body["error"]
+    assert error["code"] == 500 and error["type"] == "internal_error" and SECRET not in json.dumps(body)
+    assert "RuntimeError" not in error["message"] and error["request_id"] in error["message"]
+    return error["request_id"]
+
+
+def test_an_internal_error_is_a_500_with_a_request_id_and_the_details_in_the_log(monkeypatch):
+    engine = byte_engine()
+    with served_app(create_app(engine)) as url, httpx.Client(base_url=url, timeout=30) as c, server_log() as log:
+        sid = new_session(c)
+        _failing_after(engine, 0, monkeypatch)
+        r = c.post("/v1/completions", json={"prompt": "ROMEO:", "max_tokens": 3})
+        assert r.status_code == 500 and r.headers["x-request-id"] == _internal(r.json())
+        _logged(log, r.headers["x-request-id"])
+        r = c.post(f"/v1/sessions/{sid}/append", json={"text": "some text"})  # sibling: a session's append
+        assert r.status_code == 500
+        _logged(log, _internal(r.json()))
+        assert c.get("/health").status_code == 200  # on the same keep-alive connection
+        assert len(log) == 2  # each failure logged once (uvicorn's own report of it left out)
+
+
+def _events(c, path: str, body: dict) -> list:
+    with c.stream("POST", path, json=body) as r:
+        assert r.status_code == 200
+        return [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+
+
+def test_a_stream_that_fails_ends_with_an_error_event_never_a_cut_connection(monkeypatch):
+    engine = byte_engine()
+    with served_app(create_app(engine)) as url, httpx.Client(base_url=url, timeout=30) as c, server_log() as log:
+        sid = new_session(c)
+        assert c.post(f"/v1/sessions/{sid}/append", json={"text": "ROMEO: "}).status_code == 200
+        _failing_after(engine, 3, monkeypatch)  # the prompt's segment and two tokens, then the failure
+        events = _events(c, "/v1/completions", {"prompt": "ROMEO:", "max_tokens": 20, "stream": True})
+        assert events[-1] == "[DONE]" and len(events) >= 3
+        assert all("choices" in json.loads(e) for e in events[:-2])  # the tokens drawn before the failure
+        _logged(log, _internal(json.loads(events[-2])))
+        _failing_after(engine, 2, monkeypatch)  # sibling: a session's streamed generation
+        events = _events(c, f"/v1/sessions/{sid}/generate", {"max_tokens": 20, "stream": True})
+        assert events[-1] == "[DONE]" and json.loads(events[0])["object"] == "session.token"
+        _logged(log, _internal(json.loads(events[-2])))
+
+
+def test_bf16_weights_with_a_float16_server_dtype_are_refused_when_the_engine_is_built():
+    from txl.model.quantize import to_bfloat16
+
+    model = to_bfloat16(tiny_model(seed=3, dtype=torch.float32, vocab_size=256))
+    with pytest.raises(TxlError, match="bfloat16 weights cannot run with dtype float16"):
+        build_engine(model, TOK, span=SPAN, dtype="float16")
+    assert build_engine(model, TOK, span=SPAN, dtype="bfloat16").dtype == "bfloat16"
+
+
+def test_no_error_answer_quotes_more_than_about_100_characters_of_the_request(served, client):
+    port = int(served[1].rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:  # the reported case: a 100 KB id
+        s.sendall(f"GET /v1/sessions/{'a' * 100_000} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    message = json.loads(body)["error"]["message"]
+    assert head.startswith(b"HTTP/1.1 404") and "(100,000 characters)" in message and len(message) < 400
+    long_id = "b" * 50_000  # siblings (httpx sends at most 64 KB of URL)
+    for method, path, body in (("DELETE", f"/v1/sessions/{long_id}", None),
+                               ("POST", f"/v1/sessions/{long_id}/append", {"text": "x"}),
+                               ("POST", "/v1/completions", {"prompt": "x", long_id: 1})):
+        r = client.request(method, path, json=body)
+        message = r.json()["error"]["message"]
+        assert r.status_code in (400, 404) and "b" * 120 not in message and len(message) < 400, (method, message)
+        assert "(50,00" in message and "characters)" in message, message  # (the key's colon may count)
+    spaced = "b " * 20_000  # a field name with spaces: cut where the message is written
+    r = client.post("/v1/completions", json={"prompt": "x", spaced: 1})
+    message = r.json()["error"]["message"]
+    assert r.status_code == 400 and "(40,000 characters)" in message and len(message) < 300, message[:400]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -11,24 +12,49 @@ import numpy as np
 import torch
 
 from txl.data.tokenizers import decode_file_text
-from txl.errors import TxlError
-from txl.fileio import read_bytes
+from txl.errors import TxlError, quoted, shorten
+from txl.fileio import json_kind, read_bytes
 from txl.fileio import read_jsonl as _jsonl_lines
 
 
 @dataclass
 class Document:
-    """One document: its text, its label name and where it came from (``path`` or ``path:line``)."""
+    """One document: its text, its label as given (a folder's name, or a JSON Lines label: a string or an
+    integer) and where it came from (``path`` or ``path:line``)."""
 
     text: str
-    label: str | None
+    label: str | int | None
     source: str
+
+
+def label_names(docs: Sequence[Document]) -> list[str | int]:
+    """The distinct labels of ``docs`` as given, ordered by their text (the class indices of a classifier).
+
+    A label keeps its identity: the integer 1 and the string "1" are different labels, which would be one
+    class once written as text (in the classifier's outputs), so such a pair is refused, not merged.
+
+    Raises:
+        TxlError: two labels with the same text, naming both and a document of each.
+    """
+    seen: dict[str, tuple[str | int, str]] = {}
+    for doc in docs:
+        if doc.label is None:
+            continue
+        key = str(doc.label)
+        first = seen.setdefault(key, (doc.label, doc.source))
+        if type(first[0]) is not type(doc.label):
+            spelled = {label: f"{json_kind(label)} {shorten(json.dumps(label))} ({shorten(source)})"
+                       for label, source in (first, (doc.label, doc.source))}
+            raise TxlError(f"labels {' and '.join(spelled.values())} have the same text {quoted(key)} but are not the "
+                           "same label; write every label of a class the same way (all strings or all numbers)")
+    return sorted((label for label, _ in seen.values()), key=str)
 
 
 def read_jsonl(path: str | Path, need_label: bool = True) -> list[Document]:
     """Documents from a JSON Lines file, one object ``{"text": ..., "label": ...}`` per line.
 
-    Blank lines are skipped; labels may be strings or integers (kept as their string form).
+    Blank lines are skipped; labels may be strings or integers, kept as given (the integer 1 and the string
+    "1" are different labels: :func:`label_names` refuses the pair).
 
     Raises:
         TxlError: unreadable file, a line that is not a JSON object with a string ``text`` (and a
@@ -43,8 +69,8 @@ def read_jsonl(path: str | Path, need_label: bool = True) -> list[Document]:
         if label is None and need_label:
             raise TxlError(f'{path} line {number} has no "label"')
         if label is not None and (not isinstance(label, (str, int)) or isinstance(label, bool)):
-            raise TxlError(f'{path} line {number}: "label" must be a string or an integer, got {label!r}')
-        docs.append(Document(obj["text"], None if label is None else str(label), f"{path}:{number}"))
+            raise TxlError(f'{path} line {number}: "label" must be a string or an integer, got {json_kind(label)}')
+        docs.append(Document(obj["text"], label, f"{path}:{number}"))
     return docs
 
 
@@ -86,8 +112,8 @@ def load_labelled(path: str | Path, min_labels: int = 2) -> list[Document]:
     ``min_labels``: the fewest distinct labels accepted (2 for training data; 1 for held-out documents).
 
     Raises:
-        TxlError: missing path, malformed input, no documents, an empty document, or fewer than
-            ``min_labels`` labels.
+        TxlError: missing path, malformed input, no documents, an empty document, labels whose texts
+            collide (:func:`label_names`), or fewer than ``min_labels`` labels.
     """
     path = Path(path)
     if not path.exists():
@@ -96,14 +122,14 @@ def load_labelled(path: str | Path, min_labels: int = 2) -> list[Document]:
     for doc in docs:
         if not doc.text:
             raise TxlError(f"document {doc.source} is empty; remove it or give it text")
-    labels = sorted({d.label for d in docs})
+    labels = label_names(docs)
     if len(labels) < max(1, min_labels):
-        raise TxlError(f"{path} has {len(labels)} label(s) ({', '.join(labels) or 'none'}); "
+        raise TxlError(f"{path} has {len(labels)} label(s) ({', '.join(map(str, labels)) or 'none'}); "
                        f"{'classification needs at least 2' if min_labels >= 2 else 'give labelled documents'}")
     return docs
 
 
-def stratified_split(labels: Sequence[str], valid_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+def stratified_split(labels: Sequence[str | int], valid_fraction: float, seed: int) -> tuple[list[int], list[int]]:
     """Deterministic held-out split: per label, a seeded shuffle puts ``round(fraction * n)`` documents
     (at least 1 and at most n - 1, none for a single document) into the held-out set.
 
@@ -117,7 +143,7 @@ def stratified_split(labels: Sequence[str], valid_fraction: float, seed: int) ->
         raise TxlError(f"the held-out fraction must be in (0, 1), got {valid_fraction}")
     rng = np.random.default_rng(seed)
     train, valid = [], []
-    for label in sorted(set(labels)):
+    for label in sorted(set(labels), key=str):  # labels as given (strings and integers): ordered by their text
         idx = np.array([i for i, x in enumerate(labels) if x == label])
         rng.shuffle(idx)
         n_valid = 0 if len(idx) < 2 else min(len(idx) - 1, max(1, round(valid_fraction * len(idx))))

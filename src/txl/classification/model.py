@@ -41,7 +41,8 @@ class ClassifierConfig:
 
     Attributes:
         num_labels: number of classes (>= 2).
-        labels: class names, one per class index (default ``"0" .. "num_labels-1"``).
+        labels: class names, one per class index, as the training data gave them: strings, or integers
+            from JSON Lines labels (default ``"0" .. "num_labels-1"``); no two with the same text.
         mode: ``"memory"``: the whole document, segment after segment with the memory (needs
             ``attn_type="rel"``); ``"first"``: only the first ``tgt_len`` tokens, no memory;
             ``"last"``: only the last ``tgt_len`` tokens, no memory ("first" and "last" are the modes of
@@ -59,7 +60,7 @@ class ClassifierConfig:
     """
 
     num_labels: int
-    labels: list[str] = dataclasses.field(default_factory=list)
+    labels: list[str | int] = dataclasses.field(default_factory=list)
     mode: str = "memory"
     pooling: str = "last"
     grad_segments: int | None = 1
@@ -76,8 +77,8 @@ class ClassifierConfig:
         check_fields(type(self), dataclasses.asdict(self), "classifier")
         if self.num_labels < 2:
             raise TxlError(f"a classifier needs at least 2 labels, got {self.num_labels}")
-        if len(self.labels) != self.num_labels or len(set(self.labels)) != self.num_labels:
-            raise TxlError(f"labels must be {self.num_labels} distinct names, got {self.labels}")
+        if len(self.labels) != self.num_labels or len({str(x) for x in self.labels}) != self.num_labels:
+            raise TxlError(f"labels must be {self.num_labels} names with distinct texts, got {self.labels}")
         if self.mode not in MODES:
             raise TxlError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.pooling not in POOLINGS:

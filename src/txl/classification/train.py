@@ -89,6 +89,12 @@ def _flat(values: dict, prefix: str = "") -> dict:
     return out
 
 
+def _same_labels(saved, now) -> bool:
+    """Whether a run's saved labels are those of ``now``: equal, or ``saved`` holds the texts of ``now``'s
+    labels (a run whose integer labels were stored as strings resumes with them)."""
+    return isinstance(saved, list) and all(isinstance(x, str) for x in saved) and saved == [str(x) for x in now]
+
+
 def check_same_settings(run_dir: Path, run: RunConfig, classifier) -> None:
     """Refuse to resume the classification run in ``run_dir`` with other settings than it started with
     (its ``run.json`` and ``last/classifier.json``): another number of steps, learning rate, batch size,
@@ -115,7 +121,7 @@ def check_same_settings(run_dir: Path, run: RunConfig, classifier) -> None:
     if last.is_file():
         old = {k: v for k, v in read_json_object(last).items() if k != "extra"}
         changed += [f"classifier.{k} {old.get(k)!r} -> {v!r}" for k, v in classifier.to_dict().items()
-                    if old.get(k) != v]
+                    if old.get(k) != v and not (k == "labels" and _same_labels(old.get(k), v))]
     if changed:
         shown = "; ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
         raise TxlError(f"{run_dir} was trained with other settings ({shown}); resume it with the settings it "

@@ -22,7 +22,7 @@ import threading
 
 from txl.cli.checks import check_shared_flags
 from txl.cli.common import print_notes, visible_flags
-from txl.errors import TxlError
+from txl.errors import TxlError, clip_message, listed
 
 # torch and numpy are imported inside the commands, so that Ctrl-C during start-up or a usage
 # error never needs them and never shows a traceback
@@ -38,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse with usage errors reported as one ``txl: error:`` line (exit status 2)."""
 
     def error(self, message: str):  # noqa: D102 - argparse hook
-        self.exit(2, f"txl: error: {message} (see: {self.prog} --help)\n")
+        self.exit(2, f"txl: error: {clip_message(message)} (see: {self.prog} --help)\n")
 
 
 def command_modules() -> list:
@@ -137,7 +137,7 @@ def _main(argv: list[str] | None) -> int:
             unknown = [e for e in extra if e.startswith("-") or more is None]
             if unknown:  # said by the command's own parser: `(see: txl eval --help)`
                 command = all_parsers(parser).get(getattr(args, "_prog", None), parser)
-                command.error(f"unrecognized arguments: {' '.join(unknown)}")
+                command.error(f"unrecognized arguments: {listed(unknown, sep=' ')}")
         except SystemExit as exit_:  # usage errors (one line already printed), --help, --version
             return int(exit_.code or 0)
         if extra:
@@ -149,14 +149,17 @@ def _main(argv: list[str] | None) -> int:
         return code
     except TxlError as err:
         if os.environ.get("RANK", "0") == "0":  # torchrun: every rank meets the same error; rank 0 reports it
-            print(f"txl: error: {err}", file=sys.stderr)
+            # an input quoted in the message is cut to about 100 characters, whichever check wrote it
+            print(f"txl: error: {clip_message(str(err), inputs=argv or sys.argv[1:])}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         if os.environ.get("RANK", "0") == "0":
             print("txl: interrupted", file=sys.stderr)
         return 130
     except OSError as err:
-        print(f"txl: error: {err.strerror or err}{f' ({err.filename})' if err.filename else ''}", file=sys.stderr)
+        where = f" ({err.filename})" if err.filename else ""
+        print(f"txl: error: {clip_message(f'{err.strerror or err}{where}', inputs=argv or sys.argv[1:])}",
+              file=sys.stderr)
         return 1
     except (MemoryError, RuntimeError) as err:  # an allocation no check foresaw: one line, not a traceback
         from txl.runtime import out_of_memory

@@ -19,8 +19,8 @@ import os
 from typing import Callable
 
 from txl.cli.common import flag_name
-from txl.config import MAX_THREADS, SEED_LIMIT
-from txl.errors import TxlError
+from txl.config import SEED_LIMIT
+from txl.errors import TxlError, listed, quoted
 
 
 def finite_float(text: str) -> float:
@@ -179,10 +179,9 @@ def check_threads(args: argparse.Namespace) -> None:
     Raises:
         TxlError: naming the flag and the value.
     """
-    value = getattr(args, "threads", None)
-    if value is not None and not 0 <= value <= MAX_THREADS:
-        raise TxlError(f"{flag_name(args, 'threads')} must be from 0 (automatic: the free CPUs) to {MAX_THREADS}, "
-                       f"got {value}")
+    from txl.config import check_threads as check
+
+    check(getattr(args, "threads", None), flag_name(args, "threads"))
 
 
 def check_seed(args: argparse.Namespace) -> None:
@@ -200,10 +199,27 @@ def check_seed(args: argparse.Namespace) -> None:
 SPAN_MINIMUM = {"tgt_len": 1, "mem_len": 0, "clamp_len": 0, "cmem_len": 0}  # the smallest value of each span flag
 
 
+def check_weights_dtype(args: argparse.Namespace) -> None:
+    """``--quantize bf16`` computes in bfloat16: it takes ``--dtype`` float32 (the default: the weights' own
+    bfloat16) or bfloat16, never float16 (autocast would hand float16 inputs to bfloat16 weights, which no
+    kernel multiplies). The rule of :func:`txl.config.check_weights_dtype`, checked before loading.
+
+    Raises:
+        TxlError: naming both flags and what to give instead.
+    """
+    from txl.config import check_weights_dtype as check
+
+    if getattr(args, "quantize", None) == "bf16":
+        dtype = flag_name(args, "dtype")
+        check("bfloat16", getattr(args, "dtype", None), f"{flag_name(args, 'quantize')} bf16",
+              f"{dtype} {getattr(args, 'dtype', None)}", f"use {dtype} bfloat16 or float32 (the default)")
+
+
 def check_shared_flags(args: argparse.Namespace) -> None:
     """The flags several commands share, checked by :func:`txl.cli.main` for every command before it runs
     (torch-free): ``--threads`` (:func:`check_threads`), the attention-span flags (``--tgt-len`` >= 1;
-    ``--mem-len``, ``--clamp-len``, ``--cmem-len`` >= 0) and ``--seed`` (:func:`check_seed`).
+    ``--mem-len``, ``--clamp-len``, ``--cmem-len`` >= 0), ``--seed`` (:func:`check_seed`) and the pair
+    ``--quantize``/``--dtype`` (:func:`check_weights_dtype`).
 
     Raises:
         TxlError: the first value out of range, naming the flag as ``--help`` shows it.
@@ -212,6 +228,7 @@ def check_shared_flags(args: argparse.Namespace) -> None:
     for name, minimum in SPAN_MINIMUM.items():
         check_range(args, minimum, name)
     check_seed(args)
+    check_weights_dtype(args)
 
 
 def check_min_new_tokens(args: argparse.Namespace) -> None:
@@ -243,5 +260,5 @@ def check_line_keys(obj: dict, known: tuple[str, ...], where: str, advice: str =
 
     unknown = sorted(set(obj) - set(known))
     if unknown:
-        raise TxlError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}{did_you_mean(unknown[0], known)}; "
+        raise TxlError(f"{where}: unknown key(s) {listed(map(quoted, unknown))}{did_you_mean(unknown[0], known)}; "
                        f"known keys: {', '.join(known)}{advice}")

@@ -21,7 +21,7 @@ from pathlib import Path
 from txl.cli.checks import check_checkpoint_path, check_exists, check_seed, finite_float
 from txl.cli.common import (Command, add_batch_size, add_checkpoint, add_data, add_device, add_dtype, add_option,
                             add_span, flag_name, checkpoint_arg, note_threads, print_notes, underscore)
-from txl.errors import TxlError
+from txl.errors import TxlError, listed
 
 NAME = "classify"
 HELDOUT_NAME = "heldout.json"  # the held-out report of a run (txl classify train)
@@ -208,7 +208,7 @@ def _train(args: argparse.Namespace) -> int:
         check_output_folder(out, empty=True, inputs=[args.checkpoint, args.data, args.valid])
     import torch
 
-    from txl.classification.data import encode_texts, load_labelled, stratified_split
+    from txl.classification.data import encode_texts, label_names, load_labelled, stratified_split
     from txl.classification.model import ClassifierConfig
     from txl.classification.train import classification_metrics, fit_classifier, predict_labels
     from txl.config import VOCAB_NAME
@@ -246,21 +246,22 @@ def _train(args: argparse.Namespace) -> int:
         raise TxlError(f"{said} needs a model with memory; the attn_type={lm_config.attn_type!r} model at "
                        f"{lm_dir} has no memory: use --mode first or last (one window of tgt_len tokens)")
     docs = load_labelled(args.data)
-    names = sorted({d.label for d in docs})
+    names = label_names(docs)
     if args.valid is None:
         train_idx, valid_idx = stratified_split([d.label for d in docs], args.valid_fraction or 0.2, args.seed)
     else:
         held = load_labelled(args.valid, min_labels=1)
-        unknown = sorted({d.label for d in held} - set(names))
+        label_names(docs + held)  # 1 in one file and "1" in the other: refused, not merged
+        unknown = [label for label in label_names(held) if label not in names]
         if unknown:
             raise TxlError(f"--valid {args.valid} has label(s) that --data {args.data} lacks: "
-                           f"{', '.join(unknown[:5])}; every held-out label needs training documents")
+                           f"{listed(unknown)}; every held-out label needs training documents")
         train_idx, valid_idx = list(range(len(docs))), list(range(len(docs), len(docs) + len(held)))
         docs = docs + held
     targets = [names.index(d.label) for d in docs]
-    alone = sorted(name for name in names if sum(d.label == name for d in docs) == 1 and args.valid is None)
+    alone = [name for name in names if sum(d.label == name for d in docs) == 1 and args.valid is None]
     if alone and main_rank:
-        print(f"txl: warning: label(s) {', '.join(alone[:5])} have one document: trained on, never held out",
+        print(f"txl: warning: label(s) {listed(alone, 5)} have one document: trained on, never held out",
               file=sys.stderr)
     classifier = ClassifierConfig(num_labels=len(names), labels=names, mode=mode, pooling=args.pooling,
                                   grad_segments=args.grad_segments or None, classifier_dropout=args.dropout,
@@ -273,7 +274,7 @@ def _train(args: argparse.Namespace) -> int:
     tgt_len = lm_config.tgt_len if args.tgt_len is None else args.tgt_len
     mem_len = lm_config.mem_len if args.mem_len is None else args.mem_len
     if main_rank:
-        print(f"data: {len(docs)} documents, {len(names)} labels ({', '.join(names)}); "
+        print(f"data: {len(docs)} documents, {len(names)} labels ({listed(names, 20)}); "
               f"train {len(train_idx)}, held-out {len(valid_idx)} {held_from}")
         print(f"model: {lm_dir} (attn_type {lm_config.attn_type}), mode {mode}, tgt_len {tgt_len}, mem_len "
               f"{mem_len}, pooling {args.pooling}, grad_segments {args.grad_segments or 'all'}", flush=True)
@@ -352,10 +353,10 @@ def _predict(args: argparse.Namespace) -> int:
     probs = model.predict_proba(encoded, batch_size=args.batch_size).numpy()
     names = model.classifier.labels
     for doc, row in zip(docs, probs):
-        record = {"source": doc.source, "label": names[int(row.argmax())],
-                  "probs": {name: round(float(p), 6) for name, p in zip(names, row)}}
+        record = {"source": doc.source, "label": names[int(row.argmax())],  # as the training data gave it
+                  "probs": {str(name): round(float(p), 6) for name, p in zip(names, row)}}
         if doc.label is not None:
-            record["true_label"] = doc.label
+            record["true_label"] = doc.label  # as this input gives it
         sys.stdout.write(json.dumps(record) + "\n")
     return 0
 

@@ -6,11 +6,26 @@ import argparse
 
 from txl.cli.checks import check_exists, check_range, finite_floats, package_names
 from txl.cli.common import Command, add_seed
+from txl.errors import TxlError
 
 NAME = "data"
 HELP = ("standard datasets (enwik8, text8, wikitext, ptb, lm1b), the standard-library docstring pairs and "
         "package-classification set")
 EXAMPLE = "txl data prepare enwik8 --out data/enwik8"
+
+
+def check_every_split(args: argparse.Namespace) -> None:
+    """``--split`` gives each of train, valid and test a share > 0: a zero share would write an empty
+    ``SPLIT.jsonl``, which a later command could only fail on.
+
+    Raises:
+        TxlError: naming the empty splits and the flag's value.
+    """
+    empty = [name for name, share in zip(("train", "valid", "test"), args.split) if share <= 0]
+    if empty:
+        shown = ",".join(f"{f:g}" for f in args.split)
+        raise TxlError(f"--split {shown} leaves {' and '.join(name + '.jsonl' for name in empty)} empty: give each "
+                       "of train, valid and test a share > 0 (e.g. the default)")
 
 
 def _add_prepare(p: argparse.ArgumentParser) -> None:
@@ -62,9 +77,9 @@ def _docstrings(args: argparse.Namespace) -> int:
     """``txl data docstrings``: write the standard-library docstring pairs and the pre-training corpus without
     the held-out modules."""
     from txl.config import check_split
-    from txl.errors import TxlError
 
     check_split(args.split, "--split", train_needed=True)  # before torch is imported (txl.data needs it)
+    check_every_split(args)
     check_range(args, 1, "min_bytes")
     if args.max_bytes < args.min_bytes:
         raise TxlError(f"--max-bytes must be >= --min-bytes ({args.min_bytes}), got {args.max_bytes}")
@@ -113,9 +128,9 @@ def _add_packages(p: argparse.ArgumentParser) -> None:
 def _packages(args: argparse.Namespace) -> int:
     """``txl data packages``: write the standard-library package-classification set (train/valid/test.jsonl)."""
     from txl.config import check_split
-    from txl.errors import TxlError
 
     check_split(args.split, "--split", train_needed=True)  # before torch is imported (txl.data needs it)
+    check_every_split(args)
     check_range(args, 1, "min_bytes", "min_class_bytes")
     check_range(args, 0, "max_per_class")
     if args.doc_bytes < args.min_bytes:

@@ -74,7 +74,8 @@ def read_inputs(items: list[str]) -> list[dict]:
     by :func:`document_texts` once the tokenizer is known. Needs no torch.
 
     Raises:
-        TxlError: a missing or unreadable file, a bad JSON line (naming it), no documents.
+        TxlError: a missing or unreadable file, an empty text file, a bad JSON line or field (naming it:
+            :func:`_jsonl_document`), no documents.
     """
     from txl.fileio import read_bytes, read_jsonl
 
@@ -84,22 +85,52 @@ def read_inputs(items: list[str]) -> list[dict]:
         if not path.is_file():
             raise TxlError(f"{path} " + ("is not a file" if path.exists() else "does not exist"))
         if path.suffix != ".jsonl":
-            docs.append({"source": str(path), "data": read_bytes(path)})
+            data = read_bytes(path)
+            if not data:
+                raise TxlError(f"document {path} is empty; remove it or give it text")
+            docs.append({"source": str(path), "data": data})
             continue
         # other keys are ignored: data files carry more (txl data docstrings writes "module" and "kind")
         for number, obj in read_jsonl(path):
-            where = f"{path} line {number}"  # as every per-line message names it
-            text = obj.get("prompt", obj.get("text")) if isinstance(obj, dict) else None
-            if not isinstance(text, str):
-                raise TxlError(f'{where} must be a JSON object with a "prompt" (or "text") string')
-            doc = {"source": f"{path}:{number}", "where": where, "text": text}
-            for key, out in (("completion", "reference"), ("name", "name")):
-                if isinstance(obj.get(key), str):
-                    doc[out] = obj[key]
-            docs.append(doc)
+            docs.append(_jsonl_document(obj, f"{path} line {number}", f"{path}:{number}"))
     if not docs:
         raise TxlError("no documents in the inputs")
     return docs
+
+
+def _jsonl_document(obj, where: str, source: str) -> dict:
+    """The document of one JSON Lines object, every field it may have checked as ``txl finetune`` checks a
+    pair's: a non-empty ``"prompt"`` or ``"text"`` string (one of them), and when present a non-empty
+    ``"completion"`` string (the reference) and a ``"name"`` string.
+
+    Raises:
+        TxlError: naming the line and the field: missing, of another JSON type, empty, or both
+            ``"prompt"`` and ``"text"``.
+    """
+    from txl.fileio import json_kind
+
+    if not isinstance(obj, dict):
+        raise TxlError(f'{where} must be a JSON object with a "prompt" (or "text") string, got {json_kind(obj)}')
+    keys = [k for k in ("prompt", "text") if k in obj]
+    if not keys:
+        raise TxlError(f'{where} has no "prompt" (or "text"): each line needs the document as a string')
+    if len(keys) == 2:
+        raise TxlError(f'{where} has both "prompt" and "text": give the document once')
+    text = obj[keys[0]]
+    if not isinstance(text, str):
+        raise TxlError(f'{where}: "{keys[0]}" must be a string, got {json_kind(text)}')
+    if not text:
+        raise TxlError(f'{where}: the document ("{keys[0]}") is empty; remove the line or give it text')
+    doc = {"source": source, "where": where, "text": text}
+    for key, out in (("completion", "reference"), ("name", "name")):
+        if key in obj:
+            if not isinstance(obj[key], str):
+                raise TxlError(f'{where}: "{key}" must be a string, got {json_kind(obj[key])}')
+            if key == "completion" and not obj[key]:
+                raise TxlError(f'{where} has an empty "completion" (the reference summary); remove the key or '
+                               'give the summary')
+            doc[out] = obj[key]
+    return doc
 
 
 def document_texts(docs: list[dict], kind: str) -> None:
@@ -179,7 +210,9 @@ def run(args: argparse.Namespace) -> int:
     markers = find_markers(ckpt.tokenizer)
     document_texts(docs, ckpt.tokenizer.kind)
     for doc in docs:  # every document encodes before any work
-        encode_prompt(ckpt.tokenizer, markers, doc["text"], source=doc.get("where", doc["source"]))
+        where = doc.get("where", doc["source"])
+        if encode_prompt(ckpt.tokenizer, markers, doc["text"], source=where).size < 2:  # the separator alone
+            raise TxlError(f"{where}: the document encodes to no tokens; remove it or give it text")
     print_notes(args)
     rows = []
     with autocast(device, args.dtype):

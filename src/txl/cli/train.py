@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     check_allow_data_change(args)
     overrides, paths = [], []
     for item in args.items:
-        (overrides if "=" in item and not Path(item).exists() else paths).append(item)
+        (overrides if "=" in item and not os.path.exists(item) else paths).append(item)  # (False for a too-long name)
     if args.data is not None:
         if paths:
             raise TxlError(f"give the corpus once: DATA {paths[0]} or --data {args.data}")

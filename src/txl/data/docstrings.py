@@ -192,9 +192,10 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
             (``torch/nn/functional.py``).
 
     Raises:
-        TxlError: bad fractions or sizes, an ``out_dir`` that is not empty or is in use, no pairs, an
-            ``installed_train`` name that is not an installed package, with ``package_pretrain`` a package
-            file outside the folder of ``files`` named as a module or another package file (nothing written).
+        TxlError: bad fractions or sizes, an ``out_dir`` that is not empty or is in use, no pairs, a split
+            without modules (nothing written), an ``installed_train`` name that is not an installed
+            package, with ``package_pretrain`` a package file outside the folder of ``files`` named as a
+            module or another package file (nothing written).
     """
     check_split(fractions, "the split fractions", train_needed=True)
     if min_bytes < 1 or max_bytes < min_bytes:
@@ -230,6 +231,11 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
         n_valid = round(fractions[1] * len(modules))
         split = {"train": sorted(modules[:n_train]), "valid": sorted(modules[n_train:n_train + n_valid]),
                  "test": sorted(modules[n_train + n_valid:])}
+        empty = [name for name, mods in split.items() if not mods]
+        if empty:  # nothing written: an empty file would only fail the command that reads it
+            raise TxlError(f"the split fractions {','.join(f'{f:g}' for f in fractions)} of {len(modules)} modules "
+                           f"leave {' and '.join(s + '.jsonl' for s in empty)} without pairs: give every split a "
+                           "larger share")
         out = Path(claim.path)
         pairs = {name: [d for m in mods for d in by_module[m]] for name, mods in split.items()}
         # the standard library holds near-copies (ntpath and posixpath, distutils' archive_util of shutil, lib2to3's

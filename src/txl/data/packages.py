@@ -176,7 +176,8 @@ def prepare_packages(out_dir: str | Path, *, seed: int = 0, fractions: tuple[flo
 
     Raises:
         TxlError: bad fractions or sizes, an ``out_dir`` that is not empty or is in use, fewer than two
-            classes.
+            classes, a split without documents (a zero share, or a cap that leaves it none; nothing is
+            written).
     """
     fractions = check_split(fractions, "the split fractions", train_needed=True)
     if min_bytes < 1 or doc_bytes < min_bytes:
@@ -225,6 +226,11 @@ def prepare_packages(out_dir: str | Path, *, seed: int = 0, fractions: tuple[flo
                 files[split][package] = mine  # every file of the split, also one whose documents the cap left out
                 documents[split][package] = len(docs)
                 rows[split] += docs
+        empty = [split for split in SPLITS if not rows[split]]
+        if empty:  # nothing written: an empty file would only fail the command that reads it
+            raise TxlError(f"the split fractions {','.join(f'{f:g}' for f in fractions)} leave "
+                           f"{' and '.join(s + '.jsonl' for s in empty)} without documents: give every split a "
+                           "share > 0 (and a max_per_class, --max-per-class, that leaves it some)")
         out = Path(claim.path)
         for split in SPLITS:
             payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows[split]).encode("utf-8")

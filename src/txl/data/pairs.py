@@ -37,7 +37,7 @@ import torch
 from txl.config import IGNORE_INDEX
 from txl.data.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, WordTokenizer
 from txl.errors import TxlError
-from txl.fileio import read_jsonl
+from txl.fileio import json_kind, read_jsonl
 
 SEPARATOR_TEXT = "\x1d"  # ASCII group separator (byte, char and BPE tokenizers)
 END_TEXT = "\x04"  # ASCII end of transmission
@@ -84,21 +84,13 @@ def read_pairs(path: str | Path) -> list[Pair]:
                 raise TxlError(f'{path} line {number} has no "{key}" (each line needs string "prompt" and '
                                '"completion")')
             if not isinstance(obj[key], str):
-                raise TxlError(f'{path} line {number}: "{key}" must be a string, got {_json_kind(obj[key])}')
+                raise TxlError(f'{path} line {number}: "{key}" must be a string, got {json_kind(obj[key])}')
         if not obj["completion"]:
             raise TxlError(f'{path} line {number} has an empty "completion"; there is nothing to learn from it')
         pairs.append(Pair(obj["prompt"], obj["completion"], f"{path}:{number}"))
     if not pairs:
         raise TxlError(f"pairs file {path} holds no pairs")
     return pairs
-
-
-def _json_kind(value) -> str:
-    """How JSON names the type of a parsed value ("a number", "an array", "null", ...)."""
-    if isinstance(value, bool):
-        return "true/false"
-    kinds = {int: "a number", float: "a number", list: "an array", dict: "an object", type(None): "null"}
-    return kinds.get(type(value), type(value).__name__)
 
 
 def pair_splits(data) -> dict[str, list[Pair]]:

@@ -33,7 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from txl.errors import TxlError
+from txl.config import MAX_THREADS, check_threads
+from txl.errors import TxlError, clip_message
 from txl.fileio import path_inside, read_json_object
 
 _SIZES = ("capacity", "n_layer", "n_head", "d_head", "d_model", "vocab_size")
@@ -52,14 +53,75 @@ def _check_manifest(m: dict, where: Path) -> None:
     if not isinstance(span, dict) or any(isinstance(span.get(k), bool) or not isinstance(span.get(k), int)
                                          or span[k] < 1 for k in ("tgt_len", "mem_len")):
         problems.append("span")
-    for key in ("graphs", "inputs"):
+    elif not (isinstance(span.get("clamp_len", 0), int) and not isinstance(span.get("clamp_len", 0), bool)
+              and span.get("clamp_len", 0) >= 0 and isinstance(span.get("same_length", False), bool)):
+        problems.append("span")
+    for key in ("graphs", "inputs", "outputs"):
         if not isinstance(m.get(key), dict) or not all(g in m[key] for g in ("segment", "step")):
             problems.append(key)
     if not isinstance(m.get("vocab"), str):
         problems.append("vocab")
+    for key, allowed in (("dtype", ("float32",)), ("logits", ("scores", "log_probs")),
+                         ("weights", ("float32", "int8"))):
+        if m.get(key) not in allowed:
+            problems.append(key)
     if problems:
         raise TxlError(f"{where} is not a txl export manifest (bad or missing: {', '.join(problems)}); "
                        "export the model again with txl export")
+
+
+def _expected_signature(m: dict) -> dict[str, dict[str, list]]:
+    """What the graphs of manifest ``m`` take and give, as ``txl export`` writes them: per graph, its inputs
+    and outputs as ``(dtype, dims)`` in the runner's order, each dim ``(manifest field, size)`` or
+    ``("batch", None)`` for the dynamic batch."""
+    span = m["span"]
+    batch = ("batch", None)
+    L, H, D = ("n_layer", m["n_layer"]), ("n_head", m["n_head"]), ("d_head", m["d_head"])
+    S, d = ("capacity", m["capacity"]), ("d_model", m["d_model"])
+    T, M = ("span.tgt_len", span["tgt_len"]), ("span.mem_len", span["mem_len"])
+    ring = ("float32", [L, batch, H, S, D])
+    ids, padding, count = ("int64", [batch, T]), ("int64", [batch]), ("int64", [])
+    mems = ("float32", [L, batch, M, d])
+    return {"segment": {"inputs": [ids, mems, padding, count], "outputs": [mems, padding, ring, ring, count]},
+            "step": {"inputs": [("int64", [batch, ("one token", 1)]), ring, ring, count, count],
+                     "outputs": [("float32", [batch, ("vocab_size", m["vocab_size"])]), ("float32", [L, batch, H, D]),
+                                 ("float32", [L, batch, H, D])]}}
+
+
+def _check_graphs(m: dict, found: dict[str, dict[str, list]], where: Path, names: bool) -> None:
+    """Refuse a manifest ``m`` whose sizes, dtypes (or, with ``names``, input and output names) are not those
+    of the graphs: ``found`` gives, per graph, its inputs and outputs as ``(name, dtype, shape)`` with None
+    for a dynamic dim. Runs before any array is made, so a manifest's size never becomes an allocation.
+
+    Raises:
+        TxlError: the first field that disagrees, naming it, the graph and the input or output.
+    """
+    expected = _expected_signature(m)
+    for graph in ("segment", "step"):
+        for side in ("inputs", "outputs"):
+            want, have = expected[graph][side], found[graph][side]
+            listed = m[side].get(graph) if isinstance(m.get(side), dict) else None
+            if len(have) != len(want):
+                raise TxlError(f"{where}: the {graph} graph has {len(have)} {side}, not the {len(want)} of a txl export: "
+                               "export the model again")
+            if names and listed != [name for name, _, _ in have]:
+                raise TxlError(f"{where}: the {graph} graph's {side} are {[name for name, _, _ in have]}, not those "
+                               f"export.json lists ({listed}): export the model again")
+            for i, ((name, dtype, shape), (want_dtype, dims)) in enumerate(zip(have, want)):
+                if not names and isinstance(listed, list) and len(listed) == len(have):
+                    name = listed[i]  # a .pt2's outputs are named after the nodes that made them
+                name = f"{side[:-1]} {name}"
+                if dtype != want_dtype:
+                    raise TxlError(f"{where}: the {graph} graph's {name} is {dtype}, not {want_dtype}: export the "
+                                   "model again")
+                if len(shape) != len(dims):
+                    raise TxlError(f"{where}: the {graph} graph's {name} has {len(shape)} dims, not {len(dims)}: "
+                                   "export the model again")
+                for size, (field, value) in zip(shape, dims):
+                    if size != value:
+                        said = "a fixed batch size" if field == "batch" else f"{field} {value:,}"
+                        raise TxlError(f"{where} says {said}, but the {graph} graph's {name} has shape "
+                                       f"{['batch' if x is None else x for x in shape]}: export the model again")
 
 
 _SHAPE_EXPR = re.compile(r"(Mul|Add|FloorDiv|Mod|Max|Min|Integer\(-?\d+\)|"
@@ -114,6 +176,20 @@ def check_pt2_archive(path: Path) -> None:
                        "loading would run); txl does not load it")
 
 
+def _pt2_signature(program) -> dict[str, list]:
+    """The user inputs and outputs of an ``ExportedProgram`` as ``(name, dtype, shape)``, None for a
+    symbolic (dynamic) dim."""
+    nodes = {n.name: n for n in program.graph.nodes}
+    output = next(n for n in program.graph.nodes if n.op == "output")
+
+    def described(node) -> tuple:
+        value = node.meta.get("val")
+        shape = [d if isinstance(d, int) else None for d in getattr(value, "shape", ())]
+        return node.name, str(getattr(value, "dtype", "?")).removeprefix("torch."), shape
+    return {"inputs": [described(nodes[name]) for name in program.graph_signature.user_inputs],
+            "outputs": [described(node) for node in output.args[0]]}
+
+
 @dataclass
 class Ring:
     """The decoding state: ``keys``/``values`` float32 [L, B, H, S, D]; ``write`` the next slot, ``fill``
@@ -131,14 +207,18 @@ class ExportedDecoder:
 
     Args:
         folder: what ``txl export`` wrote (``export.json``, the two graphs, ``vocab.json``).
-        threads: intra-op threads for ONNX Runtime / torch (None: their default).
+        threads: intra-op threads for ONNX Runtime / torch, 1 to ``MAX_THREADS`` (None or 0: their
+            default; the command line picks them as every txl command does, :func:`txl.runtime.pick_threads`).
 
     Raises:
-        TxlError: a missing or malformed ``export.json``, a graph file missing, ``onnxruntime`` missing
-            for ONNX graphs.
+        TxlError: ``threads`` out of range, a missing or malformed ``export.json``, a graph file missing,
+            a manifest whose sizes, dtypes or names are not those of the graphs' inputs and outputs
+            (checked before any array is made), ``onnxruntime`` missing for ONNX graphs.
     """
 
     def __init__(self, folder: str | os.PathLike[str], threads: int | None = None) -> None:
+        check_threads(threads, "threads")  # (0, as None: the runtime's default)
+        threads = threads or None
         self.folder = Path(folder)
         if not (self.folder / "export.json").is_file():
             raise TxlError(f"{self.folder} is not an exported decoder (no export.json): make one with txl export")
@@ -166,6 +246,14 @@ class ExportedDecoder:
                         for k, p in paths.items()}
         except Exception as err:  # a truncated graph, its .onnx.data missing: ONNX Runtime's own exception types
             raise TxlError(f"ONNX Runtime cannot open the graphs of {self.folder}: {str(err).splitlines()[0]}") from None
+        kinds = {"tensor(float)": "float32", "tensor(int64)": "int64"}
+
+        def described(args) -> list:
+            return [(a.name, kinds.get(a.type, a.type), [d if isinstance(d, int) else None for d in a.shape or []])
+                    for a in args]
+        found = {k: {"inputs": described(sess.get_inputs()), "outputs": described(sess.get_outputs())}
+                 for k, sess in sessions.items()}
+        _check_graphs(self.manifest, found, self.folder / "export.json", names=True)
         names = self.manifest["inputs"]
 
         def run(graph: str, *arrays: np.ndarray) -> list[np.ndarray]:
@@ -185,7 +273,7 @@ class ExportedDecoder:
         before = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
         os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"  # a .pt2's tensors are read without unpickling code
         try:
-            modules = {k: torch.export.load(str(p)).module() for k, p in paths.items()}
+            programs = {k: torch.export.load(str(p)) for k, p in paths.items()}
         except Exception as err:
             raise TxlError(f"cannot load the .pt2 graphs of {self.folder}: {str(err).splitlines()[0]}") from None
         finally:
@@ -193,6 +281,9 @@ class ExportedDecoder:
                 os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
             else:
                 os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = before
+        _check_graphs(self.manifest, {k: _pt2_signature(p) for k, p in programs.items()}, self.folder / "export.json",
+                      names=False)  # a .pt2 is called by position: its placeholders keep the module's own names
+        modules = {k: p.module() for k, p in programs.items()}
 
         def run(graph: str, *arrays: np.ndarray) -> list[np.ndarray]:
             try:
@@ -261,30 +352,57 @@ class ExportedDecoder:
         return np.concatenate([np.asarray(input_ids, np.int64)[:, :-1], *out], axis=1)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors as one ``txl: error:`` line (exit status 2), as the ``txl`` commands give them."""
+
+    def error(self, message: str):  # noqa: D102 - argparse hook
+        self.exit(2, f"txl: error: {clip_message(message)} (see: {self.prog} --help)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m txl.export.runner FOLDER PROMPT [-n N] [--threads N]``: print the prompt and its greedy continuation."""
-    p = argparse.ArgumentParser(prog="python -m txl.export.runner", description=__doc__.split("\n")[0],
-                                epilog='example: python -m txl.export.runner runs/default-onnx "ROMEO:" -n 40')
+    """``python -m txl.export.runner FOLDER PROMPT [-n N] [--threads N]``: print the prompt and its greedy
+    continuation. The arguments are checked as the ``txl`` commands check theirs, before anything is
+    loaded; the threads are chosen by their rule (:func:`txl.runtime.pick_threads`) and said on stderr."""
+    p = _Parser(prog="python -m txl.export.runner", description=__doc__.split("\n")[0],
+                epilog='example: python -m txl.export.runner runs/default-onnx "ROMEO:" -n 40')
     p.add_argument("folder", help="what txl export wrote")
     p.add_argument("prompt", help="the text to continue")
-    p.add_argument("-n", "--max-new-tokens", type=int, default=64)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("-n", "--max-new-tokens", type=int, default=64, metavar="N",
+                   help="tokens to generate after the prompt (default 64)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help=f"intra-op threads, 1 to {MAX_THREADS} (default, or 0: OMP_NUM_THREADS if set, else the CPUs "
+                        "this process may use less those busy with other work, as every txl command)")
     args = p.parse_args(argv)
     try:
-        from txl.data.tokenizers import load_tokenizer
-
+        check_threads(args.threads, "--threads")  # the rule of every txl command, before anything is loaded
         if args.max_new_tokens < 0:
-            raise TxlError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
-        decoder = ExportedDecoder(args.folder, args.threads)
+            raise TxlError(f"-n/--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+        if not args.prompt:
+            raise TxlError("the prompt is empty: give at least one character")
+        if not os.path.isdir(args.folder):
+            raise TxlError(f"{args.folder} " + ("is not a folder" if os.path.exists(args.folder) else "does not exist")
+                           + ": give the folder txl export wrote")
+        from txl.data.tokenizers import load_tokenizer
+        from txl.runtime import pick_threads
+
+        threads, said = pick_threads(args.threads or None)  # the rule and the range check of every txl command
+        decoder = ExportedDecoder(args.folder, threads)
         tokenizer = load_tokenizer(path_inside(decoder.folder, decoder.manifest["vocab"], "export.json vocab"))
+        if tokenizer.vocab_size > decoder.manifest["vocab_size"]:  # its ids would fall outside the graphs' vocabulary
+            raise TxlError(f"{decoder.folder}: vocab.json holds {tokenizer.vocab_size:,} tokens, more than the "
+                           f"vocab_size {decoder.manifest['vocab_size']:,} of the graphs: export the model again")
         ids = np.asarray(tokenizer.encode(args.prompt), np.int64)
         if ids.size == 0:
-            raise TxlError("the prompt is empty: give at least one character")
+            raise TxlError("the prompt encodes to no tokens: give a longer prompt")
+        print(f"txl: using {decoder.folder} ({decoder.manifest['format']}); {said}", file=sys.stderr, flush=True)
         out = decoder.greedy(ids[None], args.max_new_tokens)
         print(tokenizer.decode(out[0].tolist()))
     except TxlError as err:
-        print(f"txl: error: {err}", file=sys.stderr)
+        print(f"txl: error: {clip_message(str(err), inputs=[args.folder, args.prompt])}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("txl: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -60,6 +60,15 @@ def _label(what: str | None) -> str:
     return f"{what} " if what else ""
 
 
+def json_kind(value: Any) -> str:
+    """How JSON names the type of a parsed value ("a number", "an array", "null", ...)."""
+    if isinstance(value, bool):
+        return "true/false"
+    kinds = {int: "a number", float: "a number", str: "a string", list: "an array", dict: "an object",
+             type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
+
+
 def read_json(path: str | Path, what: str | None = None) -> Any:
     """The JSON value stored at ``path`` (any type), read as strict UTF-8.
 

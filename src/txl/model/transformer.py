@@ -26,7 +26,7 @@ from txl.model.memory import Mems, check_mems, update_mems
 from txl.model.serialization import (CONFIG_NAME, check_weights_header, load_weights, read_model_config, save_model,
                                      weight_names)
 from txl.model.span import AttentionSpan, check_readable
-from txl.config import IGNORE_INDEX
+from txl.config import IGNORE_INDEX, check_weights_dtype
 from txl.runtime import memory_bytes
 from txl.errors import TxlError
 
@@ -253,6 +253,7 @@ class TransformerXLLM(nn.Module):
         elif not isinstance(span, AttentionSpan):
             raise TxlError(f"span must be an AttentionSpan, got {type(span).__name__}")
         weight = self.word_emb.emb_layers[0].weight
+        self._check_autocast(weight)
         # value (range) checks run on CPU tensors only: on a GPU they would cost a host sync per step
         bsz, qlen = check_input_ids(input_ids, c.vocab_size, weight.device)
         if not self.positions.memory and mems is not None:
@@ -421,6 +422,17 @@ class TransformerXLLM(nn.Module):
         keys = 2 * c.n_head * c.d_head * self._key_dtype(weight).itemsize
         hidden = c.d_model * weight.dtype.itemsize if state.keep_mems else 0
         return bsz * c.n_layer * (keys + hidden)
+
+    @staticmethod
+    def _check_autocast(weight: torch.Tensor) -> None:
+        """Refuse half-precision parameters inside ``torch.autocast`` to the other half dtype (bfloat16
+        weights under a float16 autocast: no kernel multiplies the two; :func:`txl.config.check_weights_dtype`)."""
+        kind = weight.device.type
+        if weight.dtype in (torch.bfloat16, torch.float16) and kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind):
+            name = str(torch.get_autocast_dtype(kind)).removeprefix("torch.")
+            own = str(weight.dtype).removeprefix("torch.")
+            check_weights_dtype(own, name, dtype_text=f"torch.autocast to {name}",
+                                advice=f"autocast to {own}, or not at all")
 
     @staticmethod
     def _key_dtype(weight: torch.Tensor) -> torch.dtype:

@@ -5,8 +5,11 @@ server-sent events with ``stream``), and the sessions ``POST /v1/sessions``,
 ``GET|DELETE /v1/sessions/{id}``, ``POST /v1/sessions/{id}/append``,
 ``POST /v1/sessions/{id}/generate``. Every error is a JSON body
 ``{"error": {"message", "type", "code"}}`` with a 4xx status (503 when every session slot is busy);
-:mod:`txl.serving.server` answers malformed HTTP in the same form. Answers that grow with a text
-(per-token entries) are rendered to JSON off the event loop.
+:mod:`txl.serving.server` answers malformed HTTP in the same form. A failure inside the server is a
+500 whose body says only that it happened and a ``request_id``; the exception and its traceback go to
+the server's log under that id. A stream that fails after its first event ends with an error event
+and ``[DONE]``, never a cut connection. Answers that grow with a text (per-token entries) are
+rendered to JSON off the event loop.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import secrets
 import time
@@ -28,13 +32,36 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from txl.errors import TxlError
+from txl.errors import TxlError, quoted
 from txl.generation import DecodingRules
 from txl.runtime import release_free_memory
 from txl.serving.engine import MAX_STOPS, Engine, Piece, SamplingParams, ServeError, SessionGone
-from txl.serving.http import check_api_key, error_body
+from txl.serving.http import check_api_key, error_body, internal_error_message
 
 __all__ = ["create_app", "error_body"]
+
+LOG = logging.getLogger("uvicorn.error")  # the server's log: uvicorn's, on stderr
+
+
+def log_internal_error(err: BaseException) -> str:
+    """Log ``err`` with its traceback under a new request id and return the id (the exception is marked
+    with it: once answered, it goes no further than the application, see :class:`_Guard`)."""
+    request_id = uuid.uuid4().hex[:16]
+    LOG.error("request %s failed: %s", request_id, type(err).__name__, exc_info=err)
+    with contextlib.suppress(AttributeError, TypeError):  # an exception type without a __dict__ keeps none
+        err.txl_request_id = request_id
+    return request_id
+
+
+def _stream_error(err: Exception) -> bytes:
+    """The server-sent event that ends a stream which failed after it began: the refusal of a
+    :class:`ServeError`, else an internal error (logged, see :func:`log_internal_error`)."""
+    if isinstance(err, SessionGone):  # deleted during the generation (or while it waited)
+        return _sse(error_body(err.status, err.message, kind="session_deleted"))
+    if isinstance(err, ServeError):
+        return _sse(error_body(err.status, err.message))
+    request_id = log_internal_error(err)
+    return _sse(error_body(500, internal_error_message(request_id), request_id=request_id))
 
 class _Sampling(BaseModel):
     """Sampling fields shared by completions and session generation: OpenAI's names, and txl's decoding
@@ -201,7 +228,13 @@ class _Guard:
                     return {"type": "http.request", "body": body, "more_body": False}
                 return await receive()  # the disconnect, for streaming responses
 
-            await self.app(scope, replay, counted_send)
+            try:
+                await self.app(scope, replay, counted_send)
+            except Exception as err:
+                if not hasattr(err, "txl_request_id"):
+                    raise
+                # answered (500) and logged under its id; Starlette raises it again for the server to log, which
+                # would log it twice and close a keep-alive connection under the client's next request
         finally:
             metrics.in_flight -= 1
 
@@ -308,7 +341,7 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
         for e in err.errors()[:3]:
             if e.get("type") == "json_invalid":
                 return JSONResponse(error_body(400, "the request body is not valid JSON"), status_code=400)
-            where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
+            where = ".".join(quoted(p) if len(str(p)) > 40 else str(p) for p in e.get("loc", ()) if p != "body") or "body"
             problems.append(f"{where}: {e.get('msg', 'invalid')}")
         return JSONResponse(error_body(400, "invalid request: " + "; ".join(problems)), status_code=400)
 
@@ -317,8 +350,10 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
         return JSONResponse(error_body(err.status_code, str(err.detail)), status_code=err.status_code)
 
     @app.exception_handler(Exception)
-    async def _bug(_request, err: Exception):  # logged by uvicorn too
-        return JSONResponse(error_body(500, f"internal error: {type(err).__name__}: {err}"), status_code=500)
+    async def _bug(_request, err: Exception):  # the details in the log, never in the answer
+        request_id = log_internal_error(err)
+        return JSONResponse(error_body(500, internal_error_message(request_id), request_id=request_id),
+                            status_code=500, headers={"X-Request-Id": request_id})
 
     @app.get("/health")
     async def health(request: Request):
@@ -366,14 +401,17 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
         if req.stream:
             async def events():
                 n, finish = 0, "length"
-                if prefix:  # a token entry per prompt token: built off the event loop
-                    yield await asyncio.to_thread(_sse, {**header, "choices": [
-                        choice(prefix, None, ids if prompt_lp is not None else None, prompt_lp)]})
-                async for piece in engine.sample(context, mems, p):
-                    n += 1
-                    finish = "stop" if piece.stopped else "length"
-                    yield _sse({**header, "choices": [choice(piece.text, None, [piece.token], [piece.logprob])]})
-                yield _sse({**header, "choices": [choice("", finish)], "usage": usage(n)})
+                try:
+                    if prefix:  # a token entry per prompt token: built off the event loop
+                        yield await asyncio.to_thread(_sse, {**header, "choices": [
+                            choice(prefix, None, ids if prompt_lp is not None else None, prompt_lp)]})
+                    async for piece in engine.sample(context, mems, p):
+                        n += 1
+                        finish = "stop" if piece.stopped else "length"
+                        yield _sse({**header, "choices": [choice(piece.text, None, [piece.token], [piece.logprob])]})
+                    yield _sse({**header, "choices": [choice("", finish)], "usage": usage(n)})
+                except Exception as err:  # the status (200) is sent: the stream ends with the error instead
+                    yield _stream_error(err)
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -430,10 +468,8 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
                             yield _sse({"object": "session.token", **entry(item)})
                         else:
                             yield _sse({"object": "session.generation", "finish_reason": finish, "session": item})
-                except SessionGone as err:  # deleted during the generation (or while it waited)
-                    yield _sse(error_body(err.status, err.message, kind="session_deleted"))
-                except ServeError as err:
-                    yield _sse(error_body(err.status, err.message))
+                except Exception as err:  # the status (200) is sent: the stream ends with the error instead
+                    yield _stream_error(err)
                 finally:
                     await items.aclose()
                 yield b"data: [DONE]\n\n"

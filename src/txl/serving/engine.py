@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from txl.data.tokenizers.incremental import TextCursor
-from txl.errors import TxlError
+from txl.config import check_weights_dtype
+from txl.errors import TxlError, quoted
 from txl.evaluation.scoring import token_text
 from txl.generation import DecodingRules, StopText, generate_steps
 from txl.model.span import AttentionSpan
@@ -55,7 +56,7 @@ class SessionGone(ServeError):
     """404: the session was deleted while this request waited for it or ran on it."""
 
     def __init__(self, session_id: str) -> None:
-        super().__init__(404, f"session {session_id!r} was deleted while this request was waiting or running; "
+        super().__init__(404, f"session {quoted(session_id)} was deleted while this request was waiting or running; "
                               "nothing of this request was kept")
 
 
@@ -161,7 +162,7 @@ class Engine:
         tokenizer: its tokenizer.
         span: the :class:`~txl.model.AttentionSpan` every request reads and samples with.
         store: the session store.
-        dtype: "float32", or an autocast dtype.
+        dtype: "float32", or an autocast dtype (half-precision weights take only their own).
         max_tokens: most tokens one request may generate.
         max_pending_bytes: most bytes (UTF-8) of undecided text a session may hold (see
             :class:`~txl.data.tokenizers.incremental.TextCursor`); an append that would leave more
@@ -174,6 +175,10 @@ class Engine:
         compile: sample through ``torch.compile`` (True, or a backend's name; see
             :func:`~txl.generation.generate_steps`): one graph for every memory fill, compiled by a warm-up
             request when the engine is made.
+
+    Raises:
+        TxlError: a ``dtype`` the weights cannot run with (:func:`txl.config.check_weights_dtype`), or
+            ``compile`` with a half-precision ``dtype``.
     """
 
     model: Any
@@ -190,7 +195,10 @@ class Engine:
     compile: bool | str = False
 
     def __post_init__(self) -> None:
-        self.device = next(self.model.parameters()).device
+        weight = next(self.model.parameters())
+        # refused here, not by every request: the pair would fail each model call
+        check_weights_dtype(str(weight.dtype).removeprefix("torch."), self.dtype)
+        self.device = weight.device
         self.worker = ModelWorker(self.device, self.dtype)
         c = self.model.config
         self.session_bytes = session_memory_bytes(c, self.span, next(self.model.parameters()).dtype,
@@ -337,7 +345,7 @@ class Engine:
         """The session ``session_id`` or :class:`ServeError` 404."""
         session = self.store.get(session_id)
         if session is None:
-            raise ServeError(404, f"no session {session_id!r}: it was never created, was deleted, or was dropped "
+            raise ServeError(404, f"no session {quoted(session_id)}: it was never created, was deleted, or was dropped "
                                   f"after {self.store.idle_timeout:g} s idle or to make room for newer sessions")
         return session
 

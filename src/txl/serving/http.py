@@ -5,17 +5,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from txl.errors import TxlError
+from txl.errors import TxlError, clip_message
 
-__all__ = ["error_body", "check_api_key"]
+__all__ = ["error_body", "internal_error_message", "check_api_key"]
 
 _KINDS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 408: "request_timeout", 413: "request_too_large", 503: "overloaded_error"}
+          405: "invalid_request_error", 408: "request_timeout", 413: "request_too_large", 500: "internal_error",
+          503: "overloaded_error"}
 
 
-def error_body(status: int, message: str, kind: str | None = None) -> dict[str, Any]:
-    """The JSON body of an error response (``kind``: its ``type``, by default the status's)."""
-    return {"error": {"message": message, "type": kind or _KINDS.get(status, "error"), "code": status}}
+def error_body(status: int, message: str, kind: str | None = None, request_id: str | None = None) -> dict[str, Any]:
+    """The JSON body of an error response (``kind``: its ``type``, by default the status's; ``request_id``:
+    the id under which the server's log holds an internal error's details). Runs of user input in
+    ``message`` are cut to about 100 characters (:func:`txl.errors.clip_message`)."""
+    body = {"message": clip_message(message), "type": kind or _KINDS.get(status, "error"), "code": status}
+    if request_id is not None:
+        body["request_id"] = request_id
+    return {"error": body}
+
+
+def internal_error_message(request_id: str) -> str:
+    """What a client learns of a failure inside the server: that it happened, and the id to report (the
+    exception itself stays in the server's log: it may hold paths and internals of the machine)."""
+    return (f"internal error while handling this request (request id {request_id}); the server's log has the "
+            "details under that id")
 
 
 def check_api_key(api_key: str | None) -> None:

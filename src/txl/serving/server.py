@@ -60,8 +60,9 @@ def build_engine(model, tokenizer, *, span: AttentionSpan, dtype: str = "float32
 
     Raises:
         TxlError: FastAPI/uvicorn missing, bounds out of range, or a span the model cannot read with
-            (``cmem_len`` > 0 for a model without a compressed memory); with ``compile``, what compiled
-            decoding refuses (:func:`~txl.generation.generate_steps`).
+            (``cmem_len`` > 0 for a model without a compressed memory), a ``dtype`` the weights cannot run
+            with (bfloat16 weights and "float16"); with ``compile``, what compiled decoding refuses
+            (:func:`~txl.generation.generate_steps`).
     """
     _require_stack()
     from txl.serving.engine import Engine

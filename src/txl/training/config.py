@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from txl.errors import TxlError
+from txl.errors import TxlError, listed
 from txl.fileio import read_toml
 from txl.config import DataConfig, EvalConfig, TrainConfig, check_fields, did_you_mean
 from txl.model.config import TransformerXLConfig
@@ -112,7 +112,7 @@ class RunConfig:
         base = base or cls()
         unknown = sorted(set(values) - set(SECTIONS))
         if unknown:
-            raise TxlError(f"unknown config section(s) {', '.join(map(str, unknown))}{did_you_mean(unknown[0], SECTIONS)}; "
+            raise TxlError(f"unknown config section(s) {listed(unknown)}{did_you_mean(unknown[0], SECTIONS)}; "
                            f"known: {', '.join(SECTIONS)}")
         merged: dict[str, Any] = {}
         for name, section_cls in SECTIONS.items():
