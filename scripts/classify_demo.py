@@ -99,7 +99,7 @@ def main() -> None:
         if not given and not (lms[name] / "best").is_dir():
             run(txl + ["train", "--out", str(lms[name]), "-q", *LM_ARGS, *extra])
     common = ["--data", str(data), "--steps", str(args.steps), "--batch-size", str(args.batch_size),
-              "--lr", str(args.lr), "--seed", str(args.seed), "--pooling", args.pooling, "--quiet"]
+              "--lr", str(args.lr), "--seed", str(args.seed), "--pooling", args.pooling, "--head-init", "random", "--quiet"]
     rows = []
     for label, lm, mode in (("(a) Transformer-XL, whole document with memory", "rel", "memory"),
                             ("(b) Transformer-XL, first segment only", "rel", "first"),

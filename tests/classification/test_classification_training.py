@@ -240,6 +240,8 @@ def test_a_config_file_equals_its_flags_and_a_flag_wins_over_it(tmp_path):
     ("[classify]\nlr = 1" + "0" * 400 + "\n", "[classify] lr must be a finite number, got inf"),
     ("[classify]\nlr = \"big\"\n", "[classify] lr must be a number, got 'big'"),
     ("[classify]\nmode = \"middle\"\n", "[classify] mode must be one of memory, first, last, got 'middle'"),
+    ("[classify]\npasses = 3\n", "[classify] passes must be one of 1, 2, got 3"),
+    ("[classify]\nhead_init = \"zeros\"\n", "[classify] head_init must be one of probe, random, got 'zeros'"),
     ("[train]\nsteps = 3\n", "must hold one [classify] table of txl classify train settings (found: 'train')"),
     ("[classify\n", "is not valid TOML"),
     ("[classify]\nsteps = 0\n", "[classify] steps of {config} must be >= 1, got 0"),  # a value from the file is named as such

@@ -5,7 +5,8 @@ from txl.classification.model import (
     ClassifierOutput,
     TransformerXLForSequenceClassification,
 )
+from txl.classification.probe import probe_head
 from txl.classification.train import classification_metrics, evaluate_classifier, fit_classifier
 
 __all__ = ["ClassifierConfig", "ClassifierOutput", "TransformerXLForSequenceClassification",
-           "classification_metrics", "evaluate_classifier", "fit_classifier"]
+           "classification_metrics", "evaluate_classifier", "fit_classifier", "probe_head"]

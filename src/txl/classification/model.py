@@ -2,13 +2,15 @@
 
 A document of any length is read segment by segment (``tgt_len`` tokens each) by a Transformer-XL
 body, carrying the memory from one segment to the next exactly as the language model does (paper
-§3.2). The final hidden states are pooled and a linear head gives one score per label. This is the
-"long context through recurrence" use of the paper's model on a task other than language modelling.
+§3.2). The last layer's states are pooled into one vector and a linear head gives one score per
+label. By default every segment feeds the pooled vector (a running mean over the whole document),
+so any part of a document reaches the head however far it lies beyond the memory's reach; the
+pooling of the last segment alone, ERNIE-Doc's retrospective feed (two readings) and its enhanced
+(same-layer) recurrence are the other readings (:class:`ClassifierConfig`).
 
 Batches are right-padded. Under causal attention a real token never attends to a later position, so
-padding after a document's end cannot change its states; each row is pooled at its own last real
-token (or over its own last segment's real tokens), and a row whose document has ended is dropped
-from the batch for the remaining segments.
+padding after a document's end cannot change its states; each row is pooled over its own real tokens
+only, and a row whose document has ended is dropped from the batch for the remaining segments.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ from txl.model.quantize import check_trainable
 from txl.model.transformer import TransformerXLLM
 
 MODES = ("memory", "first", "last")
-POOLINGS = ("last", "mean")
+POOLINGS = ("document", "attention", "last", "mean")
+RECURRENCES = ("previous_layer", "same_layer")
+HEAD_INITS = ("probe", "random")
 
 
 @dataclass
@@ -47,13 +51,37 @@ class ClassifierConfig:
             ``attn_type="rel"``); ``"first"``: only the first ``tgt_len`` tokens, no memory;
             ``"last"``: only the last ``tgt_len`` tokens, no memory ("first" and "last" are the modes of
             the vanilla ``attn_type="abs"`` model, which reads one window).
-        pooling: ``"last"``: the last layer's state at the document's last real token (the last one
-            read, in ``"first"`` mode); ``"mean"``: mean of the last layer's states over the real tokens of
-            the document's last segment.
+        pooling: what the head sees of the last layer's states. Of every segment, so that any part of
+            the document reaches the head: ``"document"``, their mean over every real token of the
+            document (a running sum: its memory does not grow with the document); ``"attention"``,
+            their average weighted by a softmax over every real token of a learnt score ``h . q``
+            (``q`` starts at zero: the document mean; kept as a running softmax, constant memory). Of
+            the document's last segment only (what a state there reaches through the memory, at most
+            ``n_layer x mem_len`` tokens back): ``"last"``, the state at the last real token;
+            ``"mean"``, the mean over the segment's real tokens. In ``"first"`` and ``"last"`` modes
+            every pooling reads the one window (``"document"`` = ``"mean"`` there).
         grad_segments: K >= 1: gradients flow through the last K segments of each document only
             (earlier segments run without autograd and their memory is detached; between the last K
-            segments the memory keeps its graph: truncated back-propagation through time). K = 1 is
-            the paper's stop-gradient memory. None: through every segment (memory grows with length).
+            segments the memory keeps its graph: truncated back-propagation through time). With
+            ``"document"`` or ``"attention"`` pooling the earlier segments' states still enter the
+            pooled vector, as constants: the head and the score ``q`` learn from them, the body from
+            the last K segments only. K = 1 is the paper's stop-gradient memory. None: through every
+            segment (memory grows with length).
+        passes: 1, or 2 for ERNIE-Doc's retrospective feed (Ding et al. 2021, §3.1): the document is
+            read once without autograd, then again starting from the memory the first reading left,
+            so that every segment of the second reading, the first included, attends to what the first
+            reading kept at the document's end (its last ``n_layer x mem_len`` tokens with the paper's
+            memory, more with ``"same_layer"``); the second reading is pooled ("memory" mode only;
+            needs ``mem_len >= tgt_len``).
+        recurrence: ``"previous_layer"`` (the paper) or ``"same_layer"``, ERNIE-Doc's enhanced
+            recurrence: each layer's memory is its own output, so what a layer keeps can pass on
+            from segment to segment without the ``n_layer x mem_len`` bound ("memory" mode only; a
+            fine-tuning variant: the language model was trained with the paper's memory).
+        head_init: ``"probe"``: training starts from a linear probe (:mod:`txl.classification.probe`):
+            each feature of the pooled vectors is standardized by its mean and spread over the training
+            documents (kept as the buffers ``pool_shift`` and ``pool_scale``) and the head starts as
+            the logistic regression fitted on them. ``"random"``: no standardization, a random head
+            (a classifier saved without this field).
         classifier_dropout: dropout probability on the pooled vector before the linear head.
         max_tokens: documents are cut to their first ``max_tokens`` tokens when encoded (None: whole;
             ``"last"`` mode then reads the last ``tgt_len`` tokens of the cut document).
@@ -62,10 +90,13 @@ class ClassifierConfig:
     num_labels: int
     labels: list[str | int] = dataclasses.field(default_factory=list)
     mode: str = "memory"
-    pooling: str = "last"
+    pooling: str = "document"
     grad_segments: int | None = 1
     classifier_dropout: float = 0.1
     max_tokens: int | None = None
+    passes: int = 1
+    recurrence: str = "previous_layer"
+    head_init: str = "probe"
 
     def __post_init__(self) -> None:
         if not self.labels:
@@ -83,6 +114,15 @@ class ClassifierConfig:
             raise TxlError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.pooling not in POOLINGS:
             raise TxlError(f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
+        if self.head_init not in HEAD_INITS:
+            raise TxlError(f"head_init must be one of {', '.join(HEAD_INITS)}, got {self.head_init!r}")
+        if self.passes not in (1, 2):
+            raise TxlError(f"passes must be 1 or 2 (the retrospective feed), got {self.passes}")
+        if self.recurrence not in RECURRENCES:
+            raise TxlError(f"recurrence must be one of {', '.join(RECURRENCES)}, got {self.recurrence!r}")
+        if (self.passes == 2 or self.recurrence == "same_layer") and self.mode != "memory":
+            given = "passes=2" if self.passes == 2 else "recurrence='same_layer'"
+            raise TxlError(f"{given} reads with the memory: it needs mode='memory', not {self.mode!r}")
         if self.grad_segments is not None and self.grad_segments < 1:
             raise TxlError(f"grad_segments must be >= 1 (or None for all segments), got {self.grad_segments}")
         if not 0.0 <= self.classifier_dropout < 1.0:
@@ -95,7 +135,8 @@ class ClassifierConfig:
         """Build from a plain dict (e.g. JSON); unknown keys and wrong types raise :class:`TxlError`."""
         if not isinstance(values, dict) or "num_labels" not in values:
             raise TxlError("classifier config must be an object with num_labels")
-        return cls(**check_fields(cls, values, "classifier"))
+        # a classifier saved without head_init had a random head and no standardization of its pooled vector
+        return cls(**check_fields(cls, {"head_init": "random", **values}, "classifier"))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict of all fields."""
@@ -109,12 +150,65 @@ class ClassifierOutput:
     Attributes:
         logits: float [B, num_labels] class scores (softmax gives the probabilities).
         loss: float scalar, mean cross-entropy in nats over the batch (None without labels).
-        pooled: float [B, d_model] the pooled document vectors fed (after dropout) to the head.
+        pooled: float [B, d_model] the pooled document vectors (standardized as the probe set, then
+            after dropout, they are what the head reads).
     """
 
     logits: torch.Tensor
     loss: torch.Tensor | None
     pooled: torch.Tensor
+
+
+class _Pool:
+    """The pooled vectors of a batch of documents read segment by segment, in constant memory: one
+    :meth:`add` per segment (the rows in it, their states, their real-token counts, which rows end
+    there), then :meth:`result`, float [B, d] (float32 at least: sums of bfloat16 states are kept wider).
+
+    ``"document"`` keeps a running sum and count; ``"attention"`` a running softmax (its maximum score,
+    the sum of the weights, the weighted sum of states), the scores ``h . query``; ``"last"`` and
+    ``"mean"`` pool the segment in which a row ends. Autograd flows through what was added with it.
+    """
+
+    def __init__(self, kind: str, bsz: int, d: int, device, query: torch.Tensor | None = None) -> None:
+        self.kind, self.query = kind, query
+        self.sums: torch.Tensor | None = None  # [B, d]: the states' (weighted) sum, or the pooled vector
+        self.weights = torch.zeros(bsz, device=device)  # [B]: tokens counted, or the softmax's denominator
+        self.top = torch.full((bsz,), float("-inf"), device=device)  # [B]: "attention": the largest score so far
+        self.bsz, self.d = bsz, d
+
+    def add(self, rows: torch.Tensor, h: torch.Tensor, counts: torch.Tensor, ending: torch.Tensor) -> None:
+        dtype = torch.promote_types(h.dtype, torch.float32)
+        if self.sums is None:
+            self.sums = torch.zeros(self.bsz, self.d, device=h.device, dtype=dtype)
+            self.weights, self.top = self.weights.to(dtype), self.top.to(dtype)
+        h = h.to(dtype)
+        real = torch.arange(h.size(1), device=h.device)[None, :] < counts[:, None]  # [b, t]
+        if self.kind in ("last", "mean"):  # the segment holding the row's last token
+            if bool(ending.any()):
+                h, real, counts, rows = h[ending], real[ending], counts[ending], rows[ending]
+                if self.kind == "last":
+                    vec = h[torch.arange(h.size(0), device=h.device), counts - 1]
+                else:
+                    vec = (h * real[:, :, None].to(dtype)).sum(1) / counts[:, None].to(dtype)
+                self.sums = self.sums.index_copy(0, rows, vec)
+                self.weights = self.weights.index_fill(0, rows, 1.0)
+            return
+        if self.kind == "document":
+            self.sums = self.sums.index_add(0, rows, (h * real[:, :, None].to(dtype)).sum(1))
+            self.weights = self.weights.index_add(0, rows, counts.to(dtype))
+            return
+        scores = (h @ self.query.to(dtype)).masked_fill(~real, float("-inf"))  # [b, t]
+        top = torch.maximum(self.top[rows], scores.max(1).values)  # [b]: every row has a real token here
+        old = torch.exp(self.top[rows] - top)  # the earlier sums rescaled to the new maximum (0 at first)
+        w = torch.exp(scores - top[:, None])  # [b, t]; 0 at padding
+        self.sums = self.sums.index_copy(0, rows, self.sums[rows] * old[:, None] + (w[:, :, None] * h).sum(1))
+        self.weights = self.weights.index_copy(0, rows, self.weights[rows] * old + w.sum(1))
+        self.top = self.top.index_copy(0, rows, top)
+
+    def result(self) -> torch.Tensor:
+        if self.kind == "last":
+            return self.sums
+        return self.sums / self.weights[:, None]
 
 
 class TransformerXLForSequenceClassification(nn.Module):
@@ -131,6 +225,8 @@ class TransformerXLForSequenceClassification(nn.Module):
         TxlError: ``mode="memory"`` with ``attn_type="abs"`` (the vanilla model has no memory), or
             bad settings (see :class:`ClassifierConfig`).
     """
+
+    param_kinds = {"pool_query": "bias"}  # a vector that starts at zero and takes no weight decay
 
     def __init__(self, config: TransformerXLConfig, num_labels: int | None = None, *,
                  classifier: ClassifierConfig | None = None, **settings: Any) -> None:
@@ -149,6 +245,11 @@ class TransformerXLForSequenceClassification(nn.Module):
         self.dropout = nn.Dropout(classifier.classifier_dropout)
         self.head = nn.Linear(config.d_model, classifier.num_labels)
         init_weights(self.head, config.init_std, config.proj_init_std)  # normal(0, init_std) weight, zero bias
+        if classifier.pooling == "attention":  # the score of a state h is h . pool_query; zero: the plain mean
+            self.pool_query = nn.Parameter(torch.zeros(config.d_model))
+        if classifier.head_init == "probe":  # the pooled vector's standardization, set by the probe (identity until then)
+            self.register_buffer("pool_shift", torch.zeros(config.d_model))
+            self.register_buffer("pool_scale", torch.ones(config.d_model))
         self.tokenizer = None
 
     @property
@@ -175,7 +276,8 @@ class TransformerXLForSequenceClassification(nn.Module):
                 outside the vocabulary.
         """
         pooled = self.encode(input_ids, lengths)
-        logits = self.head(self.dropout(pooled))
+        features = pooled if self.classifier.head_init == "random" else (pooled - self.pool_shift) * self.pool_scale
+        logits = self.head(self.dropout(features.to(self.head.weight.dtype)))
         loss = None
         if labels is not None:
             if labels.shape != (input_ids.size(0),):
@@ -210,7 +312,7 @@ class TransformerXLForSequenceClassification(nn.Module):
         if self.classifier.mode == "first":
             n = min(total, tgt_len)
             h, _ = self.body.hidden_states(input_ids[:, :n], None)
-            return self._pool(h, lengths.clamp(max=n))
+            return self._window(h, lengths.clamp(max=n))
         if self.classifier.mode == "last":
             return self._encode_last(input_ids, lengths, tgt_len)
         return self._encode_with_memory(input_ids, lengths, tgt_len)
@@ -222,34 +324,75 @@ class TransformerXLForSequenceClassification(nn.Module):
         cols = (lengths - counts)[:, None] + torch.arange(n, device=input_ids.device)[None, :]  # [B, n]
         ids = input_ids.gather(1, cols.clamp(max=input_ids.size(1) - 1))  # after a row's end: padding, never seen
         h, _ = self.body.hidden_states(ids, None)
-        return self._pool(h, counts)
+        return self._window(h, counts)
 
     def _encode_with_memory(self, input_ids: torch.Tensor, lengths: torch.Tensor, tgt_len: int) -> torch.Tensor:
-        """Read every segment with the memory (the segment loop of :mod:`txl.model.segments`); pool
-        each row in the segment holding its last token."""
+        """Read every segment with the memory (the segment loop of :mod:`txl.model.segments`) and pool as
+        :class:`ClassifierConfig` says: every segment feeds a running pool, or the segment holding a
+        row's last token is pooled. With ``passes=2`` the pooled reading starts from the memory a first
+        reading without autograd left at each row's end."""
+        c = self.classifier
+        ids = input_ids[:, :int(lengths.max())]
         last_seg = (lengths - 1) // tgt_len  # [B] segment of each row's last real token
-        k = self.classifier.grad_segments
         grad_from = None
         if torch.is_grad_enabled():  # row b gets gradients through segments grad_from[b] .. last_seg[b]
+            k = c.grad_segments
             grad_from = (last_seg - k + 1).clamp(min=0) if k is not None else torch.zeros_like(last_seg)
-        rows_out, vecs_out = [], []
-        for seg in segments(self.body, input_ids[:, :int(lengths.max())], span=self.body.config.span, lengths=lengths,
-                            grad=grad_from is not None, grad_from=grad_from, hidden=True):
-            ending = last_seg[seg.rows] == seg.index
-            if bool(ending.any()):
-                rows = seg.rows[ending]
-                rows_out.append(rows)
-                vecs_out.append(self._pool(seg.hidden[ending], lengths[rows] - seg.start))
-        rows = torch.cat(rows_out)
-        pooled = torch.cat(vecs_out)
-        return pooled[torch.argsort(rows)]
+        same_layer = c.recurrence == "same_layer"
+        if c.passes == 1:
+            return self._read(ids, lengths, last_seg, None, grad_from, same_layer)
+        with torch.no_grad():  # the first reading: each row's memory at its end
+            ends = self._end_memories(ids, lengths, last_seg, same_layer)
+        order, vectors = [], []
+        for size in sorted({m[0].size(0) for m in ends}):  # rows left memories of one length: read together
+            group = [b for b, m in enumerate(ends) if m[0].size(0) == size]
+            rows = torch.tensor(group, device=ids.device)
+            mems = [torch.stack([ends[b][i] for b in group]) for i in range(self.config.n_layer)]
+            order.append(rows)
+            vectors.append(self._read(ids[rows], lengths[rows], last_seg[rows], mems,
+                                      None if grad_from is None else grad_from[rows], same_layer))
+        return torch.cat(vectors)[torch.argsort(torch.cat(order))]
 
-    def _pool(self, h: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """[N, T, d] states, [N] real-token counts in [1, T] -> [N, d] (last real state or their mean)."""
-        if self.classifier.pooling == "last":
-            return h[torch.arange(h.size(0), device=h.device), counts - 1]
-        real = (torch.arange(h.size(1), device=h.device)[None, :] < counts[:, None]).to(h.dtype)  # [N, T]
-        return (h * real[:, :, None]).sum(1) / counts[:, None].to(h.dtype)
+    def _end_memories(self, ids: torch.Tensor, lengths: torch.Tensor, last_seg: torch.Tensor,
+                      same_layer: bool) -> list[list[torch.Tensor]]:
+        """Per row, the memory a reading of its document leaves at its end: ``n_layer`` tensors [M, d_model],
+        the states of the document's last M tokens (M <= mem_len; the padding after its end left out)."""
+        span = self.body.config.span
+        if span.mem_len < span.tgt_len:  # the new memory must hold the whole last segment to leave its padding out
+            raise TxlError(f"passes=2 needs mem_len >= tgt_len (the memory holds a whole segment), got mem_len "
+                           f"{span.mem_len} and tgt_len {span.tgt_len}")
+        ends: list = [None] * ids.size(0)
+        last, n = last_seg.tolist(), lengths.tolist()  # on the host once
+        for seg in segments(self.body, ids, span=span, lengths=lengths, hidden=True, same_layer=same_layer):
+            width = seg.inputs.size(1)
+            for j, b in enumerate(seg.rows.tolist()):
+                if last[b] == seg.index:  # memory in + this segment's real states, the last mem_len of them
+                    real = n[b] - seg.start
+                    ends[b] = [torch.cat(([] if seg.mems is None else [seg.mems[i][j]])
+                                         + [new[j, new.size(1) - width:][:real]])[-span.mem_len:]
+                               for i, new in enumerate(seg.output.mems)]
+        return ends
+
+    def _read(self, ids: torch.Tensor, lengths: torch.Tensor, last_seg: torch.Tensor, mems, grad_from,
+              same_layer: bool) -> torch.Tensor:
+        """One reading of ``ids`` [B, N] from ``mems`` (None: none) pooled per :class:`ClassifierConfig`: [B, d]."""
+        pool = _Pool(self.classifier.pooling, ids.size(0), self.config.d_model, ids.device,
+                     getattr(self, "pool_query", None))
+        for seg in segments(self.body, ids, span=self.body.config.span, mems=mems, lengths=lengths,
+                            grad=grad_from is not None, grad_from=grad_from, hidden=True, same_layer=same_layer):
+            counts = (lengths[seg.rows] - seg.start).clamp(max=seg.hidden.size(1))  # real tokens of each row here
+            h = seg.hidden
+            if grad_from is not None and h.requires_grad:  # a row before its window: a constant, as when alone
+                h = torch.where((grad_from[seg.rows] <= seg.index)[:, None, None], h, h.detach())
+            pool.add(seg.rows, h, counts, ending=last_seg[seg.rows] == seg.index)
+        return pool.result()
+
+    def _window(self, h: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The pooled vectors [N, d] of one window each: states [N, T, d] with [N] real-token counts in [1, T]."""
+        pool = _Pool(self.classifier.pooling, h.size(0), h.size(-1), h.device, getattr(self, "pool_query", None))
+        rows = torch.arange(h.size(0), device=h.device)
+        pool.add(rows, h, counts, ending=torch.ones_like(rows, dtype=torch.bool))
+        return pool.result()
 
     @torch.no_grad()
     def predict_proba(self, documents: list, batch_size: int = 8) -> torch.Tensor:

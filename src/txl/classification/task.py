@@ -37,6 +37,7 @@ from torch import nn
 from txl.classification.data import pad_batch
 from txl.data.iterators import EpochOrder, to_device
 from txl.classification.model import TransformerXLForSequenceClassification
+from txl.classification.probe import probe_head
 from txl.config import CLASSIFIER_NAME
 from txl.errors import TxlError
 from txl.evaluation.stream import EvalResult
@@ -137,7 +138,8 @@ class ClassifyTask:
         c = self.classifier
         return (f"data: {len(self.docs['train'])} training documents ({tokens:,} tokens), {len(self.docs['valid'])} "
                 f"held-out; {c.num_labels} labels; mode {c.mode}, pooling {c.pooling}, grad_segments "
-                f"{c.grad_segments or 'all'}; from {self.lm_dir}")
+                f"{c.grad_segments or 'all'}, passes {c.passes}, recurrence {c.recurrence}, head from "
+                f"{'a linear probe' if c.head_init == 'probe' else 'random'}; from {self.lm_dir}")
 
     def check(self, run, spans) -> None:
         """Nothing more to check: every document is read whole, whatever the span."""
@@ -153,8 +155,12 @@ class ClassifyTask:
         return model
 
     def init_weights(self, model: TransformerXLForSequenceClassification) -> None:
-        """A new run's body starts from the language model (its head from the seeded initialisation)."""
+        """A new run's body starts from the language model; its head from a linear probe over the training
+        documents (``head_init="probe"``: :func:`~txl.classification.probe.probe_head`, one reading of them)
+        or from the seeded initialisation (``"random"``)."""
         load_weights(model.body, self.lm_dir, next(model.parameters()).device, f"{self.lm_dir}")
+        if self.classifier.head_init == "probe":
+            probe_head(model, self.docs["train"], self.labels["train"])
 
     def checkpoint_files(self, folder: Path, model: TransformerXLForSequenceClassification) -> None:
         """``classifier.json`` beside the weights (the checkpoint is a classifier folder)."""

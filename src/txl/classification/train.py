@@ -119,7 +119,8 @@ def check_same_settings(run_dir: Path, run: RunConfig, classifier) -> None:
                if k not in _HOW and not k.startswith("model.vocab_size") and saved.get(k) != now.get(k)]
     last = run_dir / "last" / CLASSIFIER_NAME
     if last.is_file():
-        old = {k: v for k, v in read_json_object(last).items() if k != "extra"}
+        old = {"passes": 1, "recurrence": "previous_layer", "head_init": "random",  # the defaults when absent
+               **{k: v for k, v in read_json_object(last).items() if k != "extra"}}
         changed += [f"classifier.{k} {old.get(k)!r} -> {v!r}" for k, v in classifier.to_dict().items()
                     if old.get(k) != v and not (k == "labels" and _same_labels(old.get(k), v))]
     if changed:

@@ -28,12 +28,15 @@ HELDOUT_NAME = "heldout.json"  # the held-out report of a run (txl classify trai
 HELP = "long-document classification with memory (fine-tune an LM)"
 EXAMPLE = "txl classify train runs/wt103 --data reviews.jsonl --out runs/reviews"
 MODES = ("memory", "first", "last")
-POOLINGS = ("last", "mean")
+POOLINGS = ("document", "attention", "last", "mean")  # as txl.classification.model.POOLINGS (torch-free here)
+RECURRENCES = ("previous_layer", "same_layer")
+HEAD_INITS = ("probe", "random")
 # the settings of `txl classify train` a --config file's [classify] table may give: name -> (type, built-in
 # default). A flag on the command line wins over the file, the file over the default (None: the LM's, or
 # decided from the data: mode memory for a model with memory, valid_fraction 0.2 without --valid).
 TRAIN_SETTINGS: dict[str, tuple[type, object]] = {
-    "mode": (str, None), "pooling": (str, "last"), "grad_segments": (int, 1), "tgt_len": (int, None),
+    "mode": (str, None), "pooling": (str, "document"), "grad_segments": (int, 1), "passes": (int, 1),
+    "recurrence": (str, "previous_layer"), "head_init": (str, "probe"), "tgt_len": (int, None),
     "mem_len": (int, None), "max_tokens": (int, 0), "steps": (int, 200), "batch_size": (int, 8), "lr": (float, 3e-4),
     "warmup_steps": (int, 10), "weight_decay": (float, 0.0), "clip": (float, 1.0), "dropout": (float, 0.1),
     "valid_fraction": (float, None), "save_interval": (int, 50), "seed": (int, 0),
@@ -58,9 +61,20 @@ def _add_train(t: argparse.ArgumentParser) -> None:
                    help="memory: whole document with the memory; first / last: the first / last tgt_len tokens "
                         "only (default: memory, or first for an attn_type=abs model)")
     t.add_argument("--pooling", choices=POOLINGS, default=None,
-                   help="last: state of the last token; mean: mean over the last segment (default last)")
+                   help="document: mean state over every token of the document; attention: their average "
+                        "weighted by a learnt score; last / mean: the last token's state / the mean over the last "
+                        "segment, which reach only n_layer x mem_len tokens back (default document)")
     add_option(t, "--grad-segments", aliases=underscore("--grad-segments"), type=int, default=None, metavar="K",
                help="back-propagate through the last K segments of each document (0: all; default 1)")
+    t.add_argument("--passes", type=int, choices=(1, 2), default=None,
+                   help="2: read each document twice, the second reading starting from the memory the first left "
+                        "(ERNIE-Doc's retrospective feed; --mode memory; default 1)")
+    t.add_argument("--recurrence", choices=RECURRENCES, default=None,
+                   help="same_layer: each layer's memory is its own output (ERNIE-Doc's enhanced recurrence: no "
+                        "n_layer x mem_len bound; --mode memory); default previous_layer, the paper's")
+    add_option(t, "--head-init", aliases=underscore("--head-init"), choices=HEAD_INITS, default=None,
+               help="probe: standardize the pooled vectors and start the head from a logistic regression fitted on "
+                    "the training documents (one reading of them first); random: a random head (default probe)")
     add_span(t, ("tgt_len", "mem_len"), default_text="the LM's")
     add_option(t, "--max-tokens", aliases=underscore("--max-tokens"), type=int, default=None, metavar="N",
                help="cut documents to their first N tokens (0: whole documents)")
@@ -151,9 +165,10 @@ def _file_value(config: str, key: str, value):
             value = math.inf
         if not math.isfinite(value):
             raise TxlError(f"{where} must be a finite number, got {value!r}")
-    choices = {"mode": MODES, "pooling": POOLINGS}.get(key)
+    choices = {"mode": MODES, "pooling": POOLINGS, "passes": (1, 2), "recurrence": RECURRENCES,
+               "head_init": HEAD_INITS}.get(key)
     if choices and value not in choices:
-        raise TxlError(f"{where} must be one of {', '.join(choices)}, got {value!r}")
+        raise TxlError(f"{where} must be one of {', '.join(map(str, choices))}, got {value!r}")
     return value
 
 
@@ -264,7 +279,9 @@ def _train(args: argparse.Namespace) -> int:
         print(f"txl: warning: label(s) {listed(alone, 5)} have one document: trained on, never held out",
               file=sys.stderr)
     classifier = ClassifierConfig(num_labels=len(names), labels=names, mode=mode, pooling=args.pooling,
-                                  grad_segments=args.grad_segments or None, classifier_dropout=args.dropout,
+                                  grad_segments=args.grad_segments or None, passes=args.passes,
+                                  recurrence=args.recurrence, head_init=args.head_init,
+                                  classifier_dropout=args.dropout,
                                   max_tokens=args.max_tokens or None)
     tokenizer = load_tokenizer(lm_dir / VOCAB_NAME)
     encoded = encode_texts(tokenizer, [d.text for d in docs], classifier.max_tokens, [d.source for d in docs])
@@ -277,7 +294,9 @@ def _train(args: argparse.Namespace) -> int:
         print(f"data: {len(docs)} documents, {len(names)} labels ({listed(names, 20)}); "
               f"train {len(train_idx)}, held-out {len(valid_idx)} {held_from}")
         print(f"model: {lm_dir} (attn_type {lm_config.attn_type}), mode {mode}, tgt_len {tgt_len}, mem_len "
-              f"{mem_len}, pooling {args.pooling}, grad_segments {args.grad_segments or 'all'}", flush=True)
+              f"{mem_len}, pooling {args.pooling}, grad_segments {args.grad_segments or 'all'}"
+              + (f", passes {args.passes}" if args.passes != 1 else "")
+              + (f", recurrence {args.recurrence}" if args.recurrence != "previous_layer" else ""), flush=True)
     torch.manual_seed(args.seed)
     fit = fit_classifier(lm_dir, classifier, ([encoded[i] for i in train_idx], [targets[i] for i in train_idx]),
                          ([encoded[i] for i in valid_idx], [targets[i] for i in valid_idx]), out_dir=out,

@@ -4,7 +4,8 @@ A parameter's kind is decided by the module that owns it, never by substrings of
 
     kind             parameters                                                     initialisation
     "linear"         ``nn.Linear`` weights (attention, feed-forward, classifier head)  normal(0, init_std)
-    "bias"           ``nn.Linear``/``nn.LayerNorm`` biases, adaptive ``cluster_bias``   zeros
+    "bias"           ``nn.Linear``/``nn.LayerNorm`` biases, adaptive ``cluster_bias``,  zeros
+                     the classifier's attention-pooling query ``pool_query``
     "norm"           ``nn.LayerNorm`` gains                                           ones
     "embedding"      ``nn.Embedding`` tables, the adaptive softmax's output tables     normal(0, init_std)
                      (``out_layers[i].weight``) and ``cluster_weight``

@@ -56,7 +56,8 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
              mems: Mems | None = None, lengths: torch.Tensor | list[int] | None = None, dtype: str = "float32",
              grad: bool = False, caches: DecodingState | None = None,
              positions: Sequence[tuple[int, int]] | None = None,
-             grad_from: torch.Tensor | None = None, hidden: bool = False) -> Iterator[Segment]:
+             grad_from: torch.Tensor | None = None, hidden: bool = False,
+             same_layer: bool = False) -> Iterator[Segment]:
     """Read ``inputs`` in segments of ``span.tgt_len`` columns, carrying the memory; yield each :class:`Segment`.
 
     Segment k covers columns ``[k * tgt_len, (k + 1) * tgt_len)`` (the last may be shorter) and is
@@ -95,14 +96,16 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
             :meth:`~txl.model.TransformerXLLM.hidden_states`) instead of the softmax's output, for
             heads other than the language model's (:mod:`txl.classification`); needs ``labels``
             and ``caches`` None.
+        same_layer: with ``hidden``, each layer's memory is its own output (ERNIE-Doc's enhanced
+            recurrence: :meth:`~txl.model.TransformerXLLM.hidden_states`) instead of its input.
 
     Yields:
         :class:`Segment` objects, one per segment with at least one row.
 
     Raises:
         TxlError: inputs that are not [B, N], labels or lengths of another shape, a ``span``
-            that is not an :class:`~txl.model.AttentionSpan`, ``hidden`` with labels or caches; and
-            what the model raises.
+            that is not an :class:`~txl.model.AttentionSpan`, ``hidden`` with labels or caches,
+            ``same_layer`` without ``hidden``; and what the model raises.
     """
     if not isinstance(span, AttentionSpan):
         raise TxlError(f"span must be an AttentionSpan, got {type(span).__name__}")
@@ -110,6 +113,8 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
         raise TxlError(f"inputs must be [rows, tokens], got shape {tuple(inputs.shape)}")
     if hidden and (labels is not None or caches is not None):
         raise TxlError("hidden=True reads states for another head: give no labels and no caches")
+    if same_layer and not hidden:
+        raise TxlError("same_layer (a memory of each layer's output) is a reading for another head: give hidden=True")
     if labels is not None and labels.shape != inputs.shape:
         raise TxlError(f"labels shape {tuple(labels.shape)} differs from inputs {tuple(inputs.shape)}")
     n_rows, width = inputs.shape
@@ -165,7 +170,7 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
         states = None
         with torch.set_grad_enabled(keep_graph), autocast(device, dtype):
             if hidden:
-                states, new_mems = model.hidden_states(x, mems, detach_mems=detach, span=span)
+                states, new_mems = model.hidden_states(x, mems, detach_mems=detach, span=span, same_layer=same_layer)
                 out = LMOutput(logits=None, loss=None, mems=new_mems)
             elif detach:
                 out = model(x, mems=mems, labels=y, caches=caches, span=span)

@@ -216,8 +216,9 @@ class TransformerXLLM(nn.Module):
         logits, token_loss, loss = self._output(h, labels)
         return LMOutput(logits=logits, loss=loss, mems=new_mems, token_loss=token_loss, recon_loss=recon)
 
-    def hidden_states(self, input_ids: torch.Tensor, mems: Mems | None = None,
-                      detach_mems: bool = True, span: AttentionSpan | None = None) -> tuple[torch.Tensor, Mems | None]:
+    def hidden_states(self, input_ids: torch.Tensor, mems: Mems | None = None, detach_mems: bool = True,
+                      span: AttentionSpan | None = None,
+                      same_layer: bool = False) -> tuple[torch.Tensor, Mems | None]:
         """The last layer's output for one segment and the new memory, without the softmax.
 
         Same computation as :meth:`forward` up to the output layer (final dropout included), for
@@ -230,21 +231,28 @@ class TransformerXLLM(nn.Module):
                 :meth:`forward`. False: the new memory keeps the autograd graph of this segment, so
                 a loss on a later segment back-propagates into this one (truncated BPTT).
             span: as in :meth:`forward` (None: the config's span).
+            same_layer: False (the paper, §3.2): layer n's memory is what layer n read, the output of
+                layer n-1, so information travels back at most ``n_layer x mem_len`` tokens. True:
+                ERNIE-Doc's enhanced recurrence (Ding et al. 2021, §3.2): layer n's memory is its own
+                output, so the new memory is every layer's output and a state can pass on, layer by
+                layer, segment after segment, with no bound on the distance. A language model trained
+                with the paper's memory reads this one as another input (a fine-tuning variant).
 
         Returns:
             ``(h, new_mems)``: float [B, T, d_model] hidden states and ``n_layer`` tensors
             [B, <= mem_len, d_model] (None for ``attn_type="abs"``).
 
         Raises:
-            TxlError: as :meth:`forward` for bad ``input_ids``, ``mems`` or ``span``.
+            TxlError: as :meth:`forward` for bad ``input_ids``, ``mems`` or ``span``; ``same_layer`` with
+                a compressed memory.
         """
-        return self._body(input_ids, mems, None, detach_mems, span)[:2]
+        return self._body(input_ids, mems, None, detach_mems, span, same_layer=same_layer)[:2]
 
     def _body(self, input_ids: torch.Tensor, mems: Mems | None, caches: DecodingState | None,
-              detach_mems: bool, span: AttentionSpan | None,
-              mem_padding: torch.Tensor | None = None) -> tuple[torch.Tensor, Mems | None, torch.Tensor | None]:
-        """Embedding and layers: hidden states [B, T, d_model], the new memory and the reconstruction
-        loss (see :meth:`forward`)."""
+              detach_mems: bool, span: AttentionSpan | None, mem_padding: torch.Tensor | None = None,
+              same_layer: bool = False) -> tuple[torch.Tensor, Mems | None, torch.Tensor | None]:
+        """Embedding and layers: hidden states [B, T, d_model], the new memory (``same_layer``: of every
+        layer's output, see :meth:`hidden_states`) and the reconstruction loss (see :meth:`forward`)."""
         c = self.config
         if caches is not None:
             span = self._check_state(caches, mems, span)
@@ -259,6 +267,8 @@ class TransformerXLLM(nn.Module):
         if not self.positions.memory and mems is not None:
             raise TxlError(f"attn_type={c.attn_type!r} (vanilla Transformer) has no memory: pass mems=None")
         if span.cmem_len > 0:
+            if same_layer:
+                raise TxlError("same-layer memory (enhanced recurrence) is not supported with a compressed memory")
             if mem_padding is not None:
                 raise TxlError("mem_padding (prompts of different lengths) is not supported with a compressed "
                                "memory: decode such prompts one at a time")
@@ -297,6 +307,8 @@ class TransformerXLLM(nn.Module):
             except BaseException:
                 caches.failed = True  # some layers may have moved or written their buffers, others not
                 raise
+        if same_layer:  # layer n remembers its own output (caches is None here: hidden_states passes none)
+            hids = hids[1:] + [h]
         h = self.drop(h)
         if not memory:
             return h, None, None
