@@ -119,6 +119,7 @@ def main() -> int:
     import numpy as np
 
     from txl.classification.baselines import tfidf_baseline
+    from txl.classification.model import SAVED_WITHOUT
     from txl.evaluation.intervals import accuracy, bootstrap_interval, macro_f1
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -214,10 +215,8 @@ def main() -> int:
             extra = json.loads((out / "heldout.json").read_text())  # the run's held-out report
             settings = extra["settings"]  # a kept classifier must have this run's settings
             wanted = {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed, **reading[name]}
-            # (mode, pooling, grad_segments, passes, recurrence are the head's; a head saved without passes or
-            # recurrence read with one pass and the paper's memory)
-            found = {"passes": 1, "recurrence": "previous_layer", "head_init": "random", **settings,
-                     **settings.get("classifier", {})}
+            # (mode, pooling, grad_segments, passes, recurrence, head_init are the head's)
+            found = {**SAVED_WITHOUT, **settings, **settings.get("classifier", {})}
             stale = [k for k, v in wanted.items() if found.get(k) != v and (v is not None or k == "grad_segments")]
             if stale or not str(settings.get("checkpoint", "")).startswith(str(Path(args.lm))):
                 raise SystemExit(f"{out} was trained with other settings ({', '.join(stale) or 'checkpoint'}); "

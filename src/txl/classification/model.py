@@ -39,6 +39,10 @@ RECURRENCES = ("previous_layer", "same_layer")
 HEAD_INITS = ("probe", "random")
 
 
+# what a classifier saved without these fields read with: one pass, the paper's memory, a head trained from
+# random with no standardization of its pooled vector (used when loading and when resuming)
+SAVED_WITHOUT: dict[str, Any] = {"passes": 1, "recurrence": "previous_layer", "head_init": "random"}
+
 @dataclass
 class ClassifierConfig:
     """Settings of the classification head and of how a document is read.
@@ -135,8 +139,7 @@ class ClassifierConfig:
         """Build from a plain dict (e.g. JSON); unknown keys and wrong types raise :class:`TxlError`."""
         if not isinstance(values, dict) or "num_labels" not in values:
             raise TxlError("classifier config must be an object with num_labels")
-        # a classifier saved without head_init had a random head and no standardization of its pooled vector
-        return cls(**check_fields(cls, {"head_init": "random", **values}, "classifier"))
+        return cls(**check_fields(cls, {**SAVED_WITHOUT, **values}, "classifier"))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict of all fields."""

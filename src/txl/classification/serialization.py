@@ -77,7 +77,6 @@ def read_classifier(directory: str | Path) -> tuple[Any, dict[str, Any]]:
                        "give the folder written by `txl classify train --out`")
     values = read_json_object(directory / CLASSIFIER_NAME)
     values.pop("extra", None)
-    values.setdefault("head_init", "random")  # a file without it: a head trained from random, no standardization
     return read_model_config(directory), values
 
 

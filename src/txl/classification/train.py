@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from txl.classification.model import TransformerXLForSequenceClassification
+from txl.classification.model import SAVED_WITHOUT, TransformerXLForSequenceClassification
 from txl.classification.task import ClassifyTask
 from txl.config import CLASSIFIER_NAME, DataConfig, EvalConfig, TrainConfig
 from txl.errors import TxlError
@@ -119,8 +119,7 @@ def check_same_settings(run_dir: Path, run: RunConfig, classifier) -> None:
                if k not in _HOW and not k.startswith("model.vocab_size") and saved.get(k) != now.get(k)]
     last = run_dir / "last" / CLASSIFIER_NAME
     if last.is_file():
-        old = {"passes": 1, "recurrence": "previous_layer", "head_init": "random",  # the defaults when absent
-               **{k: v for k, v in read_json_object(last).items() if k != "extra"}}
+        old = {**SAVED_WITHOUT, **{k: v for k, v in read_json_object(last).items() if k != "extra"}}
         changed += [f"classifier.{k} {old.get(k)!r} -> {v!r}" for k, v in classifier.to_dict().items()
                     if old.get(k) != v and not (k == "labels" and _same_labels(old.get(k), v))]
     if changed:

@@ -294,9 +294,7 @@ def _train(args: argparse.Namespace) -> int:
         print(f"data: {len(docs)} documents, {len(names)} labels ({listed(names, 20)}); "
               f"train {len(train_idx)}, held-out {len(valid_idx)} {held_from}")
         print(f"model: {lm_dir} (attn_type {lm_config.attn_type}), mode {mode}, tgt_len {tgt_len}, mem_len "
-              f"{mem_len}, pooling {args.pooling}, grad_segments {args.grad_segments or 'all'}"
-              + (f", passes {args.passes}" if args.passes != 1 else "")
-              + (f", recurrence {args.recurrence}" if args.recurrence != "previous_layer" else ""), flush=True)
+              f"{mem_len}, pooling {args.pooling}, grad_segments {args.grad_segments or 'all'}", flush=True)
     torch.manual_seed(args.seed)
     fit = fit_classifier(lm_dir, classifier, ([encoded[i] for i in train_idx], [targets[i] for i in train_idx]),
                          ([encoded[i] for i in valid_idx], [targets[i] for i in valid_idx]), out_dir=out,

@@ -231,12 +231,10 @@ class TransformerXLLM(nn.Module):
                 :meth:`forward`. False: the new memory keeps the autograd graph of this segment, so
                 a loss on a later segment back-propagates into this one (truncated BPTT).
             span: as in :meth:`forward` (None: the config's span).
-            same_layer: False (the paper, §3.2): layer n's memory is what layer n read, the output of
-                layer n-1, so information travels back at most ``n_layer x mem_len`` tokens. True:
-                ERNIE-Doc's enhanced recurrence (Ding et al. 2021, §3.2): layer n's memory is its own
-                output, so the new memory is every layer's output and a state can pass on, layer by
-                layer, segment after segment, with no bound on the distance. A language model trained
-                with the paper's memory reads this one as another input (a fine-tuning variant).
+            same_layer: False (the paper, §3.2): layer n's memory is its input, layer n-1's output (a reach
+                of ``n_layer x mem_len`` tokens). True: ERNIE-Doc's enhanced recurrence (Ding et al. 2021,
+                §3.2): layer n's memory is its own output, with no bound on the reach (for a model trained
+                with the paper's memory, a fine-tuning variant).
 
         Returns:
             ``(h, new_mems)``: float [B, T, d_model] hidden states and ``n_layer`` tensors
@@ -251,8 +249,8 @@ class TransformerXLLM(nn.Module):
     def _body(self, input_ids: torch.Tensor, mems: Mems | None, caches: DecodingState | None,
               detach_mems: bool, span: AttentionSpan | None, mem_padding: torch.Tensor | None = None,
               same_layer: bool = False) -> tuple[torch.Tensor, Mems | None, torch.Tensor | None]:
-        """Embedding and layers: hidden states [B, T, d_model], the new memory (``same_layer``: of every
-        layer's output, see :meth:`hidden_states`) and the reconstruction loss (see :meth:`forward`)."""
+        """Embedding and layers: hidden states [B, T, d_model], the new memory (``same_layer``: see
+        :meth:`hidden_states`) and the reconstruction loss (see :meth:`forward`)."""
         c = self.config
         if caches is not None:
             span = self._check_state(caches, mems, span)
