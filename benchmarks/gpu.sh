@@ -35,7 +35,7 @@ timeout 55 "$PY" -m txl bench --eval-speedup --model enwik8-large --device cuda 
 # torch.compile against eager (float32; training and evaluation segments of bench-small; docs/compile.md)
 timeout 150 "$PY" -m txl bench --compile --device cuda --repeats 5 \
     --json "benchmarks/results/$name-compile.json" --force
-# the relative position term as FlexAttention's score_mod (txl.model.flex), compiled, against txl's biased kernel
+# the relative position term as FlexAttention's score_mod (benchmarks/flex_attention.py), compiled, against txl's biased kernel
 timeout 120 "$PY" benchmarks/flex_attention.py --device cuda --json "benchmarks/results/$name-flex-attention.json" \
     || echo "flex attention row failed; the rows after it still run"
 # int8 weights and the ONNX decoder are CPU kernels (no CUDA int8 kernel in txl; ONNX Runtime's CPU provider):

@@ -1,7 +1,10 @@
-"""The position term as FlexAttention's score_mod (txl.model.flex) equals the bias handed to
+"""The position term as FlexAttention's score_mod (benchmarks/flex_attention.py) equals the bias handed to
 scaled_dot_product_attention: layer by layer in float64, and through whole models when every layer
 attends with it (two segments with memory, same_length with clamp_len, Shaw's table, left-padded
 memories of prompts of different lengths)."""
+
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +14,9 @@ from txl.errors import TxlError
 from txl.generation import generate
 from txl.model import positions
 from txl.model.attention import attention_mask, biased_attention, padded_position_keys
-from txl.model.flex import flex_biased_attention
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from flex_attention import flex_biased_attention  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
