@@ -281,7 +281,7 @@ def main() -> int:
         row["by_length"] = [float((p[bucket == b] == y[bucket == b]).mean()) for b in range(4)]
         name, seed = key.split("/")
         if name == args.reference:
-            for other in [*rows, "memory", "tfidf", "tfidf-char"]:
+            for other in dict.fromkeys(k.split("/")[0] for k in preds):  # this run's rows and merged ones
                 if other != name and f"{other}/{seed}" in preds and f"minus_{other}" not in row:
                     row[f"minus_{other}"] = interval(
                         lambda t, a, b: accuracy(t, a) - accuracy(t, b), y, p, preds[f"{other}/{seed}"])
