@@ -43,7 +43,7 @@ def test_one_graph_per_module_for_every_memory_fill(batch, length, graphs):
 
 @pytest.mark.parametrize("batch,length", [(1, 13), (3, 20)])
 def test_compiled_int8_generation_equals_the_int8_default_path(batch, length):
-    # int8 weights (the products of txl.model.linear.int8_linear) compile with the step: the tokens of the
+    # int8 weights (the products of txl.model.quantize.int8_product) compile with the step: the tokens of the
     # eager int8 loop, one graph per module while the ring of 8 slots fills and rotates
     from txl.model.quantize import quantize_int8
 

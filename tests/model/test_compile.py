@@ -142,7 +142,7 @@ def test_evaluate_compiled_equals_the_decoding_state_reading(aot_eager):
 
 
 def test_evaluate_compiled_with_int8_weights_equals_eager_int8(aot_eager):
-    # the int8 products (txl.model.linear.int8_linear) trace with the rest of the model: the same loss
+    # the int8 products (txl.model.quantize.int8_product) trace with the rest of the model: the same loss
     from txl.evaluation.stream import evaluate
     from txl.model.quantize import quantize_int8
 

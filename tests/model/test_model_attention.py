@@ -10,7 +10,7 @@ from conftest import layer_attention, reference_attention, tiny_model
 
 from txl.model import attention
 from txl.model import linear
-from txl.model.linear import _row_blocks, linear_rows, step_linear
+from txl.model.linear import Linear, _row_blocks, product
 from txl.model.attention import (attention_mask, position_scores, rel_shift, rel_shift_bias,
                                   relative_positions, sinusoid)
 
@@ -180,11 +180,18 @@ def test_step_products_equal_linear(rows, out_features, with_bias):
     weight = torch.randn(out_features, 6, dtype=torch.float64, generator=gen)
     bias = torch.randn(out_features, dtype=torch.float64, generator=gen) if with_bias else None
     want = torch.nn.functional.linear(x, weight, bias)
-    out = step_linear(x, weight, bias)
+    out = product(x, weight, bias)
     assert out.shape == (rows, 1, out_features)
     torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
-    torch.testing.assert_close(linear_rows(x[:, 0], weight, bias), want[:, 0], rtol=0, atol=1e-12)
-    half = step_linear(x.bfloat16(), weight.bfloat16(), None if bias is None else bias.bfloat16())
+    torch.testing.assert_close(product(x[:, 0], weight, bias), want[:, 0], rtol=0, atol=1e-12)
+    layer = Linear(6, out_features, bias=with_bias).double()
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        if with_bias:
+            layer.bias.copy_(bias)
+        torch.testing.assert_close(layer(x), want, rtol=0, atol=1e-12)
+        torch.testing.assert_close(layer(x, slice(1, 4)), want[..., 1:4], rtol=0, atol=1e-12)  # output rows
+    half = product(x.bfloat16(), weight.bfloat16(), None if bias is None else bias.bfloat16())
     assert half.dtype == torch.bfloat16 and torch.allclose(half.double(), out, atol=0.1)
 
 
@@ -246,16 +253,16 @@ def test_training_gradients_skip_only_the_detached_memory_rows(detach_mems, auto
             p.normal_(0.0, 0.3)
     x = torch.randint(0, 37, (3, 9), generator=torch.Generator().manual_seed(1))
     used = []
-    backward = linear._MemoryRowsLinear.backward
+    backward = linear._MemoryRowsProduct.backward
 
     def spy(ctx, grad):
         used.append(ctx.mlen)
         return backward(ctx, grad)
 
-    monkeypatch.setattr(linear._MemoryRowsLinear, "backward", staticmethod(spy))
+    monkeypatch.setattr(linear._MemoryRowsProduct, "backward", staticmethod(spy))
 
     def gradients(product):
-        monkeypatch.setattr(attention, "memory_rows_linear", product)
+        monkeypatch.setattr(linear, "_memory_rows", product)
         model.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             mems = model(x[:, :4], detach_mems=detach_mems).mems
@@ -263,8 +270,8 @@ def test_training_gradients_skip_only_the_detached_memory_rows(detach_mems, auto
         loss.backward()
         return [p.grad.clone() for p in model.parameters()]
 
-    got = gradients(linear.memory_rows_linear)
-    want = gradients(lambda x, w, mlen: F.linear(x, w))
+    got = gradients(linear._memory_rows)
+    want = gradients(lambda x, w, b, mlen: F.linear(x, w, b))
     assert used == ([4] * model.config.n_layer if detach_mems else [])
     for ours, theirs in zip(got, want):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)

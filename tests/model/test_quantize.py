@@ -9,8 +9,7 @@ from torch import nn
 
 from tests.conftest import one_error_line, run_cli, tiny_model
 from txl.errors import TxlError
-from txl.model.linear import Int8Rows, int8_linear, linear_rows, step_linear
-from txl.model.quantize import Int8Linear, int8_names, is_quantized, quantize_int8
+from txl.model.quantize import Int8Linear, int8_names, int8_product, is_quantized, quantize_int8
 from txl.model.transformer import TransformerXLLM
 
 
@@ -28,7 +27,7 @@ def test_weights_round_to_their_channel_step():
     step = layer.weight.abs().amax(dim=1) / 127
     assert torch.equal(q.weight_scale, step)
     assert q.weight.dtype == torch.int8 and int(q.weight.abs().max()) == 127
-    err = (q.rows().dequantize() - layer.weight).abs()
+    err = (q.dequantize() - layer.weight).abs()
     assert bool((err <= step[:, None] / 2 + 1e-7).all())  # nearest step of its own channel
     assert torch.equal(q.weight.abs().amax(dim=1), torch.full((24,), 127, dtype=torch.int8))  # the range used
 
@@ -42,7 +41,7 @@ def test_each_row_stays_within_its_rounding_bound(rows):
     x = torch.randn(rows, 40)
     x[0] = torch.randint(-127, 128, (40,)).float() * 0.25  # multiples of 0.25 ...
     x[0, 5] = 31.75  # ... whose max |x| = 127 * 0.25: its step is 0.25, and it is quantised exactly
-    w = q.rows().dequantize(torch.float64)
+    w = q.dequantize(torch.float64)
     exact = x.double() @ w.T
     got = q(x).double()
     step = x.abs().amax(dim=1, keepdim=True).double() / 127
@@ -53,19 +52,22 @@ def test_each_row_stays_within_its_rounding_bound(rows):
     torch.testing.assert_close(q(x)[0], q(torch.cat([x, 100 * torch.randn(4, 40)]))[0], atol=0, rtol=0)
 
 
-def test_every_product_form_takes_int8_rows():
+def test_int8_layer_takes_the_calls_of_the_float_layer():
+    """The hints the model gives a linear layer (a step's one-token rows, a slice of output rows, the
+    memory's rows to skip) give the int8 product of those rows: the model's code does not know which
+    layer it holds."""
     q = Int8Linear.from_linear(_layer())
-    rows = q.rows()
     x = torch.randn(3, 1, 40)
-    want = int8_linear(x.view(3, 40), rows, q.bias)
-    torch.testing.assert_close(step_linear(x, rows, q.bias).view(3, 24), want, atol=0, rtol=0)
-    torch.testing.assert_close(linear_rows(x.view(3, 40), rows, q.bias), want, atol=0, rtol=0)
-    sliced = rows[4:10]  # the queries' rows of qkv_net, as the attention takes them
-    assert isinstance(sliced, Int8Rows) and sliced.size(0) == 6
-    torch.testing.assert_close(int8_linear(x.view(3, 40), sliced), want[:, 4:10] - q.bias[4:10], atol=1e-5, rtol=1e-5)
+    want = int8_product(x.view(3, 40), q.weight, q.weight_scale, q.bias)
+    torch.testing.assert_close(q(x).view(3, 24), want, atol=0, rtol=0)  # a decoding step's rows
+    torch.testing.assert_close(q(x.view(3, 40)), want, atol=0, rtol=0)
+    sliced = q(x.view(3, 40), slice(4, 10))  # the queries' rows of qkv_net, as the attention takes them
+    assert sliced.shape == (3, 6)
+    torch.testing.assert_close(sliced, want[:, 4:10], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(q(x.view(1, 3, 40), skip_rows=2), want[None], atol=0, rtol=0)  # nothing to skip
     # float64 (the invariant tests' dtype) multiplies the dequantised weight
     x64 = torch.randn(2, 40, dtype=torch.float64)
-    torch.testing.assert_close(int8_linear(x64, rows), x64 @ rows.dequantize(torch.float64).T)
+    torch.testing.assert_close(q(x64), x64 @ q.dequantize(torch.float64).T + q.bias.double())
 
 
 def _logits(model, ids, mems=None):

@@ -42,8 +42,7 @@ from torch import nn
 
 from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
-from txl.model.linear import Int8Rows, linear_rows
-from txl.model.quantize import weight_rows
+from txl.model.linear import Linear, product
 from txl.model.parameters import init_weights
 from txl.runtime import reads_values
 
@@ -179,14 +178,14 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         self.out_layers = nn.ModuleList()
         self.out_projs = nn.ParameterList()
         if div_val == 1:
-            self.out_layers.append(nn.Linear(d_embed, vocab_size))
+            self.out_layers.append(Linear(d_embed, vocab_size))
             if d_proj != d_embed:
                 for _ in range(self.n_clusters + 1):
                     self.out_projs.append(nn.Parameter(torch.empty(d_proj, d_embed)))
         else:
             for i, (lo, hi) in enumerate(zip(self.bounds, self.bounds[1:])):
                 d_i = d_embed // div_val ** i
-                self.out_layers.append(nn.Linear(d_i, hi - lo))
+                self.out_layers.append(Linear(d_i, hi - lo))
                 self.out_projs.append(nn.Parameter(torch.empty(d_proj, d_i)))
         if self.n_clusters > 0:
             self.cluster_weight = nn.Parameter(torch.empty(self.n_clusters, d_embed))
@@ -198,18 +197,14 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         tail i -> [n, size_i]; float32 for half inputs."""
         lo, hi = self.bounds[i], self.bounds[i + 1]
         if self.div_val == 1:
-            weight, bias = weight_rows(self.out_layers[0])[lo:hi], self.out_layers[0].bias[lo:hi]
+            layer, rows = self.out_layers[0], slice(lo, hi)
             proj = self.out_projs[i] if len(self.out_projs) > 0 else None
         else:
-            weight, bias, proj = weight_rows(self.out_layers[i]), self.out_layers[i].bias, self.out_projs[i]
+            layer, rows, proj = self.out_layers[i], None, self.out_projs[i]
         x = hidden if proj is None else hidden @ proj  # [n, d_proj] -> [n, d_i]
-        if i == 0 and self.n_clusters > 0 and isinstance(weight, Int8Rows):  # the cluster rows stay float
-            logits = torch.cat([linear_rows(x, weight, bias), linear_rows(x, self.cluster_weight, self.cluster_bias)], -1)
-        else:
-            if i == 0 and self.n_clusters > 0:
-                weight = torch.cat([weight, self.cluster_weight], dim=0)
-                bias = torch.cat([bias, self.cluster_bias], dim=0)
-            logits = linear_rows(x, weight, bias)  # a decoding step's few rows: the faster product form
+        logits = layer(x, rows)
+        if i == 0 and self.n_clusters > 0:  # the head's cluster columns (float, also in an int8 model)
+            logits = torch.cat([logits, product(x, self.cluster_weight, self.cluster_bias).to(logits.dtype)], -1)
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()
         return F.log_softmax(logits, dim=-1)
@@ -275,7 +270,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
         self._check_hidden(hidden)
         proj = self.out_projs[0] if len(self.out_projs) > 0 else None
         x = hidden if proj is None else hidden @ proj
-        return linear_rows(x, weight_rows(self.out_layers[0]), self.out_layers[0].bias)
+        return self.out_layers[0](x)
 
     def log_prob(self, hidden: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary log-probabilities ``[N, V]`` (nats) for ``hidden`` ``[N, d_proj]``.

@@ -15,8 +15,7 @@ from torch import nn
 
 from txl.model.decoding import LayerCache
 from txl.model.dropout import Dropout
-from txl.model.linear import linear, memory_rows_linear, step_linear
-from txl.model.quantize import weight_rows
+from txl.model.linear import Linear
 
 
 def inverse_frequencies(dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -320,8 +319,8 @@ class MultiHeadAttention(nn.Module):
         c = config
         self.n_head, self.d_head, self.pre_lnorm, self.positions = c.n_head, c.d_head, c.pre_lnorm, positions
         self.scale = 1.0 / math.sqrt(c.d_head)
-        self.qkv_net = nn.Linear(c.d_model, 3 * c.n_head * c.d_head, bias=False)
-        self.o_net = nn.Linear(c.n_head * c.d_head, c.d_model, bias=False)
+        self.qkv_net = Linear(c.d_model, 3 * c.n_head * c.d_head, bias=False)
+        self.o_net = Linear(c.n_head * c.d_head, c.d_model, bias=False)
         self.layer_norm = nn.LayerNorm(c.d_model)
         self.drop = Dropout(c.dropout)
         self.dropatt = nn.Dropout(c.dropatt)
@@ -354,21 +353,20 @@ class MultiHeadAttention(nn.Module):
         """
         bsz, qlen, _ = h.shape
         hd = self.n_head * self.d_head
-        w = weight_rows(self.qkv_net)  # [3*H*D, d]: rows W_q, W_kE, W_v (float, or int8 rows)
         if cache is not None and cache.state.length > 0:  # the memory's keys/values are in the cache
             x = self.layer_norm(h) if self.pre_lnorm else h
-            q, k, v = (self._heads(t) for t in linear(x, w).split(hd, dim=-1))
+            q, k, v = (self._heads(t) for t in self.qkv_net(x).split(hd, dim=-1))  # rows W_q, W_kE, W_v
             q, k = self.positions.rotate(q, k, positions)
             k, v = cache.update(k, v, h)  # [memory + segment]
         else:
             mlen = 0 if mem is None else mem.size(1)
             cat = h if mlen == 0 else torch.cat([mem, h], dim=1)  # [B, K, d]
             x = self.layer_norm(cat) if self.pre_lnorm else cat
-            q = self._heads(linear(x[:, mlen:], w[:hd]))  # queries only for the current segment: [B, H, T, D]
+            q = self._heads(self.qkv_net(x[:, mlen:], slice(0, hd)))  # queries only for the segment: [B, H, T, D]
             # keys and values [B, H, K, D] each; a detached memory's rows need no input gradient (with
             # pre-LN they do: the LayerNorm's parameters see them)
             detached = mlen > 0 and not mem.requires_grad and not self.pre_lnorm
-            kv = memory_rows_linear(x, w[hd:], mlen) if detached else linear(x, w[hd:])
+            kv = self.qkv_net(x, slice(hd, None), mlen if detached else 0)
             k, v = (self._heads(t) for t in kv.split(hd, dim=-1))
             q, k = self.positions.rotate(q, k, positions)
             if cache is not None:  # a state's first call: keep the last keys/values
@@ -405,7 +403,7 @@ class MultiHeadAttention(nn.Module):
         rows = bsz * heads
         norm = self.layer_norm  # functional calls on [B*H, ...] views: a step is mostly call overhead
         x = F.layer_norm(h, norm.normalized_shape, norm.weight, norm.bias, norm.eps) if self.pre_lnorm else h
-        q, k, v = step_linear(x, weight_rows(self.qkv_net)).view(bsz, 3, heads, d_head).unbind(1)  # [B, H, D] each
+        q, k, v = self.qkv_net.forward(x).view(bsz, 3, heads, d_head).unbind(1)  # [B, H, D] each
         q, k = self.positions.step_rotate(q, k, positions)
         keys, values = cache.update(k.unsqueeze(2), v.unsqueeze(2), h)  # the filled slots, in slot order
         klen = keys.size(2)
@@ -416,7 +414,7 @@ class MultiHeadAttention(nn.Module):
         # one query: two small products and a softmax beat the fused kernel's blocking on a CPU
         wide = scores if scores.dtype in (torch.float32, torch.float64) else scores.float()
         vec = torch.bmm(torch.softmax(wide, dim=-1).to(values.dtype), values)  # [B*H, 1, D]: rows b, h
-        out = step_linear(vec.view(bsz, 1, heads * d_head), weight_rows(self.o_net))
+        out = self.o_net.forward(vec.view(bsz, 1, heads * d_head))
         if self.pre_lnorm:
             return h + out
         return F.layer_norm(h + out, norm.normalized_shape, norm.weight, norm.bias, norm.eps)

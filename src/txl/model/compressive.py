@@ -44,9 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from txl.errors import TxlError
-from txl.model.linear import linear
 from txl.model.memory import Mems, check_mems
-from txl.model.quantize import weight_rows
 
 
 class Compressor(nn.Module):
@@ -213,8 +211,12 @@ def content_attention(attn: nn.Module, h: torch.Tensor, states: torch.Tensor) ->
         float [B, T, n_head * d_head].
     """
     hd, heads, d_head = attn.n_head * attn.d_head, attn.n_head, attn.d_head
-    w = weight_rows(attn.qkv_net)  # float, or int8 rows (a quantised model: nothing to detach)
-    w = w.detach() if isinstance(w, torch.Tensor) else w
+    qkv = attn.qkv_net
+    weights = {name: t.detach() for name, t in qkv.named_parameters()}  # (an int8 layer has none: buffers)
+
+    def project(x, rows):
+        return torch.func.functional_call(qkv, weights, (x, rows)) if weights else qkv(x, rows)
+
     ln = attn.layer_norm
 
     def norm(x):
@@ -225,8 +227,8 @@ def content_attention(attn: nn.Module, h: torch.Tensor, states: torch.Tensor) ->
     def split(x):
         return x.view(x.size(0), x.size(1), heads, d_head).transpose(1, 2)
 
-    q = split(linear(norm(h), w[:hd]))
-    k, v = (split(t) for t in linear(norm(states), w[hd:]).split(hd, dim=-1))
+    q = split(project(norm(h), slice(0, hd)))
+    k, v = (split(t) for t in project(norm(states), slice(hd, None)).split(hd, dim=-1))
     out = F.scaled_dot_product_attention(q, k, v, scale=attn.scale)  # [B, H, T, D]
     return out.transpose(1, 2).reshape(h.size(0), h.size(1), hd)
 

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from txl.errors import TxlError
+from txl.model.linear import Linear
 from txl.model.attention import (biased_attention, padded_position_keys, relative_positions, shaw_distances,
                                  sinusoid)
 
@@ -163,7 +164,7 @@ class Relative(_DistanceTable):
         return model.r_w_bias, model.r_r_bias
 
     def add_parameters(self, attn, config, shared):
-        attn.r_net = nn.Linear(config.d_model, config.n_head * config.d_head, bias=False)
+        attn.r_net = Linear(config.d_model, config.n_head * config.d_head, bias=False)
         if config.untie_r:
             attn.r_w_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
             attn.r_r_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))

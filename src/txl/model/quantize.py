@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from txl.errors import TxlError
-from txl.model.linear import Int8Rows, int8_linear
 
 SCALE_SUFFIX = ".weight_scale"
 MIN_TORCH = (2, 6)  # the first torch whose CPU int8 product (torch._int_mm) is right on every x86 CPU
@@ -48,8 +48,10 @@ def check_torch(version: str | None = None) -> None:
 
 class Int8Linear(nn.Module):
     """A linear layer with int8 weights [out, in], a float32 scale per output channel [out], and an
-    optional float bias [out]: y = x @ (weight * scale[:, None]).T + bias, computed by
-    :func:`~txl.model.linear.int8_linear` (x [..., in] float32/bfloat16/float16 -> [..., out]).
+    optional float bias [out]: y = x @ (weight * scale[:, None]).T + bias (:func:`int8_product`), called
+    as :class:`~txl.model.linear.Linear` is: ``forward(x, rows=None, skip_rows=0)``, x [..., in]
+    float32/bfloat16/float16 -> [..., out] (``rows``: a slice of the output rows; ``skip_rows`` has
+    nothing to skip here, int8 layers have no gradient).
 
     Buffers (saved in ``model.safetensors``): ``weight`` (int8), ``weight_scale`` (float32), ``bias``.
     """
@@ -73,22 +75,43 @@ class Int8Linear(nn.Module):
             out.bias = layer.bias.detach().clone()
         return out
 
-    def rows(self) -> Int8Rows:
-        """The weight as :class:`~txl.model.linear.Int8Rows` (views of the buffers)."""
-        return Int8Rows(self.weight, self.weight_scale)
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The float weight [out, in] this layer stands for."""
+        return self.weight.to(dtype) * self.weight_scale.to(dtype)[:, None]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[..., in] -> [..., out] in x's dtype."""
-        return int8_linear(x, self.rows(), self.bias)
+    def forward(self, x: torch.Tensor, rows: slice | None = None, skip_rows: int = 0) -> torch.Tensor:
+        weight, scale, bias = self.weight, self.weight_scale, self.bias
+        if rows is not None:
+            weight, scale, bias = weight[rows], scale[rows], None if bias is None else bias[rows]
+        return int8_product(x, weight, scale, bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8"
 
 
-def weight_rows(layer: nn.Module) -> "torch.Tensor | Int8Rows":
-    """What the weight products of :mod:`txl.model.linear` take for ``layer``: its float weight [out, in]
-    for an ``nn.Linear``, :class:`~txl.model.linear.Int8Rows` for an :class:`Int8Linear`."""
-    return layer.rows() if isinstance(layer, Int8Linear) else layer.weight
+def int8_product(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] (float32, bfloat16 or float16) times the int8 weight [out, in] with per-channel ``scale``
+    [out], transposed, plus ``bias`` -> [..., out] in x's dtype.
+
+    On a CPU each row of x is quantised with its own symmetric scale (max |x_row| / 127, dynamic
+    quantisation) and multiplied by the int8 weight with exact int32 sums (``torch._int_mm``), then scaled
+    back by the row's and the output channel's scales: a row's result does not depend on the other rows,
+    so a decoding step and a whole segment give a token the same numbers. Other dtypes (float64) and
+    devices multiply by the dequantised weight (the weight's rounding only, no saving).
+    """
+    lead, flat = x.shape[:-1], x.reshape(-1, x.size(-1))
+    if flat.device.type != "cpu" or flat.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        out = F.linear(flat, weight.to(flat.dtype) * scale.to(flat.dtype)[:, None])
+    else:
+        wide = flat.float()
+        row_scale = wide.abs().amax(dim=1, keepdim=True).clamp_min_(1e-12).div_(127.0)  # [N, 1]
+        q = wide.div(row_scale).round_().to(torch.int8)  # |q| <= 127 by construction
+        out = torch._int_mm(q, weight.t()).to(torch.float32).mul_(row_scale).mul_(scale)
+        out = out.to(flat.dtype)
+    if bias is not None:
+        out = out + bias.to(out.dtype)
+    return out.view(*lead, out.size(-1))
 
 
 def linear_names(model: nn.Module) -> list[str]:

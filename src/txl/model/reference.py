@@ -156,7 +156,7 @@ def attention(attn, h: torch.Tensor, memory: torch.Tensor, distances: torch.Tens
 def dense(layer, dtype: torch.dtype) -> torch.Tensor:
     """A linear layer's weight [out, in] as a float matrix: its own, or an int8 layer's dequantised one
     (:class:`~txl.model.quantize.Int8Linear`: the weights it multiplies by, without the rounding of its inputs)."""
-    return layer.rows().dequantize(dtype) if isinstance(layer, Int8Linear) else layer.weight
+    return layer.dequantize(dtype) if isinstance(layer, Int8Linear) else layer.weight
 
 
 def feed_forward(ff, h: torch.Tensor) -> torch.Tensor:

@@ -39,8 +39,6 @@ import torch
 from torch import nn
 
 from txl.errors import TxlError
-from txl.model.linear import linear
-from txl.model.quantize import weight_rows
 from txl.model.span import AttentionSpan
 from txl.runtime import compile_module
 
@@ -101,7 +99,7 @@ def layer_keys(attn: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, tor
     first, as :meth:`~txl.model.attention.MultiHeadAttention.forward` does)."""
     hd = attn.n_head * attn.d_head
     x = attn.layer_norm(hidden) if attn.pre_lnorm else hidden
-    k, v = linear(x, weight_rows(attn.qkv_net)[hd:]).split(hd, dim=-1)
+    k, v = attn.qkv_net(x, slice(hd, None)).split(hd, dim=-1)
     return attn._heads(k), attn._heads(v)
 
 
@@ -190,7 +188,7 @@ class RingStep(nn.Module):
             bsz, heads, d_head = h.size(0), attn.n_head, attn.d_head
             norm = attn.layer_norm
             x = norm(h) if attn.pre_lnorm else h
-            q, k, v = linear(x, weight_rows(attn.qkv_net)).view(bsz, 3, heads, d_head).unbind(1)  # [B, H, D]
+            q, k, v = attn.qkv_net(x).view(bsz, 3, heads, d_head).unbind(1)  # [B, H, D]
             q_c, q_r = model.positions.step_queries(attn, q, _Uncached())
             # the position term of every distance, then each slot's (a gather of H x S scores, not of the table)
             by_distance = torch.einsum("bhd,hds->bhs", q_r, self.tables[i])  # [B, H, S]: column j, distance S-1-j
@@ -199,7 +197,7 @@ class RingStep(nn.Module):
             own = (q_c * k).sum(-1) + by_distance[:, :, capacity - 1]  # distance 0
             p = torch.softmax(torch.cat([old, own[..., None]], dim=-1), dim=-1)
             vec = torch.einsum("bhs,bhsd->bhd", p[..., :capacity], values[i]) + p[..., capacity:] * v
-            out = linear(vec.reshape(bsz, heads * d_head), weight_rows(attn.o_net))
+            out = attn.o_net(vec.reshape(bsz, heads * d_head))
             h = h + out if attn.pre_lnorm else norm(h + out)
             h = layer.ff(h)
             new_keys.append(k)

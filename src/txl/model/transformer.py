@@ -20,8 +20,8 @@ from txl.model.dropout import Dropout
 from txl.model.parameters import init_weights
 from txl.model.positions import position_scheme
 from txl.model.inputs import check_attention_fits, check_input_ids, check_labels, padding_mask
-from txl.model.linear import step_linear
-from txl.model.quantize import int8_names, quantize_int8, weight_rows
+from txl.model.linear import Linear
+from txl.model.quantize import int8_names, quantize_int8
 from txl.model.memory import Mems, check_mems, update_mems
 from txl.model.serialization import (CONFIG_NAME, check_weights_header, load_weights, read_model_config, save_model,
                                      weight_names)
@@ -66,8 +66,8 @@ class PositionwiseFF(nn.Module):
     def __init__(self, d_model: int, d_inner: int, dropout: float, pre_lnorm: bool) -> None:
         super().__init__()
         self.pre_lnorm = pre_lnorm
-        self.net = nn.Sequential(nn.Linear(d_model, d_inner), nn.ReLU(inplace=True), Dropout(dropout),
-                                 nn.Linear(d_inner, d_model), Dropout(dropout))
+        self.net = nn.Sequential(Linear(d_model, d_inner), nn.ReLU(inplace=True), Dropout(dropout),
+                                 Linear(d_inner, d_model), Dropout(dropout))
         self.layer_norm = nn.LayerNorm(d_model)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
@@ -81,7 +81,7 @@ class PositionwiseFF(nn.Module):
         dropout), with functional calls instead of five sub-module calls (a step is mostly call overhead)."""
         first, second, norm = self.net[0], self.net[3], self.layer_norm
         x = F.layer_norm(h, norm.normalized_shape, norm.weight, norm.bias, norm.eps) if self.pre_lnorm else h
-        y = step_linear(torch.relu_(step_linear(x, weight_rows(first), first.bias)), weight_rows(second), second.bias)
+        y = second.forward(torch.relu_(first.forward(x)))
         if self.pre_lnorm:
             return h + y
         return F.layer_norm(h + y, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
