@@ -76,8 +76,8 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
             of the memory, at the first segment starting at or after its length (document
             scoring: finished documents stop costing compute).
         dtype: "float32" or an autocast dtype ("bfloat16", "float16") for the forward passes.
-        grad: run the forward passes with autograd (dynamic evaluation, gradient statistics);
-            False runs them under ``torch.no_grad``. The grad mode of the caller is not changed.
+        grad: run the forward passes with autograd (dynamic evaluation, gradient statistics), else under
+            ``torch.no_grad``; the grad mode of the caller is not changed.
         caches: a :class:`~txl.model.DecodingState` passed to every forward (needs ``grad=False``):
             it then holds the memory (each segment's ``output.mems`` is None; read
             ``caches.mems()``) and keeps the memory's keys and values, so they are not re-projected.
@@ -99,42 +99,23 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
         same_layer: with ``hidden``, each layer's memory is its own output (ERNIE-Doc's enhanced
             recurrence: :meth:`~txl.model.TransformerXLLM.hidden_states`) instead of its input.
 
-    Yields:
-        :class:`Segment` objects, one per segment with at least one row.
+    Yields :class:`Segment` objects, one per segment with at least one row.
 
     Raises:
         TxlError: inputs that are not [B, N], labels or lengths of another shape, a ``span``
             that is not an :class:`~txl.model.AttentionSpan`, ``hidden`` with labels or caches,
             ``same_layer`` without ``hidden``; and what the model raises.
     """
-    if not isinstance(span, AttentionSpan):
-        raise TxlError(f"span must be an AttentionSpan, got {type(span).__name__}")
-    if inputs.dim() != 2:
-        raise TxlError(f"inputs must be [rows, tokens], got shape {tuple(inputs.shape)}")
-    if hidden and (labels is not None or caches is not None):
-        raise TxlError("hidden=True reads states for another head: give no labels and no caches")
-    if same_layer and not hidden:
-        raise TxlError("same_layer (a memory of each layer's output) is a reading for another head: give hidden=True")
-    if labels is not None and labels.shape != inputs.shape:
-        raise TxlError(f"labels shape {tuple(labels.shape)} differs from inputs {tuple(inputs.shape)}")
+    _check_arguments(inputs, labels, span, caches, hidden, same_layer)
     n_rows, width = inputs.shape
     device = inputs.device
     rows = torch.arange(n_rows, device=device)
     # the loop decides on the host which rows still run and which need a graph: Python lists, read once
     # here when given as tensors, so that no segment waits for an accelerator to answer
-    ends_host = None
-    if lengths is not None:
-        ends_host = torch.as_tensor(lengths, dtype=torch.int64).cpu()
-        if ends_host.shape != (n_rows,):
-            raise TxlError(f"lengths must be [rows] = [{n_rows}], got shape {tuple(ends_host.shape)}")
-        ends_host = ends_host.tolist()
-    grad_from_host = None
+    ends_host = _host_list(lengths, n_rows, "lengths")
+    grad_from_host = _host_list(grad_from, n_rows, "grad_from")
     if grad_from is not None:
-        grad_from_host = torch.as_tensor(grad_from, dtype=torch.int64).cpu()
-        if grad_from_host.shape != (n_rows,):
-            raise TxlError(f"grad_from must be [rows] = [{n_rows}], got shape {tuple(grad_from_host.shape)}")
-        grad_from = grad_from_host.to(device)
-        grad_from_host = grad_from_host.tolist()
+        grad_from = torch.tensor(grad_from_host, dtype=torch.int64, device=device)
     rows_host = list(range(n_rows))  # the rows still running, as ``rows`` on the device
     if positions is None:
         positions = [(start, min(span.tgt_len, width - start)) for start in range(0, width, span.tgt_len)]
@@ -148,17 +129,9 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
                 return
             if len(kept) < len(rows_host):
                 rows_host = [rows_host[i] for i in kept]
-                kept = torch.tensor(kept, dtype=torch.int64).to(device)  # one copy each time rows leave
-                rows = rows.index_select(0, kept)
-                if mems is not None:
-                    mems = [m.index_select(0, kept) for m in mems]
-                if caches is not None and caches.length > 0:
-                    caches.reorder(kept)
-        cols = slice(start, start + size)
-        if len(rows_host) == n_rows:
-            x, y = inputs[:, cols], None if labels is None else labels[:, cols]
-        else:
-            x, y = inputs[rows, cols], None if labels is None else labels[rows, cols]
+                rows, mems = _keep_rows(kept, rows, mems, caches)
+        pick, cols = slice(None) if len(rows_host) == n_rows else rows, slice(start, start + size)  # (a view: all rows)
+        x, y = inputs[pick, cols], None if labels is None else labels[pick, cols]
         keep_graph = grad
         if grad and grad_from is not None:
             window = grad_from[rows]
@@ -178,6 +151,45 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
                 out = model(x, mems=mems, labels=y, caches=caches, span=span, detach_mems=False)
         yield Segment(index=index, start=start, rows=rows, inputs=x, labels=y, mems=mems, output=out, hidden=states)
         mems = out.mems
+
+
+def _check_arguments(inputs: torch.Tensor, labels: torch.Tensor | None, span: AttentionSpan,
+                     caches: DecodingState | None, hidden: bool, same_layer: bool) -> None:
+    """The checks of :func:`segments`' arguments (its Raises)."""
+    if not isinstance(span, AttentionSpan):
+        raise TxlError(f"span must be an AttentionSpan, got {type(span).__name__}")
+    if inputs.dim() != 2:
+        raise TxlError(f"inputs must be [rows, tokens], got shape {tuple(inputs.shape)}")
+    if hidden and (labels is not None or caches is not None):
+        raise TxlError("hidden=True reads states for another head: give no labels and no caches")
+    if same_layer and not hidden:
+        raise TxlError("same_layer (a memory of each layer's output) is a reading for another head: give hidden=True")
+    if labels is not None and labels.shape != inputs.shape:
+        raise TxlError(f"labels shape {tuple(labels.shape)} differs from inputs {tuple(inputs.shape)}")
+
+
+def _host_list(values, n_rows: int, name: str) -> list[int] | None:
+    """``values`` (a tensor on any device, or a sequence) [n_rows] as a Python list of ints; None for None.
+
+    Raises:
+        TxlError: another shape than [n_rows].
+    """
+    if values is None:
+        return None
+    host = torch.as_tensor(values, dtype=torch.int64).cpu()
+    if host.shape != (n_rows,):
+        raise TxlError(f"{name} must be [rows] = [{n_rows}], got shape {tuple(host.shape)}")
+    return host.tolist()
+
+
+def _keep_rows(kept: list[int], rows: torch.Tensor, mems: Mems | None,
+               caches: DecodingState | None) -> tuple[torch.Tensor, Mems | None]:
+    """The running rows' indices and memory after only the rows at positions ``kept`` stay (a decoding
+    state drops the others' rows itself)."""
+    index = torch.tensor(kept, dtype=torch.int64).to(rows.device)  # one copy each time rows leave
+    if caches is not None and caches.length > 0:
+        caches.reorder(index)
+    return rows.index_select(0, index), None if mems is None else [m.index_select(0, index) for m in mems]
 
 
 def decoding_state(model, span: AttentionSpan) -> DecodingState | None:
