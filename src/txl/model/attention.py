@@ -221,6 +221,8 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
     klen = k.size(2)
     on_cpu = q_pos.device.type == "cpu"
     compiling = torch.compiler.is_compiling()
+    if qlen == 1 and not grad and not compiling and dropout_p == 0.0:  # a decoding step's query
+        return one_query_attention(q_content, q_pos, k, v, r_k[..., -klen:], mask, scale=scale)
     in_place = window is not None and not grad and on_cpu and not compiling
     if r_k.size(-1) == klen + 1 and not in_place:
         r_k = r_k[..., 1:]
@@ -256,6 +258,44 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
         for h in range(0, heads, step):
             out[b:b + 1, h:h + step] = attend(slice(b, b + 1), slice(h, h + step))
     return out
+
+
+def one_query_attention(q_content: torch.Tensor, q_pos: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor,
+                        r_k: torch.Tensor | None, mask: torch.Tensor | None, *, scale: float) -> torch.Tensor:
+    """:func:`biased_attention` for one query per row (T = 1: the rel-shift is the identity), without
+    autograd: two small products and a softmax, which beat the fused kernel's blocking on a CPU.
+
+    The keys need not be in time order (a decoding state's ring buffer): the score of key j takes
+    column j of ``r_k``, whatever distance that is, so the caller hands ``r_k``'s columns in the keys'
+    order.
+
+    Args:
+        q_content: [B, H, 1, D] query of the content term, unscaled; q_pos: [B, H, 1, D] query of the
+            position term, scaled (unused without ``r_k``).
+        k, v: [B, H, K, D] keys and values (views of a decoding state's buffers are read as they are).
+        r_k: [H, D, K] position key of each key's distance, or None for no position term ("rope").
+        mask: bool [T, K] or [B, 1, 1, K], True = not visible, or None (every key visible).
+        scale: the content term's scale.
+
+    Returns:
+        [B, H, 1, D] attention output, contiguous.
+    """
+    bsz, heads, _, d_head = q_content.shape
+    klen, rows = k.size(2), bsz * heads
+    keys = k.reshape(rows, klen, d_head).transpose(1, 2)  # (a view for a state's [B, H, S, D] buffer slice)
+    if r_k is None:
+        scores = torch.bmm(q_content.reshape(rows, 1, d_head), keys)
+        if scale != 1.0:
+            scores.mul_(scale)
+    else:  # one [B, D] x [D, K] product per head (a batched product over B*H would copy r_k B times)
+        bias = torch.bmm(q_pos.reshape(bsz, heads, d_head).transpose(0, 1), r_k)  # [H, B, K]
+        scores = torch.baddbmm(bias.transpose(0, 1).reshape(rows, 1, klen), q_content.reshape(rows, 1, d_head), keys,
+                               alpha=scale)
+    if mask is not None:
+        scores.view(bsz, heads, 1, klen).masked_fill_(mask if mask.dim() == 4 else mask[-1:], float("-inf"))
+    wide = scores if scores.dtype in (torch.float32, torch.float64) else scores.float()
+    probs = torch.softmax(wide, dim=-1).to(v.dtype)
+    return torch.bmm(probs, v.reshape(rows, klen, d_head)).view(bsz, heads, 1, d_head)
 
 
 def padded_position_keys(r_k: torch.Tensor) -> torch.Tensor:
@@ -400,20 +440,14 @@ class MultiHeadAttention(nn.Module):
             [B, 1, d_model]: the sub-layer output, as :meth:`forward`.
         """
         bsz, heads, d_head = h.size(0), self.n_head, self.d_head
-        rows = bsz * heads
         norm = self.layer_norm  # functional calls on [B*H, ...] views: a step is mostly call overhead
         x = F.layer_norm(h, norm.normalized_shape, norm.weight, norm.bias, norm.eps) if self.pre_lnorm else h
         q, k, v = self.qkv_net.forward(x).view(bsz, 3, heads, d_head).unbind(1)  # [B, H, D] each
         q, k = self.positions.step_rotate(q, k, positions)
         keys, values = cache.update(k.unsqueeze(2), v.unsqueeze(2), h)  # the filled slots, in slot order
-        klen = keys.size(2)
-        keys, values = keys.view(rows, klen, d_head), values.view(rows, klen, d_head)  # views: no copy
-        scores = self.positions.step_scores(self, q, keys, cache, positions)  # [B*H, 1, K], scaled
-        if key_mask is not None:
-            scores.view(bsz, heads, 1, klen).masked_fill_(key_mask, float("-inf"))
-        # one query: two small products and a softmax beat the fused kernel's blocking on a CPU
-        wide = scores if scores.dtype in (torch.float32, torch.float64) else scores.float()
-        vec = torch.bmm(torch.softmax(wide, dim=-1).to(values.dtype), values)  # [B*H, 1, D]: rows b, h
+        q_c, q_r, r_k = self.positions.step_terms(self, q, cache, keys.size(2))  # queries scaled already
+        vec = one_query_attention(q_c.unsqueeze(2), None if q_r is None else q_r.unsqueeze(2), keys, values, r_k,
+                                  key_mask, scale=1.0)  # [B, H, 1, D]
         out = self.o_net.forward(vec.view(bsz, 1, heads * d_head))
         if self.pre_lnorm:
             return h + out

@@ -13,7 +13,7 @@ decoding state ask it what they need and never compare ``attn_type`` themselves.
   (the sinusoid of distances K-1 ... 0), the cos/sin of each key's position for "rope".
 - ``rotate``: what happens to queries and new keys before the keys are kept ("rope" only).
 - ``attend``: attention over [memory + segment] with the scheme's position term.
-- ``step_*``: the one-token step of a decoding state: its position tables and scores.
+- ``step_*``: the one-token step of a decoding state: its position tables and the terms of its scores.
 
 Shapes: B = batch, H = heads, T = queries, K = keys (memory + segment), D = ``d_head``.
 """
@@ -94,9 +94,11 @@ class PositionScheme:
         """A step's query and key [B, H, D] before the key is kept (default: as is)."""
         return q, k
 
-    def step_scores(self, attn: nn.Module, q: torch.Tensor, keys: torch.Tensor, cache, positions) -> torch.Tensor:
-        """Scaled scores [B*H, 1, K] of a step's query [B, H, D] against the filled slots ``keys``
-        [B*H, K, D] (slot order)."""
+    def step_terms(self, attn: nn.Module, q: torch.Tensor, cache,
+                   klen: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """What :func:`~txl.model.attention.one_query_attention` takes for a step's query [B, H, D] over
+        the ``klen`` filled slots (slot order): the content and position queries, both scaled, and the
+        position keys of the slots' distances [H, D, K] (None, None without a position term)."""
         raise NotImplementedError
 
 
@@ -120,25 +122,17 @@ class _DistanceTable(PositionScheme):
         q = q * attn.scale
         return q, q
 
-    def step_scores(self, attn, q, keys, cache, positions):
+    def step_terms(self, attn, q, cache, klen):
         state = cache.state
-        bsz, heads, d_head = q.shape
-        klen = keys.size(1)
         if cache.pos_keys is None:  # distances P-1 ... 0, twice in a row once P = S (see LayerCache)
             r_k = self.position_keys(attn, state)
             if state.pos_period == state.capacity:
                 r_k = torch.cat([r_k, r_k], dim=-1)
             cache.pos_keys = r_k.to(q.dtype).contiguous()
         off = state.pos_offset(klen)
-        r_k = cache.pos_keys[:, :, off:off + klen]  # [H, D, K]: slot s's distance in column s
+        # scaled before the products (as the fused kernel does), so that half-precision scores stay in range
         q_c, q_r = self.step_queries(attn, q, cache)
-        # scaled before the products (as the fused kernel does), so that half-precision scores stay in
-        # range; position scores as one [B, D] x [D, K] product per head (broadcasting r_k over the
-        # batch in a batched matmul would copy it B times per layer and step), then the content
-        # scores added to them in one product over the B*H rows
-        bias = torch.bmm(q_r.transpose(0, 1), r_k)  # [H, B, K]
-        return torch.baddbmm(bias.transpose(0, 1).reshape(bsz * heads, 1, klen), q_c.reshape(bsz * heads, 1, d_head),
-                             keys.transpose(1, 2))
+        return q_c, q_r, cache.pos_keys[:, :, off:off + klen]  # [H, D, K]: slot s's distance in column s
 
 
 class Relative(_DistanceTable):
@@ -342,9 +336,8 @@ class Rotary(PositionScheme):
         both = rotate_half(torch.stack([q, k], 1), cos, sin)  # [B, 2, H, D]: one rotation for both
         return both[:, 0], both[:, 1]
 
-    def step_scores(self, attn, q, keys, cache, positions):
-        bsz, heads, d_head = q.shape
-        return torch.bmm((q * attn.scale).reshape(bsz * heads, 1, d_head), keys.transpose(1, 2))
+    def step_terms(self, attn, q, cache, klen):
+        return q * attn.scale, None, None
 
 
 SCHEMES: dict[str, PositionScheme] = {s.name: s for s in (Relative(), Shaw(), Absolute(), Rotary())}
