@@ -210,7 +210,9 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
             kernel reads them.
 
     While ``torch.compile`` traces the model neither the in-place view nor the blocks are used: the
-    bias is the gathered, masked copy of :func:`rel_shift_bias` over the whole batch.
+    bias is the gathered, masked copy of :func:`rel_shift_bias` over the whole batch. One query per row
+    (T = 1) without autograd or dropout, in float32 or float64, is :func:`one_query_attention` (the mask
+    already holds the window there).
 
     Returns:
         [B, H, T, D] attention output: the unblocked, masked computation up to float rounding (the
@@ -221,8 +223,9 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
     klen = k.size(2)
     on_cpu = q_pos.device.type == "cpu"
     compiling = torch.compiler.is_compiling()
-    if qlen == 1 and not grad and not compiling and dropout_p == 0.0:  # a decoding step's query
-        return one_query_attention(q_content, q_pos, k, v, r_k[..., -klen:], mask, scale=scale)
+    if qlen == 1 and not grad and not compiling and dropout_p == 0.0 and q_pos.dtype in (torch.float32, torch.float64):
+        return one_query_attention(q_content, q_pos, k, v, r_k[..., -klen:], mask, scale=scale)  # (half: the kernel's
+        # float32 sums, as for longer segments)
     in_place = window is not None and not grad and on_cpu and not compiling
     if r_k.size(-1) == klen + 1 and not in_place:
         r_k = r_k[..., 1:]
@@ -423,11 +426,12 @@ class MultiHeadAttention(nn.Module):
 
         Computes exactly what :meth:`forward` computes for a one-token segment after the memory held
         in ``cache.state`` (same scores, same keys), without concatenating or copying the memory:
-        the token's key and value are written to slot ``state.next_slot`` and the scheme scores the
-        query against the filled slots in slot order (for "rel" and "shaw" reading its doubled table
-        of distances at the rotation that gives each slot its distance). No key is masked: every
-        filled slot is in the past (with ``same_length`` the capacity is ``mem_len``, so the oldest
-        key has already been overwritten, as the mask would drop it).
+        the token's key and value are written to slot ``state.next_slot``, and
+        :func:`one_query_attention` scores the query against the filled slots in slot order with the
+        scheme's terms (for "rel" and "shaw" its doubled table of distances read at the rotation that
+        gives each slot its distance). Only ``key_mask`` hides a slot: every filled slot is in the past
+        (with ``same_length`` the capacity is ``mem_len``, so the oldest key has already been
+        overwritten, as the mask would drop it).
 
         Args:
             h: [B, 1, d_model] input of this layer for the new token (eval mode, no autograd).
@@ -440,7 +444,7 @@ class MultiHeadAttention(nn.Module):
             [B, 1, d_model]: the sub-layer output, as :meth:`forward`.
         """
         bsz, heads, d_head = h.size(0), self.n_head, self.d_head
-        norm = self.layer_norm  # functional calls on [B*H, ...] views: a step is mostly call overhead
+        norm = self.layer_norm  # functional calls: a step is mostly call overhead
         x = F.layer_norm(h, norm.normalized_shape, norm.weight, norm.bias, norm.eps) if self.pre_lnorm else h
         q, k, v = self.qkv_net.forward(x).view(bsz, 3, heads, d_head).unbind(1)  # [B, H, D] each
         q, k = self.positions.step_rotate(q, k, positions)

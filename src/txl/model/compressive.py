@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from txl.errors import TxlError
+from txl.model.linear import Linear, product
 from txl.model.memory import Mems, check_mems
 
 
@@ -212,10 +213,9 @@ def content_attention(attn: nn.Module, h: torch.Tensor, states: torch.Tensor) ->
     """
     hd, heads, d_head = attn.n_head * attn.d_head, attn.n_head, attn.d_head
     qkv = attn.qkv_net
-    weights = {name: t.detach() for name, t in qkv.named_parameters()}  # (an int8 layer has none: buffers)
 
-    def project(x, rows):
-        return torch.func.functional_call(qkv, weights, (x, rows)) if weights else qkv(x, rows)
+    def project(x, rows):  # (an int8 layer has no parameters: nothing to detach)
+        return product(x, qkv.weight.detach()[rows]) if isinstance(qkv, Linear) else qkv(x, rows)
 
     ln = attn.layer_norm
 

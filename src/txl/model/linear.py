@@ -20,8 +20,8 @@ Inside, :func:`product` takes the form that is fastest for the shape; every form
   computes the input gradient of the other rows only, which saves a [B*M, out] x [out, in] product
   per call (the keys and values over the memory).
 
-While ``torch.compile`` or ``torch.export`` traces, every product is ``F.linear`` (a test of the number
-of rows would fix the batch size of the graph).
+While ``torch.compile`` or ``torch.export`` traces, every product but the memory-rows one is ``F.linear``
+(a test of the number of rows would fix the batch size of the graph).
 """
 
 from __future__ import annotations
@@ -54,10 +54,10 @@ def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
             skip_rows: int = 0) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` (x [..., in], weight [out, in], bias [out] -> [..., out]) in the form
     fastest for its shape (see the module doc); ``skip_rows`` as in :class:`Linear`."""
+    if skip_rows and torch.is_grad_enabled() and x.requires_grad and x.device.type in AUTOCAST_DEVICES:
+        return _memory_rows(x, weight, bias, skip_rows)  # (compiled training traces it too)
     if torch.compiler.is_compiling():
         return F.linear(x, weight, bias)
-    if skip_rows and torch.is_grad_enabled() and x.requires_grad and x.device.type in AUTOCAST_DEVICES:
-        return _memory_rows(x, weight, bias, skip_rows)
     step = x.dim() == 3 and x.size(1) == 1  # one token per row: a decoding step
     if x.dim() != 2 and not step:
         return F.linear(x, weight, bias)
