@@ -356,10 +356,8 @@ class TransformerXLLM(nn.Module):
         mask = attention_mask(qlen, mlen, span.same_length, span.mem_len, emb.device)
         if extra:
             mask = torch.cat([mask.new_zeros(qlen, extra), mask], dim=1)
-        hids = []
-        for i, layer in enumerate(self.layers):
-            hids.append(h)
-            h = layer(h, layer_memory(memory, compressed, pending, i), positions, mask)
+        layer_mems = [layer_memory(memory, compressed, pending, i) for i in range(c.n_layer)]
+        h, hids = self._layers(h, layer_mems, positions, mask, None, None)  # the layer body of every span
         h = self.drop(h)
         new_mems, recon = update_compressive(
             memory, compressed, pending, hids, mem_len=span.mem_len, cmem_len=span.cmem_len,
