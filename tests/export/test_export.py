@@ -338,8 +338,14 @@ def test_int8_export_makes_every_step_product_int8_and_keeps_the_tokens(exported
     # 3 layers x (qkv, o, two feed-forward) + the output layer; the prompt reader's products on sliced
     # weights (qkv split in queries and keys/values) stay float
     assert manifest["weights"] == "int8" and manifest["int8_products"]["step"] == 13
-    ops = [n.op_type for n in onnx.load(str(tmp_path / "int8" / "step.onnx")).graph.node]
-    assert ops.count("MatMulInteger") == 13 and "Gemm" not in ops and "MatMul" not in ops
+    graph = onnx.load(str(tmp_path / "int8" / "step.onnx")).graph
+    ops = [n.op_type for n in graph.node]
+    assert ops.count("MatMulInteger") == 13 and "Gemm" not in ops
+    # the float products left are the attention's: over activations, or a layer's distance table [H, D, S]
+    tables = {i.name: list(i.dims) for i in graph.initializer}
+    constants = [tables[name] for n in graph.node if n.op_type == "MatMul" for name in n.input if name in tables]
+    table = [model.config.n_head, model.config.d_head, ring_capacity(span)]
+    assert ops.count("MatMul") == 4 * model.config.n_layer and constants == [table] * model.config.n_layer
     assert json.loads((folders["onnx"] / "export.json").read_text())["weights"] == "float32"
     floats, int8 = ExportedDecoder(folders["onnx"]), ExportedDecoder(tmp_path / "int8")
     ids = np.random.default_rng(0).integers(0, 37, (3, 12))

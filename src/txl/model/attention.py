@@ -264,21 +264,29 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
 
 
 def one_query_attention(q_content: torch.Tensor, q_pos: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor,
-                        r_k: torch.Tensor | None, mask: torch.Tensor | None, *, scale: float) -> torch.Tensor:
+                        r_k: torch.Tensor | None, mask: torch.Tensor | None, *, scale: float,
+                        columns: torch.Tensor | None = None,
+                        own: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """:func:`biased_attention` for one query per row (T = 1: the rel-shift is the identity), without
-    autograd: two small products and a softmax, which beat the fused kernel's blocking on a CPU.
+    autograd: two small products and a softmax, which beat the fused kernel's blocking on a CPU. The
+    one-token decoding step of every layer, eager, compiled and exported.
 
-    The keys need not be in time order (a decoding state's ring buffer): the score of key j takes
-    column j of ``r_k``, whatever distance that is, so the caller hands ``r_k``'s columns in the keys'
-    order.
+    The keys need not be in time order (a ring of slots): the score of key j takes its own column of
+    ``r_k``, whatever distance that is.
 
     Args:
         q_content: [B, H, 1, D] query of the content term, unscaled; q_pos: [B, H, 1, D] query of the
             position term, scaled (unused without ``r_k``).
         k, v: [B, H, K, D] keys and values (views of a decoding state's buffers are read as they are).
-        r_k: [H, D, K] position key of each key's distance, or None for no position term ("rope").
+        r_k: the position keys, or None for no position term ("rope"): without ``columns`` [H, D, K],
+            column j that of key j's distance; with ``columns`` a table [H, D, P] of distances.
         mask: bool [T, K] or [B, 1, 1, K], True = not visible, or None (every key visible).
         scale: the content term's scale.
+        columns: int64 [K] (or [K + 1] with ``own``): the column of ``r_k`` of each key's distance, the
+            own key's last (a ring whose slots rotate: a gather of B x H x K scores, not of the table).
+        own: the query's own key and value [B, H, 1, D], scored beside the K keys instead of being
+            written among them first (a ring whose slots a graph only reads); its position key is
+            ``r_k``'s column ``columns[-1]``.
 
     Returns:
         [B, H, 1, D] attention output, contiguous.
@@ -286,19 +294,32 @@ def one_query_attention(q_content: torch.Tensor, q_pos: torch.Tensor | None, k: 
     bsz, heads, _, d_head = q_content.shape
     klen, rows = k.size(2), bsz * heads
     keys = k.reshape(rows, klen, d_head).transpose(1, 2)  # (a view for a state's [B, H, S, D] buffer slice)
+    q_rows = q_content.reshape(rows, 1, d_head)
+    own_bias = None
     if r_k is None:
-        scores = torch.bmm(q_content.reshape(rows, 1, d_head), keys)
+        scores = torch.bmm(q_rows, keys)
         if scale != 1.0:
             scores.mul_(scale)
     else:  # one [B, D] x [D, K] product per head (a batched product over B*H would copy r_k B times)
-        bias = torch.bmm(q_pos.reshape(bsz, heads, d_head).transpose(0, 1), r_k)  # [H, B, K]
-        scores = torch.baddbmm(bias.transpose(0, 1).reshape(rows, 1, klen), q_content.reshape(rows, 1, d_head), keys,
-                               alpha=scale)
+        bias = torch.bmm(q_pos.reshape(bsz, heads, d_head).transpose(0, 1), r_k)  # [H, B, K or P]
+        if columns is not None:
+            bias = bias.index_select(2, columns)
+        bias = bias.transpose(0, 1).reshape(rows, 1, -1)
+        if own is not None:
+            own_bias = bias[..., klen:]
+        scores = torch.baddbmm(bias[..., :klen], q_rows, keys, alpha=scale)
     if mask is not None:
         scores.view(bsz, heads, 1, klen).masked_fill_(mask if mask.dim() == 4 else mask[-1:], float("-inf"))
+    if own is not None:
+        k_own, v_own = own
+        own_score = torch.bmm(q_rows, k_own.reshape(rows, 1, d_head).transpose(1, 2)) * scale
+        scores = torch.cat([scores, own_score if own_bias is None else own_score + own_bias], dim=-1)
     wide = scores if scores.dtype in (torch.float32, torch.float64) else scores.float()
     probs = torch.softmax(wide, dim=-1).to(v.dtype)
-    return torch.bmm(probs, v.reshape(rows, klen, d_head)).view(bsz, heads, 1, d_head)
+    out = torch.bmm(probs[..., :klen], v.reshape(rows, klen, d_head))
+    if own is not None:
+        out = out + probs[..., klen:] * own[1].reshape(rows, 1, d_head)
+    return out.view(bsz, heads, 1, d_head)
 
 
 def padded_position_keys(r_k: torch.Tensor) -> torch.Tensor:
@@ -420,24 +441,24 @@ class MultiHeadAttention(nn.Module):
         out = self.drop(self.o_net(vec))
         return h + out if self.pre_lnorm else self.layer_norm(h + out)
 
-    def step(self, h: torch.Tensor, cache: LayerCache, key_mask: torch.Tensor | None = None,
-             positions=None) -> torch.Tensor:
-        """One decoding step of one new token per row, reading and updating the ring buffers.
+    def step(self, h: torch.Tensor, cache, key_mask: torch.Tensor | None = None, positions=None) -> torch.Tensor:
+        """One decoding step of one new token per row: what :meth:`forward` computes for a one-token
+        segment after the memory, without concatenating or copying the memory.
 
-        Computes exactly what :meth:`forward` computes for a one-token segment after the memory held
-        in ``cache.state`` (same scores, same keys), without concatenating or copying the memory:
-        the token's key and value are written to slot ``state.next_slot``, and
-        :func:`one_query_attention` scores the query against the filled slots in slot order with the
-        scheme's terms (for "rel" and "shaw" its doubled table of distances read at the rotation that
-        gives each slot its distance). Only ``key_mask`` hides a slot: every filled slot is in the past
-        (with ``same_length`` the capacity is ``mem_len``, so the oldest key has already been
-        overwritten, as the mask would drop it).
+        The token's query, key and value go to ``cache.update``, which returns the slots to attend to;
+        :func:`one_query_attention` scores the query against them in slot order with the scheme's terms
+        (for "rel" and "shaw" a table of distances read at each slot's distance). Two kinds of cache
+        serve this one step: a :class:`~txl.model.decoding.LayerCache` writes the token into its slot
+        first and returns the filled slots; a ring of fixed shape (:mod:`txl.model.ring`, compiled and
+        exported graphs) returns its slots unchanged and the token's key and value as ``cache.own``,
+        scored beside them. Only ``key_mask`` hides a slot (with ``same_length`` the capacity is
+        ``mem_len``, so the oldest key has already left, as the mask would drop it).
 
         Args:
             h: [B, 1, d_model] input of this layer for the new token (eval mode, no autograd).
-            cache: this layer's :class:`~txl.model.decoding.LayerCache`.
-            key_mask: bool [B, 1, 1, K] True for slots a row must not attend to (the padding of
-                memories of different lengths, see :func:`txl.model.transformer.slot_padding_mask`).
+            cache: this layer's :class:`~txl.model.decoding.LayerCache`, or a ring's layer.
+            key_mask: bool [B, 1, 1, K] or [1, K], True for slots a row must not attend to (the padding
+                of memories of different lengths, see :func:`txl.model.decoding.slot_padding_mask`).
             positions: what the scheme's ``step_positions`` built for this step (None for "rel", "shaw").
 
         Returns:
@@ -448,10 +469,10 @@ class MultiHeadAttention(nn.Module):
         x = F.layer_norm(h, norm.normalized_shape, norm.weight, norm.bias, norm.eps) if self.pre_lnorm else h
         q, k, v = self.qkv_net.forward(x).view(bsz, 3, heads, d_head).unbind(1)  # [B, H, D] each
         q, k = self.positions.step_rotate(q, k, positions)
-        keys, values = cache.update(k.unsqueeze(2), v.unsqueeze(2), h)  # the filled slots, in slot order
-        q_c, q_r, r_k = self.positions.step_terms(self, q, cache, keys.size(2))  # queries scaled already
+        keys, values = cache.update(k.unsqueeze(2), v.unsqueeze(2), h)  # the slots, in slot order
+        q_c, q_r, r_k, columns = self.positions.step_terms(self, q, cache, keys.size(2))  # queries scaled already
         vec = one_query_attention(q_c.unsqueeze(2), None if q_r is None else q_r.unsqueeze(2), keys, values, r_k,
-                                  key_mask, scale=1.0)  # [B, H, 1, D]
+                                  key_mask, scale=1.0, columns=columns, own=cache.own)  # [B, H, 1, D]
         out = self.o_net.forward(vec.view(bsz, 1, heads * d_head))
         if self.pre_lnorm:
             return h + out

@@ -66,6 +66,9 @@ class LayerCache:
             segment once the memory is full.
     """
 
+    own = None  # (a ring's layer hands the token's own key and value here; this cache writes them first)
+    columns = None  # (a ring's layer reads its table at these columns; this cache slices its doubled one)
+
     def __init__(self, state: "DecodingState") -> None:
         self.state = state
         self.keys: torch.Tensor | None = None

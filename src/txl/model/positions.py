@@ -94,11 +94,10 @@ class PositionScheme:
         """A step's query and key [B, H, D] before the key is kept (default: as is)."""
         return q, k
 
-    def step_terms(self, attn: nn.Module, q: torch.Tensor, cache,
-                   klen: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    def step_terms(self, attn: nn.Module, q: torch.Tensor, cache, klen: int):
         """What :func:`~txl.model.attention.one_query_attention` takes for a step's query [B, H, D] over
-        the ``klen`` filled slots (slot order): the content and position queries, both scaled, and the
-        position keys of the slots' distances [H, D, K] (None, None without a position term)."""
+        the ``klen`` slots of ``cache`` (slot order): the content and position queries, both scaled, the
+        position keys and their ``columns`` (None, None, None, None without a position term)."""
         raise NotImplementedError
 
 
@@ -123,6 +122,10 @@ class _DistanceTable(PositionScheme):
         return q, q
 
     def step_terms(self, attn, q, cache, klen):
+        # scaled before the products (as the fused kernel does), so that half-precision scores stay in range
+        q_c, q_r = self.step_queries(attn, q, cache)
+        if cache.columns is not None:  # a ring: its table of distances, and the column of each slot's
+            return q_c, q_r, cache.pos_keys, cache.columns
         state = cache.state
         if cache.pos_keys is None:  # distances P-1 ... 0, twice in a row once P = S (see LayerCache)
             r_k = self.position_keys(attn, state)
@@ -130,9 +133,7 @@ class _DistanceTable(PositionScheme):
                 r_k = torch.cat([r_k, r_k], dim=-1)
             cache.pos_keys = r_k.to(q.dtype).contiguous()
         off = state.pos_offset(klen)
-        # scaled before the products (as the fused kernel does), so that half-precision scores stay in range
-        q_c, q_r = self.step_queries(attn, q, cache)
-        return q_c, q_r, cache.pos_keys[:, :, off:off + klen]  # [H, D, K]: slot s's distance in column s
+        return q_c, q_r, cache.pos_keys[:, :, off:off + klen], None  # [H, D, K]: slot s's distance in column s
 
 
 class Relative(_DistanceTable):
@@ -337,7 +338,7 @@ class Rotary(PositionScheme):
         return both[:, 0], both[:, 1]
 
     def step_terms(self, attn, q, cache, klen):
-        return q * attn.scale, None, None
+        return q * attn.scale, None, None, None
 
 
 SCHEMES: dict[str, PositionScheme] = {s.name: s for s in (Relative(), Shaw(), Absolute(), Rotary())}

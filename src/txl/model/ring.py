@@ -46,12 +46,22 @@ EXPORTABLE = ("rel", "shaw")  # the schemes whose step is a table of distances (
 BACKENDS = ("inductor", "aot_eager", "eager")  # torch.compile backends RingDecoder takes
 
 
-class _Uncached:
-    """Stands for a layer's cache where a scheme's ``step_queries`` keeps its scaled biases: here they are
-    computed in the graph, from the parameters, at every step (H x D numbers)."""
+class _RingLayer:
+    """One layer's ring as :meth:`~txl.model.attention.MultiHeadAttention.step` reads it: the slots
+    unchanged (a graph only reads them), the new token's key and value scored beside them (``own``),
+    each slot's position key read from the layer's table of distances at its column (``columns``:
+    slots then the own key's distance 0). The scheme's scaled biases are computed in the graph, from
+    the parameters, at every step (``query_biases``: H x D numbers)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, table: torch.Tensor, columns: torch.Tensor) -> None:
+        self.keys, self.values, self.pos_keys, self.columns = keys, values, table, columns
         self.query_biases = None
+        self.own: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Take the new token's key and value [B, H, 1, D] (written by the caller after the step); the slots."""
+        self.own = key, value
+        return self.keys, self.values
 
 
 def ring_capacity(span: AttentionSpan) -> int:
@@ -161,10 +171,9 @@ class RingStep(nn.Module):
     logits [B, V] for the next token (the model's ``crit.logits``: raw scores, or log-probabilities
     with an adaptive softmax) and the new token's key and value [L, B, H, D] for slot ``write``.
 
-    Same arithmetic as :meth:`~txl.model.attention.MultiHeadAttention.step` (scaled queries, the
-    scheme's ``step_queries``, its distance table), with the old slots and the new token's own key
-    scored side by side instead of written first; a slot is attended to when ``s < fill`` and
-    ``s != write`` (once full, slot ``write`` holds the token the new one replaces).
+    Each layer's own :meth:`~txl.model.transformer.DecoderLayer.step`, with the old slots and the new
+    token's own key scored side by side instead of written first; a slot is attended to when
+    ``s < fill`` and ``s != write`` (once full, slot ``write`` holds the token the new one replaces).
 
     Raises (at construction): TxlError as :func:`check_exportable`.
     """
@@ -179,30 +188,17 @@ class RingStep(nn.Module):
     def forward(self, input_ids, keys, values, write, fill):
         model, capacity = self.model, self.capacity
         slots = torch.arange(capacity, device=input_ids.device)
-        hidden = (slots < fill) & (slots != write)  # [S]: the slots the new token attends to
-        columns = capacity - 1 - torch.remainder(write - slots, capacity)  # slot s's distance, as a table column
-        h = model.word_emb(input_ids)[:, 0]  # [B, d]
+        hidden = ((slots >= fill) | (slots == write))[None, :]  # [1, S]: the slots the new token does not see
+        distance = torch.remainder(write - slots, capacity)  # each slot's, then the own key's (0): table columns
+        columns = capacity - 1 - torch.cat([distance, distance.new_zeros(1)])
+        h = model.word_emb(input_ids)  # [B, 1, d]
         new_keys, new_values = [], []
         for i, layer in enumerate(model.layers):
-            attn = layer.attn
-            bsz, heads, d_head = h.size(0), attn.n_head, attn.d_head
-            norm = attn.layer_norm
-            x = norm(h) if attn.pre_lnorm else h
-            q, k, v = attn.qkv_net(x).view(bsz, 3, heads, d_head).unbind(1)  # [B, H, D]
-            q_c, q_r = model.positions.step_queries(attn, q, _Uncached())
-            # the position term of every distance, then each slot's (a gather of H x S scores, not of the table)
-            by_distance = torch.einsum("bhd,hds->bhs", q_r, self.tables[i])  # [B, H, S]: column j, distance S-1-j
-            old = torch.einsum("bhd,bhsd->bhs", q_c, keys[i]) + by_distance.index_select(2, columns)
-            old = old.masked_fill(~hidden, float("-inf"))
-            own = (q_c * k).sum(-1) + by_distance[:, :, capacity - 1]  # distance 0
-            p = torch.softmax(torch.cat([old, own[..., None]], dim=-1), dim=-1)
-            vec = torch.einsum("bhs,bhsd->bhd", p[..., :capacity], values[i]) + p[..., capacity:] * v
-            out = attn.o_net(vec.reshape(bsz, heads * d_head))
-            h = h + out if attn.pre_lnorm else norm(h + out)
-            h = layer.ff(h)
-            new_keys.append(k)
-            new_values.append(v)
-        return model.crit.logits(h), torch.stack(new_keys), torch.stack(new_values)
+            ring = _RingLayer(keys[i], values[i], self.tables[i], columns)
+            h = layer.step(h, ring, hidden)
+            new_keys.append(ring.own[0][:, :, 0])
+            new_values.append(ring.own[1][:, :, 0])
+        return model.crit.logits(h[:, 0]), torch.stack(new_keys), torch.stack(new_values)
 
 
 class RingDecoder:
