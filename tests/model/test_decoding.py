@@ -55,6 +55,44 @@ def test_state_equals_the_memory_recomputed_every_call(overrides):
     assert steps > 3 * state.capacity  # the ring has turned over several times
 
 
+@pytest.mark.parametrize("overrides", [c for c in CASES if c["mem_len"] > 0 and c.get("attn_type") != "rope"])
+def test_a_stacked_state_and_its_ring_step_equal_the_memory_recomputed(overrides):
+    """A stacked state (one tensor [2, L, B, H, S, D] of the full capacity, as compiled steps read it):
+    the same logits as the plain model, whether a one-token call takes the model's step or the ring's
+    (RingDecoder's step module over the stack), through several turns of the ring; a reorder keeps
+    every layer's buffers inside the stack (float64, 1e-10)."""
+    from txl.model.ring import RingDecoder
+
+    model = _big_weights(tiny_model(tgt_len=4, **overrides))
+    c, span = model.config, model.config.span
+    decoder = RingDecoder(model, span)
+    state = decoder.state
+    tokens = torch.randint(0, 37, (3, 46), generator=torch.Generator().manual_seed(4))
+    sizes = [3, 1, 1, 4, 1, 1, 1, 2] + [1] * 31
+    mems, start = None, 0
+    with torch.no_grad():
+        for i, size in enumerate(sizes):
+            x = tokens[:, start:start + size]
+            want = model(x, mems=mems)
+            got = decoder.step(x)[:, None] if size == 1 and i % 2 else model(x, caches=state).logits[:, -1:]
+            torch.testing.assert_close(got, want.logits[:, -1:], rtol=0, atol=1e-10)
+            mems, start = want.mems, start + size
+            assert state.stack.shape == (2, c.n_layer, 3, c.n_head, state.capacity, c.d_head)
+            assert all(cache.keys.data_ptr() == state.stack[0, j].data_ptr() for j, cache in enumerate(state.layers))
+        index = torch.tensor([2, 0, 0])
+        state.reorder(index)
+        assert all(cache.values.data_ptr() == state.stack[1, j].data_ptr() for j, cache in enumerate(state.layers))
+        mems = [m[index] for m in mems]
+        x = tokens[index, start:start + 1]
+        torch.testing.assert_close(decoder.step(x), model(x, mems=mems).logits[:, -1], rtol=0, atol=1e-10)
+    assert start > 2 * state.capacity  # the ring has turned over
+
+
+def test_a_stacked_state_keeps_no_hidden_memory():
+    with pytest.raises(TxlError, match="stacked decoding state keeps no hidden-state memory"):
+        DecodingState(2, AttentionSpan(tgt_len=4, mem_len=4), stacked=True)
+
+
 @pytest.mark.parametrize("overrides", CASES)
 def test_each_sub_layer_step_equals_its_forward(overrides):
     """Layer by layer, token after token through several turns of the ring: the attention sub-layer's

@@ -522,7 +522,7 @@ def test_a_whole_response_stops_generating_when_its_client_leaves(client, url):
 
 @pytest.mark.parametrize("length", [5, 50], ids=["no-complete-segment", "memory-and-tail"])
 def test_a_compiled_engine_samples_what_the_eager_one_does(ref, length):
-    """``txl serve --compile``: a session's memory and tail read by the compiled ring, then sampled; the tokens
+    """``txl serve --compile``: a session's memory and tail read into the ring, then sampled by the compiled step; the tokens
     of :func:`generate` on the whole text with the same seed (float64: no rounding between the two)."""
     import asyncio
 
@@ -536,7 +536,7 @@ def test_a_compiled_engine_samples_what_the_eager_one_does(ref, length):
     counters.clear()
     engine = build_engine(copy.deepcopy(ref), TOK, span=SPAN, max_sessions=2, idle_timeout=300, max_tokens=50,
                           compile="aot_eager")
-    assert counters["stats"]["unique_graphs"] == 2  # the prompt reader and the step, compiled before any request
+    assert counters["stats"]["unique_graphs"] == 1  # the step, compiled before any request
 
     async def run():
         sid = engine.new_session()["id"]
@@ -546,4 +546,4 @@ def test_a_compiled_engine_samples_what_the_eager_one_does(ref, length):
 
     got = asyncio.run(run())
     assert got == reference_generate(ref, ids_of(TEXT[:length]), 15, 9, temperature=0.9)
-    assert counters["stats"]["unique_graphs"] == 2  # the request ran the same two graphs
+    assert counters["stats"]["unique_graphs"] == 1  # the request ran the same graph

@@ -132,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
         from txl.model.ring import check_exportable
         from txl.model.span import resolve_span
 
-        check_exportable(ckpt.model.config, resolve_span(ckpt.model.config, mem_len=args.mem_len), "--compile")
+        check_exportable(ckpt.model.config, resolve_span(ckpt.model.config, mem_len=args.mem_len), "--compile",
+                         reader=False)
     print_notes(args)  # which checkpoint (the input has passed its checks)
     if args.compile and args.max_new_tokens > 0:  # (no token: nothing to compile)
         print("txl: compiling the decoder (torch.compile): the first tokens wait for it, a minute or so on a CPU",

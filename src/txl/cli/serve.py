@@ -124,7 +124,7 @@ def _run(args: argparse.Namespace, api_key: str | None) -> int:
     if args.compile:  # what the ring step cannot hold, refused in one line before the compilation
         from txl.model.ring import check_exportable
 
-        check_exportable(ckpt.model.config, span, "--compile")
+        check_exportable(ckpt.model.config, span, "--compile", reader=False)
         print("txl: compiling the decoder (torch.compile) before serving: a minute or so on a CPU", file=sys.stderr,
               flush=True)
     engine = build_engine(ckpt.model, ckpt.tokenizer, span=span, dtype=args.dtype, max_sessions=args.max_sessions,

@@ -171,10 +171,11 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
     alone (scores equal up to float rounding), with its own generator when ``generator`` is a list.
     ``mems`` must then be None. (``attn_type="abs"``: each row's window is read alone.)
 
-    ``compile=True`` (or a ``torch.compile`` backend's name): the prompt is read and each step taken by
-    the two modules of :class:`txl.model.ring.RingDecoder` under ``torch.compile(fullgraph=True)``, whose state (the ring
-    of keys and values, its write index and fill) reaches the graphs as tensors of fixed shape, so the step
-    compiles once for every memory fill; the tokens are those of the default path (scores equal to float rounding).
+    ``compile=True`` (or a ``torch.compile`` backend's name): the prompt is read into a stacked decoding
+    state and each step is taken by :class:`txl.model.ring.RingDecoder`'s step under
+    ``torch.compile(fullgraph=True)``, whose state (the ring of keys and values, its write index and fill)
+    reaches the graph as tensors of fixed shape, so the step compiles once for every memory fill; the
+    tokens are those of the default path (scores equal to float rounding).
     For prompts of one length (``mems`` too: the last ``mem_len`` positions are kept), a model and span
     :func:`txl.model.ring.check_exportable` accepts, with float32, float64 or int8 weights
     (:func:`txl.model.quantize.quantize_int8`: the int8 products compile with the rest of the step).
@@ -199,7 +200,7 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
     if compile:
         if ragged:
             raise TxlError("compiled decoding takes prompts of one length")
-        check_exportable(model.config, span, "compiled decoding")
+        check_exportable(model.config, span, "compiled decoding", reader=False)
         weight = model.word_emb.emb_layers[0].weight
         if weight.dtype not in (torch.float32, torch.float64) or torch.is_autocast_enabled(weight.device.type):
             raise TxlError("compiled decoding takes float32, float64 or int8 weights without autocast: not "

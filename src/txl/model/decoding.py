@@ -154,20 +154,28 @@ class DecodingState:
             ``mem_len``, ``clamp_len`` and ``same_length``).
         keep_mems: keep each layer's inputs too, for :meth:`mems` (one [B, d_model] write per layer
             and token). False saves that memory when the caller never reads the memory back.
+        stacked: every layer's keys and values in one tensor :attr:`stack` [2, L, B, H, S, D] of the
+            full capacity from the first call on, slot 0 at position 0 (no growth, no spare room): the
+            layout a compiled step reads whole (:class:`~txl.model.ring.RingDecoder`). Needs
+            ``keep_mems=False``.
 
     Raises:
-        TxlError: ``span`` is not an AttentionSpan or ``n_layer < 1``.
+        TxlError: ``span`` is not an AttentionSpan, ``n_layer < 1``, or ``stacked`` with ``keep_mems``.
 
     Source: paper §3.2 (memory), §3.3 (relative scores: keys independent of position).
     """
 
-    def __init__(self, n_layer: int, span: AttentionSpan, keep_mems: bool = True) -> None:
+    def __init__(self, n_layer: int, span: AttentionSpan, keep_mems: bool = True, stacked: bool = False) -> None:
         if not isinstance(span, AttentionSpan):
             raise TxlError(f"span must be an AttentionSpan, got {type(span).__name__}")
         if isinstance(n_layer, bool) or not isinstance(n_layer, int) or n_layer < 1:
             raise TxlError(f"n_layer must be an integer >= 1, got {n_layer!r}")
+        if stacked and keep_mems:
+            raise TxlError("a stacked decoding state keeps no hidden-state memory: pass keep_mems=False")
         self.span = span
         self.keep_mems = keep_mems
+        self.stacked = stacked
+        self.stack: torch.Tensor | None = None  # stacked: keys and values of every layer [2, L, B, H, S, D]
         self.capacity = span.mem_len + (0 if span.same_length and span.mem_len > 0 else 1)
         self.length = 0
         self.seen = 0  # keys taken in since the start: the text position of the next new key ("rope")
@@ -253,7 +261,7 @@ class DecodingState:
         Raises:
             TxlError: not even ``n`` positions of ``bytes_per_position`` bytes fit.
         """
-        want = min(self.capacity, max(16, 2 * n))
+        want = self.capacity if self.stacked else min(self.capacity, max(16, 2 * n))
         have = available_memory_bytes(self.device) if bytes_per_position else 0
         if bytes_per_position and want * bytes_per_position > have:
             self.check_fits(n * bytes_per_position, what)
@@ -451,10 +459,13 @@ class DecodingState:
             tensors = [b for c in self.layers for b in (c.keys, c.values, c.hidden) if b is not None] + (self.held or [])
             self.check_fits(sum(t[:1].numel() * t.element_size() for t in tensors) * index.numel(),
                             f"the {index.numel():,} rows it is reordered into")
+        if self.stack is not None:
+            self.stack = self.stack.index_select(2, index.to(self.stack.device))
+            self._view_stack()
         for cache in self.layers:
             for name in ("keys", "values", "hidden"):
                 buffer = getattr(cache, name)
-                if buffer is not None:
+                if buffer is not None and self.stack is None:
                     setattr(cache, name, buffer.index_select(0, index.to(buffer.device)).contiguous())
         if self.held is not None:
             self.held = [m.index_select(0, index.to(m.device)).contiguous() for m in self.held]
@@ -463,10 +474,20 @@ class DecodingState:
 
     def _allocate(self, cache: LayerCache, like: torch.Tensor, hidden: torch.Tensor | None, room: int) -> None:
         bsz, heads, _, d_head = like.shape
+        if self.stacked:  # (a stacked state allocates once, the capacity, on its first layer's first store)
+            if self.stack is None:
+                self.stack = like.new_zeros(2, len(self.layers), bsz, heads, room, d_head)
+                self._view_stack()
+            return
         cache.keys = like.new_zeros(bsz, heads, room, d_head)
         cache.values = like.new_zeros(bsz, heads, room, d_head)
         if self.keep_mems and hidden is not None:
             cache.hidden = hidden.new_zeros(bsz, room, hidden.size(-1))
+
+    def _view_stack(self) -> None:
+        """Point every layer's keys and values at its part of :attr:`stack`."""
+        for i, cache in enumerate(self.layers):
+            cache.keys, cache.values = self.stack[0, i], self.stack[1, i]
 
     def check_fits(self, need: int, what: str) -> None:
         """Refuse buffers of ``need`` bytes that the available memory of the buffers' device cannot hold (a

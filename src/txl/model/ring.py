@@ -1,31 +1,30 @@
-"""Decoding with the state as tensors of fixed shape: a segment reader that builds the memory, and a
-one-token step whose state is a fixed-capacity ring buffer of keys and values — the two graphs that
-``txl export`` writes (:mod:`txl.export`) and that ``generate(..., compile=True)`` compiles.
+"""The one-token step and the prompt reader as graphs of fixed shape: what ``txl export`` writes
+(:mod:`txl.export`) and what ``generate(..., compile=True)`` compiles (:class:`RingDecoder`).
 
-:class:`~txl.model.DecodingState` keeps its slot counters as Python numbers and grows its buffers with
-the text: right for eager decoding, but a traced graph would freeze those numbers. Here the whole state
-is tensors of fixed shape, so one graph serves every step, whatever the memory holds:
+A graph cannot read the Python counters of a :class:`~txl.model.DecodingState`: a traced graph would
+freeze them. Here the state reaches the graph as tensors of fixed shape, so one graph serves every
+step, whatever the memory holds:
 
 - ``keys``, ``values``: float [L, B, H, S, D], S = ``capacity`` slots per layer (``mem_len + 1``, or
-  ``mem_len`` with ``same_length``: the keys a step attends to once the memory is full, as in
-  DecodingState);
+  ``mem_len`` with ``same_length``, as in DecodingState): a stacked DecodingState's buffers, or the
+  exported runner's arrays;
 - ``write``: int64 [] the slot the next token goes to; ``fill``: int64 [] the slots that hold a token
   (while ``fill < S``, ``write == fill`` and the slots are in time order from slot 0; once full they
   rotate).
 
-The step reads the filled slots but writes nothing: it returns the new token's key and value
-[L, B, H, D], and the caller writes them to slot ``write`` in place (one slot per layer and token), then
-moves ``write`` on by one (mod S) and ``fill`` up to S. In relative attention a key does not depend on
-its position (paper §3.3), so a kept key stays right in whatever slot it sits; slot s is at distance
-``(write - s) mod S`` from the new token, and its position term is read from a per-layer table of the
-projected encodings of distances 0 ... S-1 (``W_kR R`` for "rel", the learned table for "shaw"), made
-once from the parameters when the graph is built (a constant of the graph).
+The step (:class:`RingStep`) runs each layer's own step over the slots, which it reads but does not
+write: it returns the new token's key and value [L, B, H, D], and the caller writes them to slot
+``write`` in place, then moves ``write`` on by one (mod S) and ``fill`` up to S. In relative attention
+a key does not depend on its position (paper §3.3), so a kept key stays right in whatever slot it
+sits; slot s is at distance ``(write - s) mod S`` from the new token, and its position term is read
+from a per-layer table of the projected encodings of distances 0 ... S-1 (``W_kR R`` for "rel", the
+learned table for "shaw"), made once from the parameters when the graph is built.
 
-The segment reader takes ``tgt_len`` tokens per call, right-padded (``n_valid`` of them are real),
-with a memory of exactly ``mem_len`` positions per layer, left-padded (``mem_padding`` of them are not
-text yet, masked: the model's ``mem_padding``), and returns the next memory and the ring made from it.
-Reading a prompt in calls of ``tgt_len`` gives the memory that :func:`txl.generation.prime_memory`
-gives, so greedy tokens equal ``txl generate``'s (tests/export).
+The exported prompt reader (:class:`SegmentReader`) takes ``tgt_len`` tokens per call, right-padded
+(``n_valid`` of them are real), with a memory of exactly ``mem_len`` positions per layer, left-padded
+(``mem_padding`` of them are not text yet, masked: the model's ``mem_padding``), and returns the next
+memory and the ring made from it. Reading a prompt in calls of ``tgt_len`` gives the memory that
+:func:`txl.generation.prime_memory` gives, so greedy tokens equal ``txl generate``'s (tests/export).
 
 Shapes: L = layers, B = batch, H = heads, D = ``d_head``, S = capacity, M = ``mem_len``, d = ``d_model``,
 T = ``tgt_len``, V = vocabulary.
@@ -39,6 +38,8 @@ import torch
 from torch import nn
 
 from txl.errors import TxlError
+from txl.model.decoding import DecodingState
+from txl.model.segments import segments
 from txl.model.span import AttentionSpan
 from txl.runtime import compile_module
 
@@ -69,13 +70,14 @@ def ring_capacity(span: AttentionSpan) -> int:
     return span.mem_len + (0 if span.same_length else 1)
 
 
-def check_exportable(config, span: AttentionSpan, what: str = "export") -> None:
+def check_exportable(config, span: AttentionSpan, what: str = "export", reader: bool = True) -> None:
     """Refuse what the ring modules cannot hold, with one line naming it (``what``: the feature asked
     for, e.g. "export" or "compiled decoding").
 
     Raises:
-        TxlError: a position scheme other than "rel"/"shaw", a compressed memory, ``mem_len`` 0, or
-            ``mem_len < tgt_len`` (the reader recovers a call's memory from the memory it was given).
+        TxlError: a position scheme other than "rel"/"shaw", a compressed memory, ``mem_len`` 0, or, with
+            ``reader`` (the exported prompt reader, which recovers a call's memory from the memory it was
+            given), ``mem_len < tgt_len``.
     """
     if config.attn_type not in EXPORTABLE:
         raise TxlError(f"{what} serves attn_type 'rel' and 'shaw' (keys independent of position); this model has "
@@ -84,7 +86,7 @@ def check_exportable(config, span: AttentionSpan, what: str = "export") -> None:
         raise TxlError(f"{what} does not hold a compressed memory (cmem_len > 0): its slots change every few tokens")
     if span.mem_len < 1:
         raise TxlError(f"{what} needs a memory (mem_len >= 1): the step's state is the memory's keys and values")
-    if span.mem_len < span.tgt_len:
+    if reader and span.mem_len < span.tgt_len:
         raise TxlError(f"{what} needs mem_len >= tgt_len (got mem_len {span.mem_len}, tgt_len {span.tgt_len}): "
                        "use a longer memory (or, where it can be set, a shorter tgt_len)")
 
@@ -180,7 +182,7 @@ class RingStep(nn.Module):
 
     def __init__(self, model: nn.Module, span: AttentionSpan) -> None:
         super().__init__()
-        check_exportable(model.config, span)
+        check_exportable(model.config, span, reader=False)
         self.model, self.capacity = model, ring_capacity(span)
         self.register_buffer("tables", distance_tables(model, span, model.word_emb.emb_layers[0].weight.dtype),
                              persistent=False)
@@ -202,20 +204,21 @@ class RingStep(nn.Module):
 
 
 class RingDecoder:
-    """Decoding in torch with the two modules above, optionally compiled: the protocol of the exported
-    runner (:mod:`txl.export.runner`) on tensors, for ``generate(..., compile=True)``.
+    """Decoding with a :class:`~txl.model.DecodingState` whose one-token steps run :class:`RingStep`,
+    optionally compiled: ``generate(..., compile=True)``, and the PyTorch side of ``txl bench --export``.
 
-    The state lives here as tensors of fixed shape, so a compiled step is one graph for every step,
-    whatever the memory holds (no recompilation as it fills): ``keys``/``values`` [L, B, H, S, D] in the
-    parameters' dtype. The counters ``write`` and ``fill`` are Python ints kept on the host (they follow
-    from the lengths read, so no step waits for the device to learn them); the modules get them as int64
-    [] tensors made once per value, and a step writes its token into one slot of the ring in place.
+    The state is stacked (every layer's keys and values in one tensor of the full capacity, slot 0 at
+    position 0), so a compiled step is one graph for every step, whatever the memory holds (no
+    recompilation as it fills). The prompt is read by the model's own forward into the state, as
+    :func:`txl.generation.prime_memory` reads it; a step hands the stack and the counters ``write``
+    (``next_slot``) and ``fill`` (``length``) to the step module, whose counters are int64 [] tensors
+    made once per value, and writes the new token's key and value into slot ``write`` in place.
 
     Args:
         model: a :class:`~txl.model.TransformerXLLM` in eval mode (no autograd is used).
         span: the span to read and decode with (:func:`check_exportable` holds).
-        compile: wrap both modules in ``torch.compile(fullgraph=True)``: True (inductor) or a backend's name
-            (e.g. "aot_eager"); False: run them eagerly.
+        compile: wrap the step in ``torch.compile(fullgraph=True)``: True (inductor) or a backend's name
+            (e.g. "aot_eager"); False: run it eagerly.
 
     Raises:
         TxlError: as :func:`check_exportable`.
@@ -223,16 +226,14 @@ class RingDecoder:
 
     def __init__(self, model: nn.Module, span: AttentionSpan, compile: bool | str = False) -> None:
         self.model, self.span, self.capacity = model, span, ring_capacity(span)
-        self.segment_reader = SegmentReader(model, span)
-        self.segment, self.step_module = self.segment_reader, RingStep(model, span)
+        self.step_module = RingStep(model, span)
         if compile:
             backend = compile if isinstance(compile, str) else "inductor"
             if backend not in BACKENDS:  # (others, e.g. cudagraphs, may hand back outputs a later step overwrites)
                 raise TxlError(f"compile takes True or one of {', '.join(BACKENDS)}, got {compile!r}")
-            self.segment = compile_module(self.segment, fullgraph=True, dynamic=False, backend=backend)
             self.step_module = compile_module(self.step_module, fullgraph=True, dynamic=False, backend=backend)
-        self.keys = self.values = None
-        self.write = self.fill = 0
+        self.state = DecodingState(model.config.n_layer, span, keep_mems=False, stacked=True)
+        self.mems: list[torch.Tensor] | None = None  # a starting memory not read into the state yet
         # the counters' values 0 ... S on the model's device (one copy there), and (counter, value) -> its own
         # int64 [] tensor, cut from them once per value on the device: no copy from the host per step
         self._values = torch.arange(self.capacity + 1, device=model.word_emb.emb_layers[0].weight.device)
@@ -241,47 +242,32 @@ class RingDecoder:
     @torch.no_grad()
     def read_prompt(self, input_ids: torch.Tensor, mems: list[torch.Tensor] | None = None) -> None:
         """Read ``input_ids`` (int64 [B, T], T >= 0 tokens: the prompt without the token the first
-        :meth:`step` reads) in calls of ``tgt_len``, as :func:`txl.generation.prime_memory` does, after
-        ``mems`` (``n_layer`` tensors [B, M', d], e.g. a ``txl serve`` session's memory; the last
-        ``mem_len`` positions are kept, fewer are left-padded and masked) or from no memory (None)."""
-        c, span = self.model.config, self.span
-        weight = self.model.word_emb.emb_layers[0].weight
-        bsz, length = input_ids.shape
-        reader = self.segment_reader  # the eager module (the compiled one reads whole segments only)
-        memory = weight.new_zeros(c.n_layer, bsz, span.mem_len, c.d_model)
-        padding = torch.full((bsz,), span.mem_len, dtype=torch.long, device=weight.device)
-        given = 0 if mems is None else min(mems[0].size(1), span.mem_len)
-        if given > 0:
-            memory[:, :, span.mem_len - given:] = torch.stack([m[:, -given:] for m in mems]).to(weight.dtype)
-            padding.fill_(span.mem_len - given)
-            self.keys, self.values, _ = reader.ring(memory, padding)
-        else:  # no memory: an empty ring, nothing to project
-            shape = (c.n_layer, bsz, c.n_head, self.capacity, c.d_head)
-            self.keys, self.values = weight.new_zeros(shape), weight.new_zeros(shape)
-        input_ids = input_ids.to(torch.long)
-        starts = range(0, length, span.tgt_len)
-        # every call's count of real tokens, sent to the device once (a copy per call would wait for it)
-        counts = torch.tensor([min(span.tgt_len, length - a) for a in starts], dtype=torch.long).to(weight.device)
-        for i, start in enumerate(starts):
-            chunk = input_ids[:, start:start + span.tgt_len]
-            n = chunk.size(1)
-            chunk = torch.cat([chunk, chunk.new_zeros(bsz, span.tgt_len - n)], dim=1)
-            memory, padding, self.keys, self.values, _ = self.segment(chunk, memory, padding, counts[i])
-        self.fill = min(given + length, span.mem_len)  # the slots the reader filled, known without asking it
-        self.write = self.fill % self.capacity
+        :meth:`step` reads) in calls of ``tgt_len`` after ``mems`` (``n_layer`` tensors [B, M', d], e.g.
+        a ``txl serve`` session's memory) or from no memory (None)."""
+        self.mems = mems
+        for seg in segments(self.model, input_ids.to(torch.long), span=self.span, mems=mems, caches=self.state):
+            self.mems = seg.output.mems  # (None: the state holds the memory)
 
     @torch.no_grad()
     def step(self, input_ids: torch.Tensor) -> torch.Tensor:
         """One token per row (int64 [B, 1]) after what was read: the next-token logits [B, V] (as the
-        model's ``crit.logits``); the token's keys and values go to slot ``write`` (in place)."""
+        model's ``crit.logits``); the token's keys and values go to slot ``write`` (in place). A first
+        token with nothing in the state yet is read by the model's forward."""
+        state = self.state
+        if state.length == 0:
+            out = self.model(input_ids, mems=self.mems, caches=state, span=self.span)
+            self.mems = None
+            return out.logits[:, -1]
         # one layout for every step (a prompt's last column is strided, a sampled token's is not): one graph
         input_ids = input_ids.to(torch.long).clone(memory_format=torch.contiguous_format)
-        logits, key, value = self.step_module(input_ids, self.keys, self.values, self._counter(0, self.write),
-                                              self._counter(1, self.fill))
-        self.keys.select(3, self.write).copy_(key)
-        self.values.select(3, self.write).copy_(value)
-        self.write = (self.write + 1) % self.capacity
-        self.fill = min(self.fill + 1, self.capacity)
+        keys, values = state.stack.unbind(0)
+        write = state.next_slot
+        logits, key, value = self.step_module(input_ids, keys, values, self._counter(0, write),
+                                              self._counter(1, state.length))
+        keys.select(3, write).copy_(key)
+        values.select(3, write).copy_(value)
+        state.seen += 1
+        state._advance()
         return logits
 
     def _counter(self, which: int, value: int) -> torch.Tensor:

@@ -64,14 +64,15 @@ def plan_segment(state, qlen: int, klen: int, device: torch.device, bytes_per_po
     S, m = state.capacity, state.memory_length
     need = m + qlen  # positions of [memory, this call]
     room = state.room
-    if state.length > 0 and device.type == "cpu":
+    in_place = device.type == "cpu" and not state.stacked  # (a stacked state keeps no spare room)
+    if state.length > 0 and in_place:
         full = S + min(S, max(S // 8, 2 * qlen))
         if need >= S and room < full:  # full after this call: spare room for the calls to come
             # spare room only where it leaves half the available memory
             room = full if (full - room) * bytes_per_position <= available() // 2 else room
         elif room < need < S:  # while the memory fills
             room = state.grown(need, bytes_per_position)
-    if state.length == 0 or need > room or device.type != "cpu":
+    if state.length == 0 or need > room or not in_place:
         n = min(klen, S)
         room = state.room if n <= state.room else state.grown(n, bytes_per_position)
         return SegmentPlan(in_place=False, room=room, relocate=False, rotated=False, first=0, start_after=0)

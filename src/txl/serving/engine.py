@@ -206,7 +206,7 @@ class Engine:
         if self.compile and self.dtype != "float32":
             raise TxlError(f"compiled sampling takes float32 without autocast, not dtype {self.dtype!r}: drop "
                            "compile or the dtype")
-        if self.compile:  # compiled now, not in the first user's request: a prompt segment and two steps
+        if self.compile:  # the step compiled now, not in the first user's request
             ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
             for _ in generate_steps(self.model, ids, 2, span=self.span, rules=DecodingRules(temperature=0),
                                     compile=self.compile):
