@@ -78,7 +78,7 @@ def main() -> int:
             for compiled in (False, True):
                 decoder = RingDecoder(model, span, compile=compiled)
                 start = time.perf_counter()
-                ring(decoder, prompt[:, :8])  # warm-up (compiles both graphs)
+                ring(decoder, prompt[:, :8])  # warm-up (compiles the step; each run reads its prompt afresh)
                 print(f"batch {batch}: {name} ring{' compiled' if compiled else ''} ready in "
                       f"{time.perf_counter() - start:.0f} s", flush=True)
                 runs[f"{name} ring{' compiled' if compiled else ''}"] = lambda p, d=decoder: ring(d, p)

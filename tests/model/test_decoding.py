@@ -88,6 +88,55 @@ def test_a_stacked_state_and_its_ring_step_equal_the_memory_recomputed(overrides
     assert start > 2 * state.capacity  # the ring has turned over
 
 
+def test_a_ring_decoder_reads_each_prompt_afresh_and_refuses_a_broken_state():
+    """read_prompt drops what an earlier call read (a benchmark reuses one decoder); a step after a read that
+    failed inside the layers, or with another batch size, is refused in one line."""
+    from txl.model.ring import RingDecoder
+
+    model = tiny_model(tgt_len=4)
+    decoder = RingDecoder(model, model.config.span)
+    prompt = torch.randint(0, 37, (2, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        decoder.read_prompt(prompt[:, :-1])
+        first = decoder.step(prompt[:, -1:])
+        decoder.read_prompt(prompt[:, :-1])
+        torch.testing.assert_close(decoder.step(prompt[:, -1:]), first, rtol=0, atol=0)
+        mems = model(prompt[:, 4:8], mems=model(prompt[:, :4]).mems).mems  # read in segments of tgt_len
+        torch.testing.assert_close(first, model(prompt[:, -1:], mems=mems).logits[:, -1], rtol=0, atol=1e-10)
+        with pytest.raises(TxlError, match="the decoding state holds 2 rows but input_ids has 3"):
+            decoder.step(torch.zeros(3, 1, dtype=torch.long))
+
+        def fail(module, inputs):
+            raise RuntimeError("a layer failed")
+
+        hook = model.layers[1].register_forward_pre_hook(fail)
+        try:
+            with pytest.raises(RuntimeError, match="a layer failed"):
+                decoder.read_prompt(prompt[:, :-1])
+        finally:
+            hook.remove()
+        with pytest.raises(TxlError, match="left half updated by a call that failed"):
+            decoder.step(prompt[:, -1:])
+
+
+def test_a_stacked_state_takes_its_whole_capacity_or_refuses(monkeypatch):
+    """Where the available memory holds fewer slots than the capacity, a stacked state refuses (a growable
+    one takes what fits), and nothing is allocated."""
+    model = tiny_model(tgt_len=4, mem_len=7)
+    c = model.config
+    per_position = c.n_layer * 2 * c.n_head * c.d_head * 8  # keys and values, float64, batch 1
+    monkeypatch.setattr(decoding, "available_memory_bytes", lambda *device: 5 * per_position)
+    tokens = torch.randint(0, 37, (1, 3))
+    stacked = DecodingState(c.n_layer, c.span, keep_mems=False, stacked=True)
+    with torch.no_grad(), pytest.raises(TxlError, match=r"mem_len 7 needs .* use a smaller mem_len"):
+        model(tokens, caches=stacked)
+    assert stacked.stack is None and stacked.length == 0 and not stacked.failed
+    growable = DecodingState(c.n_layer, c.span, keep_mems=False)
+    with torch.no_grad():
+        model(tokens, caches=growable)
+    assert growable.room == 5 < growable.capacity
+
+
 def test_a_stacked_state_keeps_no_hidden_memory():
     with pytest.raises(TxlError, match="stacked decoding state keeps no hidden-state memory"):
         DecodingState(2, AttentionSpan(tgt_len=4, mem_len=4), stacked=True)

@@ -11,8 +11,8 @@ the ring rotates) is timed step by step, the implementations taking turns run by
   key and value written into the ring in place by the runner), with as many threads as torch;
 - ``onnxruntime int8``: the same export with ``--quantize int8`` (ONNX Runtime's dynamic int8 products,
   :func:`txl.export.files.quantize_onnx_graph`), and how many of its greedy tokens equal txl's;
-- ``graphs eager``: the same two graph modules run by PyTorch without export
-  (:class:`~txl.model.ring.RingDecoder`: what the graph computes, with PyTorch's kernels).
+- ``graphs eager``: the same step module run by PyTorch without export, after the model's own reading of
+  the prompt (:class:`~txl.model.ring.RingDecoder`: what the step graph computes, with PyTorch's kernels).
 
 The prompt fills S - 2 of the ring's S = ``mem_len + 1`` slots; from the second timed step on the ring
 is full and rotates. Each implementation's time per token is the median of all its timed steps
@@ -52,7 +52,7 @@ def _runner_steps(decoder) -> Callable[[torch.Tensor, int], Iterator]:
 
 
 def _ring_steps(model: TransformerXLLM, span) -> Callable[[torch.Tensor, int], Iterator]:
-    """Greedy steps of the same two modules run by PyTorch (:class:`~txl.model.ring.RingDecoder`, no export)."""
+    """Greedy steps of the same step module run by PyTorch (:class:`~txl.model.ring.RingDecoder`, no export)."""
     def steps(prompt: torch.Tensor, n: int) -> Iterator[None]:
         ring = RingDecoder(model, span)
         ring.read_prompt(prompt[:, :-1])

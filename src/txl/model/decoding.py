@@ -256,7 +256,8 @@ class DecodingState:
     def grown(self, n: int, bytes_per_position: int = 0, what: str = "its keys and values") -> int:
         """Positions to make room for when ``n`` are needed while the memory fills: twice as many (at
         least 16, at most the capacity S: O(log n) reallocations for n tokens), or as many as the
-        available memory holds when that is less, if at least ``n``.
+        available memory holds when that is less, if at least ``n``. A stacked state takes the capacity
+        S at once, or nothing.
 
         Raises:
             TxlError: not even ``n`` positions of ``bytes_per_position`` bytes fit.
@@ -264,7 +265,7 @@ class DecodingState:
         want = self.capacity if self.stacked else min(self.capacity, max(16, 2 * n))
         have = available_memory_bytes(self.device) if bytes_per_position else 0
         if bytes_per_position and want * bytes_per_position > have:
-            self.check_fits(n * bytes_per_position, what)
+            self.check_fits((want if self.stacked else n) * bytes_per_position, what)  # (stacked: all or nothing)
             return max(n, have // bytes_per_position)  # (less than want here)
         return want
 

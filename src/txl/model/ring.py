@@ -1,5 +1,5 @@
-"""The one-token step and the prompt reader as graphs of fixed shape: what ``txl export`` writes
-(:mod:`txl.export`) and what ``generate(..., compile=True)`` compiles (:class:`RingDecoder`).
+"""The one-token step and the prompt reader as graphs of fixed shape: the two that ``txl export`` writes
+(:mod:`txl.export`); the step is also what ``generate(..., compile=True)`` compiles (:class:`RingDecoder`).
 
 A graph cannot read the Python counters of a :class:`~txl.model.DecodingState`: a traced graph would
 freeze them. Here the state reaches the graph as tensors of fixed shape, so one graph serves every
@@ -243,7 +243,9 @@ class RingDecoder:
     def read_prompt(self, input_ids: torch.Tensor, mems: list[torch.Tensor] | None = None) -> None:
         """Read ``input_ids`` (int64 [B, T], T >= 0 tokens: the prompt without the token the first
         :meth:`step` reads) in calls of ``tgt_len`` after ``mems`` (``n_layer`` tensors [B, M', d], e.g.
-        a ``txl serve`` session's memory) or from no memory (None)."""
+        a ``txl serve`` session's memory) or from no memory (None), into a fresh state (what an earlier
+        call read is dropped)."""
+        self.state = DecodingState(self.model.config.n_layer, self.span, keep_mems=False, stacked=True)
         self.mems = mems
         for seg in segments(self.model, input_ids.to(torch.long), span=self.span, mems=mems, caches=self.state):
             self.mems = seg.output.mems  # (None: the state holds the memory)
@@ -252,14 +254,21 @@ class RingDecoder:
     def step(self, input_ids: torch.Tensor) -> torch.Tensor:
         """One token per row (int64 [B, 1]) after what was read: the next-token logits [B, V] (as the
         model's ``crit.logits``); the token's keys and values go to slot ``write`` (in place). A first
-        token with nothing in the state yet is read by the model's forward."""
+        token with nothing in the state yet is read by the model's forward.
+
+        Raises:
+            TxlError: the state was left half written by a call that failed, or ``input_ids`` has another
+                batch size than what was read.
+        """
         state = self.state
+        state.check_usable()
         if state.length == 0:
             out = self.model(input_ids, mems=self.mems, caches=state, span=self.span)
             self.mems = None
             return out.logits[:, -1]
         # one layout for every step (a prompt's last column is strided, a sampled token's is not): one graph
         input_ids = input_ids.to(torch.long).clone(memory_format=torch.contiguous_format)
+        state.check_call(input_ids.size(0), state.dtype)
         keys, values = state.stack.unbind(0)
         write = state.next_slot
         logits, key, value = self.step_module(input_ids, keys, values, self._counter(0, write),
