@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from conftest import layer_attention, reference_attention, tiny_model
 
-from txl.model import attention
+from txl.model import cpu_attention
 from txl.model import linear
 from txl.model.linear import Linear, _row_blocks, product
 from txl.model.attention import (attention_mask, position_scores, rel_shift, rel_shift_bias,
@@ -87,7 +87,7 @@ def test_evaluation_blocks_and_window_equal_brute_force(mlen, same_length, block
     mask = attention_mask(qlen, mlen, same_length, mem_len, "cpu")
     slow = brute_force(attn, h, mem, attn.r_w_bias, attn.r_r_bias, 0, mask)
     if block_bytes is not None:
-        monkeypatch.setattr(attention, "BLOCK_BYTES", block_bytes)
+        monkeypatch.setattr(cpu_attention, "BLOCK_BYTES", block_bytes)
     with torch.no_grad():
         for window in (None, mem_len if same_length else 0):
             fast = attn(h, mem, pos_emb, mask, window=window)
@@ -109,7 +109,7 @@ def test_masked_shift_view_is_the_masked_realignment(qlen, mlen, window):
     mask = attention_mask(qlen, mlen, window > 0, window, "cpu")
     extended = torch.cat([torch.randn(2, 3, qlen, 1, dtype=torch.float64, generator=gen), scores], dim=-1)
     future = torch.ones(qlen, qlen, dtype=torch.bool).tril_().flip(0)
-    view = attention._masked_shift_view(extended.clone(), future, window)
+    view = cpu_attention.masked_shift_view(extended.clone(), future, window)
     assert torch.equal(view, rel_shift_bias(scores, mask))
 
 
@@ -211,7 +211,7 @@ def test_row_blocks_divide_the_weight_and_follow_the_threads():
 def test_blocks_are_as_few_as_the_limit_allows_and_never_larger():
     for n in range(1, 25):
         for most in range(1, 25):
-            step = attention._even_step(n, most)
+            step = cpu_attention.even_step(n, most)
             assert step <= most and -(-n // step) == -(-n // most), (n, most, step)
 
 
@@ -221,8 +221,8 @@ def test_evaluation_takes_the_in_place_view_exactly_where_it_applies(monkeypatch
     from conftest import tiny_model
 
     calls = []
-    real = attention._masked_shift_view
-    monkeypatch.setattr(attention, "_masked_shift_view", lambda *a: calls.append(a[2]) or real(*a))
+    real = cpu_attention.masked_shift_view
+    monkeypatch.setattr(cpu_attention, "masked_shift_view", lambda *a: calls.append(a[2]) or real(*a))
     ids = torch.randint(0, 37, (2, 5), generator=torch.Generator().manual_seed(0))
     for same_length in (False, True):
         model = tiny_model(mem_len=4, same_length=same_length).eval()

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from txl.model import cpu_attention
 from txl.model.decoding import LayerCache
 from txl.model.dropout import Dropout
 from txl.model.linear import Linear
@@ -153,36 +154,6 @@ def _shifted_and_masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, view.new_full((), float("-inf")), view, out=out)
 
 
-BLOCK_BYTES = 8 * 2**20  # CPU: a block of position scores this large stays in the last-level cache
-
-
-def _masked_shift_view(scores: torch.Tensor, future: torch.Tensor, window: int) -> torch.Tensor:
-    """The realigned, masked bias [..., T, K] as a strided view of ``scores`` [..., T, K + 1] (column
-    m holds distance K - m; column 0, distance K, occurs for no query).
-
-    Entry (i, j), distance d = M + i - j, is column ``T - i + j`` of row i: row i starts T - i
-    elements into its row of ``scores``, and rows are K apart, so they tile the storage without
-    overlap. A future key (d < 0) runs into row i + 1, at a column below ``T - (i + 1)``, which no
-    visible entry of row i + 1 reads: those columns (``future[i, m]``: m < T - i) are set to -inf,
-    and with a ``window`` so are the columns of distance >= window. Writes only the [T, T] corner
-    and the window's columns.
-    """
-    *lead, qlen, width = scores.shape
-    klen = width - 1
-    scores[..., :qlen].masked_fill_(future, float("-inf"))
-    if 0 < window <= klen:
-        scores[..., :klen + 1 - window] = float("-inf")
-    if scores.stride()[-2:] != (width, 1):
-        scores = scores.contiguous()
-    return scores.as_strided((*lead, qlen, klen), scores.stride()[:-2] + (klen, 1), scores.storage_offset() + qlen)
-
-
-def _even_step(n: int, most: int) -> int:
-    """Block size for ``n`` items in blocks of at most ``most``: the fewest blocks, sizes as even as possible."""
-    blocks = -(-n // most)
-    return -(-n // blocks)
-
-
 def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      r_k: torch.Tensor, mask: torch.Tensor, *, scale: float, dropout_p: float = 0.0,
                      window: int | None = None, block_bytes: int | None = None) -> torch.Tensor:
@@ -202,12 +173,12 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
         window: given only when ``mask`` is exactly :func:`attention_mask` without padding: 0 for
             the causal mask, ``mem_len`` for the same_length one. Without autograd on a CPU the bias
             is then a strided view of the position scores themselves, no masked copy of [B, H, T, K]
-            (see :func:`_masked_shift_view`). On other devices the masked copy is kept: the fused
+            (:mod:`txl.model.cpu_attention`). On other devices the masked copy is kept: the fused
             kernels there want aligned bias strides and would copy such a view anyway.
         block_bytes: without autograd on a CPU, the batch rows and heads are taken in blocks whose
-            position scores take at most this many bytes (default :data:`BLOCK_BYTES`; one head of
-            one row when even that is larger), so each block's scores are still in cache when the
-            kernel reads them.
+            position scores take at most this many bytes (default ``cpu_attention.BLOCK_BYTES``; one
+            head of one row when even that is larger), so each block's scores are still in cache when
+            the kernel reads them.
 
     While ``torch.compile`` traces the model neither the in-place view nor the blocks are used: the
     bias is the gathered, masked copy of :func:`rel_shift_bias` over the whole batch. One query per row
@@ -237,30 +208,16 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
     def attend(rows: slice, cols: slice) -> torch.Tensor:
         scores = position_scores(q_pos[rows, cols], r_k[cols])
         if in_place:
-            bias = _masked_shift_view(scores, future, window)
+            bias = cpu_attention.masked_shift_view(scores, future, window)
         else:
             bias = rel_shift_bias(scores, mask if mask.dim() == 2 else mask[rows])
         return F.scaled_dot_product_attention(q_content[rows, cols], k[rows, cols], v[rows, cols], attn_mask=bias,
                                               dropout_p=dropout_p, scale=scale)
 
-    everything = slice(None)
     if grad or not on_cpu or compiling:  # (the compiler fuses the unblocked form)
-        return attend(everything, everything)
+        return attend(slice(None), slice(None))
     per_head = qlen * (klen + in_place) * q_pos.element_size()
-    limit = BLOCK_BYTES if block_bytes is None else block_bytes
-    if per_head * heads * bsz <= limit:
-        return attend(everything, everything)
-    out = torch.empty(bsz, heads, qlen, v.size(-1), dtype=v.dtype, device=v.device)
-    if per_head * heads <= limit:  # whole rows per block: as few blocks as the limit allows, of even size
-        step = _even_step(bsz, limit // (per_head * heads))
-        for b in range(0, bsz, step):
-            out[b:b + step] = attend(slice(b, b + step), everything)
-        return out
-    step = _even_step(heads, max(1, limit // per_head))  # heads of one row per block, likewise
-    for b in range(bsz):
-        for h in range(0, heads, step):
-            out[b:b + 1, h:h + step] = attend(slice(b, b + 1), slice(h, h + step))
-    return out
+    return cpu_attention.in_blocks(attend, (bsz, heads, qlen, v.size(-1)), v, per_head, block_bytes)
 
 
 def one_query_attention(q_content: torch.Tensor, q_pos: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor,
@@ -324,7 +281,7 @@ def one_query_attention(q_content: torch.Tensor, q_pos: torch.Tensor | None, k: 
 
 def padded_position_keys(r_k: torch.Tensor) -> torch.Tensor:
     """Position keys [H, D, K] -> contiguous [H, D, K + 1] with a zero column for distance K in front
-    (the layout :func:`biased_attention` reads in place; see :func:`_masked_shift_view`)."""
+    (the layout :func:`biased_attention` reads in place; see :func:`~txl.model.cpu_attention.masked_shift_view`)."""
     return F.pad(r_k, (1, 0))
 
 

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from txl.model.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, tie_adaptive
-from txl.model.attention import BLOCK_BYTES, MultiHeadAttention, attention_mask
+from txl.model.attention import MultiHeadAttention, attention_mask
+from txl.model.cpu_attention import BLOCK_BYTES
 from txl.model.compressive import Compressor, check_compressive_mems, layer_memory, split_mems, update_compressive
 from txl.model.config import TransformerXLConfig
 from txl.model.decoding import DecodingState, LayerCache, slot_padding_mask
