@@ -61,7 +61,6 @@ def test_a_cuda_device_s_room_is_its_own_free_memory_not_the_host_s(monkeypatch)
     import torch
 
     from txl.errors import TxlError
-    from txl.model import AttentionSpan, DecodingState
 
     asked = []
 
@@ -77,32 +76,34 @@ def test_a_cuda_device_s_room_is_its_own_free_memory_not_the_host_s(monkeypatch)
     assert runtime.available_memory_bytes(1) == 4 * 2**20 and asked[-1] == "cuda:1"  # an index names a GPU
     host = runtime.available_memory_bytes()
     assert runtime.available_memory_bytes(torch.device("cpu")) == host and host > 3 * 2**20
-    # a decoding state whose buffers live on that device refuses what does not fit there
-    state = DecodingState(2, AttentionSpan(tgt_len=4, mem_len=8))
-    state.device = torch.device("cuda", 1)
-    with pytest.raises(TxlError, match="more than the 4"):
-        state.check_fits(5 * 2**20, "its keys and values")
-    state.device = torch.device("cpu")
-    state.check_fits(5 * 2**20, "its keys and values")  # the host has the room
+    # what does not fit on that device is refused there, whatever the host has
+    with pytest.raises(TxlError, match=r"the buffers needs 5.0 MiB, more than the 4.0 MiB .* use less"):
+        runtime.check_fits(5 * 2**20, "the buffers", "use less", torch.device("cuda", 1))
+    runtime.check_fits(5 * 2**20, "the buffers", "use less", torch.device("cpu"))  # the host has the room
 
 
-def test_a_decoding_state_asks_for_the_room_of_the_device_its_call_runs_on(monkeypatch):
+def test_generation_refuses_a_decoding_state_the_memory_cannot_hold(monkeypatch):
+    """The caller checks the state's buffers (nbytes) against the memory of the model's device before the
+    first call: one line naming mem_len; a state sized by the text (prompt + new tokens) fits where a
+    mem_len of a million would not."""
     import torch
 
     from conftest import tiny_model
-    from txl.model import DecodingState, decoding
+    from txl.errors import TxlError
+    from txl.generation import generate, stream
 
-    model = tiny_model(mem_len=40)
+    model = tiny_model(tgt_len=4, mem_len=1_000_000)
     asked = []
 
     def available(device=None):
         asked.append(device)
-        return 1 << 40
+        return 200_000
 
-    monkeypatch.setattr(decoding, "available_memory_bytes", available)
-    state = DecodingState(3, model.config.span)
-    with torch.no_grad():
-        model(torch.randint(0, 37, (1, 5)), caches=state)
-        for _ in range(30):  # steps that grow the buffers
-            model(torch.randint(0, 37, (1, 1)), caches=state)
-    assert asked and all(d == torch.device("cpu") for d in asked) and state.device == torch.device("cpu")
+    monkeypatch.setattr(runtime, "available_memory_bytes", available)
+    prompt = torch.randint(0, 37, (2, 9))
+    out = generate(model, prompt, 6, temperature=0)  # 15 slots of 2 rows: a few KiB
+    assert out.shape == (2, 15) and asked == [torch.device("cpu")]
+    monkeypatch.setattr(stream, "DecodingState", lambda *args, max_tokens, **kw: __import__(
+        "txl.model", fromlist=["DecodingState"]).DecodingState(*args, **kw))  # no bound: a million slots
+    with pytest.raises(TxlError, match=r"a decoding state with mem_len 1,000,000 needs .* use a smaller mem_len"):
+        generate(model, prompt, 6, temperature=0)

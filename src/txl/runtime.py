@@ -376,6 +376,22 @@ def out_of_memory(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and ("can't allocate memory" in str(err) or "out of memory" in str(err))
 
 
+def check_fits(need: int, what: str, advice: str, device=None) -> None:
+    """Refuse ``need`` bytes for ``what`` that the available memory of ``device`` cannot hold
+    (:func:`available_memory_bytes`): one clear line instead of an allocator's traceback or the
+    process being killed.
+
+    Raises:
+        TxlError: naming ``what``, the bytes needed and available, and ``advice`` (what to make smaller).
+    """
+    have = available_memory_bytes(device)
+    if need > have:
+        from txl.errors import TxlError
+
+        raise TxlError(f"{what} needs {format_bytes(need)}, more than the {format_bytes(have)} of memory "
+                       f"available: {advice}")
+
+
 def format_bytes(n: int) -> str:
     """A byte count for people, one decimal: GiB from 1 GiB on, MiB from 1 MiB on, else KiB."""
     for unit, size in (("GiB", 2**30), ("MiB", 2**20)):

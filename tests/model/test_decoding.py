@@ -5,7 +5,7 @@ import torch
 
 from conftest import tiny_model
 from txl.errors import TxlError
-from txl.model import AttentionSpan, DecodingState, decoding, segment_room
+from txl.model import AttentionSpan, DecodingState, decoding
 
 CASES = [
     {"mem_len": 5},
@@ -57,7 +57,7 @@ def test_state_equals_the_memory_recomputed_every_call(overrides):
 
 @pytest.mark.parametrize("overrides", [c for c in CASES if c["mem_len"] > 0 and c.get("attn_type") != "rope"])
 def test_a_stacked_state_and_its_ring_step_equal_the_memory_recomputed(overrides):
-    """A stacked state (one tensor [2, L, B, H, S, D] of the full capacity, as compiled steps read it):
+    """A state without spare room (one tensor [2, L, B, H, S, D], as compiled steps read it):
     the same logits as the plain model, whether a one-token call takes the model's step or the ring's
     (RingDecoder's step module over the stack), through several turns of the ring; a reorder keeps
     every layer's buffers inside the stack (float64, 1e-10)."""
@@ -119,27 +119,22 @@ def test_a_ring_decoder_reads_each_prompt_afresh_and_refuses_a_broken_state():
             decoder.step(prompt[:, -1:])
 
 
-def test_a_stacked_state_takes_its_whole_capacity_or_refuses(monkeypatch):
-    """Where the available memory holds fewer slots than the capacity, a stacked state refuses (a growable
-    one takes what fits), and nothing is allocated."""
-    model = tiny_model(tgt_len=4, mem_len=7)
+def test_a_state_allocates_its_buffers_once_at_their_full_size():
+    """The first call allocates every layer's keys and values in one tensor, S slots plus the spare room of
+    segment views (none without spare_room); nbytes counts them; no later call reallocates."""
+    model = tiny_model(tgt_len=4, mem_len=40)
     c = model.config
-    per_position = c.n_layer * 2 * c.n_head * c.d_head * 8  # keys and values, float64, batch 1
-    monkeypatch.setattr(decoding, "available_memory_bytes", lambda *device: 5 * per_position)
-    tokens = torch.randint(0, 37, (1, 3))
-    stacked = DecodingState(c.n_layer, c.span, keep_mems=False, stacked=True)
-    with torch.no_grad(), pytest.raises(TxlError, match=r"mem_len 7 needs .* use a smaller mem_len"):
-        model(tokens, caches=stacked)
-    assert stacked.stack is None and stacked.length == 0 and not stacked.failed
-    growable = DecodingState(c.n_layer, c.span, keep_mems=False)
-    with torch.no_grad():
-        model(tokens, caches=growable)
-    assert growable.room == 5 < growable.capacity
-
-
-def test_a_stacked_state_keeps_no_hidden_memory():
-    with pytest.raises(TxlError, match="stacked decoding state keeps no hidden-state memory"):
-        DecodingState(2, AttentionSpan(tgt_len=4, mem_len=4), stacked=True)
+    tokens = torch.randint(0, 37, (2, 120))
+    for spare, room in ((True, 41 + 8), (False, 41)):
+        state = DecodingState(c.n_layer, c.span, spare_room=spare)
+        with torch.no_grad():
+            model(tokens[:, :3], caches=state)
+            pointer = state.stack.data_ptr()
+            for start in range(3, 120, 5):
+                model(tokens[:, start:start + (1 if start % 2 else 5)], caches=state)
+        assert state.stack.shape == (2, c.n_layer, 2, c.n_head, room, c.d_head) and state.stack.data_ptr() == pointer
+        assert state.hidden.shape == (c.n_layer, 2, room, c.d_model)
+        assert state.nbytes(c, 2, 8) == (state.stack.numel() + state.hidden.numel()) * 8
 
 
 @pytest.mark.parametrize("overrides", CASES)
@@ -163,8 +158,9 @@ def test_each_sub_layer_step_equals_its_forward(overrides):
             # the forward's positions count in the window (keys 0 .. mlen); the step's at the text position
             positions = model.positions.segment(c, mlen + 1, 0, span, "cpu", torch.float64, model.drop)
             klen = min(state.length + 1, state.capacity)
-            period = state.begin(1, klen, torch.device("cpu"), 0, 0)  # what TransformerXLLM._step does around the layers
-            step_positions = model.positions.step_positions(state, period, c, torch.device("cpu"), torch.float64)
+            # what TransformerXLLM._step does around the layers
+            state.begin(1, klen, (2, c.n_head, c.d_head, c.d_model), (torch.float64,) * 2, torch.device("cpu"))
+            step_positions = model.positions.step_positions(state, c, torch.device("cpu"), torch.float64)
             state.bind(2, torch.float64)
             h = model.word_emb(tokens[:, t:t + 1])
             for layer, cache, mem in zip(model.layers, state.layers, mems):
@@ -285,14 +281,14 @@ def test_segments_move_the_memory_back_exactly(mem_len, size, kind, monkeypatch)
     """When the spare room is used up the memory moves back to the start of its buffers, in chunks or
     without overlap; logits equal the plain model's (float64, 1e-10)."""
     moves = []
-    move = segment_room.move_to_front
+    move = decoding.move_to_front
 
     def spy(buffer, dim, source, n):
         moves.append("apart" if source >= n else "chunks")
         move(buffer, dim, source, n)
 
-    monkeypatch.setattr(segment_room, "move_to_front", spy)
-    model = _big_weights(tiny_model(tgt_len=4, mem_len=mem_len))
+    monkeypatch.setattr(decoding, "move_to_front", spy)
+    model = _big_weights(tiny_model(tgt_len=max(4, size), mem_len=mem_len))  # (spare room: 2 tgt_len or S / 8)
     state = DecodingState(model.config.n_layer, model.config.span)
     tokens = torch.randint(0, 37, (2, mem_len + 12 * size), generator=torch.Generator().manual_seed(size))
     mems = None
@@ -310,7 +306,7 @@ def test_move_to_front_moves_every_entry(source, n):
     """Whole copies (overlap of under 1/16), chunks and disjoint ranges all move the same entries."""
     buffer = torch.arange(2 * 3 * 100 * 2, dtype=torch.float64).view(2, 3, 100, 2)
     want = buffer[:, :, source:source + n].clone()
-    segment_room.move_to_front(buffer, 2, source, n)
+    decoding.move_to_front(buffer, 2, source, n)
     assert torch.equal(buffer[:, :, :n], want)
 
 
@@ -387,7 +383,7 @@ def test_few_row_products_keep_the_autocast_dtype():
     torch.testing.assert_close(got.float(), want.float(), rtol=0.05, atol=0.05)
 
 
-def test_a_state_refuses_what_would_not_fit_or_is_not_its_own(monkeypatch):
+def test_a_state_refuses_what_is_not_its_own():
     model = tiny_model(tgt_len=4, mem_len=6)
     other = tiny_model(tgt_len=4, mem_len=6, seed=1)
     x = torch.randint(0, 37, (2, 8))
@@ -403,9 +399,6 @@ def test_a_state_refuses_what_would_not_fit_or_is_not_its_own(monkeypatch):
                 state.reorder(bad)
         with pytest.raises(TxlError, match="n_layer must be an integer"):
             DecodingState("2", model.config.span)
-        monkeypatch.setattr(decoding, "available_memory_bytes", lambda *device: 1000)
-        with pytest.raises(TxlError, match=r"mem_len 6 needs .* KiB for its keys and values, more than"):
-            model(x[:, :4], caches=DecodingState(model.config.n_layer, model.config.span))
 
 
 def test_the_bound_dtype_is_the_keys_dtype():
@@ -421,31 +414,26 @@ def test_the_bound_dtype_is_the_keys_dtype():
         model(x[:, 4:8], caches=state)
 
 
-GROWTH_CASES = [
+BOUNDED_CASES = [
     {"mem_len": 10_000},
     {"mem_len": 10_000, "same_length": True, "clamp_len": 20},
-    {"mem_len": 45, "pre_lnorm": True},
-    {"mem_len": 45, "same_length": True},
     {"attn_type": "shaw", "shaw_max_dist": 30, "mem_len": 10_000},
-    {"attn_type": "shaw", "shaw_max_dist": 30, "mem_len": 45},
     {"attn_type": "rope", "mem_len": 10_000},
-    {"attn_type": "rope", "mem_len": 45, "same_length": True},
 ]
 
 
-@pytest.mark.parametrize("overrides", GROWTH_CASES)
-def test_buffers_grow_with_the_text_not_with_mem_len(overrides):
-    """Steps and segments in an irregular order while the memory fills (mem_len 10,000 on 230 tokens: it
-    never does; mem_len 45: it fills and the ring turns): logits and memory equal the plain model's
-    (float64, 1e-10) through every growth of the buffers and position tables, and a memory far longer
-    than the text takes buffers of the text's size."""
+@pytest.mark.parametrize("overrides", BOUNDED_CASES)
+def test_a_state_sized_for_its_text_holds_a_memory_longer_than_the_text(overrides):
+    """mem_len 10,000 on a text of 230 tokens with max_tokens=230: buffers of 230 slots; steps and segments
+    in an irregular order give the plain model's logits and memory (float64, 1e-10); a token past
+    max_tokens is refused with one line, and the state reads on."""
     model = _big_weights(tiny_model(tgt_len=4, **overrides))
-    span = model.config.span
-    state = DecodingState(model.config.n_layer, span)
-    tokens = torch.randint(0, 37, (2, 230), generator=torch.Generator().manual_seed(4))
+    c = model.config
+    state = DecodingState(c.n_layer, c.span, max_tokens=230)
+    tokens = torch.randint(0, 37, (2, 231), generator=torch.Generator().manual_seed(4))
     sizes = [5] + [1] * 30 + [4, 7, 1, 1, 3] + [1] * 20 + [9, 9, 2] + [1] * 40 + [12, 1, 1, 5] + [1] * 25 + [20, 30, 1]
-    sizes += [1] * (tokens.size(1) - sum(sizes))
-    mems, start, rooms, periods = None, 0, set(), set()
+    sizes += [1] * (230 - sum(sizes))
+    mems, start = None, 0
     with torch.no_grad():
         for size in sizes:
             x = tokens[:, start:start + size]
@@ -454,92 +442,31 @@ def test_buffers_grow_with_the_text_not_with_mem_len(overrides):
             mems, start = want.mems, start + size
             for ours, theirs in zip(state.mems(), mems):
                 torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-10)
-            rooms.add(state.room)
-            periods.add(state.pos_period)
-            assert state.room <= max(16, 4 * min(start, state.capacity) + 2 * size)
-    assert len(rooms) >= 3 and len(periods) >= 3  # it grew, several times
-    if span.mem_len > tokens.size(1):
-        assert state.room < 4 * tokens.size(1) and state.pos_period < 4 * tokens.size(1)
-    else:
-        assert state.length == state.capacity and state.pos_period == state.capacity
+        assert state.capacity == 230 and state.stack.size(4) <= 2 * 230 and state.length == 230
+        with pytest.raises(TxlError, match=r"max_tokens=230 tokens and holds 230; a call of 1 more"):
+            model(tokens[:, 230:], caches=state)
+        assert not state.failed and state.length == 230
+    with pytest.raises(TxlError, match="max_tokens must be an integer >= 1"):
+        DecodingState(c.n_layer, c.span, max_tokens=0)
 
 
-def test_growth_that_would_not_fit_is_refused_and_changes_nothing(monkeypatch):
-    """A million-token memory on a short text takes buffers of the text's size; when the text outgrows the
-    memory available, a first call, a step or a segment is refused with one line, nothing in the state
-    changes, and it serves the next call exactly."""
-    model = _big_weights(tiny_model(tgt_len=4, mem_len=1_000_000))
-    state = DecodingState(model.config.n_layer, model.config.span)
-    tokens = torch.randint(0, 37, (2, 60), generator=torch.Generator().manual_seed(5))
-    available = decoding.available_memory_bytes
-    refuse = r"mem_len 1,000,000 needs .* KiB .* available: use a smaller mem_len"
-    with torch.no_grad():
-        monkeypatch.setattr(decoding, "available_memory_bytes", lambda *device: 1000)
-        with pytest.raises(TxlError, match=refuse):
-            model(tokens[:, :16], caches=state)
-        assert not state.failed and state.length == 0 and state.layers[0].keys is None
-        monkeypatch.setattr(decoding, "available_memory_bytes", available)
-        model(tokens[:, :16], caches=state)
-        for t in range(16, 32):  # steps up to the end of the buffers
-            model(tokens[:, t:t + 1], caches=state)
-        assert state.room == 32 and state.length == 32 and state.pos_period == 34
-        tables = [c.pos_keys for c in state.layers]
-        monkeypatch.setattr(decoding, "available_memory_bytes", lambda *device: 1000)
-        for size in (1, 8):
-            with pytest.raises(TxlError, match=refuse):
-                model(tokens[:, 32:32 + size], caches=state)
-            assert not state.failed and (state.room, state.length, state.pos_period) == (32, 32, 34)
-            assert all(ours is theirs for ours, theirs in zip((c.pos_keys for c in state.layers), tables))
-        monkeypatch.setattr(decoding, "available_memory_bytes", available)
-        mems, start = model(tokens[:, :32]).mems, 32
-        for size in (1, 8, 1):
-            want = model(tokens[:, start:start + size], mems=mems)
-            got = model(tokens[:, start:start + size], caches=state)
-            torch.testing.assert_close(got.logits, want.logits, rtol=0, atol=1e-10)
-            mems, start = want.mems, start + size
-        assert state.room > 32
-        monkeypatch.setattr(decoding, "available_memory_bytes", lambda *device: 10_000)
-        with pytest.raises(TxlError, match=r"for the 1,000 rows it is reordered into.* fewer beams"):
-            state.reorder(torch.zeros(1000, dtype=torch.long))
-        state.reorder(torch.tensor([1, 0]))  # as many rows as before: not a growth
-
-
-@pytest.mark.parametrize("size", [1, 4, 9])
-def test_a_filling_memory_reallocates_a_logarithmic_number_of_times(size):
-    """Calls of equal size while a long memory fills reallocate the buffers only when the text outgrows
-    them, each time to twice what it needs: O(log n) times for n tokens."""
-    model = tiny_model(tgt_len=4, mem_len=10_000)
-    state = DecodingState(model.config.n_layer, model.config.span, keep_mems=False)
-    tokens = torch.randint(0, 37, (2, 600))
-    pointers = []
-    with torch.no_grad():
-        for start in range(0, tokens.size(1), size):
-            model(tokens[:, start:start + size], caches=state)
-            pointers.append(state.layers[0].keys.data_ptr())
-    reallocations = sum(a != b for a, b in zip(pointers, pointers[1:]))
-    assert 4 <= reallocations <= 7 and state.room <= 2 * 600
-
-
-def test_table_growth_counts_only_new_memory(monkeypatch):
-    """A step whose position tables grow but whose buffers do not needs memory for the tables only; and
-    once twice the size no longer fits, buffers grow to as much as fits, not one position per step."""
-    model = _big_weights(tiny_model(tgt_len=4, mem_len=1_000_000))
-    state = DecodingState(model.config.n_layer, model.config.span, keep_mems=False)
-    tokens = torch.randint(0, 37, (1, 200), generator=torch.Generator().manual_seed(6))
+def test_a_bounded_state_counts_its_starting_memory():
+    """A starting memory's tokens count toward max_tokens; a bound of at least S slots changes nothing."""
+    model = _big_weights(tiny_model(tgt_len=4, mem_len=6))
     c = model.config
-    per_position = c.n_layer * 2 * c.n_head * c.d_head * 8  # keys and values, float64, batch 1
-    table = (c.d_model + c.n_layer * c.n_head * c.d_head) * 8
+    tokens = torch.randint(0, 37, (2, 30), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
-        model(tokens[:, :16], caches=state)  # buffers of 32 positions, no tables yet
-        assert state.room == 32 and state.pos_period == 0
-        monkeypatch.setattr(decoding, "available_memory_bytes", lambda *device: 34 * table + 100)
-        model(tokens[:, 16:17], caches=state)  # tables for 34 distances: they fit, the buffers are not new
-        assert state.room == 32 and state.pos_period == 34
-        monkeypatch.setattr(decoding, "available_memory_bytes", lambda *device: 60_000)
-        rooms = set()
-        for t in range(17, 100):
-            model(tokens[:, t:t + 1], caches=state)
-            rooms.add(state.room)
-    # 33 slots needed: twice that (66 x 576 bytes fit); 67 needed: 134 do not fit, as many as fit (104 x 576
-    # bytes <= 60,000), not 67, 68, 69, ... one reallocation per step
-    assert per_position == 576 and rooms == {32, 66, 104}
+        mems = model(tokens[:, :5]).mems
+        state = DecodingState(c.n_layer, c.span, max_tokens=6)
+        with pytest.raises(TxlError, match="a call of 7 more does not fit"):
+            model(tokens[:, 5:7], mems=mems, caches=state)
+        model(tokens[:, 5:6], mems=mems, caches=state)  # 5 of memory and 1 token: the bound
+        assert state.capacity == 6 < state.slots == 7
+        wide = DecodingState(c.n_layer, c.span, max_tokens=7)
+        for t in range(20):  # past max_tokens: with S slots the ring turns over as any state's
+            got = model(tokens[:, t:t + 1], caches=wide).logits
+        mems = None
+        for t in range(19):  # the plain model, token by token
+            mems = model(tokens[:, t:t + 1], mems=mems).mems
+        want = model(tokens[:, 19:20], mems=mems).logits
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)

@@ -31,6 +31,7 @@ import torch
 from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
 from txl.model.segments import decoding_state, eval_mode, segments
+from txl.runtime import check_fits
 from txl.evaluation.stream import metric_value
 from txl.model.span import AttentionSpan, resolve_span
 
@@ -134,8 +135,11 @@ def _score_rows(model, rows: list[np.ndarray], span: AttentionSpan, dtype: str) 
         labels[r, :n_in[r]] = t[1:]
     inputs, labels = inputs.to(device), labels.to(device)
     out_lp = np.zeros((len(rows), width), dtype=np.float64)
-    for seg in segments(model, inputs, labels, span=span, lengths=n_in, dtype=dtype,
-                        caches=decoding_state(model, span)):
+    state = decoding_state(model, span, max_tokens=width)
+    if state is not None:
+        need = state.nbytes(model.config, len(rows), next(model.parameters()).element_size())
+        check_fits(need, f"a decoding state with mem_len {span.mem_len:,}", "use a smaller --mem-len or batch", device)
+    for seg in segments(model, inputs, labels, span=span, lengths=n_in, dtype=dtype, caches=state):
         cols = slice(seg.start, seg.start + seg.inputs.size(1))
         out_lp[seg.rows.cpu().numpy(), cols] = -seg.output.token_loss.detach().to(torch.float64).cpu().numpy()
     result = [out_lp[r, :n_in[r]] for r in range(len(rows))]

@@ -16,7 +16,7 @@ from txl.errors import TxlError
 from txl.model.config import check_compilable
 from txl.model.segments import decoding_state, eval_mode, segments
 from txl.model.span import AttentionSpan, resolve_span
-from txl.runtime import autocast, compile_module, progress_bar
+from txl.runtime import autocast, check_fits, compile_module, progress_bar
 
 
 @dataclass
@@ -153,9 +153,12 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     if inputs.size(0):  # more ranks than streams: this rank has none
         positions = batches.positions()
         reader = compile_module(model) if compiled else model
+        state = None if compiled else decoding_state(model, span, max_tokens=inputs.size(1))
+        if state is not None:
+            need = state.nbytes(model.config, inputs.size(0), next(model.parameters()).element_size())
+            check_fits(need, f"a decoding state with mem_len {span.mem_len:,}", "use a smaller --mem-len or batch", device)
         with eval_mode(model), progress_bar(len(positions), progress, "evaluating") as bar:
-            for seg in segments(reader, inputs, labels, span=span, dtype=dtype, positions=positions,
-                                caches=None if compiled else decoding_state(model, span)):
+            for seg in segments(reader, inputs, labels, span=span, dtype=dtype, positions=positions, caches=state):
                 sums[0] += seg.output.token_loss.double().sum()
                 sums[1] += (seg.labels != IGNORE_INDEX).sum()
                 bar.update(1)

@@ -11,7 +11,7 @@ import torch
 from txl.errors import TxlError
 from txl.model.segments import eval_mode
 from txl.generation.sampling import DecodingRules, check_decoding, rules_from
-from txl.generation.stream import prime_memory
+from txl.generation.stream import check_state_fits, prime_memory
 from txl.model.decoding import DecodingState
 from txl.model.inputs import check_input_ids
 from txl.model.memory import Mems
@@ -97,7 +97,11 @@ def beam_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: 
         true_lp = [0.0] * (k + 1)
         greedy_score, greedy_done = 0.0, False
         finished: list[tuple[float, float, list[int]]] = []  # (score, logprob, tokens)
-        state = DecodingState(model.config.n_layer, span, keep_mems=False) if model.config.has_memory else None
+        state = None
+        if model.config.has_memory:
+            state = DecodingState(model.config.n_layer, span, keep_mems=False,
+                                  max_tokens=input_ids.size(1) + max_new_tokens)
+            check_state_fits(model, state, k + 1)
         mems = None
         if state is not None:
             mems = prime_memory(model, input_ids[:, :-1], None, state)  # None once the state holds the memory

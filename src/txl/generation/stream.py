@@ -16,6 +16,7 @@ from txl.model.inputs import check_input_ids
 from txl.model.memory import Mems, check_mems
 from txl.model.ring import RingDecoder, check_exportable
 from txl.model.span import AttentionSpan, resolve_span
+from txl.runtime import check_fits
 
 
 @torch.no_grad()
@@ -171,8 +172,8 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
     alone (scores equal up to float rounding), with its own generator when ``generator`` is a list.
     ``mems`` must then be None. (``attn_type="abs"``: each row's window is read alone.)
 
-    ``compile=True`` (or a ``torch.compile`` backend's name): the prompt is read into a stacked decoding
-    state and each step is taken by :class:`txl.model.ring.RingDecoder`'s step under
+    ``compile=True`` (or a ``torch.compile`` backend's name): the prompt is read into a decoding
+    state without spare room and each step is taken by :class:`txl.model.ring.RingDecoder`'s step under
     ``torch.compile(fullgraph=True)``, whose state (the ring of keys and values, its write index and fill)
     reaches the graph as tensors of fixed shape, so the step compiles once for every memory fill; the
     tokens are those of the default path (scores equal to float rounding).
@@ -212,6 +213,7 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
                            dtypes=(weight.dtype,), device=weight.device)
             if max_new_tokens == 0:  # nothing to decode: nothing to compile
                 return
+            check_state_fits(model, RingDecoder.state_for(model, span), len(input_ids))
             ring = RingDecoder(model, span, compile=compile)
             ring.read_prompt(input_ids[:, :-1], mems)
             last = input_ids[:, -1:]
@@ -231,7 +233,10 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
                 yield _step(choose, token, logits, i == max_new_tokens - 1)
             return
         # the memory lives in ring buffers of keys/values: a step projects and writes only the new token
-        state = DecodingState(model.config.n_layer, span, keep_mems=False)
+        given = mems[0].size(1) if isinstance(mems, (list, tuple)) and mems and torch.is_tensor(mems[0]) and mems[0].dim() == 3 else 0
+        held = max(len(p) for p in input_ids) + given  # (a bad memory is refused by the model's first call)
+        state = DecodingState(model.config.n_layer, span, keep_mems=False, max_tokens=held + max_new_tokens)
+        check_state_fits(model, state, len(input_ids))
         if ragged:  # each prompt primes its memory alone; left-padded to one length, the padding masked
             mems, padding = prime_rows(model, input_ids, span)
             last = torch.stack([p[-1:] for p in input_ids])
@@ -249,6 +254,19 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
             token = choose(out.logits[:, -1])
             last = token[:, None]
             yield _step(choose, token, out.logits[:, -1], i == max_new_tokens - 1)
+
+
+def check_state_fits(model, state: DecodingState, batch_size: int) -> None:
+    """Refuse a decoding ``state`` whose buffers for ``batch_size`` rows the available memory of the model's
+    device cannot hold (:func:`txl.runtime.check_fits`).
+
+    Raises:
+        TxlError: one line naming ``mem_len``, the bytes needed and available.
+    """
+    weight = model.word_emb.emb_layers[0].weight
+    check_fits(state.nbytes(model.config, batch_size, weight.element_size()),
+               f"a decoding state with mem_len {state.span.mem_len:,}",
+               "use a smaller mem_len (or a shorter text, a smaller batch, fewer beams)", weight.device)
 
 
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float | None = None,

@@ -81,13 +81,9 @@ class PositionScheme:
         :func:`~txl.model.attention.biased_attention`."""
         raise NotImplementedError
 
-    def step_table_bytes(self, config, itemsize: int) -> int:
-        """Bytes of one distance of a decoding state's step tables over all layers (default: none)."""
-        return 0
-
-    def step_positions(self, state, period: int | None, config, device, dtype):
-        """Before a one-token step: build what the step's layers need (``period``: the new period of
-        the state's tables, or None when they cover the step); returned to every layer's step."""
+    def step_positions(self, state, config, device, dtype):
+        """Before a one-token step: build what the step's layers need (the state keeps what lasts,
+        ``state.pos_emb``); returned to every layer's step."""
         return None
 
     def step_rotate(self, q: torch.Tensor, k: torch.Tensor, positions) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,11 +105,8 @@ class _DistanceTable(PositionScheme):
     so a slot keeps its key whatever distance it comes to hold.
     """
 
-    def step_table_bytes(self, config, itemsize: int) -> int:
-        return config.n_layer * config.n_head * config.d_head * itemsize
-
     def position_keys(self, attn: nn.Module, state) -> torch.Tensor:
-        """[H, D, P]: the position keys for distances P-1 ... 0, P = ``state.pos_period``."""
+        """[H, D, S]: the position keys for distances S-1 ... 0, S = ``state.capacity``."""
         raise NotImplementedError
 
     def step_queries(self, attn: nn.Module, q: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,11 +120,9 @@ class _DistanceTable(PositionScheme):
         if cache.columns is not None:  # a ring: its table of distances, and the column of each slot's
             return q_c, q_r, cache.pos_keys, cache.columns
         state = cache.state
-        if cache.pos_keys is None:  # distances P-1 ... 0, twice in a row once P = S (see LayerCache)
+        if cache.pos_keys is None:  # distances S-1 ... 0, twice in a row (see LayerCache)
             r_k = self.position_keys(attn, state)
-            if state.pos_period == state.capacity:
-                r_k = torch.cat([r_k, r_k], dim=-1)
-            cache.pos_keys = r_k.to(q.dtype).contiguous()
+            cache.pos_keys = torch.cat([r_k, r_k], dim=-1).to(q.dtype).contiguous()
         off = state.pos_offset(klen)
         return q_c, q_r, cache.pos_keys[:, :, off:off + klen], None  # [H, D, K]: slot s's distance in column s
 
@@ -189,16 +180,14 @@ class Relative(_DistanceTable):
         return biased_attention(q + u[:, None, :], (q + vb[:, None, :]) * attn.scale, k, v, r_k, mask,
                                 scale=attn.scale, dropout_p=dropout_p, window=window)
 
-    def step_table_bytes(self, config, itemsize):
-        return config.d_model * itemsize + super().step_table_bytes(config, itemsize)  # R and W_kR R
-
-    def step_positions(self, state, period, config, device, dtype):
-        if period is not None:  # the state's tables grew: R for the new period, projected by each layer
-            state.pos_emb = sinusoid(relative_positions(period, state.span.clamp_len, device), config.d_model).to(dtype)
+    def step_positions(self, state, config, device, dtype):
+        if state.pos_emb is None:  # R of the ring's distances, projected by each layer on its first step
+            state.pos_emb = sinusoid(relative_positions(state.capacity, state.span.clamp_len, device),
+                                     config.d_model).to(dtype)
         return None
 
     def position_keys(self, attn, state):
-        return attn.r_net(state.pos_emb).view(state.pos_period, attn.n_head, attn.d_head).permute(1, 2, 0)
+        return attn.r_net(state.pos_emb).view(state.capacity, attn.n_head, attn.d_head).permute(1, 2, 0)
 
     def step_queries(self, attn, q, cache):
         if cache.query_biases is None:  # u and v times the scale, once per state: q_c = (q + u) * scale in one op
@@ -239,7 +228,7 @@ class Shaw(_DistanceTable):
                                 dropout_p=dropout_p, window=window)
 
     def position_keys(self, attn, state):
-        return attn.r_emb[shaw_distances(state.pos_period, attn.max_dist, attn.r_emb.device)].permute(1, 2, 0)
+        return attn.r_emb[shaw_distances(state.capacity, attn.max_dist, attn.r_emb.device)].permute(1, 2, 0)
 
 
 class Absolute(PositionScheme):
@@ -326,7 +315,7 @@ class Rotary(PositionScheme):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=attn.scale)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=~mask, dropout_p=dropout_p, scale=attn.scale)
 
-    def step_positions(self, state, period, config, device, dtype):
+    def step_positions(self, state, config, device, dtype):
         if state.pos_emb is None:  # θ (float64 [D/2]) kept by the state: a step multiplies it by its position
             state.pos_emb = rotary_frequencies(config.d_head, device)
         angles = state.pos_emb * float(state.seen)  # (no host-to-device copy of the position)

@@ -6,8 +6,8 @@ freeze them. Here the state reaches the graph as tensors of fixed shape, so one 
 step, whatever the memory holds:
 
 - ``keys``, ``values``: float [L, B, H, S, D], S = ``capacity`` slots per layer (``mem_len + 1``, or
-  ``mem_len`` with ``same_length``, as in DecodingState): a stacked DecodingState's buffers, or the
-  exported runner's arrays;
+  ``mem_len`` with ``same_length``, as in DecodingState): the buffers of a DecodingState without spare
+  room, or the exported runner's arrays;
 - ``write``: int64 [] the slot the next token goes to; ``fill``: int64 [] the slots that hold a token
   (while ``fill < S``, ``write == fill`` and the slots are in time order from slot 0; once full they
   rotate).
@@ -99,10 +99,10 @@ def distance_tables(model: nn.Module, span: AttentionSpan, dtype: torch.dtype) -
     """
     capacity = ring_capacity(span)
     weight = model.word_emb.emb_layers[0].weight
-    state = SimpleNamespace(span=span, pos_period=capacity, pos_emb=None)
+    state = SimpleNamespace(span=span, capacity=capacity, pos_emb=None)
     scheme = model.positions
     with torch.no_grad():
-        scheme.step_positions(state, capacity, model.config, weight.device, dtype)
+        scheme.step_positions(state, model.config, weight.device, dtype)
         return torch.stack([scheme.position_keys(layer.attn, state).to(dtype) for layer in model.layers])
 
 
@@ -207,8 +207,8 @@ class RingDecoder:
     """Decoding with a :class:`~txl.model.DecodingState` whose one-token steps run :class:`RingStep`,
     optionally compiled: ``generate(..., compile=True)``, and the PyTorch side of ``txl bench --export``.
 
-    The state is stacked (every layer's keys and values in one tensor of the full capacity, slot 0 at
-    position 0), so a compiled step is one graph for every step, whatever the memory holds (no
+    The state has no spare room (every layer's keys and values in one tensor [2, L, B, H, S, D], slot 0
+    at position 0), so a compiled step is one graph for every step, whatever the memory holds (no
     recompilation as it fills). The prompt is read by the model's own forward into the state, as
     :func:`txl.generation.prime_memory` reads it; a step hands the stack and the counters ``write``
     (``next_slot``) and ``fill`` (``length``) to the step module, whose counters are int64 [] tensors
@@ -232,12 +232,17 @@ class RingDecoder:
             if backend not in BACKENDS:  # (others, e.g. cudagraphs, may hand back outputs a later step overwrites)
                 raise TxlError(f"compile takes True or one of {', '.join(BACKENDS)}, got {compile!r}")
             self.step_module = compile_module(self.step_module, fullgraph=True, dynamic=False, backend=backend)
-        self.state = DecodingState(model.config.n_layer, span, keep_mems=False, stacked=True)
+        self.state = self.state_for(model, span)
         self.mems: list[torch.Tensor] | None = None  # a starting memory not read into the state yet
         # the counters' values 0 ... S on the model's device (one copy there), and (counter, value) -> its own
         # int64 [] tensor, cut from them once per value on the device: no copy from the host per step
         self._values = torch.arange(self.capacity + 1, device=model.word_emb.emb_layers[0].weight.device)
         self._counters: dict[tuple[int, int], torch.Tensor] = {}
+
+    @staticmethod
+    def state_for(model: nn.Module, span: AttentionSpan) -> DecodingState:
+        """A fresh state of the layout the step reads: S slots from position 0, no spare room, no inputs kept."""
+        return DecodingState(model.config.n_layer, span, keep_mems=False, spare_room=False)
 
     @torch.no_grad()
     def read_prompt(self, input_ids: torch.Tensor, mems: list[torch.Tensor] | None = None) -> None:
@@ -245,7 +250,7 @@ class RingDecoder:
         :meth:`step` reads) in calls of ``tgt_len`` after ``mems`` (``n_layer`` tensors [B, M', d], e.g.
         a ``txl serve`` session's memory) or from no memory (None), into a fresh state (what an earlier
         call read is dropped)."""
-        self.state = DecodingState(self.model.config.n_layer, self.span, keep_mems=False, stacked=True)
+        self.state = self.state_for(self.model, self.span)
         self.mems = mems
         for seg in segments(self.model, input_ids.to(torch.long), span=self.span, mems=mems, caches=self.state):
             self.mems = seg.output.mems  # (None: the state holds the memory)
@@ -275,8 +280,7 @@ class RingDecoder:
                                               self._counter(1, state.length))
         keys.select(3, write).copy_(key)
         values.select(3, write).copy_(value)
-        state.seen += 1
-        state._advance()
+        state.commit_step()
         return logits
 
     def _counter(self, which: int, value: int) -> torch.Tensor:

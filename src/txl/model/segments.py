@@ -192,17 +192,18 @@ def _keep_rows(kept: list[int], rows: torch.Tensor, mems: Mems | None,
     return rows.index_select(0, index), None if mems is None else [m.index_select(0, index) for m in mems]
 
 
-def decoding_state(model, span: AttentionSpan) -> DecodingState | None:
+def decoding_state(model, span: AttentionSpan, max_tokens: int | None = None) -> DecodingState | None:
     """A fresh :class:`~txl.model.DecodingState` for reading without autograd with ``span``, or None for
     the vanilla model (``attn_type="abs"``, no memory).
 
     Passed as ``caches`` to :func:`segments`, it keeps the memory's keys, values and projected
     positions between segments instead of re-projecting them (the scores are the same; only the
     order of float additions inside the projections differs). Its hidden-state memory is not kept.
+    ``max_tokens``: the columns that will be read, when known (the state then holds no more slots).
     """
     if not model.config.has_memory:
         return None
-    return DecodingState(model.config.n_layer, span, keep_mems=False)
+    return DecodingState(model.config.n_layer, span, keep_mems=False, max_tokens=max_tokens)
 
 
 @contextlib.contextmanager

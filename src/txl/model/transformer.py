@@ -274,11 +274,11 @@ class TransformerXLLM(nn.Module):
             return self._compressive_body(input_ids, mems, caches, detach_mems, span, bsz)
         mlen = check_mems(mems, c.n_layer, bsz, c.d_model, dtypes=self._mem_dtypes(weight), device=weight.device)
         if caches is not None:
-            caches.check_call(bsz, self._key_dtype(weight))
             if caches.length > 0:
-                if qlen == 1:  # the ring-buffer step: no mask (but the padding), no memory copy
-                    return self._step(input_ids, caches, mem_padding), None, None
                 mlen = caches.memory_length
+            caches.check_call(bsz, self._key_dtype(weight), mlen + qlen - caches.memory_length)
+            if caches.length > 0 and qlen == 1:  # the ring step: no mask (but the padding), no memory copy
+                return self._step(input_ids, caches, mem_padding), None, None
         klen = mlen + qlen
         if self.positions.keeps_scores:  # ("abs" uses the causal kernel, which keeps no scores)
             check_attention_fits(bsz, c.n_head, qlen, klen, c.n_layer, self._key_dtype(weight).itemsize,
@@ -299,7 +299,7 @@ class TransformerXLLM(nn.Module):
         if caches is None:
             h, hids = self._layers(h, mems, positions, mask, None, window)
         else:  # every check that may still reject the call is behind us
-            caches.begin(qlen, klen, emb.device, self._state_bytes(caches, bsz, weight))
+            caches.begin(qlen, klen, self._state_shape(bsz), (self._key_dtype(weight), weight.dtype), emb.device)
             caches.bind(bsz, self._key_dtype(weight))
             try:
                 h, hids = self._layers(h, mems, positions, mask, caches, window)
@@ -407,13 +407,10 @@ class TransformerXLLM(nn.Module):
         c = self.config
         h = self.drop(self.word_emb(input_ids))
         key_mask = None if mem_padding is None else slot_padding_mask(state, mem_padding, input_ids.size(0))
-        # buffers and position tables ([P, d_model] and [H, D, P] per layer) that cover this step
-        # (they grow with the text while the memory fills; see DecodingState)
         weight = self.word_emb.emb_layers[0].weight
-        tables = self.positions.step_table_bytes(c, h.element_size())
         klen = min(state.length + 1, state.capacity)
-        period = state.begin(1, klen, h.device, self._state_bytes(state, input_ids.size(0), weight), tables)
-        positions = self.positions.step_positions(state, period, c, h.device, h.dtype)
+        state.begin(1, klen, self._state_shape(input_ids.size(0)), (self._key_dtype(weight), weight.dtype), h.device)
+        positions = self.positions.step_positions(state, c, h.device, h.dtype)
         state.bind(input_ids.size(0), self._key_dtype(weight))
         try:
             for layer, cache in zip(self.layers, state.layers):
@@ -424,13 +421,9 @@ class TransformerXLLM(nn.Module):
         state.commit(klen)
         return self.drop(h)
 
-    def _state_bytes(self, state: DecodingState, bsz: int, weight: torch.Tensor) -> int:
-        """Bytes of one position of a decoding state's buffers over all layers: keys and values in the
-        keys' dtype, and the layer inputs (with ``keep_mems``) in the parameters' dtype."""
-        c = self.config
-        keys = 2 * c.n_head * c.d_head * self._key_dtype(weight).itemsize
-        hidden = c.d_model * weight.dtype.itemsize if state.keep_mems else 0
-        return bsz * c.n_layer * (keys + hidden)
+    def _state_shape(self, bsz: int) -> tuple[int, int, int, int]:
+        """(B, H, D, d_model): the shape of a decoding state's buffers for ``bsz`` rows."""
+        return bsz, self.config.n_head, self.config.d_head, self.config.d_model
 
     @staticmethod
     def _check_autocast(weight: torch.Tensor) -> None:
