@@ -128,3 +128,22 @@ def test_max_tokens_scores_exactly_that_many_targets_with_warmup(attn_type):
     tokens = np.random.default_rng(1).integers(0, 37, size=200)
     for warmup in (False, True):
         assert evaluate(model, tokens, batch_size=1, max_tokens=50, warmup=warmup).n_tokens == 50
+
+
+def test_training_refuses_segments_whose_scores_cannot_fit(tmp_path, monkeypatch):
+    """The training loop, not the model, compares the longest segment's attention scores under autograd
+    with the memory available, before the first step: one line naming tgt_len."""
+    from txl import runtime
+    from txl.errors import TxlError
+
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 3000)
+    run = load_run_config(None, [
+        f"data.path={text}", "data.tokenizer=char", f"data.cache_dir={tmp_path / 'cache'}",
+        f"train.out_dir={tmp_path / 'run'}", "model.n_layer=2", "model.d_model=32", "model.n_head=2",
+        "model.d_head=16", "model.d_inner=64", "model.tgt_len=4000", "model.mem_len=4000", "train.batch_size=2",
+        "train.max_steps=1"])
+    monkeypatch.setattr(runtime, "available_memory_bytes", lambda *device: 2**28)
+    with pytest.raises(TxlError, match=r"a segment of 4,000 tokens over 8,000 keys \(batch 2\) .* smaller tgt_len"):
+        train(run, progress=False, log=lambda msg: None)
+    assert not (tmp_path / "run" / "metrics.csv").exists()

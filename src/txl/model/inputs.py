@@ -13,7 +13,7 @@ import torch
 
 from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
-from txl.runtime import available_memory_bytes, format_bytes, reads_values
+from txl.runtime import reads_values
 
 ID_DTYPES = (torch.int64, torch.int32)
 
@@ -95,30 +95,39 @@ def padding_mask(mem_padding: torch.Tensor, batch: int, mlen: int, klen: int) ->
     return (keys[None, :] < mem_padding[:, None])[:, None, None, :]
 
 
-def check_attention_fits(bsz: int, heads: int, qlen: int, klen: int, n_layer: int, itemsize: int, grad: bool,
-                         device: torch.device, block_bytes: int) -> None:
-    """Refuse a call whose attention scores could not fit in this machine's available memory (CPU).
+def attention_bytes(bsz: int, heads: int, qlen: int, klen: int, n_layer: int, itemsize: int, grad: bool,
+                    block_bytes: int) -> int:
+    """A rough bound of the bytes a call's attention scores take on a CPU, for callers to compare with
+    the memory available before reading (:func:`txl.runtime.check_fits`); it only catches hopeless
+    calls (a segment of a million tokens).
 
-    The estimate is deliberately rough and only catches hopeless calls (a segment of a million
-    tokens): scores [B, H, T, K] of ``itemsize`` bytes, three times over for the bias and the
-    kernel's work; under autograd once more per layer (each keeps its bias for the backward);
-    without autograd on a CPU, in blocks of at most ``block_bytes`` or one head of one row.
-    Other devices are not checked here (their allocator raises its own out-of-memory error).
+    Scores [B, H, T, K] of ``itemsize`` bytes, three times over for the bias and the kernel's work;
+    under autograd (``grad``) once more per layer (each keeps its bias for the backward); without
+    autograd, in blocks of at most ``block_bytes`` or one head of one row.
+    """
+    per_head = qlen * (klen + 1) * itemsize
+    if grad:
+        return (n_layer + 3) * bsz * heads * per_head
+    return 3 * max(per_head, min(bsz * heads * per_head, block_bytes))
+
+
+def check_attention_fits(model, bsz: int, qlen: int, klen: int, grad: bool) -> None:
+    """Refuse a reading of segments of ``qlen`` tokens over ``klen`` keys (batch ``bsz``) whose attention
+    scores could not fit in the available memory of ``model``'s device: called by the reading loops
+    (:func:`txl.model.segments.segments`, training) once before they start, never by the model itself.
+    Devices other than the CPU are not checked (their allocator raises its own out-of-memory error), nor
+    models whose attention keeps no scores ("abs").
 
     Raises:
         TxlError: naming T, K, the bytes needed and available, and what to make smaller.
     """
-    if device.type != "cpu":
+    from txl.model.cpu_attention import BLOCK_BYTES
+    from txl.runtime import check_fits
+
+    c, weight = model.config, model.word_emb.emb_layers[0].weight
+    if weight.device.type != "cpu" or not model.positions.keeps_scores:
         return
-    per_head = qlen * (klen + 1) * itemsize
-    if grad:
-        need = (n_layer + 3) * bsz * heads * per_head
-    else:
-        need = 3 * max(per_head, min(bsz * heads * per_head, block_bytes))
-    if need < 2**28 or torch.compiler.is_compiling():  # small, or traced (reading /proc would break the graph)
-        return
-    have = available_memory_bytes(device)
-    if need > have:
-        raise TxlError(f"a segment of {qlen:,} tokens over {klen:,} keys (batch {bsz:,}) needs about "
-                       f"{format_bytes(need)} for its attention scores, more than the {format_bytes(have)} of "
-                       "memory available: use a smaller tgt_len (--tgt-len), a shorter memory or a smaller batch")
+    need = attention_bytes(bsz, c.n_head, qlen, klen, c.n_layer, weight.element_size(), grad, BLOCK_BYTES)
+    if need >= 2**28:
+        check_fits(need, f"a segment of {qlen:,} tokens over {klen:,} keys (batch {bsz:,})",
+                   "use a smaller tgt_len (--tgt-len), a shorter memory or a smaller batch", weight.device)

@@ -18,6 +18,7 @@ import torch
 
 from txl.errors import TxlError
 from txl.model.decoding import DecodingState
+from txl.model.inputs import check_attention_fits
 from txl.model.memory import Mems
 from txl.model.span import AttentionSpan
 from txl.model.transformer import LMOutput
@@ -108,6 +109,11 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
     """
     _check_arguments(inputs, labels, span, caches, hidden, same_layer)
     n_rows, width = inputs.shape
+    if width:  # the largest call: a whole segment over the longest memory
+        qlen = min(width, span.tgt_len) if positions is None else max(size for _, size in positions)
+        first = mems[0] if isinstance(mems, (list, tuple)) and mems else None  # (checked by the model's call)
+        given = first.size(1) if torch.is_tensor(first) and first.dim() == 3 else 0
+        check_attention_fits(model, n_rows, qlen, max(given, span.mem_len) + qlen, grad)
     device = inputs.device
     rows = torch.arange(n_rows, device=device)
     # the loop decides on the host which rows still run and which need a graph: Python lists, read once

@@ -13,14 +13,13 @@ from torch import nn
 
 from txl.model.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, tie_adaptive
 from txl.model.attention import MultiHeadAttention, attention_mask
-from txl.model.cpu_attention import BLOCK_BYTES
 from txl.model.compressive import Compressor, check_compressive_mems, layer_memory, split_mems, update_compressive
 from txl.model.config import TransformerXLConfig
 from txl.model.decoding import DecodingState, LayerCache, slot_padding_mask
 from txl.model.dropout import Dropout
 from txl.model.parameters import init_weights
 from txl.model.positions import position_scheme
-from txl.model.inputs import check_attention_fits, check_input_ids, check_labels, padding_mask
+from txl.model.inputs import check_input_ids, check_labels, padding_mask
 from txl.model.linear import Linear
 from txl.model.quantize import int8_names, quantize_int8
 from txl.model.memory import Mems, check_mems, update_mems
@@ -140,7 +139,7 @@ class TransformerXLLM(nn.Module):
     def __init__(self, config: TransformerXLConfig) -> None:
         super().__init__()
         config.validate()
-        if torch.get_default_device().type != "meta":  # a meta model allocates nothing
+        if torch.get_default_device().type != "meta":  # a damaged config: one line (physical memory, a constant)
             config.check_fits(memory_bytes())
         self.config = config
         c = config
@@ -280,9 +279,6 @@ class TransformerXLLM(nn.Module):
             if caches.length > 0 and qlen == 1:  # the ring step: no mask (but the padding), no memory copy
                 return self._step(input_ids, caches, mem_padding), None, None
         klen = mlen + qlen
-        if self.positions.keeps_scores:  # ("abs" uses the causal kernel, which keeps no scores)
-            check_attention_fits(bsz, c.n_head, qlen, klen, c.n_layer, self._key_dtype(weight).itemsize,
-                                 torch.is_grad_enabled() and weight.requires_grad, weight.device, BLOCK_BYTES)
 
         emb = self.word_emb(input_ids)  # [B, T, d_model], scaled by sqrt(d_model)
         memory = self.positions.memory
