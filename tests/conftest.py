@@ -52,17 +52,17 @@ def layer_attention(d_model, n_head, d_head, pre_lnorm, attn_type, **overrides):
 
     config = tiny_config(d_model=d_model, n_head=n_head, d_head=d_head, pre_lnorm=pre_lnorm, attn_type=attn_type,
                          **overrides)
-    return MultiHeadAttention(config, position_scheme(attn_type))
+    return MultiHeadAttention(config, position_scheme(attn_type)(config))
 
 
 def reference_attention(attn, h, mem, mask, clamp_len=0):
     """One attention sub-layer as :mod:`txl.model.reference` computes it for the layer ``attn`` (its kind
-    ``attn.positions.name``): input ``h`` [B, T, d] after ``mem`` [B, M, d] or None, hidden keys ``mask`` [T, M + T]."""
+    ``attn.pos.name``): input ``h`` [B, T, d] after ``mem`` [B, M, d] or None, hidden keys ``mask`` [T, M + T]."""
     from txl.model import reference
 
     mem = h[:, :0] if mem is None else mem
     out, _ = reference.attention(attn, h, mem, reference.key_distances(h.size(1), mem.size(1)), mask,
-                                 attn_type=attn.positions.name, clamp_len=clamp_len, d_model=h.size(-1))
+                                 attn_type=attn.pos.name, clamp_len=clamp_len, d_model=h.size(-1))
     return out
 
 

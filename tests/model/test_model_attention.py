@@ -45,8 +45,8 @@ def test_sinusoid_layout():
 
 def brute_force(attn, h, mem, u, v, clamp_len, mask):
     """The layer as :mod:`txl.model.reference` computes it: distances as indices, (a)+(b)+(c)+(d) as
-    einsums over the model's weights (its u, v are ``attn.r_w_bias``/``attn.r_r_bias``, as here)."""
-    assert u is attn.r_w_bias and v is attn.r_r_bias
+    einsums over the model's weights (its u, v are ``attn.pos.r_w_bias``/``attn.pos.r_r_bias``, as here)."""
+    assert u is attn.pos.r_w_bias and v is attn.pos.r_r_bias
     return reference_attention(attn, h, mem, mask, clamp_len)
 
 
@@ -64,7 +64,7 @@ def test_rel_attention_equals_brute_force(mlen, clamp_len, same_length, pre_lnor
     pos_emb = sinusoid(relative_positions(klen, clamp_len, "cpu"), d).double()
     mask = attention_mask(qlen, mlen, same_length, mem_len, "cpu")
     fast = attn(h, mem, pos_emb, mask)
-    slow = brute_force(attn, h, mem, attn.r_w_bias, attn.r_r_bias, clamp_len, mask)
+    slow = brute_force(attn, h, mem, attn.pos.r_w_bias, attn.pos.r_r_bias, clamp_len, mask)
     assert torch.allclose(fast, slow, atol=1e-10), (fast - slow).abs().max()
 
 
@@ -85,7 +85,7 @@ def test_evaluation_blocks_and_window_equal_brute_force(mlen, same_length, block
     mem = torch.randn(3, mlen, d, dtype=torch.float64) if mlen else None
     pos_emb = sinusoid(relative_positions(qlen + mlen, 0, "cpu"), d).double()
     mask = attention_mask(qlen, mlen, same_length, mem_len, "cpu")
-    slow = brute_force(attn, h, mem, attn.r_w_bias, attn.r_r_bias, 0, mask)
+    slow = brute_force(attn, h, mem, attn.pos.r_w_bias, attn.pos.r_r_bias, 0, mask)
     if block_bytes is not None:
         monkeypatch.setattr(cpu_attention, "BLOCK_BYTES", block_bytes)
     with torch.no_grad():

@@ -12,7 +12,7 @@ from txl.model.attention import attention_mask
 
 def shaw_brute_force(attn, h, mem, max_dist, mask):
     """The layer as :mod:`txl.model.reference` computes it: (q_i·k_j + q_i·a_{min(i-j, max_dist)}) / sqrt(D)."""
-    assert attn.max_dist == max_dist
+    assert attn.pos.max_dist == max_dist
     return reference_attention(attn, h, mem, mask)
 
 
@@ -24,7 +24,7 @@ def test_shaw_attention_equals_brute_force(mlen, max_dist, same_length, pre_lnor
     attn = layer_attention(d, H, D, pre_lnorm, "shaw", shaw_max_dist=max_dist).double()
     for p in attn.parameters():
         torch.nn.init.normal_(p, 0, 0.5)
-    assert attn.r_emb.shape == (max_dist + 1, H, D)  # per layer: one vector per clipped distance and head
+    assert attn.pos.r_emb.shape == (max_dist + 1, H, D)  # per layer: one vector per clipped distance and head
     assert not hasattr(attn, "r_net") and not hasattr(attn, "r_w_bias")  # no W_kR, no u/v
     h = torch.randn(2, qlen, d, dtype=torch.float64)
     mem = torch.randn(2, mlen, d, dtype=torch.float64) if mlen else None
@@ -45,7 +45,7 @@ def test_shaw_positions_matter():
     mask = attention_mask(4, 0, False, 0, "cpu")
     base = attn(h, None, None, mask)
     with torch.no_grad():
-        attn.r_emb[1] += 1.0
+        attn.pos.r_emb[1] += 1.0
     changed = attn(h, None, None, mask)
     assert torch.equal(changed[:, 0], base[:, 0])  # query 0 sees only itself (distance 0)
     assert not torch.allclose(changed[:, 1:], base[:, 1:])
@@ -70,7 +70,7 @@ def test_shaw_table_is_trained_and_saved(tmp_path):
     out = model(ids, labels=ids)
     model(ids, mems=out.mems, labels=ids).loss.backward()
     for layer in model.layers:
-        assert layer.attn.r_emb.grad is not None and layer.attn.r_emb.grad.abs().sum() > 0
+        assert layer.attn.pos.r_emb.grad is not None and layer.attn.pos.r_emb.grad.abs().sum() > 0
     model.eval()
     model.save_pretrained(tmp_path)
     again = TransformerXLLM.from_pretrained(tmp_path)

@@ -74,7 +74,7 @@ def test_rotary_adds_no_parameters_and_round_trips(tmp_path):
     rope, rel = tiny_model(attn_type="rope", untie_r=True), tiny_model(attn_type="rel", untie_r=True)
     names = {n for n, _ in rope.named_parameters()}
     assert {n for n, _ in rel.named_parameters()} - names == {
-        f"layers.{i}.attn.{p}" for i in range(3) for p in ("r_net.weight", "r_w_bias", "r_r_bias")}
+        f"layers.{i}.attn.pos.{p}" for i in range(3) for p in ("r_net.weight", "r_w_bias", "r_r_bias")}
     assert rope.config.parameter_count() >= sum(p.numel() for p in rope.parameters())
     rope.save_pretrained(tmp_path)
     loaded = TransformerXLLM.from_pretrained(tmp_path).double()

@@ -114,16 +114,16 @@ def test_update_mems_detach_flag():
 @pytest.mark.parametrize("untie_r", [False, True])
 def test_uv_resolved_once_and_registered_once(untie_r):
     model = tiny_model(untie_r=untie_r)
-    owners = [layer.attn if untie_r else model for layer in model.layers]
+    owners = [layer.attn.pos if untie_r else model for layer in model.layers]
     for layer, owner in zip(model.layers, owners):
-        assert layer.attn.r_w_bias is owner.r_w_bias and layer.attn.r_r_bias is owner.r_r_bias
+        assert layer.attn.pos.r_w_bias is owner.r_w_bias and layer.attn.pos.r_r_bias is owner.r_r_bias
     names = sorted(n for n, _ in model.named_parameters())
-    assert ("r_w_bias" in names) != untie_r and ("layers.0.attn.r_w_bias" in names) == untie_r
+    assert ("r_w_bias" in names) != untie_r and ("layers.0.attn.pos.r_w_bias" in names) == untie_r
     assert len(list(model.parameters())) == len(names)
     model.float()  # conversions keep the ties
-    assert all(layer.attn.r_w_bias is owner.r_w_bias for layer, owner in zip(model.layers, owners))
+    assert all(layer.attn.pos.r_w_bias is owner.r_w_bias for layer, owner in zip(model.layers, owners))
     copied = copy.deepcopy(model)
-    assert copied.layers[0].attn.r_w_bias is (copied.layers[0].attn if untie_r else copied).r_w_bias
+    assert copied.layers[0].attn.pos.r_w_bias is (copied.layers[0].attn.pos if untie_r else copied).r_w_bias
 
 
 @pytest.mark.parametrize("untie_r", [False, True])
@@ -132,7 +132,7 @@ def test_uv_are_read_at_call_time_by_functional_call(untie_r):
 
     model = tiny_model(untie_r=untie_r)
     ids = torch.randint(0, 37, (2, 5))
-    name = "layers.0.attn.r_w_bias" if untie_r else "r_w_bias"
+    name = "layers.0.attn.pos.r_w_bias" if untie_r else "r_w_bias"
     u = dict(model.named_parameters())[name].detach().clone().requires_grad_(True)
     plain = model(ids).logits
     shifted = functional_call(model, {name: u + 5.0}, (ids,)).logits

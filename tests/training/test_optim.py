@@ -28,11 +28,11 @@ def _layer_names(layer: int, attn: str, untie_r: bool) -> tuple[set[str], set[st
     no_decay = {p + "attn.layer_norm.weight", p + "attn.layer_norm.bias", p + "ff.net.0.bias", p + "ff.net.3.bias",
                 p + "ff.layer_norm.weight", p + "ff.layer_norm.bias"}
     if attn == "rel":
-        decay.add(p + "attn.r_net.weight")
+        decay.add(p + "attn.pos.r_net.weight")
         if untie_r:
-            no_decay |= {p + "attn.r_w_bias", p + "attn.r_r_bias"}
+            no_decay |= {p + "attn.pos.r_w_bias", p + "attn.pos.r_r_bias"}
     if attn == "shaw":
-        no_decay.add(p + "attn.r_emb")
+        no_decay.add(p + "attn.pos.r_emb")
     return decay, no_decay
 
 
@@ -59,7 +59,15 @@ def test_groups_of_a_classifier_with_every_option(attn, untie_r):
     assert len(names) == len(set(names))
     params = d["params"] + nd["params"]
     assert len({id(p) for p in params}) == len(params) == len(list(model.parameters()))
-    assert [n for n, _ in model.named_parameters()] == [n for n, _, _ in parameter_kinds(model)]
+    # the order of named_parameters, but for each layer's own position parameters, drawn before its
+    # projections (where they were when they sat on the attention itself: a seed gives the same weights)
+    kinds = [n for n, _, _ in parameter_kinds(model)]
+    assert sorted(kinds) == sorted(n for n, _ in model.named_parameters())
+    own = [n for n in kinds if n.endswith(("attn.pos.r_w_bias", "attn.pos.r_r_bias", "attn.pos.r_emb"))]
+    assert len(own) == {("rel", True): 4, ("shaw", False): 2}.get((attn, untie_r), 0)
+    for name in own:
+        assert kinds.index(name) < kinds.index(name.split("attn.pos.")[0] + "attn.qkv_net.weight")
+    assert [n for n in kinds if n not in own] == [n for n, _ in model.named_parameters() if n not in own]
 
 
 def test_untied_output_tables_are_not_decayed_either():
@@ -148,3 +156,32 @@ def test_same_seed_same_weights_and_unknown_parameters_refused():
     from txl.errors import TxlError
     with pytest.raises(TxlError, match="extra"):
         parameter_groups(a, 0.0)
+
+
+def test_a_trainer_state_of_the_older_layout_resumes_by_name(tmp_path):
+    """A trainer state written when a layer's position parameters sat on its attention
+    (``layers.0.attn.r_w_bias``) resumes into today's layout (``layers.0.attn.pos.r_w_bias``): every
+    parameter gets its own moments back, and the groups name today's parameters."""
+    import json
+
+    from txl.training.resume import load_trainer_state, save_trainer_state
+
+    torch.manual_seed(0)
+    model = TransformerXLLM(TransformerXLConfig(**SMALL, untie_r=True))
+    opt = make_optimizer(model, 1e-3, 0.1)
+    x = torch.randint(0, 60, (2, 8))
+    model(x, labels=x).loss.backward()
+    opt.step()
+    scaler, gen = torch.amp.GradScaler("cpu", enabled=False), torch.Generator()
+    save_trainer_state(tmp_path, optimizer=opt, scaler=scaler, generator=gen, mems=None, position=0, step=1, state={})
+    meta = json.loads((tmp_path / "trainer.json").read_text())
+    for group in meta["param_groups"]:  # the names as that layout wrote them
+        group["param_names"] = [n.replace("attn.pos.", "attn.") for n in group["param_names"]]
+    assert any(n.endswith("layers.0.attn.r_net.weight") for g in meta["param_groups"] for n in g["param_names"])
+    (tmp_path / "trainer.json").write_text(json.dumps(meta))
+    again = make_optimizer(model, 1e-3, 0.1)
+    load_trainer_state(tmp_path, optimizer=again, scaler=scaler, generator=gen, device=torch.device("cpu"))
+    for name, p in model.named_parameters():
+        assert torch.equal(again.state[p]["exp_avg"], opt.state[p]["exp_avg"]), name
+    names = [n for g in again.state_dict()["param_groups"] for n in g["param_names"]]
+    assert "layers.0.attn.pos.r_w_bias" in names and not any(".attn.r_" in n for n in names)

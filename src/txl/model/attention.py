@@ -310,42 +310,33 @@ class MultiHeadAttention(nn.Module):
     """Masked multi-head attention over [memory + current segment], its positions given by a scheme.
 
     Queries, keys and values are ``h W_q``, ``h̃ W_kE``, ``h̃ W_v`` with ``h̃ = [SG(mem) ∘ h]`` (paper
-    §3.2); how positions enter the scores is the business of ``positions``, a
-    :class:`~txl.model.positions.PositionScheme` chosen by ``config.attn_type`` ("rel": the paper's
-    §3.3, "shaw", "abs", "rope"; see :mod:`txl.model.positions`). The scores are scaled by
-    ``1/sqrt(d_head)``.
+    §3.2); how positions enter the scores is the business of ``pos``, the layer's
+    :class:`~txl.model.positions.PositionScheme` module chosen by ``config.attn_type`` ("rel": the
+    paper's §3.3, "shaw", "abs", "rope"), which owns the position parameters (for "rel" ``r_net``,
+    W_kR, and u/v; for "shaw" ``r_emb``). The scores are scaled by ``1/sqrt(d_head)``.
 
-    Parameters: ``qkv_net`` (W_q, W_kE, W_v stacked, no bias), ``o_net`` (no bias), ``layer_norm``,
-    and the scheme's own under the reference names: for "rel" ``r_net`` (W_kR, no bias) and, with
-    ``untie_r``, this layer's own ``r_w_bias``/``r_r_bias``, else ``shared_biases`` (the model's
-    Parameters, registered here as tied parameters, as a tied softmax weight is: ``named_parameters()``
-    and saved checkpoints hold them once, under the model's ``r_w_bias``/``r_r_bias``); for "shaw"
-    ``r_emb``.
+    Parameters: ``qkv_net`` (W_q, W_kE, W_v stacked, no bias), ``o_net`` (no bias), ``layer_norm``, and
+    ``pos``'s.
 
     Args:
         config: the model's :class:`~txl.model.TransformerXLConfig` (``d_model``, ``n_head``,
-            ``d_head``, ``dropout``, ``dropatt``, ``pre_lnorm`` and the scheme's settings).
-        positions: the scheme (:func:`~txl.model.positions.position_scheme`).
-        shared_biases: for "rel" without ``untie_r``, the model's u and v.
-
-    Raises:
-        TxlError: settings the scheme refuses ("shaw" without ``shaw_max_dist >= 1``, "rel" with
-            neither own nor shared biases).
+            ``d_head``, ``dropout``, ``dropatt``, ``pre_lnorm``).
+        pos: this layer's position scheme module.
     """
 
-    param_kinds = {"r_w_bias": "position_bias", "r_r_bias": "position_bias", "r_emb": "position_table"}
+    param_first = ("pos",)  # its parameters are drawn before the projections' (txl.model.parameters)
 
-    def __init__(self, config, positions, shared_biases: tuple[nn.Parameter, nn.Parameter] | None = None) -> None:
+    def __init__(self, config, pos: nn.Module) -> None:
         super().__init__()
         c = config
-        self.n_head, self.d_head, self.pre_lnorm, self.positions = c.n_head, c.d_head, c.pre_lnorm, positions
+        self.n_head, self.d_head, self.pre_lnorm = c.n_head, c.d_head, c.pre_lnorm
         self.scale = 1.0 / math.sqrt(c.d_head)
         self.qkv_net = Linear(c.d_model, 3 * c.n_head * c.d_head, bias=False)
         self.o_net = Linear(c.n_head * c.d_head, c.d_model, bias=False)
         self.layer_norm = nn.LayerNorm(c.d_model)
         self.drop = Dropout(c.dropout)
         self.dropatt = nn.Dropout(c.dropatt)
-        positions.add_parameters(self, c, shared_biases)
+        self.pos = pos
 
     def forward(self, h: torch.Tensor, mem: torch.Tensor | None, positions, mask: torch.Tensor,
                 cache: LayerCache | None = None, window: int | None = None) -> torch.Tensor:
@@ -377,7 +368,7 @@ class MultiHeadAttention(nn.Module):
         if cache is not None and cache.state.length > 0:  # the memory's keys/values are in the cache
             x = self.layer_norm(h) if self.pre_lnorm else h
             q, k, v = (self._heads(t) for t in self.qkv_net(x).split(hd, dim=-1))  # rows W_q, W_kE, W_v
-            q, k = self.positions.rotate(q, k, positions)
+            q, k = self.pos.rotate(q, k, positions)
             k, v = cache.update(k, v, h)  # [memory + segment]
         else:
             mlen = 0 if mem is None else mem.size(1)
@@ -389,11 +380,11 @@ class MultiHeadAttention(nn.Module):
             detached = mlen > 0 and not mem.requires_grad and not self.pre_lnorm
             kv = self.qkv_net(x, slice(hd, None), mlen if detached else 0)
             k, v = (self._heads(t) for t in kv.split(hd, dim=-1))
-            q, k = self.positions.rotate(q, k, positions)
+            q, k = self.pos.rotate(q, k, positions)
             if cache is not None:  # a state's first call: keep the last keys/values
                 k, v = cache.update(k, v, cat)
         dropatt = self.dropatt.p if self.training else 0.0
-        vec = self.positions.attend(self, q, k, v, positions, mask, cache, window, dropatt)
+        vec = self.pos.attend(q, k, v, positions, mask, cache, window, dropatt)
         vec = vec.transpose(1, 2).reshape(bsz, qlen, hd)  # [B, T, H*D]
         out = self.drop(self.o_net(vec))
         return h + out if self.pre_lnorm else self.layer_norm(h + out)
@@ -425,11 +416,9 @@ class MultiHeadAttention(nn.Module):
         norm = self.layer_norm  # functional calls: a step is mostly call overhead
         x = F.layer_norm(h, norm.normalized_shape, norm.weight, norm.bias, norm.eps) if self.pre_lnorm else h
         q, k, v = self.qkv_net.forward(x).view(bsz, 3, heads, d_head).unbind(1)  # [B, H, D] each
-        q, k = self.positions.step_rotate(q, k, positions)
+        q, k = self.pos.step_rotate(q, k, positions)
         keys, values = cache.update(k.unsqueeze(2), v.unsqueeze(2), h)  # the slots, in slot order
-        q_c, q_r, r_k, columns = self.positions.step_terms(self, q, cache, keys.size(2))  # queries scaled already
-        vec = one_query_attention(q_c.unsqueeze(2), None if q_r is None else q_r.unsqueeze(2), keys, values, r_k,
-                                  key_mask, scale=1.0, columns=columns, own=cache.own)  # [B, H, 1, D]
+        vec = self.pos.step_attend(q, keys, values, cache, key_mask)  # [B, H, 1, D]
         out = self.o_net.forward(vec.view(bsz, 1, heads * d_head))
         if self.pre_lnorm:
             return h + out

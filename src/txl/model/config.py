@@ -179,7 +179,7 @@ class TransformerXLConfig:
         table = self.vocab_size * self.embed_dim + clusters * self.embed_dim * d  # tables + projections
         output = table + self.vocab_size + clusters * (self.embed_dim + 1)  # + biases and cluster weights
         per_layer = 4 * heads * d + 4 * d + 2 * d * d_inner + d_inner + d  # attention, LayerNorms, feed-forward
-        per_layer += position_scheme(self.attn_type).layer_parameter_count(self)
+        per_layer += position_scheme(self.attn_type).parameter_count(self)
         if self.cmem_len and self.compression == "conv1d":
             per_layer += d * d * self.cmem_ratio + d  # the compression convolution
         return table + output + self.n_layer * per_layer + 2 * heads

@@ -124,9 +124,9 @@ def check_attention_fits(model, bsz: int, qlen: int, klen: int, grad: bool) -> N
     from txl.model.cpu_attention import BLOCK_BYTES
     from txl.runtime import check_fits
 
-    c, weight = model.config, model.word_emb.emb_layers[0].weight
-    if weight.device.type != "cpu" or not model.positions.keeps_scores:
-        return
+    c, weight, scheme = model.config, next(model.parameters(), None), getattr(model, "positions", None)
+    if weight is None or weight.device.type != "cpu" or not getattr(scheme, "keeps_scores", False):
+        return  # (another device, "abs", or a stand-in model)
     need = attention_bytes(bsz, c.n_head, qlen, klen, c.n_layer, weight.element_size(), grad, BLOCK_BYTES)
     if need >= 2**28:
         check_fits(need, f"a segment of {qlen:,} tokens over {klen:,} keys (batch {bsz:,})",

@@ -14,7 +14,10 @@ A parameter's kind is decided by the module that owns it, never by substrings of
     "position_table" Shaw et al. (2018) relative-position tables ``r_emb``            normal(0, init_std)
 
 Modules with parameters of their own (or containers whose contents are not what their type
-says) declare them in a class attribute ``param_kinds``: ``{attribute: kind}``. A kind declared for a
+says) declare them in a class attribute ``param_kinds``: ``{attribute: kind}``. A module may name
+children in ``param_first`` whose own parameters come right after its own (the attention's
+position scheme: the order, and so the draws of a seed, of the layout where they were the
+attention's own). A kind declared for a
 child module (e.g. ``out_layers: "embedding"``) applies to the weights below it; biases stay biases.
 A parameter shared by two modules (tied weights) is listed once, under its first name in
 ``named_parameters`` order, with that owner's kind; the model ties only parameters of the same kind
@@ -66,10 +69,7 @@ def parameter_kinds(model: nn.Module) -> Iterator[tuple[str, nn.Parameter, str]]
     seen_params: set[int] = set()
     seen_modules: set[int] = set()
 
-    def walk(module: nn.Module, prefix: str, inherited: str | None):
-        if id(module) in seen_modules:
-            return
-        seen_modules.add(id(module))
+    def own(module: nn.Module, prefix: str, inherited: str | None):
         for name, param in module.named_parameters(recurse=False):
             if id(param) in seen_params:
                 continue
@@ -79,7 +79,15 @@ def parameter_kinds(model: nn.Module) -> Iterator[tuple[str, nn.Parameter, str]]
                 raise TxlError(f"parameter {prefix + name} of {type(module).__name__} has no known kind "
                                f"(got {kind!r}); declare it in {type(module).__name__}.param_kinds")
             yield prefix + name, param, kind
+
+    def walk(module: nn.Module, prefix: str, inherited: str | None):
+        if id(module) in seen_modules:
+            return
+        seen_modules.add(id(module))
+        yield from own(module, prefix, inherited)
         declared = getattr(module, "param_kinds", {})
+        for child_name in getattr(module, "param_first", ()):  # a child's own parameters drawn with its parent's
+            yield from own(getattr(module, child_name), f"{prefix}{child_name}.", declared.get(child_name, inherited))
         for child_name, child in module.named_children():
             yield from walk(child, f"{prefix}{child_name}.", declared.get(child_name, inherited))
 

@@ -1,24 +1,32 @@
 """Position schemes: how attention knows where a key is, chosen by ``attn_type``.
 
-Each scheme is one stateless object (:func:`position_scheme`); the attention layer, the model and the
-decoding state ask it what they need and never compare ``attn_type`` themselves. What a scheme gives:
+A scheme is an ``nn.Module``, one per attention layer, that owns that layer's position parameters and
+is handed to the attention (:class:`~txl.model.attention.MultiHeadAttention` holds it as ``pos``); the
+attention, the model and the decoding state ask it what they need and never compare ``attn_type``
+themselves. What a scheme gives:
 
 - ``memory``: whether the model keeps a memory. Segment-level recurrence (paper §3.2) needs scores
   that do not depend on where a segment starts: relative positions ("rel", "shaw") or positions that
   enter only as differences ("rope"); absolute positions added to the input ("abs") do not allow it.
-- ``add_parameters``: its parameters, registered on the attention layer under the reference names
-  (``r_net``, ``r_w_bias``/``r_r_bias``, ``r_emb``), so checkpoints do not depend on this module.
-- ``embed``: positions added to the input (the vanilla Transformer only).
-- ``segment``: the positional input of one call over K keys, built once for every layer: R for "rel"
-  (the sinusoid of distances K-1 ... 0), the cos/sin of each key's position for "rope".
-- ``rotate``: what happens to queries and new keys before the keys are kept ("rope" only).
-- ``attend``: attention over [memory + segment] with the scheme's position term.
-- ``step_*``: the one-token step of a decoding state: its position tables and the terms of its scores.
+- what a call builds once for every layer (class methods): ``embed``, positions added to the input
+  (the vanilla Transformer only); ``segment``, the positional input of a call over K keys (R for
+  "rel", the sinusoid of distances K-1 ... 0; the cos/sin of each key's position for "rope");
+  ``step_positions``, the same for a one-token step of a decoding state;
+- what a layer does with its parameters: ``rotate`` (queries and new keys before the keys are kept,
+  "rope" only), ``attend`` (attention over [memory + segment] with the position term), and for the
+  one-token step ``step_rotate`` and ``step_attend``.
+
+Parameter names follow the reference implementation under the layer's ``attn.pos``: ``r_net`` (W_kR),
+``r_w_bias``/``r_r_bias`` (u, v: shared by the layers unless ``untie_r``, then registered on the model
+and tied into every layer), ``r_emb`` (Shaw's tables). Checkpoints written with them directly on the
+attention load too (:func:`txl.model.serialization.current_name`).
 
 Shapes: B = batch, H = heads, T = queries, K = keys (memory + segment), D = ``d_head``.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -26,174 +34,197 @@ from torch import nn
 
 from txl.errors import TxlError
 from txl.model.linear import Linear
-from txl.model.attention import (biased_attention, padded_position_keys, relative_positions, shaw_distances,
-                                 sinusoid)
+from txl.model.attention import (biased_attention, one_query_attention, padded_position_keys, relative_positions,
+                                 shaw_distances, sinusoid)
 
 
-class PositionScheme:
+class PositionScheme(nn.Module):
     """The interface (and the defaults) of a position scheme; see the module doc.
 
     Attributes:
         name: its ``attn_type``.
         memory: whether a model with it keeps a memory (and so may use a decoding state).
         keeps_scores: whether its attention forms [B, H, T, K] scores outside the fused kernel's
-            causal path (the memory check before a call counts them).
+            causal path (the memory check before a reading counts them).
+        scale: ``1/sqrt(d_head)``, the scores' scale.
+
+    Args:
+        config: the model's :class:`~txl.model.TransformerXLConfig`.
+        shared: the model's u and v for "rel" without ``untie_r`` (:meth:`shared_parameters`), else None.
     """
 
     name = ""
     memory = True
     keeps_scores = True
 
-    def check(self, config) -> None:
+    def __init__(self, config, shared: tuple[nn.Parameter, nn.Parameter] | None = None) -> None:
+        super().__init__()
+        self.n_head, self.d_head, self.scale = config.n_head, config.d_head, 1.0 / math.sqrt(config.d_head)
+
+    @classmethod
+    def check(cls, config) -> None:
         """Raise :class:`TxlError` for a config this scheme cannot serve (default: none)."""
 
-    def check_clamp(self, clamp_len: int, flag: str = "clamp_len") -> None:
+    @classmethod
+    def check_clamp(cls, clamp_len: int, flag: str = "clamp_len") -> None:
         """Raise :class:`TxlError` when the scheme cannot read with ``clamp_len`` (given as ``flag``; default: any)."""
 
-    def layer_parameter_count(self, config) -> int:
+    @classmethod
+    def parameter_count(cls, config) -> int:
         """Parameters of its own per layer (an upper bound, for the config's size check)."""
         return 0
 
-    def add_parameters(self, attn: nn.Module, config, shared: tuple[nn.Parameter, nn.Parameter] | None) -> None:
-        """Register its per-layer parameters on the attention module ``attn``."""
-
-    def model_parameters(self, model: nn.Module, config) -> tuple[nn.Parameter, nn.Parameter] | None:
-        """Register parameters shared by every layer on ``model``; returned to :meth:`add_parameters`."""
+    @classmethod
+    def shared_parameters(cls, config) -> tuple[nn.Parameter, nn.Parameter] | None:
+        """Parameters every layer shares, made once by the model and handed to each layer's scheme."""
         return None
 
-    def embed(self, emb: torch.Tensor) -> torch.Tensor:
+    @classmethod
+    def embed(cls, emb: torch.Tensor) -> torch.Tensor:
         """The input [B, T, d_model] with positions added, if the scheme adds them there (default: as is)."""
         return emb
 
-    def segment(self, config, klen: int, first: int, span, device, dtype, drop: nn.Module, caches=None):
+    @classmethod
+    def segment(cls, config, klen: int, first: int, span, device, dtype, drop: nn.Module, caches=None):
         """The positional input of a call over ``klen`` keys whose first key is at text position
         ``first`` (the queries are the last T keys), handed to every layer; None when it needs none."""
+        return None
+
+    @classmethod
+    def step_positions(cls, state, config, device, dtype):
+        """Before a one-token step: build what the step's layers need (the state keeps what lasts,
+        ``state.pos_emb``); returned to every layer's step."""
         return None
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, positions) -> tuple[torch.Tensor, torch.Tensor]:
         """Queries [B, H, T, D] and the new keys [B, H, n, D] before the keys are kept (default: as is)."""
         return q, k
 
-    def attend(self, attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions,
-               mask: torch.Tensor, cache, window: int | None, dropout_p: float) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions, mask: torch.Tensor, cache,
+               window: int | None, dropout_p: float) -> torch.Tensor:
         """Attention output [B, H, T, D] of queries ``q`` [B, H, T, D] over keys and values [B, H, K, D];
         ``mask`` bool [T, K] or [B, 1, T, K], True = not visible; ``window`` as in
         :func:`~txl.model.attention.biased_attention`."""
         raise NotImplementedError
 
-    def step_positions(self, state, config, device, dtype):
-        """Before a one-token step: build what the step's layers need (the state keeps what lasts,
-        ``state.pos_emb``); returned to every layer's step."""
-        return None
-
     def step_rotate(self, q: torch.Tensor, k: torch.Tensor, positions) -> tuple[torch.Tensor, torch.Tensor]:
         """A step's query and key [B, H, D] before the key is kept (default: as is)."""
         return q, k
 
-    def step_terms(self, attn: nn.Module, q: torch.Tensor, cache, klen: int):
-        """What :func:`~txl.model.attention.one_query_attention` takes for a step's query [B, H, D] over
-        the ``klen`` slots of ``cache`` (slot order): the content and position queries, both scaled, the
-        position keys and their ``columns`` (None, None, None, None without a position term)."""
-        raise NotImplementedError
+    def step_attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, cache,
+                    key_mask: torch.Tensor | None) -> torch.Tensor:
+        """A step's attention [B, H, 1, D] for its query [B, H, D] over the slots ``keys``/``values``
+        [B, H, K, D] of ``cache`` (slot order): :func:`~txl.model.attention.one_query_attention` with the
+        scheme's terms (default: no position term)."""
+        return one_query_attention((q * self.scale).unsqueeze(2), None, keys, values, None, key_mask, scale=1.0,
+                                   own=cache.own)
 
 
 class _DistanceTable(PositionScheme):
     """A position key per distance, added to the keys as a score bias (what "rel" and "shaw" share).
 
-    The one-token step reads its table of distances rotated to the ring buffer's order
+    The one-token step reads its table of distances rotated to the ring's order
     (:meth:`~txl.model.decoding.DecodingState.pos_offset`): a key does not depend on its position,
     so a slot keeps its key whatever distance it comes to hold.
     """
 
-    def position_keys(self, attn: nn.Module, state) -> torch.Tensor:
+    def position_keys(self, state) -> torch.Tensor:
         """[H, D, S]: the position keys for distances S-1 ... 0, S = ``state.capacity``."""
         raise NotImplementedError
 
-    def step_queries(self, attn: nn.Module, q: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor]:
+    def step_queries(self, q: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor]:
         """The step's queries for the content and the position term, both scaled: [B, H, D] each."""
-        q = q * attn.scale
+        q = q * self.scale
         return q, q
 
-    def step_terms(self, attn, q, cache, klen):
+    def step_attend(self, q, keys, values, cache, key_mask):
         # scaled before the products (as the fused kernel does), so that half-precision scores stay in range
-        q_c, q_r = self.step_queries(attn, q, cache)
+        q_c, q_r = self.step_queries(q, cache)
         if cache.columns is not None:  # a ring: its table of distances, and the column of each slot's
-            return q_c, q_r, cache.pos_keys, cache.columns
-        state = cache.state
-        if cache.pos_keys is None:  # distances S-1 ... 0, twice in a row (see LayerCache)
-            r_k = self.position_keys(attn, state)
-            cache.pos_keys = torch.cat([r_k, r_k], dim=-1).to(q.dtype).contiguous()
-        off = state.pos_offset(klen)
-        return q_c, q_r, cache.pos_keys[:, :, off:off + klen], None  # [H, D, K]: slot s's distance in column s
+            r_k, columns = cache.pos_keys, cache.columns
+        else:
+            state, klen = cache.state, keys.size(2)
+            if cache.pos_keys is None:  # distances S-1 ... 0, twice in a row (see LayerCache)
+                r_k = self.position_keys(state)
+                cache.pos_keys = torch.cat([r_k, r_k], dim=-1).to(q.dtype).contiguous()
+            off = state.pos_offset(klen)
+            r_k, columns = cache.pos_keys[:, :, off:off + klen], None  # [H, D, K]: slot s's distance in column s
+        return one_query_attention(q_c.unsqueeze(2), q_r.unsqueeze(2), keys, values, r_k, key_mask, scale=1.0,
+                                   columns=columns, own=cache.own)
 
 
 class Relative(_DistanceTable):
     """Transformer-XL's relative positions (paper §3.3), ``attn_type="rel"``.
 
     ``A_ij = (q_i + u)·k_j + (q_i + v)·W_kR R_{i-j}``, scaled by ``1/sqrt(D)``: R the sinusoid of
-    distances (built once per call, dropout applied as the reference does), ``W_kR`` each layer's
+    distances (built once per call, dropout applied as the reference does), ``W_kR`` this layer's
     ``r_net``, u = ``r_w_bias`` and v = ``r_r_bias`` [H, D] shared by the layers or, with
-    ``untie_r``, each layer's own. ``clamp_len`` caps the distances given to R.
+    ``untie_r``, this layer's own. ``clamp_len`` caps the distances given to R.
     """
 
     name = "rel"
+    param_kinds = {"r_w_bias": "position_bias", "r_r_bias": "position_bias"}  # see txl.model.parameters
 
-    def layer_parameter_count(self, config) -> int:
+    def __init__(self, config, shared=None) -> None:
+        super().__init__(config)
+        if shared is None and not config.untie_r:
+            raise TxlError("attn_type='rel' without own biases needs shared_biases (u, v)")
+        if config.untie_r:
+            self.r_w_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
+            self.r_r_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
+        else:
+            self.r_w_bias, self.r_r_bias = shared  # tied: the same Parameter objects
+        self.r_net = Linear(config.d_model, config.n_head * config.d_head, bias=False)
+
+    @classmethod
+    def parameter_count(cls, config) -> int:
         heads = config.n_head * config.d_head
         return heads * config.d_model + 2 * heads  # r_net and per-layer u/v (counted whether untied or not)
 
-    def model_parameters(self, model, config):
+    @classmethod
+    def shared_parameters(cls, config):
         if config.untie_r:
             return None
-        model.r_w_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
-        model.r_r_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
-        return model.r_w_bias, model.r_r_bias
+        return (nn.Parameter(torch.empty(config.n_head, config.d_head)),
+                nn.Parameter(torch.empty(config.n_head, config.d_head)))
 
-    def add_parameters(self, attn, config, shared):
-        attn.r_net = Linear(config.d_model, config.n_head * config.d_head, bias=False)
-        if config.untie_r:
-            attn.r_w_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
-            attn.r_r_bias = nn.Parameter(torch.empty(config.n_head, config.d_head))
-        elif shared is None:
-            raise TxlError("attn_type='rel' without own biases needs shared_biases (u, v)")
-        else:
-            attn.r_w_bias, attn.r_r_bias = shared  # tied: the same Parameter objects
-
-    def segment(self, config, klen, first, span, device, dtype, drop, caches=None):
+    @classmethod
+    def segment(cls, config, klen, first, span, device, dtype, drop, caches=None):
         if caches is not None and caches.segment_klen == klen:
             return None  # each layer of the decoding state keeps its projected positions for this key length
         if caches is not None:  # valid again once every layer holds this key length's positions
             caches.segment_klen = -1
         return drop(sinusoid(relative_positions(klen, span.clamp_len, device), config.d_model).to(dtype))
 
-    def attend(self, attn, q, k, v, positions, mask, cache, window, dropout_p):
+    def attend(self, q, k, v, positions, mask, cache, window, dropout_p):
         klen = k.size(2)
         if positions is None:  # a decoding state's layer: the positions of this key length are kept
             r_k = cache.segment_pos_keys
         else:
-            r_k = attn.r_net(positions).view(klen, attn.n_head, attn.d_head).permute(1, 2, 0)  # [H, D, K]
+            r_k = self.r_net(positions).view(klen, self.n_head, self.d_head).permute(1, 2, 0)  # [H, D, K]
             if cache is not None:  # padded and contiguous once, not a strided copy per segment
                 r_k = cache.segment_pos_keys = padded_position_keys(r_k)
         # (b) + (d), pre-scaled, realigned and masked, becomes an additive bias of the fused kernel,
         # which computes softmax(scale * (q + u)·k + bias) @ v, i.e. (a) + (c) + (b) + (d)
-        u, vb = attn.r_w_bias, attn.r_r_bias
-        return biased_attention(q + u[:, None, :], (q + vb[:, None, :]) * attn.scale, k, v, r_k, mask,
-                                scale=attn.scale, dropout_p=dropout_p, window=window)
+        u, vb = self.r_w_bias, self.r_r_bias
+        return biased_attention(q + u[:, None, :], (q + vb[:, None, :]) * self.scale, k, v, r_k, mask,
+                                scale=self.scale, dropout_p=dropout_p, window=window)
 
-    def step_positions(self, state, config, device, dtype):
+    @classmethod
+    def step_positions(cls, state, config, device, dtype):
         if state.pos_emb is None:  # R of the ring's distances, projected by each layer on its first step
             state.pos_emb = sinusoid(relative_positions(state.capacity, state.span.clamp_len, device),
                                      config.d_model).to(dtype)
         return None
 
-    def position_keys(self, attn, state):
-        return attn.r_net(state.pos_emb).view(state.capacity, attn.n_head, attn.d_head).permute(1, 2, 0)
+    def position_keys(self, state):
+        return self.r_net(state.pos_emb).view(state.capacity, self.n_head, self.d_head).permute(1, 2, 0)
 
-    def step_queries(self, attn, q, cache):
+    def step_queries(self, q, cache):
         if cache.query_biases is None:  # u and v times the scale, once per state: q_c = (q + u) * scale in one op
-            cache.query_biases = torch.stack([attn.r_w_bias, attn.r_r_bias]).to(q.dtype) * attn.scale
+            cache.query_biases = torch.stack([self.r_w_bias, self.r_r_bias]).to(q.dtype) * self.scale
         u, vb = cache.query_biases
-        return torch.add(u, q, alpha=attn.scale), torch.add(vb, q, alpha=attn.scale)
+        return torch.add(u, q, alpha=self.scale), torch.add(vb, q, alpha=self.scale)
 
 
 class Shaw(_DistanceTable):
@@ -205,30 +236,33 @@ class Shaw(_DistanceTable):
     """
 
     name = "shaw"
+    param_kinds = {"r_emb": "position_table"}
 
-    def check(self, config) -> None:
+    def __init__(self, config, shared=None) -> None:
+        super().__init__(config)
+        self.check(config)
+        self.max_dist = config.shaw_max_dist
+        self.r_emb = nn.Parameter(torch.empty(config.shaw_max_dist + 1, config.n_head, config.d_head))
+
+    @classmethod
+    def check(cls, config) -> None:
         if config.shaw_max_dist < 1:
             raise TxlError(f"model.attn_type='shaw' needs model.shaw_max_dist >= 1 (the clipping distance, e.g. "
                            f"tgt_len + mem_len - 1), got {config.shaw_max_dist}")
 
-    def layer_parameter_count(self, config) -> int:
+    @classmethod
+    def parameter_count(cls, config) -> int:
         return (config.shaw_max_dist + 1) * config.n_head * config.d_head
 
-    def add_parameters(self, attn, config, shared):
-        if config.shaw_max_dist < 1:
-            raise TxlError(f"attn_type='shaw' needs shaw_max_dist >= 1, got {config.shaw_max_dist}")
-        attn.max_dist = config.shaw_max_dist
-        attn.r_emb = nn.Parameter(torch.empty(config.shaw_max_dist + 1, config.n_head, config.d_head))
-
-    def attend(self, attn, q, k, v, positions, mask, cache, window, dropout_p):
+    def attend(self, q, k, v, positions, mask, cache, window, dropout_p):
         # the learned a_d for distances K-1 ... 0 (clipped), then the same realignment as "rel":
         # (b) = q·a becomes the additive bias, the kernel adds (a) = q·k
-        r_k = attn.r_emb[shaw_distances(k.size(2), attn.max_dist, q.device)].permute(1, 2, 0)  # [H, D, K]
-        return biased_attention(q, q * attn.scale, k, v, r_k.to(q.dtype), mask, scale=attn.scale,
+        r_k = self.r_emb[shaw_distances(k.size(2), self.max_dist, q.device)].permute(1, 2, 0)  # [H, D, K]
+        return biased_attention(q, q * self.scale, k, v, r_k.to(q.dtype), mask, scale=self.scale,
                                 dropout_p=dropout_p, window=window)
 
-    def position_keys(self, attn, state):
-        return attn.r_emb[shaw_distances(state.capacity, attn.max_dist, attn.r_emb.device)].permute(1, 2, 0)
+    def position_keys(self, state):
+        return self.r_emb[shaw_distances(state.capacity, self.max_dist, self.r_emb.device)].permute(1, 2, 0)
 
 
 class Absolute(PositionScheme):
@@ -240,12 +274,13 @@ class Absolute(PositionScheme):
     memory = False
     keeps_scores = False
 
-    def embed(self, emb):
+    @classmethod
+    def embed(cls, emb):
         return emb + sinusoid(torch.arange(emb.size(1), device=emb.device), emb.size(-1)).to(emb.dtype)
 
-    def attend(self, attn, q, k, v, positions, mask, cache, window, dropout_p):
+    def attend(self, q, k, v, positions, mask, cache, window, dropout_p):
         # no memory and no padding: the mask is the causal one, and the kernel skips its blocks
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=attn.scale)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=self.scale)
 
 
 def rotary_frequencies(d_head: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -289,19 +324,22 @@ class Rotary(PositionScheme):
 
     name = "rope"
 
-    def check(self, config) -> None:
+    @classmethod
+    def check(cls, config) -> None:
         if config.d_head % 2:
             raise TxlError(f"model.attn_type='rope' needs an even model.d_head (pairs of dimensions rotate), got "
                            f"{config.d_head}")
-        self.check_clamp(config.clamp_len, "model.clamp_len")
+        cls.check_clamp(config.clamp_len, "model.clamp_len")
 
-    def check_clamp(self, clamp_len, flag="clamp_len"):
+    @classmethod
+    def check_clamp(cls, clamp_len, flag="clamp_len"):
         if clamp_len:
             raise TxlError(f"{flag}={clamp_len} has no meaning with attn_type='rope' (rotations of every distance); "
                            "set it to 0")
 
-    def segment(self, config, klen, first, span, device, dtype, drop, caches=None):
-        self.check_clamp(span.clamp_len)
+    @classmethod
+    def segment(cls, config, klen, first, span, device, dtype, drop, caches=None):
+        cls.check_clamp(span.clamp_len)
         cos, sin = rotary_angles(torch.arange(first, first + klen, device=device), config.d_head)
         return cos.to(dtype), sin.to(dtype)
 
@@ -310,12 +348,13 @@ class Rotary(PositionScheme):
         return (rotate_half(q, cos[-q.size(2):], sin[-q.size(2):]),
                 rotate_half(k, cos[-k.size(2):], sin[-k.size(2):]))
 
-    def attend(self, attn, q, k, v, positions, mask, cache, window, dropout_p):
+    def attend(self, q, k, v, positions, mask, cache, window, dropout_p):
         if mask.dim() == 2 and k.size(2) == q.size(2) and window == 0:  # no memory, no padding: causal
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=attn.scale)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=~mask, dropout_p=dropout_p, scale=attn.scale)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=self.scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=~mask, dropout_p=dropout_p, scale=self.scale)
 
-    def step_positions(self, state, config, device, dtype):
+    @classmethod
+    def step_positions(cls, state, config, device, dtype):
         if state.pos_emb is None:  # θ (float64 [D/2]) kept by the state: a step multiplies it by its position
             state.pos_emb = rotary_frequencies(config.d_head, device)
         angles = state.pos_emb * float(state.seen)  # (no host-to-device copy of the position)
@@ -326,15 +365,12 @@ class Rotary(PositionScheme):
         both = rotate_half(torch.stack([q, k], 1), cos, sin)  # [B, 2, H, D]: one rotation for both
         return both[:, 0], both[:, 1]
 
-    def step_terms(self, attn, q, cache, klen):
-        return q * attn.scale, None, None, None
+
+SCHEMES: dict[str, type[PositionScheme]] = {s.name: s for s in (Relative, Shaw, Absolute, Rotary)}
 
 
-SCHEMES: dict[str, PositionScheme] = {s.name: s for s in (Relative(), Shaw(), Absolute(), Rotary())}
-
-
-def position_scheme(attn_type: str) -> PositionScheme:
-    """The scheme of ``attn_type`` ("rel", "shaw", "abs" or "rope").
+def position_scheme(attn_type: str) -> type[PositionScheme]:
+    """The scheme class of ``attn_type`` ("rel", "shaw", "abs" or "rope").
 
     Raises:
         TxlError: an unknown ``attn_type``.

@@ -128,8 +128,8 @@ def attention(attn, h: torch.Tensor, memory: torch.Tensor, distances: torch.Tens
         dist = torch.arange(n, device=h.device)
         dist = dist.clamp(max=clamp_len) if clamp_len > 0 else dist
         R = sinusoid_table(dist, d_model).to(h.dtype)  # R_d for every distance d = 0 .. n-1: [n, d_model]
-        r_k = (R @ dense(attn.r_net, h.dtype).T).unflatten(-1, (H, D))  # W_kR R_d: [n, H, D]
-        u, vb = attn.r_w_bias, attn.r_r_bias
+        r_k = (R @ dense(attn.pos.r_net, h.dtype).T).unflatten(-1, (H, D))  # W_kR R_d: [n, H, D]
+        u, vb = attn.pos.r_w_bias, attn.pos.r_r_bias
         by_distance = torch.einsum("bihd,nhd->bhin", q, r_k)  # q_i·W_kR R_d for every d
         scores = scores + by_distance.gather(-1, index.expand(*by_distance.shape[:2], -1, -1))  # (b): d = i-j
         scores = scores + torch.einsum("hd,bjhd->bhj", u, k)[:, :, None, :]  # (c)
@@ -144,7 +144,7 @@ def attention(attn, h: torch.Tensor, memory: torch.Tensor, distances: torch.Tens
         cross = torch.einsum("bihf,bjhf->bhijf", q2, k1) - torch.einsum("bihf,bjhf->bhijf", q1, k2)
         scores = torch.einsum("bhijf,ijf->bhij", same, cos) - torch.einsum("bhijf,ijf->bhij", cross, sin)
     elif attn_type == "shaw":
-        a = attn.r_emb[torch.arange(n, device=h.device).clamp(max=attn.max_dist)].to(h.dtype)  # a_{min(d, max_dist)}: [n, H, D]
+        a = attn.pos.r_emb[torch.arange(n, device=h.device).clamp(max=attn.pos.max_dist)].to(h.dtype)  # a_{min(d, max_dist)}: [n, H, D]
         by_distance = torch.einsum("bihd,nhd->bhin", q, a)
         scores = scores + by_distance.gather(-1, index.expand(*by_distance.shape[:2], -1, -1))
     probs = torch.softmax((scores / math.sqrt(D)).masked_fill(hidden, float("-inf")), dim=-1)

@@ -103,7 +103,7 @@ def distance_tables(model: nn.Module, span: AttentionSpan, dtype: torch.dtype) -
     scheme = model.positions
     with torch.no_grad():
         scheme.step_positions(state, model.config, weight.device, dtype)
-        return torch.stack([scheme.position_keys(layer.attn, state).to(dtype) for layer in model.layers])
+        return torch.stack([layer.attn.pos.position_keys(state).to(dtype) for layer in model.layers])
 
 
 def layer_keys(attn: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,14 @@ from txl.config import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME
 from txl.model.config import TransformerXLConfig
 from txl.model.quantize import check_trainable, int8_names
 
+_ON_ATTENTION = re.compile(r"^(|.*\.)(layers\.\d+\.attn\.)(r_net\.|r_w_bias$|r_r_bias$|r_emb$)")
+
+
+def current_name(name: str) -> str:
+    """A weight's name in this layout: checkpoints written with a layer's position parameters directly on
+    its attention (``layers.3.attn.r_net.weight``, ``...attn.r_w_bias``, ``...attn.r_emb``) load with them
+    under the attention's position scheme (``layers.3.attn.pos.r_net.weight``); other names are kept."""
+    return _ON_ATTENTION.sub(r"\1\2pos.\3", name)
 
 
 def save_model(model: torch.nn.Module, directory: str | Path, tokenizer: Any = None,
@@ -68,7 +77,7 @@ def weight_names(directory: Path) -> list[str]:
         raise TxlError(f"{directory} has no {WEIGHTS_NAME}")
     try:
         with safe_open(str(path), framework="pt") as f:
-            return list(f.keys())
+            return [current_name(k) for k in f.keys()]
     except (SafetensorError, OSError, ValueError) as err:
         raise TxlError(f"cannot read weights {path}: {err}") from None
 
@@ -85,7 +94,7 @@ def check_weights_header(model: torch.nn.Module, directory: Path, described_by: 
         raise TxlError(f"{directory} has no {WEIGHTS_NAME}")
     try:
         with safe_open(str(path), framework="pt") as f:
-            shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+            shapes = {current_name(key): tuple(f.get_slice(key).get_shape()) for key in f.keys()}
     except (SafetensorError, OSError, ValueError) as err:
         raise TxlError(f"cannot read weights {path}: {err}") from None
     _compare(shapes, {k: tuple(v.shape) for k, v in unique_state(model).items()}, path, described_by)
@@ -117,7 +126,7 @@ def load_weights(model: torch.nn.Module, directory: Path, map_location, describe
     if not path.is_file():
         raise TxlError(f"{directory} has no {WEIGHTS_NAME}")
     try:
-        tensors = load_file(str(path), device=str(map_location))
+        tensors = {current_name(k): v for k, v in load_file(str(path), device=str(map_location)).items()}
     except (SafetensorError, OSError, ValueError) as err:
         raise TxlError(f"cannot read weights {path}: {err}") from None
     expected = unique_state(model)

@@ -94,7 +94,7 @@ class DecoderLayer(nn.Module):
                  shared_biases: tuple[nn.Parameter, nn.Parameter] | None = None) -> None:
         super().__init__()
         c = config
-        self.attn = MultiHeadAttention(c, position_scheme(c.attn_type), shared_biases)
+        self.attn = MultiHeadAttention(c, position_scheme(c.attn_type)(c, shared_biases))
         self.ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm)
         if c.cmem_len > 0:  # the compression function f_c of this layer (Rae et al. 2019)
             self.compress = Compressor(c.d_model, c.cmem_ratio, c.compression)
@@ -115,7 +115,7 @@ class TransformerXLLM(nn.Module):
 
     ``attn_type="rel"``: the paper's model (§3.2 recurrence, §3.3 relative positions).
     ``attn_type="shaw"``: the same recurrence with Shaw et al. (2018) learned relative positions
-    (per-layer tables ``layers[n].attn.r_emb``, no u/v): the paper's Table 6 comparison.
+    (per-layer tables ``layers[n].attn.pos.r_emb``, no u/v): the paper's Table 6 comparison.
     ``attn_type="rope"``: the same recurrence with rotary positions (Su et al. 2021; keys rotated at
     their positions, see :class:`~txl.model.positions.Rotary`).
     ``attn_type="abs"``: the vanilla Transformer baseline (absolute sinusoidal positions added to the
@@ -146,8 +146,10 @@ class TransformerXLLM(nn.Module):
         self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val,
                                           c.init_std, c.proj_init_std)
         self.drop = Dropout(c.dropout)
-        self.positions = position_scheme(c.attn_type)  # how positions enter (txl.model.positions)
-        shared = self.positions.model_parameters(self, c)  # "rel": u and v, unless untie_r
+        self.positions = position_scheme(c.attn_type)  # the scheme's class: what a call builds once for every layer
+        shared = self.positions.shared_parameters(c)  # "rel": u and v, unless untie_r
+        if shared is not None:
+            self.r_w_bias, self.r_r_bias = shared
         self.layers = nn.ModuleList(DecoderLayer(c, shared) for _ in range(c.n_layer))
         self.crit = ProjectedAdaptiveLogSoftmax(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val,
                                                 c.init_std, c.proj_init_std)

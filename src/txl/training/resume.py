@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from txl.errors import TxlError
 from txl.fileio import atomic_write, read_json_object, write_json
+from txl.model.serialization import current_name
 from txl.training import distributed
 from txl.training.checkpoint import load_into, quarantine, saved_vocabulary
 from txl.training.checkpoint_files import TRAINER_JSON as JSON_NAME
@@ -83,8 +84,9 @@ def _reorder(optimizer: torch.optim.Optimizer, groups: list[dict], slots: dict[i
     parameter name, when the saved layout names its parameters (or is the legacy one and ``model`` is
     given) and holds the same names in another order; otherwise unchanged."""
     current = [g.get("param_names") for g in optimizer.param_groups]
-    if all("param_names" in g for g in groups):
-        saved = [g["param_names"] for g in groups]
+    if all("param_names" in g for g in groups):  # (names of an older layout in today's, see current_name)
+        saved = [[current_name(n) for n in g["param_names"]] for g in groups]
+        groups = [dict(g, param_names=names) for g, names in zip(groups, saved)]
     elif model is not None and len(groups) == 2:
         saved = _legacy_names(model)
     else:
