@@ -10,7 +10,7 @@ import torch
 from conftest import one_error_line, tiny_model
 from txl.errors import TxlError
 from txl.export.files import export_decoder
-from txl.model.ring import RingStep, SegmentReader, check_exportable, ring_capacity
+from txl.model.graphs import RingStep, SegmentReader, check_exportable, ring_capacity
 from txl.export.runner import ExportedDecoder
 from txl.generation import generate
 from txl.model.span import resolve_span

@@ -9,7 +9,7 @@ import torch
 from conftest import one_error_line, run_cli, tiny_model
 from txl.data import ByteTokenizer
 from txl.generation import DecodingRules, beam_search, generate, prime_memory, prime_rows
-from txl.model import cpu_attention
+from txl.model import cpu
 from txl.model.decoding import DecodingState
 from txl.training.checkpoint import save_checkpoint
 from txl.training.config import RunConfig
@@ -77,7 +77,7 @@ def test_padded_memories_give_each_row_its_own_logits(overrides, tiny_blocks, mo
     """Model level: rows primed alone, left-padded to one memory, read together = each row alone
     (also with the padded attention taken one head of one row at a time)."""
     if tiny_blocks:
-        monkeypatch.setattr(cpu_attention, "BLOCK_BYTES", 16)
+        monkeypatch.setattr(cpu, "BLOCK_BYTES", 16)
     model = tiny_model(tgt_len=4, **overrides)
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 37, (n,), generator=gen) for n in (1, 3, 9, 14)]

@@ -60,7 +60,7 @@ def accelerator_checks(monkeypatch):
                if name.startswith("txl") and getattr(module, "reads_values", None) is original]
     for name in patched:
         monkeypatch.setattr(sys.modules[name], "reads_values", lambda t: False)
-    assert {"txl.runtime", "txl.model.inputs", "txl.generation.sampling"} <= set(patched)
+    assert {"txl.runtime", "txl.model.checks", "txl.generation.sampling"} <= set(patched)
 
 
 def _reads(fn) -> list[str]:

@@ -22,7 +22,7 @@ import torch
 
 from conftest import run_segments, tiny_model
 from txl.model.segments import decoding_state
-from txl.model import cpu_attention, reference
+from txl.model import cpu, reference
 
 TOL = 1e-10  # float64 rounding differences between the batched and per-position sums are ~1e-14
 CAUGHT = 1e-4  # a wrong memory must move some logit by at least this, 10^6 times the tolerance
@@ -134,7 +134,7 @@ def test_evaluation_fast_paths_equal_the_reference(attn, span, monkeypatch, devi
     # mask as a strided view) and attends in cache-sized blocks (attention.biased_attention, here
     # one head of one row per block); with the memory as tensors and as a decoding state's keys and
     # values, the logits must stay the per-position reference
-    monkeypatch.setattr(cpu_attention, "BLOCK_BYTES", 64)
+    monkeypatch.setattr(cpu, "BLOCK_BYTES", 64)
     model = build(seed=2, mem_len=4, **overrides(attn, span)).eval().to(device)
     ids = torch.randint(0, 37, (2, 16), generator=torch.Generator().manual_seed(3)).to(device)
     lengths = [5, 1, 3, 6, 1]

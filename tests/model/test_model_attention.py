@@ -8,9 +8,8 @@ import torch.nn.functional as F
 
 from conftest import layer_attention, reference_attention, tiny_model
 
-from txl.model import cpu_attention
-from txl.model import linear
-from txl.model.linear import Linear, _row_blocks, product
+from txl.model import cpu
+from txl.model.cpu import Linear, _row_blocks, product
 from txl.model.attention import (attention_mask, position_scores, rel_shift, rel_shift_bias,
                                   relative_positions, sinusoid)
 
@@ -87,7 +86,7 @@ def test_evaluation_blocks_and_window_equal_brute_force(mlen, same_length, block
     mask = attention_mask(qlen, mlen, same_length, mem_len, "cpu")
     slow = brute_force(attn, h, mem, attn.pos.r_w_bias, attn.pos.r_r_bias, 0, mask)
     if block_bytes is not None:
-        monkeypatch.setattr(cpu_attention, "BLOCK_BYTES", block_bytes)
+        monkeypatch.setattr(cpu, "BLOCK_BYTES", block_bytes)
     with torch.no_grad():
         for window in (None, mem_len if same_length else 0):
             fast = attn(h, mem, pos_emb, mask, window=window)
@@ -109,7 +108,7 @@ def test_masked_shift_view_is_the_masked_realignment(qlen, mlen, window):
     mask = attention_mask(qlen, mlen, window > 0, window, "cpu")
     extended = torch.cat([torch.randn(2, 3, qlen, 1, dtype=torch.float64, generator=gen), scores], dim=-1)
     future = torch.ones(qlen, qlen, dtype=torch.bool).tril_().flip(0)
-    view = cpu_attention.masked_shift_view(extended.clone(), future, window)
+    view = cpu.masked_shift_view(extended.clone(), future, window)
     assert torch.equal(view, rel_shift_bias(scores, mask))
 
 
@@ -211,7 +210,7 @@ def test_row_blocks_divide_the_weight_and_follow_the_threads():
 def test_blocks_are_as_few_as_the_limit_allows_and_never_larger():
     for n in range(1, 25):
         for most in range(1, 25):
-            step = cpu_attention.even_step(n, most)
+            step = cpu.even_step(n, most)
             assert step <= most and -(-n // step) == -(-n // most), (n, most, step)
 
 
@@ -221,8 +220,8 @@ def test_evaluation_takes_the_in_place_view_exactly_where_it_applies(monkeypatch
     from conftest import tiny_model
 
     calls = []
-    real = cpu_attention.masked_shift_view
-    monkeypatch.setattr(cpu_attention, "masked_shift_view", lambda *a: calls.append(a[2]) or real(*a))
+    real = cpu.masked_shift_view
+    monkeypatch.setattr(cpu, "masked_shift_view", lambda *a: calls.append(a[2]) or real(*a))
     ids = torch.randint(0, 37, (2, 5), generator=torch.Generator().manual_seed(0))
     for same_length in (False, True):
         model = tiny_model(mem_len=4, same_length=same_length).eval()
@@ -253,16 +252,16 @@ def test_training_gradients_skip_only_the_detached_memory_rows(detach_mems, auto
             p.normal_(0.0, 0.3)
     x = torch.randint(0, 37, (3, 9), generator=torch.Generator().manual_seed(1))
     used = []
-    backward = linear._MemoryRowsProduct.backward
+    backward = cpu._MemoryRowsProduct.backward
 
     def spy(ctx, grad):
         used.append(ctx.mlen)
         return backward(ctx, grad)
 
-    monkeypatch.setattr(linear._MemoryRowsProduct, "backward", staticmethod(spy))
+    monkeypatch.setattr(cpu._MemoryRowsProduct, "backward", staticmethod(spy))
 
     def gradients(product):
-        monkeypatch.setattr(linear, "_memory_rows", product)
+        monkeypatch.setattr(cpu, "_memory_rows", product)
         model.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             mems = model(x[:, :4], detach_mems=detach_mems).mems
@@ -270,7 +269,7 @@ def test_training_gradients_skip_only_the_detached_memory_rows(detach_mems, auto
         loss.backward()
         return [p.grad.clone() for p in model.parameters()]
 
-    got = gradients(linear._memory_rows)
+    got = gradients(cpu._memory_rows)
     want = gradients(lambda x, w, b, mlen: F.linear(x, w, b))
     assert used == ([4] * model.config.n_layer if detach_mems else [])
     for ours, theirs in zip(got, want):

@@ -11,7 +11,7 @@ turn over ``repeats`` rounds, after the compiled one has been compiled and warme
   the memory kept in a decoding state) and eager with the hidden-state memory (what the compiled model
   reads), against the compiled hidden-state reading;
 - decoding: greedy tokens after a prompt of ``mem_len`` tokens at batch 1 and 8, txl's eager loop against
-  ``generate(..., compile=True)`` (the fixed-shape ring step of :mod:`txl.model.ring`), step by step.
+  ``generate(..., compile=True)`` (the fixed-shape ring step of :mod:`txl.model.graphs`), step by step.
 
 Each row reports tokens/s and the ratio compiled / eager; the compilation's own seconds are reported
 too (paid once per segment shape).
@@ -126,7 +126,7 @@ def compile_table(config: dict, *, batch: int = 8, repeats: int = 5, device: tor
 def decoding_rows(model: TransformerXLLM, *, batches=(1, 8), gen_tokens: int = 32, repeats: int = 5,
                   device: torch.device | str = "cpu", log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Greedy decoding after a prompt of ``mem_len`` tokens: txl's eager loop (the decoding state's ring
-    buffers) against ``generate(..., compile=True)`` (the ring step of :mod:`txl.model.ring` under inductor),
+    buffers) against ``generate(..., compile=True)`` (the ring step of :mod:`txl.model.graphs` under inductor),
     timed step by step, taking turns run by run (:func:`txl.analysis.bench_generation._per_token_seconds`).
 
     Returns rows ``{"batch", "context", "eager_tokens_per_s", "compiled_tokens_per_s", "ratio",

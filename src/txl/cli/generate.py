@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     if ids.size(1) == 0:
         raise TxlError("the prompt encodes to no tokens; give a longer prompt")
     if args.compile:  # what the ring step cannot hold, refused before the start line
-        from txl.model.ring import check_exportable
+        from txl.model.graphs import check_exportable
         from txl.model.span import resolve_span
 
         check_exportable(ckpt.model.config, resolve_span(ckpt.model.config, mem_len=args.mem_len), "--compile",

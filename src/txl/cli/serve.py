@@ -122,7 +122,7 @@ def _run(args: argparse.Namespace, api_key: str | None) -> int:
     ckpt, _ = load_checkpoint(args, announce=True)
     span = resolve_span(ckpt.model.config, **span_args(args, ckpt.run.eval))
     if args.compile:  # what the ring step cannot hold, refused in one line before the compilation
-        from txl.model.ring import check_exportable
+        from txl.model.graphs import check_exportable
 
         check_exportable(ckpt.model.config, span, "--compile", reader=False)
         print("txl: compiling the decoder (torch.compile) before serving: a minute or so on a CPU", file=sys.stderr,

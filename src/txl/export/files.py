@@ -3,7 +3,7 @@
 The folder holds ``segment.onnx`` and ``step.onnx`` (or ``.pt2``; ONNX weights beside them in
 ``*.onnx.data``), the checkpoint's ``vocab.json`` and ``export.json``: the format, the span, the ring's
 shape and the graphs' input and output names, everything :mod:`txl.export.runner` needs. The graphs
-are those of :mod:`txl.model.ring`; the batch size is dynamic, every other size fixed.
+are those of :mod:`txl.model.graphs`; the batch size is dynamic, every other size fixed.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from txl.errors import TxlError
-from txl.model.ring import RingStep, SegmentReader, check_exportable, ring_capacity
+from txl.model.graphs import RingStep, SegmentReader, check_exportable, ring_capacity
 from txl.fileio import claim_folder, write_json
 from txl.model.quantize import is_quantized
 from txl.model.span import AttentionSpan
@@ -71,7 +71,7 @@ def check_export(model, span: AttentionSpan, fmt: str, vocab: Path, quantize: st
 
     Raises:
         TxlError: an unknown format, a model or span the graphs cannot hold
-            (:func:`~txl.model.ring.check_exportable`), weights other than float32 (int8, half
+            (:func:`~txl.model.graphs.check_exportable`), weights other than float32 (int8, half
             precision, float64: the runner's state is float32), a missing ``vocab``, a missing
             ``onnx``/``onnxscript`` for ONNX; ``quantize`` other than "int8", or with a format other than
             ONNX, or without ``onnxruntime``.

@@ -1,6 +1,6 @@
 """Greedy decoding with an exported decoder (``txl export``): ONNX Runtime, or ``torch.export``'s ``.pt2``.
 
-The runner holds the ring state of :mod:`txl.model.ring` as NumPy arrays: it reads the prompt
+The runner holds the ring state of :mod:`txl.model.graphs` as NumPy arrays: it reads the prompt
 (all but its last token) in calls of ``tgt_len`` tokens to the segment graph, then calls the step
 graph once per token and writes the new key and value into slot ``write`` in place (one slot per
 layer and token), as ``txl generate`` keeps its ring buffers. Greedy tokens equal ``txl generate

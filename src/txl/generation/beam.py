@@ -13,7 +13,7 @@ from txl.model.segments import eval_mode
 from txl.generation.sampling import DecodingRules, check_decoding, rules_from
 from txl.generation.stream import check_state_fits, prime_memory
 from txl.model.decoding import DecodingState
-from txl.model.inputs import check_input_ids
+from txl.model.checks import check_input_ids
 from txl.model.memory import Mems
 from txl.model.span import AttentionSpan, resolve_span
 from txl.runtime import available_memory_bytes, format_bytes

@@ -12,9 +12,9 @@ from txl.errors import TxlError
 from txl.model.segments import eval_mode, segments
 from txl.generation.sampling import Chooser, DecodingRules, Faults, Generators, rules_from
 from txl.model.decoding import DecodingState
-from txl.model.inputs import check_input_ids
+from txl.model.checks import check_input_ids
 from txl.model.memory import Mems, check_mems
-from txl.model.ring import RingDecoder, check_exportable
+from txl.model.graphs import RingDecoder, check_exportable
 from txl.model.span import AttentionSpan, resolve_span
 from txl.runtime import check_fits
 
@@ -173,12 +173,12 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
     ``mems`` must then be None. (``attn_type="abs"``: each row's window is read alone.)
 
     ``compile=True`` (or a ``torch.compile`` backend's name): the prompt is read into a decoding
-    state without spare room and each step is taken by :class:`txl.model.ring.RingDecoder`'s step under
+    state without spare room and each step is taken by :class:`txl.model.graphs.RingDecoder`'s step under
     ``torch.compile(fullgraph=True)``, whose state (the ring of keys and values, its write index and fill)
     reaches the graph as tensors of fixed shape, so the step compiles once for every memory fill; the
     tokens are those of the default path (scores equal to float rounding).
     For prompts of one length (``mems`` too: the last ``mem_len`` positions are kept), a model and span
-    :func:`txl.model.ring.check_exportable` accepts, with float32, float64 or int8 weights
+    :func:`txl.model.graphs.check_exportable` accepts, with float32, float64 or int8 weights
     (:func:`txl.model.quantize.quantize_int8`: the int8 products compile with the rest of the step).
 
     Raises:

@@ -13,10 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from txl.model import cpu_attention
+from txl.model import cpu
+from txl.model.cpu import Dropout, Linear
 from txl.model.decoding import LayerCache
-from txl.model.dropout import Dropout
-from txl.model.linear import Linear
 
 
 def inverse_frequencies(dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -173,10 +172,10 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
         window: given only when ``mask`` is exactly :func:`attention_mask` without padding: 0 for
             the causal mask, ``mem_len`` for the same_length one. Without autograd on a CPU the bias
             is then a strided view of the position scores themselves, no masked copy of [B, H, T, K]
-            (:mod:`txl.model.cpu_attention`). On other devices the masked copy is kept: the fused
+            (:mod:`txl.model.cpu`). On other devices the masked copy is kept: the fused
             kernels there want aligned bias strides and would copy such a view anyway.
         block_bytes: without autograd on a CPU, the batch rows and heads are taken in blocks whose
-            position scores take at most this many bytes (default ``cpu_attention.BLOCK_BYTES``; one
+            position scores take at most this many bytes (default ``cpu.BLOCK_BYTES``; one
             head of one row when even that is larger), so each block's scores are still in cache when
             the kernel reads them.
 
@@ -208,7 +207,7 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
     def attend(rows: slice, cols: slice) -> torch.Tensor:
         scores = position_scores(q_pos[rows, cols], r_k[cols])
         if in_place:
-            bias = cpu_attention.masked_shift_view(scores, future, window)
+            bias = cpu.masked_shift_view(scores, future, window)
         else:
             bias = rel_shift_bias(scores, mask if mask.dim() == 2 else mask[rows])
         return F.scaled_dot_product_attention(q_content[rows, cols], k[rows, cols], v[rows, cols], attn_mask=bias,
@@ -217,7 +216,7 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
     if grad or not on_cpu or compiling:  # (the compiler fuses the unblocked form)
         return attend(slice(None), slice(None))
     per_head = qlen * (klen + in_place) * q_pos.element_size()
-    return cpu_attention.in_blocks(attend, (bsz, heads, qlen, v.size(-1)), v, per_head, block_bytes)
+    return cpu.in_blocks(attend, (bsz, heads, qlen, v.size(-1)), v, per_head, block_bytes)
 
 
 def one_query_attention(q_content: torch.Tensor, q_pos: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor,
@@ -281,7 +280,7 @@ def one_query_attention(q_content: torch.Tensor, q_pos: torch.Tensor | None, k: 
 
 def padded_position_keys(r_k: torch.Tensor) -> torch.Tensor:
     """Position keys [H, D, K] -> contiguous [H, D, K + 1] with a zero column for distance K in front
-    (the layout :func:`biased_attention` reads in place; see :func:`~txl.model.cpu_attention.masked_shift_view`)."""
+    (the layout :func:`biased_attention` reads in place; see :func:`~txl.model.cpu.masked_shift_view`)."""
     return F.pad(r_k, (1, 0))
 
 
@@ -397,7 +396,7 @@ class MultiHeadAttention(nn.Module):
         :func:`one_query_attention` scores the query against them in slot order with the scheme's terms
         (for "rel" and "shaw" a table of distances read at each slot's distance). Two kinds of cache
         serve this one step: a :class:`~txl.model.decoding.LayerCache` writes the token into its slot
-        first and returns the filled slots; a ring of fixed shape (:mod:`txl.model.ring`, compiled and
+        first and returns the filled slots; a ring of fixed shape (:mod:`txl.model.graphs`, compiled and
         exported graphs) returns its slots unchanged and the token's key and value as ``cache.own``,
         scored beside them. Only ``key_mask`` hides a slot (with ``same_length`` the capacity is
         ``mem_len``, so the oldest key has already left, as the mask would drop it).

@@ -13,7 +13,7 @@ attention work per layer and one write, whatever the length of the text.
 One protocol serves both kinds of call: the model calls :meth:`DecodingState.begin` (a one-token
 step after a memory, or a segment), then each layer hands its new keys and values to
 :meth:`LayerCache.update` and attends to what it returns, then the model calls
-:meth:`DecodingState.commit`. The compiled and exported step (:mod:`txl.model.ring`) reads the same
+:meth:`DecodingState.commit`. The compiled and exported step (:mod:`txl.model.graphs`) reads the same
 buffers as tensors of fixed shape.
 
 The buffers are allocated once, on the first call, at their full size: every layer's keys and values
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import torch
 
 from txl.errors import TxlError
-from txl.model.inputs import padding_mask
+from txl.model.checks import padding_mask
 from txl.model.span import AttentionSpan
 from txl.runtime import reads_values
 
@@ -183,7 +183,7 @@ class DecodingState:
             (no bound: S slots). A state with fewer slots than S refuses a call past them.
         spare_room: on a CPU, keep spare positions after the slots for segment views (see the module
             doc); False: exactly S positions, slot 0 at position 0 (the layout a compiled step reads
-            whole, :class:`~txl.model.ring.RingDecoder`).
+            whole, :class:`~txl.model.graphs.RingDecoder`).
 
     Raises:
         TxlError: ``span`` is not an AttentionSpan, ``n_layer < 1`` or ``max_tokens < 1``.

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from txl.errors import TxlError
-from txl.model.linear import Linear
+from txl.model.cpu import Linear
 from txl.model.attention import (biased_attention, one_query_attention, padded_position_keys, relative_positions,
                                  shaw_distances, sinusoid)
 

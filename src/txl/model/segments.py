@@ -18,7 +18,7 @@ import torch
 
 from txl.errors import TxlError
 from txl.model.decoding import DecodingState
-from txl.model.inputs import check_attention_fits
+from txl.model.checks import check_attention_fits
 from txl.model.memory import Mems
 from txl.model.span import AttentionSpan
 from txl.model.transformer import LMOutput

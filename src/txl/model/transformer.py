@@ -16,11 +16,10 @@ from txl.model.attention import MultiHeadAttention, attention_mask
 from txl.model.compressive import Compressor, check_compressive_mems, layer_memory, split_mems, update_compressive
 from txl.model.config import TransformerXLConfig
 from txl.model.decoding import DecodingState, LayerCache, slot_padding_mask
-from txl.model.dropout import Dropout
+from txl.model.cpu import Dropout, Linear
 from txl.model.parameters import init_weights
 from txl.model.positions import position_scheme
-from txl.model.inputs import check_input_ids, check_labels, padding_mask
-from txl.model.linear import Linear
+from txl.model.checks import check_input_ids, check_labels, padding_mask
 from txl.model.quantize import int8_names, quantize_int8
 from txl.model.memory import Mems, check_mems, update_mems
 from txl.model.serialization import (CONFIG_NAME, check_weights_header, load_weights, read_model_config, save_model,

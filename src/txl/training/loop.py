@@ -23,7 +23,7 @@ from txl.evaluation.stream import EvalResult, metric_value
 from txl.fileio import FolderClaim, claim_folder, write_json
 from txl.model import TransformerXLLM
 from txl.model.config import check_compilable
-from txl.model.inputs import check_attention_fits
+from txl.model.checks import check_attention_fits
 from txl.training import distributed
 from txl.training.checkpoint import (RUN_NAME, NonFiniteWeights, checkpoint_step, load_checkpoint, save_checkpoint)
 from txl.training.checkpoint_files import check_run_folder, checkpoint_candidates, first_good_checkpoint

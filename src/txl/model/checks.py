@@ -121,7 +121,7 @@ def check_attention_fits(model, bsz: int, qlen: int, klen: int, grad: bool) -> N
     Raises:
         TxlError: naming T, K, the bytes needed and available, and what to make smaller.
     """
-    from txl.model.cpu_attention import BLOCK_BYTES
+    from txl.model.cpu import BLOCK_BYTES
     from txl.runtime import check_fits
 
     c, weight, scheme = model.config, next(model.parameters(), None), getattr(model, "positions", None)

@@ -1,0 +1,277 @@
+"""CPU speed work behind the model's modules: a seam a reader of the model may skip.
+
+Everything here gives the numbers of the plain computation up to the order of float additions (or, for
+dropout, the same distribution); on other devices and while ``torch.compile`` traces, the plain forms
+run. Three parts:
+
+**The model's linear layer.** The model calls :class:`Linear` as it would call ``nn.Linear``, with two
+optional arguments that say what a product is for, never how to compute it: ``rows`` selects output
+rows (the queries' rows of ``qkv_net``, one cluster's rows of the softmax) and ``skip_rows`` says that
+the first M input rows are the detached memory. Int8 weights are the same call on
+:class:`~txl.model.quantize.Int8Linear`, which :func:`~txl.model.quantize.quantize_int8` swaps in; the
+model's code does not know which it holds. Inside, :func:`product` takes the form fastest for the shape:
+
+- decoding-step rows: a step reads every weight once per token, mostly from main memory, so at batch 1
+  its time is the weight's bytes over the bandwidth the kernel reaches; a matrix-vector product streams
+  a weight from one core, the same product as a batched product over row blocks of the weight (a view)
+  reads the blocks on every intra-op thread (``benchmarks/results/cpu-*gen*.json``); for the one-token
+  rows of a step ``weight @ x.T`` beats ``x @ weight.T``;
+- the memory's rows in training: the memory is detached (the paper's stop-gradient, §3.2), so the
+  backward of a product with ``skip_rows`` M computes the input gradient of the other rows only.
+
+**Dropout** (:class:`Dropout`): ``torch.nn.Dropout`` draws one Bernoulli sample per element; on a CPU
+that costs more than the matmuls of a small model's feed-forward layer. Here the mask comes from
+62-bit random integers read as four 16-bit lanes: three uniform over 2^16 values and one over 2^14,
+each compared with the threshold that keeps it with probability 1 - p (exact up to the lane's
+resolution: |error| <= 2^-15 for any p). Same expectation (kept values scaled by 1 / (1 - p),
+Srivastava et al. 2014).
+
+**The attention's position bias without autograd** (called by
+:func:`txl.model.attention.biased_attention`): the masked, realigned bias as a strided view of the
+position scores themselves, with no masked copy of [B, H, T, K], when the mask is exactly the causal or
+same_length one (:func:`masked_shift_view`); the batch rows and heads in blocks whose position scores
+stay in the last-level cache (:func:`in_blocks`).
+
+Shapes: B = batch, H = heads, T = queries, K = keys.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from txl.errors import TxlError
+
+FEW_ROWS = 2  # up to this many rows, the row-block product (CPU)
+AUTOCAST_DEVICES = ("cpu", "cuda", "mps", "xpu")  # device kinds the memory-rows product follows autocast on
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters ``weight`` [out, in] and ``bias`` [out], same initialisation, same
+    saved names) whose call takes the model's two hints.
+
+    ``forward(x, rows=None, skip_rows=0)``: x [..., in] -> [..., out'], out' the selected rows' count:
+    ``rows`` a slice of the output rows (None: all); ``skip_rows`` M: x's first M rows along dim 1 are
+    a detached memory whose input gradient is not needed (training; zeros are returned for them).
+    """
+
+    def forward(self, x: torch.Tensor, rows: slice | None = None, skip_rows: int = 0) -> torch.Tensor:
+        weight, bias = self.weight, self.bias
+        if rows is not None:
+            weight, bias = weight[rows], None if bias is None else bias[rows]
+        return product(x, weight, bias, skip_rows)
+
+
+def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+            skip_rows: int = 0) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` (x [..., in], weight [out, in], bias [out] -> [..., out]) in the form
+    fastest for its shape (see the module doc); ``skip_rows`` as in :class:`Linear`."""
+    if skip_rows and torch.is_grad_enabled() and x.requires_grad and x.device.type in AUTOCAST_DEVICES:
+        return _memory_rows(x, weight, bias, skip_rows)  # (compiled training traces it too)
+    if torch.compiler.is_compiling():
+        return F.linear(x, weight, bias)
+    step = x.dim() == 3 and x.size(1) == 1  # one token per row: a decoding step
+    if x.dim() != 2 and not step:
+        return F.linear(x, weight, bias)
+    rows = x.size(0)
+    flat = x.reshape(rows, x.size(-1))
+    if rows <= FEW_ROWS and weight.device.type == "cpu" and weight.is_contiguous():
+        out = _row_block_product(flat, weight, bias)
+    elif not step:
+        return F.linear(x, weight, bias)
+    elif rows == 1:
+        out = torch.mm(flat, weight.t()) if bias is None else torch.addmm(bias, flat, weight.t())
+    else:
+        out = (torch.mm(weight, flat.t()) if bias is None else torch.addmm(bias[:, None], weight, flat.t())).t()
+    return out.unsqueeze(1) if step else out
+
+
+def _row_block_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [N, in] (N <= :data:`FEW_ROWS`) times ``weight.T`` [in, out] as a batched product over row blocks
+    of the weight (:func:`_row_blocks`; ``F.linear`` when none divides ``out``)."""
+    rows, in_features = x.shape
+    out_features = weight.size(0)
+    blocks = _row_blocks(out_features)
+    if blocks == 1:
+        return F.linear(x, weight, bias)
+    parts = weight.view(blocks, out_features // blocks, in_features)
+    out = torch.bmm(parts, x.t().unsqueeze(0).expand(blocks, in_features, rows))  # [n, out/n, N]
+    out = out.view(out_features, rows).t()
+    # the bias in the product's dtype, as autocast gives it to F.linear (bf16 in, bf16 out)
+    return out if bias is None else out + bias.to(out.dtype)
+
+
+def _row_blocks(out_features: int) -> int:
+    """Row blocks of the product: as many as the intra-op threads (at least 2, at most 8) among 8, 4, 2
+    that divide ``out_features``; 1 when none does. The x operand is passed as a view with strides
+    (0, 1, in): the layout for which the batched kernel reads the blocks in parallel."""
+    most = min(8, max(2, torch.get_num_threads()))
+    for blocks in (8, 4, 2):
+        if blocks <= most and out_features % blocks == 0:
+            return blocks
+    return 1
+
+
+class _MemoryRowsProduct(torch.autograd.Function):
+    """``F.linear(x, weight)`` whose backward computes the input gradient of the rows after ``mlen``
+    only (the rows before it are the detached memory: their gradient would be discarded)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, mlen: int) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.mlen = mlen
+        return F.linear(x, weight)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        mlen = ctx.mlen
+        grad_x = grad_weight = None
+        if ctx.needs_input_grad[1]:
+            grad_weight = grad.reshape(-1, grad.size(-1)).t().mm(x.reshape(-1, x.size(-1)))
+        if ctx.needs_input_grad[0]:
+            grad_x = x.new_empty(x.shape)
+            grad_x[:, :mlen].zero_()
+            grad_x[:, mlen:] = torch.matmul(grad[:, mlen:], weight)
+        return grad_x, grad_weight, None
+
+
+def _memory_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, mlen: int) -> torch.Tensor:
+    """The product for x [B, M + T, in] = [memory, segment] under autograd, computing no input gradient for
+    the M memory rows. Under autocast it computes in the autocast dtype, as ``F.linear`` would."""
+    kind = x.device.type
+    if torch.is_autocast_enabled(kind):
+        dtype = torch.get_autocast_dtype(kind)  # autocast casts floating operands, but float64, to it
+        x, weight = (t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 else t for t in (x, weight))
+        with torch.autocast(kind, enabled=False):
+            out = _MemoryRowsProduct.apply(x, weight, mlen)
+    else:
+        out = _MemoryRowsProduct.apply(x, weight, mlen)
+    return out if bias is None else out + bias.to(out.dtype)
+
+
+# ---------------------------------------------------------------- dropout
+
+_SHORT_LANE = 3 if sys.byteorder == "little" else 0  # the 16 bits holding the int64's top (14 random) bits
+
+
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu",
+              generator: torch.Generator | None = None) -> torch.Tensor:
+    """A bool mask of ``shape``, each element True (kept) with probability 1 - p (to within 2^-15).
+
+    Uses ``generator`` (default: torch's global generator), so seeding torch makes it reproducible.
+    """
+    n = 1
+    for size in shape:
+        n *= size
+    words = torch.randint(0, 2**62, ((n + 3) // 4,), dtype=torch.int64, device=device, generator=generator)
+    lanes = words.view(torch.int16).view(-1, 4)
+    full, short = min(round(p * 65536), 65535) - 32768, min(round(p * 16384), 16383)
+    thresholds = torch.full((4,), full, dtype=torch.int16, device=device)
+    thresholds[_SHORT_LANE] = short
+    keep = (lanes >= thresholds).view(-1)
+    return (keep if keep.numel() == n else keep[:n]).view(shape)
+
+
+class _KeepScale(torch.autograd.Function):
+    """``x * keep * scale`` whose backward keeps the bool mask (1 byte per element), not a float copy.
+
+    Computed as ``where(keep, x, 0) * scale``: two passes over x, no float mask (kept values are
+    ``x * scale`` rounded once in x's dtype, in forward and backward alike).
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return torch.where(keep, x, 0.0).mul_(scale)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (keep,) = ctx.saved_tensors
+        return torch.where(keep, grad, 0.0).mul_(ctx.scale), None, None
+
+
+class Dropout(nn.Module):
+    """Drop-in for ``nn.Dropout(p)``: in training, zero each element with probability ``p`` and scale
+    the rest by ``1 / (1 - p)``; identity in eval mode or for p = 0. Any shape and float dtype (the
+    output keeps the input's dtype)."""
+
+    def __init__(self, p: float = 0.5) -> None:
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise TxlError(f"dropout probability must be in [0, 1], got {p}")
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if self.p == 1.0:
+            return x * 0.0
+        if x.device.type != "cpu":
+            return F.dropout(x, self.p, training=True)
+        return _KeepScale.apply(x, keep_mask(x.shape, self.p, x.device), 1.0 / (1.0 - self.p))
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+# ---------------------------------------------------------------- the attention's position bias
+
+BLOCK_BYTES = 8 * 2**20  # CPU: a block of position scores this large stays in the last-level cache
+
+
+def masked_shift_view(scores: torch.Tensor, future: torch.Tensor, window: int) -> torch.Tensor:
+    """The realigned, masked bias [..., T, K] as a strided view of ``scores`` [..., T, K + 1] (column
+    m holds distance K - m; column 0, distance K, occurs for no query).
+
+    Entry (i, j), distance d = M + i - j, is column ``T - i + j`` of row i: row i starts T - i
+    elements into its row of ``scores``, and rows are K apart, so they tile the storage without
+    overlap. A future key (d < 0) runs into row i + 1, at a column below ``T - (i + 1)``, which no
+    visible entry of row i + 1 reads: those columns (``future[i, m]``: m < T - i) are set to -inf,
+    and with a ``window`` so are the columns of distance >= window. Writes only the [T, T] corner
+    and the window's columns.
+    """
+    *lead, qlen, width = scores.shape
+    klen = width - 1
+    scores[..., :qlen].masked_fill_(future, float("-inf"))
+    if 0 < window <= klen:
+        scores[..., :klen + 1 - window] = float("-inf")
+    if scores.stride()[-2:] != (width, 1):
+        scores = scores.contiguous()
+    return scores.as_strided((*lead, qlen, klen), scores.stride()[:-2] + (klen, 1), scores.storage_offset() + qlen)
+
+
+def even_step(n: int, most: int) -> int:
+    """Block size for ``n`` items in blocks of at most ``most``: the fewest blocks, sizes as even as possible."""
+    blocks = -(-n // most)
+    return -(-n // blocks)
+
+
+def in_blocks(attend: Callable[[slice, slice], torch.Tensor], shape: tuple[int, int, int, int], like: torch.Tensor,
+              per_head: int, block_bytes: int | None = None) -> torch.Tensor:
+    """``attend(rows, heads)`` over every batch row and head: the output ``shape`` [B, H, T, D] in ``like``'s
+    dtype and device, in blocks whose position scores take at most ``block_bytes`` (default
+    :data:`BLOCK_BYTES`; ``per_head``: the bytes of one head of one row): everything at once when it fits,
+    else whole rows per block, else heads of one row per block, as few blocks as the limit allows, of even
+    size."""
+    bsz, heads = shape[:2]
+    everything = slice(None)
+    limit = BLOCK_BYTES if block_bytes is None else block_bytes
+    if per_head * heads * bsz <= limit:
+        return attend(everything, everything)
+    out = like.new_empty(shape)
+    if per_head * heads <= limit:
+        step = even_step(bsz, limit // (per_head * heads))
+        for b in range(0, bsz, step):
+            out[b:b + step] = attend(slice(b, b + step), everything)
+        return out
+    step = even_step(heads, max(1, limit // per_head))
+    for b in range(bsz):
+        for h in range(0, heads, step):
+            out[b:b + 1, h:h + step] = attend(slice(b, b + 1), slice(h, h + step))
+    return out
