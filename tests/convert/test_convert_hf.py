@@ -106,6 +106,12 @@ def test_unknown_and_missing_keys_are_errors():
     del state["transformer.layers.1.pos_ff.CoreNet.0.bias"]
     with pytest.raises(TxlError, match="no tensor for transformer.layers.1.pos_ff.CoreNet.0.bias"):
         model_from_hf_state(txl.config, state)
+    # untie_r false: HF's per-layer copies of the shared u/v must equal it
+    shared = dict(hf.state_dict())
+    assert "transformer.layers.1.dec_attn.r_w_bias" in shared and not txl.config.untie_r
+    shared["transformer.layers.1.dec_attn.r_w_bias"] = shared["transformer.r_w_bias"] + 1.0
+    with pytest.raises(TxlError, match="r_w_bias differs from the shared bias although untie_r is false"):
+        model_from_hf_state(txl.config, shared)
 
 
 def test_pickled_vocabulary_reader_is_restricted(tmp_path):

@@ -133,8 +133,8 @@ def test_a_state_allocates_its_buffers_once_at_their_full_size():
             for start in range(3, 120, 5):
                 model(tokens[:, start:start + (1 if start % 2 else 5)], caches=state)
         assert state.stack.shape == (2, c.n_layer, 2, c.n_head, room, c.d_head) and state.stack.data_ptr() == pointer
-        assert state.hidden.shape == (c.n_layer, 2, room, c.d_model)
-        assert state.nbytes(c, 2, 8) == (state.stack.numel() + state.hidden.numel()) * 8
+        assert all(cache.hidden.shape == (2, room, c.d_model) for cache in state.layers)
+        assert state.nbytes(c, 2, 8) == (state.stack.numel() + sum(x.hidden.numel() for x in state.layers)) * 8
 
 
 @pytest.mark.parametrize("overrides", CASES)
@@ -159,7 +159,7 @@ def test_each_sub_layer_step_equals_its_forward(overrides):
             positions = model.positions.segment(c, mlen + 1, 0, span, "cpu", torch.float64, model.drop)
             klen = min(state.length + 1, state.capacity)
             # what TransformerXLLM._step does around the layers
-            state.begin(1, klen, (2, c.n_head, c.d_head, c.d_model), (torch.float64,) * 2, torch.device("cpu"))
+            state.begin(1, klen, (2, c.n_head, c.d_head), torch.float64, torch.device("cpu"))
             step_positions = model.positions.step_positions(state, c, torch.device("cpu"), torch.float64)
             state.bind(2, torch.float64)
             h = model.word_emb(tokens[:, t:t + 1])
@@ -176,9 +176,9 @@ def test_each_sub_layer_step_equals_its_forward(overrides):
 @pytest.mark.parametrize("overrides", CASES)
 def test_segments_after_the_memory_are_views_of_the_buffers(overrides):
     """Multi-token calls after the memory (as evaluation makes them) write their keys after the memory and
-    attend through one view of the buffers: through growth, slots moving forward, moves back to position 0,
-    a rotated ring and calls too long for the spare room, logits and memory equal the plain model's
-    (float64, 1e-10), and equal segments reuse the buffers without reallocating them."""
+    attend through one view of the buffers: through slots moving forward, moves back to position 0, a
+    rotated ring and calls too long for the spare room, logits and memory equal the plain model's (float64,
+    1e-10), and no call reallocates the buffers."""
     model = _big_weights(tiny_model(tgt_len=4, **overrides))
     span = model.config.span
     state = DecodingState(model.config.n_layer, span)
@@ -199,7 +199,7 @@ def test_segments_after_the_memory_are_views_of_the_buffers(overrides):
                 for ours, theirs in zip(state.mems(), mems):
                     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-10)
     if span.mem_len >= 4:  # (a memory of 1 has no room to gain: every call concatenates)
-        assert len(starts) > 2 and len(pointers) == 1 and state.room > state.capacity
+        assert len(starts) > 2 and len(pointers) == 1 and state.stack.size(4) > state.capacity
 
 
 def test_state_takes_a_starting_memory_and_refuses_a_second_one():
@@ -442,7 +442,7 @@ def test_a_state_sized_for_its_text_holds_a_memory_longer_than_the_text(override
             mems, start = want.mems, start + size
             for ours, theirs in zip(state.mems(), mems):
                 torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-10)
-        assert state.capacity == 230 and state.stack.size(4) <= 2 * 230 and state.length == 230
+        assert state.capacity == 230 and state.stack.size(4) == 230 and state.length == 230  # (no spare room)
         with pytest.raises(TxlError, match=r"max_tokens=230 tokens and holds 230; a call of 1 more"):
             model(tokens[:, 230:], caches=state)
         assert not state.failed and state.length == 230
@@ -470,3 +470,22 @@ def test_a_bounded_state_counts_its_starting_memory():
             mems = model(tokens[:, t:t + 1], mems=mems).mems
         want = model(tokens[:, 19:20], mems=mems).logits
         torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+def test_a_state_takes_numpy_integers_and_refuses_what_cannot_be_allocated_in_one_line():
+    """max_tokens may be a numpy integer (as generate's max_new_tokens may); keys and values the device
+    cannot allocate are refused with one line naming mem_len and max_tokens, and nothing is left bound."""
+    import numpy as np
+
+    from txl.generation import beam_search, generate
+
+    model = tiny_model(tgt_len=4, mem_len=6)
+    prompt = torch.randint(0, 37, (1, 5))
+    assert DecodingState(3, model.config.span, max_tokens=np.int64(5)).capacity == 5
+    assert generate(model, prompt, np.int64(3), temperature=0).shape == (1, 8)
+    assert len(beam_search(model, prompt, 2, np.int64(3)).tokens) == 3
+    huge = tiny_model(tgt_len=4, mem_len=10**13)
+    state = DecodingState(3, huge.config.span)
+    with torch.no_grad(), pytest.raises(TxlError, match=r"mem_len 10,000,000,000,000 needs .* make it with max_tokens"):
+        huge(prompt, caches=state)
+    assert state.stack is None and state.length == 0 and not state.failed

@@ -148,7 +148,7 @@ def test_decoding_cache_is_typed():
         out = model(torch.randint(0, 37, (2, 9)), caches=state, span=AttentionSpan(4, 6))
     # capacity mem_len + 1: a one-token step sees the memory and itself
     assert state.capacity == 7 and state.length == 7 and state.next_slot == 0
-    assert state.room == 7 + 7  # the slots and the spare room of segment views (2 tgt_len, at most S)
+    assert state.room("cpu") == 7 + 7  # the slots and the spare room of segment views (2 tgt_len, at most S)
     assert all(c.keys.shape == (2, 2, 14, 6) and c.hidden.shape == (2, 14, 16) for c in state.layers)
     assert out.mems is None and [m.size(1) for m in state.mems()] == [6, 6, 6]
     with pytest.raises(TxlError, match="differs from the decoding state"):

@@ -105,11 +105,26 @@ def test_zero_weight_decay_equals_plain_adamw():
         assert torch.equal(p, q), n
 
 
-def test_legacy_trainer_state_is_matched_by_name(tmp_path):
-    """A trainer state written with the old rule (u/v in the decay group, no names) still loads."""
-    torch.manual_seed(0)
-    model = TransformerXLLM(TransformerXLConfig(**SMALL))
+def _old_layout_order(model) -> list[tuple[str, torch.nn.Parameter]]:
+    """named_parameters as the layout that wrote unnamed trainer states listed them: a layer's own position
+    parameters (then on the attention itself) before its projections."""
     named = list(model.named_parameters())
+    own = [(n, p) for n, p in named if n.endswith(("attn.pos.r_w_bias", "attn.pos.r_r_bias", "attn.pos.r_emb"))]
+    order = [x for x in named if x not in own]
+    for name, p in own:
+        at = [n for n, _ in order].index(name.split("attn.pos.")[0] + "attn.qkv_net.weight")
+        order.insert(at, (name, p))
+    return order
+
+
+@pytest.mark.parametrize("overrides", [{}, {"untie_r": True}, {"attn_type": "shaw", "shaw_max_dist": 5}])
+def test_legacy_trainer_state_is_matched_by_name(tmp_path, overrides):
+    """A trainer state written with the old rule (u/v in the decay group, no names, the parameters in the
+    order of the layout that wrote it) still loads, every parameter getting its own moments."""
+    torch.manual_seed(0)
+    model = TransformerXLLM(TransformerXLConfig(**SMALL, **overrides))
+    named = _old_layout_order(model)
+    assert (named == list(model.named_parameters())) == (overrides == {})
     old = torch.optim.AdamW([{"params": [p for n, p in named if p.dim() >= 2 and "emb" not in n], "weight_decay": 0.0},
                              {"params": [p for n, p in named if not (p.dim() >= 2 and "emb" not in n)],
                               "weight_decay": 0.0}], lr=1e-3)

@@ -175,7 +175,7 @@ def model_from_hf_state(config: TransformerXLConfig, state: dict[str, torch.Tens
             raise TxlError(f"unknown key {key!r} in the HF checkpoint (not in txl's key map)")
         renamed[target] = value
     if not config.untie_r:  # HF also registers the shared u/v under every layer: the same tensors
-        for key in [k for k in renamed if re.fullmatch(r"layers\.\d+\.attn\.r_[wr]_bias", k)]:
+        for key in [k for k in renamed if re.fullmatch(r"layers\.\d+\.attn\.pos\.r_[wr]_bias", k)]:
             shared = renamed.get(key.rsplit(".", 1)[1])
             value = renamed.pop(key)
             if shared is not None and not torch.equal(shared, value):

@@ -57,7 +57,7 @@ def to_device(batch: torch.Tensor, device) -> torch.Tensor:
         return batch.pin_memory().to(device, non_blocking=True)
     return batch.to(device)
 
-__all__ = ["LMOrderedIterator", "LMShuffledIterator", "IGNORE_INDEX", "sample_segment_length"]
+__all__ = ["LMOrderedIterator", "LMShuffledIterator", "IGNORE_INDEX", "longest_segment", "sample_segment_length"]
 
 """Label value of positions that are not scored (context and padding); ``cross_entropy``'s default."""
 
@@ -82,7 +82,12 @@ def sample_segment_length(
     u = torch.rand((), generator=generator).item()
     bptt = tgt_len if u < 0.95 else tgt_len / 2.0
     draw = bptt + std * torch.randn((), generator=generator).item()
-    return max(1, min(int(tgt_len + max_deviation * std), max(min_len, int(draw))))
+    return max(1, min(longest_segment(tgt_len, std=std, max_deviation=max_deviation), max(min_len, int(draw))))
+
+
+def longest_segment(tgt_len: int, *, std: float = 5, max_deviation: float = 3) -> int:
+    """The longest segment :func:`sample_segment_length` draws for ``tgt_len`` (same keywords)."""
+    return max(1, int(tgt_len + max_deviation * std))
 
 
 def _check_shape(batch_size: int, tgt_len: int) -> None:

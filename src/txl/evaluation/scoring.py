@@ -137,7 +137,7 @@ def _score_rows(model, rows: list[np.ndarray], span: AttentionSpan, dtype: str) 
     out_lp = np.zeros((len(rows), width), dtype=np.float64)
     state = decoding_state(model, span, max_tokens=width)
     if state is not None:
-        need = state.nbytes(model.config, len(rows), next(model.parameters()).element_size())
+        need = state.nbytes(model.config, len(rows), next(model.parameters()).element_size(), device)
         check_fits(need, f"a decoding state with mem_len {span.mem_len:,}", "use a smaller --mem-len or batch", device)
     for seg in segments(model, inputs, labels, span=span, lengths=n_in, dtype=dtype, caches=state):
         cols = slice(seg.start, seg.start + seg.inputs.size(1))

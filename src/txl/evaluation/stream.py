@@ -155,7 +155,7 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
         reader = compile_module(model) if compiled else model
         state = None if compiled else decoding_state(model, span, max_tokens=inputs.size(1))
         if state is not None:
-            need = state.nbytes(model.config, inputs.size(0), next(model.parameters()).element_size())
+            need = state.nbytes(model.config, inputs.size(0), next(model.parameters()).element_size(), device)
             check_fits(need, f"a decoding state with mem_len {span.mem_len:,}", "use a smaller --mem-len or batch", device)
         with eval_mode(model), progress_bar(len(positions), progress, "evaluating") as bar:
             for seg in segments(reader, inputs, labels, span=span, dtype=dtype, positions=positions, caches=state):

@@ -100,7 +100,7 @@ def beam_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: 
         state = None
         if model.config.has_memory:
             state = DecodingState(model.config.n_layer, span, keep_mems=False,
-                                  max_tokens=input_ids.size(1) + max_new_tokens)
+                                  max_tokens=input_ids.size(1) + max_new_tokens, spare_room=False)
             check_state_fits(model, state, k + 1)
         mems = None
         if state is not None:

@@ -235,7 +235,8 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
         # the memory lives in ring buffers of keys/values: a step projects and writes only the new token
         given = mems[0].size(1) if isinstance(mems, (list, tuple)) and mems and torch.is_tensor(mems[0]) and mems[0].dim() == 3 else 0
         held = max(len(p) for p in input_ids) + given  # (a bad memory is refused by the model's first call)
-        state = DecodingState(model.config.n_layer, span, keep_mems=False, max_tokens=held + max_new_tokens)
+        state = DecodingState(model.config.n_layer, span, keep_mems=False, max_tokens=held + max_new_tokens,
+                              spare_room=False)  # (one-token steps read no segment views: no room to pay for)
         check_state_fits(model, state, len(input_ids))
         if ragged:  # each prompt primes its memory alone; left-padded to one length, the padding masked
             mems, padding = prime_rows(model, input_ids, span)
@@ -264,7 +265,7 @@ def check_state_fits(model, state: DecodingState, batch_size: int) -> None:
         TxlError: one line naming ``mem_len``, the bytes needed and available.
     """
     weight = model.word_emb.emb_layers[0].weight
-    check_fits(state.nbytes(model.config, batch_size, weight.element_size()),
+    check_fits(state.nbytes(model.config, batch_size, weight.element_size(), weight.device),
                f"a decoding state with mem_len {state.span.mem_len:,}",
                "use a smaller mem_len (or a shorter text, a smaller batch, fewer beams)", weight.device)
 

@@ -111,12 +111,13 @@ def attention_bytes(bsz: int, heads: int, qlen: int, klen: int, n_layer: int, it
     return 3 * max(per_head, min(bsz * heads * per_head, block_bytes))
 
 
-def check_attention_fits(model, bsz: int, qlen: int, klen: int, grad: bool) -> None:
+def check_attention_fits(model, bsz: int, qlen: int, klen: int, grad: bool, dtype: str = "float32") -> None:
     """Refuse a reading of segments of ``qlen`` tokens over ``klen`` keys (batch ``bsz``) whose attention
     scores could not fit in the available memory of ``model``'s device: called by the reading loops
     (:func:`txl.model.segments.segments`, training) once before they start, never by the model itself.
     Devices other than the CPU are not checked (their allocator raises its own out-of-memory error), nor
-    models whose attention keeps no scores ("abs").
+    models whose attention keeps no scores ("abs"). ``dtype``: the reading's (an autocast dtype's scores
+    take 2 bytes).
 
     Raises:
         TxlError: naming T, K, the bytes needed and available, and what to make smaller.
@@ -124,10 +125,12 @@ def check_attention_fits(model, bsz: int, qlen: int, klen: int, grad: bool) -> N
     from txl.model.cpu import BLOCK_BYTES
     from txl.runtime import check_fits
 
-    c, weight, scheme = model.config, next(model.parameters(), None), getattr(model, "positions", None)
+    weight, scheme = next(model.parameters(), None), getattr(model, "positions", None)
     if weight is None or weight.device.type != "cpu" or not getattr(scheme, "keeps_scores", False):
         return  # (another device, "abs", or a stand-in model)
-    need = attention_bytes(bsz, c.n_head, qlen, klen, c.n_layer, weight.element_size(), grad, BLOCK_BYTES)
+    c = model.config
+    itemsize = 2 if dtype in ("bfloat16", "float16") else weight.element_size()
+    need = attention_bytes(bsz, c.n_head, qlen, klen, c.n_layer, itemsize, grad, BLOCK_BYTES)
     if need >= 2**28:
         check_fits(need, f"a segment of {qlen:,} tokens over {klen:,} keys (batch {bsz:,})",
                    "use a smaller tgt_len (--tgt-len), a shorter memory or a smaller batch", weight.device)

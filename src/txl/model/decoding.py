@@ -18,8 +18,8 @@ buffers as tensors of fixed shape.
 
 The buffers are allocated once, on the first call, at their full size: every layer's keys and values
 in one tensor :attr:`DecodingState.stack` [2, L, B, H, R, D] (R = the capacity plus the spare room of
-segment views, below), the layer inputs in [L, B, R, d_model] when the hidden-state memory is kept. A
-caller that knows how long its text is (a prompt and the tokens to sample) passes ``max_tokens`` and
+segment views, below), and each layer's inputs [B, R, d_model] when the hidden-state memory is kept.
+A caller that knows how long its text is (a prompt and the tokens to sample) passes ``max_tokens`` and
 pays for that, not for a ``mem_len`` far beyond the text.
 
 Segment views. On a CPU, a multi-token call after the memory (evaluation, prompts) attends to
@@ -42,6 +42,7 @@ Shapes: L = layers, B = batch, H = heads, D = d_head, S = ``capacity`` slots, R 
 
 from __future__ import annotations
 
+import numbers
 import weakref
 from dataclasses import dataclass
 
@@ -50,7 +51,7 @@ import torch
 from txl.errors import TxlError
 from txl.model.checks import padding_mask
 from txl.model.span import AttentionSpan
-from txl.runtime import reads_values
+from txl.runtime import format_bytes, out_of_memory, reads_values
 
 
 class LayerCache:
@@ -61,7 +62,8 @@ class LayerCache:
         keys, values: float [B, H, R, D], views of ``state.stack``: slot s at buffer position
             ``state.start + s``.
         hidden: float [B, R, d_model], the layer's inputs for the same tokens (what the paper's memory
-            holds, §3.2), for :meth:`DecodingState.mems`; None with ``keep_mems=False``.
+            holds, §3.2), for :meth:`DecodingState.mems`, in the inputs' dtype (allocated on the first
+            write); None with ``keep_mems=False``.
         pos_keys: float [H, D, 2S] projected relative encodings (``W_kR R`` for "rel", the Shaw table's
             rows for "shaw") for distances S-1 ... 0, twice in a row, so that the rotated order of any
             step is one contiguous slice (see :meth:`DecodingState.pos_offset`); made on the first step.
@@ -104,6 +106,8 @@ class LayerCache:
             ``(keys, values)`` [B, H, K, D] each: what the call's queries attend to.
         """
         state, plan = self.state, self.state._plan
+        if state.keep_mems and self.hidden is None and hidden is not None:  # the inputs' own dtype (autocast's)
+            self.hidden = hidden.new_empty(hidden.size(0), self.keys.size(2), hidden.size(-1))
         if plan is _STEP:
             at = state.start + state.next_slot
             for buffer, new, dim in ((self.keys, keys, 2), (self.values, values, 2), (self.hidden, hidden, 1)):
@@ -196,13 +200,13 @@ class DecodingState:
         if not isinstance(span, AttentionSpan):
             raise TxlError(f"span must be an AttentionSpan, got {type(span).__name__}")
         for name, value in (("n_layer", n_layer), ("max_tokens", 1 if max_tokens is None else max_tokens)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise TxlError(f"{name} must be an integer >= 1, got {value!r}")
+        max_tokens = None if max_tokens is None else int(max_tokens)
         self.span, self.keep_mems, self.max_tokens, self.spare_room = span, keep_mems, max_tokens, spare_room
         self.slots = span.mem_len + (0 if span.same_length and span.mem_len > 0 else 1)  # S of an unbounded text
         self.capacity = self.slots if max_tokens is None else min(self.slots, max_tokens)
         self.stack: torch.Tensor | None = None  # keys and values of every layer [2, L, B, H, R, D]
-        self.hidden: torch.Tensor | None = None  # every layer's inputs [L, B, R, d_model] (keep_mems)
         self.length = 0
         self.seen = 0  # keys taken in since the start: the text position of the next new key ("rope")
         self.next_slot = 0
@@ -216,26 +220,28 @@ class DecodingState:
         self.owner: weakref.ref | None = None  # the model whose keys the buffers hold (its first call's)
         self.layers = [LayerCache(self) for _ in range(n_layer)]
         self.held: list[torch.Tensor] | None = None  # compressive spans: the memory itself (see the module)
-        self._views = False  # segments after the memory read views of the buffers (set when they are made)
+        self._views = False  # segments after the memory read views of the buffers (a CPU's; set when they are made)
 
     @property
     def compressive(self) -> bool:
         """Whether the span has a compressed memory (the state then holds the memory in :attr:`held`)."""
         return self.span.cmem_len > 0
 
-    @property
-    def room(self) -> int:
-        """Buffer positions per layer: S, plus the spare room of segment views (a CPU's, see the module doc)."""
-        spare = min(self.capacity, max(self.capacity // 8, 2 * self.span.tgt_len)) if self.spare_room else 0
-        return self.capacity + spare
+    def room(self, device: torch.device | str) -> int:
+        """Buffer positions per layer on ``device``: S, plus on a CPU the spare room of segment views (see
+        the module doc) where the ring may fill and move (``spare_room`` and no ``max_tokens`` below S)."""
+        views = self.spare_room and torch.device(device).type == "cpu" and self.capacity == self.slots
+        return self.capacity + (min(self.capacity, max(self.capacity // 8, 2 * self.span.tgt_len)) if views else 0)
 
-    def nbytes(self, config, batch_size: int, itemsize: int) -> int:
-        """Bytes of the buffers for ``batch_size`` rows of a model of ``config``: keys and values (and
-        inputs with ``keep_mems``) of ``itemsize`` bytes at every layer and buffer position (the spare
-        room counted, as on a CPU). Callers compare it with the memory available before the first call
-        (:func:`txl.runtime.check_fits`)."""
+    def nbytes(self, config, batch_size: int, itemsize: int, device: torch.device | str = "cpu") -> int:
+        """Bytes of the buffers for ``batch_size`` rows of a model of ``config`` on ``device``: keys and
+        values (and inputs with ``keep_mems``) of ``itemsize`` bytes at every layer and buffer position; 0
+        for a compressed memory (held as the model's memory tensors). Callers compare it with the memory
+        available before the first call (:func:`txl.runtime.check_fits`)."""
+        if self.compressive:
+            return 0
         per_position = 2 * config.n_head * config.d_head + (config.d_model if self.keep_mems else 0)
-        return len(self.layers) * batch_size * self.room * per_position * itemsize
+        return len(self.layers) * batch_size * self.room(device) * per_position * itemsize
 
     def hold(self, mems: list[torch.Tensor], qlen: int) -> None:
         """Compressive spans: keep ``mems`` (``3 * n_layer`` tensors) as the memory after ``qlen`` more tokens."""
@@ -292,18 +298,18 @@ class DecodingState:
         """
         return self.capacity - 1 - self.next_slot
 
-    def begin(self, qlen: int, klen: int, shape: tuple[int, int, int, int],
-              dtypes: tuple[torch.dtype, torch.dtype], device: torch.device) -> None:
+    def begin(self, qlen: int, klen: int, shape: tuple[int, int, int], dtype: torch.dtype,
+              device: torch.device) -> None:
         """Start a call of ``qlen`` tokens over ``klen`` keys (memory included), once nothing else can
         reject it, just before the layers run; then each layer's :meth:`LayerCache.update`, then
-        :meth:`commit`. The first call allocates the buffers: ``shape`` is (B, H, D, d_model),
-        ``dtypes`` those of the keys and of the layer inputs, on ``device``.
+        :meth:`commit`. The first call allocates the keys and values: ``shape`` is (B, H, D), ``dtype``
+        the keys', on ``device``.
 
         A one-token call after a memory is a ring step; any other call is a segment, whose
         :class:`SegmentPlan` is made here.
         """
         if self.stack is None:
-            self._allocate(*shape, *dtypes, device)
+            self._allocate(*shape, dtype, device)
         if qlen == 1 and self.length > 0:
             self._plan = _STEP
             return
@@ -336,21 +342,31 @@ class DecodingState:
         self.length = min(self.length + 1, self.capacity)
         self.next_slot = (self.next_slot + 1) % self.capacity
 
-    def _allocate(self, bsz: int, heads: int, d_head: int, d_model: int, dtype: torch.dtype,
-                  hidden_dtype: torch.dtype, device: torch.device) -> None:
-        """The buffers at their full size, zeros (a ring step reads every slot, masked or not)."""
-        self._views = self.spare_room and device.type == "cpu"  # (other devices' kernels are not relied on with views)
-        room = self.room if self._views else self.capacity
-        self.stack = torch.zeros(2, len(self.layers), bsz, heads, room, d_head, dtype=dtype, device=device)
-        if self.keep_mems:
-            self.hidden = torch.zeros(len(self.layers), bsz, room, d_model, dtype=hidden_dtype, device=device)
+    def _allocate(self, bsz: int, heads: int, d_head: int, dtype: torch.dtype, device: torch.device) -> None:
+        """The keys and values at their full size. Zeros without spare room (a compiled ring step reads
+        every slot, masked or not); otherwise uninitialised, as only written slots are read (pages a text
+        never reaches are never touched). An allocation the device refuses is one line naming its size.
+
+        Raises:
+            TxlError: the allocator found no room (out of memory).
+        """
+        shape = (2, len(self.layers), bsz, heads, self.room(device), d_head)
+        try:
+            self.stack = (torch.empty if self.spare_room else torch.zeros)(shape, dtype=dtype, device=device)
+        except RuntimeError as err:
+            if not out_of_memory(err):
+                raise
+            need = format_bytes(2 * len(self.layers) * bsz * heads * self.room(device) * d_head * dtype.itemsize)
+            raise TxlError(f"a decoding state with mem_len {self.span.mem_len:,} needs {need} for its keys and "
+                           "values, which this device cannot allocate: make it with max_tokens (the tokens it "
+                           "will hold) or use a smaller mem_len") from None
+        self._views = self.spare_room and torch.device(device).type == "cpu"  # (other devices' kernels: no views)
         self._view_buffers()
 
     def _view_buffers(self) -> None:
-        """Point every layer's keys, values and inputs at its part of the buffers."""
+        """Point every layer's keys and values at its part of :attr:`stack`."""
         for i, cache in enumerate(self.layers):
             cache.keys, cache.values = self.stack[0, i], self.stack[1, i]
-            cache.hidden = None if self.hidden is None else self.hidden[i]
 
     def ordered(self, buffer: torch.Tensor, n: int, dim: int) -> torch.Tensor:
         """The last ``n`` filled slots of ``buffer`` along ``dim``, oldest first (a copy when rotated)."""
@@ -395,9 +411,10 @@ class DecodingState:
             raise TxlError(f"reorder row numbers must be in [0, {rows}), got {index.tolist()}")
         if self.stack is not None:
             self.stack = self.stack.index_select(2, index.to(self.stack.device))
-            if self.hidden is not None:
-                self.hidden = self.hidden.index_select(1, index.to(self.hidden.device))
             self._view_buffers()
+            for cache in self.layers:
+                if cache.hidden is not None:
+                    cache.hidden = cache.hidden.index_select(0, index.to(cache.hidden.device))
         if self.held is not None:
             self.held = [m.index_select(0, index.to(m.device)).contiguous() for m in self.held]
         if self.batch_size is not None:

@@ -59,8 +59,9 @@ def _kind(module: nn.Module, name: str, inherited: str | None) -> str | None:
 def parameter_kinds(model: nn.Module) -> Iterator[tuple[str, nn.Parameter, str]]:
     """Yield ``(name, parameter, kind)`` for every parameter of ``model``, each exactly once.
 
-    Order and names are those of ``model.named_parameters()`` (pre-order over modules, a tied
-    parameter under its first name), so optimizer groups and initialisation draw in a stable order.
+    Names are those of ``model.named_parameters()`` (a tied parameter under its first name); the order is
+    its pre-order over modules but for the children a module names in ``param_first``, whose own
+    parameters come right after the module's own. Optimizer groups and initialisation draw in this order.
 
     Raises:
         TxlError: a parameter whose kind no module declares (a new module must add it to its

@@ -17,8 +17,8 @@ themselves. What a scheme gives:
   one-token step ``step_rotate`` and ``step_attend``.
 
 Parameter names follow the reference implementation under the layer's ``attn.pos``: ``r_net`` (W_kR),
-``r_w_bias``/``r_r_bias`` (u, v: shared by the layers unless ``untie_r``, then registered on the model
-and tied into every layer), ``r_emb`` (Shaw's tables). Checkpoints written with them directly on the
+``r_w_bias``/``r_r_bias`` (u, v; with ``untie_r`` each layer's own, else one pair registered on the
+model and tied into every layer), ``r_emb`` (Shaw's tables). Checkpoints written with them directly on the
 attention load too (:func:`txl.model.serialization.current_name`).
 
 Shapes: B = batch, H = heads, T = queries, K = keys (memory + segment), D = ``d_head``.

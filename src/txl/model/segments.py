@@ -113,7 +113,7 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
         qlen = min(width, span.tgt_len) if positions is None else max(size for _, size in positions)
         first = mems[0] if isinstance(mems, (list, tuple)) and mems else None  # (checked by the model's call)
         given = first.size(1) if torch.is_tensor(first) and first.dim() == 3 else 0
-        check_attention_fits(model, n_rows, qlen, max(given, span.mem_len) + qlen, grad)
+        check_attention_fits(model, n_rows, qlen, max(given, span.mem_len) + qlen, grad, dtype)
     device = inputs.device
     rows = torch.arange(n_rows, device=device)
     # the loop decides on the host which rows still run and which need a graph: Python lists, read once

@@ -206,7 +206,10 @@ class TransformerXLLM(nn.Module):
                 or in training mode (its one-token step has no dropout), or holding another model's keys.
                 Value (range) checks run on CPU tensors only, to keep GPU steps free of host synchronisation,
                 and not while ``torch.compile`` traces the model (shapes, dtypes and devices are still
-                checked; docs/compile.md). The memory check of very long segments is skipped there too.
+                checked; docs/compile.md). With ``caches``: a call past the state's ``max_tokens``, or
+                keys and values its device cannot allocate. (Whether a very long segment's attention
+                fits in memory is checked by the reading loops, :func:`txl.model.segments.segments`
+                and training, before they start, not here.)
         """
         if labels is not None and caches is not None:  # refused before the decoding state takes the segment in
             check_input_ids(input_ids, self.config.vocab_size, self.word_emb.emb_layers[0].weight.device)
@@ -296,7 +299,7 @@ class TransformerXLLM(nn.Module):
         if caches is None:
             h, hids = self._layers(h, mems, positions, mask, None, window)
         else:  # every check that may still reject the call is behind us
-            caches.begin(qlen, klen, self._state_shape(bsz), (self._key_dtype(weight), weight.dtype), emb.device)
+            caches.begin(qlen, klen, self._state_shape(bsz), self._key_dtype(weight), emb.device)
             caches.bind(bsz, self._key_dtype(weight))
             try:
                 h, hids = self._layers(h, mems, positions, mask, caches, window)
@@ -406,7 +409,7 @@ class TransformerXLLM(nn.Module):
         key_mask = None if mem_padding is None else slot_padding_mask(state, mem_padding, input_ids.size(0))
         weight = self.word_emb.emb_layers[0].weight
         klen = min(state.length + 1, state.capacity)
-        state.begin(1, klen, self._state_shape(input_ids.size(0)), (self._key_dtype(weight), weight.dtype), h.device)
+        state.begin(1, klen, self._state_shape(input_ids.size(0)), self._key_dtype(weight), h.device)
         positions = self.positions.step_positions(state, c, h.device, h.dtype)
         state.bind(input_ids.size(0), self._key_dtype(weight))
         try:
@@ -418,9 +421,9 @@ class TransformerXLLM(nn.Module):
         state.commit(klen)
         return self.drop(h)
 
-    def _state_shape(self, bsz: int) -> tuple[int, int, int, int]:
-        """(B, H, D, d_model): the shape of a decoding state's buffers for ``bsz`` rows."""
-        return bsz, self.config.n_head, self.config.d_head, self.config.d_model
+    def _state_shape(self, bsz: int) -> tuple[int, int, int]:
+        """(B, H, D): the shape of a decoding state's keys for ``bsz`` rows."""
+        return bsz, self.config.n_head, self.config.d_head
 
     @staticmethod
     def _check_autocast(weight: torch.Tensor) -> None:

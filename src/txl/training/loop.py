@@ -23,6 +23,7 @@ from txl.evaluation.stream import EvalResult, metric_value
 from txl.fileio import FolderClaim, claim_folder, write_json
 from txl.model import TransformerXLLM
 from txl.model.config import check_compilable
+from txl.data.iterators import longest_segment
 from txl.model.checks import check_attention_fits
 from txl.training import distributed
 from txl.training.checkpoint import (RUN_NAME, NonFiniteWeights, checkpoint_step, load_checkpoint, save_checkpoint)
@@ -244,8 +245,9 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
     build = getattr(task, "build_model", None)  # a task may train another model around the LM (a classifier)
     model = (TransformerXLLM(run.model) if build is None else build(run)).to(device)
     if build is None:  # the longest segment's attention scores, under autograd
-        check_attention_fits(model, len(range(t.batch_size)[d.rows(t.batch_size)]), max(s[0] for s in spans),
-                             max(sum(s) for s in spans), grad=True)
+        longest = max(longest_segment(s[0]) if t.varlen else s[0] for s in spans)
+        check_attention_fits(model, len(range(t.batch_size)[d.rows(t.batch_size)]), longest,
+                             longest + max(s[1] for s in spans), grad=True, dtype=t.dtype)
     if not resume:
         task.init_weights(model)
     n_params = sum(p.numel() for p in model.parameters())

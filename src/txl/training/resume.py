@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from txl.errors import TxlError
 from txl.fileio import atomic_write, read_json_object, write_json
+from txl.model.parameters import parameter_kinds
 from txl.model.serialization import current_name
 from txl.training import distributed
 from txl.training.checkpoint import load_into, quarantine, saved_vocabulary
@@ -72,8 +73,9 @@ def save_trainer_state(directory: Path, *, optimizer: torch.optim.Optimizer, sca
 def _legacy_names(model: torch.nn.Module) -> list[list[str]]:
     """Parameter names per group of trainer states written before :mod:`txl.training.optim`
     (groups without ``param_names``): [decay, no_decay] by the old rule, matrices whose name lacks
-    "emb" first. Used only to read such files."""
-    named = list(model.named_parameters())
+    "emb" first, in the order of :func:`~txl.model.parameters.parameter_kinds` (that of the layouts that
+    wrote them, where a layer's position parameters came first). Used only to read such files."""
+    named = [(n, p) for n, p, _ in parameter_kinds(model)]
     return [[n for n, p in named if p.dim() >= 2 and "emb" not in n],
             [n for n, p in named if not (p.dim() >= 2 and "emb" not in n)]]
 
