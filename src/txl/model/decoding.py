@@ -421,6 +421,42 @@ class DecodingState:
             self.batch_size = int(index.numel())
 
 
+def check_state(state: DecodingState, model, mems, span: AttentionSpan | None) -> AttentionSpan:
+    """The span of a decoding ``state`` after checking that ``model`` may read with it (called by
+    :meth:`~txl.model.TransformerXLLM.forward`; binds the state to the model on its first call).
+
+    Raises:
+        TxlError: not a DecodingState, a state spoiled by a failed call or holding another model's keys,
+            a model without memory, autograd or training mode, another number of layers or span, or a
+            starting memory given to a state that holds one.
+    """
+    c = model.config
+    if not isinstance(state, DecodingState):
+        raise TxlError(f"caches must be a txl.model.DecodingState, got {type(state).__name__}")
+    state.check_usable()
+    if state.owner is not None and state.owner() is not model:
+        raise TxlError("this decoding state holds the keys of another model; make a new DecodingState for "
+                       "this one")
+    if state.owner is None:
+        state.owner = weakref.ref(model)
+    if not model.positions.memory:
+        raise TxlError(f"a decoding state needs a model with memory; this model's attn_type {c.attn_type!r} "
+                       "has none to hold")
+    if torch.is_grad_enabled():
+        raise TxlError("a decoding state is for reading without autograd: call the model inside torch.no_grad()")
+    if model.training:  # its one-token step has no dropout: train mode would make the two paths differ
+        raise TxlError("a decoding state is for reading in evaluation mode: call model.eval() first")
+    if len(state.layers) != c.n_layer:
+        raise TxlError(f"the decoding state was made for {len(state.layers)} layers but the model has "
+                       f"{c.n_layer}; make it with DecodingState(model.config.n_layer, span)")
+    if span is not None and span != state.span:
+        raise TxlError(f"span {span} differs from the decoding state's span {state.span}; make a new "
+                       "DecodingState for another span")
+    if mems is not None and state.length > 0:
+        raise TxlError("the decoding state already holds the memory: pass mems=None")
+    return state.span
+
+
 def slot_padding_mask(state: DecodingState, mem_padding: torch.Tensor, batch: int) -> torch.Tensor:
     """bool [B, 1, 1, K] over the slots a one-token step attends to: True where a slot holds one of the
     first ``mem_padding[b]`` (oldest) tokens of row b's memory.

@@ -109,11 +109,7 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
     """
     _check_arguments(inputs, labels, span, caches, hidden, same_layer)
     n_rows, width = inputs.shape
-    if width:  # the largest call: a whole segment over the longest memory
-        qlen = min(width, span.tgt_len) if positions is None else max(size for _, size in positions)
-        first = mems[0] if isinstance(mems, (list, tuple)) and mems else None  # (checked by the model's call)
-        given = first.size(1) if torch.is_tensor(first) and first.dim() == 3 else 0
-        check_attention_fits(model, n_rows, qlen, max(given, span.mem_len) + qlen, grad, dtype)
+    _check_fits(model, inputs, span, mems, positions, grad, dtype)
     device = inputs.device
     rows = torch.arange(n_rows, device=device)
     # the loop decides on the host which rows still run and which need a graph: Python lists, read once
@@ -172,6 +168,18 @@ def _check_arguments(inputs: torch.Tensor, labels: torch.Tensor | None, span: At
         raise TxlError("same_layer (a memory of each layer's output) is a reading for another head: give hidden=True")
     if labels is not None and labels.shape != inputs.shape:
         raise TxlError(f"labels shape {tuple(labels.shape)} differs from inputs {tuple(inputs.shape)}")
+
+
+def _check_fits(model, inputs: torch.Tensor, span: AttentionSpan, mems: Mems | None,
+                positions: Sequence[tuple[int, int]] | None, grad: bool, dtype: str) -> None:
+    """Refuse a reading whose largest call (a whole segment over the longest memory) has attention scores
+    the memory available cannot hold (:func:`~txl.model.checks.check_attention_fits`)."""
+    n_rows, width = inputs.shape
+    if width:
+        qlen = min(width, span.tgt_len) if positions is None else max(size for _, size in positions)
+        first = mems[0] if isinstance(mems, (list, tuple)) and mems else None  # (checked by the model's call)
+        given = first.size(1) if torch.is_tensor(first) and first.dim() == 3 else 0
+        check_attention_fits(model, n_rows, qlen, max(given, span.mem_len) + qlen, grad, dtype)
 
 
 def _host_list(values, n_rows: int, name: str) -> list[int] | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from txl.model.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, t
 from txl.model.attention import MultiHeadAttention, attention_mask
 from txl.model.compressive import Compressor, check_compressive_mems, layer_memory, split_mems, update_compressive
 from txl.model.config import TransformerXLConfig
-from txl.model.decoding import DecodingState, LayerCache, slot_padding_mask
+from txl.model.decoding import DecodingState, LayerCache, check_state, slot_padding_mask
 from txl.model.cpu import Dropout, Linear
 from txl.model.parameters import init_weights
 from txl.model.positions import position_scheme
@@ -106,7 +105,7 @@ class DecoderLayer(nn.Module):
     def step(self, h: torch.Tensor, cache: LayerCache, key_mask: torch.Tensor | None = None,
              positions=None) -> torch.Tensor:
         """One decoding step [B, 1, d_model] -> [B, 1, d_model]; see :meth:`MultiHeadAttention.step`."""
-        return self.ff.step(self.attn.step(h, cache, key_mask, positions))  # evaluation mode only (see _check_state)
+        return self.ff.step(self.attn.step(h, cache, key_mask, positions))  # evaluation mode only (see check_state)
 
 
 class TransformerXLLM(nn.Module):
@@ -257,7 +256,7 @@ class TransformerXLLM(nn.Module):
         :meth:`hidden_states`) and the reconstruction loss (see :meth:`forward`)."""
         c = self.config
         if caches is not None:
-            span = self._check_state(caches, mems, span)
+            span = check_state(caches, self, mems, span)
         elif span is None:
             span = c.span
         elif not isinstance(span, AttentionSpan):
@@ -368,34 +367,6 @@ class TransformerXLLM(nn.Module):
             caches.hold(new_mems, qlen)
             return h, None, recon
         return h, new_mems, recon
-
-    def _check_state(self, state: DecodingState, mems: Mems | None, span: AttentionSpan | None) -> AttentionSpan:
-        """The span of a decoding ``state`` after checking that it may be used here (see :meth:`forward`)."""
-        c = self.config
-        if not isinstance(state, DecodingState):
-            raise TxlError(f"caches must be a txl.model.DecodingState, got {type(state).__name__}")
-        state.check_usable()
-        if state.owner is not None and state.owner() is not self:
-            raise TxlError("this decoding state holds the keys of another model; make a new DecodingState for "
-                           "this one")
-        if state.owner is None:
-            state.owner = weakref.ref(self)
-        if not self.positions.memory:
-            raise TxlError(f"a decoding state needs a model with memory; this model's attn_type {c.attn_type!r} "
-                           "has none to hold")
-        if torch.is_grad_enabled():
-            raise TxlError("a decoding state is for reading without autograd: call the model inside torch.no_grad()")
-        if self.training:  # its one-token step has no dropout: train mode would make the two paths differ
-            raise TxlError("a decoding state is for reading in evaluation mode: call model.eval() first")
-        if len(state.layers) != c.n_layer:
-            raise TxlError(f"the decoding state was made for {len(state.layers)} layers but the model has "
-                           f"{c.n_layer}; make it with DecodingState(model.config.n_layer, span)")
-        if span is not None and span != state.span:
-            raise TxlError(f"span {span} differs from the decoding state's span {state.span}; make a new "
-                           "DecodingState for another span")
-        if mems is not None and state.length > 0:
-            raise TxlError("the decoding state already holds the memory: pass mems=None")
-        return state.span
 
     def _step(self, input_ids: torch.Tensor, state: DecodingState,
               mem_padding: torch.Tensor | None = None) -> torch.Tensor:
