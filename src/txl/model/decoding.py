@@ -204,7 +204,7 @@ class DecodingState:
                 raise TxlError(f"{name} must be an integer >= 1, got {value!r}")
         max_tokens = None if max_tokens is None else int(max_tokens)
         self.span, self.keep_mems, self.max_tokens, self.spare_room = span, keep_mems, max_tokens, spare_room
-        self.slots = span.mem_len + (0 if span.same_length and span.mem_len > 0 else 1)  # S of an unbounded text
+        self.slots = ring_capacity(span)  # S of an unbounded text
         self.capacity = self.slots if max_tokens is None else min(self.slots, max_tokens)
         self.stack: torch.Tensor | None = None  # keys and values of every layer [2, L, B, H, R, D]
         self.length = 0
@@ -455,6 +455,12 @@ def check_state(state: DecodingState, model, mems, span: AttentionSpan | None) -
     if mems is not None and state.length > 0:
         raise TxlError("the decoding state already holds the memory: pass mems=None")
     return state.span
+
+
+def ring_capacity(span: AttentionSpan) -> int:
+    """Slots S of a ring over ``span``: ``mem_len + 1`` (the memory and the token itself), or ``mem_len``
+    with ``same_length`` (and a memory)."""
+    return span.mem_len + (0 if span.same_length and span.mem_len > 0 else 1)
 
 
 def slot_padding_mask(state: DecodingState, mem_padding: torch.Tensor, batch: int) -> torch.Tensor:

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from txl.errors import TxlError
-from txl.model.decoding import DecodingState
+from txl.model.decoding import DecodingState, ring_capacity
 from txl.model.segments import segments
 from txl.model.span import AttentionSpan
 from txl.runtime import compile_module
@@ -63,11 +63,6 @@ class _RingLayer:
         """Take the new token's key and value [B, H, 1, D] (written by the caller after the step); the slots."""
         self.own = key, value
         return self.keys, self.values
-
-
-def ring_capacity(span: AttentionSpan) -> int:
-    """Slots per layer of a ring over ``span``: ``mem_len + 1`` (``mem_len`` with ``same_length``)."""
-    return span.mem_len + (0 if span.same_length else 1)
 
 
 def check_exportable(config, span: AttentionSpan, what: str = "export", reader: bool = True) -> None:
