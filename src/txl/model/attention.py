@@ -231,8 +231,8 @@ def one_query_attention(q_content: torch.Tensor, q_pos: torch.Tensor | None, k: 
     ``r_k``, whatever distance that is.
 
     Args:
-        q_content: [B, H, 1, D] query of the content term, unscaled; q_pos: [B, H, 1, D] query of the
-            position term, scaled (unused without ``r_k``).
+        q_content: [B, H, 1, D] (or [B, H, D]) query of the content term, unscaled; q_pos: the same
+            shape, the query of the position term, scaled (unused without ``r_k``).
         k, v: [B, H, K, D] keys and values (views of a decoding state's buffers are read as they are).
         r_k: the position keys, or None for no position term ("rope"): without ``columns`` [H, D, K],
             column j that of key j's distance; with ``columns`` a table [H, D, P] of distances.
@@ -247,7 +247,7 @@ def one_query_attention(q_content: torch.Tensor, q_pos: torch.Tensor | None, k: 
     Returns:
         [B, H, 1, D] attention output, contiguous.
     """
-    bsz, heads, _, d_head = q_content.shape
+    bsz, heads, d_head = q_content.size(0), q_content.size(1), q_content.size(-1)
     klen, rows = k.size(2), bsz * heads
     keys = k.reshape(rows, klen, d_head).transpose(1, 2)  # (a view for a state's [B, H, S, D] buffer slice)
     q_rows = q_content.reshape(rows, 1, d_head)
@@ -262,8 +262,8 @@ def one_query_attention(q_content: torch.Tensor, q_pos: torch.Tensor | None, k: 
             bias = bias.index_select(2, columns)
         bias = bias.transpose(0, 1).reshape(rows, 1, -1)
         if own is not None:
-            own_bias = bias[..., klen:]
-        scores = torch.baddbmm(bias[..., :klen], q_rows, keys, alpha=scale)
+            own_bias, bias = bias[..., klen:], bias[..., :klen]
+        scores = torch.baddbmm(bias, q_rows, keys, alpha=scale)
     if mask is not None:
         scores.view(bsz, heads, 1, klen).masked_fill_(mask if mask.dim() == 4 else mask[-1:], float("-inf"))
     if own is not None:
@@ -272,7 +272,7 @@ def one_query_attention(q_content: torch.Tensor, q_pos: torch.Tensor | None, k: 
         scores = torch.cat([scores, own_score if own_bias is None else own_score + own_bias], dim=-1)
     wide = scores if scores.dtype in (torch.float32, torch.float64) else scores.float()
     probs = torch.softmax(wide, dim=-1).to(v.dtype)
-    out = torch.bmm(probs[..., :klen], v.reshape(rows, klen, d_head))
+    out = torch.bmm(probs if own is None else probs[..., :klen], v.reshape(rows, klen, d_head))
     if own is not None:
         out = out + probs[..., klen:] * own[1].reshape(rows, 1, d_head)
     return out.view(bsz, heads, 1, d_head)

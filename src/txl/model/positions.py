@@ -116,8 +116,7 @@ class PositionScheme(nn.Module):
         """A step's attention [B, H, 1, D] for its query [B, H, D] over the slots ``keys``/``values``
         [B, H, K, D] of ``cache`` (slot order): :func:`~txl.model.attention.one_query_attention` with the
         scheme's terms (default: no position term)."""
-        return one_query_attention((q * self.scale).unsqueeze(2), None, keys, values, None, key_mask, scale=1.0,
-                                   own=cache.own)
+        return one_query_attention(q * self.scale, None, keys, values, None, key_mask, scale=1.0, own=cache.own)
 
 
 class _DistanceTable(PositionScheme):
@@ -149,8 +148,8 @@ class _DistanceTable(PositionScheme):
                 cache.pos_keys = torch.cat([r_k, r_k], dim=-1).to(q.dtype).contiguous()
             off = state.pos_offset(klen)
             r_k, columns = cache.pos_keys[:, :, off:off + klen], None  # [H, D, K]: slot s's distance in column s
-        return one_query_attention(q_c.unsqueeze(2), q_r.unsqueeze(2), keys, values, r_k, key_mask, scale=1.0,
-                                   columns=columns, own=cache.own)
+        return one_query_attention(q_c, q_r, keys, values, r_k, key_mask, scale=1.0, columns=columns,
+                                   own=cache.own)  # (queries [B, H, D]: no unsqueeze per layer and step)
 
 
 class Relative(_DistanceTable):
