@@ -240,13 +240,15 @@ def test_sizes_beyond_the_text_or_the_machine_are_handled_in_one_line(monkeypatc
     from txl import runtime
     from txl.model.segments import segments
     monkeypatch.setattr(runtime, "available_memory_bytes", lambda *device: 2**28)
-    with pytest.raises(TxlError, match=r"a segment of 8,000 tokens over 8,006 keys .* use a smaller tgt_len"):
+    with pytest.raises(TxlError, match=r"a segment of 8,000 tokens over 8,000 keys .* use a smaller tgt_len"):
         evaluate(model, np.random.default_rng(0).integers(0, V, 8001), tgt_len=8000, batch_size=1)
     span = model.config.span.replace(tgt_len=3000)
     with torch.no_grad():  # read without autograd, in blocks
         list(segments(model, _ids(0, 1, 1000), span=span))
-    with pytest.raises(TxlError, match=r"a segment of 3,000 tokens over 3,006 keys \(batch 2\)"):
+    with pytest.raises(TxlError, match=r"a segment of 3,000 tokens over 3,000 keys \(batch 2\)"):
         next(segments(model, _ids(0, 2, 3000), span=span, grad=True))  # a bias kept per layer: refused sooner
+    # a memory far beyond the text costs what the text holds: 100 billion positions of mem_len on 40 tokens read
+    assert len(list(segments(model, _ids(0, 1, 40), span=span.replace(tgt_len=4, mem_len=10**11)))) == 10
 
 
 def test_memory_figures_follow_process_limits_and_allocation_failures_are_one_line(capsys, monkeypatch):

@@ -11,7 +11,7 @@ import torch
 from txl.errors import TxlError
 from txl.model.segments import eval_mode
 from txl.generation.sampling import DecodingRules, check_decoding, rules_from
-from txl.generation.stream import check_state_fits, prime_memory
+from txl.generation.stream import prime_memory, step_state
 from txl.model.decoding import DecodingState
 from txl.model.checks import check_input_ids
 from txl.model.memory import Mems
@@ -99,9 +99,7 @@ def beam_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: 
         finished: list[tuple[float, float, list[int]]] = []  # (score, logprob, tokens)
         state = None
         if model.config.has_memory:
-            state = DecodingState(model.config.n_layer, span, keep_mems=False,
-                                  max_tokens=input_ids.size(1) + max_new_tokens, spare_room=False)
-            check_state_fits(model, state, k + 1)
+            state = step_state(model, span, k + 1, input_ids.size(1) + max_new_tokens)
         mems = None
         if state is not None:
             mems = prime_memory(model, input_ids[:, :-1], None, state)  # None once the state holds the memory

@@ -13,7 +13,7 @@ from txl.model.segments import eval_mode, segments
 from txl.generation.sampling import Chooser, DecodingRules, Faults, Generators, rules_from
 from txl.model.decoding import DecodingState
 from txl.model.checks import check_input_ids
-from txl.model.memory import Mems, check_mems
+from txl.model.memory import Mems, check_mems, given_length
 from txl.model.graphs import RingDecoder, check_exportable
 from txl.model.span import AttentionSpan, resolve_span
 from txl.runtime import check_fits
@@ -233,11 +233,7 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
                 yield _step(choose, token, logits, i == max_new_tokens - 1)
             return
         # the memory lives in ring buffers of keys/values: a step projects and writes only the new token
-        given = mems[0].size(1) if isinstance(mems, (list, tuple)) and mems and torch.is_tensor(mems[0]) and mems[0].dim() == 3 else 0
-        held = max(len(p) for p in input_ids) + given  # (a bad memory is refused by the model's first call)
-        state = DecodingState(model.config.n_layer, span, keep_mems=False, max_tokens=held + max_new_tokens,
-                              spare_room=False)  # (one-token steps read no segment views: no room to pay for)
-        check_state_fits(model, state, len(input_ids))
+        state = step_state(model, span, len(input_ids), given_length(mems) + max(map(len, input_ids)) + max_new_tokens)
         if ragged:  # each prompt primes its memory alone; left-padded to one length, the padding masked
             mems, padding = prime_rows(model, input_ids, span)
             last = torch.stack([p[-1:] for p in input_ids])
@@ -255,6 +251,18 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
             token = choose(out.logits[:, -1])
             last = token[:, None]
             yield _step(choose, token, out.logits[:, -1], i == max_new_tokens - 1)
+
+
+def step_state(model, span: AttentionSpan, batch_size: int, max_tokens: int) -> DecodingState:
+    """A decoding state for one-token steps after a prompt (``max_tokens``: memory, prompt and new tokens),
+    without spare room (steps read no segment views), refused when the memory available cannot hold it.
+
+    Raises:
+        TxlError: as :func:`check_state_fits`.
+    """
+    state = DecodingState(model.config.n_layer, span, keep_mems=False, max_tokens=max_tokens, spare_room=False)
+    check_state_fits(model, state, batch_size)
+    return state
 
 
 def check_state_fits(model, state: DecodingState, batch_size: int) -> None:

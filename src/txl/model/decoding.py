@@ -426,9 +426,7 @@ def check_state(state: DecodingState, model, mems, span: AttentionSpan | None) -
     :meth:`~txl.model.TransformerXLLM.forward`; binds the state to the model on its first call).
 
     Raises:
-        TxlError: not a DecodingState, a state spoiled by a failed call or holding another model's keys,
-            a model without memory, autograd or training mode, another number of layers or span, or a
-            starting memory given to a state that holds one.
+        TxlError: one line for each way the state and the call do not fit (see :meth:`~txl.model.TransformerXLLM.forward`).
     """
     c = model.config
     if not isinstance(state, DecodingState):

@@ -83,3 +83,10 @@ def update_mems(mems: Mems | None, hids: Mems, mem_len: int, detach: bool = True
             kept = cat[:, max(0, cat.size(1) - mem_len):]
             new.append(kept.detach().contiguous() if detach else kept)
     return new
+
+
+def given_length(mems) -> int:
+    """Positions of a memory as callers hand it (``n_layer`` tensors [B, M, d]): M, or 0 for None or anything
+    that is not such a memory (the model's own check refuses that with one line when it reads it)."""
+    first = mems[0] if isinstance(mems, (list, tuple)) and mems else None
+    return first.size(1) if torch.is_tensor(first) and first.dim() == 3 else 0

@@ -19,7 +19,7 @@ import torch
 from txl.errors import TxlError
 from txl.model.decoding import DecodingState
 from txl.model.checks import check_attention_fits
-from txl.model.memory import Mems
+from txl.model.memory import Mems, given_length
 from txl.model.span import AttentionSpan
 from txl.model.transformer import LMOutput
 from txl.runtime import autocast
@@ -173,13 +173,14 @@ def _check_arguments(inputs: torch.Tensor, labels: torch.Tensor | None, span: At
 def _check_fits(model, inputs: torch.Tensor, span: AttentionSpan, mems: Mems | None,
                 positions: Sequence[tuple[int, int]] | None, grad: bool, dtype: str) -> None:
     """Refuse a reading whose largest call (a whole segment over the longest memory) has attention scores
-    the memory available cannot hold (:func:`~txl.model.checks.check_attention_fits`)."""
+    the memory available cannot hold (:func:`~txl.model.checks.check_attention_fits`). A ``mem_len`` far beyond
+    the text costs what the text holds."""
     n_rows, width = inputs.shape
     if width:
         qlen = min(width, span.tgt_len) if positions is None else max(size for _, size in positions)
-        first = mems[0] if isinstance(mems, (list, tuple)) and mems else None  # (checked by the model's call)
-        given = first.size(1) if torch.is_tensor(first) and first.dim() == 3 else 0
-        check_attention_fits(model, n_rows, qlen, max(given, span.mem_len) + qlen, grad, dtype)
+        given = given_length(mems)  # the memory is at most mem_len, and at most what came before the last segment
+        memory = min(max(given, span.mem_len), given + width - qlen)
+        check_attention_fits(model, n_rows, qlen, memory + qlen, grad, dtype)
 
 
 def _host_list(values, n_rows: int, name: str) -> list[int] | None:
