@@ -263,7 +263,10 @@ def one_query_attention(q_content: torch.Tensor, q_pos: torch.Tensor | None, k: 
         bias = bias.transpose(0, 1).reshape(rows, 1, -1)
         if own is not None:
             own_bias, bias = bias[..., klen:], bias[..., :klen]
-        scores = torch.baddbmm(bias, q_rows, keys, alpha=scale)
+        if torch.compiler.is_compiling():  # inductor fuses a product and a sum into its loops, not a baddbmm
+            scores = torch.bmm(q_rows, keys) * scale + bias
+        else:
+            scores = torch.baddbmm(bias, q_rows, keys, alpha=scale)
     if mask is not None:
         scores.view(bsz, heads, 1, klen).masked_fill_(mask if mask.dim() == 4 else mask[-1:], float("-inf"))
     if own is not None:
