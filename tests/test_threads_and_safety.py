@@ -176,7 +176,7 @@ def test_ablate_chooses_the_threads_once_for_every_variant(tmp_path, capsys, mac
 def test_ranks_share_the_free_cpus_and_the_launcher_keeps_its_own_setting(monkeypatch):
     import torch.distributed.run
 
-    from txl.training import distributed
+    from txl import distributed
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(distributed, "usable_cpus", lambda: 8)

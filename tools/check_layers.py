@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # top > ... > bottom; a floor may import its own and any floor below it, never one above
 LAYERS = ("cli,__main__ > analysis,serving > evaluation,training,generation,classification,convert,export > model,data"
-          " > config,runtime,fileio,errors")
+          " > config,runtime,fileio,errors,distributed")
 
 
 def package_modules(root: Path) -> dict[str, Path]:

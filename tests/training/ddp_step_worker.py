@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from txl.model import TransformerXLConfig, TransformerXLLM
-from txl.training import distributed
+from txl import distributed
 from txl.training.step import train_step
 
 

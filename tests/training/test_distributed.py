@@ -10,7 +10,7 @@ import pytest
 from safetensors.torch import load_file
 
 from txl.cli import main
-from txl.training.distributed import Dist
+from txl.distributed import Dist
 
 TINY = ["model.n_layer=2", "model.d_model=16", "model.n_head=2", "model.d_head=8", "model.d_inner=32",
         "model.tgt_len=8", "model.mem_len=8", "model.dropout=0", "model.dropatt=0", "train.batch_size=4",

@@ -232,7 +232,7 @@ def _train(args: argparse.Namespace) -> int:
     from txl.fileio import write_json
     from txl.model.serialization import read_model_config
     from txl.training.checkpoint import resolve_checkpoint_dir, resume_run_dir
-    from txl.training.distributed import launch
+    from txl.distributed import launch
 
     if args.resume is not None:  # RUN/last stands for RUN, as for txl train --resume
         args.resume = str(resume_run_dir(args.resume))

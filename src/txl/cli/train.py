@@ -129,7 +129,7 @@ def check_run_args(args: argparse.Namespace, data: str | None) -> None:
 
 def _launch(args: argparse.Namespace, argv: list[str] | None, run) -> int:
     """``txl train --nproc N ...``: check what can be checked here, then run the same command in N ranks."""
-    from txl.training.distributed import launch
+    from txl.distributed import launch
 
     run.validate()
     t = run.train

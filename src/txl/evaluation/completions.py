@@ -87,7 +87,7 @@ def evaluate_completions(model, rows: Sequence[tuple[np.ndarray, int]], *, span:
 
     ``rows`` are :func:`txl.data.pairs.encode_pair` results; they are batched by length (longest
     first) and read in eval mode (the model's mode is restored). With ``dist`` (a
-    :class:`txl.training.distributed.Dist`) each rank reads its share of the batches and the sums
+    :class:`txl.distributed.Dist`) each rank reads its share of the batches and the sums
     are added over ranks, so every rank gets the single-process result. ``progress`` (True or a
     label): a progress bar over this rank's examples on stderr.
 
@@ -112,7 +112,7 @@ def evaluate_completions(model, rows: Sequence[tuple[np.ndarray, int]], *, span:
             sums[1] += (y != IGNORE_INDEX).sum()
             bar.update(len(chunk))
     if dist is not None:
-        from txl.training.distributed import all_sum
+        from txl.distributed import all_sum
 
         all_sum(dist, sums)
     total, count = sums.tolist()

@@ -116,7 +116,7 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
         warmup: feed ``mem_len`` context tokens first so every scored token sees a full memory.
         max_tokens: score only the first ``max_tokens`` targets (0: all).
         dtype: "float32" or an autocast dtype.
-        dist: a :class:`txl.training.distributed.Dist`: each rank scores its block of the streams
+        dist: a :class:`txl.distributed.Dist`: each rank scores its block of the streams
             and the sums are added over ranks, so every rank gets the single-process result.
         progress: True (or a label such as ``"mem_len 256"``): a progress bar over the segments
             on stderr (:func:`txl.runtime.progress_bar`); False: none.
@@ -163,7 +163,7 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
                 sums[1] += (seg.labels != IGNORE_INDEX).sum()
                 bar.update(1)
     if dist is not None:
-        from txl.training.distributed import all_sum
+        from txl.distributed import all_sum
 
         all_sum(dist, sums)
     total, count = sums.tolist()

@@ -42,7 +42,7 @@ from txl.errors import TxlError
 from txl.evaluation.stream import EvalResult, evaluate, metric_unit
 from txl.generation import generate
 from txl.model import TransformerXLLM
-from txl.training import distributed
+from txl import distributed
 from txl.training.config import RunConfig
 from txl.training.fingerprint import array_digest, files_digest
 

@@ -25,7 +25,7 @@ from txl.model import TransformerXLLM
 from txl.model.config import check_compilable
 from txl.data.iterators import longest_segment
 from txl.model.checks import check_attention_fits
-from txl.training import distributed
+from txl import distributed
 from txl.training.checkpoint import (RUN_NAME, NonFiniteWeights, checkpoint_step, load_checkpoint, save_checkpoint)
 from txl.training.checkpoint_files import check_run_folder, checkpoint_candidates, first_good_checkpoint
 from txl.training.fingerprint import STATE_KEY as DATA_KEY

@@ -19,7 +19,7 @@ from txl.errors import TxlError
 from txl.fileio import atomic_write, read_json_object, write_json
 from txl.model.parameters import parameter_kinds
 from txl.model.serialization import current_name
-from txl.training import distributed
+from txl import distributed
 from txl.training.checkpoint import load_into, quarantine, saved_vocabulary
 from txl.training.checkpoint_files import TRAINER_JSON as JSON_NAME
 from txl.training.checkpoint_files import TRAINER_TENSORS as TENSORS_NAME
@@ -180,7 +180,7 @@ def restore_run(resume_dir: Path, candidates: list[Path], *, model: torch.nn.Mod
     memory; the newer torn or corrupt candidates are set aside (rank 0).
 
     Args:
-        d: the run's :class:`~txl.training.distributed.Dist`; ``task``: its task (its tokenizer must give
+        d: the run's :class:`~txl.distributed.Dist`; ``task``: its task (its tokenizer must give
             the saved vocabulary); ``fingerprint``: the data's, compared with the saved one
             (``allow_data_change`` lets a change through with a warning, through ``log``).
 

@@ -21,7 +21,7 @@ import torch
 
 from txl.model.span import AttentionSpan
 from txl.runtime import autocast
-from txl.training.distributed import Dist, all_sum
+from txl.distributed import Dist, all_sum
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Multi-process training on torch.distributed: which rank owns which streams, and the few collectives.
+"""Multi-process runs on torch.distributed: which rank owns which streams, and the few collectives.
 
 A run started by ``torchrun --nproc_per_node N -m txl train ...`` (or ``txl train --nproc N``) has N
 ranks. The global batch of ``train.batch_size`` parallel streams is cut into N equal blocks of
