@@ -74,17 +74,8 @@ def beam_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: 
             continuations (vocab_size ** max_new_tokens) or than the memory can score, a batch
             other than 1, bad rules or an impossible span.
     """
-    if isinstance(num_beams, bool) or not isinstance(num_beams, numbers.Integral) or num_beams < 1:
-        raise TxlError(f"num_beams must be an integer >= 1, got {num_beams!r}")
-    check_input_ids(input_ids, model.config.vocab_size, next(model.parameters()).device)
-    if input_ids.size(0) != 1:
-        raise TxlError(f"beam search decodes one prompt at a time, got a batch of {input_ids.size(0)}")
-    rules = rules_from(rules, **rule_fields)
-    check_decoding(length_penalty=length_penalty)
-    if max_new_tokens < 0:
-        raise TxlError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    _check_beams(int(num_beams), model.config.vocab_size, max_new_tokens, next(model.parameters()).device)
-    span = resolve_span(model.config, span, mem_len=mem_len)
+    rules, span = _check_search(model, input_ids, num_beams, max_new_tokens, length_penalty, rules, span, mem_len,
+                                rule_fields)
     end = tuple(int(i) for i in end_ids)
     k = num_beams
     device = input_ids.device
@@ -97,13 +88,7 @@ def beam_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: 
         true_lp = [0.0] * (k + 1)
         greedy_score, greedy_done = 0.0, False
         finished: list[tuple[float, float, list[int]]] = []  # (score, logprob, tokens)
-        state = None
-        if model.config.has_memory:
-            state = step_state(model, span, k + 1, input_ids.size(1) + max_new_tokens)
-        mems = None
-        if state is not None:
-            mems = prime_memory(model, input_ids[:, :-1], None, state)  # None once the state holds the memory
-            mems = reorder_state(mems, state, torch.zeros(k + 1, dtype=torch.long, device=device))
+        state, mems = _primed_rows(model, input_ids, span, k + 1, max_new_tokens)
         last = input_ids[:, -1:].expand(k + 1, 1)
         for n in range(1, max_new_tokens + 1):
             if state is None:  # attn_type "abs": each row's window of the last tgt_len tokens
@@ -159,11 +144,62 @@ def beam_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: 
             last = torch.as_tensor([[t] for t in tokens] + [[g]], device=device)
             if len(finished) >= k and norm(float(scores.max()), n) <= finished[-1][0]:
                 break  # no running beam beats the finished ones at its present length
-        greedy = (norm(greedy_score, len(seqs[k])), true_lp[k], seqs[k])
-        candidates = finished + [(norm(float(sc), len(sq)), lp, sq) for sc, lp, sq in
-                                 zip(scores.tolist(), true_lp[:k], seqs[:k]) if sc > float("-inf")]
-        best = max(candidates + [greedy], key=lambda c: c[0]) if k > 1 else greedy
+        best = _best(finished, scores, true_lp, seqs, greedy_score, norm)
     return BeamResult(tokens=torch.as_tensor(best[2], dtype=torch.long, device=device), logprob=best[1], score=best[0])
+
+
+def _check_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: int, length_penalty: float,
+                  rules: DecodingRules | None, span: AttentionSpan | None, mem_len: int | None,
+                  rule_fields: dict) -> tuple[DecodingRules, AttentionSpan]:
+    """The arguments of :func:`beam_search` checked; returns its decoding rules (``rules`` or the
+    ``rule_fields``, :func:`~txl.generation.sampling.rules_from`) and span (``span`` with ``mem_len``).
+
+    Raises:
+        TxlError: as :func:`beam_search`.
+    """
+    if isinstance(num_beams, bool) or not isinstance(num_beams, numbers.Integral) or num_beams < 1:
+        raise TxlError(f"num_beams must be an integer >= 1, got {num_beams!r}")
+    check_input_ids(input_ids, model.config.vocab_size, next(model.parameters()).device)
+    if input_ids.size(0) != 1:
+        raise TxlError(f"beam search decodes one prompt at a time, got a batch of {input_ids.size(0)}")
+    rules = rules_from(rules, **rule_fields)
+    check_decoding(length_penalty=length_penalty)
+    if max_new_tokens < 0:
+        raise TxlError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    _check_beams(int(num_beams), model.config.vocab_size, max_new_tokens, next(model.parameters()).device)
+    return rules, resolve_span(model.config, span, mem_len=mem_len)
+
+
+def _primed_rows(model, input_ids: torch.Tensor, span: AttentionSpan, n_rows: int,
+                 max_new_tokens: int) -> tuple[DecodingState | None, Mems | None]:
+    """The decoding state of ``n_rows`` rows (the beams and the greedy row) that all start from the prompt
+    ``input_ids`` (int64 [1, T]; all but its last token read), with room for ``max_new_tokens``.
+
+    Returns:
+        ``(state, mems)``: the state (:func:`~txl.generation.stream.step_state`) and the memory of the first
+        step (None once the state holds it); (None, None) for a model without memory (``attn_type="abs"``).
+    """
+    state = None
+    if model.config.has_memory:
+        state = step_state(model, span, n_rows, input_ids.size(1) + max_new_tokens)
+    mems = None
+    if state is not None:
+        mems = prime_memory(model, input_ids[:, :-1], None, state)  # None once the state holds the memory
+        mems = reorder_state(mems, state, torch.zeros(n_rows, dtype=torch.long, device=input_ids.device))
+    return state, mems
+
+
+def _best(finished: list[tuple[float, float, list[int]]], scores: torch.Tensor, true_lp: list[float],
+          seqs: list[list[int]], greedy_score: float, norm) -> tuple[float, float, list[int]]:
+    """The best ``(score, logprob, tokens)`` of the search: among the ``finished`` hypotheses, the running
+    beams (``scores`` float64 [k], ``true_lp`` and ``seqs`` of the k beams then the greedy row) and the
+    greedy row (rule-adjusted sum ``greedy_score``); ``norm(total, n)`` the length-normalised score.
+    With one beam, the greedy row."""
+    k = len(scores)
+    greedy = (norm(greedy_score, len(seqs[k])), true_lp[k], seqs[k])
+    candidates = finished + [(norm(float(sc), len(sq)), lp, sq) for sc, lp, sq in
+                             zip(scores.tolist(), true_lp[:k], seqs[:k]) if sc > float("-inf")]
+    return max(candidates + [greedy], key=lambda c: c[0]) if k > 1 else greedy
 
 
 def reorder_state(mems: Mems | None, state: DecodingState, index: torch.Tensor) -> Mems | None:

@@ -187,35 +187,18 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
             list of such 1-D tensors; ``mems`` of another shape, dtype or device than the model's (see
             :meth:`~txl.model.TransformerXLLM.forward`), bad sampling settings or an impossible span.
     """
-    input_ids, ragged = _check_prompts(model, input_ids)
-    if ragged and mems is not None:
-        raise TxlError("prompts of different lengths start without a memory: pass mems=None")
-    if not model.config.has_memory and mems is not None:
-        raise TxlError("attn_type='abs' (vanilla Transformer) has no memory: pass mems=None")
-    if max_new_tokens < 0:
-        raise TxlError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    input_ids, ragged = _check_arguments(model, input_ids, mems, max_new_tokens)
     span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
                         same_length=same_length)
     rules = rules_from(rules, temperature=temperature, top_k=top_k, top_p=top_p, **rule_fields)
     choose = Chooser(len(input_ids), rules, generator, end_ids)
     if compile:
-        if ragged:
-            raise TxlError("compiled decoding takes prompts of one length")
-        check_exportable(model.config, span, "compiled decoding", reader=False)
-        weight = model.word_emb.emb_layers[0].weight
-        if weight.dtype not in (torch.float32, torch.float64) or torch.is_autocast_enabled(weight.device.type):
-            raise TxlError("compiled decoding takes float32, float64 or int8 weights without autocast: not "
-                           "half-precision weights, nor torch.autocast")
+        _check_compilable(model, span, ragged)
     with eval_mode(model):
         if compile:  # the ring's state is tensors of fixed shape: one compiled step for every memory fill
-            if mems is not None:  # the checks of a forward with this memory (shape, dtype, device)
-                check_mems(mems, model.config.n_layer, input_ids.size(0), model.config.d_model,
-                           dtypes=(weight.dtype,), device=weight.device)
-            if max_new_tokens == 0:  # nothing to decode: nothing to compile
+            ring = _ring_decoder(model, input_ids, mems, span, compile, max_new_tokens)
+            if ring is None:  # nothing to decode: nothing to compile
                 return
-            check_state_fits(model, RingDecoder.state_for(model, span), len(input_ids))
-            ring = RingDecoder(model, span, compile=compile)
-            ring.read_prompt(input_ids[:, :-1], mems)
             last = input_ids[:, -1:]
             for i in range(max_new_tokens):
                 logits = ring.step(last)
@@ -232,14 +215,7 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
                     [seq.size(0) for seq in rows]))]
                 yield _step(choose, token, logits, i == max_new_tokens - 1)
             return
-        # the memory lives in ring buffers of keys/values: a step projects and writes only the new token
-        state = step_state(model, span, len(input_ids), given_length(mems) + max(map(len, input_ids)) + max_new_tokens)
-        if ragged:  # each prompt primes its memory alone; left-padded to one length, the padding masked
-            mems, padding = prime_rows(model, input_ids, span)
-            last = torch.stack([p[-1:] for p in input_ids])
-        else:
-            mems, padding = prime_memory(model, input_ids[:, :-1], mems, state), None
-            last = input_ids[:, -1:]
+        state, mems, padding, last = _primed_state(model, input_ids, ragged, mems, span, max_new_tokens)
         for i in range(max_new_tokens):
             before = 0
             if padding is not None:  # the memory length before this step (the model checks the memory first)
@@ -252,6 +228,85 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
             last = token[:, None]
             yield _step(choose, token, out.logits[:, -1], i == max_new_tokens - 1)
 
+
+def _check_arguments(model, input_ids, mems: Mems | None,
+                     max_new_tokens: int) -> tuple[torch.Tensor | list[torch.Tensor], bool]:
+    """The arguments of :func:`generate_steps` that need no span nor rules, checked: returns ``(input_ids,
+    ragged)`` as :func:`_check_prompts` does.
+
+    Raises:
+        TxlError: bad prompts, ``mems`` with prompts of different lengths or with a model without memory,
+            a negative ``max_new_tokens``.
+    """
+    input_ids, ragged = _check_prompts(model, input_ids)
+    if ragged and mems is not None:
+        raise TxlError("prompts of different lengths start without a memory: pass mems=None")
+    if not model.config.has_memory and mems is not None:
+        raise TxlError("attn_type='abs' (vanilla Transformer) has no memory: pass mems=None")
+    if max_new_tokens < 0:
+        raise TxlError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    return input_ids, ragged
+
+
+def _check_compilable(model, span: AttentionSpan, ragged: bool) -> None:
+    """Refuse what compiled decoding cannot take: ``ragged`` prompts (of different lengths), a model and
+    ``span`` :func:`txl.model.graphs.check_exportable` refuses, half-precision weights or autocast.
+
+    Raises:
+        TxlError: one line naming what is refused.
+    """
+    if ragged:
+        raise TxlError("compiled decoding takes prompts of one length")
+    check_exportable(model.config, span, "compiled decoding", reader=False)
+    weight = model.word_emb.emb_layers[0].weight
+    if weight.dtype not in (torch.float32, torch.float64) or torch.is_autocast_enabled(weight.device.type):
+        raise TxlError("compiled decoding takes float32, float64 or int8 weights without autocast: not "
+                       "half-precision weights, nor torch.autocast")
+
+
+def _ring_decoder(model, input_ids: torch.Tensor, mems: Mems | None, span: AttentionSpan, compile: bool | str,
+                  max_new_tokens: int) -> RingDecoder | None:
+    """The :class:`~txl.model.graphs.RingDecoder` of compiled decoding (``compile``: True or a backend's
+    name) that has read ``mems`` and all but the last token of ``input_ids`` (int64 [B, T]); None, once
+    ``mems`` is checked, when ``max_new_tokens`` is 0 (nothing to decode: nothing to compile).
+
+    Raises:
+        TxlError: ``mems`` a forward refuses, a state the device's memory cannot hold.
+    """
+    weight = model.word_emb.emb_layers[0].weight
+    if mems is not None:  # the checks of a forward with this memory (shape, dtype, device)
+        check_mems(mems, model.config.n_layer, input_ids.size(0), model.config.d_model,
+                   dtypes=(weight.dtype,), device=weight.device)
+    if max_new_tokens == 0:
+        return None
+    check_state_fits(model, RingDecoder.state_for(model, span), len(input_ids))
+    ring = RingDecoder(model, span, compile=compile)
+    ring.read_prompt(input_ids[:, :-1], mems)
+    return ring
+
+
+def _primed_state(model, input_ids, ragged: bool, mems: Mems | None, span: AttentionSpan, max_new_tokens: int
+                  ) -> tuple[DecodingState, Mems | None, torch.Tensor | None, torch.Tensor]:
+    """The decoding state of :func:`generate_steps` for a model with memory, primed with all but the last
+    token of each prompt (``input_ids``: int64 [B, T], or ``ragged``, a list of int64 [T_b]).
+
+    Returns:
+        ``(state, mems, padding, last)``: the state (:func:`step_state`); the memory of the first step
+        (None when the state holds it); int64 [B] the padding positions of each row's memory (ragged
+        prompts, :func:`prime_rows`; else None); int64 [B, 1] the last token of each prompt.
+
+    Raises:
+        TxlError: as :func:`step_state`.
+    """
+    # the memory lives in ring buffers of keys/values: a step projects and writes only the new token
+    state = step_state(model, span, len(input_ids), given_length(mems) + max(map(len, input_ids)) + max_new_tokens)
+    if ragged:  # each prompt primes its memory alone; left-padded to one length, the padding masked
+        mems, padding = prime_rows(model, input_ids, span)
+        last = torch.stack([p[-1:] for p in input_ids])
+    else:
+        mems, padding = prime_memory(model, input_ids[:, :-1], mems, state), None
+        last = input_ids[:, -1:]
+    return state, mems, padding, last
 
 def step_state(model, span: AttentionSpan, batch_size: int, max_tokens: int) -> DecodingState:
     """A decoding state for one-token steps after a prompt (``max_tokens``: memory, prompt and new tokens),
