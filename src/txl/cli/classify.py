@@ -16,6 +16,7 @@ import json
 import math
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from txl.cli.checks import check_checkpoint_path, check_exists, check_seed, finite_float
@@ -210,43 +211,52 @@ def _check_args(args: argparse.Namespace) -> None:
         check_exists(args.valid, "--valid")
 
 
-def _train(args: argparse.Namespace) -> int:
-    """``txl classify train``: fine-tune through the training loop, report held-out accuracy."""
-    from txl.fileio import check_output_folder
+@dataclass
+class _Documents:
+    """The labelled documents of a run: ``docs`` (those of ``--data``, then those of ``--valid``), the
+    sorted label ``names``, each document's label index (``targets``), the positions in ``docs`` trained on
+    (``train_idx``) and held out (``valid_idx``), and the token ids of each document (``encoded``)."""
 
-    checkpoint_arg(args)
-    resolve_settings(args)  # the --config file's settings where no flag gave one
-    _check_args(args)  # the flags and paths, before torch is imported
-    out = Path(args.resume or args.out)
-    main_rank = os.environ.get("RANK", "0") == "0"  # torchrun: rank 0 checks, writes and reports
-    if args.resume is None and main_rank:  # before anything is loaded (the training loop claims it later)
-        check_output_folder(out, empty=True, inputs=[args.checkpoint, args.data, args.valid])
+    docs: list
+    names: list
+    targets: list[int]
+    train_idx: list[int]
+    valid_idx: list[int]
+    encoded: list = field(default_factory=list)
+
+
+def _launch_ranks(args: argparse.Namespace) -> int:
+    """Run this command again in ``--nproc`` processes (torchrun), ``--nproc`` left out; returns the exit status.
+
+    Raises:
+        TxlError: ``--nproc`` below 1, not dividing ``--batch-size``, or above the GPUs here.
+    """
     import torch
 
-    from txl.classification.data import encode_texts, label_names, load_labelled, stratified_split
-    from txl.classification.model import ClassifierConfig
-    from txl.classification.train import classification_metrics, fit_classifier, predict_labels
-    from txl.config import VOCAB_NAME
-    from txl.data import load_tokenizer
-    from txl.evaluation.intervals import accuracy, bootstrap_interval, macro_f1
-    from txl.fileio import write_json
-    from txl.model.serialization import read_model_config
-    from txl.training.checkpoint import resolve_checkpoint_dir, resume_run_dir
     from txl.distributed import launch
 
-    if args.resume is not None:  # RUN/last stands for RUN, as for txl train --resume
-        args.resume = str(resume_run_dir(args.resume))
-        out = Path(args.resume)
-    if args.nproc is not None and "RANK" not in os.environ:  # the same command in N ranks (torchrun)
-        if args.nproc < 1 or args.batch_size % args.nproc:
-            raise TxlError(f"--nproc must be >= 1 and divide --batch-size {args.batch_size}, got {args.nproc}")
-        if args.device in (None, "auto", "cuda") and torch.cuda.is_available() and args.nproc > torch.cuda.device_count():
-            raise TxlError(f"--nproc {args.nproc} exceeds the {torch.cuda.device_count()} GPUs here (one rank per GPU)")
-        argv = getattr(args, "_argv", None)
-        rest = list(sys.argv[1:] if argv is None else argv)
-        keep = [item for i, item in enumerate(rest) if item != "--nproc" and not item.startswith("--nproc=")
-                and not (i and rest[i - 1] == "--nproc")]
-        return launch(args.nproc, keep)
+    if args.nproc < 1 or args.batch_size % args.nproc:
+        raise TxlError(f"--nproc must be >= 1 and divide --batch-size {args.batch_size}, got {args.nproc}")
+    if args.device in (None, "auto", "cuda") and torch.cuda.is_available() and args.nproc > torch.cuda.device_count():
+        raise TxlError(f"--nproc {args.nproc} exceeds the {torch.cuda.device_count()} GPUs here (one rank per GPU)")
+    argv = getattr(args, "_argv", None)
+    rest = list(sys.argv[1:] if argv is None else argv)
+    keep = [item for i, item in enumerate(rest) if item != "--nproc" and not item.startswith("--nproc=")
+            and not (i and rest[i - 1] == "--nproc")]
+    return launch(args.nproc, keep)
+
+
+def _language_model(args: argparse.Namespace):
+    """``(lm_dir, lm_config, mode)``: the LM checkpoint folder of ``args.checkpoint``, its model config and
+    the classifier's mode (``--mode``, else memory for a model with memory, else first).
+
+    Raises:
+        TxlError: weights that cannot be trained, no vocabulary, or mode memory for a model without memory.
+    """
+    from txl.config import VOCAB_NAME
+    from txl.model.serialization import read_model_config
+    from txl.training.checkpoint import resolve_checkpoint_dir
+
     lm_dir = resolve_checkpoint_dir(args.checkpoint)
     lm_config = read_model_config(lm_dir)
     from txl.model.quantize import check_trainable
@@ -260,6 +270,19 @@ def _train(args: argparse.Namespace) -> int:
         said = "--mode memory" if flag_name(args, "mode").startswith("-") else f'mode = "memory" in {args.config}'
         raise TxlError(f"{said} needs a model with memory; the attn_type={lm_config.attn_type!r} model at "
                        f"{lm_dir} has no memory: use --mode first or last (one window of tgt_len tokens)")
+    return lm_dir, lm_config, mode
+
+
+def _load_documents(args: argparse.Namespace, main_rank: bool) -> _Documents:
+    """The documents of ``--data`` split into trained-on and held-out ones (``--valid``'s, or a stratified
+    ``--valid-fraction`` of ``--data``), not yet encoded; warns on stderr (``main_rank`` only) of labels with
+    one document.
+
+    Raises:
+        TxlError: unreadable documents, or a ``--valid`` label that ``--data`` lacks.
+    """
+    from txl.classification.data import label_names, load_labelled, stratified_split
+
     docs = load_labelled(args.data)
     names = label_names(docs)
     if args.valid is None:
@@ -278,46 +301,42 @@ def _train(args: argparse.Namespace) -> int:
     if alone and main_rank:
         print(f"txl: warning: label(s) {listed(alone, 5)} have one document: trained on, never held out",
               file=sys.stderr)
-    classifier = ClassifierConfig(num_labels=len(names), labels=names, mode=mode, pooling=args.pooling,
-                                  grad_segments=args.grad_segments or None, passes=args.passes,
-                                  recurrence=args.recurrence, head_init=args.head_init,
-                                  classifier_dropout=args.dropout,
-                                  max_tokens=args.max_tokens or None)
-    tokenizer = load_tokenizer(lm_dir / VOCAB_NAME)
-    encoded = encode_texts(tokenizer, [d.text for d in docs], classifier.max_tokens, [d.source for d in docs])
-    note_threads(args)
-    print_notes(args)  # the threads (the input has passed its checks)
-    held_from = f"from {args.valid}" if args.valid else f"(seed {args.seed})"
-    tgt_len = lm_config.tgt_len if args.tgt_len is None else args.tgt_len
-    mem_len = lm_config.mem_len if args.mem_len is None else args.mem_len
-    if main_rank:
-        print(f"data: {len(docs)} documents, {len(names)} labels ({listed(names, 20)}); "
-              f"train {len(train_idx)}, held-out {len(valid_idx)} {held_from}")
-        print(f"model: {lm_dir} (attn_type {lm_config.attn_type}), mode {mode}, tgt_len {tgt_len}, mem_len "
-              f"{mem_len}, pooling {args.pooling}, grad_segments {args.grad_segments or 'all'}", flush=True)
+    return _Documents(docs, names, targets, train_idx, valid_idx)
+
+
+def _fit(args: argparse.Namespace, lm_dir: Path, classifier, data: _Documents, out: Path):
+    """Seed torch with ``--seed`` and fine-tune ``classifier`` from the LM at ``lm_dir`` on the documents
+    of ``data`` through the training loop (run folder ``out``); returns its fit result."""
+    import torch
+
+    from txl.classification.train import fit_classifier
+
     torch.manual_seed(args.seed)
-    fit = fit_classifier(lm_dir, classifier, ([encoded[i] for i in train_idx], [targets[i] for i in train_idx]),
-                         ([encoded[i] for i in valid_idx], [targets[i] for i in valid_idx]), out_dir=out,
-                         steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
-                         weight_decay=args.weight_decay, clip=args.clip, seed=args.seed, tgt_len=args.tgt_len,
-                         mem_len=args.mem_len, dtype=args.dtype or "float32", device=args.device or "auto",
-                         threads=args.threads or 0, data=args.data, save_interval=args.save_interval,
-                         resume=args.resume is not None, allow_data_change=args.allow_data_change,
-                         progress=not args.quiet, inputs=[lm_dir] + ([args.valid] if args.valid else []))
-    if not main_rank:  # torchrun: rank 0 reports for the run
-        return 0
-    model = fit.model
-    y_true = [targets[i] for i in valid_idx]
-    y_pred = predict_labels(model, [encoded[i] for i in valid_idx], args.batch_size).argmax(1).tolist()
+    return fit_classifier(lm_dir, classifier, ([data.encoded[i] for i in data.train_idx],
+                                               [data.targets[i] for i in data.train_idx]),
+                          ([data.encoded[i] for i in data.valid_idx], [data.targets[i] for i in data.valid_idx]),
+                          out_dir=out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                          warmup_steps=args.warmup_steps, weight_decay=args.weight_decay, clip=args.clip,
+                          seed=args.seed, tgt_len=args.tgt_len, mem_len=args.mem_len, dtype=args.dtype or "float32",
+                          device=args.device or "auto", threads=args.threads or 0, data=args.data,
+                          save_interval=args.save_interval, resume=args.resume is not None,
+                          allow_data_change=args.allow_data_change, progress=not args.quiet,
+                          inputs=[lm_dir] + ([args.valid] if args.valid else []))
+
+
+def _report(args: argparse.Namespace, fit, data: _Documents, settings: dict, out: Path) -> None:
+    """Score the fitted model on the held-out documents of ``data``, write ``out/heldout.json`` (with the
+    run's ``settings``) and print the summary."""
+    from txl.classification.train import classification_metrics, predict_labels
+    from txl.evaluation.intervals import accuracy, bootstrap_interval, macro_f1
+    from txl.fileio import write_json
+
+    names, valid_idx = data.names, data.valid_idx
+    y_true = [data.targets[i] for i in valid_idx]
+    y_pred = predict_labels(fit.model, [data.encoded[i] for i in valid_idx], args.batch_size).argmax(1).tolist()
     metrics = classification_metrics(y_true, y_pred, len(names))
     intervals = {name: bootstrap_interval((y_true, y_pred), fn, n=1000, seed=args.seed)
                  for name, fn in (("accuracy", accuracy), ("macro_f1", lambda t, p: macro_f1(t, p, len(names))))}
-    settings = {"data": str(args.data), "valid": args.valid, "checkpoint": str(lm_dir), "config": args.config,
-                "steps": args.steps,
-                "batch_size": args.batch_size, "lr": args.lr, "warmup": args.warmup_steps,
-                "weight_decay": args.weight_decay, "clip": args.clip, "dtype": args.dtype or "float32",
-                "valid_fraction": None if args.valid else (args.valid_fraction or 0.2), "seed": args.seed,
-                "tgt_len": tgt_len, "mem_len": mem_len, "classifier": classifier.to_dict()}
     heldout = {k: metrics[k] for k in ("accuracy", "macro_f1", "n", "confusion")}
     heldout.update({f"{k}_interval": [round(v.low, 6), round(v.high, 6)] for k, v in intervals.items()})
     heldout["loss"] = fit.final_loss
@@ -325,7 +344,7 @@ def _train(args: argparse.Namespace) -> int:
               "train": {"steps": fit.steps, "documents": fit.documents, "tokens": fit.tokens,
                         "wall_s": round(fit.wall_s, 1)},
               "checkpoint": str(fit.run_dir / "best"),
-              "heldout_sources": [docs[i].source for i in valid_idx],
+              "heldout_sources": [data.docs[i].source for i in valid_idx],
               "heldout_predictions": [names[p] for p in y_pred]}
     write_json(out / HELDOUT_NAME, report)
     print(f"trained {fit.steps} steps ({fit.documents} documents, {fit.tokens:,} tokens) in {fit.wall_s:.0f} s")
@@ -334,6 +353,60 @@ def _train(args: argparse.Namespace) -> int:
           f"{metrics['macro_f1']:.4f} [{f1.low:.4f}, {f1.high:.4f}] ({metrics['n']} documents; 95% bootstrap "
           "intervals over them)")
     print(f"run: {out} (classifier: {out / 'best'}; report: {out / HELDOUT_NAME})")
+
+
+def _train(args: argparse.Namespace) -> int:
+    """``txl classify train``: fine-tune through the training loop, report held-out accuracy."""
+    from txl.fileio import check_output_folder
+
+    checkpoint_arg(args)
+    resolve_settings(args)  # the --config file's settings where no flag gave one
+    _check_args(args)  # the flags and paths, before torch is imported
+    out = Path(args.resume or args.out)
+    main_rank = os.environ.get("RANK", "0") == "0"  # torchrun: rank 0 checks, writes and reports
+    if args.resume is None and main_rank:  # before anything is loaded (the training loop claims it later)
+        check_output_folder(out, empty=True, inputs=[args.checkpoint, args.data, args.valid])
+    from txl.classification.data import encode_texts  # imports torch: after the checks above
+    from txl.classification.model import ClassifierConfig
+    from txl.config import VOCAB_NAME
+    from txl.data import load_tokenizer
+    from txl.training.checkpoint import resume_run_dir
+
+    if args.resume is not None:  # RUN/last stands for RUN, as for txl train --resume
+        args.resume = str(resume_run_dir(args.resume))
+        out = Path(args.resume)
+    if args.nproc is not None and "RANK" not in os.environ:  # the same command in N ranks (torchrun)
+        return _launch_ranks(args)
+    lm_dir, lm_config, mode = _language_model(args)
+    data = _load_documents(args, main_rank)
+    docs, names = data.docs, data.names
+    classifier = ClassifierConfig(num_labels=len(names), labels=names, mode=mode, pooling=args.pooling,
+                                  grad_segments=args.grad_segments or None, passes=args.passes,
+                                  recurrence=args.recurrence, head_init=args.head_init,
+                                  classifier_dropout=args.dropout,
+                                  max_tokens=args.max_tokens or None)
+    tokenizer = load_tokenizer(lm_dir / VOCAB_NAME)
+    data.encoded = encode_texts(tokenizer, [d.text for d in docs], classifier.max_tokens, [d.source for d in docs])
+    note_threads(args)
+    print_notes(args)  # the threads (the input has passed its checks)
+    held_from = f"from {args.valid}" if args.valid else f"(seed {args.seed})"
+    tgt_len = lm_config.tgt_len if args.tgt_len is None else args.tgt_len
+    mem_len = lm_config.mem_len if args.mem_len is None else args.mem_len
+    if main_rank:
+        print(f"data: {len(docs)} documents, {len(names)} labels ({listed(names, 20)}); "
+              f"train {len(data.train_idx)}, held-out {len(data.valid_idx)} {held_from}")
+        print(f"model: {lm_dir} (attn_type {lm_config.attn_type}), mode {mode}, tgt_len {tgt_len}, mem_len "
+              f"{mem_len}, pooling {args.pooling}, grad_segments {args.grad_segments or 'all'}", flush=True)
+    fit = _fit(args, lm_dir, classifier, data, out)
+    if not main_rank:  # torchrun: rank 0 reports for the run
+        return 0
+    settings = {"data": str(args.data), "valid": args.valid, "checkpoint": str(lm_dir), "config": args.config,
+                "steps": args.steps,
+                "batch_size": args.batch_size, "lr": args.lr, "warmup": args.warmup_steps,
+                "weight_decay": args.weight_decay, "clip": args.clip, "dtype": args.dtype or "float32",
+                "valid_fraction": None if args.valid else (args.valid_fraction or 0.2), "seed": args.seed,
+                "tgt_len": tgt_len, "mem_len": mem_len, "classifier": classifier.to_dict()}
+    _report(args, fit, data, settings, out)
     return 0
 
 

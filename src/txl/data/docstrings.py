@@ -51,6 +51,7 @@ import re
 import shutil
 import textwrap
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from txl.config import check_split
@@ -168,6 +169,164 @@ def _summary_key(summary: str) -> str:
     return " ".join(summary.split()).lower()
 
 
+@dataclass
+class _NearCopies:
+    """The held-out (valid and test) pairs' documents, whitespace-flattened (``documents``), and summaries
+    (:func:`_summary_key`), and how many pairs each fine-tuning source left out for holding one
+    (``left_out``: source name -> count, in the order the sources were read)."""
+
+    documents: set[str]
+    summaries: set[str]
+    left_out: dict[str, int] = field(default_factory=dict)
+
+    def holds(self, flat: str) -> bool:
+        """Whether a whitespace-flattened text holds a held-out document or summary (case aside)."""
+        lower = flat.lower()
+        return any(k in lower for k in self.summaries) or any(doc in flat for doc in self.documents)
+
+    def near_copy(self, d: dict) -> bool:
+        """Whether pair ``d`` has a held-out summary, or holds one or a held-out document."""
+        return _summary_key(d["completion"]) in self.summaries or self.holds(" ".join(d["prompt"].split()))
+
+    def holds_answer(self, f: Path, docs: list[dict]) -> bool:
+        """Whether file ``f``'s text holds a held-out document or summary, or one of its pairs ``docs`` (of
+        every size) is a near-copy."""
+        text = f.read_text(encoding="utf-8", errors="replace")
+        return self.holds(" ".join(text.split())) or any(self.near_copy(d) for d in docs)
+
+    def without(self, name: str, found: list[dict]) -> list[dict]:
+        """The pairs ``found`` that are no near-copy; how many were not is counted in ``left_out[name]``."""
+        kept = [d for d in found if not self.near_copy(d)]
+        self.left_out[name] = len(found) - len(kept)
+        return kept
+
+
+def _held_out(pairs: dict[str, list[dict]]) -> _NearCopies:
+    """The :class:`_NearCopies` of the valid and test pairs of ``pairs`` (split name -> pairs)."""
+    return _NearCopies({" ".join(d["prompt"].split()) for name in ("valid", "test") for d in pairs[name]},
+                       {_summary_key(d["completion"]) for name in ("valid", "test") for d in pairs[name]})
+
+
+def _named(f: Path, root: Path) -> str:
+    """The name of file ``f`` in ``pretrain/`` and as a pair's ``module``: its path below ``root``
+    (``email/utils.py``, not ``utils.py``), or its name for a file outside it."""
+    return f.relative_to(root).as_posix() if f.is_relative_to(root) else f.name
+
+
+def _check_sizes(min_bytes: int, max_bytes: int, short_train: bool) -> None:
+    """Refuse document sizes out of order, or ``short_train`` with no size below ``min_bytes`` (TxlError)."""
+    if min_bytes < 1 or max_bytes < min_bytes:
+        raise TxlError(f"need 1 <= min_bytes <= max_bytes, got {min_bytes} and {max_bytes}")
+    if short_train and min_bytes < 2:
+        raise TxlError("--short-train adds the documents shorter than --min-bytes, and there are none below 1 byte: "
+                       "give --min-bytes 2 or more")
+
+
+def _check_pretrain_places(files: list[Path], packages: list[Path], root: Path) -> None:
+    """Refuse (TxlError) two of the modules ``files`` and package files ``packages`` that would be the
+    same file of ``pretrain/`` (see :func:`_named`)."""
+    taken = {f.name: f for f in files}
+    for f in sorted(packages):
+        other = taken.setdefault(_named(f, root), f)
+        if other != f:
+            raise TxlError(f"package files {other} and {f} would both be pretrain/{_named(f, root)}: give package "
+                           f"files below the library folder {root}")
+
+
+def _split_modules(by_module: dict[str, list[dict]], seed: int,
+                   fractions: tuple[float, float, float]) -> dict[str, list[str]]:
+    """``{"train": [module, ...], "valid": ..., "test": ...}``: the modules of ``by_module`` (module ->
+    its pairs) that have a pair, shuffled with ``seed`` and cut by ``fractions``, each split sorted.
+
+    Raises:
+        TxlError: no module has a pair, or a split would have no module.
+    """
+    modules = sorted(m for m, docs in by_module.items() if docs)
+    if not modules:
+        raise TxlError("no function or class with a docstring has a document of the requested size")
+    random.Random(seed).shuffle(modules)
+    n_train = max(1, round(fractions[0] * len(modules)))
+    n_valid = round(fractions[1] * len(modules))
+    split = {"train": sorted(modules[:n_train]), "valid": sorted(modules[n_train:n_train + n_valid]),
+             "test": sorted(modules[n_train + n_valid:])}
+    empty = [name for name, mods in split.items() if not mods]
+    if empty:  # nothing written: an empty file would only fail the command that reads it
+        raise TxlError(f"the split fractions {','.join(f'{f:g}' for f in fractions)} of {len(modules)} modules "
+                       f"leave {' and '.join(s + '.jsonl' for s in empty)} without pairs: give every split a "
+                       "larger share")
+    return split
+
+
+def _beyond(near: _NearCopies, name: str, named_files, max_bytes: int) -> list[dict]:
+    """The pairs of ``named_files`` ((file, module name)s outside the split) of 1 to ``max_bytes`` bytes
+    that are no near-copy, those left out counted under ``name``."""
+    return near.without(name, [d for f, module in named_files for d in module_documents(f, 1, max_bytes, module)])
+
+
+def _add_fine_tuning(pairs: dict[str, list[dict]], near: _NearCopies, split: dict[str, list[str]], *,
+                     files: list[Path], min_bytes: int, max_bytes: int, short_train: bool, package_train: bool,
+                     packages: list[Path] | None, root: Path, installed: dict) -> None:
+    """Leave the near-copies out of ``pairs["train"]`` and add to ``pairs`` the fine-tuning files asked for
+    (``train-with-short``, ``train-with-packages`` of ``packages`` named below ``root``,
+    ``train-with-installed`` of ``installed``, see :func:`installed_files`; see the module docstring), each
+    without near-copies."""
+    pairs["train"] = near.without("train", pairs["train"])
+    if short_train:
+        path_of = {f.name: f for f in files}
+        pairs["train-with-short"] = pairs["train"] + near.without(
+            "short", [d for m in split["train"] for d in module_documents(path_of[m], 1, min_bytes - 1)])
+    if package_train:
+        pairs["train-with-packages"] = pairs["train-with-short" if short_train else "train"] + _beyond(
+            near, "packages", ((f, _named(f, root)) for f in sorted(packages)), max_bytes)
+    if installed:
+        base = next(pairs[k] for k in ("train-with-packages", "train-with-short", "train") if k in pairs)
+        pairs["train-with-installed"] = base + _beyond(
+            near, "installed", (pair for _, group in installed.values() for pair in group), max_bytes)
+
+
+def _write_pairs(out: Path, pairs: dict[str, list[dict]]) -> dict[str, int]:
+    """Write ``NAME.jsonl`` into ``out`` for each ``NAME`` of ``pairs``; returns the counts by
+    ``NAME`` with ``_`` for ``-`` (``train_with_short``)."""
+    counts = {}
+    for name, rows in pairs.items():
+        counts[name.replace("-", "_")] = len(rows)
+        payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
+        atomic_write(out / f"{name}.jsonl", lambda tmp, data=payload: Path(tmp).write_bytes(data))
+    return counts
+
+
+def _write_pretrain(out: Path, files: list[Path], held_out: set[str], near: _NearCopies) -> tuple[int, list[str]]:
+    """Create ``out/pretrain/`` and copy into it the modules ``files`` neither ``held_out`` (names) nor
+    holding a held-out answer; returns the number copied and the names of those left out as near-copies."""
+    (out / "pretrain").mkdir()
+    outside = [f for f in files if f.name not in held_out]
+    near_names = [f.name for f in outside if near.holds_answer(f, module_documents(f, 1, None))]
+    kept = [f for f in outside if f.name not in near_names]
+    for f in kept:
+        shutil.copyfile(f, out / "pretrain" / f.name)
+    return len(kept), near_names
+
+
+def _write_package_pretrain(out: Path, packages: list[Path], root: Path, near: _NearCopies,
+                            near_names: list[str]) -> int:
+    """Copy into ``out/pretrain/`` the package files ``packages`` that have a docstring pair, under
+    :func:`_named`; those holding a held-out answer are appended to ``near_names`` instead. Returns the
+    number copied."""
+    copied = []
+    for f in sorted(packages):
+        docs = module_documents(f, 1, None)
+        if not docs:
+            continue  # no docstring pair (codec tables, generated data): not text for summaries
+        if near.holds_answer(f, docs):
+            near_names.append(_named(f, root))  # after the top-level modules
+            continue
+        target = out / "pretrain" / _named(f, root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, target)
+        copied.append(_named(f, root))
+    return len(copied)
+
+
 def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
                        min_bytes: int = 512, max_bytes: int = 4096, files: list[Path] | None = None,
                        short_train: bool = False, package_train: bool = False, package_pretrain: bool = False,
@@ -198,118 +357,38 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
             module or another package file (nothing written).
     """
     check_split(fractions, "the split fractions", train_needed=True)
-    if min_bytes < 1 or max_bytes < min_bytes:
-        raise TxlError(f"need 1 <= min_bytes <= max_bytes, got {min_bytes} and {max_bytes}")
-    if short_train and min_bytes < 2:
-        raise TxlError("--short-train adds the documents shorter than --min-bytes, and there are none below 1 byte: "
-                       "give --min-bytes 2 or more")
+    _check_sizes(min_bytes, max_bytes, short_train)
     files = sorted(files or default_corpus_files())
     installed = installed_files(installed_train)  # (an unknown name is refused before the folder is claimed)
     root = files[0].parent
-
-    def named(f: Path) -> str:  # email/utils.py, not utils.py
-        return f.relative_to(root).as_posix() if f.is_relative_to(root) else f.name
-
     if (package_train or package_pretrain) and packages is None:
         from txl.data.packages import package_files
 
         packages = [f for group in package_files().values() for f in group]
     if package_pretrain:  # two files for one place in pretrain/: refused before the folder is claimed
-        taken = {f.name: f for f in files}
-        for f in sorted(packages):
-            other = taken.setdefault(named(f), f)
-            if other != f:
-                raise TxlError(f"package files {other} and {f} would both be pretrain/{named(f)}: give package files "
-                               f"below the library folder {root}")
+        _check_pretrain_places(files, packages, root)
     with claim_folder(out_dir, empty=True, inputs=[files[0].parent]) as claim:
         by_module = {f.name: module_documents(f, min_bytes, max_bytes) for f in files}
-        modules = sorted(m for m, docs in by_module.items() if docs)
-        if not modules:
-            raise TxlError("no function or class with a docstring has a document of the requested size")
-        random.Random(seed).shuffle(modules)
-        n_train = max(1, round(fractions[0] * len(modules)))
-        n_valid = round(fractions[1] * len(modules))
-        split = {"train": sorted(modules[:n_train]), "valid": sorted(modules[n_train:n_train + n_valid]),
-                 "test": sorted(modules[n_train + n_valid:])}
-        empty = [name for name, mods in split.items() if not mods]
-        if empty:  # nothing written: an empty file would only fail the command that reads it
-            raise TxlError(f"the split fractions {','.join(f'{f:g}' for f in fractions)} of {len(modules)} modules "
-                           f"leave {' and '.join(s + '.jsonl' for s in empty)} without pairs: give every split a "
-                           "larger share")
+        split = _split_modules(by_module, seed, fractions)
         out = Path(claim.path)
         pairs = {name: [d for m in mods for d in by_module[m]] for name, mods in split.items()}
         # the standard library holds near-copies (ntpath and posixpath, distutils' archive_util of shutil, lib2to3's
         # tokenize, ...): a pair with a held-out document (spacing aside) or a held-out summary (case and spacing
         # aside) in its document or summary is left out of every fine-tuning file; a file whose text holds one, or
         # with such a pair, is left out of pretrain/
-        held_flat = {" ".join(d["prompt"].split()) for name in ("valid", "test") for d in pairs[name]}
-        held_summaries = {_summary_key(d["completion"]) for name in ("valid", "test") for d in pairs[name]}
-
-        def holds(flat: str) -> bool:  # a whitespace-flattened text holding a held-out document or summary
-            lower = flat.lower()
-            return any(k in lower for k in held_summaries) or any(doc in flat for doc in held_flat)
-
-        def near_copy(d: dict) -> bool:
-            return _summary_key(d["completion"]) in held_summaries or holds(" ".join(d["prompt"].split()))
-
-        def holds_answer(f: Path, docs: list[dict]) -> bool:  # docs: the file's pairs of every size
-            text = f.read_text(encoding="utf-8", errors="replace")
-            return holds(" ".join(text.split())) or any(near_copy(d) for d in docs)
-
-        left_out: dict[str, int] = {}
-
-        def without_near_copies(name: str, found: list[dict]) -> list[dict]:  # counted in left_out[name]
-            kept = [d for d in found if not near_copy(d)]
-            left_out[name] = len(found) - len(kept)
-            return kept
-
-        pairs["train"] = without_near_copies("train", pairs["train"])
-        if short_train:
-            path_of = {f.name: f for f in files}
-            pairs["train-with-short"] = pairs["train"] + without_near_copies(
-                "short", [d for m in split["train"] for d in module_documents(path_of[m], 1, min_bytes - 1)])
-
-        def beyond(name: str, named_files) -> list[dict]:  # the pairs of (file, module name)s outside the split
-            return without_near_copies(
-                name, [d for f, module in named_files for d in module_documents(f, 1, max_bytes, module)])
-
-        if package_train:
-            pairs["train-with-packages"] = pairs["train-with-short" if short_train else "train"] + beyond(
-                "packages", ((f, named(f)) for f in sorted(packages)))
-        if installed:
-            base = next(pairs[k] for k in ("train-with-packages", "train-with-short", "train") if k in pairs)
-            pairs["train-with-installed"] = base + beyond(
-                "installed", (pair for _, group in installed.values() for pair in group))
-        counts = {}
-        for name, rows in pairs.items():
-            counts[name.replace("-", "_")] = len(rows)
-            payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
-            atomic_write(out / f"{name}.jsonl", lambda tmp, data=payload: Path(tmp).write_bytes(data))
+        near = _held_out(pairs)
+        _add_fine_tuning(pairs, near, split, files=files, min_bytes=min_bytes, max_bytes=max_bytes,
+                         short_train=short_train, package_train=package_train, packages=packages, root=root,
+                         installed=installed)
+        counts = _write_pairs(out, pairs)
         held_out = set(split["valid"]) | set(split["test"])
-        (out / "pretrain").mkdir()
-        outside = [f for f in files if f.name not in held_out]
-        near = [f.name for f in outside if holds_answer(f, module_documents(f, 1, None))]
-        kept = [f for f in outside if f.name not in near]
-        for f in kept:
-            shutil.copyfile(f, out / "pretrain" / f.name)
+        n_pretrain, near_names = _write_pretrain(out, files, held_out, near)
         info = {"source": str(files[0].parent), "seed": seed, "fractions": list(fractions), "min_bytes": min_bytes,
-                "max_bytes": max_bytes, "pairs": counts, "near_copy_pairs_left_out": left_out, "modules": split,
-                "pretrain_files": len(kept), "pretrain_excludes": sorted(held_out)}
+                "max_bytes": max_bytes, "pairs": counts, "near_copy_pairs_left_out": near.left_out, "modules": split,
+                "pretrain_files": n_pretrain, "pretrain_excludes": sorted(held_out)}
         if package_pretrain:
-            copied = []
-            for f in sorted(packages):
-                docs = module_documents(f, 1, None)
-                if not docs:
-                    continue  # no docstring pair (codec tables, generated data): not text for summaries
-                if holds_answer(f, docs):
-                    near.append(named(f))  # after the top-level modules
-                    continue
-                target = out / "pretrain" / named(f)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(f, target)
-                copied.append(named(f))
-            info["pretrain_package_files"] = len(copied)
-        info["pretrain_near_copies"] = near
+            info["pretrain_package_files"] = _write_package_pretrain(out, packages, root, near, near_names)
+        info["pretrain_near_copies"] = near_names
         if installed:
             info["installed_train"] = {name: {"version": version, "files": len(group)}
                                        for name, (version, group) in installed.items()}

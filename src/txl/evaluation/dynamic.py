@@ -113,6 +113,77 @@ def gradient_statistics(model, tokens: np.ndarray, *, tgt_len: int | None = None
     return {n: s / count for n, s in sums.items()}
 
 
+def _check_settings(method: str, lr: float, decay: float) -> None:
+    """Refuse an unknown ``method``, a negative ``lr`` or a ``decay`` outside [0, 1) (TxlError)."""
+    if method not in METHODS:
+        raise TxlError(f"dynamic evaluation method must be one of {', '.join(METHODS)}, got {method!r}")
+    if lr < 0 or not 0.0 <= decay < 1.0:
+        raise TxlError(f"dynamic evaluation needs lr >= 0 and 0 <= decay < 1, got lr={lr}, decay={decay}")
+
+
+def _check_stats(params: list[tuple[str, torch.nn.Parameter]], stats: dict[str, torch.Tensor] | None) -> None:
+    """Refuse gradient statistics ``stats`` (None: none given) that lack one of ``params`` (TxlError)."""
+    if stats is not None:
+        missing = [n for n, _ in params if n not in stats]
+        if missing:
+            raise TxlError(f"gradient statistics lack parameter {missing[0]}")
+
+
+def _segment_sum(seg) -> float:
+    """The summed loss of segment ``seg`` (a :func:`~txl.model.segments.segments` item), scored before any
+    update on it; TxlError when it is not finite (the updates diverged)."""
+    seg_sum = float(seg.output.token_loss.detach().double().sum())
+    if not np.isfinite(seg_sum):
+        raise TxlError(f"dynamic evaluation diverged at segment {seg.index} (loss {seg_sum}); use a smaller lr")
+    return seg_sum
+
+
+def _update_online(params: list[tuple[str, torch.nn.Parameter]], online: dict[str, torch.Tensor], k: int) -> None:
+    """Fold the squared gradients of ``params`` into ``online``, their running mean over segments 0..``k``."""
+    for n, p in params:
+        if p.grad is not None:
+            online[n] += (p.grad ** 2 - online[n]) / (k + 1)  # running mean
+
+
+def _adapt(params: list[tuple[str, torch.nn.Parameter]], trained: dict[str, torch.Tensor],
+           ms: dict[str, torch.Tensor] | None, *, method: str, lr: float, decay: float, eps: float) -> None:
+    """One update of ``params`` in place from their gradients (see the module docstring): a step of ``lr``
+    (scaled by the mean squared gradients ``ms`` for "rms") and the pull of ``decay`` towards ``trained``."""
+    if method == "rms":
+        roots = {n: ms[n].to(p.device).sqrt() for n, p in params}
+        mean_root = sum(float(r.sum()) for r in roots.values()) / sum(r.numel() for r in roots.values())
+    for n, p in params:
+        pull = trained[n] - p
+        if method == "rms":
+            if decay > 0:
+                norm = roots[n] / mean_root if mean_root > 0 else torch.ones_like(p)
+                pull = pull * (decay * norm).clamp(max=1.0)
+            else:
+                pull = torch.zeros_like(p)
+            step = p.grad / (roots[n] + eps * mean_root + 1e-12) if p.grad is not None else torch.zeros_like(p)
+        else:
+            pull = pull * decay
+            step = p.grad if p.grad is not None else torch.zeros_like(p)
+        p.add_(step, alpha=-lr).add_(pull)
+
+
+def _settings(model, span: AttentionSpan, *, method: str, lr: float, decay: float, online: bool) -> dict:
+    """The ``settings`` of the result: the protocol, the update's settings (``online``: statistics
+    collected on the fly) and the evaluation span of ``model``."""
+    return {"protocol": f"dynamic-{method}", "lr": lr, "decay": decay,
+            "stats": "online" if online else ("train" if method == "rms" else "none"),
+            "tgt_len": span.tgt_len, "mem_len": span.mem_len if model.config.has_memory else 0,
+            "clamp_len": span.clamp_len, "same_length": span.same_length, "batch_size": 1}
+
+
+def _restore(model, params: list[tuple[str, torch.nn.Parameter]], trained: dict[str, torch.Tensor]) -> None:
+    """Copy the ``trained`` weights back into ``params`` and clear the gradients of ``model``."""
+    with torch.no_grad():
+        for n, p in params:
+            p.copy_(trained[n])
+    model.zero_grad(set_to_none=True)
+
+
 def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float = 1e-4, decay: float = 0.0,
                      method: str = "rms", stats: dict[str, torch.Tensor] | None = None, eps: float = 0.1,
                      tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
@@ -148,17 +219,11 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
             with int8 weights.
     """
     check_float_model(model, "dynamic evaluation")
-    if method not in METHODS:
-        raise TxlError(f"dynamic evaluation method must be one of {', '.join(METHODS)}, got {method!r}")
-    if lr < 0 or not 0.0 <= decay < 1.0:
-        raise TxlError(f"dynamic evaluation needs lr >= 0 and 0 <= decay < 1, got lr={lr}, decay={decay}")
+    _check_settings(method, lr, decay)
     data = token_tensor(tokens, max_tokens, model.config.vocab_size)
     device = next(model.parameters()).device
     params = _params(model)
-    if stats is not None:
-        missing = [n for n, _ in params if n not in stats]
-        if missing:
-            raise TxlError(f"gradient statistics lack parameter {missing[0]}")
+    _check_stats(params, stats)
     trained = {n: p.detach().clone() for n, p in params}
     online = {n: torch.zeros_like(p) for n, p in params} if method == "rms" and stats is None else None
     seg_losses, seg_tokens = [], []
@@ -171,48 +236,22 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
             model.zero_grad(set_to_none=True)
             for seg in segments(model, x, y, span=span, dtype=dtype, grad=True):
                 bar.update(1)
-                k, out, n_seg = seg.index, seg.output, seg.inputs.size(1)
-                seg_sum = float(out.token_loss.detach().double().sum())  # scored before any update on it
-                if not np.isfinite(seg_sum):
-                    raise TxlError(f"dynamic evaluation diverged at segment {k} (loss {seg_sum}); use a smaller lr")
+                seg_sum, n_seg = _segment_sum(seg), seg.inputs.size(1)
                 total += seg_sum
                 seg_losses.append(seg_sum / n_seg)
                 seg_tokens.append(n_seg)
                 if lr == 0 and decay == 0:
                     continue
-                out.loss.backward()
+                seg.output.loss.backward()
                 with torch.no_grad():
                     if online is not None:
-                        for n, p in params:
-                            if p.grad is not None:
-                                online[n] += (p.grad ** 2 - online[n]) / (k + 1)  # running mean
-                    ms = stats if stats is not None else online
-                    if method == "rms":
-                        roots = {n: ms[n].to(p.device).sqrt() for n, p in params}
-                        mean_root = sum(float(r.sum()) for r in roots.values()) / sum(r.numel() for r in roots.values())
-                    for n, p in params:
-                        pull = trained[n] - p
-                        if method == "rms":
-                            if decay > 0:
-                                norm = roots[n] / mean_root if mean_root > 0 else torch.ones_like(p)
-                                pull = pull * (decay * norm).clamp(max=1.0)
-                            else:
-                                pull = torch.zeros_like(p)
-                            step = p.grad / (roots[n] + eps * mean_root + 1e-12) if p.grad is not None else torch.zeros_like(p)
-                        else:
-                            pull = pull * decay
-                            step = p.grad if p.grad is not None else torch.zeros_like(p)
-                        p.add_(step, alpha=-lr).add_(pull)
+                        _update_online(params, online, seg.index)
+                    _adapt(params, trained, stats if stats is not None else online, method=method, lr=lr,
+                           decay=decay, eps=eps)
                 model.zero_grad(set_to_none=True)
-            settings = {"protocol": f"dynamic-{method}", "lr": lr, "decay": decay,
-                        "stats": "online" if online is not None else ("train" if method == "rms" else "none"),
-                        "tgt_len": span.tgt_len, "mem_len": span.mem_len if model.config.has_memory else 0,
-                        "clamp_len": span.clamp_len, "same_length": span.same_length, "batch_size": 1}
+            settings = _settings(model, span, method=method, lr=lr, decay=decay, online=online is not None)
     finally:
-        with torch.no_grad():
-            for n, p in params:
-                p.copy_(trained[n])
-        model.zero_grad(set_to_none=True)
+        _restore(model, params, trained)
     n_tokens = sum(seg_tokens)
     return DynamicEvalResult(loss=total / n_tokens, n_tokens=n_tokens, unit=unit, settings=settings,
                              segment_losses=seg_losses, segment_tokens=seg_tokens)
