@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # top > ... > bottom; a floor may import its own and any floor below it, never one above
-LAYERS = ("cli,__main__ > analysis,serving > evaluation,training,generation,classification,convert,export > model,data"
+LAYERS = ("cli,__main__ > analysis,serving,studies > evaluation,training,generation,classification,convert,export > model,data"
           " > config,runtime,fileio,errors,distributed")
 
 

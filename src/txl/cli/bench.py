@@ -239,7 +239,7 @@ def _long_range(args: argparse.Namespace) -> int:
         raise TxlError(f"--out {out} already exists and is not an empty folder; choose a new folder (nothing was changed)")
     require_installed("matplotlib", message="--long-range draws its plot with matplotlib: in the txl folder, "
                                             ".venv/bin/python -m pip install -e '.[plot]'")
-    from txl.analysis.long_range import DISTANCES, EXTRA_ROWS, ROWS, TABLE_NAME, Budget, run_long_range
+    from txl.studies.long_range.suite import DISTANCES, EXTRA_ROWS, ROWS, TABLE_NAME, Budget, run_long_range
 
     note_threads(args)
     print_notes(args)

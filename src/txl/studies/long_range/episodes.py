@@ -27,7 +27,7 @@ Training streams (:func:`training_stream`) are training episodes one after the o
 filler, training values, distances drawn from a range, random handles not used again within twice
 that range), read as one stream with the memory carried; the loss is on the answers only (the labels
 elsewhere are -100). The suite itself trains on separate episodes, each read from an empty memory
-(:mod:`txl.analysis.long_range`).
+(:mod:`txl.studies.long_range.suite`).
 """
 
 from __future__ import annotations

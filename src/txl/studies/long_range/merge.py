@@ -1,6 +1,6 @@
 """Merge the results of `txl bench --long-range` runs made as parts (rows or seeds run apart) into one JSON.
 
-    PYTHONPATH=src python scripts/long_range_merge.py benchmarks/results/long-range.json \\
+    python -m txl.studies.long_range.merge benchmarks/results/long-range.json \\
         runs/lr-cmem-seed2/results.json runs/lr-rest-seed2/results.json \\
         --out benchmarks/results/long-range.json --table runs/long_range.md --plot docs/images/long_range.png
 
@@ -21,9 +21,6 @@ import copy
 import json
 import sys
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
 
 
 class Refused(Exception):
@@ -67,7 +64,7 @@ def merge(base: dict, parts: list[tuple[str, dict]]) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m txl.studies.long_range.merge", description=__doc__.split("\n\n")[0])
     ap.add_argument("base", help="results JSON to add to (kept as it is; --out may name it)")
     ap.add_argument("parts", nargs="+", help="results.json files of `txl bench --long-range` runs")
     ap.add_argument("--out", required=True, help="merged JSON to write")
@@ -105,15 +102,15 @@ def main() -> int:
     except Refused as e:
         ap.error(f"{e} (nothing was written)")
 
-    from txl.analysis.long_range import format_table, plot_series
-    from txl.fileio.writes import atomic_write, write_json
+    from txl.studies.long_range.suite import format_table, plot_series
+    from txl.fileio import atomic_write, write_json
 
     write_json(args.out, merged)
     if args.table:
         table = format_table(merged)
         atomic_write(args.table, lambda tmp: Path(tmp).write_text(table, encoding="utf-8"), overwrite=False)
     if args.plot:
-        from txl.analysis.plots import plot_long_range
+        from txl.studies.long_range.plot import plot_long_range
 
         drawn = {**merged, "rows": merged["rows"] + [r for results in extra for r in results["rows"]]}
         plot_long_range(plot_series(drawn), args.plot)

@@ -9,7 +9,7 @@ shuffled epochs, gradients through the last ``grad_segments`` segments of each e
 segment holding a scored token (truncated back-propagation through time; 1 is the paper's
 stop-gradient memory, 0 all segments).
 
-It is what :mod:`txl.analysis.long_range` trains its retrieval models with: an example is a fact,
+It is what :mod:`txl.studies.long_range.suite` trains its retrieval models with: an example is a fact,
 filler and a question, its answer the scored part. Unlike pairs, the rows need no markers and no
 language model to start from: a new model starts from its seeded initialisation.
 """

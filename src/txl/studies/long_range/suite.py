@@ -1,12 +1,12 @@
 """How far does the memory carry a fact? Retrieval accuracy against distance (``txl bench --long-range``).
 
-Each *row* is a model trained from scratch on episodes of :mod:`txl.data.long_range` (a fact,
+Each *row* is a model trained from scratch on episodes of :mod:`txl.studies.long_range.episodes` (a fact,
 filler, a question; the loss on the answer only; training filler and values) at distances drawn
 half uniformly, half log-uniformly from 8 up to what it should reach, for the same number of steps of the same number of episodes,
 then asked, at each distance d, for a pass-key and for one of several bindings (associative
-recall), on held-out filler with held-out values (:func:`txl.evaluation.retrieval.retrieval_score`).
+recall), on held-out filler with held-out values (:func:`txl.studies.long_range.scoring.retrieval_score`).
 Each episode is read from an empty memory, segment by segment with the memory carried, as
-fine-tuning reads its pairs (:class:`txl.training.stream_task.ExampleTask`). The rows differ only
+fine-tuning reads its pairs (:class:`txl.studies.long_range.task.ExampleTask`). The rows differ only
 in how they reach back:
 
 - Transformer-XL with ``mem_len`` 64, 256 and 1,024 (direct attention covers ``mem_len + tgt_len``
@@ -36,17 +36,17 @@ from typing import Callable
 import numpy as np
 import torch
 
-from txl.data.long_range import CLOSE, FACT, TASKS, VALUE_BYTES, episode, episode_batch, load_filler
+from txl.studies.long_range.episodes import CLOSE, FACT, TASKS, VALUE_BYTES, episode, episode_batch, load_filler
 from txl.data.tokenizers.simple import ByteTokenizer
 from txl.errors import TxlError
-from txl.evaluation.retrieval import retrieval_score
+from txl.studies.long_range.scoring import retrieval_score
 from txl.model.segments import eval_mode, segments
 from txl.fileio import atomic_write, claim_folder, write_json
 from txl.model import TransformerXLConfig
 from txl.model.span import AttentionSpan
 from txl.training.config import RunConfig
 from txl.training.loop import train
-from txl.training.stream_task import ExampleTask
+from txl.studies.long_range.task import ExampleTask
 
 __all__ = ["Row", "ROWS", "EXTRA_ROWS", "DISTANCES", "Budget", "run_long_range", "format_table", "fact_attention", "reachable_share"]
 
@@ -172,7 +172,7 @@ def row_run(row: Row, budget: Budget, seed: int, out_dir: Path) -> RunConfig:
 
 
 def examples(rng, filler: np.ndarray, n: int, distances: tuple[int, int], test: bool = False) -> list:
-    """``n`` training episodes as rows ``(ids, start)`` for :class:`~txl.training.stream_task.ExampleTask`.
+    """``n`` training episodes as rows ``(ids, start)`` for :class:`~txl.studies.long_range.task.ExampleTask`.
 
     Each is a pass-key or an associative episode (at random) at a distance drawn from ``distances``
     (half uniformly, half log-uniformly, so that short and long distances are both well represented).
@@ -220,7 +220,7 @@ def evaluate_row(model, row: Row, budget: Budget, distances: list[int], filler, 
 def reachable_share(episodes: list, tgt_len: int, mem_len: int, layers: int, width: int | None = None) -> float:
     """The share of ``episodes`` whose answer the model *could* read from the fact: the ceiling of accuracy.
 
-    Read as :func:`~txl.evaluation.retrieval.retrieval_score` reads them (left-padded to ``width``,
+    Read as :func:`~txl.studies.long_range.scoring.retrieval_score` reads them (left-padded to ``width``,
     segments of ``tgt_len`` from column 0, memory ``mem_len``, no ``same_length``), a layer's state
     at column p sees the previous layer's states from ``start(p) - mem_len`` on (``start(p)``: the
     first column of p's segment; paper §3.2). Through ``layers`` layers the earliest column within
@@ -229,7 +229,7 @@ def reachable_share(episodes: list, tgt_len: int, mem_len: int, layers: int, wid
     queries that predict them (each query is ``d - 1`` after its value byte).
 
     Args:
-        episodes: :class:`~txl.data.long_range.Episode` list; tgt_len, mem_len: the reading span;
+        episodes: :class:`~txl.studies.long_range.episodes.Episode` list; tgt_len, mem_len: the reading span;
         layers: 1 for the direct reach, ``n_layer`` for the stacked reach; width: the padded length
             (None: the longest episode's).
 
@@ -254,7 +254,7 @@ def fact_attention(model, episodes: list, span: AttentionSpan, width: int | None
     """Attention on the fact at the question, per layer: the evidence of what the model looks at.
 
     For each episode, the query that predicts the answer's first byte (the position before it) is read
-    as in :func:`~txl.evaluation.retrieval.retrieval_score` (left-padded to ``width``, segment by segment
+    as in :func:`~txl.studies.long_range.scoring.retrieval_score` (left-padded to ``width``, segment by segment
     with the memory); for each layer, its attention mass on the key positions of the asked fact's value
     bytes is taken in the head that puts the most there. Zero when the value is outside the layer's
     keys (beyond ``mem_len`` + the query's position in its segment): information from further back can
@@ -262,7 +262,7 @@ def fact_attention(model, episodes: list, span: AttentionSpan, width: int | None
 
     Args:
         model: a :class:`~txl.model.TransformerXLLM` with plain memory (``attn_type`` "rel", no ``cmem_len``).
-        episodes: :class:`~txl.data.long_range.Episode` list; span: the span to read with.
+        episodes: :class:`~txl.studies.long_range.episodes.Episode` list; span: the span to read with.
         width: the padded length the episodes were scored at (None: the longest episode's), so that
             each sits at the same place in its segments as when its accuracy was measured.
 
@@ -359,7 +359,7 @@ def _run(out_dir, rows, seeds, budget, distances, progress, log, plot) -> dict:
     table = format_table(results)
     atomic_write(out_dir / TABLE_NAME, lambda tmp: Path(tmp).write_text(table, encoding="utf-8"))
     if plot:
-        from txl.analysis.plots import plot_long_range
+        from txl.studies.long_range.plot import plot_long_range
 
         plot_long_range(plot_series(results), out_dir / PLOT_NAME)
     return results

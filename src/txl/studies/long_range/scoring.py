@@ -1,6 +1,6 @@
 """Does the model answer with the fact it read d tokens ago? Exact-match retrieval of answers in a stream.
 
-The episodes of :mod:`txl.data.long_range` hold a question whose answer bytes are known. A model
+The episodes of :mod:`txl.studies.long_range.episodes` hold a question whose answer bytes are known. A model
 reads each episode as it reads any text: segment by segment with its memory (paper §3.2) through
 :func:`txl.model.segments.segments`, or, for a vanilla model (``attn_type="abs"``), with a
 window of the last ``context`` tokens before each answer byte (the paper's vanilla protocol, §3.1).
