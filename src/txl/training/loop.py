@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import sys
@@ -34,7 +35,7 @@ from txl.training.resume import rank_rng_state, restore_run, save_trainer_state
 from txl.training.runlog import (StopRequest, check_new_run_folder, open_metrics, record_resumed_config,
                                 remove_unfinished)
 from txl.training.optim import make_optimizer
-from txl.training.step import train_step
+from txl.training.step import StepResult, train_step
 from txl.training.lm_task import LMTask, evaluate_run, sample_text, shuffled_batches  # noqa: F401 - public here too
 from txl.training.schedules import learning_rate, segment_span
 
@@ -160,7 +161,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     loses no row. A checkpoint is never written with NaN or infinite weights.
 
     ``task``: the task to train (see :mod:`txl.training.lm_task` for the interface), e.g. a
-    :class:`txl.training.stream_task.StreamTask`; None: the one ``run`` describes (:func:`make_task`).
+    a task such as :class:`txl.training.lm_task.LMTask`; None: the one ``run`` describes (:func:`make_task`).
     A given task is not recorded in ``run.json``: resuming such a run needs the same task again.
 
     Raises:
@@ -181,6 +182,56 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
             torch.set_num_threads(threads)
 
 
+@dataclass(slots=True)
+class _Run:
+    """What a training run is made of (none of it changes between steps); :func:`_start` adds ``ddp``, the
+    progress bar and, on rank 0 alone, the open ``metrics.csv`` (``metrics_file``, ``writer``)."""
+
+    run: RunConfig
+    d: distributed.Dist
+    device: torch.device
+    out_dir: Path
+    log: Callable[[str], None]
+    resume: bool
+    created: bool  # rank 0's claim created out_dir (removed again by a new run that fails before any checkpoint)
+    candidates: list[Path]  # a resumed run's last/ checkpoints, newest first ([] for a new run)
+    resume_dir: Path | None  # the first intact one of them, resumed
+    task: Any
+    unit: str
+    fingerprint: Any  # the data's (:mod:`txl.training.fingerprint`)
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    generator: torch.Generator  # segment lengths: identical on every rank
+    batches: Any
+    rows: slice  # this rank's rows of the global batch
+    ddp: torch.nn.Module | None = None  # what the steps call: the task's objective, in DDP, compiled (:func:`_start`)
+    metrics_file: Any = None
+    writer: Any = None
+    bar: Any = None
+
+
+@dataclass(slots=True)
+class _Progress:
+    """The state the steps carry from one to the next and write into ``last/``."""
+
+    state: dict[str, Any]  # state.json (and trainer.json)'s dict
+    start_step: int  # the step a resumed run continues after (0 for a new run)
+    step: int  # the step being trained (``start_step`` before the first)
+    pos: int  # data position
+    mems: list[torch.Tensor] | None  # this rank's rows of the memory
+    best: float  # the best validation loss so far
+    span: Any  # the phase of train.tgt_len_schedule in force (set each step)
+    total_tokens: torch.Tensor  # on the device: no sync per step
+    start: float  # perf_counter() at the run's start (a resumed run's clock goes on)
+    window_loss: Any  # summed loss, tokens before, start of the logging window
+    window_tokens: int
+    window_start: float
+    window_recon: Any = 0.0  # attention-reconstruction loss (compressed memory) in the window
+    window_steps: int = 0
+    bad_in_a_row: int = 0  # non-finite steps in a row
+
+
 def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None, resume: bool,
            claims: list[FolderClaim], allow_data_change: bool = False, task=None) -> TrainResult:
     """:func:`train`; the folder claim it takes is appended to ``claims`` (released by the caller)."""
@@ -188,42 +239,14 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     if not d.is_main:
         log = lambda msg: None  # noqa: E731 - rank 0 speaks for the run
-    run.validate()
-    if run.train.compile:  # (a saved run's config may hold it: refused where training starts, not on loading)
-        check_compilable(run.model, "train.compile")
+    _check_run(run, d)
     t = run.train
-    if d.enabled and t.batch_size % (d.world * t.grad_accum_steps):
-        raise TxlError(f"train.batch_size {t.batch_size} must divide into {d.world} ranks × train.grad_accum_steps "
-                       f"{t.grad_accum_steps} equal pieces")
-    if not d.enabled and t.grad_accum_steps > t.batch_size:
-        raise TxlError(f"train.grad_accum_steps {t.grad_accum_steps} exceeds train.batch_size {t.batch_size}")
     if t.deterministic:  # cuBLAS needs a fixed workspace for deterministic matmuls (read when CUDA starts)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     seed_everything(t.seed)
     device = distributed.device_for(d, resolve_device(t.device))
-    out_dir = Path(t.out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise TxlError(f"train.out_dir {out_dir} is a file; choose a folder for the run")
-    if resume and not out_dir.is_dir():
-        raise TxlError(f"{out_dir} has no resumable checkpoint (last/{TRAINER_JSON}); start a new run instead")
-    created = False
-    if d.is_main:  # one process per run folder: claimed before anything is read or written
-        claim = claim_folder(out_dir, flag="train.out_dir", create=not resume,
-                             inputs=task_inputs(run) + list(getattr(task, "inputs", ())))
-        claims.append(claim)
-        created = claim.created
-        if not resume:
-            check_new_run_folder(out_dir)  # never over a run, nor over files txl did not write
-        check_run_folder(out_dir)  # checkpoint rotation will not meet a folder txl did not write
-    if resume:
-        candidates = checkpoint_candidates(out_dir, "last")
-        if not candidates:
-            raise TxlError(f"{out_dir} has no resumable checkpoint (last/{TRAINER_JSON}); start a new run instead")
-        resume_dir = first_good_checkpoint(candidates, required=TRAINER_JSON, warn=lambda m: log(f"txl: warning: {m}"))
-    elif (out_dir / RUN_NAME).exists():
-        raise TxlError(f"{out_dir} already holds a run; choose another train.out_dir (--out), remove it, "
-                       "or continue it with --resume")
+    created, candidates, resume_dir = _claim_run_folder(run, d, resume=resume, claims=claims, task=task, log=log)
 
     # torchrun's ranks: OMP_NUM_THREADS shares the CPUs; a resumed run keeps the count it recorded (automatic
     # choices follow the load, and another count changes the losses in their last digits)
@@ -231,25 +254,12 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
     task = make_task(run) if task is None else task
     fingerprint = task.fingerprint()  # recorded in every checkpoint, compared when resuming
     unit = task.unit
-    run = dataclasses.replace(run, model=dataclasses.replace(run.model, vocab_size=task.vocab_size),
-                              data=_absolute_paths(run.data))
-    if run.finetune is not None:
-        run = dataclasses.replace(run, finetune=dataclasses.replace(run.finetune,
-                                                                    init=str(Path(run.finetune.init).resolve())))
-    spans = [segment_span(s, t.tgt_len_schedule, run.model.tgt_len, run.model.mem_len) for s in
-             [0] + [e[0] for e in t.tgt_len_schedule]]
+    run, spans = _run_for_task(run, task)
     task.check(run, spans)
     log(task.describe())
 
     distributed.init(d, device)
-    build = getattr(task, "build_model", None)  # a task may train another model around the LM (a classifier)
-    model = (TransformerXLLM(run.model) if build is None else build(run)).to(device)
-    if build is None:  # the longest segment's attention scores, under autograd
-        longest = max(longest_segment(s[0]) if t.varlen else s[0] for s in spans)
-        check_attention_fits(model, len(range(t.batch_size)[d.rows(t.batch_size)]), longest,
-                             longest + max(s[1] for s in spans), grad=True, dtype=t.dtype)
-    if not resume:
-        task.init_weights(model)
+    model = _build_model(run, d, device, task, spans, resume=resume)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters, {run.model.n_layer} layers, d_model {run.model.d_model}, "
         f"attn_type {run.model.attn_type}; device {device}, dtype {t.dtype}; {threads}"
@@ -263,212 +273,351 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
         torch.manual_seed(t.seed + 7919 * d.rank)
     # float16 needs loss scaling against gradient underflow; for other dtypes the scaler is a no-op
     scaler = torch.amp.GradScaler(device.type, enabled=t.dtype == "float16")
+    r = _Run(run=run, d=d, device=device, out_dir=Path(t.out_dir), log=log, resume=resume, created=created,
+             candidates=candidates, resume_dir=resume_dir, task=task, unit=unit, fingerprint=fingerprint,
+             model=model, optimizer=optimizer, scaler=scaler, generator=generator, batches=batches, rows=rows)
 
-    state: dict[str, Any] = {"step": 0, "tokens": 0, "best_val_loss": None, "unit": unit, DATA_KEY: fingerprint,
+    p = _start(r, progress=progress, allow_data_change=allow_data_change)
+    _run_steps(r, p)
+    return _finish(r, p, progress=progress)
+
+
+def _check_run(run: RunConfig, d: distributed.Dist) -> None:
+    """Refuses a config that cannot train (on these ranks)."""
+    run.validate()
+    if run.train.compile:  # (a saved run's config may hold it: refused where training starts, not on loading)
+        check_compilable(run.model, "train.compile")
+    t = run.train
+    if d.enabled and t.batch_size % (d.world * t.grad_accum_steps):
+        raise TxlError(f"train.batch_size {t.batch_size} must divide into {d.world} ranks × train.grad_accum_steps "
+                       f"{t.grad_accum_steps} equal pieces")
+    if not d.enabled and t.grad_accum_steps > t.batch_size:
+        raise TxlError(f"train.grad_accum_steps {t.grad_accum_steps} exceeds train.batch_size {t.batch_size}")
+
+
+def _claim_run_folder(run: RunConfig, d: distributed.Dist, *, resume: bool, claims: list[FolderClaim], task,
+                      log: Callable[[str], None]) -> tuple[bool, list[Path], Path | None]:
+    """Rank 0 claims ``train.out_dir`` (appended to ``claims``); a new run needs a new or empty folder, a
+    resumed one a resumable checkpoint. Returns whether the claim created the folder, and for a resumed run
+    its ``last`` checkpoints (newest first) and the first intact one of them."""
+    out_dir = Path(run.train.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise TxlError(f"train.out_dir {out_dir} is a file; choose a folder for the run")
+    if resume and not out_dir.is_dir():
+        raise TxlError(f"{out_dir} has no resumable checkpoint (last/{TRAINER_JSON}); start a new run instead")
+    created = False
+    if d.is_main:  # one process per run folder: claimed before anything is read or written
+        claim = claim_folder(out_dir, flag="train.out_dir", create=not resume,
+                             inputs=task_inputs(run) + list(getattr(task, "inputs", ())))
+        claims.append(claim)
+        created = claim.created
+        if not resume:
+            check_new_run_folder(out_dir)  # never over a run, nor over files txl did not write
+        check_run_folder(out_dir)  # checkpoint rotation will not meet a folder txl did not write
+    candidates, resume_dir = [], None
+    if resume:
+        candidates = checkpoint_candidates(out_dir, "last")
+        if not candidates:
+            raise TxlError(f"{out_dir} has no resumable checkpoint (last/{TRAINER_JSON}); start a new run instead")
+        resume_dir = first_good_checkpoint(candidates, required=TRAINER_JSON, warn=lambda m: log(f"txl: warning: {m}"))
+    elif (out_dir / RUN_NAME).exists():
+        raise TxlError(f"{out_dir} already holds a run; choose another train.out_dir (--out), remove it, "
+                       "or continue it with --resume")
+    return created, candidates, resume_dir
+
+
+def _run_for_task(run: RunConfig, task) -> tuple[RunConfig, list[tuple[int, int]]]:
+    """``run`` as its checkpoints record it (the task's vocabulary size, absolute paths), and the
+    ``(tgt_len, mem_len)`` of each phase of its ``train.tgt_len_schedule``."""
+    t = run.train
+    run = dataclasses.replace(run, model=dataclasses.replace(run.model, vocab_size=task.vocab_size),
+                              data=_absolute_paths(run.data))
+    if run.finetune is not None:
+        run = dataclasses.replace(run, finetune=dataclasses.replace(run.finetune,
+                                                                    init=str(Path(run.finetune.init).resolve())))
+    spans = [segment_span(s, t.tgt_len_schedule, run.model.tgt_len, run.model.mem_len) for s in
+             [0] + [e[0] for e in t.tgt_len_schedule]]
+    return run, spans
+
+
+def _build_model(run: RunConfig, d: distributed.Dist, device: torch.device, task, spans: list[tuple[int, int]], *,
+                 resume: bool) -> torch.nn.Module:
+    """The model to train, on ``device`` (a new run's with the task's initial weights)."""
+    t = run.train
+    build = getattr(task, "build_model", None)  # a task may train another model around the LM (a classifier)
+    model = (TransformerXLLM(run.model) if build is None else build(run)).to(device)
+    if build is None:  # the longest segment's attention scores, under autograd
+        longest = max(longest_segment(s[0]) if t.varlen else s[0] for s in spans)
+        check_attention_fits(model, len(range(t.batch_size)[d.rows(t.batch_size)]), longest,
+                             longest + max(s[1] for s in spans), grad=True, dtype=t.dtype)
+    if not resume:
+        task.init_weights(model)
+    return model
+
+
+def _start(r: _Run, *, progress: bool, allow_data_change: bool) -> _Progress:
+    """The state before the first step trained here (a resumed run's from its checkpoint); sets ``r.ddp``,
+    rank 0's ``run.json`` and ``metrics.csv``, and the progress bar."""
+    t = r.run.train
+    state: dict[str, Any] = {"step": 0, "tokens": 0, "best_val_loss": None, "unit": r.unit, DATA_KEY: r.fingerprint,
                              "threads": torch.get_num_threads()}
     pos, mems, best, start_step = 0, None, float("inf"), 0
-    span = model.config.span  # the phase of train.tgt_len_schedule in force (set each step)
-    if resume:
+    span = r.model.config.span  # the phase of train.tgt_len_schedule in force (set each step)
+    if r.resume:
         start_step, pos, mems, state, best = restore_run(
-            resume_dir, candidates, model=model, optimizer=optimizer, scaler=scaler, generator=generator,
-            device=device, d=d, rows=rows, batch_size=t.batch_size, dtype=t.dtype, seed=t.seed, task=task, unit=unit,
-            fingerprint=fingerprint, allow_data_change=allow_data_change, log=log)
-        log(f"resuming {out_dir} after step {start_step} (from {resume_dir.name}/)")
-    ddp = task.objective(model)
-    if d.enabled:
-        ddp = torch.nn.parallel.DistributedDataParallel(ddp, device_ids=[device.index] if device.type == "cuda"
-                                                        else None)
+            r.resume_dir, r.candidates, model=r.model, optimizer=r.optimizer, scaler=r.scaler, generator=r.generator,
+            device=r.device, d=r.d, rows=r.rows, batch_size=t.batch_size, dtype=t.dtype, seed=t.seed, task=r.task,
+            unit=r.unit, fingerprint=r.fingerprint, allow_data_change=allow_data_change, log=r.log)
+        r.log(f"resuming {r.out_dir} after step {start_step} (from {r.resume_dir.name}/)")
+    r.ddp = r.task.objective(r.model)
+    if r.d.enabled:
+        r.ddp = torch.nn.parallel.DistributedDataParallel(r.ddp, device_ids=[r.device.index]
+                                                          if r.device.type == "cuda" else None)
     if t.compile:  # the checkpoints are still written from `model` (no "_orig_mod." names)
-        ddp = compile_module(ddp)
+        r.ddp = compile_module(r.ddp)
+    if r.d.is_main:
+        r.metrics_file, r.writer = _open_run_files(r, start_step)
 
-    metrics_file = writer = None
-    if d.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        if not resume:
-            write_json(out_dir / RUN_NAME, run.to_dict())
-        else:  # accepted changes (--allow-config-change) are the run's config from now on
-            changes = record_resumed_config(out_dir / RUN_NAME, run.to_dict())
-            if changes:
-                log(f"the run's config from now on (written to {out_dir / RUN_NAME}): {', '.join(changes)}")
-        metrics_file, writer = open_metrics(out_dir / "metrics.csv", start_step)
-    total_tokens = torch.tensor(state["tokens"], dtype=torch.int64, device=device)  # on the device: no sync per step
+    total_tokens = torch.tensor(state["tokens"], dtype=torch.int64, device=r.device)  # on the device: no sync per step
     window_loss, window_tokens, window_start = 0.0, state["tokens"], time.perf_counter()
-    window_recon, window_steps = 0.0, 0  # attention-reconstruction loss (compressed memory) in the window
     if "window" in state:  # resumed inside a logging window: its first row averages the whole window again
         saved_loss, window_tokens, window_elapsed = state["window"]
         window_loss, window_start = saved_loss, window_start - window_elapsed
     start = time.perf_counter() - float(state.get("elapsed_s") or 0.0)  # a resumed run's clock goes on
-    bar = tqdm(total=t.max_steps, initial=start_step, disable=not progress or not d.is_main, dynamic_ncols=True,
-               file=sys.stderr)
-    step = start_step
+    r.bar = tqdm(total=t.max_steps, initial=start_step, disable=not progress or not r.d.is_main, dynamic_ncols=True,
+                 file=sys.stderr)
+    return _Progress(state=state, start_step=start_step, step=start_step, pos=pos, mems=mems, best=best, span=span,
+                     total_tokens=total_tokens, start=start, window_loss=window_loss, window_tokens=window_tokens,
+                     window_start=window_start)
 
-    def write_checkpoint(name: str, keep: int, trainer: bool) -> None:
-        """Every rank calls this (memory and RNG states are gathered); rank 0 writes."""
-        full_mems = [distributed.gather_rows(d, m) for m in mems] if (trainer and mems is not None) else mems
-        rng = distributed.gather_objects(d, rank_rng_state(device)) if trainer else None
-        error = None
-        task_files = getattr(task, "checkpoint_files", None)  # e.g. a classifier's classifier.json
 
-        def files(folder: Path) -> None:
-            if task_files is not None:
-                task_files(folder, model)
-            if trainer:
-                save_trainer_state(folder, optimizer=optimizer, scaler=scaler, generator=generator, mems=full_mems,
-                                   position=pos, step=step, state=dict(state), rank_rng=rng)
+def _open_run_files(r: _Run, start_step: int):
+    """Rank 0: writes ``run.json`` (a resumed run's accepted changes), opens ``metrics.csv``; returns its
+    (file, csv.DictWriter)."""
+    r.out_dir.mkdir(parents=True, exist_ok=True)
+    if not r.resume:
+        write_json(r.out_dir / RUN_NAME, r.run.to_dict())
+    else:  # accepted changes (--allow-config-change) are the run's config from now on
+        changes = record_resumed_config(r.out_dir / RUN_NAME, r.run.to_dict())
+        if changes:
+            r.log(f"the run's config from now on (written to {r.out_dir / RUN_NAME}): {', '.join(changes)}")
+    return open_metrics(r.out_dir / "metrics.csv", start_step)
 
-        if d.is_main:
-            try:  # save_checkpoint refuses non-finite weights: said here as the run's divergence
-                save_checkpoint(out_dir / name, model, task.tokenizer, run, dict(state), keep=keep, span=span,
-                                extra=files)
-            except NonFiniteWeights as err:
-                error = _diverged(step, err.names, out_dir, run)
-            except TxlError as err:
-                error = str(err)
-        error = distributed.broadcast_object(d, error)
-        if error:
-            raise TxlError(error)
 
-    def save_last(extra_state: dict[str, Any] | None = None) -> None:
-        state.update(step=step, tokens=int(total_tokens), elapsed_s=time.perf_counter() - start,
-                     window=[float(window_loss), window_tokens, time.perf_counter() - window_start], **(extra_state or {}))
-        write_checkpoint("last", t.keep_last, trainer=True)
-
-    def write_row(row: dict[str, Any] | None) -> None:
-        """A step's metrics.csv row; written before that step's checkpoint, so that no kill loses it
-        (a resumed run drops the rows after its checkpoint and writes them again)."""
-        if row and writer is not None:
-            writer.writerow({**row, "unit": unit})
-            metrics_file.flush()
-
-    def save_validated(res: EvalResult) -> None:
-        """After a finite validation: ``best/`` when it is the best so far, then ``last/``."""
-        nonlocal best
-        state.update(step=step, tokens=int(total_tokens), val_loss=res.loss, val_metric=res.value, elapsed_s=time.perf_counter() - start)
-        if res.loss < best:
-            best = res.loss
-            state["best_val_loss"] = best
-            write_checkpoint("best", 1, trainer=False)
-        save_last()
-
-    model.train()
+def _run_steps(r: _Run, p: _Progress) -> None:
+    """The steps after ``p.start_step`` up to ``train.max_steps``. SIGINT/SIGTERM finish the step, write
+    ``last/`` and raise :class:`KeyboardInterrupt`; a new run that fails (or is interrupted before a step
+    finished) leaves no ``run.json`` or ``metrics.csv`` behind when it wrote no checkpoint."""
+    r.model.train()
     stop = StopRequest()
-    bad_in_a_row = 0
     try:
-        for step in range(start_step + 1, t.max_steps + 1):
-            tgt_len, mem_len = segment_span(step, t.tgt_len_schedule, run.model.tgt_len, run.model.mem_len)
-            span = model.config.span.replace(tgt_len=tgt_len, mem_len=mem_len)
-            x, y, pos, fresh = batches.next(pos, tgt_len, generator)
-            if fresh:
-                mems = None
-            n_tok = (y != IGNORE_INDEX).sum()  # the global batch's targets
-            lr = learning_rate(step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps, max_steps=t.max_steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            out = train_step(ddp, x[rows], y[rows], mems, n_global=n_tok, optimizer=optimizer, scaler=scaler,
-                             clip=t.clip, dtype=t.dtype, chunks=t.grad_accum_steps, d=d, stop=stop.requested,
-                             span=span)
-            if out.finite:
-                bad_in_a_row = 0
-                mems = out.mems
-                total_tokens += n_tok
-                window_loss = window_loss + out.loss_sum
-                if out.recon_loss is not None:
-                    window_recon, window_steps = window_recon + out.recon_loss, window_steps + 1
-            else:  # skipped: no update; the data moved on, so the memory starts afresh
-                mems = None
-                bad_in_a_row += 1
-                state["skipped_steps"] = state.get("skipped_steps", 0) + 1
-                what = (f"loss is {float(out.loss_sum)}" if out.recon_finite else "attention-reconstruction term "
-                        f"(model.recon_loss_weight {run.model.recon_loss_weight} × reconstruction loss) is not finite")
-                if d.is_main:
-                    bar.write(f"step {step}: {what}, step skipped ({bad_in_a_row} in a row)", file=sys.stderr)
-                if bad_in_a_row >= t.max_bad_steps and not out.recon_finite:
-                    raise TxlError(f"the {what} for {bad_in_a_row} steps in a row (up to step {step}); lower "
-                                   "model.recon_loss_weight (default 1.0) and start again (or --resume with "
-                                   "--allow-config-change)")
-                if bad_in_a_row >= t.max_bad_steps:
-                    raise TxlError(f"the loss was not finite for {bad_in_a_row} steps in a row (up to step {step}); "
-                                   "lower train.lr, raise train.warmup_steps or check the data")
-            bar.update(1)
-            row = None
-            if step % t.log_interval == 0 or step == t.max_steps:
-                now = time.perf_counter()
-                state["tokens"] = int(total_tokens)
-                count = state["tokens"] - window_tokens
-                train_loss = float(window_loss) / max(1, count)
-                speed = count / max(1e-9, now - window_start)
-                row = {"step": step, "tokens": state["tokens"], "elapsed_s": round(now - start, 3), "lr": lr,
-                       "tgt_len": tgt_len, "mem_len": mem_len, "train_loss": train_loss,
-                       "train_metric": metric_value(train_loss, unit), "tokens_per_s": round(speed, 1)}
-                if window_steps:
-                    row["recon_loss"] = float(window_recon) / window_steps
-                    window_recon, window_steps = 0.0, 0
-                bar.set_postfix_str(f"loss {train_loss:.3f} {unit} {metric_value(train_loss, unit):.3f} "
-                                    f"lr {lr:.2e} {speed:,.0f} tok/s")
-                window_loss, window_tokens, window_start = 0.0, state["tokens"], now
-            if step % t.eval_interval == 0 or step == t.max_steps:
-                res = task.validate(model, run, span, d)  # valid split (train.eval_max_tokens) at the training span
-                model.train()
-                row = row or {"step": step, "tokens": int(total_tokens), "elapsed_s": round(time.perf_counter() - start, 3)}
-                row.update(val_loss=res.loss, val_metric=metric_value(res.loss, unit))
-                write_row(row)  # the row first: a kill after the checkpoint must not lose it
-                if not math.isfinite(res.loss):
-                    save_last()
-                    raise TxlError(f"the validation loss is {res.loss} at step {step}: training diverged; lower "
-                                   f"train.lr or raise train.warmup_steps (last state written to {out_dir / 'last'})")
-                if d.is_main:
-                    bar.write(f"step {step}: valid {unit} {res.value:.4f} ({eval_scope(res)})", file=sys.stderr)
-                save_validated(res)
-                window_start = time.perf_counter()  # do not count evaluation time as training speed
-            else:
-                write_row(row)
-                if t.save_interval and step % t.save_interval == 0:
-                    save_last()
-            if out.stop:  # Ctrl-C or SIGTERM (on any rank) during this step: every rank stops after it
+        for p.step in range(p.start_step + 1, r.run.train.max_steps + 1):
+            if _step(r, p, stop):  # Ctrl-C or SIGTERM (on any rank) during this step: every rank stops after it
                 stop.requested = True
                 raise KeyboardInterrupt
     except KeyboardInterrupt:
-        bar.close()
-        if metrics_file:
-            metrics_file.close()
-        if step == start_step or not stop.requested:  # nothing finished, or a second Ctrl-C mid-step
-            if not resume and step == start_step and d.is_main:
-                remove_unfinished(out_dir, created, (RUN_NAME, "metrics.csv"))
-            log(f"interrupted; the last checkpoint in {out_dir} is kept as it was")
+        _close_outputs(r)
+        if p.step == p.start_step or not stop.requested:  # nothing finished, or a second Ctrl-C mid-step
+            if not r.resume and p.step == p.start_step and r.d.is_main:
+                remove_unfinished(r.out_dir, r.created, (RUN_NAME, "metrics.csv"))
+            r.log(f"interrupted; the last checkpoint in {r.out_dir} is kept as it was")
             raise
-        save_last({"interrupted": True})
-        log(f"interrupted after step {step}; checkpoint written to {out_dir / 'last'} (continue with --resume)")
+        _save_last(r, p, {"interrupted": True})
+        r.log(f"interrupted after step {p.step}; checkpoint written to {r.out_dir / 'last'} (continue with --resume)")
         raise
     except Exception:
-        bar.close()
-        if metrics_file:
-            metrics_file.close()
-        if not resume and d.is_main:
-            remove_unfinished(out_dir, created, (RUN_NAME, "metrics.csv"))
+        _close_outputs(r)
+        if not r.resume and r.d.is_main:
+            remove_unfinished(r.out_dir, r.created, (RUN_NAME, "metrics.csv"))
         raise
     finally:
         stop.restore()
-    bar.close()
-    if metrics_file:
-        metrics_file.close()
-    wall = time.perf_counter() - start  # training wall-clock time, earlier sessions of a resumed run included
-    state["tokens"] = int(total_tokens)
+    _close_outputs(r)
 
-    distributed.barrier(d)  # best/ is complete on disk for every rank
-    best_dir = out_dir / "best"
-    if resume and not best_dir.is_dir():  # already complete before its first validation: its last/, as txl eval
-        best_dir = resume_dir
-    load = getattr(task, "load_model", None)
-    best_model = (load_checkpoint(best_dir, map_location=str(device)).model if load is None
-                  else load(best_dir, device))
-    final = task.final(best_model, run, d, progress=progress and d.is_main)
+
+def _close_outputs(r: _Run) -> None:
+    """The progress bar and ``metrics.csv`` closed."""
+    r.bar.close()
+    if r.metrics_file:
+        r.metrics_file.close()
+
+
+def _step(r: _Run, p: _Progress, stop: StopRequest) -> bool:
+    """Step ``p.step``: one optimizer update on the next batch, then its metrics row, validation and
+    checkpoint when due. Returns whether SIGINT/SIGTERM arrived (on any rank) during it."""
+    t = r.run.train
+    tgt_len, mem_len = segment_span(p.step, t.tgt_len_schedule, r.run.model.tgt_len, r.run.model.mem_len)
+    p.span = r.model.config.span.replace(tgt_len=tgt_len, mem_len=mem_len)
+    x, y, p.pos, fresh = r.batches.next(p.pos, tgt_len, r.generator)
+    if fresh:
+        p.mems = None
+    n_tok = (y != IGNORE_INDEX).sum()  # the global batch's targets
+    lr = learning_rate(p.step, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps, max_steps=t.max_steps)
+    for group in r.optimizer.param_groups:
+        group["lr"] = lr
+    out = train_step(r.ddp, x[r.rows], y[r.rows], p.mems, n_global=n_tok, optimizer=r.optimizer, scaler=r.scaler,
+                     clip=t.clip, dtype=t.dtype, chunks=t.grad_accum_steps, d=r.d, stop=stop.requested,
+                     span=p.span)
+    if out.finite:
+        p.bad_in_a_row = 0
+        p.mems = out.mems
+        p.total_tokens += n_tok
+        p.window_loss = p.window_loss + out.loss_sum
+        if out.recon_loss is not None:
+            p.window_recon, p.window_steps = p.window_recon + out.recon_loss, p.window_steps + 1
+    else:
+        _skip_step(r, p, out)
+    r.bar.update(1)
+    row = None
+    if p.step % t.log_interval == 0 or p.step == t.max_steps:
+        row = _window_row(r, p, lr, tgt_len, mem_len)
+    if p.step % t.eval_interval == 0 or p.step == t.max_steps:
+        _validate(r, p, row)
+    else:
+        _write_row(r, row)
+        if t.save_interval and p.step % t.save_interval == 0:
+            _save_last(r, p)
+    return out.stop
+
+
+def _skip_step(r: _Run, p: _Progress, out: StepResult) -> None:
+    """A step whose loss was not finite was skipped: no update; the data moved on, so the memory starts
+    afresh. ``train.max_bad_steps`` of them in a row end the run."""
+    t = r.run.train
+    p.mems = None
+    p.bad_in_a_row += 1
+    p.state["skipped_steps"] = p.state.get("skipped_steps", 0) + 1
+    what = (f"loss is {float(out.loss_sum)}" if out.recon_finite else "attention-reconstruction term "
+            f"(model.recon_loss_weight {r.run.model.recon_loss_weight} × reconstruction loss) is not finite")
+    if r.d.is_main:
+        r.bar.write(f"step {p.step}: {what}, step skipped ({p.bad_in_a_row} in a row)", file=sys.stderr)
+    if p.bad_in_a_row >= t.max_bad_steps and not out.recon_finite:
+        raise TxlError(f"the {what} for {p.bad_in_a_row} steps in a row (up to step {p.step}); lower "
+                       "model.recon_loss_weight (default 1.0) and start again (or --resume with "
+                       "--allow-config-change)")
+    if p.bad_in_a_row >= t.max_bad_steps:
+        raise TxlError(f"the loss was not finite for {p.bad_in_a_row} steps in a row (up to step {p.step}); "
+                       "lower train.lr, raise train.warmup_steps or check the data")
+
+
+def _window_row(r: _Run, p: _Progress, lr: float, tgt_len: int, mem_len: int) -> dict[str, Any]:
+    """The metrics row of the logging window that ends with this step (its loss and speed, also shown on the
+    progress bar); the next window starts."""
+    now = time.perf_counter()
+    state = p.state
+    state["tokens"] = int(p.total_tokens)
+    count = state["tokens"] - p.window_tokens
+    train_loss = float(p.window_loss) / max(1, count)
+    speed = count / max(1e-9, now - p.window_start)
+    row = {"step": p.step, "tokens": state["tokens"], "elapsed_s": round(now - p.start, 3), "lr": lr,
+           "tgt_len": tgt_len, "mem_len": mem_len, "train_loss": train_loss,
+           "train_metric": metric_value(train_loss, r.unit), "tokens_per_s": round(speed, 1)}
+    if p.window_steps:
+        row["recon_loss"] = float(p.window_recon) / p.window_steps
+        p.window_recon, p.window_steps = 0.0, 0
+    r.bar.set_postfix_str(f"loss {train_loss:.3f} {r.unit} {metric_value(train_loss, r.unit):.3f} "
+                          f"lr {lr:.2e} {speed:,.0f} tok/s")
+    p.window_loss, p.window_tokens, p.window_start = 0.0, state["tokens"], now
+    return row
+
+
+def _validate(r: _Run, p: _Progress, row: dict[str, Any] | None) -> None:
+    """Validation after step ``p.step``: its metrics row (``row`` with the validation added), then the
+    checkpoints; a non-finite validation loss writes ``last/`` and ends the run."""
+    res = r.task.validate(r.model, r.run, p.span, r.d)  # valid split (train.eval_max_tokens) at the training span
+    r.model.train()
+    row = row or {"step": p.step, "tokens": int(p.total_tokens), "elapsed_s": round(time.perf_counter() - p.start, 3)}
+    row.update(val_loss=res.loss, val_metric=metric_value(res.loss, r.unit))
+    _write_row(r, row)  # the row first: a kill after the checkpoint must not lose it
+    if not math.isfinite(res.loss):
+        _save_last(r, p)
+        raise TxlError(f"the validation loss is {res.loss} at step {p.step}: training diverged; lower "
+                       f"train.lr or raise train.warmup_steps (last state written to {r.out_dir / 'last'})")
+    if r.d.is_main:
+        r.bar.write(f"step {p.step}: valid {r.unit} {res.value:.4f} ({eval_scope(res)})", file=sys.stderr)
+    _save_validated(r, p, res)
+    p.window_start = time.perf_counter()  # do not count evaluation time as training speed
+
+
+def _write_row(r: _Run, row: dict[str, Any] | None) -> None:
+    """A step's metrics.csv row; written before that step's checkpoint, so that no kill loses it
+    (a resumed run drops the rows after its checkpoint and writes them again)."""
+    if row and r.writer is not None:
+        r.writer.writerow({**row, "unit": r.unit})
+        r.metrics_file.flush()
+
+
+def _save_validated(r: _Run, p: _Progress, res: EvalResult) -> None:
+    """After a finite validation: ``best/`` when it is the best so far, then ``last/``."""
+    p.state.update(step=p.step, tokens=int(p.total_tokens), val_loss=res.loss, val_metric=res.value,
+                   elapsed_s=time.perf_counter() - p.start)
+    if res.loss < p.best:
+        p.best = res.loss
+        p.state["best_val_loss"] = p.best
+        _write_checkpoint(r, p, "best", 1, trainer=False)
+    _save_last(r, p)
+
+
+def _save_last(r: _Run, p: _Progress, extra_state: dict[str, Any] | None = None) -> None:
+    """``last/`` with the trainer state after step ``p.step`` (``extra_state`` added to its state)."""
+    p.state.update(step=p.step, tokens=int(p.total_tokens), elapsed_s=time.perf_counter() - p.start,
+                   window=[float(p.window_loss), p.window_tokens, time.perf_counter() - p.window_start],
+                   **(extra_state or {}))
+    _write_checkpoint(r, p, "last", r.run.train.keep_last, trainer=True)
+
+
+def _write_checkpoint(r: _Run, p: _Progress, name: str, keep: int, trainer: bool) -> None:
+    """Every rank calls this (memory and RNG states are gathered); rank 0 writes."""
+    d = r.d
+    full_mems = [distributed.gather_rows(d, m) for m in p.mems] if (trainer and p.mems is not None) else p.mems
+    rng = distributed.gather_objects(d, rank_rng_state(r.device)) if trainer else None
+    error = None
+    files = functools.partial(_checkpoint_files, r, p, trainer=trainer, mems=full_mems, rank_rng=rng)
+    if d.is_main:
+        try:  # save_checkpoint refuses non-finite weights: said here as the run's divergence
+            save_checkpoint(r.out_dir / name, r.model, r.task.tokenizer, r.run, dict(p.state), keep=keep, span=p.span,
+                            extra=files)
+        except NonFiniteWeights as err:
+            error = _diverged(p.step, err.names, r.out_dir, r.run)
+        except TxlError as err:
+            error = str(err)
+    error = distributed.broadcast_object(d, error)
+    if error:
+        raise TxlError(error)
+
+
+def _checkpoint_files(r: _Run, p: _Progress, folder: Path, *, trainer: bool, mems: list[torch.Tensor] | None,
+                      rank_rng: list | None) -> None:
+    """A checkpoint's files besides the model: the task's own (e.g. a classifier's classifier.json) and, with
+    ``trainer``, the trainer state (``mems``: every rank's rows, ``rank_rng``: every rank's RNG states)."""
+    task_files = getattr(r.task, "checkpoint_files", None)
+    if task_files is not None:
+        task_files(folder, r.model)
+    if trainer:
+        save_trainer_state(folder, optimizer=r.optimizer, scaler=r.scaler, generator=r.generator, mems=mems,
+                           position=p.pos, step=p.step, state=dict(p.state), rank_rng=rank_rng)
+
+
+def _finish(r: _Run, p: _Progress, *, progress: bool) -> TrainResult:
+    """After the last step: the best checkpoint evaluated with the ``[eval]`` settings (and sampled from)."""
+    wall = time.perf_counter() - p.start  # training wall-clock time, earlier sessions of a resumed run included
+    p.state["tokens"] = int(p.total_tokens)
+
+    distributed.barrier(r.d)  # best/ is complete on disk for every rank
+    best_dir = r.out_dir / "best"
+    if r.resume and not best_dir.is_dir():  # already complete before its first validation: its last/, as txl eval
+        best_dir = r.resume_dir
+    load = getattr(r.task, "load_model", None)
+    best_model = (load_checkpoint(best_dir, map_location=str(r.device)).model if load is None
+                  else load(best_dir, r.device))
+    final = r.task.final(best_model, r.run, r.d, progress=progress and r.d.is_main)
     prompt, sample = "", ""
-    if t.sample_tokens and d.is_main:
-        prompt, sample = task.sample(best_model, run)
-    distributed.shutdown(d)
-    return TrainResult(run_dir=out_dir, best_dir=best_dir, final=final, steps=step, tokens=state["tokens"],
-                       wall_s=wall, tokens_per_s=state["tokens"] / wall, sample_prompt=prompt,
-                       sample=sample, rank=d.rank, start_step=start_step)
+    if r.run.train.sample_tokens and r.d.is_main:
+        prompt, sample = r.task.sample(best_model, r.run)
+    distributed.shutdown(r.d)
+    return TrainResult(run_dir=r.out_dir, best_dir=best_dir, final=final, steps=p.step, tokens=p.state["tokens"],
+                       wall_s=wall, tokens_per_s=p.state["tokens"] / wall, sample_prompt=prompt,
+                       sample=sample, rank=r.d.rank, start_step=p.start_step)
 
 
 def finetune(init: str | Path, data: str | Path | None = None, *, out_dir: str | Path,
