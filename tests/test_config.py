@@ -31,7 +31,7 @@ def test_every_shipped_config_loads(path):
         assert all(getattr(args, key) == value for key, value in tables["classify"].items())
         return
     finetuning = "finetune" in tables  # its language model comes from --init
-    load_run_config(path, ["finetune.init=runs/some-lm"] if finetuning else []).validate()
+    load_run_config(path, ["finetune.init=runs/some-lm"] if finetuning else []).check()
 
 
 def test_overrides_parse_toml_literals_and_bare_keys():

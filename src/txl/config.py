@@ -1,7 +1,7 @@
 """Configuration fields shared by every config, and the data, training and evaluation sections of a run.
 
 :func:`check_fields` checks the fields of every config: the model, run, classifier and conversion configs all
-validate their keys and value types through it. The sections here are plain dataclasses; a whole run
+check their keys and value types through it. The sections here are plain dataclasses; a whole run
 (these sections plus the model) is :class:`txl.training.config.RunConfig`.
 
 The value checks that commands run before torch is imported live here too, torch-free: the split
@@ -243,7 +243,7 @@ class DataConfig:
     normalize: str = "none"
     cache_dir: str | None = None
 
-    def validate(self) -> None:
+    def check(self) -> None:
         """Raise :class:`TxlError` naming the first value of a wrong type or impossible."""
         check_fields(type(self), dataclasses.asdict(self), "data")
         if self.normalize not in NORMALIZE:
@@ -326,7 +326,7 @@ class TrainConfig:
     deterministic: bool = False
     compile: bool = False
 
-    def validate(self) -> None:
+    def check(self) -> None:
         """Raise :class:`TxlError` naming the first value of a wrong type or impossible."""
         check_fields(type(self), dataclasses.asdict(self), "train")
         for name in ("batch_size", "max_steps", "eval_interval", "log_interval", "max_bad_steps", "grad_accum_steps",
@@ -382,7 +382,7 @@ class EvalConfig:
     warmup: bool = False
     max_tokens: int = 0
 
-    def validate(self) -> None:
+    def check(self) -> None:
         """Raise :class:`TxlError` naming the first value of a wrong type or impossible."""
         check_fields(type(self), dataclasses.asdict(self), "eval")
         if self.split not in ("valid", "test"):

@@ -190,7 +190,7 @@ def test_recon_loss_weight_inf_is_refused_from_overrides_toml_and_python(tmp_pat
     with pytest.raises(TxlError, match=r"^model.recon_loss_weight must be a finite number, got inf$"):
         TransformerXLConfig(recon_loss_weight=math.inf)
     with pytest.raises(TxlError, match=r"^train.min_lr must be a finite number, got nan$"):  # sibling: a section
-        RunConfig(train=dataclasses.replace(RunConfig().train, min_lr=math.nan)).validate()
+        RunConfig(train=dataclasses.replace(RunConfig().train, min_lr=math.nan)).check()
 
 
 def _float_flags():
@@ -588,7 +588,7 @@ def test_the_seed_bound_is_what_torch_numpy_and_the_config_accept():
     with pytest.raises(ValueError):
         np.random.seed(SEED_LIMIT)  # one more is what numpy refuses: the bound is not arbitrary
     with pytest.raises(TxlError, match=r"^train\.seed must be in \[0, 2\*\*32\), got 4294967296$"):
-        TrainConfig(seed=SEED_LIMIT).validate()
+        TrainConfig(seed=SEED_LIMIT).check()
 
 
 # --- output files: checked before any work; a failed write names the user's path (B4) -----------------------

@@ -67,7 +67,7 @@ def test_rotary_needs_an_even_d_head_and_no_clamp_len():
     from txl.training.config import RunConfig
 
     with pytest.raises(TxlError, match="eval.clamp_len=16 has no meaning"):
-        RunConfig.from_dict({"model": {"attn_type": "rope"}, "eval": {"clamp_len": 16}}).validate()
+        RunConfig.from_dict({"model": {"attn_type": "rope"}, "eval": {"clamp_len": 16}}).check()
 
 
 def test_rotary_adds_no_parameters_and_round_trips(tmp_path):

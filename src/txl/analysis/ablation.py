@@ -277,7 +277,7 @@ def _run_claimed(base: RunConfig, data: str | None, out_dir: Path, *, budget_tok
     from txl.evaluation.stream import metric_unit
 
     base = dataclasses.replace(base, data=dataclasses.replace(base.data, path=None if data is None else str(data)))
-    base.validate()
+    base.check()
     corpus = load_run_corpus(base.data)
     unit = metric_unit(corpus.tokenizer.kind)
     eval_split = corpus.valid if base.eval.split == "valid" else corpus.test

@@ -105,9 +105,9 @@ class ClassifierConfig:
     def __post_init__(self) -> None:
         if not self.labels:
             self.labels = [str(i) for i in range(self.num_labels)]
-        self.validate()
+        self.check()
 
-    def validate(self) -> None:
+    def check(self) -> None:
         """Raise :class:`TxlError` naming the first impossible value."""
         check_fields(type(self), dataclasses.asdict(self), "classifier")
         if self.num_labels < 2:

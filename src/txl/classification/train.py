@@ -70,7 +70,7 @@ def classifier_run(lm_dir: str | Path, out_dir: str | Path, *, steps: int, batch
                         save_interval=save_interval)
     run = RunConfig(model=model, data=DataConfig(path=str(data)) if data else DataConfig(), train=train,
                     eval=EvalConfig())
-    run.validate()
+    run.check()
     return run
 
 

@@ -131,7 +131,7 @@ def _launch(args: argparse.Namespace, argv: list[str] | None, run) -> int:
     """``txl train --nproc N ...``: check what can be checked here, then run the same command in N ranks."""
     from txl.distributed import launch
 
-    run.validate()
+    run.check()
     t = run.train
     if args.nproc < 1:
         raise TxlError(f"--nproc must be >= 1, got {args.nproc}")

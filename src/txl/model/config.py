@@ -68,7 +68,7 @@ class TransformerXLConfig:
             objective; it trains the compression network only (see :class:`~txl.model.LMOutput`).
 
     Raises:
-        TxlError: from :meth:`validate` for impossible values.
+        TxlError: from :meth:`check` for impossible values.
     """
 
     vocab_size: int = 256
@@ -100,9 +100,9 @@ class TransformerXLConfig:
     recon_loss_weight: float = 1.0
 
     def __post_init__(self) -> None:
-        self.validate()
+        self.check()
 
-    def validate(self) -> None:
+    def check(self) -> None:
         """Raise :class:`TxlError` naming the first impossible value."""
         check_fields(type(self), dataclasses.asdict(self), "model")
         positive = ("vocab_size", "n_layer", "d_model", "n_head", "d_head", "d_inner", "tgt_len")

@@ -136,7 +136,7 @@ class TransformerXLLM(nn.Module):
 
     def __init__(self, config: TransformerXLConfig) -> None:
         super().__init__()
-        config.validate()
+        config.check()
         if torch.get_default_device().type != "meta":  # a damaged config: one line (physical memory, a constant)
             config.check_fits(memory_bytes())
         self.config = config

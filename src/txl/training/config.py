@@ -52,7 +52,7 @@ class FinetuneConfig:
     grad_segments: int = 1
     max_prompt_tokens: int = 0
 
-    def validate(self) -> None:
+    def check(self) -> None:
         """Raise :class:`TxlError` naming the first value of a wrong type or impossible."""
         check_fields(type(self), dataclasses.asdict(self), "finetune")
         if not self.init:
@@ -84,16 +84,16 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(mem_len=256))
     finetune: FinetuneConfig | None = None
 
-    def validate(self) -> None:
+    def check(self) -> None:
         """Raise :class:`TxlError` for the first impossible value in any section."""
-        self.model.validate()
-        self.data.validate()
-        self.train.validate()
-        self.eval.validate()
+        self.model.check()
+        self.data.check()
+        self.train.check()
+        self.eval.check()
         if self.eval.clamp_len:  # refused before training, not at its final evaluation
             position_scheme(self.model.attn_type).check_clamp(self.eval.clamp_len, "eval.clamp_len")
         if self.finetune is not None:
-            self.finetune.validate()
+            self.finetune.check()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON/TOML-able nested dict (no ``finetune`` key for a language-model run)."""
@@ -126,7 +126,7 @@ class RunConfig:
             current.update(check_fields(section_cls, given, name))
             merged[name] = section_cls(**current)
         config = cls(**merged)
-        config.validate()
+        config.check()
         return config
 
 

@@ -284,7 +284,7 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
 
 def _check_run(run: RunConfig, d: distributed.Dist) -> None:
     """Refuses a config that cannot train (on these ranks)."""
-    run.validate()
+    run.check()
     if run.train.compile:  # (a saved run's config may hold it: refused where training starts, not on loading)
         check_compilable(run.model, "train.compile")
     t = run.train
