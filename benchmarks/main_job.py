@@ -53,8 +53,9 @@ def main() -> int:
             result = json.loads(out.read_text())
             evaluations.append({"mem_len": mem_len, "result": result, "wall_s": round(seconds, 1)})
         config = json.loads((run / "best" / "config.json").read_text())  # the model of the evaluated checkpoint
-    results = {"command": "python " + shlex.join(sys.argv), "date": time.strftime("%Y-%m-%d"),
-               "threads": os.environ.get("OMP_NUM_THREADS"), "torch": torch.__version__,
+    threads = os.environ.get("OMP_NUM_THREADS")
+    command = (f"OMP_NUM_THREADS={threads} " if threads else "") + "python " + shlex.join(sys.argv)
+    results = {"command": command, "date": time.strftime("%Y-%m-%d"), "threads": threads, "torch": torch.__version__,
                "cpu_flags": sorted(cpu_flags() or ()), "train_command": "txl train", "train_wall_s": round(train_s, 1),
                "eval": evaluations, "config": config}
     Path(args.json).write_text(json.dumps(results, indent=1) + "\n")

@@ -420,7 +420,9 @@ def render(results: Path, spec) -> tuple[list[str], str]:
     facts, body = globals()[function](docs)
     lines = [f"## {title}", "", about.format(**facts), "", *body, "Measured with (the command, then its file):", ""]
     for name, fallback in files.items():
-        command = (docs[name].get("command") or fallback).replace("FILE", f"benchmarks/results/{name}")
+        # a recorded command may go on with notes on how it was run (", run as ...", " (seeds ..."): the JSON keeps them
+        recorded = re.split(r" \(|, ", docs[name].get("command") or "", maxsplit=1)[0]
+        command = (recorded or fallback).replace("FILE", f"benchmarks/results/{name}")
         lines.append(f"- `{command}` → [{name}](../benchmarks/results/{name})")
     return lines + ["", f"Method and discussion: [{docs_page}]({docs_page}).", ""], facts.get("readme", "")
 
