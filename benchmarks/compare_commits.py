@@ -22,6 +22,7 @@ Run on an otherwise idle machine: the ratios mean nothing under other load.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -71,6 +72,26 @@ def git(*argv: str) -> str:
     return subprocess.run(["git", *argv], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
 
 
+@contextlib.contextmanager
+def checkouts(base: str, head: str | None, prefix: str):
+    """The two trees to compare, as ``(commits, {"base": path, "head": path})``: ``base`` (and ``head``
+    when given) checked out into temporary git worktrees, removed on leaving; no ``head``: this checkout's
+    working tree."""
+    commits = {"base": git("rev-parse", base)}
+    commits["head"] = git("rev-parse", head) if head else f"{git('rev-parse', 'HEAD')} (working tree)"
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        trees = {}
+        try:
+            for side, rev in (("base", base), ("head", head)):
+                if rev:
+                    trees[side] = Path(tmp) / side
+                    git("worktree", "add", "--detach", str(trees[side]), rev)
+            yield commits, {"head": ROOT, **trees}
+        finally:
+            for tree in trees.values():
+                git("worktree", "remove", "--force", str(tree))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", required=True, help="the commit before the change (any git revision)")
@@ -87,28 +108,16 @@ def main() -> int:
         raise SystemExit(f"--parts takes {', '.join(PARTS)} (got {', '.join(unknown)}); --rounds >= 1"
                          if unknown else "--rounds must be >= 1")
     threads = os.environ.get("OMP_NUM_THREADS", "2")
-    commits = {"base": git("rev-parse", args.base)}
-    commits["head"] = git("rev-parse", args.head) if args.head else f"{git('rev-parse', 'HEAD')} (working tree)"
-    with tempfile.TemporaryDirectory(prefix="txl-compare-") as tmp:
-        trees = {}
-        for side in ("base", "head") if args.head else ("base",):
-            trees[side] = Path(tmp) / side
-            git("worktree", "add", "--detach", str(trees[side]), getattr(args, side))
-        trees.setdefault("head", ROOT)
-        measured: dict[str, dict[str, list[float]]] = {"base": {}, "head": {}}
-        start = time.time()
-        try:
-            for r in range(args.rounds):
-                for side in ("base", "head") if r % 2 == 0 else ("head", "base"):
-                    for part in parts:
-                        flags = PARTS[part] + shlex.split(args.bench_args)
-                        print(f"round {r + 1}/{args.rounds}: {side} {part}", flush=True)
-                        for name, value in run_part(trees[side], flags, threads).items():
-                            measured[side].setdefault(f"{part}{name}", []).append(value)
-        finally:
-            for side, tree in trees.items():
-                if tree != ROOT:
-                    git("worktree", "remove", "--force", str(tree))
+    start = time.time()
+    measured: dict[str, dict[str, list[float]]] = {"base": {}, "head": {}}
+    with checkouts(args.base, args.head, "txl-compare-") as (commits, trees):
+        for r in range(args.rounds):
+            for side in ("base", "head") if r % 2 == 0 else ("head", "base"):
+                for part in parts:
+                    flags = PARTS[part] + shlex.split(args.bench_args)
+                    print(f"round {r + 1}/{args.rounds}: {side} {part}", flush=True)
+                    for name, value in run_part(trees[side], flags, threads).items():
+                        measured[side].setdefault(f"{part}{name}", []).append(value)
     rows = {}
     for name in sorted(set(measured["base"]) & set(measured["head"])):
         base, head = statistics.median(measured["base"][name]), statistics.median(measured["head"][name])

@@ -29,11 +29,13 @@ import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from compare_commits import checkouts  # noqa: E402  (the two trees, checked out the same way)
+
 ROWS = ("float32 eager", "int8 compiled")
 
 
@@ -85,10 +87,6 @@ def worker(row: str, batch: int, tokens: int) -> None:
         print(statistics.median(times), flush=True)
 
 
-def git(*argv: str) -> str:
-    return subprocess.run(["git", *argv], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
-
-
 def compare(trees: dict[str, Path], row: str, batch: int, rounds: int, tokens: int, threads: str) -> dict:
     """One row: both trees' workers, ``rounds`` turns each in alternating order; seconds per step and ratios."""
     workers = {}
@@ -134,27 +132,15 @@ def main() -> int:
     if args.rounds < 1 or args.tokens < 1:
         raise SystemExit("compare_steps.py: --rounds and --tokens must be >= 1")
     threads = os.environ.get("OMP_NUM_THREADS", "2")
-    commits = {"base": git("rev-parse", args.base)}
-    commits["head"] = git("rev-parse", args.head) if args.head else f"{git('rev-parse', 'HEAD')} (working tree)"
     start, rows = time.time(), []
-    with tempfile.TemporaryDirectory(prefix="txl-steps-") as tmp:
-        trees = {}
-        for side in ("base", "head") if args.head else ("base",):
-            trees[side] = Path(tmp) / side
-            git("worktree", "add", "--detach", str(trees[side]), getattr(args, side))
-        trees.setdefault("head", ROOT)
-        try:
-            for row in ROWS:
-                for batch in args.batch_size:
-                    rows.append(compare(trees, row, batch, args.rounds, args.tokens, threads))
-                    r = rows[-1]
-                    flag = "  SLOWER" if r["ratio"] < args.floor else ""
-                    print(f"{row:14s} batch {batch}: base {r['base_tokens_per_s']:7.0f} head "
-                          f"{r['head_tokens_per_s']:7.0f} tokens/s  ratio {r['ratio']:.3f}{flag}", flush=True)
-        finally:
-            for tree in trees.values():
-                if tree != ROOT:
-                    git("worktree", "remove", "--force", str(tree))
+    with checkouts(args.base, args.head, "txl-steps-") as (commits, trees):
+        for row in ROWS:
+            for batch in args.batch_size:
+                rows.append(compare(trees, row, batch, args.rounds, args.tokens, threads))
+                r = rows[-1]
+                flag = "  SLOWER" if r["ratio"] < args.floor else ""
+                print(f"{row:14s} batch {batch}: base {r['base_tokens_per_s']:7.0f} head "
+                      f"{r['head_tokens_per_s']:7.0f} tokens/s  ratio {r['ratio']:.3f}{flag}", flush=True)
     sys.path.insert(0, str(ROOT / "src"))
     from txl.runtime import cpu_flags
 
