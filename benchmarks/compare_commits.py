@@ -84,8 +84,8 @@ def checkouts(base: str, head: str | None, prefix: str):
         try:
             for side, rev in (("base", base), ("head", head)):
                 if rev:
-                    trees[side] = Path(tmp) / side
-                    git("worktree", "add", "--detach", str(trees[side]), rev)
+                    git("worktree", "add", "--detach", str(Path(tmp) / side), rev)
+                    trees[side] = Path(tmp) / side  # (removed on leaving: only a tree that was added)
             yield commits, {"head": ROOT, **trees}
         finally:
             for tree in trees.values():

@@ -29,6 +29,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -65,7 +66,7 @@ def worker(row: str, batch: int, tokens: int) -> None:
     def steps():
         if row == "float32 eager":
             it = generate_steps(model, prompt, tokens + 1, span=span, temperature=0.0)
-            next(it)  # the prompt
+            next(it)  # reads the prompt, samples the first token (not timed)
             for _ in range(tokens):
                 yield lambda: next(it)
             return
@@ -89,17 +90,19 @@ def worker(row: str, batch: int, tokens: int) -> None:
 
 def compare(trees: dict[str, Path], row: str, batch: int, rounds: int, tokens: int, threads: str) -> dict:
     """One row: both trees' workers, ``rounds`` turns each in alternating order; seconds per step and ratios."""
-    workers = {}
+    workers, logs = {}, {side: tempfile.TemporaryFile("w+") for side in trees}  # stderr: a pipe could fill up
     for side, tree in trees.items():
         env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": threads}
         command = [sys.executable, __file__, "--worker", row, str(batch), str(tokens)]
         workers[side] = subprocess.Popen(command, env=env, cwd=tree, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, text=True)
+                                         stderr=logs[side], text=True)
     try:
         for side, proc in workers.items():
             if proc.stdout.readline().strip() != "ready":
+                proc.wait()
+                logs[side].seek(0)
                 raise SystemExit(f"compare_steps.py: the {side} worker for {row!r} failed: "
-                                 + " | ".join(proc.stderr.read().strip().splitlines()[-3:]))
+                                 + " | ".join(logs[side].read().strip().splitlines()[-3:]))
         seconds: dict[str, list[float]] = {"base": [], "head": []}
         for r in range(rounds):
             for side in ("base", "head") if r % 2 == 0 else ("head", "base"):
@@ -107,9 +110,10 @@ def compare(trees: dict[str, Path], row: str, batch: int, rounds: int, tokens: i
                 workers[side].stdin.flush()
                 seconds[side].append(float(workers[side].stdout.readline()))
     finally:
-        for proc in workers.values():
+        for side, proc in workers.items():
             proc.stdin.close()
             proc.wait()
+            logs[side].close()
     ratios = [b / h for b, h in zip(seconds["base"], seconds["head"])]
     return {"row": row, "batch": batch, "base_tokens_per_s": batch / statistics.median(seconds["base"]),
             "head_tokens_per_s": batch / statistics.median(seconds["head"]), "ratio": statistics.median(ratios),

@@ -39,7 +39,7 @@ SECTIONS = [
      "cache (transformers), the two decoding in turn; txl keeps a memory of C tokens, GPT-2 a cache of C. {machine}",
      {"cpu-avx512-bench-small.json": f"{BENCH} --vs hf --json FILE",
       "cpu-avx512-gen-lengths.json": f"{BENCH} --vs hf --gen-lengths 128,512,1024,2048,3800 --json FILE"},
-     "benchmarks.md", "generation", ("generation against a same-size GPT-2 with KV cache", "`txl bench --vs hf`")),
+     "benchmarks.md", "generation", ("generation against a same-size GPT-2 with KV cache", "`txl bench --vs hf [--gen-lengths]`")),
     ("Evaluation speed-up over the vanilla sliding window", "The paper's Table 9: at each attention length L, a "
      "vanilla Transformer that recomputes a window of L tokens for every predicted token (causal attention kernel) "
      "against txl reading segments of {tgt_len} after a memory of L, both measured at every length. {machine}",
@@ -199,7 +199,7 @@ def bench_vs_hf(docs):
              f"{num(b['matmul_peak_flops_float32'] / 1e9)} in float32.", ""]
     return dict(model=model(d["config"], span=True), batch=d["batch"], steps=len(t["train_times"]),
                 machine=machine(d), readme=f"training {times(r['train_tokens_per_s'])}, evaluation "
-                f"{times(r['eval_tokens_per_s'])}, peak RSS {times(r['peak_rss_mb'])}; bf16: "
+                f"{times(r['eval_tokens_per_s'])}, peak RSS {times(r['peak_rss_mb'])}; txl bf16 vs TransfoXL fp32: "
                 f"{times(br['train_tokens_per_s'])} / {times(br['eval_tokens_per_s'])}"), body
 
 
@@ -383,11 +383,13 @@ def compressive(docs):
             runs.setdefault(tuple(key.split("/")[:2]), []).append(run)
     rows = [[corpus, f"`{variant}`", f"{rs[0]['settings']['mem_len']} / {rs[0]['settings'].get('cmem_len', 0)}",
              f"{rs[0]['unit']} " + mean_range([r["value"] for r in rs], lambda x: acc(x, 4)),
-             num(speed[variant]["tokens_per_s"]) if variant in speed else "", spread([r["peak_rss_mib"] for r in rs])]
-            for (corpus, variant), rs in runs.items()]
+             spread([r["peak_rss_mib"] for r in rs])] for (corpus, variant), rs in runs.items()]
     first = next(iter(runs.values()))
     body = table(["corpus", "variant", "mem_len / cmem_len", f"valid at step {first[0]['steps']:,}: mean (seeds)",
-                  "training tokens/s (variants timed in turn)", "peak RSS MiB"], rows)
+                  "peak RSS MiB"], rows)
+    if speed:  # timed once per variant, in turns, on random bytes with the runs' model and span
+        body += [*table(["variant", "training tokens/s (random bytes, variants timed in turn)"],
+                            [[f"`{v}`", num(s["tokens_per_s"])] for v, s in speed.items()])]
     return dict(tgt_len=first[0]["settings"]["tgt_len"], steps=num(first[0]["steps"]), seeds=len(first),
                 tokens=num(first[0]["n_tokens"])), body
 
@@ -422,6 +424,7 @@ def render(results: Path, spec) -> tuple[list[str], str]:
     for name, fallback in files.items():
         # a recorded command may go on with notes on how it was run (", run as ...", " (seeds ..."): the JSON keeps them
         recorded = re.split(r" \(|, ", docs[name].get("command") or "", maxsplit=1)[0]
+        recorded = recorded.replace("../shared/data/", "data/")  # the corpus as this repository ships it
         command = (recorded or fallback).replace("FILE", f"benchmarks/results/{name}")
         lines.append(f"- `{command}` → [{name}](../benchmarks/results/{name})")
     return lines + ["", f"Method and discussion: [{docs_page}]({docs_page}).", ""], facts.get("readme", "")

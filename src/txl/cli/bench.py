@@ -225,7 +225,7 @@ def _long_range(args: argparse.Namespace) -> int:
 
     check_range(args, 1, "seeds", "steps", "episodes", "pool")
     check_range(args, 0, "first_seed")
-    default = ("mem64", "mem256", "mem1024", "cmem", "mem0", "abs", "mem64-bptt4")  # analysis.long_range.ROWS (no torch)
+    default = ("mem64", "mem256", "mem1024", "cmem", "mem0", "abs", "mem64-bptt4")  # studies.long_range.suite.ROWS (no torch)
     known = (*default, "mem64-bptt2", "mem64-L4-bptt4")  # and EXTRA_ROWS, run only when named
     names = [n.strip() for n in args.rows.split(",")] if args.rows else list(default)
     unknown = [n for n in names if n not in known]

@@ -160,8 +160,8 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     A ``metrics.csv`` row is written before the checkpoint of its step, so a kill between the two
     loses no row. A checkpoint is never written with NaN or infinite weights.
 
-    ``task``: the task to train (see :mod:`txl.training.lm_task` for the interface), e.g. a
-    a task such as :class:`txl.training.lm_task.LMTask`; None: the one ``run`` describes (:func:`make_task`).
+    ``task``: the task to train (see :mod:`txl.training.lm_task` for the interface), e.g.
+    :class:`txl.training.lm_task.LMTask`; None: the one ``run`` describes (:func:`make_task`).
     A given task is not recorded in ``run.json``: resuming such a run needs the same task again.
 
     Raises:
