@@ -119,7 +119,7 @@ def main() -> int:
     import numpy as np
 
     from txl.classification.baselines import tfidf_baseline
-    from txl.classification.model import SAVED_WITHOUT
+    from txl.config import SAVED_WITHOUT
     from txl.evaluation.intervals import accuracy, bootstrap_interval, macro_f1
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -31,7 +31,7 @@ CORPORA = {"default": ["data.tokenizer=byte"],
 ONE_RUN = r"""
 import json, resource, sys, torch
 torch.set_num_threads(1)
-from txl.training.config import load_run_config
+from txl.config import load_run_config
 from txl.training.loop import train
 run = load_run_config("configs/cpu-tiny.toml", sys.argv[2:])
 r = train(run, progress=False, log=lambda m: None)
@@ -52,7 +52,7 @@ def speed(variants: list[str], rounds: int) -> dict:
     import torch
 
     from txl.model import TransformerXLLM
-    from txl.training.config import load_run_config
+    from txl.config import load_run_config
 
     torch.set_num_threads(1)
     base = load_run_config("configs/cpu-tiny.toml", ["model.tgt_len=32", "model.vocab_size=256"]).model

@@ -60,7 +60,7 @@ def build_checkpoint(folder: Path) -> str:
     from txl.data.tokenizers.simple import WordTokenizer
     from txl.model import TransformerXLConfig, TransformerXLLM
     from txl.training.checkpoint import save_checkpoint
-    from txl.training.config import RunConfig
+    from txl.config import RunConfig
 
     texts = [p.read_text(encoding="utf-8", errors="replace") for p in default_corpus_files()[:20]]
     tok = WordTokenizer.build(texts, max_size=8000)

@@ -74,7 +74,7 @@ def name_shares(model, tokenizer, sep_id: int, pairs: list[dict], span) -> tuple
 
 def main() -> int:
     from txl.data.pairs import find_markers
-    from txl.model.span import AttentionSpan
+    from txl.config import AttentionSpan
     from txl.training.checkpoint import load_checkpoint
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import ROOT
 
-from txl.training.config import RunConfig, load_run_config, parse_override
+from txl.config import RunConfig, load_run_config, parse_override
 from txl.errors import TxlError
 
 CONFIGS = ROOT / "configs"
@@ -107,7 +107,7 @@ def test_paper_configs_have_the_papers_parameter_count(name):
 
 
 def test_one_ignore_index():
-    """IGNORE_INDEX is defined once (txl.config) and no other module writes -100 in code."""
+    """IGNORE_INDEX is defined once (txl.config.fields) and no other module writes -100 in code."""
     import io
     import tokenize
 
@@ -125,4 +125,4 @@ def test_one_ignore_index():
         for a, b in zip(tokens, tokens[1:]):
             if a.type == tokenize.OP and a.string == "-" and b.type == tokenize.NUMBER and b.string == "100":
                 found.append(f"{path.relative_to(Path(txl.__file__).parent)}:{a.start[0]}")
-    assert len(found) == 1 and found[0].startswith("config.py:"), found
+    assert len(found) == 1 and found[0].startswith("config/fields.py:"), found

@@ -16,7 +16,7 @@ from txl.errors import TxlError
 from txl.fileio import read_json, read_json_object, read_jsonl
 from txl.model import TransformerXLLM
 from txl.training.checkpoint import load_checkpoint, save_checkpoint
-from txl.training.config import RunConfig
+from txl.config import RunConfig
 
 DEEP = "[" * 100_000 + "]" * 100_000
 PIECES = [b"[", b"]", b"{", b"}", b'"', b'"a"', b":", b",", b"1", b"-", b"e999", b"1" * 5000, b"\n", b"\r",

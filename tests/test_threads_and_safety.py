@@ -21,7 +21,7 @@ from txl.data import CharTokenizer
 from txl.errors import TxlError
 from txl.runtime import choose_threads, usable_cpus
 from txl.training.checkpoint import load_checkpoint, save_checkpoint
-from txl.training.config import RunConfig
+from txl.config import RunConfig
 
 TINY = ["model.n_layer=1", "model.d_model=16", "model.n_head=2", "model.d_head=8", "model.d_inner=32",
         "model.tgt_len=8", "model.mem_len=8", "train.batch_size=4", "train.max_steps=2", "train.eval_interval=2",

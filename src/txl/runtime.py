@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from txl.config import DTYPES, MAX_THREADS, check_threads
+from txl.config.fields import DTYPES, MAX_THREADS, check_threads
 from txl.errors import TxlError
 
 

@@ -10,7 +10,7 @@ from conftest import SHAKESPEARE, needs_shakespeare
 from txl.analysis.ablation import (JSON_NAME, PLOT_NAME, TABLE_NAME, VARIANTS, default_base, evaluate_variant,
                           plan_variants, run_ablation)
 from txl.cli import main
-from txl.training.config import RunConfig
+from txl.config import RunConfig
 from txl.errors import TxlError
 
 TINY = {"model": {"n_layer": 1, "d_model": 16, "n_head": 2, "d_head": 8, "d_inner": 32, "dropout": 0.0,

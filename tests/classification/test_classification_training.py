@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from conftest import tiny_model
 from txl.classification import TransformerXLForSequenceClassification
-from txl.classification.model import ClassifierConfig
+from txl.config import ClassifierConfig
 from txl.classification.train import fit_classifier
 from txl.data import ByteTokenizer
 from txl.errors import TxlError
@@ -106,7 +106,7 @@ def test_a_run_folder_is_refused_when_not_new_and_the_data_when_changed(tmp_path
     import json
     import shutil
 
-    from txl.training.config import RunConfig
+    from txl.config import RunConfig
 
     shutil.copytree(lm, tmp_path / "lmrun" / "last")
     (tmp_path / "lmrun" / "run.json").write_text(json.dumps(RunConfig().to_dict()))

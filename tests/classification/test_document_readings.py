@@ -11,7 +11,7 @@ import torch
 from conftest import tiny_config
 from txl.classification import TransformerXLForSequenceClassification
 from txl.classification.data import pad_batch
-from txl.classification.model import ClassifierConfig
+from txl.config import ClassifierConfig
 from txl.errors import TxlError
 
 pytestmark = pytest.mark.usefixtures("one_thread")

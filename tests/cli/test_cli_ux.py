@@ -24,7 +24,7 @@ from txl.data.corpus import load_corpus
 from txl.errors import TxlError
 from txl.generation import stream_text
 from txl.training.checkpoint import save_checkpoint
-from txl.training.config import RunConfig, parse_override
+from txl.config import RunConfig, parse_override
 
 TINY = ["model.n_layer=1", "model.d_model=16", "model.n_head=2", "model.d_head=8", "model.d_inner=32",
         "model.tgt_len=8", "model.mem_len=8", "train.batch_size=4", "train.max_steps=4", "train.eval_interval=2",

@@ -29,7 +29,7 @@ from txl.model import TransformerXLConfig, TransformerXLLM
 from txl.config import CHECKSUMS_NAME, RUN_NAME
 from txl.data.download import sha256_file
 from txl.training.checkpoint import save_checkpoint
-from txl.training.config import SECTIONS, FinetuneConfig, RunConfig, load_run_config
+from txl.config import SECTIONS, FinetuneConfig, RunConfig, load_run_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -15,7 +15,7 @@ from txl.data import ByteTokenizer
 from txl.data.pairs import add_markers
 from txl.errors import CLIP_CHARS, TxlError, clip_message, quoted
 from txl.training.checkpoint import save_checkpoint
-from txl.training.config import FinetuneConfig, RunConfig
+from txl.config import FinetuneConfig, RunConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

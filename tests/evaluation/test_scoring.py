@@ -10,7 +10,7 @@ import torch
 
 from conftest import tiny_model
 from txl.cli import main
-from txl.training.config import RunConfig
+from txl.config import RunConfig
 from txl.data import ByteTokenizer, CharTokenizer
 from txl.errors import TxlError
 from txl.evaluation.stream import evaluate

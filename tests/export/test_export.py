@@ -13,7 +13,7 @@ from txl.export.files import export_decoder
 from txl.model.graphs import RingStep, SegmentReader, check_exportable, ring_capacity
 from txl.export.runner import ExportedDecoder
 from txl.generation import generate
-from txl.model.span import resolve_span
+from txl.config import resolve_span
 
 CONFIGS = [dict(), dict(same_length=True), dict(clamp_len=3), dict(pre_lnorm=True, untie_r=True),
            dict(attn_type="shaw", shaw_max_dist=6), dict(cutoffs=[10, 20], div_val=2, d_embed=16),
@@ -282,7 +282,7 @@ def test_txl_export_and_the_runner_from_the_command_line(tmp_path, capsys):
     from txl.data import ByteTokenizer
     from txl.export.runner import main as runner_main
     from txl.training.checkpoint import load_checkpoint, save_checkpoint
-    from txl.training.config import RunConfig
+    from txl.config import RunConfig
 
     tokenizer = ByteTokenizer()
     model = tiny_model(dtype=torch.float32, vocab_size=tokenizer.vocab_size, n_layer=2)

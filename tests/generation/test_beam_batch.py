@@ -12,7 +12,7 @@ from txl.generation import DecodingRules, beam_search, generate, prime_memory, p
 from txl.model import cpu
 from txl.model.decoding import DecodingState
 from txl.training.checkpoint import save_checkpoint
-from txl.training.config import RunConfig
+from txl.config import RunConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

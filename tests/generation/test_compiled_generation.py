@@ -108,7 +108,7 @@ def test_compiled_generation_refuses_what_the_ring_cannot_hold():
 def test_txl_generate_compile_refusals_are_one_line(tmp_path, capsys):
     from txl.data import ByteTokenizer
     from txl.training.checkpoint import save_checkpoint
-    from txl.training.config import RunConfig
+    from txl.config import RunConfig
 
     tokenizer = ByteTokenizer()
     save_checkpoint(tmp_path / "ckpt", tiny_model(dtype=torch.float32, vocab_size=tokenizer.vocab_size, n_layer=1),
@@ -141,7 +141,7 @@ def test_txl_generate_compile_with_int8_weights(tmp_path, capsys, monkeypatch):
     from txl.data import ByteTokenizer
     from txl.runtime import compile_module
     from txl.training.checkpoint import save_checkpoint
-    from txl.training.config import RunConfig
+    from txl.config import RunConfig
 
     monkeypatch.setattr(ring, "compile_module", lambda module, **kw: compile_module(module, **{**kw, "backend": "aot_eager"}))
     tokenizer = ByteTokenizer()

@@ -11,7 +11,7 @@ from txl.data.pairs import find_markers
 from txl.errors import TxlError
 from txl.generation import DecodingRules, StopText, adjust_logits, banned_ngram_tokens, complete, generate, sample_next
 from txl.training.checkpoint import save_checkpoint
-from txl.training.config import RunConfig
+from txl.config import RunConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -21,7 +21,7 @@ from txl.errors import TxlError
 from txl.evaluation.stream import evaluate
 from txl.generation import DecodingRules, generate
 from txl.model.segments import segments
-from txl.model.span import AttentionSpan
+from txl.config import AttentionSpan
 
 # tensor methods and functions whose result is a host value (or a shape that depends on values)
 READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "__complex__", "is_nonzero", "cpu",

@@ -157,7 +157,7 @@ def test_evaluate_compiled_with_int8_weights_equals_eager_int8(aot_eager):
 def test_compile_refuses_what_it_does_not_serve_yet(tmp_path, aot_eager):
     from txl.errors import TxlError
     from txl.evaluation.stream import evaluate
-    from txl.training.config import load_run_config
+    from txl.config import load_run_config
 
     from txl.training.loop import train
 
@@ -178,7 +178,7 @@ def test_compile_refuses_what_it_does_not_serve_yet(tmp_path, aot_eager):
 def test_train_compile_gives_the_eager_run(tmp_path, aot_eager):
     import csv
 
-    from txl.training.config import load_run_config
+    from txl.config import load_run_config
     from txl.training.loop import train
 
     corpus = tmp_path / "corpus.txt"

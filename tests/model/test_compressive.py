@@ -232,7 +232,7 @@ def test_training_resume_and_commands_with_compressed_memory(tmp_path, monkeypat
     from conftest import one_error_line, run_cli
     from txl.cli import main
     from txl.training.checkpoint import load_checkpoint
-    from txl.training.config import load_run_config
+    from txl.config import load_run_config
     from txl.training.loop import train
 
     corpus = tmp_path / "corpus.txt"
@@ -302,7 +302,7 @@ def test_ablation_variant_attention_mass_and_classification():
     from txl.analysis.ablation import COMPRESSIVE, VARIANTS, evaluate_variant, plan_variants
     from txl.analysis.attention_maps import compressed_attention_mass
     from txl.evaluation.stream import evaluate
-    from txl.training.config import RunConfig
+    from txl.config import RunConfig
 
     base = RunConfig.from_dict({"model": {"n_layer": 2, "d_model": 16, "n_head": 2, "d_head": 8, "d_inner": 64,
                                           "tgt_len": 8, "mem_len": 8}})

@@ -357,7 +357,7 @@ def test_a_served_session_with_quantised_weights_scores_as_the_quantised_model(k
     from txl.data import ByteTokenizer
     from txl.evaluation.scoring import score_tokens
     from txl.model.quantize import to_bfloat16
-    from txl.model.span import AttentionSpan
+    from txl.config import AttentionSpan
     from txl.serving.app import create_app
     from txl.serving.server import build_engine
 

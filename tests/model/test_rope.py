@@ -64,7 +64,7 @@ def test_rotary_needs_an_even_d_head_and_no_clamp_len():
         model(torch.zeros(1, 4, dtype=torch.long), span=AttentionSpan(tgt_len=4, mem_len=7, clamp_len=3))
     assert model.config.has_memory and not tiny_model(attn_type="abs", mem_len=0).config.has_memory
     # a run's evaluation span too, before any training
-    from txl.training.config import RunConfig
+    from txl.config import RunConfig
 
     with pytest.raises(TxlError, match="eval.clamp_len=16 has no meaning"):
         RunConfig.from_dict({"model": {"attn_type": "rope"}, "eval": {"clamp_len": 16}}).check()

@@ -28,12 +28,12 @@ from txl.data import ByteTokenizer  # noqa: E402
 from txl.data.tokenizers.incremental import TextCursor  # noqa: E402
 from txl.evaluation.scoring import score_tokens, token_text  # noqa: E402
 from txl.generation import generate  # noqa: E402
-from txl.model.span import AttentionSpan  # noqa: E402
+from txl.config import AttentionSpan  # noqa: E402
 from txl.serving.app import create_app  # noqa: E402
 from txl.serving.server import build_engine, listen  # noqa: E402
 from txl.serving.sessions import SessionState, SessionStore, StoreFull, read_tokens  # noqa: E402
 from txl.training.checkpoint import save_checkpoint  # noqa: E402
-from txl.training.config import RunConfig  # noqa: E402
+from txl.config import RunConfig  # noqa: E402
 
 SPAN = AttentionSpan(tgt_len=6, mem_len=10)
 TEXT = ("Transformer-XL reads text segment by segment; the memory carries the past. "

@@ -29,14 +29,14 @@ from txl.data.tokenizers.simple import WordTokenizer  # noqa: E402
 from txl.errors import TxlError  # noqa: E402
 from txl.evaluation.scoring import score_tokens  # noqa: E402
 from txl.generation import StopText, generate  # noqa: E402
-from txl.model.span import AttentionSpan  # noqa: E402
+from txl.config import AttentionSpan  # noqa: E402
 from txl.serving import engine as engine_module  # noqa: E402
 from txl.serving.app import create_app  # noqa: E402
 from txl.serving.engine import ServeError  # noqa: E402
 from txl.serving.metrics import Metrics, route_of  # noqa: E402
 from txl.serving.server import build_engine  # noqa: E402
 from txl.training.checkpoint import save_checkpoint  # noqa: E402
-from txl.training.config import RunConfig  # noqa: E402
+from txl.config import RunConfig  # noqa: E402
 
 SPAN = AttentionSpan(tgt_len=6, mem_len=10)
 TOK = ByteTokenizer()

@@ -27,7 +27,7 @@ from test_serve_faults import TEXT, TOK, byte_engine, new_session  # noqa: E402
 from txl.serving.engine import ServeError  # noqa: E402
 from txl.serving.server import listen  # noqa: E402
 from txl.training.checkpoint import save_checkpoint  # noqa: E402
-from txl.training.config import RunConfig  # noqa: E402
+from txl.config import RunConfig  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -15,7 +15,7 @@ from txl.studies.long_range.episodes import (CLOSE, FACT, HANDLES, PASS_KEY_HAND
                                  episode_batch, is_test_value, load_filler, training_stream)
 from txl.studies.long_range.scoring import retrieval_score
 from txl.model import LMOutput
-from txl.model.span import AttentionSpan
+from txl.config import AttentionSpan
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

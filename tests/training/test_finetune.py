@@ -18,7 +18,7 @@ from txl.errors import TxlError
 from txl.evaluation.completions import completion_losses, grad_window
 from txl.model import TransformerXLConfig, TransformerXLLM
 from txl.training.checkpoint import load_checkpoint, save_checkpoint
-from txl.training.config import RunConfig
+from txl.config import RunConfig
 from txl.training.finetune import PairsObjective
 from txl.training.loop import finetune
 

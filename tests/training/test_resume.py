@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 import txl.training.loop as loop
 from txl.cli import main
-from txl.training.config import RunConfig, load_run_config
+from txl.config import RunConfig, load_run_config
 from txl.errors import TxlError
 from txl.training.loop import train
 

@@ -18,7 +18,7 @@ from txl.data import ByteTokenizer
 from txl.errors import TxlError
 from txl.model import TransformerXLConfig, TransformerXLLM
 from txl.training.checkpoint import save_checkpoint
-from txl.training.config import RunConfig
+from txl.config import RunConfig
 from txl.training.loop import finetune
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_model
-from txl.training.config import load_run_config
+from txl.config import load_run_config
 from txl.evaluation.stream import evaluate, evaluate_sliding_window
 from txl.training.checkpoint import load_checkpoint
 from txl.training.loop import train

@@ -1,7 +1,7 @@
 """The paper's ablation of recurrence and positional encoding (Dai et al. 2019, §4.3, Table 6) at small scale,
 with rotary positions (Su et al. 2021) beside them.
 
-Five variants are trained from one base :class:`~txl.training.config.RunConfig` at (nearly) equal parameter
+Five variants are trained from one base :class:`~txl.config.RunConfig` at (nearly) equal parameter
 count and on the same tokens, then each is scored on the same targets at several attention lengths L:
 
 1. ``txl``: recurrence + relative encoding (``attn_type="rel"``, the base ``mem_len``); evaluated
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from txl.training.config import RunConfig
+from txl.config import RunConfig
 from txl.analysis.plots import plot_ablation
 from txl.errors import TxlError
 from txl.fileio import atomic_write, claim_folder, write_json

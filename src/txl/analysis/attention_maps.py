@@ -16,7 +16,7 @@ from txl.errors import TxlError
 from txl.model.segments import eval_mode, segments
 from txl.model import reference
 from txl.model.compressive import layer_memory, split_mems
-from txl.model.span import AttentionSpan, resolve_span
+from txl.config import AttentionSpan, resolve_span
 
 
 @torch.no_grad()

@@ -1,10 +1,7 @@
 """Document classification with Transformer-XL recurrence (see :mod:`txl.classification.model`)."""
 
-from txl.classification.model import (
-    ClassifierConfig,
-    ClassifierOutput,
-    TransformerXLForSequenceClassification,
-)
+from txl.classification.model import ClassifierOutput, TransformerXLForSequenceClassification
+from txl.config import ClassifierConfig
 from txl.classification.probe import probe_head
 from txl.classification.train import classification_metrics, evaluate_classifier, fit_classifier
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from txl.classification.model import SAVED_WITHOUT, TransformerXLForSequenceClassification
+from txl.classification.model import TransformerXLForSequenceClassification
+from txl.config import SAVED_WITHOUT
 from txl.classification.task import ClassifyTask
 from txl.config import CLASSIFIER_NAME, DataConfig, EvalConfig, TrainConfig
 from txl.errors import TxlError
@@ -18,7 +19,7 @@ from txl.evaluation.intervals import accuracy, macro_f1
 from txl.model.quantize import check_trainable
 from txl.model.serialization import read_model_config
 from txl.runtime import resolve_device
-from txl.training.config import RunConfig
+from txl.config import RunConfig
 
 
 @dataclass
@@ -51,7 +52,7 @@ def classifier_run(lm_dir: str | Path, out_dir: str | Path, *, steps: int, batch
                    warmup_steps: int = 0, weight_decay: float = 0.0, clip: float = 1.0, seed: int = 0,
                    tgt_len: int | None = None, mem_len: int | None = None, dtype: str = "float32",
                    device: str = "auto", threads: int = 0, data: str | Path = "", save_interval: int = 0) -> RunConfig:
-    """The :class:`~txl.training.config.RunConfig` of a classifier fine-tuned from ``lm_dir``.
+    """The :class:`~txl.config.RunConfig` of a classifier fine-tuned from ``lm_dir``.
 
     The model is the language model's config with ``tgt_len``/``mem_len`` for reading (None: the LM's);
     AdamW at ``lr`` with linear warm-up and cosine decay to lr/10; one validation, at the end

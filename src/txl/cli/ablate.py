@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     pyplot()  # the table ends in ablation.png: a missing matplotlib fails now, not after training every variant
     from txl.analysis.ablation import TABLE_NAME, default_base, describe, run_ablation
-    from txl.training.config import load_run_config
+    from txl.config import load_run_config
 
     if args.config:
         base = load_run_config(args.config)

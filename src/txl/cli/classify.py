@@ -367,7 +367,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.resume is None and main_rank:  # before anything is loaded (the training loop claims it later)
         check_output_folder(out, empty=True, inputs=[args.checkpoint, args.data, args.valid])
     from txl.classification.data import encode_texts  # imports torch: after the checks above
-    from txl.classification.model import ClassifierConfig
+    from txl.config import ClassifierConfig
     from txl.config import VOCAB_NAME
     from txl.data import load_tokenizer
     from txl.training.checkpoint import resume_run_dir

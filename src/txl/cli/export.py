@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     ckpt, _ = load_checkpoint(args, announce=True)
     from txl.config import VOCAB_NAME
     from txl.export.files import check_export, export_decoder
-    from txl.model.span import resolve_span
+    from txl.config import resolve_span
 
     span = resolve_span(ckpt.model.config, tgt_len=args.tgt_len, mem_len=args.mem_len, clamp_len=args.clamp_len,
                         same_length=args.same_length)

@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         raise TxlError("the prompt encodes to no tokens; give a longer prompt")
     if args.compile:  # what the ring step cannot hold, refused before the start line
         from txl.model.graphs import check_exportable
-        from txl.model.span import resolve_span
+        from txl.config import resolve_span
 
         check_exportable(ckpt.model.config, resolve_span(ckpt.model.config, mem_len=args.mem_len), "--compile",
                          reader=False)

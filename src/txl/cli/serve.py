@@ -116,7 +116,7 @@ def _interrupt(_signum, _frame) -> None:
 
 def _run(args: argparse.Namespace, api_key: str | None) -> int:
     """:func:`run` once the flags are checked: load, build, listen, serve."""
-    from txl.model.span import resolve_span
+    from txl.config import resolve_span
     from txl.serving.server import build_engine, listen, serve
 
     ckpt, _ = load_checkpoint(args, announce=True)

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             overrides.append(f"train.out_dir={args.out}")
         if args.tokenizer:
             overrides.append(f"data.tokenizer={args.tokenizer}")
-        from txl.training.config import load_run_config  # torch: once the arguments are checked
+        from txl.config import load_run_config  # torch: once the arguments are checked
 
         run_config = load_run_config(args.config, overrides + flags)
     if args.threads is not None:  # how this process runs, not what it trains: allowed with --resume too
@@ -189,7 +189,7 @@ def _report(result, run) -> int:
 
 def resumed_config(resume: str, overrides: list[str]):
     """The run folder named by ``--resume`` (``RUN/last`` stands for ``RUN``), its saved ``run.json``
-    as a dict, and the :class:`~txl.training.config.RunConfig` it holds with ``overrides`` applied
+    as a dict, and the :class:`~txl.config.RunConfig` it holds with ``overrides`` applied
     and its output folder set to the run.
 
     Raises:
@@ -198,7 +198,7 @@ def resumed_config(resume: str, overrides: list[str]):
     from txl.config import CLASSIFIER_NAME, RUN_NAME
     from txl.fileio import read_json_object
     from txl.training.checkpoint import resume_run_dir
-    from txl.training.config import RunConfig, parse_override
+    from txl.config import RunConfig, parse_override
 
     run_dir = str(resume_run_dir(resume))
     if any((Path(run_dir) / name / CLASSIFIER_NAME).is_file() for name in ("last", "best")):

@@ -7,7 +7,7 @@ import pickle
 import shutil
 from pathlib import Path
 
-from txl.training.config import EvalConfig, RunConfig
+from txl.config import EvalConfig, RunConfig
 from txl.convert.hf_transfo_xl import model_from_hf_state, read_hf_checkpoint, write_hf_checkpoint
 from txl.convert.safe_pickle import load_restricted_pickle, transfo_xl_words
 from txl.data import Tokenizer, WordTokenizer, load_tokenizer

@@ -20,7 +20,7 @@ from txl.data.pairs import pair_batch
 from txl.errors import TxlError
 from txl.model.segments import eval_mode, segments
 from txl.evaluation.stream import EvalResult
-from txl.model.span import AttentionSpan
+from txl.config import AttentionSpan
 from txl.runtime import progress_bar
 
 

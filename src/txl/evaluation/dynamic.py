@@ -40,7 +40,7 @@ from txl.errors import TxlError
 from txl.model.quantize import check_float_model
 from txl.model.segments import eval_mode, segments
 from txl.evaluation.stream import EvalResult, token_tensor
-from txl.model.span import AttentionSpan, resolve_span
+from txl.config import AttentionSpan, resolve_span
 from txl.runtime import progress_bar
 
 METHODS = ("sgd", "rms")

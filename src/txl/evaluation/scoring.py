@@ -33,7 +33,7 @@ from txl.errors import TxlError
 from txl.model.segments import decoding_state, eval_mode, segments
 from txl.runtime import check_fits
 from txl.evaluation.stream import metric_value
-from txl.model.span import AttentionSpan, resolve_span
+from txl.config import AttentionSpan, resolve_span
 
 __all__ = ["DocumentScore", "score", "score_tokens", "score_texts", "token_text", "total_metric"]
 

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from txl.config import IGNORE_INDEX
 from txl.data import LMOrderedIterator
 from txl.errors import TxlError
-from txl.model.config import check_compilable
+from txl.config import check_compilable
 from txl.model.segments import decoding_state, eval_mode, segments
-from txl.model.span import AttentionSpan, resolve_span
+from txl.config import AttentionSpan, resolve_span
 from txl.runtime import autocast, check_fits, compile_module, progress_bar
 
 

@@ -22,7 +22,7 @@ from txl.errors import TxlError
 from txl.model.graphs import RingStep, SegmentReader, check_exportable, ring_capacity
 from txl.fileio import claim_folder, write_json
 from txl.model.quantize import is_quantized
-from txl.model.span import AttentionSpan
+from txl.config import AttentionSpan
 
 FORMATS = ("onnx", "pt2")
 QUANTIZE = ("int8",)

@@ -11,7 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from txl.config import CHECKSUMS_NAME, CONFIG_NAME, RUN_NAME, WEIGHTS_NAME
+from txl.config.fields import CHECKSUMS_NAME, CONFIG_NAME, RUN_NAME, WEIGHTS_NAME
 
 
 # the files that make a folder a txl checkpoint or run folder (txl.training.checkpoint writes them):

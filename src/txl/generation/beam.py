@@ -15,7 +15,7 @@ from txl.generation.stream import prime_memory, step_state
 from txl.model.decoding import DecodingState
 from txl.model.checks import check_input_ids
 from txl.model.memory import Mems
-from txl.model.span import AttentionSpan, resolve_span
+from txl.config import AttentionSpan, resolve_span
 from txl.runtime import available_memory_bytes, format_bytes
 
 

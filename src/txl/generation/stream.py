@@ -15,7 +15,7 @@ from txl.model.decoding import DecodingState
 from txl.model.checks import check_input_ids
 from txl.model.memory import Mems, check_mems, given_length
 from txl.model.graphs import RingDecoder, check_exportable
-from txl.model.span import AttentionSpan, resolve_span
+from txl.config import AttentionSpan, resolve_span
 from txl.runtime import check_fits
 
 

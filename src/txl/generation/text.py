@@ -13,7 +13,7 @@ from txl.errors import TxlError
 from txl.generation.beam import beam_search
 from txl.generation.sampling import DecodingRules, Generators, rules_from
 from txl.generation.stream import generate_steps
-from txl.model.span import AttentionSpan
+from txl.config import AttentionSpan
 
 
 class StopText:

@@ -2,8 +2,8 @@
 loop that reads text with it (:mod:`txl.model.segments`)."""
 
 from txl.model.decoding import DecodingState, LayerCache
-from txl.model.config import TransformerXLConfig
-from txl.model.span import AttentionSpan, resolve_span
+from txl.config import TransformerXLConfig
+from txl.config import AttentionSpan, resolve_span
 from txl.model.transformer import LMOutput, TransformerXLLM
 
 __all__ = ["AttentionSpan", "DecodingState", "LMOutput", "LayerCache", "TransformerXLConfig", "TransformerXLLM", "resolve_span"]

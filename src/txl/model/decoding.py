@@ -50,7 +50,7 @@ import torch
 
 from txl.errors import TxlError
 from txl.model.checks import padding_mask
-from txl.model.span import AttentionSpan
+from txl.config import AttentionSpan
 from txl.runtime import format_bytes, out_of_memory, reads_values
 
 
@@ -437,7 +437,7 @@ def check_state(state: DecodingState, model, mems, span: AttentionSpan | None) -
                        "this one")
     if state.owner is None:
         state.owner = weakref.ref(model)
-    if not model.positions.memory:
+    if not model.config.has_memory:
         raise TxlError(f"a decoding state needs a model with memory; this model's attn_type {c.attn_type!r} "
                        "has none to hold")
     if torch.is_grad_enabled():

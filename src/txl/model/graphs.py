@@ -40,7 +40,7 @@ from torch import nn
 from txl.errors import TxlError
 from txl.model.decoding import DecodingState, ring_capacity
 from txl.model.segments import segments
-from txl.model.span import AttentionSpan
+from txl.config import AttentionSpan
 from txl.runtime import compile_module
 
 EXPORTABLE = ("rel", "shaw")  # the schemes whose step is a table of distances (keys independent of position)

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from txl.config import check_clamp, check_position_scheme
 from txl.errors import TxlError
 from txl.model.cpu import Linear
 from txl.model.attention import (biased_attention, one_query_attention, padded_position_keys, relative_positions,
@@ -43,7 +44,6 @@ class PositionScheme(nn.Module):
 
     Attributes:
         name: its ``attn_type``.
-        memory: whether a model with it keeps a memory (and so may use a decoding state).
         keeps_scores: whether its attention forms [B, H, T, K] scores outside the fused kernel's
             causal path (the memory check before a reading counts them).
         scale: ``1/sqrt(d_head)``, the scores' scale.
@@ -54,25 +54,11 @@ class PositionScheme(nn.Module):
     """
 
     name = ""
-    memory = True
     keeps_scores = True
 
     def __init__(self, config, shared: tuple[nn.Parameter, nn.Parameter] | None = None) -> None:
         super().__init__()
         self.n_head, self.d_head, self.scale = config.n_head, config.d_head, 1.0 / math.sqrt(config.d_head)
-
-    @classmethod
-    def check(cls, config) -> None:
-        """Raise :class:`TxlError` for a config this scheme cannot serve (default: none)."""
-
-    @classmethod
-    def check_clamp(cls, clamp_len: int, flag: str = "clamp_len") -> None:
-        """Raise :class:`TxlError` when the scheme cannot read with ``clamp_len`` (given as ``flag``; default: any)."""
-
-    @classmethod
-    def parameter_count(cls, config) -> int:
-        """Parameters of its own per layer (an upper bound, for the config's size check)."""
-        return 0
 
     @classmethod
     def shared_parameters(cls, config) -> tuple[nn.Parameter, nn.Parameter] | None:
@@ -176,11 +162,6 @@ class Relative(_DistanceTable):
         self.r_net = Linear(config.d_model, config.n_head * config.d_head, bias=False)
 
     @classmethod
-    def parameter_count(cls, config) -> int:
-        heads = config.n_head * config.d_head
-        return heads * config.d_model + 2 * heads  # r_net and per-layer u/v (counted whether untied or not)
-
-    @classmethod
     def shared_parameters(cls, config):
         if config.untie_r:
             return None
@@ -239,19 +220,9 @@ class Shaw(_DistanceTable):
 
     def __init__(self, config, shared=None) -> None:
         super().__init__(config)
-        self.check(config)
+        check_position_scheme(config)
         self.max_dist = config.shaw_max_dist
         self.r_emb = nn.Parameter(torch.empty(config.shaw_max_dist + 1, config.n_head, config.d_head))
-
-    @classmethod
-    def check(cls, config) -> None:
-        if config.shaw_max_dist < 1:
-            raise TxlError(f"model.attn_type='shaw' needs model.shaw_max_dist >= 1 (the clipping distance, e.g. "
-                           f"tgt_len + mem_len - 1), got {config.shaw_max_dist}")
-
-    @classmethod
-    def parameter_count(cls, config) -> int:
-        return (config.shaw_max_dist + 1) * config.n_head * config.d_head
 
     def attend(self, q, k, v, positions, mask, cache, window, dropout_p):
         # the learned a_d for distances K-1 ... 0 (clipped), then the same realignment as "rel":
@@ -270,7 +241,6 @@ class Absolute(PositionScheme):
     segment's positions restart at 0, so the model keeps no memory."""
 
     name = "abs"
-    memory = False
     keeps_scores = False
 
     @classmethod
@@ -324,21 +294,8 @@ class Rotary(PositionScheme):
     name = "rope"
 
     @classmethod
-    def check(cls, config) -> None:
-        if config.d_head % 2:
-            raise TxlError(f"model.attn_type='rope' needs an even model.d_head (pairs of dimensions rotate), got "
-                           f"{config.d_head}")
-        cls.check_clamp(config.clamp_len, "model.clamp_len")
-
-    @classmethod
-    def check_clamp(cls, clamp_len, flag="clamp_len"):
-        if clamp_len:
-            raise TxlError(f"{flag}={clamp_len} has no meaning with attn_type='rope' (rotations of every distance); "
-                           "set it to 0")
-
-    @classmethod
     def segment(cls, config, klen, first, span, device, dtype, drop, caches=None):
-        cls.check_clamp(span.clamp_len)
+        check_clamp("rope", span.clamp_len)
         cos, sin = rotary_angles(torch.arange(first, first + klen, device=device), config.d_head)
         return cos.to(dtype), sin.to(dtype)
 

@@ -47,7 +47,7 @@ import torch
 
 from txl.errors import TxlError
 from txl.model.quantize import Int8Linear
-from txl.model.span import AttentionSpan
+from txl.config import AttentionSpan
 
 
 @dataclass

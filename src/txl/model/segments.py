@@ -20,7 +20,7 @@ from txl.errors import TxlError
 from txl.model.decoding import DecodingState
 from txl.model.checks import check_attention_fits
 from txl.model.memory import Mems, given_length
-from txl.model.span import AttentionSpan
+from txl.config import AttentionSpan
 from txl.model.transformer import LMOutput
 from txl.runtime import autocast
 

@@ -13,7 +13,7 @@ from torch import nn
 from txl.model.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, tie_adaptive
 from txl.model.attention import MultiHeadAttention, attention_mask
 from txl.model.compressive import Compressor, check_compressive_mems, layer_memory, split_mems, update_compressive
-from txl.model.config import TransformerXLConfig
+from txl.config import TransformerXLConfig
 from txl.model.decoding import DecodingState, LayerCache, check_state, slot_padding_mask
 from txl.model.cpu import Dropout, Linear
 from txl.model.parameters import init_weights
@@ -23,7 +23,7 @@ from txl.model.quantize import int8_names, quantize_int8
 from txl.model.memory import Mems, check_mems, update_mems
 from txl.model.serialization import (CONFIG_NAME, check_weights_header, load_weights, read_model_config, save_model,
                                      weight_names)
-from txl.model.span import AttentionSpan, check_readable
+from txl.config import AttentionSpan, check_readable
 from txl.config import IGNORE_INDEX, check_weights_dtype
 from txl.runtime import memory_bytes
 from txl.errors import TxlError
@@ -265,7 +265,7 @@ class TransformerXLLM(nn.Module):
         self._check_autocast(weight)
         # value (range) checks run on CPU tensors only: on a GPU they would cost a host sync per step
         bsz, qlen = check_input_ids(input_ids, c.vocab_size, weight.device)
-        if not self.positions.memory and mems is not None:
+        if not self.config.has_memory and mems is not None:
             raise TxlError(f"attn_type={c.attn_type!r} (vanilla Transformer) has no memory: pass mems=None")
         if span.cmem_len > 0:
             if same_layer:
@@ -284,7 +284,7 @@ class TransformerXLLM(nn.Module):
         klen = mlen + qlen
 
         emb = self.word_emb(input_ids)  # [B, T, d_model], scaled by sqrt(d_model)
-        memory = self.positions.memory
+        memory = self.config.has_memory
         first = 0 if caches is None else caches.seen - caches.memory_length  # the text position of key 0
         positions = self.positions.segment(c, klen, first, span, emb.device, emb.dtype, self.drop, caches)
         h = self.drop(self.positions.embed(emb))  # "abs": positions 0 .. T-1 added to the input

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from txl.errors import TxlError
 
 if TYPE_CHECKING:  # nothing here imports torch: txl serve checks its flags before loading anything
-    from txl.model.span import AttentionSpan
+    from txl.config import AttentionSpan
 
 __all__ = ["is_loopback", "build_engine", "listen", "serve", "FORCED_EXIT"]
 
@@ -73,7 +73,7 @@ def build_engine(model, tokenizer, *, span: AttentionSpan, dtype: str = "float32
     if max_pending_bytes < 0 or max_request_tokens < 1:
         raise TxlError(f"max_pending_bytes must be >= 0 and max_request_tokens >= 1, got {max_pending_bytes} and "
                        f"{max_request_tokens}")
-    from txl.model.span import check_readable
+    from txl.config import check_readable
 
     check_readable(model.config, span)
     model.eval()

@@ -39,7 +39,7 @@ from txl.data.tokenizers.incremental import TextCursor
 from txl.errors import TxlError
 from txl.model.segments import segments
 from txl.model.memory import Mems
-from txl.model.span import AttentionSpan
+from txl.config import AttentionSpan
 
 __all__ = ["SessionState", "Session", "SessionStore", "StoreFull", "read_tokens", "session_memory_bytes"]
 

@@ -27,13 +27,13 @@ from typing import Any, Callable
 import torch
 from safetensors import SafetensorError
 
-from txl.training.config import RunConfig
+from txl.config import RunConfig
 from txl.data import Tokenizer, load_tokenizer
 from txl.errors import TxlError
 from txl.fileio import read_json_object as _read_json
 from txl.fileio import write_json
 from txl.model import TransformerXLLM
-from txl.model.span import AttentionSpan
+from txl.config import AttentionSpan
 from txl.config import CHECKSUMS_NAME, CLASSIFIER_NAME, CONFIG_NAME, RUN_NAME, STATE_NAME, VOCAB_NAME
 from txl.model.serialization import check_weights_header, load_weights, save_model
 from txl.training.checkpoint_files import (check_replaceable, checkpoint_candidates,

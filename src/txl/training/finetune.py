@@ -32,12 +32,12 @@ from txl.errors import TxlError
 from txl.evaluation.completions import completion_losses, evaluate_completions
 from txl.evaluation.stream import EvalResult, metric_unit
 from txl.model import TransformerXLLM
-from txl.model.config import TransformerXLConfig
+from txl.config import TransformerXLConfig
 from txl.model.quantize import check_trainable
-from txl.model.span import resolve_span
+from txl.config import resolve_span
 from txl.model.transformer import LMOutput
 from txl.training.checkpoint import load_checkpoint, resolve_checkpoint_dir
-from txl.training.config import RunConfig
+from txl.config import RunConfig
 from txl.training.fingerprint import file_digest
 
 # settings a fine-tuned model may change from its language model (the reading span and dropout)
@@ -256,7 +256,7 @@ def evaluate_pairs(model: TransformerXLLM, rows: Sequence[tuple[np.ndarray, int]
     """The completion metric of a fine-tuned model: mean NLL per completion token (the completion's
     tokens and END) of the encoded pairs ``rows`` (:func:`encode_pairs`), each read with the memory from
     its first token. The span is the model's with the given settings in place (None keeps one;
-    :func:`~txl.model.span.resolve_span`). The number ``txl finetune`` reports at its end and
+    :func:`~txl.config.resolve_span`). The number ``txl finetune`` reports at its end and
     ``txl eval`` gives for a fine-tuned run (:func:`~txl.evaluation.completions.evaluate_completions`
     does the reading; ``dist``, ``progress`` as there).
 
@@ -286,7 +286,7 @@ def finetune_config(init: str | Path, data: str | Path | None = None, *, out_dir
     """
     from txl.fileio import read_toml
     from txl.model.serialization import read_model_config
-    from txl.training.config import parse_override
+    from txl.config import parse_override
 
     model = read_model_config(resolve_checkpoint_dir(init))
     values: dict[str, dict[str, Any]] = {k: dict(v) for k, v in FINETUNE_DEFAULTS.items()}

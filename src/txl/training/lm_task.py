@@ -43,7 +43,7 @@ from txl.evaluation.stream import EvalResult, evaluate, metric_unit
 from txl.generation import generate
 from txl.model import TransformerXLLM
 from txl import distributed
-from txl.training.config import RunConfig
+from txl.config import RunConfig
 from txl.training.fingerprint import array_digest, files_digest
 
 

@@ -16,14 +16,14 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
-from txl.training.config import RunConfig
+from txl.config import RunConfig
 from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
 from txl.runtime import compile_module, resolve_device, seed_everything, set_threads
 from txl.evaluation.stream import EvalResult, metric_value
 from txl.fileio import FolderClaim, claim_folder, write_json
 from txl.model import TransformerXLLM
-from txl.model.config import check_compilable
+from txl.config import check_compilable
 from txl.data.iterators import longest_segment
 from txl.model.checks import check_attention_fits
 from txl import distributed

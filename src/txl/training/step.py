@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from txl.model.span import AttentionSpan
+from txl.config import AttentionSpan
 from txl.runtime import autocast
 from txl.distributed import Dist, all_sum
 

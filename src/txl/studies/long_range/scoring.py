@@ -17,7 +17,7 @@ import torch
 
 from txl.config import IGNORE_INDEX
 from txl.model.segments import eval_mode, segments
-from txl.model.span import AttentionSpan
+from txl.config import AttentionSpan
 
 __all__ = ["RetrievalScore", "retrieval_score"]
 

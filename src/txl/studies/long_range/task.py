@@ -25,8 +25,8 @@ from txl.errors import TxlError
 from txl.evaluation.completions import evaluate_completions
 from txl.evaluation.stream import EvalResult, metric_unit
 from txl.model import TransformerXLLM
-from txl.model.span import resolve_span
-from txl.training.config import RunConfig
+from txl.config import resolve_span
+from txl.config import RunConfig
 from txl.training.finetune import CompletionRowsTask
 
 __all__ = ["ExampleTask"]

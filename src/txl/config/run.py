@@ -27,40 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from txl.errors import TxlError, listed
-from txl.fileio import read_toml
-from txl.config import DataConfig, EvalConfig, TrainConfig, check_fields, did_you_mean
-from txl.model.config import TransformerXLConfig
-from txl.model.positions import position_scheme
+from txl.config.fields import check_fields, did_you_mean
+from txl.config.model import TransformerXLConfig, check_clamp
+from txl.config.sections import DataConfig, EvalConfig, FinetuneConfig, TrainConfig
 
-
-
-@dataclass
-class FinetuneConfig:
-    """The ``[finetune]`` section: a run that fine-tunes a language model on prompt/completion pairs
-    (``txl finetune``, :mod:`txl.training.finetune`) instead of training one on a corpus.
-
-    Attributes:
-        init: the language-model checkpoint (or run directory: its best/) the weights start from.
-        grad_segments: K >= 1: gradients flow through the last K segments of each example (and
-            always through every segment holding completion tokens); earlier segments are read
-            without autograd and the memory entering the window is detached (truncated
-            back-propagation through time, as ``txl classify --grad-segments``). 0: all segments.
-        max_prompt_tokens: keep only the last N tokens of each prompt (0: whole prompts).
-    """
-
-    init: str = ""
-    grad_segments: int = 1
-    max_prompt_tokens: int = 0
-
-    def check(self) -> None:
-        """Raise :class:`TxlError` naming the first value of a wrong type or impossible."""
-        check_fields(type(self), dataclasses.asdict(self), "finetune")
-        if not self.init:
-            raise TxlError("finetune.init must name the language-model checkpoint to start from (--init)")
-        if self.grad_segments < 0:
-            raise TxlError(f"finetune.grad_segments must be >= 0 (0: all segments), got {self.grad_segments}")
-        if self.max_prompt_tokens < 0:
-            raise TxlError(f"finetune.max_prompt_tokens must be >= 0 (0: whole prompts), got {self.max_prompt_tokens}")
 
 
 SECTIONS: dict[str, type] = {"model": TransformerXLConfig, "data": DataConfig, "train": TrainConfig, "eval": EvalConfig,
@@ -91,7 +61,7 @@ class RunConfig:
         self.train.check()
         self.eval.check()
         if self.eval.clamp_len:  # refused before training, not at its final evaluation
-            position_scheme(self.model.attn_type).check_clamp(self.eval.clamp_len, "eval.clamp_len")
+            check_clamp(self.model.attn_type, self.eval.clamp_len, "eval.clamp_len")
         if self.finetune is not None:
             self.finetune.check()
 
@@ -186,6 +156,8 @@ def load_run_config(path: str | Path | None = None, overrides: list[str] | tuple
     Raises:
         TxlError: missing file, invalid TOML, unknown keys, wrong types or impossible values.
     """
+    from txl.fileio import read_toml  # (fileio reads the config's file names: imported when used)
+
     values: dict[str, dict[str, Any]] = {}
     if path is not None:
         values = read_toml(path)

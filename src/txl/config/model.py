@@ -6,13 +6,52 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from txl.config import check_fields
+from txl.config.fields import check_fields
+from txl.config.span import AttentionSpan
 from txl.errors import TxlError
-from txl.runtime import format_bytes
-from txl.model.positions import SCHEMES, position_scheme
-from txl.model.span import AttentionSpan
 
-ATTN_TYPES = tuple(SCHEMES)  # "rel", "shaw", "abs", "rope" (txl.model.positions)
+# the position schemes (computed by txl.model.positions), and what each asks of a config
+ATTN_TYPES = ("rel", "shaw", "abs", "rope")
+WITHOUT_MEMORY = ("abs",)  # the vanilla Transformer: a segment's positions restart at 0, so no memory
+
+
+def check_clamp(attn_type: str, clamp_len: int, flag: str = "clamp_len") -> None:
+    """Refuse a ``clamp_len`` (given as ``flag``) that ``attn_type`` cannot read with.
+
+    Raises:
+        TxlError: "rope" with ``clamp_len`` > 0 (rotations have no distance to clamp).
+    """
+    if attn_type == "rope" and clamp_len:
+        raise TxlError(f"{flag}={clamp_len} has no meaning with attn_type='rope' (rotations of every distance); "
+                       "set it to 0")
+
+
+def check_position_scheme(config: "TransformerXLConfig") -> None:
+    """Refuse what ``config.attn_type`` cannot serve.
+
+    Raises:
+        TxlError: an unknown ``attn_type``; "shaw" with ``shaw_max_dist`` < 1; "rope" with an odd ``d_head``
+            or a ``clamp_len``.
+    """
+    if config.attn_type not in ATTN_TYPES:
+        raise TxlError(f"model.attn_type must be one of {', '.join(ATTN_TYPES)}, got {config.attn_type!r}")
+    if config.attn_type == "shaw" and config.shaw_max_dist < 1:
+        raise TxlError(f"model.attn_type='shaw' needs model.shaw_max_dist >= 1 (the clipping distance, e.g. "
+                       f"tgt_len + mem_len - 1), got {config.shaw_max_dist}")
+    if config.attn_type == "rope" and config.d_head % 2:
+        raise TxlError(f"model.attn_type='rope' needs an even model.d_head (pairs of dimensions rotate), got "
+                       f"{config.d_head}")
+    check_clamp(config.attn_type, config.clamp_len, "model.clamp_len")
+
+
+def position_parameters(config: "TransformerXLConfig") -> int:
+    """Parameters a layer's position scheme holds of its own (an upper bound, for the size check)."""
+    heads = config.n_head * config.d_head
+    if config.attn_type == "rel":
+        return heads * config.d_model + 2 * heads  # r_net and per-layer u/v (counted whether untied or not)
+    if config.attn_type == "shaw":
+        return (config.shaw_max_dist + 1) * heads
+    return 0
 
 COMPRESSIONS = ("conv1d", "max_pool", "mean_pool")  # the compression functions f_c of Rae et al. (2019) §3.1
 
@@ -119,7 +158,7 @@ class TransformerXLConfig:
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise TxlError(f"model.{name} must be in [0, 1), got {value}")
-        position_scheme(self.attn_type).check(self)  # (an unknown attn_type raises there)
+        check_position_scheme(self)
         if self.shaw_max_dist < 0:
             raise TxlError(f"model.shaw_max_dist must be >= 0, got {self.shaw_max_dist}")
         if not self.init_std > 0 or not self.proj_init_std > 0:
@@ -151,7 +190,7 @@ class TransformerXLConfig:
     @property
     def has_memory(self) -> bool:
         """Whether the model keeps a memory (every ``attn_type`` but the vanilla "abs")."""
-        return position_scheme(self.attn_type).memory
+        return self.attn_type not in WITHOUT_MEMORY
 
     @property
     def embed_dim(self) -> int:
@@ -179,7 +218,7 @@ class TransformerXLConfig:
         table = self.vocab_size * self.embed_dim + clusters * self.embed_dim * d  # tables + projections
         output = table + self.vocab_size + clusters * (self.embed_dim + 1)  # + biases and cluster weights
         per_layer = 4 * heads * d + 4 * d + 2 * d * d_inner + d_inner + d  # attention, LayerNorms, feed-forward
-        per_layer += position_scheme(self.attn_type).parameter_count(self)
+        per_layer += position_parameters(self)
         if self.cmem_len and self.compression == "conv1d":
             per_layer += d * d * self.cmem_ratio + d  # the compression convolution
         return table + output + self.n_layer * per_layer + 2 * heads
@@ -190,6 +229,8 @@ class TransformerXLConfig:
         Raises:
             TxlError: naming the parameter count, the bytes needed and the memory there is.
         """
+        from txl.runtime import format_bytes  # (runtime reads the config's constants: imported when used)
+
         need = 4 * self.parameter_count()
         if need > memory_bytes:
             raise TxlError(f"{where} describes a model of up to {self.parameter_count():.3g} parameters "

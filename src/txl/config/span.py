@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from txl.config import SPAN_FIELDS
+from txl.config.fields import SPAN_FIELDS
 from txl.errors import TxlError
 
 

@@ -1,0 +1,209 @@
+"""The fields every config checks through (:func:`check_fields`), the constants every floor names, and the
+value checks of settings that commands run before torch is imported.
+
+The value checks that commands run before torch is imported live here too, torch-free: the split
+fractions (:func:`check_split`) and the sampling and decoding settings (:func:`check_sampling`,
+:func:`check_decoding`, which the generation functions run again for library callers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import numbers
+import types
+import typing
+from typing import Any
+
+from txl.errors import TxlError, listed
+
+
+def did_you_mean(name: str, known: typing.Iterable[str]) -> str:
+    """``" (did you mean X?)"`` (or ``X or Y``) for the known names closest to a misspelt ``name``, else ""."""
+    close = difflib.get_close_matches(str(name), list(known), n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
+def check_fields(cls: type, values: dict[str, Any], where: str) -> dict[str, Any]:
+    """Check that ``values`` only names fields of dataclass ``cls`` and that each has the right type.
+
+    Ints are accepted for float fields (converted); bools are not accepted for int fields, and NaN or
+    infinite numbers are not accepted for float fields (one rule for every float field of every
+    config). Lists are accepted for list/tuple fields. An optional field (``int | None``) takes null
+    or a value of its type.
+
+    Raises:
+        TxlError: an unknown key (with the closest known key when one is near, and the list of known
+            ones), a value of the wrong type or a non-finite number.
+    """
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        hints = "".join(did_you_mean(key, known) for key in unknown[:1])
+        raise TxlError(f"unknown key(s) {listed(unknown)} in {where}{hints}; known keys: {', '.join(known)}")
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        out[key] = _coerce(hints[key], value, f"{where}.{key}")
+    return out
+
+
+_KINDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}  # (as messages say them)
+
+
+def _coerce(hint: Any, value: Any, name: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is typing.Union or origin is types.UnionType:  # Optional[X] and X | None
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, name)
+            except TxlError as err:
+                errors.append(str(err))
+        kinds = [_KINDS.get(arg) for arg in args if arg is not type(None)]
+        if len(kinds) > 1 and all(kinds):  # str | int: "must be a string or an integer"
+            raise TxlError(f"{name} must be {' or '.join(kinds)}, got {value!r}")
+        raise TxlError(errors[0] if errors else f"{name} may not be null")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise TxlError(f"{name} must be a list, got {type(value).__name__} {value!r}")
+        inner = args[0] if args else Any
+        items = [_coerce(inner, v, f"{name}[{i}]") if inner is not Any else v for i, v in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if hint is Any:
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise TxlError(f"{name} must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TxlError(f"{name} must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TxlError(f"{name} must be a number, got {value!r}")
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond the float range
+            number = math.inf
+        if not math.isfinite(number):
+            raise TxlError(f"{name} must be a finite number, got {value!r}")
+        return number
+    if hint is str:
+        if not isinstance(value, str):
+            raise TxlError(f"{name} must be a string, got {value!r}")
+        return value
+    return value
+
+
+HALF_DTYPES = ("bfloat16", "float16")
+
+
+def check_weights_dtype(weights: str, dtype: str | None, weights_text: str | None = None,
+                        dtype_text: str | None = None, advice: str | None = None) -> None:
+    """Half-precision weights run under autocast only to their own dtype: ``bfloat16`` weights with a
+    ``float16`` autocast (or the reverse) reach kernels that multiply one by the other, which none does
+    (CPU: "mixed dtype"). ``weights`` and ``dtype`` are dtype names (``dtype`` None or float32: no
+    autocast); ``weights_text``, ``dtype_text`` and ``advice`` word the message (a command's flags).
+
+    Raises:
+        TxlError: the pair cannot run, naming both and what to give instead.
+    """
+    if weights in HALF_DTYPES and dtype in HALF_DTYPES and dtype != weights:
+        dtype_text = dtype_text or f"dtype {dtype}"
+        raise TxlError(f"{weights_text or weights + ' weights'} cannot run with {dtype_text}: {weights} weights "
+                       f"compute in {weights}; {advice or f'use dtype {weights} or float32'}")
+
+
+def check_split(fractions: typing.Sequence[float], name: str, train_needed: bool = False) -> tuple[float, float, float]:
+    """``fractions`` are train/valid/test fractions: three finite numbers >= 0 summing to 1 (within
+    1e-6; and, with ``train_needed``, a train fraction > 0). The one check of split fractions: the
+    config, the command line and the data layer (:func:`txl.data.corpus.split_tokens`) call it.
+
+    Returns:
+        The three fractions as floats.
+
+    Raises:
+        TxlError: naming ``name`` (``data.split``, ``--split``) and the values given.
+    """
+    try:
+        values = list(fractions)
+    except TypeError:  # not a sequence at all
+        values = [fractions]
+    number = [isinstance(f, numbers.Real) and not isinstance(f, bool) for f in values]
+    good = len(values) == 3 and all(number) and all(math.isfinite(f) and f >= 0 for f in values)
+    if not good or abs(sum(values) - 1) > 1e-6 or (train_needed and not values[0] > 0):
+        shown = ",".join(f"{f:g}" if ok else repr(f) for f, ok in zip(values, number))
+        raise TxlError(f"{name} must be three finite fractions >= 0 summing to 1 (train, valid, test"
+                       f"{'; train > 0' if train_needed else ''}), got {shown}")
+    return float(values[0]), float(values[1]), float(values[2])
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Raise :class:`TxlError` for a temperature that is not a finite number >= 0, top_k < 1 or top_p
+    outside (0, 1]."""
+    if not temperature >= 0 or temperature == float("inf"):  # also catches NaN
+        raise TxlError(f"temperature must be a finite number >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise TxlError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise TxlError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def check_decoding(repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0, min_new_tokens: int = 0,
+                   length_penalty: float = 1.0) -> None:
+    """Raise :class:`TxlError` for a repetition penalty that is not a finite number > 0, a negative
+    ``no_repeat_ngram_size`` or ``min_new_tokens``, or a beam-search ``length_penalty`` that is not a
+    finite number (NaN would make every finished hypothesis score NaN, inf make them all 0 or inf)."""
+    if not 0 < repetition_penalty < float("inf"):
+        raise TxlError(f"repetition_penalty must be a finite number > 0 (1: none), got {repetition_penalty}")
+    if no_repeat_ngram_size < 0:
+        raise TxlError(f"no_repeat_ngram_size must be >= 0 (0: off), got {no_repeat_ngram_size}")
+    if min_new_tokens < 0:
+        raise TxlError(f"min_new_tokens must be >= 0, got {min_new_tokens}")
+    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or \
+            not math.isfinite(length_penalty):
+        raise TxlError(f"length_penalty must be a finite number (1: log-prob per token), got {length_penalty!r}")
+
+
+#: Label of a position that is not scored (context, padding): the value data, model, training and
+#: evaluation use (PyTorch's ``cross_entropy`` default ``ignore_index``).
+IGNORE_INDEX = -100
+
+TOKENIZERS = ("byte", "char", "word", "bpe")
+NORMALIZE = ("none", "wikitext")
+DTYPES = ("float32", "bfloat16", "float16")  # autocast dtypes (txl.runtime.autocast), named once here
+# The files of a checkpoint folder (txl.model.serialization, txl.training.checkpoint), named once here so
+# that torch-free code (the command line's early checks) can name them too
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+VOCAB_NAME = "vocab.json"
+RUN_NAME = "run.json"
+STATE_NAME = "state.json"
+CLASSIFIER_NAME = "classifier.json"  # written beside config.json by txl classify
+CHECKSUMS_NAME = "checksums.json"  # sha256 of every other file of a checkpoint, written last
+#: The fields of an attention span (txl.model.AttentionSpan) and of the command line's span flags.
+SPAN_FIELDS = ("tgt_len", "mem_len", "clamp_len", "same_length", "cmem_len")
+MAX_THREADS = 1024  # CPU threads (train.threads, --threads): more than this is taken for a typing error
+# every seed (train.seed, each command's --seed) lies in [0, SEED_LIMIT): what all of python's, numpy's
+# (np.random.seed: 32 bits) and torch's seeding accept
+SEED_LIMIT = 2**32
+
+
+def check_threads(value, name: str = "--threads") -> None:
+    """The one rule of a thread count (``--threads`` of every command and of the export runner,
+    ``train.threads``): None (not given) or an integer from 0 (automatic: the free CPUs) to
+    :data:`MAX_THREADS`. Torch-free, so commands check it before loading anything.
+
+    Raises:
+        TxlError: naming ``name`` and the value.
+    """
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_THREADS):
+        raise TxlError(f"{name} must be from 0 (automatic: the free CPUs) to {MAX_THREADS}, got {value!r}")
