@@ -70,13 +70,15 @@ class _Sampling(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
+    # types here; the values' rules are the decoding rules' own (txl.config.check_sampling, check_decoding),
+    # the same for the command line, the library and this server
     max_tokens: int = Field(16, ge=0)
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int | None = Field(None, ge=1)
-    repetition_penalty: float = Field(1.0, gt=0)
-    no_repeat_ngram_size: int = Field(0, ge=0)
-    min_tokens: int = Field(0, ge=0)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    min_tokens: int = 0
     stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None  # a long list: refused unread
     seed: int | None = Field(None, ge=0, lt=2**63)
     stream: bool = False
@@ -86,11 +88,11 @@ class _Sampling(BaseModel):
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         try:
             rules = DecodingRules(temperature=self.temperature, top_k=self.top_k,
-                                  top_p=None if self.top_p >= 1 else self.top_p,
+                                  top_p=None if self.top_p == 1 else self.top_p,
                                   repetition_penalty=self.repetition_penalty,
                                   no_repeat_ngram_size=self.no_repeat_ngram_size, min_new_tokens=self.min_tokens)
-        except TxlError as err:
-            raise ServeError(400, str(err)) from None
+        except TxlError as err:  # (named as this request names it)
+            raise ServeError(400, str(err).replace("min_new_tokens", "min_tokens")) from None
         return SamplingParams(self.max_tokens, rules, tuple(stop), self.seed)
 
 
