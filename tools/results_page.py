@@ -68,9 +68,9 @@ SECTIONS = [
     ("Summaries of long documents", "A docstring's first sentence written from the function's source: {documents} "
      "test documents of held-out modules, ROUGE F1 with 95% bootstrap intervals over the documents; {seeds} "
      "fine-tuning seeds ({finetune} s each) of one language model ({pretrain} s of pre-training).",
-     {"summaries-docstrings-split4.json": "OMP_NUM_THREADS=2 PYTHONPATH=src python scripts/docstring_summaries.py "
+     {"summaries-docstrings-split4.json": "OMP_NUM_THREADS=2 python -m txl.studies.summaries.run "
       "--work runs/docstrings-split4 --json FILE"}, "finetuning.md", "summaries",
-     ("summaries of long documents, whole document with memory", "`scripts/docstring_summaries.py`")),
+     ("summaries of long documents, whole document with memory", "`python -m txl.studies.summaries.run`")),
     ("Compressive memory", "Plain against compressed memory at equal attention span: 2-layer models, tgt_len "
      "{tgt_len}, {steps} steps, {seeds} seeds, one torch thread per run; validated on the first {tokens} tokens of "
      "the valid split.", {"compressive.json": "PYTHONPATH=src python benchmarks/compressive.py --out /tmp/cmem-long "

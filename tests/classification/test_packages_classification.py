@@ -19,7 +19,7 @@ from txl.classification.data import pad_batch
 from txl.cli import main
 from txl.data import ByteTokenizer
 from txl.data.files import default_corpus_files
-from txl.data.packages import chunk_source, prepare_packages, strip_module_header
+from txl.studies.packages.data import chunk_source, prepare_packages, strip_module_header
 from txl.evaluation.intervals import accuracy, bootstrap_interval, macro_f1
 from txl.errors import TxlError
 

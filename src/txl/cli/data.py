@@ -83,7 +83,7 @@ def _docstrings(args: argparse.Namespace) -> int:
     check_range(args, 1, "min_bytes")
     if args.max_bytes < args.min_bytes:
         raise TxlError(f"--max-bytes must be >= --min-bytes ({args.min_bytes}), got {args.max_bytes}")
-    from txl.data.docstrings import prepare_docstrings
+    from txl.studies.summaries.data import prepare_docstrings
 
     info = prepare_docstrings(args.out, seed=args.seed, fractions=tuple(args.split), min_bytes=args.min_bytes,
                               max_bytes=args.max_bytes, short_train=args.short_train, package_train=args.package_train,
@@ -135,7 +135,7 @@ def _packages(args: argparse.Namespace) -> int:
     check_range(args, 0, "max_per_class")
     if args.doc_bytes < args.min_bytes:
         raise TxlError(f"--doc-bytes must be >= --min-bytes ({args.min_bytes}), got {args.doc_bytes}")
-    from txl.data.packages import prepare_packages
+    from txl.studies.packages.data import prepare_packages
 
     info = prepare_packages(args.out, seed=args.seed, fractions=tuple(args.split), doc_bytes=args.doc_bytes,
                             min_bytes=args.min_bytes, max_per_class=args.max_per_class,

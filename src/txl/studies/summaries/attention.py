@@ -8,7 +8,7 @@ summary's first token) takes each layer's attention mass on the tokens of the na
 Reports it per layer, by the name's distance from the separator (in tokens), next to what uniform
 attention over the keys would give, so a reader can see whether the model reads the name from afar.
 
-    PYTHONPATH=src python scripts/summary_attention.py runs/docstrings/ft-seed0 runs/docstrings/data/test.jsonl \\
+    python -m txl.studies.summaries.attention runs/docstrings/ft-seed0 runs/docstrings/data/test.jsonl \\
         --json benchmarks/results/summaries-attention.json
 """
 
@@ -23,8 +23,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
 
 BUCKETS = ((0, 128), (128, 512), (512, 1024), (1024, 1 << 30))
 
@@ -77,7 +75,7 @@ def main() -> int:
     from txl.config import AttentionSpan
     from txl.training.checkpoint import load_checkpoint
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m txl.studies.summaries.attention", description=__doc__.split("\n\n")[0])
     ap.add_argument("checkpoint")
     ap.add_argument("pairs", help="a .jsonl of {prompt, completion, name}")
     ap.add_argument("--tgt-len", type=int)

@@ -22,7 +22,7 @@ documents (:func:`txl.evaluation.intervals.bootstrap_interval`), the paired inte
 and (c) - (b), the fraction of summaries that end (the model wrote its end marker), the number of
 distinct summaries, and examples. Usage::
 
-    OMP_NUM_THREADS=2 PYTHONPATH=src python scripts/docstring_summaries.py --work runs/docstrings-split4 \\
+    OMP_NUM_THREADS=2 python -m txl.studies.summaries.run --work runs/docstrings-split4 \\
         --json benchmarks/results/summaries-docstrings-split4.json
 """
 
@@ -36,7 +36,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def txl(*argv: str) -> float:
@@ -49,26 +48,25 @@ def txl(*argv: str) -> float:
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "txl", *argv])
     if done.returncode:
-        sys.exit(f"docstring_summaries.py: the step failed (exit status {done.returncode}): {command}")
+        sys.exit(f"txl.studies.summaries.run: the step failed (exit status {done.returncode}): {command}")
     return time.perf_counter() - start
 
 
 def main() -> int:
-    sys.path.insert(0, str(ROOT / "src"))
     import numpy as np
 
-    from txl.data.docstrings import name_words
+    from txl.studies.summaries.data import name_words
     from txl.evaluation.intervals import bootstrap_interval
     from txl.evaluation.rouge import rouge_scores
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m txl.studies.summaries.run", description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", default="runs/docstrings-split4", help="folder for the data, runs and summaries")
     ap.add_argument("--data-args", default="--split 0.5,0.1,0.4 --short-train --package-train --package-pretrain",
                     help="txl data docstrings arguments (the data step)")
     ap.add_argument("--lm", help="an existing language-model run to fine-tune (default: pre-train WORK/lm)")
-    ap.add_argument("--lm-args", default=f"--config {ROOT / 'configs/docstrings-lm.toml'} -q",
+    ap.add_argument("--lm-args", default="--config configs/docstrings-lm.toml -q",
                     help="txl train arguments (pre-training)")
-    ap.add_argument("--ft-args", default=f"--config {ROOT / 'configs/summarize-docstrings.toml'} -q",
+    ap.add_argument("--ft-args", default="--config configs/summarize-docstrings.toml -q",
                     help="txl finetune arguments")
     ap.add_argument("--summarize-args", default="--no-repeat-ngram-size 3 --repetition-penalty 1.2",
                     help="more txl summarize arguments (both readings)")

@@ -19,7 +19,7 @@ documents are shorter than ``min_bytes`` (several times more examples of a name 
 summary, for fine-tuning; the split and the other files are unchanged). With ``package_train``, also
 ``train-with-packages.jsonl``: those pairs (``train-with-short``'s, or the train pairs) followed by
 every pair, of any size up to ``max_bytes``, of the standard library's *packages*
-(:func:`txl.data.packages.package_files`: the files below a top-level package folder, none of them in
+(:func:`txl.studies.packages.data.package_files`: the files below a top-level package folder, none of them in
 the default corpus, so none in a valid or test module). More fine-tuning pairs at no cost to the
 split: the valid and test pairs stay those of the top-level modules. With ``package_pretrain``,
 ``pretrain/`` also holds the package files (``pretrain/email/utils.py``) that have at least one
@@ -30,7 +30,7 @@ own dependencies, so on every machine txl runs on), also ``train-with-installed.
 those pairs written (``train-with-packages``', else ``train-with-short``'s, else the train pairs)
 followed by every pair of those packages' ``*.py`` files (:func:`installed_files`: no test code; any
 size up to ``max_bytes``); ``split.json`` records each package's version. (The package benchmark of
-``txl classify``, :mod:`txl.data.packages`, reads the same files as *documents to classify*; a
+``txl classify``, :mod:`txl.studies.packages.data`, reads the same files as *documents to classify*; a
 language model only *fine-tuned* for summaries on them is not the one that benchmark starts from.)
 
 The library holds near-copies across modules (``ntpath`` and ``posixpath``, ``distutils.archive_util``
@@ -343,7 +343,7 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
         package_pretrain: also copy the package files with a docstring pair into ``pretrain/``, near-copies
             left out (see the module docstring).
         packages: the package files for ``package_train`` and ``package_pretrain`` (default: every file of
-            :func:`txl.data.packages.package_files`; ignored without either). Their pairs'
+            :func:`txl.studies.packages.data.package_files`; ignored without either). Their pairs'
             ``module`` is the path below the folder of ``files`` (``email/utils.py``), or the file's
             name for a file outside it.
         installed_train: installed packages whose pairs make ``train-with-installed.jsonl`` (see the
@@ -362,7 +362,7 @@ def prepare_docstrings(out_dir: str | Path, *, seed: int = 0, fractions: tuple[f
     installed = installed_files(installed_train)  # (an unknown name is refused before the folder is claimed)
     root = files[0].parent
     if (package_train or package_pretrain) and packages is None:
-        from txl.data.packages import package_files
+        from txl.studies.packages.data import package_files
 
         packages = [f for group in package_files().values() for f in group]
     if package_pretrain:  # two files for one place in pretrain/: refused before the folder is claimed
