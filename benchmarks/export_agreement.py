@@ -2,7 +2,7 @@
 
     txl export runs/docstrings/lm /tmp/exp-f --mem-len 512
     txl export runs/docstrings/lm /tmp/exp-q --mem-len 512 --quantize int8
-    PYTHONPATH=src python scripts/export_agreement.py runs/docstrings/lm /tmp/exp-f /tmp/exp-q \\
+    PYTHONPATH=src python benchmarks/export_agreement.py runs/docstrings/lm /tmp/exp-f /tmp/exp-q \\
         runs/docstrings/data/test.jsonl --json benchmarks/results/export-int8-agreement-docstrings.json
 
 For the first ``--documents`` JSON Lines records (their ``prompt`` field), the first ``--prompt-tokens``

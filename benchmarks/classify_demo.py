@@ -14,7 +14,7 @@ budget (steps, batch size, learning rate, held-out split):
 
 Usage (OMP_NUM_THREADS=1 avoids thread oversubscription on a shared machine)::
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python scripts/classify_demo.py --work runs/classify-demo
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/classify_demo.py --work runs/classify-demo
 
 Prints every command it runs and a Markdown table of held-out accuracy and macro-F1.
 """

@@ -1,6 +1,6 @@
 """Accuracy of each classification row by test-document length, from benchmarks/classification.py's JSON.
 
-    PYTHONPATH=src python scripts/classification_by_length.py benchmarks/results/classification-packages.json \\
+    PYTHONPATH=src python benchmarks/classification_by_length.py benchmarks/results/classification-packages.json \\
         --lm runs/docstrings/lm --data runs/packages/data
 
 Counts each test document's tokens with the language model's tokenizer, splits the documents at

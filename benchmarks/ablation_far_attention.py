@@ -1,6 +1,6 @@
 """Where an ablation variant's attention goes beyond the distances it was trained on.
 
-    PYTHONPATH=src python scripts/ablation_far_attention.py runs/ablate txl rope --data data/tinyshakespeare.txt
+    PYTHONPATH=src python benchmarks/ablation_far_attention.py runs/ablate txl rope --data data/tinyshakespeare.txt
 
 For each named variant of a `txl ablate` run folder: 512 characters from near the end of the text (the
 valid split of the default 0.9/0.05/0.05 split) read in segments of 64 with a memory of 256 and
