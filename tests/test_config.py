@@ -126,3 +126,35 @@ def test_one_ignore_index():
             if a.type == tokenize.OP and a.string == "-" and b.type == tokenize.NUMBER and b.string == "100":
                 found.append(f"{path.relative_to(Path(txl.__file__).parent)}:{a.start[0]}")
     assert len(found) == 1 and found[0].startswith("config/fields.py:"), found
+
+
+def test_the_config_knows_every_position_scheme_the_model_computes():
+    """config.ATTN_TYPES (what a config accepts) and model.positions.SCHEMES (what the model computes) name
+    the same schemes; the config's parameter count bounds each scheme's real one; only "abs" keeps no memory."""
+    from txl.config import ATTN_TYPES, WITHOUT_MEMORY, TransformerXLConfig, position_parameters
+    from txl.model import TransformerXLLM
+    from txl.model.positions import SCHEMES
+
+    assert tuple(SCHEMES) == ATTN_TYPES and WITHOUT_MEMORY == ("abs",)
+    for attn_type in ATTN_TYPES:
+        config = TransformerXLConfig(vocab_size=50, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, tgt_len=4,
+                                     mem_len=4, attn_type=attn_type, shaw_max_dist=7, untie_r=True)
+        model = TransformerXLLM(config)
+        own = {id(p): p.numel() for layer in model.layers for p in layer.attn.pos.parameters()}  # (tied u/v once)
+        assert sum(own.values()) <= config.n_layer * position_parameters(config), attn_type
+        assert (attn_type in ("rel", "shaw")) == (position_parameters(config) > 0)
+        assert sum(p.numel() for p in model.parameters()) <= config.parameter_count(), attn_type
+        assert config.has_memory == (attn_type != "abs")
+
+
+@pytest.mark.parametrize("first", ["txl.runtime", "txl.fileio", "txl.config.fields", "txl.config.run", "txl.errors",
+                                   "txl.distributed"])
+def test_the_bottom_floor_imports_in_any_order(first):
+    """runtime and fileio read constants from txl.config, whose run and model configs use runtime and fileio
+    inside functions: whichever is imported first in a fresh interpreter, the others import after it."""
+    import subprocess
+    import sys
+
+    code = f"import {first}; import txl.config, txl.runtime, txl.fileio, txl.model"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -103,7 +103,7 @@ class ClassifyTask:
 
     Args:
         lm_dir: the language-model checkpoint folder a new run starts its body from.
-        classifier: the :class:`~txl.classification.model.ClassifierConfig` (labels, mode, pooling,
+        classifier: the :class:`~txl.config.ClassifierConfig` (labels, mode, pooling,
             ``grad_segments``, dropout, ``max_tokens``).
         tokenizer: the language model's tokenizer.
         train, valid: ``(documents, labels)``: token-id arrays (int64 [n_i], n_i >= 1) and class indices.

@@ -146,7 +146,7 @@ def fit_classifier(lm_dir: str | Path, classifier, train: tuple, valid: tuple, *
 
     Args:
         lm_dir: the language model (a checkpoint folder, or a run folder: its ``best/``).
-        classifier: the :class:`~txl.classification.model.ClassifierConfig`.
+        classifier: the :class:`~txl.config.ClassifierConfig`.
         train, valid: ``(documents, labels)``: token-id arrays (int64 [n_i], n_i >= 1) in the language
             model's vocabulary, and class indices; ``valid`` is read once, at the end (nothing is selected
             on it).

@@ -22,16 +22,13 @@ from pathlib import Path
 from txl.cli.checks import check_checkpoint_path, check_exists, check_seed, finite_float
 from txl.cli.common import (Command, add_batch_size, add_checkpoint, add_data, add_device, add_dtype, add_option,
                             add_span, flag_name, checkpoint_arg, note_threads, print_notes, underscore)
+from txl.config import HEAD_INITS, MODES, POOLINGS, RECURRENCES
 from txl.errors import TxlError, listed
 
 NAME = "classify"
 HELDOUT_NAME = "heldout.json"  # the held-out report of a run (txl classify train)
 HELP = "long-document classification with memory (fine-tune an LM)"
 EXAMPLE = "txl classify train runs/wt103 --data reviews.jsonl --out runs/reviews"
-MODES = ("memory", "first", "last")
-POOLINGS = ("document", "attention", "last", "mean")  # as txl.classification.model.POOLINGS (torch-free here)
-RECURRENCES = ("previous_layer", "same_layer")
-HEAD_INITS = ("probe", "random")
 # the settings of `txl classify train` a --config file's [classify] table may give: name -> (type, built-in
 # default). A flag on the command line wins over the file, the file over the default (None: the LM's, or
 # decided from the data: mode memory for a model with memory, valid_fraction 0.2 without --valid).

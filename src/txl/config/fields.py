@@ -1,5 +1,4 @@
-"""The fields every config checks through (:func:`check_fields`), the constants every floor names, and the
-value checks of settings that commands run before torch is imported.
+"""The fields every config checks through (:func:`check_fields`) and the constants every floor names.
 
 The value checks that commands run before torch is imported live here too, torch-free: the split
 fractions (:func:`check_split`) and the sampling and decoding settings (:func:`check_sampling`,

@@ -53,6 +53,7 @@ def position_parameters(config: "TransformerXLConfig") -> int:
         return (config.shaw_max_dist + 1) * heads
     return 0
 
+
 COMPRESSIONS = ("conv1d", "max_pool", "mean_pool")  # the compression functions f_c of Rae et al. (2019) §3.1
 
 

@@ -17,7 +17,6 @@ from txl.config.fields import SPAN_FIELDS
 from txl.errors import TxlError
 
 
-
 @dataclass(frozen=True)
 class AttentionSpan:
     """Segment and memory settings for reading text with a Transformer-XL model.

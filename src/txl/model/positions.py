@@ -3,11 +3,11 @@
 A scheme is an ``nn.Module``, one per attention layer, that owns that layer's position parameters and
 is handed to the attention (:class:`~txl.model.attention.MultiHeadAttention` holds it as ``pos``); the
 attention, the model and the decoding state ask it what they need and never compare ``attn_type``
-themselves. What a scheme gives:
+themselves. What a scheme asks of a config (its checks, its parameter count, whether the model keeps a
+memory: segment-level recurrence, paper §3.2, needs scores that do not depend on where a segment starts,
+which absolute positions added to the input, "abs", do not give) is :mod:`txl.config.model`'s. What a
+scheme gives:
 
-- ``memory``: whether the model keeps a memory. Segment-level recurrence (paper §3.2) needs scores
-  that do not depend on where a segment starts: relative positions ("rel", "shaw") or positions that
-  enter only as differences ("rope"); absolute positions added to the input ("abs") do not allow it.
 - what a call builds once for every layer (class methods): ``embed``, positions added to the input
   (the vanilla Transformer only); ``segment``, the positional input of a call over K keys (R for
   "rel", the sinusoid of distances K-1 ... 0; the cos/sin of each key's position for "rope");

@@ -52,13 +52,7 @@ def txl(*argv: str) -> float:
     return time.perf_counter() - start
 
 
-def main() -> int:
-    import numpy as np
-
-    from txl.studies.summaries.data import name_words
-    from txl.evaluation.intervals import bootstrap_interval
-    from txl.evaluation.rouge import rouge_scores
-
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m txl.studies.summaries.run", description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", default="runs/docstrings-split4", help="folder for the data, runs and summaries")
     ap.add_argument("--data-args", default="--split 0.5,0.1,0.4 --short-train --package-train --package-pretrain",
@@ -75,18 +69,15 @@ def main() -> int:
     ap.add_argument("--train", default="train-with-packages.jsonl",
                     help="the pairs file of WORK/data to fine-tune on (train.jsonl: the long documents only)")
     ap.add_argument("--json", help="write the results here")
-    args = ap.parse_args()
-    work = Path(args.work)
-    data, lm = work / "data", Path(args.lm) if args.lm else work / "lm"
-    times: dict = {}
-    if not (data / "test.jsonl").is_file():
-        times["data"] = txl("data", "docstrings", "--out", str(data), *shlex.split(args.data_args))
-    if not (lm / "best").is_dir():
-        times["pretrain"] = txl("train", str(data / "pretrain"), "--out", str(lm), *shlex.split(args.lm_args))
-    test = [json.loads(line) for line in (data / "test.jsonl").read_text().splitlines()]
-    refs = [t["completion"] for t in test]
-    preds = {"a": [name_words(t["name"]) for t in test]}
-    ended: dict = {}
+    return ap
+
+
+def _summaries(args, work: Path, data: Path, lm: Path, test: list[dict], times: dict) -> tuple[dict, dict]:
+    """Fine-tune each seed and summarize the test documents both ways (the steps whose output exists are
+    skipped); the summaries by system (``b0``, ``c0``, ...) and the share of each that ended."""
+    import numpy as np
+
+    preds, ended = {}, {}
     for seed in range(args.seeds):
         ft = work / f"ft-seed{seed}"
         if not (ft / "best").is_dir():
@@ -103,35 +94,26 @@ def main() -> int:
             rows = [json.loads(line) for line in out.read_text().splitlines()]
             preds[f"{key}{seed}"] = [r["summary"] for r in rows]
             ended[f"{key}{seed}"] = float(np.mean([r.get("ended", False) for r in rows]))
-    scores = {k: rouge_scores(p, refs) for k, p in preds.items()}
-    per = {k: np.array([p["rougeL"] for p in s["per_pair"]]) for k, s in scores.items()}
+    return preds, ended
 
-    def interval(*arrays, stat=lambda *xs: float(np.mean(xs[0] - xs[1])) if len(xs) == 2 else float(np.mean(xs[0]))):
-        iv = bootstrap_interval(arrays if len(arrays) > 1 else arrays[0], stat, n=2000, seed=0)
-        return {"estimate": iv.estimate, "low": iv.low, "high": iv.high}
 
-    earlier = {}  # the wall times of steps an earlier run of this script did (and this one skipped)
-    if args.json and Path(args.json).is_file():
-        earlier = json.loads(Path(args.json).read_text()).get("wall_s", {})
-    results = {"test_documents": len(test), "wall_s": {**earlier, **{k: round(v) for k, v in times.items()}},
-               "systems": {},
-               "seeds": args.seeds, "summarize_args": args.summarize_args, "max_new_tokens": args.max_new_tokens}
-    for k, s in scores.items():
-        results["systems"][k] = {**{t: s[t] for t in ("rouge1", "rouge2", "rougeL")},
-                                 "rougeL_interval": interval(per[k]), "distinct": len(set(preds[k])),
-                                 "ended": ended.get(k)}
-        if k != "a":
-            results["systems"][k]["minus_a"] = interval(per[k], per["a"])
-        if k.startswith("c"):
-            results["systems"][k]["minus_b"] = interval(per[k], per["b" + k[1:]])
-    # where the results come from: the split, the language model, the fine-tuning runs' best steps
-    results["pairs"] = json.loads((data / "split.json").read_text())["pairs"]
-    lm_state = json.loads((lm / "best" / "state.json").read_text())
-    results["lm"] = {k: lm_state.get(k) for k in ("step", "tokens", "elapsed_s", "val_loss", "val_metric", "unit")}
-    best = [json.loads((work / f"ft-seed{s}" / "best" / "state.json").read_text()) for s in range(args.seeds)]
-    results["finetune_best_step"] = [b["step"] for b in best]
-    results["finetune_best_valid"] = [{"value": b.get("val_metric"), "unit": b.get("unit")} for b in best]
-    # ROUGE-L by the document's length in tokens (mean over the seeds for (b) and (c)): where the memory matters
+def _interval(*arrays) -> dict:
+    """The mean of one array of per-document scores, or of the difference of two, with its 95% bootstrap
+    interval over the documents."""
+    import numpy as np
+
+    from txl.evaluation.intervals import bootstrap_interval
+
+    stat = (lambda *xs: float(np.mean(xs[0] - xs[1]))) if len(arrays) == 2 else (lambda *xs: float(np.mean(xs[0])))
+    iv = bootstrap_interval(arrays if len(arrays) > 1 else arrays[0], stat, n=2000, seed=0)
+    return {"estimate": iv.estimate, "low": iv.low, "high": iv.high}
+
+
+def _by_length(results: dict, args, work: Path, test: list[dict], per: dict) -> None:
+    """ROUGE-L by the document's length in tokens (mean over the seeds for (b) and (c)): where the memory
+    matters; and the mean over the seeds of each document's ROUGE-L against the baselines."""
+    import numpy as np
+
     from txl.training.checkpoint import load_checkpoint
 
     tokenizer = load_checkpoint(work / "ft-seed0").tokenizer
@@ -143,8 +125,8 @@ def main() -> int:
                "c": np.mean([per[f"c{s}"] for s in seeds], 0)}
     # the mean over the seeds of each document's ROUGE-L, against the baselines (intervals over the test documents)
     results["mean_of_seeds"] = {"rougeL": {k: float(v.mean()) for k, v in mean_of.items()},
-                                "c_minus_a": interval(mean_of["c"], mean_of["a"]),
-                                "c_minus_b": interval(mean_of["c"], mean_of["b"])}
+                                "c_minus_a": _interval(mean_of["c"], mean_of["a"]),
+                                "c_minus_b": _interval(mean_of["c"], mean_of["b"])}
     results["by_document_tokens"] = []
     for lo, hi in ((0, 256), (256, 512), (512, 1024), (1024, None)):
         sel = (n_tokens >= lo) & (n_tokens < (hi or np.inf))
@@ -152,9 +134,55 @@ def main() -> int:
             row = {"tokens": [lo, hi], "documents": int(sel.sum()),
                    "rougeL": {k: float(v[sel].mean()) for k, v in mean_of.items()}}
             if sel.sum() >= 10:
-                row["c_minus_a"] = interval(mean_of["c"][sel], mean_of["a"][sel])
-                row["c_minus_b"] = interval(mean_of["c"][sel], mean_of["b"][sel])
+                row["c_minus_a"] = _interval(mean_of["c"][sel], mean_of["a"][sel])
+                row["c_minus_b"] = _interval(mean_of["c"][sel], mean_of["b"][sel])
             results["by_document_tokens"].append(row)
+
+
+def main() -> int:
+    import numpy as np
+
+    from txl.evaluation.rouge import rouge_scores
+    from txl.studies.summaries.data import name_words
+
+    args = _parser().parse_args()
+    work = Path(args.work)
+    data, lm = work / "data", Path(args.lm) if args.lm else work / "lm"
+    times: dict = {}
+    if not (data / "test.jsonl").is_file():
+        times["data"] = txl("data", "docstrings", "--out", str(data), *shlex.split(args.data_args))
+    if not (lm / "best").is_dir():
+        times["pretrain"] = txl("train", str(data / "pretrain"), "--out", str(lm), *shlex.split(args.lm_args))
+    test = [json.loads(line) for line in (data / "test.jsonl").read_text().splitlines()]
+    refs = [t["completion"] for t in test]
+    preds = {"a": [name_words(t["name"]) for t in test]}
+    seeded, ended = _summaries(args, work, data, lm, test, times)
+    preds.update(seeded)
+    scores = {k: rouge_scores(p, refs) for k, p in preds.items()}
+    per = {k: np.array([p["rougeL"] for p in s["per_pair"]]) for k, s in scores.items()}
+
+    earlier = {}  # the wall times of steps an earlier run of this script did (and this one skipped)
+    if args.json and Path(args.json).is_file():
+        earlier = json.loads(Path(args.json).read_text()).get("wall_s", {})
+    results = {"test_documents": len(test), "wall_s": {**earlier, **{k: round(v) for k, v in times.items()}},
+               "systems": {},
+               "seeds": args.seeds, "summarize_args": args.summarize_args, "max_new_tokens": args.max_new_tokens}
+    for k, s in scores.items():
+        results["systems"][k] = {**{t: s[t] for t in ("rouge1", "rouge2", "rougeL")},
+                                 "rougeL_interval": _interval(per[k]), "distinct": len(set(preds[k])),
+                                 "ended": ended.get(k)}
+        if k != "a":
+            results["systems"][k]["minus_a"] = _interval(per[k], per["a"])
+        if k.startswith("c"):
+            results["systems"][k]["minus_b"] = _interval(per[k], per["b" + k[1:]])
+    # where the results come from: the split, the language model, the fine-tuning runs' best steps
+    results["pairs"] = json.loads((data / "split.json").read_text())["pairs"]
+    lm_state = json.loads((lm / "best" / "state.json").read_text())
+    results["lm"] = {k: lm_state.get(k) for k in ("step", "tokens", "elapsed_s", "val_loss", "val_metric", "unit")}
+    best = [json.loads((work / f"ft-seed{s}" / "best" / "state.json").read_text()) for s in range(args.seeds)]
+    results["finetune_best_step"] = [b["step"] for b in best]
+    results["finetune_best_valid"] = [{"value": b.get("val_metric"), "unit": b.get("unit")} for b in best]
+    _by_length(results, args, work, test, per)
     results["examples"] = []
     order = sorted(range(len(test)), key=lambda i: -per["c0"][i])
     for i in order[:4] + order[-3:]:
@@ -165,7 +193,6 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
