@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -164,7 +165,10 @@ def main() -> int:
     earlier = {}  # the wall times of steps an earlier run of this script did (and this one skipped)
     if args.json and Path(args.json).is_file():
         earlier = json.loads(Path(args.json).read_text()).get("wall_s", {})
-    results = {"test_documents": len(test), "wall_s": {**earlier, **{k: round(v) for k, v in times.items()}},
+    threads = os.environ.get("OMP_NUM_THREADS")
+    results = {"command": (f"OMP_NUM_THREADS={threads} " if threads else "") + "python -m txl.studies.summaries.run "
+               + shlex.join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d"),
+               "test_documents": len(test), "wall_s": {**earlier, **{k: round(v) for k, v in times.items()}},
                "systems": {},
                "seeds": args.seeds, "summarize_args": args.summarize_args, "max_new_tokens": args.max_new_tokens}
     for k, s in scores.items():
