@@ -130,6 +130,70 @@ def budget_table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+
+def plot_compressive(results: dict, path) -> dict:
+    """The compressive-memory comparison (``benchmarks/compressive.py``), one panel per corpus.
+
+    With validation curves in the runs (``"curve": [[step, tokens, value], ...]``): the valid metric
+    against training tokens, one line per variant (mean over seeds) with the seeds' range shaded.
+    Without: the final valid metric against training tokens/s, one point per run.
+
+    Args:
+        results: ``{"corpus/variant/seed": {"value", "unit", "tokens_per_s", "curve"?, ...}}``, and
+            optionally ``"speed": {variant: {"tokens_per_s"}}`` (interleaved timing, the x of the
+            scatter when present).
+
+    Returns:
+        the plotted points ``{"corpus/variant": [(x, value), ...]}`` (x: tokens, or tokens/s).
+
+    Raises:
+        TxlError: matplotlib is not installed, or the path cannot be written.
+    """
+    from txl.analysis.plots import pyplot, save_figure, unit_suffix
+
+    plt = pyplot()
+    timed = results.get("speed", {})
+    results = {k: v for k, v in results.items() if k.count("/") == 2}  # runs only
+    corpora = sorted({key.split("/")[0] for key in results})
+    with_curves = all(r.get("curve") for r in results.values())
+    fig, axes = plt.subplots(1, len(corpora), figsize=(5.0 * len(corpora), 3.6), squeeze=False)
+    points: dict[str, list] = {}
+    by_variant: dict[str, list[dict]] = {}
+    for key, r in results.items():
+        corpus, variant, _ = key.split("/")
+        by_variant.setdefault(f"{corpus}/{variant}", []).append(r)
+        if not with_curves:
+            speed = timed.get(variant, {}).get("tokens_per_s", r["tokens_per_s"])
+            points.setdefault(f"{corpus}/{variant}", []).append((speed, r["value"]))
+    markers = "osD^vP"
+    for ax, corpus in zip(axes[0], corpora):
+        names = sorted({k.split("/")[1] for k in by_variant if k.startswith(corpus + "/")})
+        for i, name in enumerate(names):
+            runs = by_variant[f"{corpus}/{name}"]
+            if with_curves:
+                tokens = sorted({t for r in runs for _, t, _ in r["curve"]})
+                per = [[v for r in runs for _, t2, v in r["curve"] if t2 == t] for t in tokens]
+                mean = [sum(v) / len(v) for v in per]
+                points[f"{corpus}/{name}"] = list(zip(tokens, mean))
+                thousands = [t / 1000 for t in tokens]
+                ax.plot(thousands, mean, marker=markers[i % len(markers)], markersize=3, label=name)
+                ax.fill_between(thousands, [min(v) for v in per], [max(v) for v in per], alpha=0.2)
+            else:
+                xs, ys = zip(*points[f"{corpus}/{name}"])
+                ax.scatter(xs, ys, marker=markers[i % len(markers)], label=name)
+        unit = next(r["unit"] for k, r in results.items() if k.startswith(corpus + "/"))
+        if with_curves:
+            ax.set_xlabel("training tokens (thousands)")
+        else:
+            ax.set_xlabel("training tokens/s (interleaved timing)" if timed else "training tokens/s")
+        ax.set_ylabel(f"valid {unit}" + unit_suffix(unit))
+        ax.set_title(corpus)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    save_figure(fig, path)
+    return points
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/cmem")
@@ -190,7 +254,6 @@ def main() -> int:
     if args.speed_rounds and "speed" not in results:
         results["speed"] = speed(args.variants, args.speed_rounds)
         results_path.write_text(json.dumps(results, indent=1))
-    from txl.analysis.plots import plot_compressive
 
     (out / "compressive.md").write_text(table(results) + "\n" + budget_table(results))
     plot_compressive(results, out / "compressive.png")

@@ -34,8 +34,47 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from txl.analysis.plots import plot_serve_latency  # noqa: E402
+from txl.analysis.plots import pyplot, save_figure  # noqa: E402
 from txl.data.files import default_corpus_files  # noqa: E402
+from txl.errors import TxlError  # noqa: E402
+
+
+
+def plot_serve_latency(session: tuple[list[int], list[float]], session_medians: tuple[list[int], list[float]],
+                       stateless: tuple[list[int], list[float]], path, title: str = "") -> dict:
+    """Latency of one appended line against the history length, for a ``txl serve`` session and for
+    re-sending the whole history (a stateless server), log-log, as a PNG (docs/serving.md).
+
+    Args:
+        session: (history length in tokens, latency in ms) of every appended line (drawn as dots).
+        session_medians: (history length, median latency in ms) of the session at the measured points.
+        stateless: (history length, median latency in ms) of the stateless requests at the same points.
+
+    Returns the plotted series ``{"session": ..., "session_medians": ..., "stateless": ...}``.
+
+    Raises:
+        TxlError: series whose two lists differ in length, or matplotlib missing.
+    """
+    series = {"session": session, "session_medians": session_medians, "stateless": stateless}
+    for name, (xs, ys) in series.items():
+        if len(xs) != len(ys):
+            raise TxlError(f"{name}: {len(xs)} history lengths but {len(ys)} latencies")
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.2, 3.9))
+    ax.scatter([max(x, 1) for x in session[0]], session[1], s=2, alpha=0.25, color="tab:blue",
+               label="session: every appended line")
+    ax.plot(session_medians[0], session_medians[1], marker="o", color="tab:blue", label="session (median)")
+    ax.plot(stateless[0], stateless[1], marker="s", color="tab:red", label="stateless: re-send the history (median)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("history before the line (tokens)")
+    ax.set_ylabel("latency per appended line (ms)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=9)
+    save_figure(fig, path)
+    return series
 
 
 def free_port() -> int:

@@ -15,7 +15,6 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -36,17 +35,6 @@ ENWIK8_LARGE = dict(vocab_size=256, n_layer=24, d_model=1024, n_head=8, d_head=1
                     mem_len=128, dropout=0.15)
 # --eval-speedup models: config and batch (rows per measured call, for both models)
 EVAL_PRESETS = {"bench-small": (BENCH_SMALL, 8), "enwik8-large": (ENWIK8_LARGE, 1)}
-
-
-@dataclass
-class Measurement:
-    """One benchmark line: a median over ``repeats`` timed runs of ``tokens`` tokens each."""
-
-    name: str
-    impl: str
-    tokens_per_s: float
-    seconds: list[float] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def median_time(fn: Callable[[], Any], *, warmup: int, repeats: int, sync: Callable[[], None]) -> list[float]:

@@ -91,7 +91,7 @@ def read_metrics(path) -> dict[str, np.ndarray]:
     return columns
 
 
-def _unit_suffix(unit: str) -> str:
+def unit_suffix(unit: str) -> str:
     """" (bits per byte)" / " (bits per character)" after an axis label's unit; "" for others."""
     from txl.evaluation.stream import UNIT_NAMES
 
@@ -192,7 +192,7 @@ def plot_learning_curves(run_dirs: list, out_dir, labels: list[str] | None = Non
             if s["val_metric"].size:
                 ax.plot(s[vx_key], s["val_metric"], color=color, marker="o", label=f"{label} valid")
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(unit + _unit_suffix(unit))
+        ax.set_ylabel(unit + unit_suffix(unit))
         ax.legend(fontsize=8)
         files.append(save_figure(fig, out_dir / name))
     for key, name, ylabel in (("lr", "lr.png", "learning rate"), ("tokens_per_s", "throughput.png", "training tokens/s")):
@@ -220,7 +220,7 @@ def plot_mem_sweep(mem_lens: list[int], values: list[float], unit: str, path, la
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     ax.plot(mem_lens, values, marker="o", label=label or None)
     ax.set_xlabel("evaluation mem_len (tokens)")
-    ax.set_ylabel(unit + _unit_suffix(unit))
+    ax.set_ylabel(unit + unit_suffix(unit))
     if label:
         ax.legend(fontsize=8)
     save_figure(fig, path)
@@ -279,7 +279,7 @@ def plot_ablation(results: dict, path) -> dict:
     from txl.evaluation.stream import stored_unit
 
     unit = stored_unit(results["unit"], results.get("tokenizer")) or results["unit"]
-    ax.set_ylabel(unit + _unit_suffix(unit))
+    ax.set_ylabel(unit + unit_suffix(unit))
     ax.set_title("Table 6 ablation at small scale")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -313,102 +313,4 @@ def plot_recl_gains(result, path) -> dict:
     axes[0][0].legend(fontsize=8)
     save_figure(fig, path)
     return series
-
-
-def plot_serve_latency(session: tuple[list[int], list[float]], session_medians: tuple[list[int], list[float]],
-                       stateless: tuple[list[int], list[float]], path, title: str = "") -> dict:
-    """Latency of one appended line against the history length, for a ``txl serve`` session and for
-    re-sending the whole history (a stateless server), log-log, as a PNG (docs/serving.md).
-
-    Args:
-        session: (history length in tokens, latency in ms) of every appended line (drawn as dots).
-        session_medians: (history length, median latency in ms) of the session at the measured points.
-        stateless: (history length, median latency in ms) of the stateless requests at the same points.
-
-    Returns the plotted series ``{"session": ..., "session_medians": ..., "stateless": ...}``.
-
-    Raises:
-        TxlError: series whose two lists differ in length, or matplotlib missing.
-    """
-    series = {"session": session, "session_medians": session_medians, "stateless": stateless}
-    for name, (xs, ys) in series.items():
-        if len(xs) != len(ys):
-            raise TxlError(f"{name}: {len(xs)} history lengths but {len(ys)} latencies")
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.2, 3.9))
-    ax.scatter([max(x, 1) for x in session[0]], session[1], s=2, alpha=0.25, color="tab:blue",
-               label="session: every appended line")
-    ax.plot(session_medians[0], session_medians[1], marker="o", color="tab:blue", label="session (median)")
-    ax.plot(stateless[0], stateless[1], marker="s", color="tab:red", label="stateless: re-send the history (median)")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("history before the line (tokens)")
-    ax.set_ylabel("latency per appended line (ms)")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    if title:
-        ax.set_title(title, fontsize=9)
-    save_figure(fig, path)
-    return series
-
-
-def plot_compressive(results: dict, path) -> dict:
-    """The compressive-memory comparison (``benchmarks/compressive.py``), one panel per corpus.
-
-    With validation curves in the runs (``"curve": [[step, tokens, value], ...]``): the valid metric
-    against training tokens, one line per variant (mean over seeds) with the seeds' range shaded.
-    Without: the final valid metric against training tokens/s, one point per run.
-
-    Args:
-        results: ``{"corpus/variant/seed": {"value", "unit", "tokens_per_s", "curve"?, ...}}``, and
-            optionally ``"speed": {variant: {"tokens_per_s"}}`` (interleaved timing, the x of the
-            scatter when present).
-
-    Returns:
-        the plotted points ``{"corpus/variant": [(x, value), ...]}`` (x: tokens, or tokens/s).
-
-    Raises:
-        TxlError: matplotlib is not installed, or the path cannot be written.
-    """
-    plt = pyplot()
-    timed = results.get("speed", {})
-    results = {k: v for k, v in results.items() if k.count("/") == 2}  # runs only
-    corpora = sorted({key.split("/")[0] for key in results})
-    with_curves = all(r.get("curve") for r in results.values())
-    fig, axes = plt.subplots(1, len(corpora), figsize=(5.0 * len(corpora), 3.6), squeeze=False)
-    points: dict[str, list] = {}
-    by_variant: dict[str, list[dict]] = {}
-    for key, r in results.items():
-        corpus, variant, _ = key.split("/")
-        by_variant.setdefault(f"{corpus}/{variant}", []).append(r)
-        if not with_curves:
-            speed = timed.get(variant, {}).get("tokens_per_s", r["tokens_per_s"])
-            points.setdefault(f"{corpus}/{variant}", []).append((speed, r["value"]))
-    markers = "osD^vP"
-    for ax, corpus in zip(axes[0], corpora):
-        names = sorted({k.split("/")[1] for k in by_variant if k.startswith(corpus + "/")})
-        for i, name in enumerate(names):
-            runs = by_variant[f"{corpus}/{name}"]
-            if with_curves:
-                tokens = sorted({t for r in runs for _, t, _ in r["curve"]})
-                per = [[v for r in runs for _, t2, v in r["curve"] if t2 == t] for t in tokens]
-                mean = [sum(v) / len(v) for v in per]
-                points[f"{corpus}/{name}"] = list(zip(tokens, mean))
-                thousands = [t / 1000 for t in tokens]
-                ax.plot(thousands, mean, marker=markers[i % len(markers)], markersize=3, label=name)
-                ax.fill_between(thousands, [min(v) for v in per], [max(v) for v in per], alpha=0.2)
-            else:
-                xs, ys = zip(*points[f"{corpus}/{name}"])
-                ax.scatter(xs, ys, marker=markers[i % len(markers)], label=name)
-        unit = next(r["unit"] for k, r in results.items() if k.startswith(corpus + "/"))
-        if with_curves:
-            ax.set_xlabel("training tokens (thousands)")
-        else:
-            ax.set_xlabel("training tokens/s (interleaved timing)" if timed else "training tokens/s")
-        ax.set_ylabel(f"valid {unit}" + _unit_suffix(unit))
-        ax.set_title(corpus)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    save_figure(fig, path)
-    return points
 

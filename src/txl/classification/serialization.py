@@ -52,12 +52,6 @@ def save_classifier(model, directory: str | Path, extra: dict[str, Any] | None =
     shutil.rmtree(old, ignore_errors=True)
 
 
-def read_classifier_extra(directory: str | Path) -> dict[str, Any]:
-    """The ``extra`` object stored in ``classifier.json`` (training settings, metrics); {} if none."""
-    extra = read_json_object(Path(directory) / CLASSIFIER_NAME).get("extra", {})
-    return extra if isinstance(extra, dict) else {}
-
-
 def read_classifier(directory: str | Path) -> tuple[Any, dict[str, Any]]:
     """The model config and the ``classifier.json`` values (without ``extra``) of a classifier folder.
 
