@@ -26,6 +26,18 @@ def test_repetition_penalty_known_values():
     assert adjust_logits(logits, [[0], [1]]) is logits  # no rule: untouched (greedy stays bit-exact)
 
 
+def test_an_extreme_repetition_penalty_keeps_the_scores_finite():
+    """θ near 0 would send a positive score to +inf (and the softmax to NaN), θ near inf a negative one to
+    -inf: the penalized scores stop at the dtype's largest finite value."""
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0]])
+    top = torch.finfo(torch.float32).max
+    tiny = adjust_logits(logits, [[0, 1]], repetition_penalty=5e-324)
+    assert tiny.tolist() == [[top, 0.0, 0.5, 3.0]]  # (-1 x 5e-324 underflows to -0.0)
+    assert torch.softmax(tiny, -1).tolist() == [[1.0, 0.0, 0.0, 0.0]]
+    huge = adjust_logits(logits, [[0, 1]], repetition_penalty=1e308)
+    assert huge.tolist() == [[0.0, -top, 0.5, 3.0]]  # (2 / 1e308 underflows to 0)
+
+
 @given(st.lists(st.integers(0, 3), max_size=12), st.integers(1, 4))
 def test_banned_ngram_tokens_is_the_brute_force_set(seq, n):
     grams = {tuple(seq[i:i + n]) for i in range(len(seq) - n + 1)}

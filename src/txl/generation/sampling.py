@@ -196,7 +196,9 @@ def adjust_logits(logits: torch.Tensor, generated: Sequence[Sequence[int]], *, r
         if repetition_penalty != 1.0 and len(seq):
             ids = torch.as_tensor(sorted(set(int(t) for t in seq)), dtype=torch.long, device=out.device)
             seen = out[b, ids]
-            out[b, ids] = torch.where(seen > 0, seen / repetition_penalty, seen * repetition_penalty)
+            penalized = torch.where(seen > 0, seen / repetition_penalty, seen * repetition_penalty)
+            top = torch.finfo(out.dtype).max  # a θ near 0 or near inf must not turn a score into ±inf
+            out[b, ids] = penalized.clamp(-top, top)
         if no_repeat_ngram_size:
             ban = banned_ngram_tokens([int(t) for t in seq], no_repeat_ngram_size)
             if ban:
