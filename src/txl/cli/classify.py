@@ -12,17 +12,19 @@ RUN FILE...`` prints one JSON line per document with the predicted label and the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
 import sys
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from txl.cli.checks import check_checkpoint_path, check_exists, check_seed, finite_float
 from txl.cli.common import (Command, add_batch_size, add_checkpoint, add_data, add_device, add_dtype, add_option,
                             add_span, flag_name, checkpoint_arg, note_threads, print_notes, underscore)
-from txl.config import HEAD_INITS, MODES, POOLINGS, RECURRENCES
+from txl.config import HEAD_INITS, MODES, POOLINGS, RECURRENCES, ClassifyTrainConfig
 from txl.errors import TxlError, listed
 
 NAME = "classify"
@@ -30,15 +32,12 @@ HELDOUT_NAME = "heldout.json"  # the held-out report of a run (txl classify trai
 HELP = "long-document classification with memory (fine-tune an LM)"
 EXAMPLE = "txl classify train runs/wt103 --data reviews.jsonl --out runs/reviews"
 # the settings of `txl classify train` a --config file's [classify] table may give: name -> (type, built-in
-# default). A flag on the command line wins over the file, the file over the default (None: the LM's, or
-# decided from the data: mode memory for a model with memory, valid_fraction 0.2 without --valid).
+# default), read from txl.config.ClassifyTrainConfig. A flag on the command line wins over the file, the file
+# over the default.
+_HINTS = typing.get_type_hints(ClassifyTrainConfig)
 TRAIN_SETTINGS: dict[str, tuple[type, object]] = {
-    "mode": (str, None), "pooling": (str, "document"), "grad_segments": (int, 1), "passes": (int, 1),
-    "recurrence": (str, "previous_layer"), "head_init": (str, "probe"), "tgt_len": (int, None),
-    "mem_len": (int, None), "max_tokens": (int, 0), "steps": (int, 200), "batch_size": (int, 8), "lr": (float, 3e-4),
-    "warmup_steps": (int, 10), "weight_decay": (float, 0.0), "clip": (float, 1.0), "dropout": (float, 0.1),
-    "valid_fraction": (float, None), "save_interval": (int, 50), "seed": (int, 0),
-}
+    f.name: (next(t for t in typing.get_args(_HINTS[f.name]) or (_HINTS[f.name],) if t is not type(None)), f.default)
+    for f in dataclasses.fields(ClassifyTrainConfig)}
 
 
 def _add_train(t: argparse.ArgumentParser) -> None:

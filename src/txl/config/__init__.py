@@ -20,7 +20,8 @@ from txl.config.span import (AttentionSpan, check_readable, resolve_span)
 from txl.config.model import (ATTN_TYPES, WITHOUT_MEMORY, check_clamp, check_position_scheme, position_parameters,
                               COMPRESSIONS, TransformerXLConfig, check_compilable)
 from txl.config.run import (SECTIONS, OPTIONAL_SECTIONS, RunConfig, parse_override, load_run_config)
-from txl.config.classifier import (MODES, POOLINGS, RECURRENCES, HEAD_INITS, SAVED_WITHOUT, ClassifierConfig)
+from txl.config.classifier import (MODES, POOLINGS, RECURRENCES, HEAD_INITS, SAVED_WITHOUT, ClassifierConfig,
+                                   ClassifyTrainConfig)
 
 __all__ = ["did_you_mean", "check_fields", "HALF_DTYPES", "check_weights_dtype", "check_split",
            "check_sampling", "check_decoding", "IGNORE_INDEX", "TOKENIZERS", "NORMALIZE", "DTYPES",
@@ -30,4 +31,4 @@ __all__ = ["did_you_mean", "check_fields", "HALF_DTYPES", "check_weights_dtype",
            "ATTN_TYPES", "WITHOUT_MEMORY", "check_clamp", "check_position_scheme", "position_parameters",
            "COMPRESSIONS", "TransformerXLConfig", "check_compilable", "SECTIONS", "OPTIONAL_SECTIONS",
            "RunConfig", "parse_override", "load_run_config", "MODES", "POOLINGS", "RECURRENCES", "HEAD_INITS",
-           "SAVED_WITHOUT", "ClassifierConfig"]
+           "SAVED_WITHOUT", "ClassifierConfig", "ClassifyTrainConfig"]

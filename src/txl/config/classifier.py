@@ -120,3 +120,37 @@ class ClassifierConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict of all fields."""
         return dataclasses.asdict(self)
+
+
+@dataclass
+class ClassifyTrainConfig:
+    """The settings of ``txl classify train`` that a ``--config`` file's ``[classify]`` table may give (each
+    also a flag of the same name: a flag wins over the file, the file over these defaults). None: decided
+    later -- ``mode`` from the model (memory, or first for ``attn_type="abs"``), ``tgt_len`` and ``mem_len``
+    from the language model, ``valid_fraction`` 0.2 when no ``--valid`` file is given. The classifier's
+    reading (``mode`` ... ``head_init``) is :class:`ClassifierConfig`'s; the rest is the fine-tuning's:
+    ``steps`` of ``batch_size`` documents at ``lr`` (``warmup_steps`` of linear warm-up), ``weight_decay``,
+    gradient-norm ``clip``, the head's ``dropout``, ``max_tokens`` per document (0: whole), a checkpoint
+    every ``save_interval`` steps, ``seed``.
+    """
+
+    mode: str | None = None
+    pooling: str = "document"
+    grad_segments: int = 1
+    passes: int = 1
+    recurrence: str = "previous_layer"
+    head_init: str = "probe"
+    tgt_len: int | None = None
+    mem_len: int | None = None
+    max_tokens: int = 0
+    steps: int = 200
+    batch_size: int = 8
+    lr: float = 3e-4
+    warmup_steps: int = 10
+    weight_decay: float = 0.0
+    clip: float = 1.0
+    dropout: float = 0.1
+    valid_fraction: float | None = None
+    save_interval: int = 50
+    seed: int = 0
+
