@@ -5,7 +5,7 @@
 Trains each variant (below) on the built-in default corpus (bytes) and tiny Shakespeare (chars),
 each run in its own process (one torch thread) so that its peak resident memory can be read, with a
 validation every ``--eval-interval`` steps (the valid metric against the training budget), and
-writes ``results.json``, ``compressive.md`` (tables) and ``compressive.png`` (via txl.analysis.plots).
+writes ``results.json``, ``compressive.md`` (tables) and ``compressive.png`` (:func:`plot_compressive`).
 """
 
 from __future__ import annotations
@@ -128,7 +128,6 @@ def budget_table(results: dict) -> str:
             cells.append(f"{sum(values) / len(values):.3f}" if values else "-")
         lines.append(f"| {corpus} | {variant} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
 
 
 def plot_compressive(results: dict, path) -> dict:

@@ -39,7 +39,6 @@ from txl.data.files import default_corpus_files  # noqa: E402
 from txl.errors import TxlError  # noqa: E402
 
 
-
 def plot_serve_latency(session: tuple[list[int], list[float]], session_medians: tuple[list[int], list[float]],
                        stateless: tuple[list[int], list[float]], path, title: str = "") -> dict:
     """Latency of one appended line against the history length, for a ``txl serve`` session and for

@@ -9,10 +9,12 @@ from txl.errors import TxlError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from compressive import plot_compressive  # noqa: E402
-from serve_latency import plot_serve_latency  # noqa: E402
 
 
 def test_serve_latency_plot_returns_its_data(tmp_path):
+    pytest.importorskip("httpx")  # (the benchmark talks to the server with it)
+    from serve_latency import plot_serve_latency
+
     data = plot_serve_latency(([0, 10, 100], [5.0, 6.0, 5.5]), ([10, 100], [6.0, 5.5]), ([10, 100], [7.0, 40.0]),
                               tmp_path / "l.png", title="t")
     assert data["stateless"] == ([10, 100], [7.0, 40.0]) and (tmp_path / "l.png").stat().st_size > 5_000

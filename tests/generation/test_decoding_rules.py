@@ -163,3 +163,12 @@ def test_rules_object_and_keywords_decode_alike_and_not_both(byte_checkpoint):
         generate(model, prompt, 2, top_q=0.5)
     with pytest.raises(TxlError, match="unknown decoding rule"):
         generate(model, prompt, 2, top_q=None)
+
+
+def test_the_penalty_leaves_a_models_own_non_finite_scores_to_the_sampler():
+    """Only what the penalty itself pushes out of range is clamped: a model's inf stays inf, and the sampler
+    refuses it as before."""
+    out = adjust_logits(torch.tensor([[float("inf"), 1.0, 0.0]]), [[0]], repetition_penalty=1.2)
+    assert out[0, 0] == float("inf")
+    with pytest.raises(TxlError, match="non-finite"):
+        sample_next(out, temperature=0.0)

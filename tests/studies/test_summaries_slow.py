@@ -9,7 +9,6 @@ import pytest
 from conftest import ROOT
 
 
-
 @pytest.mark.slow
 def test_docstring_summaries_script_end_to_end(tmp_path):
     pytest.importorskip("rouge_score")

@@ -198,7 +198,8 @@ def adjust_logits(logits: torch.Tensor, generated: Sequence[Sequence[int]], *, r
             seen = out[b, ids]
             penalized = torch.where(seen > 0, seen / repetition_penalty, seen * repetition_penalty)
             top = torch.finfo(out.dtype).max  # a θ near 0 or near inf must not turn a score into ±inf
-            out[b, ids] = penalized.clamp(-top, top)
+            out[b, ids] = torch.where(torch.isfinite(seen), penalized.clamp(-top, top), seen)  # (the model's own
+            # non-finite scores stay as they are: the sampler reports them)
         if no_repeat_ngram_size:
             ban = banned_ngram_tokens([int(t) for t in seq], no_repeat_ngram_size)
             if ban:
