@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import os
@@ -21,18 +20,13 @@ from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
 from txl.runtime import compile_module, resolve_device, seed_everything, set_threads
 from txl.evaluation.stream import EvalResult, metric_value
-from txl.fileio import FolderClaim, claim_folder, write_json
-from txl.model import TransformerXLLM
-from txl.config import check_compilable
-from txl.data.iterators import longest_segment
-from txl.model.checks import check_attention_fits
+from txl.fileio import FolderClaim, write_json
 from txl import distributed
-from txl.training.checkpoint import (RUN_NAME, NonFiniteWeights, checkpoint_step, load_checkpoint, save_checkpoint)
-from txl.training.checkpoint_files import check_run_folder, checkpoint_candidates, first_good_checkpoint
+from txl.training import runlog, setup
+from txl.training.checkpoint import (RUN_NAME, NonFiniteWeights, load_checkpoint, save_checkpoint)
 from txl.training.fingerprint import STATE_KEY as DATA_KEY
-from txl.training.resume import JSON_NAME as TRAINER_JSON
 from txl.training.resume import rank_rng_state, restore_run, save_trainer_state
-from txl.training.runlog import (StopRequest, check_new_run_folder, open_metrics, record_resumed_config,
+from txl.training.runlog import (StopRequest, open_metrics, record_resumed_config,
                                 remove_unfinished)
 from txl.training.optim import make_optimizer
 from txl.training.step import StepResult, train_step
@@ -70,64 +64,6 @@ class TrainResult:
     start_step: int = 0
 
 
-def _absolute_paths(data):
-    """The data section with absolute paths, so that a run's checkpoints work from any directory."""
-    paths = {k: str(Path(v).resolve()) for k in ("path", "train", "valid", "test")
-             if (v := getattr(data, k)) is not None}
-    return dataclasses.replace(data, **paths)
-
-
-def eval_scope(res: EvalResult) -> str:
-    """What an evaluation's number was measured on, for the log: ``"32,768 tokens, tgt_len 64, mem_len 64"``
-    (completion tokens and pairs for fine-tuning; ``cmem_len`` when a compressed memory was read)."""
-    s = res.settings
-    if "documents" in s:  # a classifier's held-out documents
-        return f"{s['documents']:,} documents, accuracy {s['accuracy']:.4f}"
-    what = (f"{res.n_tokens:,} completion tokens of {s['examples']:,} pairs" if "examples" in s
-            else f"{res.n_tokens:,} tokens")
-    return ", ".join([what] + [f"{key} {s[key]}" for key in ("tgt_len", "mem_len", "cmem_len") if key in s])
-
-
-def _diverged(step: int, bad: list[str], out_dir: Path, run: RunConfig) -> str:
-    """The error line when the weights are no longer finite at a checkpoint (none is written then)."""
-    kept = checkpoint_step(out_dir / "last")
-    more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-    where = (f"last/ still holds step {kept} (continue from it with --resume --allow-config-change)" if kept is not None
-             else "no checkpoint was written (start again)")
-    recon = " or model.recon_loss_weight" if run.model.cmem_len else ""
-    return (f"training diverged: after step {step} the weights hold NaN or inf ({bad[0]}{more}), and txl never "
-            f"saves such weights; {where}; lower train.lr{recon} or raise train.warmup_steps")
-
-
-def _recorded_threads(checkpoint: Path) -> int | None:
-    """The CPU thread count a run recorded in a checkpoint's ``state.json`` (None for runs before it did)."""
-    from txl.training.checkpoint import STATE_NAME
-    from txl.fileio import read_json_object
-
-    try:
-        value = read_json_object(checkpoint / STATE_NAME).get("threads")
-    except TxlError:
-        return None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
-
-
-def make_task(run: RunConfig):
-    """The task ``run`` describes: :class:`~txl.training.finetune.PairsTask` when it has a
-    ``[finetune]`` section, else :class:`~txl.training.lm_task.LMTask` (loads the data)."""
-    if run.finetune is not None:
-        from txl.training.finetune import PairsTask
-
-        return PairsTask(run)
-    return LMTask(run)
-
-
-def task_inputs(run: RunConfig) -> list:
-    """The paths a run reads (its output folder may not be one of them, nor inside one)."""
-    data = run.data
-    inputs = [data.path, data.train, data.valid, data.test]
-    return inputs + ([run.finetune.init] if run.finetune is not None else [])
-
-
 def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] | None = None,
           resume: bool = False, allow_data_change: bool = False, task=None) -> TrainResult:
     """Train a Transformer-XL language model as described by ``run`` and report validation with memory.
@@ -161,7 +97,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
     loses no row. A checkpoint is never written with NaN or infinite weights.
 
     ``task``: the task to train (see :mod:`txl.training.lm_task` for the interface), e.g.
-    :class:`txl.training.lm_task.LMTask`; None: the one ``run`` describes (:func:`make_task`).
+    :class:`txl.training.lm_task.LMTask`; None: the one ``run`` describes (:func:`~txl.training.setup.make_task`).
     A given task is not recorded in ``run.json``: resuming such a run needs the same task again.
 
     Raises:
@@ -239,27 +175,27 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     if not d.is_main:
         log = lambda msg: None  # noqa: E731 - rank 0 speaks for the run
-    _check_run(run, d)
+    setup.check_run(run, d)
     t = run.train
     if t.deterministic:  # cuBLAS needs a fixed workspace for deterministic matmuls (read when CUDA starts)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     seed_everything(t.seed)
     device = distributed.device_for(d, resolve_device(t.device))
-    created, candidates, resume_dir = _claim_run_folder(run, d, resume=resume, claims=claims, task=task, log=log)
+    created, candidates, resume_dir = setup.claim_run_folder(run, d, resume=resume, claims=claims, task=task, log=log)
 
     # torchrun's ranks: OMP_NUM_THREADS shares the CPUs; a resumed run keeps the count it recorded (automatic
     # choices follow the load, and another count changes the losses in their last digits)
-    threads = set_threads(t.threads, flag="train.threads", keep=_recorded_threads(resume_dir) if resume else None)
-    task = make_task(run) if task is None else task
+    threads = set_threads(t.threads, flag="train.threads", keep=setup.recorded_threads(resume_dir) if resume else None)
+    task = setup.make_task(run) if task is None else task
     fingerprint = task.fingerprint()  # recorded in every checkpoint, compared when resuming
     unit = task.unit
-    run, spans = _run_for_task(run, task)
+    run, spans = setup.run_for_task(run, task)
     task.check(run, spans)
     log(task.describe())
 
     distributed.init(d, device)
-    model = _build_model(run, d, device, task, spans, resume=resume)
+    model = setup.build_model(run, d, device, task, spans, resume=resume)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters, {run.model.n_layer} layers, d_model {run.model.d_model}, "
         f"attn_type {run.model.attn_type}; device {device}, dtype {t.dtype}; {threads}"
@@ -280,79 +216,6 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
     p = _start(r, progress=progress, allow_data_change=allow_data_change)
     _run_steps(r, p)
     return _finish(r, p, progress=progress)
-
-
-def _check_run(run: RunConfig, d: distributed.Dist) -> None:
-    """Refuses a config that cannot train (on these ranks)."""
-    run.check()
-    if run.train.compile:  # (a saved run's config may hold it: refused where training starts, not on loading)
-        check_compilable(run.model, "train.compile")
-    t = run.train
-    if d.enabled and t.batch_size % (d.world * t.grad_accum_steps):
-        raise TxlError(f"train.batch_size {t.batch_size} must divide into {d.world} ranks × train.grad_accum_steps "
-                       f"{t.grad_accum_steps} equal pieces")
-    if not d.enabled and t.grad_accum_steps > t.batch_size:
-        raise TxlError(f"train.grad_accum_steps {t.grad_accum_steps} exceeds train.batch_size {t.batch_size}")
-
-
-def _claim_run_folder(run: RunConfig, d: distributed.Dist, *, resume: bool, claims: list[FolderClaim], task,
-                      log: Callable[[str], None]) -> tuple[bool, list[Path], Path | None]:
-    """Rank 0 claims ``train.out_dir`` (appended to ``claims``); a new run needs a new or empty folder, a
-    resumed one a resumable checkpoint. Returns whether the claim created the folder, and for a resumed run
-    its ``last`` checkpoints (newest first) and the first intact one of them."""
-    out_dir = Path(run.train.out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise TxlError(f"train.out_dir {out_dir} is a file; choose a folder for the run")
-    if resume and not out_dir.is_dir():
-        raise TxlError(f"{out_dir} has no resumable checkpoint (last/{TRAINER_JSON}); start a new run instead")
-    created = False
-    if d.is_main:  # one process per run folder: claimed before anything is read or written
-        claim = claim_folder(out_dir, flag="train.out_dir", create=not resume,
-                             inputs=task_inputs(run) + list(getattr(task, "inputs", ())))
-        claims.append(claim)
-        created = claim.created
-        if not resume:
-            check_new_run_folder(out_dir)  # never over a run, nor over files txl did not write
-        check_run_folder(out_dir)  # checkpoint rotation will not meet a folder txl did not write
-    candidates, resume_dir = [], None
-    if resume:
-        candidates = checkpoint_candidates(out_dir, "last")
-        if not candidates:
-            raise TxlError(f"{out_dir} has no resumable checkpoint (last/{TRAINER_JSON}); start a new run instead")
-        resume_dir = first_good_checkpoint(candidates, required=TRAINER_JSON, warn=lambda m: log(f"txl: warning: {m}"))
-    elif (out_dir / RUN_NAME).exists():
-        raise TxlError(f"{out_dir} already holds a run; choose another train.out_dir (--out), remove it, "
-                       "or continue it with --resume")
-    return created, candidates, resume_dir
-
-
-def _run_for_task(run: RunConfig, task) -> tuple[RunConfig, list[tuple[int, int]]]:
-    """``run`` as its checkpoints record it (the task's vocabulary size, absolute paths), and the
-    ``(tgt_len, mem_len)`` of each phase of its ``train.tgt_len_schedule``."""
-    t = run.train
-    run = dataclasses.replace(run, model=dataclasses.replace(run.model, vocab_size=task.vocab_size),
-                              data=_absolute_paths(run.data))
-    if run.finetune is not None:
-        run = dataclasses.replace(run, finetune=dataclasses.replace(run.finetune,
-                                                                    init=str(Path(run.finetune.init).resolve())))
-    spans = [segment_span(s, t.tgt_len_schedule, run.model.tgt_len, run.model.mem_len) for s in
-             [0] + [e[0] for e in t.tgt_len_schedule]]
-    return run, spans
-
-
-def _build_model(run: RunConfig, d: distributed.Dist, device: torch.device, task, spans: list[tuple[int, int]], *,
-                 resume: bool) -> torch.nn.Module:
-    """The model to train, on ``device`` (a new run's with the task's initial weights)."""
-    t = run.train
-    build = getattr(task, "build_model", None)  # a task may train another model around the LM (a classifier)
-    model = (TransformerXLLM(run.model) if build is None else build(run)).to(device)
-    if build is None:  # the longest segment's attention scores, under autograd
-        longest = max(longest_segment(s[0]) if t.varlen else s[0] for s in spans)
-        check_attention_fits(model, len(range(t.batch_size)[d.rows(t.batch_size)]), longest,
-                             longest + max(s[1] for s in spans), grad=True, dtype=t.dtype)
-    if not resume:
-        task.init_weights(model)
-    return model
 
 
 def _start(r: _Run, *, progress: bool, allow_data_change: bool) -> _Progress:
@@ -534,7 +397,7 @@ def _validate(r: _Run, p: _Progress, row: dict[str, Any] | None) -> None:
         raise TxlError(f"the validation loss is {res.loss} at step {p.step}: training diverged; lower "
                        f"train.lr or raise train.warmup_steps (last state written to {r.out_dir / 'last'})")
     if r.d.is_main:
-        r.bar.write(f"step {p.step}: valid {r.unit} {res.value:.4f} ({eval_scope(res)})", file=sys.stderr)
+        r.bar.write(f"step {p.step}: valid {r.unit} {res.value:.4f} ({runlog.eval_scope(res)})", file=sys.stderr)
     _save_validated(r, p, res)
     p.window_start = time.perf_counter()  # do not count evaluation time as training speed
 
@@ -578,7 +441,7 @@ def _write_checkpoint(r: _Run, p: _Progress, name: str, keep: int, trainer: bool
             save_checkpoint(r.out_dir / name, r.model, r.task.tokenizer, r.run, dict(p.state), keep=keep, span=p.span,
                             extra=files)
         except NonFiniteWeights as err:
-            error = _diverged(p.step, err.names, r.out_dir, r.run)
+            error = runlog.diverged(p.step, err.names, r.out_dir, r.run)
         except TxlError as err:
             error = str(err)
     error = distributed.broadcast_object(d, error)

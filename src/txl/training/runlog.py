@@ -12,7 +12,7 @@ from typing import Any
 
 from txl.errors import TxlError
 from txl.fileio import atomic_write, read_json_object, refuse_nonempty_folder, write_json
-from txl.training.checkpoint import RUN_NAME
+from txl.training.checkpoint import RUN_NAME, checkpoint_step
 
 METRIC_FIELDS = ["step", "tokens", "elapsed_s", "lr", "tgt_len", "mem_len", "train_loss", "train_metric",
                  "tokens_per_s", "val_loss", "val_metric", "unit", "recon_loss"]
@@ -125,3 +125,25 @@ def record_resumed_config(path: Path, config: dict[str, Any]) -> list[str]:
     if changes:
         write_json(path, new)
     return changes
+
+
+def eval_scope(res) -> str:
+    """What an evaluation's number was measured on, for the log: ``"32,768 tokens, tgt_len 64, mem_len 64"``
+    (completion tokens and pairs for fine-tuning; ``cmem_len`` when a compressed memory was read)."""
+    s = res.settings
+    if "documents" in s:  # a classifier's held-out documents
+        return f"{s['documents']:,} documents, accuracy {s['accuracy']:.4f}"
+    what = (f"{res.n_tokens:,} completion tokens of {s['examples']:,} pairs" if "examples" in s
+            else f"{res.n_tokens:,} tokens")
+    return ", ".join([what] + [f"{key} {s[key]}" for key in ("tgt_len", "mem_len", "cmem_len") if key in s])
+
+
+def diverged(step: int, bad: list[str], out_dir: Path, run) -> str:
+    """The error line when the weights are no longer finite at a checkpoint (none is written then)."""
+    kept = checkpoint_step(out_dir / "last")
+    more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+    where = (f"last/ still holds step {kept} (continue from it with --resume --allow-config-change)" if kept is not None
+             else "no checkpoint was written (start again)")
+    recon = " or model.recon_loss_weight" if run.model.cmem_len else ""
+    return (f"training diverged: after step {step} the weights hold NaN or inf ({bad[0]}{more}), and txl never "
+            f"saves such weights; {where}; lower train.lr{recon} or raise train.warmup_steps")
