@@ -21,15 +21,13 @@ from conftest import one_error_line as _one_error_line
 from conftest import run_cli
 from txl.classification.model import TransformerXLForSequenceClassification
 from txl.cli import all_parsers
-from txl.config import check_fields
+from txl.config import CHECKSUMS_NAME, RUN_NAME, SECTIONS, check_fields, load_run_config, FinetuneConfig, RunConfig
 from txl.data import ByteTokenizer, CharTokenizer
 from txl.data.pairs import add_markers
 from txl.errors import TxlError
 from txl.model import TransformerXLConfig, TransformerXLLM
-from txl.config import CHECKSUMS_NAME, RUN_NAME
 from txl.data.download import sha256_file
 from txl.training.checkpoint import save_checkpoint
-from txl.config import SECTIONS, FinetuneConfig, RunConfig, load_run_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

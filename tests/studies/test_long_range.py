@@ -10,12 +10,11 @@ import torch
 from torch import nn
 
 from conftest import one_error_line, run_cli
-from txl.config import IGNORE_INDEX
+from txl.config import IGNORE_INDEX, AttentionSpan
 from txl.studies.long_range.episodes import (CLOSE, FACT, HANDLES, PASS_KEY_HANDLE, TASKS, VALUE_BYTES, VALUES, episode,
                                  episode_batch, is_test_value, load_filler, training_stream)
 from txl.studies.long_range.scoring import retrieval_score
 from txl.model import LMOutput
-from txl.config import AttentionSpan
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

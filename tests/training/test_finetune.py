@@ -11,14 +11,13 @@ from safetensors.torch import load_file
 
 import txl.training.loop as loop
 from conftest import one_error_line, run_cli, tiny_model
-from txl.config import IGNORE_INDEX
+from txl.config import IGNORE_INDEX, RunConfig
 from txl.data import ByteTokenizer, CharTokenizer, WordTokenizer
 from txl.data.pairs import END_TEXT, SEPARATOR_TEXT, Pair, add_markers, encode_pair, find_markers, pair_batch
 from txl.errors import TxlError
 from txl.evaluation.completions import completion_losses, grad_window
 from txl.model import TransformerXLConfig, TransformerXLLM
 from txl.training.checkpoint import load_checkpoint, save_checkpoint
-from txl.config import RunConfig
 from txl.training.finetune import PairsObjective
 from txl.training.loop import finetune
 

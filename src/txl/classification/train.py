@@ -11,15 +11,13 @@ import numpy as np
 import torch
 
 from txl.classification.model import TransformerXLForSequenceClassification
-from txl.config import SAVED_WITHOUT
+from txl.config import CLASSIFIER_NAME, SAVED_WITHOUT, DataConfig, EvalConfig, RunConfig, TrainConfig
 from txl.classification.task import ClassifyTask
-from txl.config import CLASSIFIER_NAME, DataConfig, EvalConfig, TrainConfig
 from txl.errors import TxlError
 from txl.evaluation.intervals import accuracy, macro_f1
 from txl.model.quantize import check_trainable
 from txl.model.serialization import read_model_config
 from txl.runtime import resolve_device
-from txl.config import RunConfig
 
 
 @dataclass

@@ -15,12 +15,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from txl.config import IGNORE_INDEX
+from txl.config import IGNORE_INDEX, AttentionSpan
 from txl.data.pairs import pair_batch
 from txl.errors import TxlError
 from txl.model.segments import eval_mode, segments
 from txl.evaluation.stream import EvalResult
-from txl.config import AttentionSpan
 from txl.runtime import progress_bar
 
 

@@ -28,12 +28,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from txl.config import IGNORE_INDEX
+from txl.config import IGNORE_INDEX, resolve_span, AttentionSpan
 from txl.errors import TxlError
 from txl.model.segments import decoding_state, eval_mode, segments
 from txl.runtime import check_fits
 from txl.evaluation.stream import metric_value
-from txl.config import AttentionSpan, resolve_span
 
 __all__ = ["DocumentScore", "score", "score_tokens", "score_texts", "token_text", "total_metric"]
 

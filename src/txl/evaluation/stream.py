@@ -10,12 +10,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from txl.config import IGNORE_INDEX
+from txl.config import IGNORE_INDEX, check_compilable, resolve_span, AttentionSpan
 from txl.data import LMOrderedIterator
 from txl.errors import TxlError
-from txl.config import check_compilable
 from txl.model.segments import decoding_state, eval_mode, segments
-from txl.config import AttentionSpan, resolve_span
 from txl.runtime import autocast, check_fits, compile_module, progress_bar
 
 

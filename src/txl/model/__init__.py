@@ -2,8 +2,7 @@
 loop that reads text with it (:mod:`txl.model.segments`)."""
 
 from txl.model.decoding import DecodingState, LayerCache
-from txl.config import TransformerXLConfig
-from txl.config import AttentionSpan, resolve_span
+from txl.config import resolve_span, AttentionSpan, TransformerXLConfig
 from txl.model.transformer import LMOutput, TransformerXLLM
 
 __all__ = ["AttentionSpan", "DecodingState", "LMOutput", "LayerCache", "TransformerXLConfig", "TransformerXLLM", "resolve_span"]

@@ -12,8 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from txl.errors import TxlError
 from txl.fileio import atomic_write, read_json_object, write_json
-from txl.config import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME
-from txl.config import TransformerXLConfig
+from txl.config import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, TransformerXLConfig
 from txl.model.quantize import check_trainable, int8_names
 
 _ON_ATTENTION = re.compile(r"^(|.*\.)(layers\.\d+\.attn\.)(r_net\.|r_w_bias$|r_r_bias$|r_emb$)")

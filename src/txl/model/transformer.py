@@ -13,7 +13,7 @@ from torch import nn
 from txl.model.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, tie_adaptive
 from txl.model.attention import MultiHeadAttention, attention_mask
 from txl.model.compressive import Compressor, check_compressive_mems, layer_memory, split_mems, update_compressive
-from txl.config import TransformerXLConfig
+from txl.config import IGNORE_INDEX, check_readable, check_weights_dtype, AttentionSpan, TransformerXLConfig
 from txl.model.decoding import DecodingState, LayerCache, check_state, slot_padding_mask
 from txl.model.cpu import Dropout, Linear
 from txl.model.parameters import init_weights
@@ -23,8 +23,6 @@ from txl.model.quantize import int8_names, quantize_int8
 from txl.model.memory import Mems, check_mems, update_mems
 from txl.model.serialization import (CONFIG_NAME, check_weights_header, load_weights, read_model_config, save_model,
                                      weight_names)
-from txl.config import AttentionSpan, check_readable
-from txl.config import IGNORE_INDEX, check_weights_dtype
 from txl.runtime import memory_bytes
 from txl.errors import TxlError
 

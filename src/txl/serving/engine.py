@@ -27,11 +27,10 @@ import numpy as np
 import torch
 
 from txl.data.tokenizers.incremental import TextCursor
-from txl.config import check_weights_dtype
+from txl.config import check_weights_dtype, AttentionSpan
 from txl.errors import TxlError, quoted
 from txl.evaluation.scoring import token_text
 from txl.generation import DecodingRules, StopText, generate_steps
-from txl.config import AttentionSpan
 from txl.runtime import autocast, out_of_memory
 from txl.serving.metrics import Metrics
 from txl.serving.sessions import (Session, SessionState, SessionStore, StoreFull, bits, read_tokens,

@@ -32,12 +32,10 @@ from txl.errors import TxlError
 from txl.evaluation.completions import completion_losses, evaluate_completions
 from txl.evaluation.stream import EvalResult, metric_unit
 from txl.model import TransformerXLLM
-from txl.config import TransformerXLConfig
+from txl.config import resolve_span, RunConfig, TransformerXLConfig
 from txl.model.quantize import check_trainable
-from txl.config import resolve_span
 from txl.model.transformer import LMOutput
 from txl.training.checkpoint import load_checkpoint, resolve_checkpoint_dir
-from txl.config import RunConfig
 from txl.training.fingerprint import file_digest
 
 # settings a fine-tuned model may change from its language model (the reading span and dropout)

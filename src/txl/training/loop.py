@@ -15,8 +15,7 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
-from txl.config import RunConfig
-from txl.config import IGNORE_INDEX
+from txl.config import IGNORE_INDEX, RunConfig
 from txl.errors import TxlError
 from txl.runtime import compile_module, resolve_device, seed_everything, set_threads
 from txl.evaluation.stream import EvalResult, metric_value

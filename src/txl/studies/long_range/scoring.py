@@ -15,9 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from txl.config import IGNORE_INDEX
+from txl.config import IGNORE_INDEX, AttentionSpan
 from txl.model.segments import eval_mode, segments
-from txl.config import AttentionSpan
 
 __all__ = ["RetrievalScore", "retrieval_score"]
 

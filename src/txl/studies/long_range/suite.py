@@ -43,8 +43,7 @@ from txl.studies.long_range.scoring import retrieval_score
 from txl.model.segments import eval_mode, segments
 from txl.fileio import atomic_write, claim_folder, write_json
 from txl.model import TransformerXLConfig
-from txl.config import AttentionSpan
-from txl.config import RunConfig
+from txl.config import AttentionSpan, RunConfig
 from txl.training.loop import train
 from txl.studies.long_range.task import ExampleTask
 

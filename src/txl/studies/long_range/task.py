@@ -25,8 +25,7 @@ from txl.errors import TxlError
 from txl.evaluation.completions import evaluate_completions
 from txl.evaluation.stream import EvalResult, metric_unit
 from txl.model import TransformerXLLM
-from txl.config import resolve_span
-from txl.config import RunConfig
+from txl.config import resolve_span, RunConfig
 from txl.training.finetune import CompletionRowsTask
 
 __all__ = ["ExampleTask"]
