@@ -55,11 +55,23 @@ def throughputs(result: object, path: str = "") -> dict[str, float]:
     return found
 
 
+def python_path(tree: Path) -> str:
+    """A child's PYTHONPATH for the checkout ``tree``: its txl (``src/``) and, where it has them, its studies
+    (``studies/``, imported as ``txl_studies``: reached through a link, so the tree's own ``txl bench`` runs,
+    not the installed one)."""
+    paths = [str(tree / "src")]
+    if (tree / "studies" / "__init__.py").is_file():
+        links = Path(tempfile.mkdtemp(prefix="txl-paths-"))
+        (links / "txl_studies").symlink_to(tree / "studies", target_is_directory=True)
+        paths.append(str(links))
+    return os.pathsep.join(paths)
+
+
 def run_part(tree: Path, flags: list[str], threads: str) -> dict[str, float]:
     """``txl bench FLAGS`` of the checkout ``tree`` in a child process; its throughputs."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
-        env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": threads}
+        env = {**os.environ, "PYTHONPATH": python_path(tree), "OMP_NUM_THREADS": threads}
         command = [sys.executable, "-m", "txl", "bench", *flags, "--json", str(out)]
         done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True)
         if done.returncode or not out.is_file():

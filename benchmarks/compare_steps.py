@@ -35,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from compare_commits import checkouts  # noqa: E402  (the two trees, checked out the same way)
+from compare_commits import checkouts, python_path  # noqa: E402  (the two trees, checked out the same way)
 
 ROWS = ("float32 eager", "int8 compiled")
 
@@ -44,7 +44,10 @@ def worker(row: str, batch: int, tokens: int) -> None:
     """Build the row's decoder, say "ready", then time ``tokens`` steps for every line read from stdin."""
     import torch
 
-    from txl.analysis.bench import BENCH_SMALL
+    try:  # a tree from before the studies left the library
+        from txl.analysis.bench import BENCH_SMALL
+    except ImportError:
+        from txl_studies.speed.bench import BENCH_SMALL
     from txl.generation import generate_steps
     from txl.model import TransformerXLConfig, TransformerXLLM
     from txl.model.quantize import quantize_int8
@@ -92,7 +95,7 @@ def compare(trees: dict[str, Path], row: str, batch: int, rounds: int, tokens: i
     """One row: both trees' workers, ``rounds`` turns each in alternating order; seconds per step and ratios."""
     workers, logs = {}, {side: tempfile.TemporaryFile("w+") for side in trees}  # stderr: a pipe could fill up
     for side, tree in trees.items():
-        env = {**os.environ, "PYTHONPATH": str(tree / "src"), "OMP_NUM_THREADS": threads}
+        env = {**os.environ, "PYTHONPATH": python_path(tree), "OMP_NUM_THREADS": threads}
         command = [sys.executable, __file__, "--worker", row, str(batch), str(tokens)]
         workers[side] = subprocess.Popen(command, env=env, cwd=tree, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=logs[side], text=True)

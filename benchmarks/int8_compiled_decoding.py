@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "src"))
 def main() -> int:
     import torch
 
-    from txl.analysis.bench import BENCH_SMALL
+    from txl_studies.speed.bench import BENCH_SMALL
     from txl.generation.stream import generate_steps
     from txl.model import TransformerXLConfig, TransformerXLLM
     from txl.model.quantize import quantize_int8

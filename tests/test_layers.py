@@ -31,7 +31,15 @@ def write_package(root: Path, files: dict[str, str]) -> Path:
 def test_txl_itself_has_no_cycle_no_upward_import_and_every_module_on_a_floor():
     run = subprocess.run([sys.executable, str(TOOL)], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "no cycle, no upward import" in run.stdout
+    assert "no cycle, no upward or outward import" in run.stdout
+
+
+def test_an_import_of_a_forbidden_package_is_named(tmp_path):
+    tool = load_tool()  # the library below the studies: txl never imports txl_studies
+    pkg = write_package(tmp_path, {"low/__init__.py": "", "low/a.py": "def f():\n    from studies_pkg.x import y\n"})
+    found, _, _ = tool.problems(pkg, "low", forbidden="studies_pkg")
+    assert found == ["outward: pkg.low.a -> studies_pkg.x (the package never imports studies_pkg)"]
+    assert tool.problems(pkg, "low")[0] == []
 
 
 def test_each_kind_of_breach_is_named(tmp_path):

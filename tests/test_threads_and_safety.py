@@ -160,7 +160,7 @@ def test_a_resumed_run_keeps_the_thread_count_it_recorded_whatever_the_load(tmp_
 
 
 def test_ablate_chooses_the_threads_once_for_every_variant(tmp_path, capsys, machine, monkeypatch):
-    import txl.analysis.ablation
+    import txl_studies.ablation.table
 
     seen = []
 
@@ -168,7 +168,7 @@ def test_ablate_chooses_the_threads_once_for_every_variant(tmp_path, capsys, mac
         seen.append(base.train.threads)
         raise TxlError("stopped before training")
 
-    monkeypatch.setattr(txl.analysis.ablation, "run_ablation", stop)
+    monkeypatch.setattr(txl_studies.ablation.table, "run_ablation", stop)
     code, _, err = run_cli(capsys, "ablate", "--out", tmp_path / "ab")
     assert code == 2 and seen == [1], err  # a fixed count in the base config, not 0 (automatic per variant)
 

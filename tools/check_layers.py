@@ -2,12 +2,14 @@
 """The house's import rules, checked: no import cycle, and no import from a lower floor to a higher one.
 
     python tools/check_layers.py            # checks src/txl against LAYERS below; exit status 1 on a problem
-    python tools/check_layers.py ROOT --layers "top > middle,other > bottom"
+    python tools/check_layers.py ROOT --layers "top > middle,other > bottom" --forbid other_package
 
 Every import counts, those inside functions included (they run too). A module's floor is the first
 part of its name below the package: ``txl/model/attention.py`` is on ``model``, ``txl/runtime.py`` on
 ``runtime``. A module on no listed floor is a problem as well: a new subpackage must be given its place
-here (docs/architecture.md). ``.ci/run`` runs this before the tests; tests/test_layers.py runs it too.
+here (docs/architecture.md). The studies (``txl_studies``) sit above the whole library: a library module
+that imports them is a problem too (``--forbid``). ``.ci/run`` runs this before the tests;
+tests/test_layers.py runs it too.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # top > ... > bottom; a floor may import its own and any floor below it, never one above
-LAYERS = ("cli,__main__ > analysis,serving,studies > evaluation,training,generation,classification,convert,export > model,data"
+LAYERS = ("cli,__main__ > analysis,serving > evaluation,training,generation,classification,convert,export > model,data"
           " > config,runtime,fileio,errors,distributed")
+FORBIDDEN = "txl_studies"  # packages above the library, which it must never import
 
 
 def package_modules(root: Path) -> dict[str, Path]:
@@ -36,9 +39,9 @@ def package_modules(root: Path) -> dict[str, Path]:
     return found
 
 
-def imported(name: str, path: Path, known: set[str]) -> set[str]:
-    """The package's modules that module ``name`` (file ``path``) imports, relative imports resolved;
-    ``from a.b import c`` counts as importing ``a.b.c`` when that is a module, else ``a.b``."""
+def import_targets(name: str, path: Path) -> list[str]:
+    """Every name module ``name`` (file ``path``) imports, relative imports resolved; ``from a.b import c``
+    gives both ``a.b`` and ``a.b.c``."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     targets: list[str] = []
@@ -50,8 +53,14 @@ def imported(name: str, path: Path, known: set[str]) -> set[str]:
             if node.level:
                 base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
             targets += [base] + [f"{base}.{alias.name}" for alias in node.names]
+    return targets
+
+
+def imported(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules that module ``name`` (file ``path``) imports, relative imports resolved;
+    ``from a.b import c`` counts as importing ``a.b.c`` when that is a module, else ``a.b``."""
     edges = set()
-    for target in targets:
+    for target in import_targets(name, path):
         while target and target not in known:
             target = target.rpartition(".")[0]
         if target and target != name and not name.startswith(target + "."):  # a package's __init__ is no edge
@@ -101,10 +110,12 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def problems(root: Path, layers: str) -> tuple[list[str], int, int]:
-    """Every cycle, upward import and module on no floor of the package at ``root``, one line each; with
-    the numbers of modules and of imports between them."""
+def problems(root: Path, layers: str, forbidden: str = "") -> tuple[list[str], int, int]:
+    """Every cycle, upward import, module on no floor of the package at ``root`` and import of a package
+    named in ``forbidden`` (comma-separated), one line each; with the numbers of modules and of imports
+    between them."""
     modules = package_modules(root)
+    banned = {name.strip() for name in forbidden.split(",") if name.strip()}
     graph = {name: imported(name, path, set(modules)) for name, path in modules.items()}
     rank = {floor.strip(): i for i, level in enumerate(layers.split(">")) for floor in level.split(",") if floor.strip()}
 
@@ -113,6 +124,10 @@ def problems(root: Path, layers: str) -> tuple[list[str], int, int]:
         return parts[1] if len(parts) > 1 else None  # the package's own __init__ sits above every floor
 
     found = ["cycle: " + " <-> ".join(c) for c in cycles(graph)]
+    for module, path in sorted(modules.items()):
+        outside = {t for t in import_targets(module, path) if t.split(".")[0] in banned}
+        for target in sorted(t for t in outside if not any(t.startswith(o + ".") for o in outside)):
+            found.append(f"outward: {module} -> {target} (the package never imports {target.split('.')[0]})")
     for module in sorted(graph):
         floor = floor_of(module)
         if floor is not None and floor not in rank:
@@ -129,16 +144,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", nargs="?", default=str(ROOT / "src" / "txl"), help="the package's folder")
     parser.add_argument("--layers", default=LAYERS, help="top > ... > bottom; the floors of one level by commas")
+    parser.add_argument("--forbid", default=FORBIDDEN, help="packages it must never import, by commas")
     args = parser.parse_args(argv)
     root = Path(args.root)
     if not (root / "__init__.py").is_file():
         print(f"check_layers: {root} is not a package folder (no __init__.py)", file=sys.stderr)
         return 2
-    found, n_modules, n_imports = problems(root, args.layers)
+    found, n_modules, n_imports = problems(root, args.layers, args.forbid)
     for line in found:
         print(line)
     print(f"{n_modules} modules, {n_imports} imports between them: "
-          f"{'no cycle, no upward import, every module on a floor' if not found else f'{len(found)} problem(s)'}")
+          f"{'no cycle, no upward or outward import, every module on a floor' if not found else f'{len(found)} problem(s)'}")
     return 1 if found else 0
 
 

@@ -130,7 +130,7 @@ def test_usage_errors_are_one_line_without_torch():
 
 
 def test_ablate_checks_matplotlib_before_training(monkeypatch, capsys, tmp_path):
-    import txl.analysis.ablation as ablation
+    import txl_studies.ablation.table as ablation
 
     def no_training(*args, **kwargs):
         raise AssertionError("trained although matplotlib is missing")

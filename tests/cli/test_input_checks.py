@@ -261,7 +261,7 @@ def test_the_reported_float_cases_end_to_end(tmp_path, capsys):
 
 
 def test_the_library_refuses_non_finite_length_penalty_and_split(tmp_path):
-    from txl.studies.summaries.data import prepare_docstrings
+    from txl_studies.summaries.data import prepare_docstrings
     from txl.generation import beam_search
 
     model = TransformerXLLM(TransformerXLConfig(vocab_size=5, **SMALL)).eval()

@@ -216,8 +216,8 @@ def test_a_split_that_leaves_a_file_empty_is_refused_and_nothing_is_written(tmp_
 
 
 def test_the_data_builders_refuse_a_split_without_documents_when_called_directly(tmp_path):
-    from txl.studies.summaries.data import prepare_docstrings
-    from txl.studies.packages.data import prepare_packages
+    from txl_studies.summaries.data import prepare_docstrings
+    from txl_studies.classification.data import prepare_packages
 
     lib = tmp_path / "lib"
     for k in range(2):

@@ -8,7 +8,7 @@ import pytest
 from txl.cli import main
 from txl.evaluation.dynamic import dynamic_evaluate
 from txl.evaluation.stream import evaluate
-from txl.analysis.recl import context_losses, recl_table, scored_positions
+from txl_studies.recl.measure import context_losses, recl_table, scored_positions
 from txl.data.corpus import load_run_corpus
 from txl.training.checkpoint import load_checkpoint
 

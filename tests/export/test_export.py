@@ -360,7 +360,7 @@ def test_int8_export_makes_every_step_product_int8_and_keeps_the_tokens(exported
 
 
 def test_bench_export_table_has_the_int8_row():
-    from txl.analysis.bench_export import export_table
+    from txl_studies.speed.export import export_table
 
     config = dict(vocab_size=37, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=24, tgt_len=4, mem_len=6)
     table = export_table(config, batches=(2,), gen_tokens=3, repeats=1, log=lambda line: None)

@@ -299,7 +299,7 @@ def test_ablation_variant_attention_mass_and_classification():
     attention share of the compressed slots is a probability mass; a classifier reads with it."""
     import numpy as np
 
-    from txl.analysis.ablation import COMPRESSIVE, VARIANTS, evaluate_variant, plan_variants
+    from txl_studies.ablation.table import COMPRESSIVE, VARIANTS, evaluate_variant, plan_variants
     from txl.analysis.attention_maps import compressed_attention_mass
     from txl.evaluation.stream import evaluate
     from txl.config import RunConfig

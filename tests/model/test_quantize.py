@@ -327,7 +327,7 @@ def test_a_saved_quantised_checkpoint_evaluates_as_quantising_at_load(char_run, 
 
 
 def test_the_benchmark_measures_both_models_side_by_side():
-    from txl.analysis.bench_quantize import quantize_table
+    from txl_studies.speed.quantize import quantize_table
 
     config = dict(vocab_size=40, n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, tgt_len=8, mem_len=8)
     result = quantize_table(config, batches=(1, 2), gen_tokens=2, repeats=1, bf16=True, compiled="aot_eager",

@@ -9,7 +9,7 @@ import torch
 import txl
 from conftest import tiny_model
 from txl.analysis.attention_maps import mean_attention_distance
-from txl.analysis.recl import context_losses
+from txl_studies.recl.measure import context_losses
 from txl.errors import TxlError
 from txl.evaluation.dynamic import dynamic_evaluate, gradient_statistics
 from txl.evaluation.scoring import score_tokens

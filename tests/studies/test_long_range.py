@@ -11,9 +11,9 @@ from torch import nn
 
 from conftest import one_error_line, run_cli
 from txl.config import IGNORE_INDEX, AttentionSpan
-from txl.studies.long_range.episodes import (CLOSE, FACT, HANDLES, PASS_KEY_HANDLE, TASKS, VALUE_BYTES, VALUES, episode,
+from txl_studies.long_range.episodes import (CLOSE, FACT, HANDLES, PASS_KEY_HANDLE, TASKS, VALUE_BYTES, VALUES, episode,
                                  episode_batch, is_test_value, load_filler, training_stream)
-from txl.studies.long_range.scoring import retrieval_score
+from txl_studies.long_range.scoring import retrieval_score
 from txl.model import LMOutput
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -126,7 +126,7 @@ def test_retrieval_score_counts_exact_answers_and_bytes_by_hand():
 
 
 def test_the_suite_runs_end_to_end_on_a_toy_budget(tmp_path):
-    from txl.studies.long_range.suite import ROWS, Budget, run_long_range
+    from txl_studies.long_range.suite import ROWS, Budget, run_long_range
 
     rows = tuple(r for r in ROWS if r.name in ("mem64", "abs", "mem64-bptt4"))
     budget = Budget(steps=8, batch_size=4, n_layer=1, d_model=32, n_head=2, d_inner=64, episodes=3)
@@ -174,7 +174,7 @@ def test_bench_long_range_refuses_bad_flags_before_training(tmp_path, capsys):
 
 def test_bench_long_range_first_seed_runs_the_seeds_from_it(tmp_path, capsys, monkeypatch):
     """``--first-seed 2 --seeds 2`` trains seeds 2 and 3: a seed missing from a full run, run alone."""
-    import txl.studies.long_range.suite as long_range
+    import txl_studies.long_range.suite as long_range
 
     seen = {}
 
@@ -207,7 +207,7 @@ def test_fact_attention_equals_the_mass_one_long_pass_puts_on_the_value_bytes(fi
     """Read in segments with a memory that holds everything = one long causal pass (paper §3.2), so the
     attention the answer's query puts on the fact's value bytes must equal that of one pass, by hand."""
     from txl.analysis.attention_maps import attention_probabilities
-    from txl.studies.long_range.suite import fact_attention
+    from txl_studies.long_range.suite import fact_attention
     from txl.model import TransformerXLConfig, TransformerXLLM
 
     torch.manual_seed(0)
@@ -236,7 +236,7 @@ def test_fact_shares_with_a_full_memory_equal_layer_0_of_one_pass_renormalised_o
     reads embeddings (its memory too), so its probabilities in a segment are one pass's, renormalised over
     the columns in view [start - 32, query]: checked per episode, unrounded, in float64."""
     from txl.analysis.attention_maps import attention_probabilities
-    from txl.studies.long_range.suite import fact_shares
+    from txl_studies.long_range.suite import fact_shares
     from txl.model import TransformerXLConfig, TransformerXLLM
 
     torch.manual_seed(1)
@@ -267,7 +267,7 @@ def test_fact_shares_with_a_full_memory_equal_layer_0_of_one_pass_renormalised_o
 
 
 def test_merge_adds_seeds_and_rows_and_refuses_conflicts():
-    from txl.studies.long_range import merge as script
+    from txl_studies.long_range import merge as script
 
     merge = script.merge
     seed = lambda s: {"seed": s, "scores": {"pass-key": {"16": {"accuracy": s / 4}}}}  # noqa: E731
@@ -293,7 +293,7 @@ def test_reachable_share_counts_both_answer_queries_by_hand():
     back. A value 5 back (query to key: 4) is out of the second query's direct view but within two layers'."""
     from types import SimpleNamespace
 
-    from txl.studies.long_range.suite import reachable_share
+    from txl_studies.long_range.suite import reachable_share
 
     def ep(n, answer, distance):
         return SimpleNamespace(tokens=list(range(n)), answer=answer, distance=distance)
@@ -311,7 +311,7 @@ def test_reachable_share_counts_both_answer_queries_by_hand():
 
 def test_a_row_of_its_own_depth_trains_and_reaches_with_it(tmp_path):
     """mem64-L4-bptt4 has 4 layers whatever the budget says: its model, its stacked reach, its ceiling."""
-    from txl.studies.long_range.suite import EXTRA_ROWS, ROWS, Budget, row_run
+    from txl_studies.long_range.suite import EXTRA_ROWS, ROWS, Budget, row_run
 
     deep = next(r for r in EXTRA_ROWS if r.name == "mem64-L4-bptt4")
     budget = Budget()

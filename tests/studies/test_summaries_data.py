@@ -1,11 +1,11 @@
-"""The docstring summarisation set (txl.studies.summaries.data): exact pairs, a split by module with no leakage,
+"""The docstring summarisation set (txl_studies.summaries.data): exact pairs, a split by module with no leakage,
 and the pre-training corpus without the held-out modules."""
 
 import json
 
 import pytest
 
-from txl.studies.summaries.data import first_sentence, module_documents, name_words, prepare_docstrings
+from txl_studies.summaries.data import first_sentence, module_documents, name_words, prepare_docstrings
 from txl.errors import TxlError
 
 
@@ -217,7 +217,7 @@ def test_an_unknown_installed_package_is_one_line_and_writes_nothing(tmp_path, c
 
 
 def test_installed_files_walk_every_folder_of_a_namespace_package_and_refuse_an_empty_one(tmp_path, monkeypatch):
-    from txl.studies.summaries.data import installed_files
+    from txl_studies.summaries.data import installed_files
 
     for site, module in (("a", "one.py"), ("b", "two.py")):  # one namespace package (no __init__) in two folders
         (tmp_path / site / "nspkg").mkdir(parents=True)

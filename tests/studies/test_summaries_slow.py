@@ -14,7 +14,7 @@ def test_docstring_summaries_script_end_to_end(tmp_path):
     pytest.importorskip("rouge_score")
     tiny = "model.n_layer=2 model.d_model=32 model.n_head=2 model.d_head=16 model.d_inner=64"
     out = subprocess.run(
-        [sys.executable, "-m", "txl.studies.summaries.run", "--work", str(tmp_path / "w"),
+        [sys.executable, "-m", "txl_studies.summaries.run", "--work", str(tmp_path / "w"),
          "--lm-args", f"-q train.max_steps=20 train.eval_interval=20 train.sample_tokens=0 eval.max_tokens=2000 {tiny}",
          "--ft-args", "-q train.max_steps=4 train.batch_size=2 train.eval_interval=4 finetune.max_prompt_tokens=256",
          "--max-new-tokens", "8", "--seeds", "2", "--json", str(tmp_path / "summaries.json")],

@@ -6,6 +6,12 @@ exposes ``NAME``, ``HELP``, ``EXAMPLE`` and ``SUBCOMMANDS``, a tuple of
 :class:`~txl.cli.common.Command` with the same attributes. The shared flags live in
 :mod:`txl.cli.common`.
 
+Other installed packages add commands through the entry-point group ``txl.commands``: an entry named
+``bench`` is a command (a module as above), one named ``data.docstrings`` a subcommand of the group
+``data`` (a :class:`~txl.cli.common.Command`). The studies (``txl_studies``, the repository's
+``studies/`` folder, installed with txl) add ``bench``, ``ablate``, ``recl``, ``data docstrings`` and
+``data packages`` this way, so the library never imports them.
+
 Every user error is printed as one line ``txl: error: ...`` on stderr with exit status 2; an
 interrupted run exits with 130 (training saves its ``last/`` checkpoint first).
 """
@@ -13,6 +19,7 @@ interrupted run exits with 130 (training saves its ``last/`` checkpoint first).
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import signal
@@ -29,9 +36,9 @@ from txl.errors import TxlError, clip_message, listed
 
 COMMAND_MODULES: tuple[str, ...] = (
     "txl.cli.train", "txl.cli.finetune", "txl.cli.eval", "txl.cli.generate", "txl.cli.summarize", "txl.cli.score",
-    "txl.cli.bench", "txl.cli.convert", "txl.cli.data", "txl.cli.classify", "txl.cli.serve", "txl.cli.plot",
-    "txl.cli.recl", "txl.cli.ablate", "txl.cli.export",
+    "txl.cli.convert", "txl.cli.data", "txl.cli.classify", "txl.cli.serve", "txl.cli.plot", "txl.cli.export",
 )
+PLUGIN_GROUP = "txl.commands"  # entry points of other installed packages: "NAME" or "GROUP.NAME"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,9 +48,43 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"txl: error: {clip_message(message)} (see: {self.prog} --help)\n")
 
 
+@functools.cache
+def plugin_commands() -> dict[str, object]:
+    """The commands other installed packages add, by entry-point name (``"bench"``, ``"data.docstrings"``).
+
+    A plug-in that fails to import is left out with one warning line on stderr; the other commands
+    keep working.
+    """
+    from importlib.metadata import entry_points
+
+    found = {}
+    for point in sorted(entry_points(group=PLUGIN_GROUP), key=lambda p: p.name):
+        try:
+            found[point.name] = point.load()
+        except Exception as err:  # noqa: BLE001 - a broken plug-in must not take txl down
+            print(f"txl: warning: command {point.name!r} ({point.value}) could not be loaded: "
+                  f"{type(err).__name__}: {_first_line(err)}", file=sys.stderr)
+    return found
+
+
 def command_modules() -> list:
-    """The registered command modules, in the order ``txl --help`` lists them."""
-    return [importlib.import_module(name) for name in COMMAND_MODULES]
+    """The registered command modules, in the order ``txl --help`` lists them: txl's own, then the
+    plug-ins' top-level commands (:func:`plugin_commands`) by name."""
+    own = [importlib.import_module(name) for name in COMMAND_MODULES]
+    names = {module.NAME for module in own}
+    return own + [spec for key, spec in plugin_commands().items() if "." not in key and spec.NAME not in names]
+
+
+def subcommands(spec, path: tuple[str, ...] = ()) -> tuple:
+    """The subcommands of the group ``spec`` (at ``path`` below ``txl``): its own ``SUBCOMMANDS``, then
+    those plug-ins add under ``GROUP.NAME`` entry points."""
+    own = tuple(getattr(spec, "SUBCOMMANDS", None) or ())
+    if not own:
+        return own
+    prefix = ".".join(path + (spec.NAME,)) + "."
+    names = {child.NAME for child in own}
+    return own + tuple(child for key, child in plugin_commands().items()
+                       if key.startswith(prefix) and "." not in key[len(prefix):] and child.NAME not in names)
 
 
 def _add_command(subparsers, spec, path: tuple[str, ...]) -> None:
@@ -54,10 +95,10 @@ def _add_command(subparsers, spec, path: tuple[str, ...]) -> None:
         description += "\n\n" + textwrap.fill(details, width=100)
     p = subparsers.add_parser(spec.NAME, help=spec.HELP, description=description,
                               epilog=f"Example:\n  {spec.EXAMPLE}", formatter_class=argparse.RawDescriptionHelpFormatter)
-    subcommands = getattr(spec, "SUBCOMMANDS", None)
-    if subcommands:
+    children = subcommands(spec, path)
+    if children:
         sub = p.add_subparsers(dest="_".join(path + (spec.NAME, "command")), required=True, metavar="COMMAND")
-        for child in subcommands:
+        for child in children:
             _add_command(sub, child, path + (spec.NAME,))
     else:
         spec.add_arguments(p)

@@ -262,3 +262,17 @@ def check_line_keys(obj: dict, known: tuple[str, ...], where: str, advice: str =
     if unknown:
         raise TxlError(f"{where}: unknown key(s) {listed(map(quoted, unknown))}{did_you_mean(unknown[0], known)}; "
                        f"known keys: {', '.join(known)}{advice}")
+
+
+def check_every_split(args: argparse.Namespace) -> None:
+    """``--split`` gives each of train, valid and test a share > 0: a zero share would write an empty
+    ``SPLIT.jsonl``, which a later command could only fail on.
+
+    Raises:
+        TxlError: naming the empty splits and the flag's value.
+    """
+    empty = [name for name, share in zip(("train", "valid", "test"), args.split) if share <= 0]
+    if empty:
+        shown = ",".join(f"{f:g}" for f in args.split)
+        raise TxlError(f"--split {shown} leaves {' and '.join(name + '.jsonl' for name in empty)} empty: give each "
+                       "of train, valid and test a share > 0 (e.g. the default)")
