@@ -557,16 +557,28 @@ def test_bf16_weights_with_a_float16_server_dtype_are_refused_when_the_engine_is
     assert build_engine(model, TOK, span=SPAN, dtype="bfloat16").dtype == "bfloat16"
 
 
-def test_no_error_answer_quotes_more_than_about_100_characters_of_the_request(served, client):
-    port = int(served[1].rsplit(":", 1)[1])
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:  # the reported case: a 100 KB id
-        s.sendall(f"GET /v1/sessions/{'a' * 100_000} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+def _raw_answer(port: int, request: bytes, piece: int) -> tuple[bytes, bytes]:
+    """Send ``request`` in pieces of ``piece`` bytes (pausing between them, so the server reads it in
+    parts); the answer's head and body."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        for start in range(0, len(request), piece):
+            s.sendall(request[start:start + piece])
+            if piece < len(request):
+                time.sleep(0.001)
         raw = b""
         while chunk := s.recv(65536):
             raw += chunk
     head, _, body = raw.partition(b"\r\n\r\n")
-    message = json.loads(body)["error"]["message"]
-    assert head.startswith(b"HTTP/1.1 404") and "(100,000 characters)" in message and len(message) < 400
+    return head, body
+
+
+def test_no_error_answer_quotes_more_than_about_100_characters_of_the_request(served, client):
+    port = int(served[1].rsplit(":", 1)[1])
+    request = f"GET /v1/sessions/{'a' * 100_000} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+    for piece in (len(request), 4096):  # the reported case, a 100 KB id: at once, and read in parts
+        head, body = _raw_answer(port, request, piece)
+        message = json.loads(body)["error"]["message"]
+        assert head.startswith(b"HTTP/1.1 404") and "(100,000 characters)" in message and len(message) < 400, piece
     long_id = "b" * 50_000  # siblings (httpx sends at most 64 KB of URL)
     for method, path, body in (("DELETE", f"/v1/sessions/{long_id}", None),
                                ("POST", f"/v1/sessions/{long_id}/append", {"text": "x"}),
