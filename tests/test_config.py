@@ -6,7 +6,7 @@ import pytest
 
 from conftest import ROOT
 
-from txl.config import RunConfig, load_run_config, parse_override
+from txl.config import ClassifyTrainConfig, RunConfig, load_run_config, parse_override
 from txl.errors import TxlError
 
 CONFIGS = ROOT / "configs"
@@ -29,9 +29,27 @@ def test_every_shipped_config_loads(path):
         args = argparse.Namespace(config=str(path), **dict.fromkeys(TRAIN_SETTINGS))
         resolve_settings(args)
         assert all(getattr(args, key) == value for key, value in tables["classify"].items())
+        ClassifyTrainConfig(**{key: getattr(args, key) for key in TRAIN_SETTINGS}).check()
         return
     finetuning = "finetune" in tables  # its language model comes from --init
     load_run_config(path, ["finetune.init=runs/some-lm"] if finetuning else []).check()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"steps": 0}, "steps must be >= 1, got 0"), ({"mem_len": -1}, "mem_len must be >= 0, got -1"),
+    ({"lr": 0.0}, "lr must be a finite number > 0, got 0"), ({"lr": float("inf")}, "lr must be a finite number > 0"),
+    ({"seed": 2**32}, "seed must be in [0, 2**32), got 4294967296"), ({"dropout": 1.0}, "dropout must be in [0, 1), got 1"),
+    ({"valid_fraction": 1.0}, "valid_fraction must be in (0, 1), got 1"),
+    ({"pooling": "max"}, "pooling must be one of document, attention, last, mean, got 'max'"),
+    ({"mode": "middle"}, "mode must be one of memory, first, last, got 'middle'"),
+])
+def test_classify_settings_are_checked_by_one_rule_named_as_the_caller_says(change, message):
+    assert ClassifyTrainConfig().check() == ClassifyTrainConfig()  # the defaults pass; None: decided later
+    with pytest.raises(TxlError) as caught:
+        ClassifyTrainConfig(**change).check()
+    assert str(caught.value) == message or str(caught.value).startswith(message)
+    with pytest.raises(TxlError, match=r"^--X must be"):  # a command names the flag (or the file's key)
+        ClassifyTrainConfig(**change).check(lambda field: "--X")
 
 
 def test_overrides_parse_toml_literals_and_bare_keys():

@@ -233,15 +233,15 @@ def test_a_config_file_equals_its_flags_and_a_flag_wins_over_it(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("[classify]\nstep = 3\n", "unknown setting [classify] 'step' (did you mean steps?)"),
-    ("[classify]\nsteps = 2.5\n", "[classify] steps must be int, got 2.5"),
-    ("[classify]\nsteps = true\n", "[classify] steps must be int, got True"),
-    ("[classify]\nlr = nan\n", "[classify] lr must be a finite number, got nan"),
-    ("[classify]\nlr = 1" + "0" * 400 + "\n", "[classify] lr must be a finite number, got inf"),
-    ("[classify]\nlr = \"big\"\n", "[classify] lr must be a number, got 'big'"),
-    ("[classify]\nmode = \"middle\"\n", "[classify] mode must be one of memory, first, last, got 'middle'"),
-    ("[classify]\npasses = 3\n", "[classify] passes must be one of 1, 2, got 3"),
-    ("[classify]\nhead_init = \"zeros\"\n", "[classify] head_init must be one of probe, random, got 'zeros'"),
+    ("[classify]\nstep = 3\n", "{config}: unknown key(s) step in classify (did you mean steps?)"),
+    ("[classify]\nsteps = 2.5\n", "{config}: classify.steps must be an integer, got 2.5"),
+    ("[classify]\nsteps = true\n", "{config}: classify.steps must be an integer, got True"),
+    ("[classify]\nlr = nan\n", "{config}: classify.lr must be a finite number, got nan"),
+    ("[classify]\nlr = 1" + "0" * 400 + "\n", "{config}: classify.lr must be a finite number, got 1000"),
+    ("[classify]\nlr = \"big\"\n", "{config}: classify.lr must be a number, got 'big'"),
+    ("[classify]\nmode = \"middle\"\n", "[classify] mode of {config} must be one of memory, first, last, got 'middle'"),
+    ("[classify]\npasses = 3\n", "[classify] passes of {config} must be one of 1, 2, got 3"),
+    ("[classify]\nhead_init = \"zeros\"\n", "[classify] head_init of {config} must be one of probe, random, got 'zeros'"),
     ("[train]\nsteps = 3\n", "must hold one [classify] table of txl classify train settings (found: 'train')"),
     ("[classify\n", "is not valid TOML"),
     ("[classify]\nsteps = 0\n", "[classify] steps of {config} must be >= 1, got 0"),  # a value from the file is named as such

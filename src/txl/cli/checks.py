@@ -19,7 +19,7 @@ import os
 from typing import Callable
 
 from txl.cli.common import flag_name
-from txl.config import SEED_LIMIT
+from txl.config import SPAN_MINIMUM
 from txl.errors import TxlError, listed, quoted
 
 
@@ -191,12 +191,9 @@ def check_seed(args: argparse.Namespace) -> None:
     Raises:
         TxlError: out of range, naming the flag.
     """
-    seed = getattr(args, "seed", None)
-    if seed is not None and not 0 <= seed < SEED_LIMIT:
-        raise TxlError(f"{flag_name(args, 'seed')} must be in [0, 2**{SEED_LIMIT.bit_length() - 1}), got {seed}")
+    from txl.config import check_seed as check
 
-
-SPAN_MINIMUM = {"tgt_len": 1, "mem_len": 0, "clamp_len": 0, "cmem_len": 0}  # the smallest value of each span flag
+    check(getattr(args, "seed", None), flag_name(args, "seed"))
 
 
 def check_weights_dtype(args: argparse.Namespace) -> None:

@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from txl.cli.checks import check_checkpoint_path, check_exists, check_seed, finite_float
+from txl.cli.checks import check_checkpoint_path, check_exists, finite_float
 from txl.cli.common import (Command, add_batch_size, add_checkpoint, add_data, add_device, add_dtype, add_option,
                             add_span, flag_name, checkpoint_arg, note_threads, print_notes, underscore)
 from txl.config import HEAD_INITS, MODES, POOLINGS, RECURRENCES, ClassifyTrainConfig
@@ -120,10 +119,11 @@ def resolve_settings(args: argparse.Namespace) -> None:
 
     Raises:
         TxlError: the file is missing or not TOML, holds anything but one ``[classify]`` table, an
-            unknown key (naming the nearest known one), or a value of the wrong type (a float must be
-            finite; an integer is taken for a float) or outside ``--mode`` / ``--pooling``'s choices.
+            unknown key (naming the nearest known one), or a value of the wrong type (the rules of every
+            config file: :func:`~txl.config.check_fields`). Ranges and choices are checked after, flags
+            and file alike, by :meth:`~txl.config.ClassifyTrainConfig.check`.
     """
-    from txl.config import did_you_mean
+    from txl.config import check_fields
     from txl.fileio import read_toml
 
     given: dict = {}
@@ -133,11 +133,10 @@ def resolve_settings(args: argparse.Namespace) -> None:
         if extra or not isinstance(tables.get("classify"), dict):
             raise TxlError(f"config file {args.config} must hold one [classify] table of txl classify train settings"
                            + (f" (found: {', '.join(repr(k) for k in extra)})" if extra else ""))
-        for key, value in tables["classify"].items():
-            if key not in TRAIN_SETTINGS:
-                raise TxlError(f"config file {args.config}: unknown setting [classify] {key!r}"
-                               f"{did_you_mean(key, TRAIN_SETTINGS)}; known: {', '.join(TRAIN_SETTINGS)}")
-            given[key] = _file_value(args.config, key, value)
+        try:  # the rules of every config file: classify.steps must be an integer, ...
+            given = check_fields(ClassifyTrainConfig, tables["classify"], "classify")
+        except TxlError as err:
+            raise TxlError(f"config file {args.config}: {err}") from None
     if getattr(args, "valid", None) is not None:  # held-out documents given: the file's held-out fraction does not apply
         given.pop("valid_fraction", None)
     flags = dict(getattr(args, "_flags", None) or {})
@@ -149,51 +148,13 @@ def resolve_settings(args: argparse.Namespace) -> None:
     args._flags = flags
 
 
-def _file_value(config: str, key: str, value):
-    """``value`` of ``[classify] key`` in the file ``config``, checked against :data:`TRAIN_SETTINGS`."""
-    kind = TRAIN_SETTINGS[key][0]
-    where = f"config file {config}: [classify] {key}"
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
-        raise TxlError(f"{where} must be {'a number' if kind is float else kind.__name__}, got {value!r}")
-    if kind is float:
-        try:
-            value = float(value)
-        except OverflowError:
-            value = math.inf
-        if not math.isfinite(value):
-            raise TxlError(f"{where} must be a finite number, got {value!r}")
-    choices = {"mode": MODES, "pooling": POOLINGS, "passes": (1, 2), "recurrence": RECURRENCES,
-               "head_init": HEAD_INITS}.get(key)
-    if choices and value not in choices:
-        raise TxlError(f"{where} must be one of {', '.join(map(str, choices))}, got {value!r}")
-    return value
-
-
 def _check_args(args: argparse.Namespace) -> None:
     """Reject out-of-range training settings before anything is loaded (naming the flag, or the config
     file's key the value came from)."""
-    for name in ("steps", "batch_size"):
-        if getattr(args, name) < 1:
-            raise TxlError(f"{flag_name(args, name)} must be >= 1, got {getattr(args, name)}")
-    for name in ("grad_segments", "max_tokens", "warmup_steps", "save_interval"):
-        if getattr(args, name) < 0:
-            raise TxlError(f"{flag_name(args, name)} must be >= 0, got {getattr(args, name)}")
-    if args.tgt_len is not None and args.tgt_len < 1:
-        raise TxlError(f"{flag_name(args, 'tgt_len')} must be >= 1, got {args.tgt_len}")
-    if args.mem_len is not None and args.mem_len < 0:
-        raise TxlError(f"{flag_name(args, 'mem_len')} must be >= 0, got {args.mem_len}")
-    if not 0 < args.lr < float("inf"):
-        raise TxlError(f"{flag_name(args, 'lr')} must be a finite number > 0, got {args.lr}")
-    check_seed(args)
-    for name in ("weight_decay", "clip"):
-        if getattr(args, name) < 0:
-            raise TxlError(f"{flag_name(args, name)} must be >= 0, got {getattr(args, name):g}")
-    if not 0 <= args.dropout < 1:
-        raise TxlError(f"{flag_name(args, 'dropout')} must be in [0, 1), got {args.dropout:g}")
+    settings = {key: getattr(args, key) for key in TRAIN_SETTINGS}
+    ClassifyTrainConfig(**settings).check(lambda key: flag_name(args, key))
     if args.valid is not None and args.valid_fraction is not None:
         raise TxlError("give --valid (held-out documents) or --valid-fraction (a held-out part of --data), not both")
-    if args.valid_fraction is not None and not 0 < args.valid_fraction < 1:
-        raise TxlError(f"{flag_name(args, 'valid_fraction')} must be in (0, 1), got {args.valid_fraction:g}")
     if args.resume is not None and args.out is not None and Path(args.out).resolve() not in (
             Path(args.resume).resolve(), Path(args.resume).resolve().parent if Path(args.resume).name == "last" else None):
         raise TxlError("--resume continues the run in its own folder: give --resume RUN_DIR without --out")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
-from txl.config.fields import check_fields
+from txl.config.fields import check_fields, check_seed
 from txl.errors import TxlError
 
 MODES = ("memory", "first", "last")
@@ -154,3 +154,33 @@ class ClassifyTrainConfig:
     save_interval: int = 50
     seed: int = 0
 
+    def check(self, name: Callable[[str], str] = str) -> "ClassifyTrainConfig":
+        """Each setting within its range or choices; returns itself. ``name(field)`` is how a message names
+        a setting: the field itself by default, the flag or the config file's key for a command.
+
+        Raises:
+            TxlError: the first setting out of range, named by ``name``.
+        """
+        def refuse(field: str, rule: str) -> None:
+            value = getattr(self, field)
+            raise TxlError(f"{name(field)} must be {rule}, got {value:g}" if isinstance(value, float)
+                           else f"{name(field)} must be {rule}, got {value!r}")
+
+        choices = {"mode": MODES + (None,), "pooling": POOLINGS, "passes": (1, 2), "recurrence": RECURRENCES,
+                   "head_init": HEAD_INITS}
+        for field, allowed in choices.items():
+            if getattr(self, field) not in allowed:
+                refuse(field, "one of " + ", ".join(str(c) for c in allowed if c is not None))
+        lowest = {"steps": 1, "batch_size": 1, "tgt_len": 1, "grad_segments": 0, "max_tokens": 0, "warmup_steps": 0,
+                  "save_interval": 0, "mem_len": 0, "weight_decay": 0, "clip": 0}
+        for field, low in lowest.items():
+            if getattr(self, field) is not None and getattr(self, field) < low:
+                refuse(field, f">= {low}")
+        if not 0 < self.lr < float("inf"):
+            refuse("lr", "a finite number > 0")
+        check_seed(self.seed, name("seed"))
+        if not 0 <= self.dropout < 1:
+            refuse("dropout", "in [0, 1)")
+        if self.valid_fraction is not None and not 0 < self.valid_fraction < 1:
+            refuse("valid_fraction", "in (0, 1)")
+        return self

@@ -190,10 +190,23 @@ CLASSIFIER_NAME = "classifier.json"  # written beside config.json by txl classif
 CHECKSUMS_NAME = "checksums.json"  # sha256 of every other file of a checkpoint, written last
 #: The fields of an attention span (txl.model.AttentionSpan) and of the command line's span flags.
 SPAN_FIELDS = ("tgt_len", "mem_len", "clamp_len", "same_length", "cmem_len")
+#: The smallest value of each integer span field (the span's rule and its flags').
+SPAN_MINIMUM = {"tgt_len": 1, "mem_len": 0, "clamp_len": 0, "cmem_len": 0}
 MAX_THREADS = 1024  # CPU threads (train.threads, --threads): more than this is taken for a typing error
 # every seed (train.seed, each command's --seed) lies in [0, SEED_LIMIT): what all of python's, numpy's
 # (np.random.seed: 32 bits) and torch's seeding accept
 SEED_LIMIT = 2**32
+
+
+def check_seed(value, name: str = "--seed") -> None:
+    """The one rule of a seed (``--seed`` of every command, ``train.seed``, ``[classify] seed``): None (not
+    given) or an integer in ``[0, SEED_LIMIT)``, what python's, numpy's and torch's seeding all accept.
+
+    Raises:
+        TxlError: naming ``name`` and the value.
+    """
+    if value is not None and not 0 <= value < SEED_LIMIT:
+        raise TxlError(f"{name} must be in [0, 2**{SEED_LIMIT.bit_length() - 1}), got {value}")
 
 
 def check_threads(value, name: str = "--threads") -> None:

@@ -6,7 +6,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from txl.config.fields import DTYPES, NORMALIZE, SEED_LIMIT, TOKENIZERS, check_fields, check_split, check_threads
+from txl.config.fields import DTYPES, NORMALIZE, TOKENIZERS, check_fields, check_seed, check_split, check_threads
 from txl.errors import TxlError
 
 
@@ -131,8 +131,7 @@ class TrainConfig:
                      "keep_last"):
             if getattr(self, name) < 1:
                 raise TxlError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.seed < SEED_LIMIT:
-            raise TxlError(f"train.seed must be in [0, 2**32), got {self.seed}")  # 2**32: SEED_LIMIT
+        check_seed(self.seed, "train.seed")
         if not math.isfinite(self.lr) or not math.isfinite(self.clip) or not math.isfinite(self.weight_decay):
             raise TxlError("train.lr, train.clip and train.weight_decay must be finite numbers")
         if not self.lr > 0 or self.min_lr < 0 or self.min_lr > self.lr:

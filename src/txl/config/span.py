@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from txl.config.fields import SPAN_FIELDS
+from txl.config.fields import SPAN_FIELDS, SPAN_MINIMUM
 from txl.errors import TxlError
 
 
@@ -50,14 +50,10 @@ class AttentionSpan:
             object.__setattr__(self, name, int(value))  # a numpy integer becomes a Python int
         if not isinstance(self.same_length, bool):
             raise TxlError(f"span.same_length must be true or false, got {self.same_length!r}")
-        if self.tgt_len < 1:
-            raise TxlError(f"span.tgt_len must be >= 1, got {self.tgt_len}")
-        if self.mem_len < 0:
-            raise TxlError(f"span.mem_len must be >= 0, got {self.mem_len}")
-        if self.clamp_len < 0:
-            raise TxlError(f"span.clamp_len must be >= 0 (0: no clamping), got {self.clamp_len}")
-        if self.cmem_len < 0:
-            raise TxlError(f"span.cmem_len must be >= 0 (0: no compressed memory), got {self.cmem_len}")
+        notes = {"clamp_len": " (0: no clamping)", "cmem_len": " (0: no compressed memory)"}
+        for name, minimum in SPAN_MINIMUM.items():
+            if getattr(self, name) < minimum:
+                raise TxlError(f"span.{name} must be >= {minimum}{notes.get(name, '')}, got {getattr(self, name)}")
 
     @classmethod
     def of(cls, config: Any) -> "AttentionSpan":
