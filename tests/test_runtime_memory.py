@@ -107,3 +107,30 @@ def test_generation_refuses_a_decoding_state_the_memory_cannot_hold(monkeypatch)
         "txl.model", fromlist=["DecodingState"]).DecodingState(*args, **kw))  # no bound: a million slots
     with pytest.raises(TxlError, match=r"a decoding state with mem_len 1,000,000 needs .* use a smaller mem_len"):
         generate(model, prompt, 6, temperature=0)
+
+
+def test_progress_off_a_terminal_is_a_few_whole_lines(capsys):
+    from txl.runtime import progress_bar
+
+    with progress_bar(10_000, True, "reading", initial=0, leave=True) as bar:  # a log file or a pipe, not a terminal
+        for _ in range(10_000):
+            bar.update(1)
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert "\r" not in err and 1 <= len(lines) <= 3, lines  # no carriage-return stream: the start and the end
+    assert lines[-1].startswith("reading: 100%") and "10000/10000" in lines[-1]
+    with progress_bar(50, True, "quiet") as bar:  # a bar cleared when done (leave=False) writes no blank line
+        bar.update(50)
+    assert all(line.strip() for line in capsys.readouterr().err.splitlines())
+
+
+def test_progress_on_a_terminal_redraws_in_place(monkeypatch, capsys):
+    import sys
+
+    from txl.runtime import progress_bar
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    with progress_bar(3, True, "reading") as bar:
+        bar.update(3)
+    err = capsys.readouterr().err
+    assert err.startswith("\rreading:") and "\n" not in err  # redrawn in place, then cleared

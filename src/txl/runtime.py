@@ -243,15 +243,39 @@ def compile_module(module, *, backend: str | None = None, **kwargs):
     return torch.compile(module, backend=backend, options=options, **kwargs)
 
 
-def progress_bar(total: int, progress: bool | str, label: str, unit: str = "segment"):
-    """A tqdm bar on stderr for ``total`` steps of ``unit`` (segments, windows, examples) of a long
-    reading loop (evaluation, scoring), or a disabled one (same interface, prints nothing) when
-    ``progress`` is False. A string ``progress`` replaces ``label`` (``"mem_len 256"``). The bar is
-    cleared when closed, so the result line that follows stands alone."""
+PROGRESS_EVERY_S = 30.0
+"""Seconds between two progress lines when stderr is not a terminal (a log file, a pipe)."""
+
+
+class _ProgressLines:
+    """Where a progress bar writes when stderr is not a terminal: each refresh becomes one line (no
+    carriage returns piling up in a log), and the blanks that clear a finished bar are left out."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        text = text.replace("\r", "").rstrip()
+        if text:
+            self.stream.write(text + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def progress_bar(total: int, progress: bool | str, label: str, unit: str = "segment", **options):
+    """A tqdm bar on stderr for ``total`` steps of ``unit`` (segments, windows, examples, steps, bytes),
+    or a disabled one (same interface, prints nothing) when ``progress`` is False. A string ``progress``
+    replaces ``label`` (``"mem_len 256"``); ``options`` go to tqdm (``initial``, ``leave``,
+    ``unit_scale``). On a terminal the bar redraws in place and is cleared when closed (unless
+    ``leave=True``), so the result line that follows stands alone; elsewhere (a log file, a pipe) it
+    writes one line at most every :data:`PROGRESS_EVERY_S` seconds, so a long run's log stays small."""
     from tqdm import tqdm
 
+    where = {"dynamic_ncols": True, "file": sys.stderr} if sys.stderr.isatty() else {
+        "file": _ProgressLines(sys.stderr), "mininterval": PROGRESS_EVERY_S, "ncols": 100}
     return tqdm(total=total, desc=progress if isinstance(progress, str) else label, unit=unit,
-                disable=not progress, leave=False, dynamic_ncols=True, file=sys.stderr)
+                disable=not progress, **{"leave": False, **where, **options})
 
 
 def seed_everything(seed: int) -> None:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from txl.errors import TxlError
+from txl.runtime import progress_bar
 
 __all__ = ["is_url", "is_archive", "sha256_file", "check_sha256", "download", "extract", "safe_member_name"]
 
@@ -148,12 +149,10 @@ def _response_plan(resp, start: int, name: str, log: Log) -> tuple[int | None, s
 
 def _stream(resp, part: Path, mode: str, begin: int, total: int | None, name: str, progress: bool, url: str) -> int:
     """Copy the response body to ``part`` (append or truncate); returns the bytes received."""
-    from tqdm import tqdm
-
     received = 0
     try:
-        with open(part, mode) as f, tqdm(total=total, initial=begin, unit="B", unit_scale=True, unit_divisor=1024,
-                                         desc=name, disable=not progress, file=sys.stderr) as bar:
+        with open(part, mode) as f, progress_bar(total, progress, name, unit="B", initial=begin, unit_scale=True,
+                                                 unit_divisor=1024, leave=True) as bar:
             while chunk := resp.read(CHUNK):
                 f.write(chunk)
                 received += len(chunk)

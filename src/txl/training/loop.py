@@ -13,11 +13,10 @@ from collections.abc import Sequence
 from typing import Any, Callable
 
 import torch
-from tqdm import tqdm
 
 from txl.config import IGNORE_INDEX, RunConfig
 from txl.errors import TxlError
-from txl.runtime import compile_module, resolve_device, seed_everything, set_threads
+from txl.runtime import compile_module, progress_bar, resolve_device, seed_everything, set_threads
 from txl.evaluation.stream import EvalResult, metric_value
 from txl.fileio import FolderClaim, write_json
 from txl import distributed
@@ -246,8 +245,7 @@ def _start(r: _Run, *, progress: bool, allow_data_change: bool) -> _Progress:
         saved_loss, window_tokens, window_elapsed = state["window"]
         window_loss, window_start = saved_loss, window_start - window_elapsed
     start = time.perf_counter() - float(state.get("elapsed_s") or 0.0)  # a resumed run's clock goes on
-    r.bar = tqdm(total=t.max_steps, initial=start_step, disable=not progress or not r.d.is_main, dynamic_ncols=True,
-                 file=sys.stderr)
+    r.bar = progress_bar(t.max_steps, bool(progress and r.d.is_main), "", unit="it", initial=start_step, leave=True)
     return _Progress(state=state, start_step=start_step, step=start_step, pos=pos, mems=mems, best=best, span=span,
                      total_tokens=total_tokens, start=start, window_loss=window_loss, window_tokens=window_tokens,
                      window_start=window_start)
