@@ -81,6 +81,12 @@ SECTIONS = [
      "the valid split.", {"compressive.json": "PYTHONPATH=src python benchmarks/compressive.py --out /tmp/cmem-long "
                           "--steps 1600 --eval-interval 200 --seeds 0 1 --jobs 2 --speed-rounds 5 --eval-tokens 16384"},
      "compressive.md", "compressive", None),
+    ("Corpora larger than memory", "`txl train CORPUS --tokenizer byte` on text of each size ({steps} steps of the "
+     "default model, then the final evaluation on {valid} bytes of valid text): the first run writes the token "
+     "cache, the next opens it memory-mapped; then the same under `--nproc 2`. Peak resident memory of the process "
+     "(of each rank under `--nproc`), and the time from the command's start to its first training step, on a "
+     "machine of {memory} GB. {machine}", {"large-corpus.json": ""}, "training.md", "large_corpus",
+     ("training on a corpus larger than memory (byte level)", "`txl train CORPUS`")),
     ("Ablation (the paper's Table 6 at small scale)", "`txl ablate` on tiny Shakespeare (characters): "
      "parameter-matched variants, {tokens} training tokens each, evaluated on {eval_tokens} valid characters at "
      "each attention length L. {machine}", {"ablation-shakespeare.json": ""}, "research.md", "ablation",
@@ -397,6 +403,28 @@ def compressive(docs):
                             [[f"`{v}`", num(s["tokens_per_s"])] for v, s in speed.items()])]
     return dict(tgt_len=first[0]["settings"]["tgt_len"], steps=num(first[0]["steps"]), seeds=len(first),
                 tokens=num(first[0]["n_tokens"])), body
+
+
+def large_corpus(docs):
+    d = docs["large-corpus.json"]
+    rows = []
+    for r in d["rows"]:
+        size = f"{r['corpus_bytes'] / 1e9:g} GB"
+        for name, label in (("cold", "first run (writes the cache)"), ("cached", "cached"), ("processes", "cached, 2 processes")):
+            if name in r:
+                x = r[name]
+                rss = " / ".join(num(v, 2) for v in x["rank_peak_rss_gb"]) if "rank_peak_rss_gb" in x else num(x["peak_rss_gb"], 2)
+                rows.append([size, label, rss, num(x["to_first_step_s"], 1), num(x["wall_s"], 1)])
+    body = table(["corpus", "run", "peak RSS, GB", "to the first step, s", "wall s"], rows)
+    diffs = [r["processes"]["max_loss_difference_to_one_process"] for r in d["rows"] if "processes" in r]
+    if diffs:
+        body += [f"The two processes' training losses differ from one process's by at most {max(diffs):.1e} "
+                 "(float summation order).", ""]
+    largest = max(d["rows"], key=lambda r: r["corpus_bytes"])
+    peak = max(max(r[k]["peak_rss_gb"] for k in ("cold", "cached")) for r in d["rows"])
+    return dict(steps=d["steps"], valid=f"{d['valid_bytes']:,}", memory=num(d["memory_gb"]), machine=machine(d),
+                readme=f"up to {largest['corpus_bytes'] / 1e9:g} GB: peak RSS {num(peak, 2)} GB, first step after "
+                       f"{num(largest['cached']['to_first_step_s'], 1)} s cached"), body
 
 
 def ablation(docs):

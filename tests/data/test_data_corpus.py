@@ -113,12 +113,12 @@ def test_cache_reuse_and_invalidation(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_broken_cache_is_rewritten(tmp_path: Path) -> None:
     f = _write(tmp_path / "c.txt", "abcabc")
     cache = tmp_path / "cache"
-    tokens = encode_corpus([f], ByteTokenizer(), cache_dir=cache)
+    tokens = encode_corpus([f], ByteTokenizer(), cache_dir=cache).tolist()  # (the cache is mapped: read it first)
     (path,) = cache.glob("*.npy")
     path.write_bytes(b"garbage")
     again = encode_corpus([f], ByteTokenizer(), cache_dir=cache)
-    assert again.tolist() == tokens.tolist() == list(b"abcabc")
-    assert np.load(path, allow_pickle=False).tolist() == tokens.tolist()
+    assert again.tolist() == tokens == list(b"abcabc")
+    assert np.load(path, allow_pickle=False).tolist() == tokens
 
 
 def test_split_tokens_exact_lengths() -> None:
@@ -239,3 +239,69 @@ def test_load_corpus_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     s = load_corpus()
     assert s.files == [str(p) for p in files] and "default corpus" in s.source
     assert len(s.train) + len(s.valid) + len(s.test) == sum(os.path.getsize(p) for p in files)
+
+
+def test_a_cached_corpus_is_memory_mapped_and_its_splits_located_in_the_file(tmp_path: Path) -> None:
+    from txl.training.fingerprint import array_digest, stored_digest
+
+    text = bytes(range(256)) * 40 + b"tail"
+    f = tmp_path / "c.txt"
+    f.write_bytes(text)
+    fresh = load_corpus(f, "byte", cache_dir=tmp_path / "cache", split=(0.8, 0.1, 0.1))
+    again = load_corpus(f, "byte", cache_dir=tmp_path / "cache", split=(0.8, 0.1, 0.1))
+    for corpus in (fresh, again):  # written in chunks, then read back mapped: the same tokens
+        assert isinstance(corpus.train, np.memmap)
+        assert np.concatenate([corpus.train, corpus.valid, corpus.test]).tobytes() == text
+        for name in ("train", "valid", "test"):
+            part = getattr(corpus, name)
+            path, offset, nbytes = corpus.on_disk[name]
+            assert nbytes == part.nbytes and Path(path).read_bytes()[offset:offset + nbytes] == part.tobytes()
+            assert stored_digest(path, offset, nbytes, part.itemsize) == array_digest(np.asarray(part))
+    assert load_corpus(f, "byte", split=(0.8, 0.1, 0.1)).on_disk == {}  # no cache: held in memory
+
+
+def test_a_corpus_file_that_changes_while_it_is_copied_is_refused(tmp_path: Path, monkeypatch) -> None:
+    from txl.data import corpus as corpus_module
+
+    f = _write(tmp_path / "c.txt", "abcabc")
+    monkeypatch.setattr(corpus_module, "_file_sha256", lambda path, cache_dir=None: "0" * 64)  # the first reading saw other bytes
+    with pytest.raises(TxlError, match="changed while it was read"):
+        encode_corpus([f], ByteTokenizer(), cache_dir=tmp_path / "cache")
+    assert not list((tmp_path / "cache").glob("*.npy"))  # nothing half-written left behind
+
+
+def test_a_corpus_file_is_hashed_again_only_when_its_size_mtime_or_inode_change(tmp_path: Path) -> None:
+    import json
+
+    from txl.data.corpus import HASHES_NAME, _file_sha256
+
+    f = _write(tmp_path / "c.txt", "abcabc")
+    cache = tmp_path / "cache"
+    real = _file_sha256(f, cache)
+    record = cache / HASHES_NAME
+    known = json.loads(record.read_text())
+    known[str(f.resolve())][3] = "f" * 64  # what the record says is what a run takes while the file is unchanged
+    record.write_text(json.dumps(known))
+    assert _file_sha256(f, cache) == "f" * 64
+    st = f.stat()
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # touched: read again
+    assert _file_sha256(f, cache) == real == _file_sha256(f)
+    record.write_text("not json")  # a damaged record is read past
+    assert _file_sha256(f, cache) == real
+
+
+def test_a_split_digest_is_kept_beside_its_cache_file(tmp_path: Path) -> None:
+    import json
+
+    from txl.training.fingerprint import stored_digest
+
+    path = tmp_path / "k.npy"
+    path.write_bytes(bytes(range(200)))
+    first = stored_digest(path, 10, 100, 1)
+    memo = Path(f"{path}.digests.json")
+    assert json.loads(memo.read_text()) == {"10+100": first}
+    memo.write_text(json.dumps({"10+100": {"tokens": 100, "sha256": "kept"}}))
+    assert stored_digest(path, 10, 100, 1)["sha256"] == "kept"  # the file is content-addressed: not read again
+    assert stored_digest(path, 10, 50, 2)["tokens"] == 25  # another range is read
+    with pytest.raises(TxlError, match="ends 50 bytes before"):
+        stored_digest(path, 150, 100, 1)

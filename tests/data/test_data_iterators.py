@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from txl.data.iterators import IGNORE_INDEX, LMOrderedIterator, sample_segment_length
@@ -126,3 +126,50 @@ def test_sample_segment_length_distribution() -> None:
     gen_a, gen_b = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     seq_a = [sample_segment_length(20, gen_a) for _ in range(10)]
     assert seq_a == [sample_segment_length(20, gen_b) for _ in range(10)]
+
+
+def _materialised(tokens: np.ndarray, batch_size: int, context: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The streams built whole, padded and unfolded (the construction LMOrderedIterator's reads must equal)."""
+    data = torch.from_numpy(np.asarray(tokens).astype(np.int64))
+    n_tok = data.numel()
+    L = -(-(n_tok - 1 - context) // batch_size)
+    total = context + batch_size * L + 1
+    padded = torch.full((total,), pad_id, dtype=torch.int64)
+    padded[:n_tok] = data
+    targets = torch.full((total,), IGNORE_INDEX, dtype=torch.int64)
+    targets[:n_tok] = data
+    inputs = padded[: total - 1].unfold(0, context + L, L)
+    labels = targets[1:].unfold(0, context + L, L).clone()
+    labels[:, :context] = IGNORE_INDEX
+    return inputs, labels
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(2, 300), batch_size=st.integers(1, 9), tgt_len=st.integers(1, 40), context=st.integers(0, 30),
+       pad_id=st.integers(0, 5), data=st.data())
+def test_segments_read_on_demand_equal_the_whole_streams(n, batch_size, tgt_len, context, pad_id, data):
+    assume(n >= context + 2)
+    tokens = np.random.default_rng(n).integers(0, 250, n).astype(np.uint8)
+    it = LMOrderedIterator(tokens, batch_size, tgt_len, context=context, pad_id=pad_id)
+    inputs, labels = _materialised(tokens, batch_size, context, pad_id)
+    assert it.stream_len == inputs.size(1)
+    pos = data.draw(st.integers(0, it.stream_len - 1))
+    seq_len = data.draw(st.integers(1, 50))
+    x, y = it.segment(pos, seq_len)
+    end = min(pos + seq_len, it.stream_len)
+    assert x.dtype == y.dtype == torch.int64
+    assert torch.equal(x, inputs[:, pos:end]) and torch.equal(y, labels[:, pos:end])
+    assert torch.equal(it.inputs, inputs) and torch.equal(it.labels, labels)
+
+
+def test_a_memory_mapped_corpus_is_read_in_place(tmp_path):
+    tokens = np.random.default_rng(0).integers(0, 256, 100_003).astype(np.uint8)
+    path = tmp_path / "tokens.npy"
+    np.save(path, tokens)
+    mapped = np.load(path, mmap_mode="r")
+    it = LMOrderedIterator(mapped, 7, 64)
+    assert it.tokens is mapped  # kept as given: no int64 copy of the corpus
+    inputs, labels = _materialised(tokens, 7, 0, 0)
+    for pos, seq_len in it.positions():
+        x, y = it.segment(pos, seq_len)
+        assert torch.equal(x, inputs[:, pos:pos + seq_len]) and torch.equal(y, labels[:, pos:pos + seq_len])

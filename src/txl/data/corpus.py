@@ -2,7 +2,10 @@
 
 The training loop calls :func:`load_corpus`; the other functions are its building blocks.
 Token arrays are 1-D numpy arrays of the narrowest dtype that holds the vocabulary
-(see :func:`token_dtype`).
+(see :func:`token_dtype`). With a cache folder the token array is written there once and read
+back memory-mapped: a split is a view of the file, and only the segments a reader takes come
+into memory (:class:`~txl.data.iterators.LMOrderedIterator`). Byte-level text is copied into the
+cache in chunks, so neither writing nor reading it holds the corpus in memory.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from txl.data.datasets import dataset_info
 from txl.data.tokenizers import (
     TOKENIZER_KINDS, ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer, decode_utf8,
 )
-from txl.data.files import _file_size, _read, _read_text, default_corpus_files, load_bytes, read_corpus_files
+from txl.data.files import _file_size, _io, _read, _read_text, default_corpus_files, load_bytes, read_corpus_files
 from txl.errors import TxlError
 from txl.fileio import atomic_write, path_inside
 from txl.runtime import default_cache_dir
@@ -58,29 +61,115 @@ def _fingerprint(tokenizer: Tokenizer, file_hashes: list[tuple[str, str]], extra
     return h.hexdigest()
 
 
-def _cached(cache_dir: PathLike | None, key: str, dtype: np.dtype, compute: Callable[[], np.ndarray]) -> np.ndarray:
-    """Load ``<cache_dir>/<key>.npy`` if valid, else ``compute()`` and store it (atomically)."""
-    if cache_dir is None:
-        return compute()
-    path = Path(cache_dir) / f"{key}.npy"
-    if path.is_file():
-        try:
-            arr = np.load(path, allow_pickle=False)
-            if arr.ndim == 1 and arr.dtype == dtype:
-                return arr
-        except (OSError, ValueError, EOFError):
-            pass  # a broken cache file is ignored and rewritten
-    arr = compute()
+def _mapped(path: Path, dtype: np.dtype) -> np.ndarray | None:
+    """The token array of the cache file ``path`` memory-mapped read-only, or None when there is none or it
+    is broken (wrong shape, dtype, a cut file): such a file is then written again."""
+    if not path.is_file():
+        return None
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError):
+        return None
+    return arr if arr.ndim == 1 and arr.dtype == dtype else None
 
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as f:
-            np.save(f, arr, allow_pickle=False)
 
+def _store(path: Path, write: Callable[[str], None]) -> None:
     try:
         atomic_write(path, write)
     except OSError as e:
         raise TxlError(f"cannot write token cache {path}: {e.strerror or e}; choose a writable cache_dir") from None
+
+
+def _cached(cache_dir: PathLike | None, key: str, dtype: np.dtype, compute: Callable[[], np.ndarray]) -> np.ndarray:
+    """``<cache_dir>/<key>.npy`` memory-mapped when valid, else ``compute()`` stored there (atomically) and
+    mapped; without ``cache_dir`` just ``compute()``."""
+    if cache_dir is None:
+        return compute()
+    path = Path(cache_dir) / f"{key}.npy"
+    arr = _mapped(path, dtype)
+    if arr is None:
+        computed = compute()
+
+        def write(tmp: str) -> None:
+            with open(tmp, "wb") as f:
+                np.save(f, computed, allow_pickle=False)
+
+        _store(path, write)
+        del computed
+        arr = _mapped(path, dtype)
     return arr
+
+
+HASHES_NAME = "file-hashes.json"
+"""The cache folder's record of each corpus file's sha256 with the size, mtime and inode it was taken at."""
+
+
+def _file_sha256(path: Path, cache_dir: PathLike | None = None) -> str:
+    """Hex sha256 of a corpus file, read 16 MiB at a time (TxlError naming the file if unreadable).
+
+    With ``cache_dir`` the digest is kept in its ``file-hashes.json`` beside the file's size,
+    modification time (ns) and inode, and taken from there while all three are unchanged (as git
+    and make decide that a file has not changed): a cached corpus of several GB opens in seconds.
+    """
+    def digest() -> str:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 24):
+                h.update(chunk)
+        return h.hexdigest()
+
+    if cache_dir is None:
+        return _io(path, digest)
+    st = _io(path, lambda: os.stat(path))
+    stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+    record = Path(cache_dir) / HASHES_NAME
+    try:
+        known = json.loads(record.read_text(encoding="utf-8"))
+        known = known if isinstance(known, dict) else {}
+    except (OSError, ValueError):
+        known = {}
+    name = str(Path(path).resolve())
+    entry = known.get(name)
+    if isinstance(entry, list) and len(entry) == 4 and entry[:3] == stamp and isinstance(entry[3], str):
+        return entry[3]
+    value = _io(path, digest)
+    known[name] = [*stamp, value]
+    try:
+        atomic_write(record, lambda tmp: Path(tmp).write_text(json.dumps(known), encoding="utf-8"))
+    except (OSError, TxlError):
+        pass  # a record that cannot be written costs the next run a reading, nothing else
+    return value
+
+
+def _copy_bytes(paths: list[Path], hashes: list[tuple[str, str]], path: Path) -> None:
+    """Write the byte tokens of ``paths`` (their bytes, concatenated) as the uint8 array file ``path``,
+    16 MiB at a time; each file's sha256 is taken again as it is copied and must equal ``hashes``.
+
+    Raises:
+        TxlError: a file cannot be read, or changed between the two readings.
+    """
+    sizes = [_file_size(p) for p in paths]
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as out:
+            header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)), "fortran_order": False,
+                      "shape": (sum(sizes),)}
+            np.lib.format.write_array_header_1_0(out, header)
+            for p, size, (_, digest) in zip(paths, sizes, hashes):
+                h = hashlib.sha256()
+                copied = 0
+                with open(p, "rb") as f:
+                    while chunk := f.read(1 << 24):
+                        h.update(chunk)
+                        out.write(chunk)
+                        copied += len(chunk)
+                if copied != size or h.hexdigest() != digest:
+                    raise TxlError(f"corpus file {p} changed while it was read; run again when nothing writes it")
+
+    try:
+        _store(path, write)
+    except OSError as e:  # a file that vanished or cannot be read midway
+        raise TxlError(f"cannot read a corpus file: {e.strerror or e}") from None
 
 
 def encode_corpus(files: Sequence[PathLike], tokenizer: Tokenizer, cache_dir: PathLike | None = None) -> np.ndarray:
@@ -88,19 +177,22 @@ def encode_corpus(files: Sequence[PathLike], tokenizer: Tokenizer, cache_dir: Pa
 
     With ``cache_dir`` the result is stored as ``<cache_dir>/<fingerprint>.npy`` and reused
     while neither the tokenizer nor any file (path or content) changes; a cache file that
-    fails to load is rewritten.
+    fails to load is rewritten. The array returned is then the file memory-mapped read-only
+    (``np.memmap``). Byte-level text goes into the cache in chunks: a corpus larger than memory
+    is written and read without being held.
 
     Raises :class:`TxlError` for unreadable files, non-UTF-8 files (char/word tokenizers; the
     message names the file and byte offset), unknown characters, or an unwritable cache.
     """
     paths = [Path(f) for f in files]
-    datas = [_read(p) for p in paths]
     dtype = token_dtype(tokenizer.vocab_size)
 
     def compute() -> np.ndarray:
+        datas = [_read(p) for p in paths]
         if isinstance(tokenizer, ByteTokenizer):
             return np.frombuffer(b"".join(datas), dtype=np.uint8).copy()
         text = "".join(decode_utf8(d, f"corpus file {p}", tokenizer.kind) for p, d in zip(paths, datas))
+        del datas
         try:
             return tokenizer.encode(text).astype(dtype)
         except TxlError as e:
@@ -108,8 +200,16 @@ def encode_corpus(files: Sequence[PathLike], tokenizer: Tokenizer, cache_dir: Pa
 
     if cache_dir is None:
         return compute()
-    hashes = [(str(p), hashlib.sha256(d).hexdigest()) for p, d in zip(paths, datas)]
-    return _cached(cache_dir, _fingerprint(tokenizer, hashes, None), dtype, compute)
+    hashes = [(str(p), _file_sha256(p, cache_dir)) for p in paths]
+    key = _fingerprint(tokenizer, hashes, None)
+    if isinstance(tokenizer, ByteTokenizer):
+        path = Path(cache_dir) / f"{key}.npy"
+        arr = _mapped(path, dtype)
+        if arr is None:
+            _copy_bytes(paths, hashes, path)
+            arr = _mapped(path, dtype)
+        return arr
+    return _cached(cache_dir, key, dtype, compute)
 
 
 def _boundaries(total: int, fr: tuple[float, float, float]) -> tuple[int, int]:
@@ -193,6 +293,9 @@ class CorpusSplits:
         train_shards: for a shuffled-sentence corpus (lm1b) the training shard files, one
             sentence per line; ``train`` is then empty and training reads the shards with
             :func:`shard_sentences` and :class:`~txl.data.iterators.LMShuffledIterator`.
+        on_disk: for each split read memory-mapped from the token cache, ``(file, byte offset,
+            bytes)`` of its tokens in that file: what reads them whole (a fingerprint) reads the
+            file there instead of the mapping, which would bring the corpus into memory.
     """
 
     tokenizer: Tokenizer
@@ -202,10 +305,23 @@ class CorpusSplits:
     source: str
     files: list[str] = field(default_factory=list)
     train_shards: list[Path] = field(default_factory=list)
+    on_disk: dict[str, tuple[str, int, int]] = field(default_factory=dict)
 
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
+
+
+def _on_disk(roots: dict[str, np.ndarray], parts: dict[str, np.ndarray]) -> dict[str, tuple[str, int, int]]:
+    """``(file, byte offset, bytes)`` of each split in ``parts`` that is a view of the memory-mapped token
+    file ``roots[name]`` (a split held in memory has none)."""
+    found = {}
+    for name, part in parts.items():
+        root = roots.get(name)
+        if isinstance(root, np.memmap) and root.filename is not None and part.size:
+            start = part.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+            found[name] = (str(root.filename), int(root.offset) + start, int(part.nbytes))
+    return found
 
 
 def _human_size(n: int) -> str:
@@ -405,7 +521,8 @@ def _load_separate(
     source = ", ".join(_describe(f"{name}:", fs) for name, fs in sets.items())
     _check_sizes(parts, {"valid": True, "test": "test" in sets}, source)
     files = [str(f) for fs in sets.values() for f in fs]
-    return CorpusSplits(tok, parts["train"], parts["valid"], parts["test"], source, files)
+    return CorpusSplits(tok, parts["train"], parts["valid"], parts["test"], source, files,
+                        on_disk=_on_disk(parts, parts))
 
 
 def _load_fractions(
@@ -421,6 +538,7 @@ def _load_fractions(
     source = f"{_describe(label, files)}, split {fr[0]:g}/{fr[1]:g}/{fr[2]:g}"
     if kind in ("word", "bpe"):
         tok, parts = _line_fraction_splits(files, kind, tok, fr, opts, cache_dir)
+        roots = parts  # each part its own cache file
         for name, f in zip(SPLITS, fr):
             if f > 0 and len(parts[name]) == 0:
                 raise TxlError(
@@ -430,9 +548,12 @@ def _load_fractions(
     else:
         if tok is None:
             tok = build_tokenizer(kind, _read_text(files, kind) if kind == "char" else None, **opts)
-        parts = split_tokens(encode_corpus(files, tok, cache_dir), fr)
+        tokens = encode_corpus(files, tok, cache_dir)
+        parts = split_tokens(tokens, fr)
+        roots = dict.fromkeys(parts, tokens)
     _check_sizes(parts, {"valid": fr[1] > 0, "test": fr[2] > 0}, source, fr)
-    return CorpusSplits(tok, parts["train"], parts["valid"], parts["test"], source, [str(f) for f in files])
+    return CorpusSplits(tok, parts["train"], parts["valid"], parts["test"], source, [str(f) for f in files],
+                        on_disk=_on_disk(roots, parts))
 
 
 def load_run_corpus(data, tokenizer: Tokenizer | None = None) -> CorpusSplits:

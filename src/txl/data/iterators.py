@@ -111,16 +111,20 @@ class LMOrderedIterator:
     labels set to -100 (context only) and positions past the data padded (input ``pad_id``,
     label -100). Labels are already aligned with inputs: no further shift is needed.
 
+    The token array is kept as it is given (a memory-mapped array of a corpus larger than memory
+    stays on disk): a segment reads only its own ``B x T`` tokens and turns them into int64.
+
     Args:
-        tokens: 1-D integer array or tensor, shape ``[N]``.
+        tokens: 1-D integer array (numpy, possibly a ``np.memmap``) or tensor, shape ``[N]``.
         batch_size: number of parallel streams B (>= 1).
         tgt_len: segment length of :meth:`__iter__` (>= 1).
         context: W, number of leading tokens used only as context (>= 0).
-        device: device of :attr:`inputs` / :attr:`labels`.
+        device: device of the segments (and of :attr:`inputs` / :attr:`labels`).
         pad_id: input id used for padding past the end of the data.
 
     Attributes:
-        inputs, labels: ``int64`` tensors of shape ``[B, W + L]`` on ``device``.
+        inputs, labels: the whole streams, ``int64`` tensors of shape ``[B, W + L]`` on ``device``
+            (made when first read: the evaluation's reader takes them whole).
         stream_len: W + L. n_targets: number of scored labels (n).
 
     Raises:
@@ -141,8 +145,8 @@ class LMOrderedIterator:
         _check_shape(batch_size, tgt_len)
         if context < 0:
             raise TxlError(f"context must be non-negative, got {context}")
-        data = _as_int64_tensor(tokens)
-        n_tok = data.numel()
+        self.tokens = _integer_array(tokens)
+        n_tok = len(self.tokens)
         n = n_tok - 1 - context
         if n < 1:
             raise TxlError(
@@ -156,19 +160,24 @@ class LMOrderedIterator:
         self.pad_id = pad_id
         self.n_tokens = n_tok
         self.n_targets = n
-        L = math.ceil(n / batch_size)
-        self.stream_len = context + L
-        total = context + batch_size * L + 1  # last label index needed, plus one
-        padded = torch.full((total,), pad_id, dtype=torch.int64)
-        padded[:n_tok] = data
-        targets = torch.full((total,), IGNORE_INDEX, dtype=torch.int64)
-        targets[:n_tok] = data
-        # window b covers token indices b*L .. b*L + W + L - 1 (= s_b - W .. s_b + L - 1)
-        inputs = padded[: total - 1].unfold(0, self.stream_len, L)
-        labels = targets[1:].unfold(0, self.stream_len, L).clone()
-        labels[:, :context] = IGNORE_INDEX
-        self.inputs = inputs.contiguous().to(self.device)
-        self.labels = labels.contiguous().to(self.device)
+        self.stride = math.ceil(n / batch_size)  # L: stream b reads tokens from b * L on
+        self.stream_len = context + self.stride
+        self._whole: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _rows(self, pos: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """Host int64 inputs and labels [B, end - pos] of stream positions ``[pos, end)``: each stream's
+        ``end - pos + 1`` tokens read as one slice (inputs, then their targets one further on)."""
+        width = end - pos
+        x = np.full((self.batch_size, width), self.pad_id, dtype=np.int64)
+        y = np.full((self.batch_size, width), IGNORE_INDEX, dtype=np.int64)
+        for b in range(self.batch_size):
+            start = b * self.stride + pos
+            read = self.tokens[start:start + width + 1]
+            x[b, : min(len(read), width)] = read[:width]
+            y[b, : max(len(read) - 1, 0)] = read[1:]
+        if pos < self.context:  # the context's labels are not scored
+            y[:, : self.context - pos] = IGNORE_INDEX
+        return x, y
 
     def segment(self, pos: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and labels at stream positions ``[pos, pos + seq_len)``, truncated at the end.
@@ -181,7 +190,26 @@ class LMOrderedIterator:
         if seq_len < 1:
             raise TxlError(f"segment length must be at least 1, got {seq_len}")
         end = min(pos + seq_len, self.stream_len)
-        return self.inputs[:, pos:end].contiguous(), self.labels[:, pos:end].contiguous()
+        if self._whole is not None:
+            return self._whole[0][:, pos:end].contiguous(), self._whole[1][:, pos:end].contiguous()
+        x, y = self._rows(pos, end)
+        return to_device(torch.from_numpy(x), self.device), to_device(torch.from_numpy(y), self.device)
+
+    @property
+    def inputs(self) -> torch.Tensor:
+        """The whole input streams, int64 [B, W + L] on ``device``."""
+        return self._streams()[0]
+
+    @property
+    def labels(self) -> torch.Tensor:
+        """The whole label streams, int64 [B, W + L] on ``device``."""
+        return self._streams()[1]
+
+    def _streams(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._whole is None:
+            x, y = self._rows(0, self.stream_len)
+            self._whole = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
+        return self._whole
 
     def _context_positions(self) -> list[tuple[int, int]]:
         """(pos, seq_len) chunks of at most tgt_len covering exactly the context [0, W)."""
@@ -351,6 +379,21 @@ class LMShuffledIterator:
             f"LMShuffledIterator(sentences={len(self.units)}, n_targets={self.n_targets}, "
             f"batch_size={self.batch_size}, tgt_len={self.tgt_len}, shuffle={self.shuffle})"
         )
+
+
+def _integer_array(tokens: np.ndarray | torch.Tensor) -> np.ndarray:
+    """1-D integer ``tokens`` as a numpy array, not copied (a CPU tensor shares its memory; a memory-mapped
+    array stays mapped); TxlError (a ValueError) otherwise."""
+    if isinstance(tokens, torch.Tensor):
+        if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+            raise TxlError(f"tokens must be integers, got dtype {tokens.dtype}")
+        tokens = tokens.detach().cpu().numpy()
+    arr = tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens)
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise TxlError(f"tokens must be integers, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise TxlError(f"tokens must be 1-D, got shape {tuple(arr.shape)}")
+    return arr if arr.size else arr.astype(np.int64)
 
 
 def _as_int64_tensor(tokens: np.ndarray | torch.Tensor) -> torch.Tensor:

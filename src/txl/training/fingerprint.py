@@ -11,6 +11,7 @@ not checked.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from txl.data.download import sha256_file
 from txl.errors import TxlError
+from txl.fileio import atomic_write
 
 STATE_KEY = "data_fingerprint"
 """The key of the fingerprint in a checkpoint's state."""
@@ -31,6 +33,47 @@ def array_digest(tokens: np.ndarray) -> dict:
     the vocabulary size fixes; read in place, not copied when contiguous)."""
     array = np.ascontiguousarray(tokens)
     return {"tokens": int(array.size), "sha256": hashlib.sha256(memoryview(array).cast("B")).hexdigest()}
+
+
+def stored_digest(path: str | Path, offset: int, nbytes: int, itemsize: int) -> dict:
+    """:func:`array_digest` of a token array stored at byte ``offset`` of the token cache file ``path``
+    (``nbytes`` bytes of ``itemsize`` each), read from the file 16 MiB at a time rather than through a
+    memory mapping, which would bring the whole array into the process's memory.
+
+    A cache file's name is the hash of what it holds (:func:`txl.data.corpus.encode_corpus`), so the
+    digest of a range never changes: it is kept in ``PATH.digests.json`` and read from there next time.
+
+    Raises:
+        TxlError: the file cannot be read or is shorter than the range.
+    """
+    memo = Path(f"{path}.digests.json")
+    key = f"{offset}+{nbytes}"
+    try:
+        known = json.loads(memo.read_text(encoding="utf-8"))
+        known = known if isinstance(known, dict) else {}
+    except (OSError, ValueError):
+        known = {}
+    entry = known.get(key)
+    if isinstance(entry, dict) and entry.get("tokens") == nbytes // itemsize and isinstance(entry.get("sha256"), str):
+        return entry
+    h = hashlib.sha256()
+    left = nbytes
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            while left and (chunk := f.read(min(left, 1 << 24))):
+                h.update(chunk)
+                left -= len(chunk)
+    except OSError as err:
+        raise TxlError(f"cannot read {path}: {err.strerror or err}") from None
+    if left:
+        raise TxlError(f"cannot read {path}: it ends {left:,} bytes before the tokens it should hold")
+    known[key] = {"tokens": nbytes // itemsize, "sha256": h.hexdigest()}
+    try:
+        atomic_write(memo, lambda tmp: Path(tmp).write_text(json.dumps(known), encoding="utf-8"))
+    except (OSError, TxlError):
+        pass  # not kept: the next run reads the range again
+    return known[key]
 
 
 def file_digest(path: str | Path) -> dict:

@@ -44,7 +44,7 @@ from txl.generation import generate
 from txl.model import TransformerXLLM
 from txl import distributed
 from txl.config import RunConfig
-from txl.training.fingerprint import array_digest, files_digest
+from txl.training.fingerprint import array_digest, files_digest, stored_digest
 
 
 def shuffled_batches(corpus: CorpusSplits, batch_size: int, tgt_len: int, device: torch.device, seed: int):
@@ -139,7 +139,11 @@ class LMTask:
         """Token count and sha256 of each split's token array (for a shuffled-sentence corpus, of the
         training shard files instead of the empty train array)."""
         c = self.corpus
-        parts = {f"{name} split": array_digest(getattr(c, name)) for name in ("train", "valid", "test")}
+        parts = {}
+        for name in ("train", "valid", "test"):
+            tokens = getattr(c, name)
+            where = c.on_disk.get(name)  # a memory-mapped split: read from its file, not through the mapping
+            parts[f"{name} split"] = stored_digest(*where, tokens.itemsize) if where else array_digest(tokens)
         if c.train_shards:
             del parts["train split"]
             parts["train shards"] = files_digest(list(c.train_shards))
