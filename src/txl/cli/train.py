@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
 
-from txl.cli.checks import check_exists, check_range, check_seed
+from txl.cli.checks import check_exists, check_range, check_seed, require_installed
 from txl.cli.common import add_batch_size, add_data, add_device, add_dtype, add_seed
 from txl.errors import TxlError
 
@@ -44,6 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_allow_data_change(p)
     p.add_argument("--nproc", type=int, default=None, metavar="N",
                    help="train in N processes on this machine (runs torchrun; one per GPU, or gloo on CPU)")
+    p.add_argument("--log", action="append", choices=["tensorboard"], metavar="NAME",
+                   help="also write the metric rows as TensorBoard event files under OUT/tensorboard (train.log; "
+                        "needs the tensorboard package: pip install -e '.[log]' in the txl folder)")
+
+
+TENSORBOARD_HINT = ("train.log tensorboard needs the tensorboard package: in the txl folder, "
+                    ".venv/bin/python -m pip install -e '.[log]' (or pip install tensorboard)")
 
 
 def add_allow_data_change(p: argparse.ArgumentParser) -> None:
@@ -74,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     check_run_args(args, paths[0] if paths else None)
     flags = [f"{field}={getattr(args, dest)}" for dest, field in _OVERRIDES.items()
              if dest != "data" and getattr(args, dest) is not None]
+    if getattr(args, "log", None):
+        flags.append("train.log=" + json.dumps(list(dict.fromkeys(args.log))))  # a TOML array of strings
     if args.resume:
         if paths or args.config or args.out or args.tokenizer:
             raise TxlError("--resume continues a run with its saved config: give no DATA, --config, --out or "
@@ -95,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
         run_config = load_run_config(args.config, overrides + flags)
     if args.threads is not None:  # how this process runs, not what it trains: allowed with --resume too
         run_config.train.threads = args.threads
+    if "tensorboard" in run_config.train.log:
+        require_installed("tensorboard", message=TENSORBOARD_HINT)
     if args.resume and not overrides:  # with changes, train() checks them first (then reports the same)
         from txl.training.resume import saved_step
 

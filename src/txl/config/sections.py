@@ -53,6 +53,9 @@ class DataConfig:
             raise TxlError(f"data.min_freq must be >= 1, got {self.min_freq}")
 
 
+LOGGERS = ("tensorboard",)  # the values of train.log (--log)
+
+
 @dataclass
 class TrainConfig:
     """Optimisation and bookkeeping of a training run.
@@ -96,6 +99,8 @@ class TrainConfig:
             compilation). The same updates as eager up to float rounding; dropout draws its masks
             from the compiler's own generator, so a run with dropout is not the eager run's twin.
             docs/compile.md.
+        log: where the metric rows go besides ``metrics.csv``: ``"tensorboard"``, event files under
+            ``out_dir/tensorboard/`` (needs the tensorboard package: the ``log`` extra).
     """
 
     out_dir: str = "runs/default"
@@ -123,10 +128,14 @@ class TrainConfig:
     keep_last: int = 2
     deterministic: bool = False
     compile: bool = False
+    log: list[str] = field(default_factory=list)
 
     def check(self) -> None:
         """Raise :class:`TxlError` naming the first value of a wrong type or impossible."""
         check_fields(type(self), dataclasses.asdict(self), "train")
+        unknown = [name for name in self.log if name not in LOGGERS]
+        if unknown or len(set(self.log)) != len(self.log):
+            raise TxlError(f"train.log takes each of {', '.join(LOGGERS)} at most once, got {self.log!r}")
         for name in ("batch_size", "max_steps", "eval_interval", "log_interval", "max_bad_steps", "grad_accum_steps",
                      "keep_last"):
             if getattr(self, name) < 1:

@@ -24,7 +24,7 @@ from txl.training import runlog, setup
 from txl.training.checkpoint import (RUN_NAME, NonFiniteWeights, load_checkpoint, save_checkpoint)
 from txl.training.fingerprint import STATE_KEY as DATA_KEY
 from txl.training.resume import rank_rng_state, restore_run, save_trainer_state
-from txl.training.runlog import (StopRequest, open_metrics, record_resumed_config,
+from txl.training.runlog import (TENSORBOARD_DIR, MetricsLog, StopRequest, record_resumed_config,
                                 remove_unfinished)
 from txl.training.optim import make_optimizer
 from txl.training.step import StepResult, train_step
@@ -119,7 +119,7 @@ def train(run: RunConfig, *, progress: bool = True, log: Callable[[str], None] |
 @dataclass(slots=True)
 class _Run:
     """What a training run is made of (none of it changes between steps); :func:`_start` adds ``ddp``, the
-    progress bar and, on rank 0 alone, the open ``metrics.csv`` (``metrics_file``, ``writer``)."""
+    progress bar and, on rank 0 alone, where the metric rows go (``metrics``: metrics.csv, TensorBoard)."""
 
     run: RunConfig
     d: distributed.Dist
@@ -140,8 +140,7 @@ class _Run:
     batches: Any
     rows: slice  # this rank's rows of the global batch
     ddp: torch.nn.Module | None = None  # what the steps call: the task's objective, in DDP, compiled (:func:`_start`)
-    metrics_file: Any = None
-    writer: Any = None
+    metrics: Any = None
     bar: Any = None
 
 
@@ -237,7 +236,7 @@ def _start(r: _Run, *, progress: bool, allow_data_change: bool) -> _Progress:
     if t.compile:  # the checkpoints are still written from `model` (no "_orig_mod." names)
         r.ddp = compile_module(r.ddp)
     if r.d.is_main:
-        r.metrics_file, r.writer = _open_run_files(r, start_step)
+        r.metrics = _open_run_files(r, start_step)
 
     total_tokens = torch.tensor(state["tokens"], dtype=torch.int64, device=r.device)  # on the device: no sync per step
     window_loss, window_tokens, window_start = 0.0, state["tokens"], time.perf_counter()
@@ -252,8 +251,8 @@ def _start(r: _Run, *, progress: bool, allow_data_change: bool) -> _Progress:
 
 
 def _open_run_files(r: _Run, start_step: int):
-    """Rank 0: writes ``run.json`` (a resumed run's accepted changes), opens ``metrics.csv``; returns its
-    (file, csv.DictWriter)."""
+    """Rank 0: writes ``run.json`` (a resumed run's accepted changes), opens ``metrics.csv`` (and TensorBoard's
+    event files with ``train.log``); returns the :class:`~txl.training.runlog.MetricsLog`."""
     r.out_dir.mkdir(parents=True, exist_ok=True)
     if not r.resume:
         write_json(r.out_dir / RUN_NAME, r.run.to_dict())
@@ -261,7 +260,7 @@ def _open_run_files(r: _Run, start_step: int):
         changes = record_resumed_config(r.out_dir / RUN_NAME, r.run.to_dict())
         if changes:
             r.log(f"the run's config from now on (written to {r.out_dir / RUN_NAME}): {', '.join(changes)}")
-    return open_metrics(r.out_dir / "metrics.csv", start_step)
+    return MetricsLog(r.out_dir, start_step, r.run.train.log)
 
 
 def _run_steps(r: _Run, p: _Progress) -> None:
@@ -279,7 +278,7 @@ def _run_steps(r: _Run, p: _Progress) -> None:
         _close_outputs(r)
         if p.step == p.start_step or not stop.requested:  # nothing finished, or a second Ctrl-C mid-step
             if not r.resume and p.step == p.start_step and r.d.is_main:
-                remove_unfinished(r.out_dir, r.created, (RUN_NAME, "metrics.csv"))
+                remove_unfinished(r.out_dir, r.created, (RUN_NAME, "metrics.csv", TENSORBOARD_DIR))
             r.log(f"interrupted; the last checkpoint in {r.out_dir} is kept as it was")
             raise
         _save_last(r, p, {"interrupted": True})
@@ -288,7 +287,7 @@ def _run_steps(r: _Run, p: _Progress) -> None:
     except Exception:
         _close_outputs(r)
         if not r.resume and r.d.is_main:
-            remove_unfinished(r.out_dir, r.created, (RUN_NAME, "metrics.csv"))
+            remove_unfinished(r.out_dir, r.created, (RUN_NAME, "metrics.csv", TENSORBOARD_DIR))
         raise
     finally:
         stop.restore()
@@ -296,10 +295,10 @@ def _run_steps(r: _Run, p: _Progress) -> None:
 
 
 def _close_outputs(r: _Run) -> None:
-    """The progress bar and ``metrics.csv`` closed."""
+    """The progress bar and the metric files closed."""
     r.bar.close()
-    if r.metrics_file:
-        r.metrics_file.close()
+    if r.metrics:
+        r.metrics.close()
 
 
 def _step(r: _Run, p: _Progress, stop: StopRequest) -> bool:
@@ -402,9 +401,8 @@ def _validate(r: _Run, p: _Progress, row: dict[str, Any] | None) -> None:
 def _write_row(r: _Run, row: dict[str, Any] | None) -> None:
     """A step's metrics.csv row; written before that step's checkpoint, so that no kill loses it
     (a resumed run drops the rows after its checkpoint and writes them again)."""
-    if row and r.writer is not None:
-        r.writer.writerow({**row, "unit": r.unit})
-        r.metrics_file.flush()
+    if row and r.metrics is not None:
+        r.metrics.write({**row, "unit": r.unit})
 
 
 def _save_validated(r: _Run, p: _Progress, res: EvalResult) -> None:

@@ -1,9 +1,11 @@
-"""Bookkeeping around the training loop: metrics.csv, stop signals, and cleaning up a failed start."""
+"""Bookkeeping around the training loop: metrics.csv (and TensorBoard), stop signals, and cleaning up a failed
+start."""
 
 from __future__ import annotations
 
 import csv
 import json
+import shutil
 import signal
 import threading
 import time
@@ -67,6 +69,54 @@ def open_metrics(path: Path, start_step: int):
     return f, csv.DictWriter(f, fieldnames=METRIC_FIELDS)
 
 
+TENSORBOARD_DIR = "tensorboard"
+"""The folder of a run's TensorBoard event files (``train.log = ["tensorboard"]``, ``--log tensorboard``)."""
+
+# metrics.csv's numeric columns as TensorBoard scalars: column -> tag ({unit}: bpb, bpc or ppl)
+_SCALARS = {"train_loss": "train/loss", "train_metric": "train/{unit}", "lr": "train/lr",
+            "tokens_per_s": "train/tokens_per_s", "tgt_len": "train/tgt_len", "mem_len": "train/mem_len",
+            "recon_loss": "train/recon_loss", "val_loss": "valid/loss", "val_metric": "valid/{unit}"}
+
+
+class MetricsLog:
+    """Where a run's metric rows go (rank 0): ``metrics.csv`` always (:func:`open_metrics`), and with
+    ``"tensorboard"`` in ``log`` TensorBoard event files under ``OUT/tensorboard/``, each numeric column a
+    scalar at the row's step. A resumed run drops the rows (and events) after ``start_step``, which it
+    writes again.
+
+    Raises:
+        TxlError: ``"tensorboard"`` is asked for and the tensorboard package is not installed.
+    """
+
+    def __init__(self, out_dir: Path, start_step: int, log: list[str] | tuple[str, ...] = ()) -> None:
+        self.board = None
+        if "tensorboard" in log:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise TxlError("train.log tensorboard needs the tensorboard package: in the txl folder, "
+                               ".venv/bin/python -m pip install -e '.[log]' (or pip install tensorboard)") from None
+            # events after the checkpoint a run resumes from are dropped, as metrics.csv's rows are
+            self.board = SummaryWriter(str(out_dir / TENSORBOARD_DIR), purge_step=start_step + 1 if start_step else None)
+        self.file, self.writer = open_metrics(out_dir / "metrics.csv", start_step)
+
+    def write(self, row: dict[str, Any]) -> None:
+        """One row of metrics.csv (flushed), and its numbers as scalars at ``row["step"]``."""
+        self.writer.writerow(row)
+        self.file.flush()
+        if self.board is not None:
+            for column, tag in _SCALARS.items():
+                value = row.get(column)
+                if value is not None and value != "":
+                    self.board.add_scalar(tag.format(unit=row.get("unit") or "metric"), float(value), int(row["step"]))
+            self.board.flush()
+
+    def close(self) -> None:
+        self.file.close()
+        if self.board is not None:
+            self.board.close()
+
+
 def check_new_run_folder(out_dir: Path, flag: str = "train.out_dir (--out)") -> None:
     """Refuse to start a new run in ``out_dir`` unless it is missing or empty: a folder holding a run
     (``run.json``) is continued with ``--resume``, and files txl did not write are never overwritten
@@ -82,11 +132,15 @@ def check_new_run_folder(out_dir: Path, flag: str = "train.out_dir (--out)") -> 
 
 
 def remove_unfinished(out_dir: Path, created: bool, names: tuple[str, ...]) -> None:
-    """Remove what a run that never wrote a checkpoint left behind, so the same --out can be reused."""
+    """Remove what a run that never wrote a checkpoint left behind (the files and folders ``names``, all
+    written by it: its folder was new or empty), so the same --out can be reused."""
     if any(p.is_dir() for p in out_dir.glob("last*")) or (out_dir / "best").exists():
         return
     for name in names:
-        (out_dir / name).unlink(missing_ok=True)
+        if (out_dir / name).is_dir():
+            shutil.rmtree(out_dir / name, ignore_errors=True)
+        else:
+            (out_dir / name).unlink(missing_ok=True)
     if created and out_dir.is_dir() and not any(out_dir.iterdir()):
         out_dir.rmdir()
 
