@@ -31,29 +31,33 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "data" / "tinyshakespeare.txt"
 
 
-def make_corpus(path: Path, size: int) -> None:
-    """Write ``size`` bytes of text at ``path`` (kept when it is already that size)."""
+def make_corpus(path: Path, size: int, every: int = 7, numbers: int = 97, count: int = -1) -> None:
+    """Write ``size`` bytes of text at ``path`` (kept when it is already that size): tiny Shakespeare
+    repeated, in every ``every``-th copy the word "the" numbered (``count`` times, -1: all; the number
+    the copy's index modulo ``numbers``, 0: the index), so that the copies differ."""
     if path.is_file() and path.stat().st_size == size:
         return
     text = SOURCE.read_bytes()
     with open(path, "wb") as f:
         left, copy = size, 0
         while left > 0:
-            chunk = text.replace(b" the ", b" the%d " % (copy % 97)) if copy % 7 == 0 else text
+            n = copy % numbers if numbers else copy
+            chunk = text.replace(b" the ", b" the%d " % n, count) if copy % every == 0 else text
             f.write(chunk[:left])
             left -= len(chunk)
             copy += 1
 
 
-def _rank_peaks(pid: int, peaks: dict, done: threading.Event) -> None:
-    """Sample the peak resident memory (VmHWM) of ``pid``'s descendants until ``done`` (torchrun's ranks)."""
+def peaks_of(pid: int, peaks: dict, done: threading.Event) -> None:
+    """Peak resident memory (VmHWM, bytes) of ``pid`` and its descendants (torchrun's ranks, tokenizer
+    workers), sampled from /proc into ``peaks`` until ``done``."""
     while not done.is_set():
         for status in Path("/proc").glob("[0-9]*/status"):
             try:
                 fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
-                if int(fields.get("PPid", "0")) == pid or int(fields.get("PPid", "0")) in peaks:
-                    child = int(status.parent.name)
-                    peaks[child] = max(peaks.get(child, 0), int(fields.get("VmHWM", "0 kB").split()[0]) * 1024)
+                me, parent = int(status.parent.name), int(fields.get("PPid", "0"))
+                if me == pid or parent == pid or parent in peaks:
+                    peaks[me] = max(peaks.get(me, 0), int(fields.get("VmHWM", "0 kB").split()[0]) * 1024)
             except (OSError, ValueError):
                 continue
         time.sleep(0.2)
@@ -71,7 +75,7 @@ def train(corpus: Path, out: Path, cache: Path, args, nproc: int = 1) -> dict:
                             stderr=subprocess.PIPE, text=True)
     peaks: dict = {}
     done = threading.Event()
-    watcher = threading.Thread(target=_rank_peaks, args=(proc.pid, peaks, done), daemon=True)
+    watcher = threading.Thread(target=peaks_of, args=(proc.pid, peaks, done), daemon=True)
     watcher.start()
     first_step = None
     lines = []
@@ -92,7 +96,7 @@ def train(corpus: Path, out: Path, cache: Path, args, nproc: int = 1) -> dict:
            "peak_rss_gb": round(usage.ru_maxrss * 1024 / 1e9, 3), "train_losses": losses,
            "final": next((x for x in out_text.splitlines() if x.startswith("final")), "")}
     if nproc > 1:
-        row["rank_peak_rss_gb"] = sorted(round(v / 1e9, 3) for v in peaks.values())
+        row["rank_peak_rss_gb"] = sorted(round(v / 1e9, 3) for k, v in peaks.items() if k != proc.pid)
     return row
 
 

@@ -176,3 +176,12 @@ def test_the_bottom_floor_imports_in_any_order(first):
     code = f"import {first}; import txl.config, txl.runtime, txl.fileio, txl.model"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_data_workers_is_a_count_of_processes():
+    from txl.config import DataConfig
+
+    DataConfig(workers=2).check()
+    for bad in (0, 257):
+        with pytest.raises(TxlError, match=rf"data.workers must be from 1 to 256, got {bad}"):
+            DataConfig(workers=bad).check()

@@ -87,6 +87,11 @@ SECTIONS = [
      "(of each rank under `--nproc`), and the time from the command's start to its first training step, on a "
      "machine of {memory} GB. {machine}", {"large-corpus.json": ""}, "training.md", "large_corpus",
      ("training on a corpus larger than memory (byte level)", "`txl train CORPUS`")),
+    ("Tokenising a corpus larger than memory", "{gb} GB of text read chunk by chunk as `txl train` reads a word "
+     "or BPE corpus with a cache folder: the vocabulary (word counts; BPE merges, 8,000 tokens), then the ids "
+     "encoded into the cache by 1 or 2 worker processes (`data.workers`), each in a fresh process. Peak resident "
+     "memory of the process and of its workers. {machine}", {"tokenize-corpus.json": ""}, "training.md",
+     "tokenize_corpus", None),
     ("Ablation (the paper's Table 6 at small scale)", "`txl ablate` on tiny Shakespeare (characters): "
      "parameter-matched variants, {tokens} training tokens each, evaluated on {eval_tokens} valid characters at "
      "each attention length L. {machine}", {"ablation-shakespeare.json": ""}, "research.md", "ablation",
@@ -425,6 +430,16 @@ def large_corpus(docs):
     return dict(steps=d["steps"], valid=f"{d['valid_bytes']:,}", memory=num(d["memory_gb"]), machine=machine(d),
                 readme=f"up to {largest['corpus_bytes'] / 1e9:g} GB: peak RSS {num(peak, 2)} GB, first step after "
                        f"{num(largest['cached']['to_first_step_s'], 1)} s cached"), body
+
+
+def tokenize_corpus(docs):
+    d = docs["tokenize-corpus.json"]
+    rows = [[r["tokenizer"], r["workers"], f"{r['vocab_size']:,}", num(r["vocabulary_s"], 1), num(r["encode_s"], 1),
+             f"{r['ids']:,}", f"{r['ids_per_s']:,}", num(r["text_mb_per_s"], 1), num(r["peak_rss_gb"], 2),
+             " / ".join(num(v, 2) for v in r["worker_peak_rss_gb"] if v > 0.05) or "-"] for r in d["rows"]]
+    body = table(["tokenizer", "workers", "vocabulary", "vocabulary s", "encoding s", "ids", "ids/s", "text MB/s",
+                  "peak RSS, GB", "workers' peak RSS, GB"], rows)
+    return dict(gb=f"{d['corpus_bytes'] / 1e9:g}", machine=machine(d)), body
 
 
 def ablation(docs):

@@ -392,7 +392,7 @@ def test_cli_data_prepare(tmp_path: Path, capsys: pytest.CaptureFixture) -> None
 
 def test_every_name_is_registered() -> None:
     assert set(DATASETS) == {"enwik8", "text8", "wikitext-2", "wikitext-103", "wikitext-2-raw", "wikitext-103-raw",
-                             "ptb", "ptb-char", "lm1b"}
+                             "ptb", "ptb-char", "lm1b", "pg19"}
     for spec in DATASETS.values():
         assert spec.sha256 is None or re.fullmatch(r"[0-9a-f]{64}", spec.sha256)
 
@@ -491,6 +491,52 @@ def test_lm1b_trains_on_shuffled_sentences(tmp_path: Path, capsys, monkeypatch) 
     assert main(["eval", str(tmp_path / "run"), "--split", "test"]) == 0
 
 
+def _pg19(root: Path) -> Path:
+    """A PG-19 layout made here: train/, validation/ and test/ folders of small books."""
+    words = "the whale ship sea captain ahab white called ishmael".split()
+    for folder, n in (("train", 3), ("validation", 1), ("test", 1)):
+        (root / folder).mkdir(parents=True)
+        for b in range(n):
+            lines = [" ".join(words[(b * 5 + i * 3 + j) % len(words)] for j in range(6)) for i in range(150)]
+            (root / folder / f"{1000 + b}.txt").write_text(f"BOOK {folder} {b}\n" + "\n".join(lines) + "\n",
+                                                           encoding="utf-8")
+    return root
+
+
+def test_pg19_is_prepared_in_place_and_trains_by_books(tmp_path: Path, capsys, monkeypatch) -> None:
+    src = _pg19(tmp_path / "pg19-copy")
+    out = tmp_path / "pg19"
+    code = main(["data", "prepare", "pg19", "--source", str(src), "--out", str(out), "-q"])
+    assert code == 0, capsys.readouterr().err
+    info = dataset_info(out)
+    assert info["files"] == {"train": str((src / "train").resolve()), "valid": str((src / "validation").resolve()),
+                             "test": str((src / "test").resolve())}
+    assert info["documents"] == {"train": 3, "valid": 1, "test": 1} and info["tokenizer"] == "bpe"
+    assert sorted(p.name for p in out.iterdir()) == ["dataset.json"]  # nothing copied
+    corpus = load_corpus(out, "word", cache_dir=tmp_path / "cache")  # read through the cache, chunk by chunk
+    books = sorted((src / "train").glob("*.txt"))
+    assert np.array_equal(corpus.train, corpus.tokenizer.encode("".join(b.read_text(encoding="utf-8") for b in books)))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    code = main(["train", str(out), "--tokenizer", "bpe", "--out", str(tmp_path / "run"), "-q", "data.max_size=300",
+                 "model.n_layer=1", "model.d_model=16", "model.n_head=2", "model.d_head=8", "model.d_inner=32",
+                 "model.tgt_len=8", "model.mem_len=8", "train.batch_size=3", "train.max_steps=6",
+                 "train.eval_interval=3", "train.sample_tokens=5", "eval.max_tokens=200"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "valid ppl" in captured.out and "3 files" in captured.out + captured.err
+
+
+def test_pg19_needs_its_three_folders(tmp_path: Path, capsys) -> None:
+    src = _pg19(tmp_path / "copy")
+    for book in (src / "test").iterdir():
+        book.unlink()
+    code = main(["data", "prepare", "pg19", "--source", str(src), "--out", str(tmp_path / "out"), "-q"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{src / 'test'} holds no *.txt books" in err and err.count("\n") == 1
+    code = main(["data", "prepare", "pg19", "--source", str(src / "train" / "1000.txt"), "--out", str(tmp_path / "o2")])
+    assert code == 2 and "local copy of its folders" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- damaged and hostile archives
 
 
@@ -530,4 +576,6 @@ def test_every_dataset_has_a_member_limit_above_its_real_size() -> None:
             "wikitext-2": 11_000_000, "wikitext-2-raw": 11_000_000, "ptb": 5_100_000, "ptb-char": 5_100_000,
             "lm1b": 45_000_000}
     for name, spec in DATASETS.items():
+        if spec.layout == "pg19":  # a local copy's folders, named in place: nothing is extracted
+            continue
         assert real[name] < spec.max_member_bytes <= 2 * real[name] + 150_000_000

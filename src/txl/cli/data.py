@@ -11,14 +11,15 @@ from txl.cli.checks import check_exists
 from txl.cli.common import Command
 
 NAME = "data"
-HELP = "standard datasets (enwik8, text8, wikitext, ptb, lm1b) and the studies' data sets"
+HELP = "standard datasets (enwik8, text8, wikitext, ptb, lm1b, pg19) and the studies' data sets"
 EXAMPLE = "txl data prepare enwik8 --out data/enwik8"
 
 
 def _add_prepare(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", metavar="NAME", help="enwik8, text8, wikitext-2, wikitext-103, wikitext-2-raw, "
-                                                "wikitext-103-raw, ptb, ptb-char or lm1b")
-    p.add_argument("--source", help="the official archive, a folder with its extracted files, or an http(s) URL")
+                                                "wikitext-103-raw, ptb, ptb-char, lm1b or pg19")
+    p.add_argument("--source", help="the official archive, a folder with its extracted files, or an http(s) URL "
+                                    "(pg19: a local copy's folder, holding train/, validation/ and test/)")
     p.add_argument("--out", "-o", help="output folder (default: data/NAME)")
     p.add_argument("--sha256", help="expected sha256 of the archive (overrides the published checksum)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -37,6 +38,6 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 SUBCOMMANDS = (
-    Command("prepare", "download/unpack a benchmark into train/valid/test.txt + dataset.json",
+    Command("prepare", "download/unpack a benchmark into train/valid/test.txt + dataset.json (pg19: in place)",
             "txl data prepare wikitext-103 --source wikitext-103-v1.zip", _add_prepare, _prepare),
 )

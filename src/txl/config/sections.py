@@ -26,6 +26,7 @@ class DataConfig:
         min_freq, max_size, lower: word vocabulary options (``max_size`` is the BPE vocabulary size).
         normalize: "none", or "wikitext" to tokenise raw text the WikiText way (``1 @,@ 000``) first.
         cache_dir: where encoded corpora are cached (None: ``~/.cache/txl``).
+        workers: processes that encode a word or BPE corpus into the cache (1: this one).
     """
 
     path: str | None = None
@@ -40,12 +41,15 @@ class DataConfig:
     lower: bool = False
     normalize: str = "none"
     cache_dir: str | None = None
+    workers: int = 1
 
     def check(self) -> None:
         """Raise :class:`TxlError` naming the first value of a wrong type or impossible."""
         check_fields(type(self), dataclasses.asdict(self), "data")
         if self.normalize not in NORMALIZE:
             raise TxlError(f"data.normalize must be one of {', '.join(NORMALIZE)}, got {self.normalize!r}")
+        if not 1 <= self.workers <= 256:
+            raise TxlError(f"data.workers must be from 1 to 256, got {self.workers}")
         if self.tokenizer is not None and self.tokenizer not in TOKENIZERS:
             raise TxlError(f"data.tokenizer must be one of {', '.join(TOKENIZERS)}, got {self.tokenizer!r}")
         check_split(self.split, "data.split")

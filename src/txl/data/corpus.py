@@ -22,6 +22,7 @@ import numpy as np
 
 from txl.config import check_split
 from txl.data.datasets import dataset_info
+from txl.data.streaming import chunks, encode_to_file, locate, span_of, word_counts
 from txl.data.tokenizers import (
     TOKENIZER_KINDS, ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer, decode_utf8,
 )
@@ -172,14 +173,17 @@ def _copy_bytes(paths: list[Path], hashes: list[tuple[str, str]], path: Path) ->
         raise TxlError(f"cannot read a corpus file: {e.strerror or e}") from None
 
 
-def encode_corpus(files: Sequence[PathLike], tokenizer: Tokenizer, cache_dir: PathLike | None = None) -> np.ndarray:
+def encode_corpus(files: Sequence[PathLike], tokenizer: Tokenizer, cache_dir: PathLike | None = None, *,
+                  workers: int = 1, progress: bool = False) -> np.ndarray:
     """Tokenize the concatenation of ``files`` into a 1-D array of dtype ``token_dtype(vocab)``.
 
     With ``cache_dir`` the result is stored as ``<cache_dir>/<fingerprint>.npy`` and reused
     while neither the tokenizer nor any file (path or content) changes; a cache file that
     fails to load is rewritten. The array returned is then the file memory-mapped read-only
-    (``np.memmap``). Byte-level text goes into the cache in chunks: a corpus larger than memory
-    is written and read without being held.
+    (``np.memmap``). Byte-level text goes into the cache in chunks, and word and BPE text is
+    encoded chunk by chunk (:func:`txl.data.streaming.encode_to_file`, by ``workers`` processes,
+    with a progress bar on stderr when ``progress``): a corpus larger than memory is written and
+    read without being held.
 
     Raises :class:`TxlError` for unreadable files, non-UTF-8 files (char/word tokenizers; the
     message names the file and byte offset), unknown characters, or an unwritable cache.
@@ -209,7 +213,90 @@ def encode_corpus(files: Sequence[PathLike], tokenizer: Tokenizer, cache_dir: Pa
             _copy_bytes(paths, hashes, path)
             arr = _mapped(path, dtype)
         return arr
+    if tokenizer.kind in ("word", "bpe"):
+        return _streamed(cache_dir, key, dtype, span_of(paths, 0, sum(_file_size(p) for p in paths)), tokenizer,
+                         workers, progress)
     return _cached(cache_dir, key, dtype, compute)
+
+
+def _streamed(cache_dir: PathLike, key: str, dtype: np.dtype, span, tokenizer: Tokenizer, workers: int,
+              progress: bool) -> np.ndarray:
+    """``<cache_dir>/<key>.npy`` memory-mapped, encoded chunk by chunk from ``span`` first when missing."""
+    path = Path(cache_dir) / f"{key}.npy"
+    arr = _mapped(path, dtype)
+    if arr is None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TxlError(f"cannot write token cache {path}: {e.strerror or e}; choose a writable cache_dir") from None
+        encode_to_file(span, tokenizer, path, dtype, workers=workers, progress=progress)
+        arr = _mapped(path, dtype)
+    if arr is None:
+        raise TxlError(f"token cache {path} could not be read back; remove it and run again")
+    return arr
+
+
+def _read_range(files: Sequence[Path], start: int, end: int) -> bytes:
+    """Bytes ``start`` to ``end`` of the files' concatenation."""
+    out = []
+    for path, lo, hi in span_of(files, start, end):
+        def read(path=path, lo=lo, hi=hi) -> bytes:
+            with open(path, "rb") as f:
+                f.seek(lo)
+                return f.read(hi - lo)
+
+        out.append(_io(path, read))
+    return b"".join(out)
+
+
+def _stream_line_boundary(files: Sequence[Path], total: int, target: int) -> int:
+    """:func:`_line_boundary` over the files' concatenation, read in growing windows around ``target``."""
+    if target <= 0 or target >= total:
+        return max(0, min(target, total))
+    if _read_range(files, target - 1, target) == b"\n":
+        return target
+    before = after = None
+    width = 1 << 20
+    while before is None or after is None:
+        if before is None:
+            start = max(0, target - width)
+            back = _read_range(files, start, target).rfind(b"\n")
+            before = start + back + 1 if back >= 0 else (0 if start == 0 else None)
+        if after is None:
+            end = min(total, target + width)
+            fwd = _read_range(files, target, end).find(b"\n")
+            after = target + fwd + 1 if fwd >= 0 else (total if end == total else None)
+        width *= 2
+    return before if target - before <= after - target else after
+
+
+def _streamed_vocabulary(kind: str, span, opts: dict, hashes: list, extra: dict, cache_dir: PathLike,
+                         progress: bool) -> Tokenizer:
+    """A word or BPE vocabulary from the text of ``span``, read chunk by chunk; kept in the cache folder
+    (keyed by the files, the options and ``extra``), so that the next run of the same corpus reads it."""
+    from txl.data.tokenizers import load_tokenizer
+
+    h = hashlib.sha256(json.dumps({"vocabulary": kind, "opts": opts, "files": hashes, **extra}, sort_keys=True).encode())
+    path = Path(cache_dir) / f"{h.hexdigest()}.vocab.json"
+    if path.is_file():
+        try:
+            return load_tokenizer(path)
+        except TxlError:
+            pass  # a damaged file is made again
+    if kind == "word":
+        counts = word_counts(span, opts["lower"], opts["normalize"], progress=progress)
+        tok: Tokenizer = WordTokenizer.from_counts(counts, min_freq=opts["min_freq"], max_size=opts["max_size"],
+                                                   lower=opts["lower"], normalize=opts["normalize"])
+    else:
+        from txl.data.tokenizers.bpe import BPETokenizer
+
+        texts = (decode_utf8(data, f"corpus file {locate(span, at)[0]}", kind) for data, at in chunks(span, "bpe"))
+        tok = BPETokenizer.build(texts, vocab_size=opts["max_size"] or BPE_DEFAULT_VOCAB, min_frequency=opts["min_freq"])
+    try:
+        atomic_write(path, lambda tmp: tok.save(tmp))
+    except (OSError, TxlError):
+        pass  # not kept: the next run builds it again
+    return tok
 
 
 def _boundaries(total: int, fr: tuple[float, float, float]) -> tuple[int, int]:
@@ -356,8 +443,10 @@ def _line_fraction_splits(
     fr: tuple[float, float, float],
     opts: dict,
     cache_dir: PathLike | None,
+    stream: tuple[int, bool] = (1, False),
 ) -> tuple[Tokenizer, dict[str, np.ndarray]]:
-    """Word/bpe with fractions: split the text at line starts, vocab from train, encode parts."""
+    """Word/bpe with fractions, held in memory (no cache folder): split the text at line starts, vocab
+    from train, encode parts."""
     datas = [_read(f) for f in files]
     for f, d in zip(files, datas):
         decode_utf8(d, f"corpus file {f}", kind)  # error naming the file, before splitting
@@ -376,6 +465,35 @@ def _line_fraction_splits(
         key = _fingerprint(tokenizer, hashes, {"part": name, "split": list(fr)})
         parts[name] = _cached(cache_dir, key, dtype, lambda t=texts[name]: tokenizer.encode(t).astype(dtype))
     return tokenizer, parts
+
+
+def _streamed_fraction_splits(
+    files: list[Path],
+    kind: str,
+    tok: Tokenizer | None,
+    fr: tuple[float, float, float],
+    opts: dict,
+    cache_dir: PathLike,
+    stream: tuple[int, bool] = (1, False),
+) -> tuple[Tokenizer, dict[str, np.ndarray]]:
+    """:func:`_line_fraction_splits` read chunk by chunk: the same line starts, vocabulary and ids, each
+    split encoded into its cache file and memory-mapped, never the whole text in memory."""
+    total = sum(_file_size(f) for f in files)
+    b1, b2 = _boundaries(total, fr)
+    b1 = _stream_line_boundary(files, total, b1)
+    b2 = total if fr[2] == 0 else max(b1, _stream_line_boundary(files, total, b2))
+    if fr[1] == 0:
+        b2 = b1
+    spans = dict(zip(SPLITS, (span_of(files, 0, b1), span_of(files, b1, b2), span_of(files, b2, total))))
+    hashes = [(str(f), _file_sha256(f, cache_dir)) for f in files]
+    if tok is None:
+        if not b1:
+            raise TxlError(f"cannot build a {kind} vocabulary from empty text; give a non-empty corpus")
+        tok = _streamed_vocabulary(kind, spans["train"], opts, hashes, {"split": list(fr)}, cache_dir, stream[1])
+    dtype = token_dtype(tok.vocab_size)
+    parts = {name: _streamed(cache_dir, _fingerprint(tok, hashes, {"part": name, "split": list(fr)}), dtype,
+                             spans[name], tok, *stream) for name in SPLITS}
+    return tok, parts
 
 
 def _split_fix(name: str, fr: tuple[float, float, float] | None) -> str:
@@ -411,6 +529,8 @@ def load_corpus(
     cache_dir: PathLike | None = None,
     tokenizer_obj: Tokenizer | None = None,
     normalize: str = "none",
+    workers: int = 1,
+    progress: bool = False,
 ) -> CorpusSplits:
     """Load, tokenize and split a corpus: the one entry point of the training loop.
 
@@ -429,7 +549,9 @@ def load_corpus(
     ``tokenizer`` kind: byte needs no data, char is built from all the text, word and bpe from
     the train text only (word: ``min_freq``, ``max_size``, ``lower``, ``normalize``; bpe:
     ``max_size`` = vocabulary size, ``min_freq``; see :func:`build_tokenizer`). ``cache_dir``
-    caches token arrays.
+    caches token arrays, read back memory-mapped; with it, byte text is copied and word and BPE text
+    counted and encoded chunk by chunk (``workers`` processes encode; ``progress``: bars on stderr),
+    so a corpus larger than memory loads (:mod:`txl.data.streaming`).
 
     Raises :class:`TxlError` for: both ``path`` and split files, ``train`` without ``valid`` (or
     the reverse), missing/empty/unreadable files, non-UTF-8 text for char/word, unknown
@@ -449,22 +571,23 @@ def load_corpus(
         sets = {"train": read_corpus_files(train, pattern), "valid": read_corpus_files(valid, pattern)}
         if test is not None:
             sets["test"] = read_corpus_files(test, pattern)
-        return _load_separate(sets, kind, tokenizer_obj, opts, cache_dir)
+        return _load_separate(sets, kind, tokenizer_obj, opts, cache_dir, (workers, progress))
     info = dataset_info(path) if path is not None else None
     if info is not None and info.get("shuffled"):
-        return _load_shuffled(Path(path), info, kind, tokenizer_obj, opts, cache_dir)
+        return _load_shuffled(Path(path), info, kind, tokenizer_obj, opts, cache_dir, (workers, progress))
     if info is not None:
-        return _load_separate(_prepared_sets(Path(path), info), kind, tokenizer_obj, opts, cache_dir)
+        return _load_separate(_prepared_sets(Path(path), info), kind, tokenizer_obj, opts, cache_dir, (workers, progress))
     if path is None:
         files = default_corpus_files()
         label = f"default corpus (Python standard library in {files[0].parent}):"
     else:
         files, label = read_corpus_files(path, pattern), "corpus"
-    return _load_fractions(files, label, check_split(split, "split fractions"), kind, tokenizer_obj, opts, cache_dir)
+    return _load_fractions(files, label, check_split(split, "split fractions"), kind, tokenizer_obj, opts, cache_dir,
+                           (workers, progress))
 
 
 def _load_shuffled(root: Path, info: dict, kind: str, tokenizer_obj: Tokenizer | None, opts: dict,
-                   cache_dir: PathLike | None) -> CorpusSplits:
+                   cache_dir: PathLike | None, stream: tuple[int, bool] = (1, False)) -> CorpusSplits:
     """A prepared shuffled-sentence corpus (lm1b): word vocabulary from the training shards, ordered
     valid/test arrays, and the shard list for training."""
     # absolute: shards used in place (prepared from a folder); relative: extracted into the dataset folder
@@ -480,7 +603,8 @@ def _load_shuffled(root: Path, info: dict, kind: str, tokenizer_obj: Tokenizer |
         if kind != "word":
             raise TxlError(f"{info.get('name')} is a word-level corpus of sentences: use tokenizer=word")
         tok = WordTokenizer.build((_read_text([s], "word") for s in shards), **opts)
-    parts = {name: encode_corpus([root / f"{name}.txt"], tok, cache_dir) for name in ("valid", "test")}
+    parts = {name: encode_corpus([root / f"{name}.txt"], tok, cache_dir, workers=stream[0], progress=stream[1])
+             for name in ("valid", "test")}
     parts["train"] = np.zeros(0, dtype=token_dtype(tok.vocab_size))
     source = f"{info.get('name')} in {root}: {len(shards)} shuffled training shard(s)"
     return CorpusSplits(tokenizer=tok, train=parts["train"], valid=parts["valid"], test=parts["test"],
@@ -505,18 +629,28 @@ def _prepared_sets(root: Path, info: dict) -> dict[str, list[Path]]:
         rel = files.get(name)
         if not isinstance(rel, str):
             raise TxlError(f"{root / 'dataset.json'} does not name a {name} file; run txl data prepare again")
-        sets[name] = read_corpus_files(path_inside(root, rel, str(root / "dataset.json")))
+        if info.get("in_place") and Path(rel).is_absolute():  # folders used where they are (pg19)
+            sets[name] = read_corpus_files(rel, str(info.get("pattern") or "*"))
+        else:
+            sets[name] = read_corpus_files(path_inside(root, rel, str(root / "dataset.json")))
     return sets
 
 
 def _load_separate(
-    sets: dict[str, list[Path]], kind: str, tok: Tokenizer | None, opts: dict, cache_dir: PathLike | None
+    sets: dict[str, list[Path]], kind: str, tok: Tokenizer | None, opts: dict, cache_dir: PathLike | None,
+    stream: tuple[int, bool] = (1, False),
 ) -> CorpusSplits:
-    """Separate train/valid(/test) file sets; char vocab from all of them, word from train."""
-    if tok is None:
+    """Separate train/valid(/test) file sets; char vocab from all of them, word from train (read chunk
+    by chunk with a cache folder)."""
+    if tok is None and kind in ("word", "bpe") and cache_dir is not None:
+        train = sets["train"]
+        hashes = [(str(f), _file_sha256(f, cache_dir)) for f in train]
+        tok = _streamed_vocabulary(kind, span_of(train, 0, sum(_file_size(f) for f in train)), opts, hashes, {},
+                                   cache_dir, stream[1])
+    elif tok is None:
         names = sets["train"] if kind in ("word", "bpe") else [f for fs in sets.values() for f in fs]
         tok = build_tokenizer(kind, _read_text(names, kind) if kind != "byte" else None, **opts)
-    parts = {name: encode_corpus(fs, tok, cache_dir) for name, fs in sets.items()}
+    parts = {name: encode_corpus(fs, tok, cache_dir, workers=stream[0], progress=stream[1]) for name, fs in sets.items()}
     parts.setdefault("test", np.zeros(0, dtype=token_dtype(tok.vocab_size)))
     source = ", ".join(_describe(f"{name}:", fs) for name, fs in sets.items())
     _check_sizes(parts, {"valid": True, "test": "test" in sets}, source)
@@ -533,11 +667,13 @@ def _load_fractions(
     tok: Tokenizer | None,
     opts: dict,
     cache_dir: PathLike | None,
+    stream: tuple[int, bool] = (1, False),
 ) -> CorpusSplits:
     """One corpus cut by fractions: by lines for word level, else by tokens."""
     source = f"{_describe(label, files)}, split {fr[0]:g}/{fr[1]:g}/{fr[2]:g}"
     if kind in ("word", "bpe"):
-        tok, parts = _line_fraction_splits(files, kind, tok, fr, opts, cache_dir)
+        cut = _streamed_fraction_splits if cache_dir is not None else _line_fraction_splits
+        tok, parts = cut(files, kind, tok, fr, opts, cache_dir, stream)
         roots = parts  # each part its own cache file
         for name, f in zip(SPLITS, fr):
             if f > 0 and len(parts[name]) == 0:
@@ -548,7 +684,7 @@ def _load_fractions(
     else:
         if tok is None:
             tok = build_tokenizer(kind, _read_text(files, kind) if kind == "char" else None, **opts)
-        tokens = encode_corpus(files, tok, cache_dir)
+        tokens = encode_corpus(files, tok, cache_dir, workers=stream[0], progress=stream[1])
         parts = split_tokens(tokens, fr)
         roots = dict.fromkeys(parts, tokens)
     _check_sizes(parts, {"valid": fr[1] > 0, "test": fr[2] > 0}, source, fr)
@@ -556,12 +692,13 @@ def _load_fractions(
                         on_disk=_on_disk(roots, parts))
 
 
-def load_run_corpus(data, tokenizer: Tokenizer | None = None) -> CorpusSplits:
+def load_run_corpus(data, tokenizer: Tokenizer | None = None, progress: bool = False) -> CorpusSplits:
     """Load the corpus a run's data section describes (with a given tokenizer, e.g. a checkpoint's).
 
     Args:
         data: a :class:`txl.config.DataConfig` (``run.data``).
         tokenizer: use this tokenizer instead of building one from the training split.
+        progress: progress bars on stderr while a word or BPE corpus is counted and encoded.
 
     Returns:
         :class:`CorpusSplits` with train/valid/test token arrays.
@@ -573,4 +710,4 @@ def load_run_corpus(data, tokenizer: Tokenizer | None = None) -> CorpusSplits:
     return load_corpus(data.path, kind, train=data.train, valid=data.valid, test=data.test, split=data.split,
                        pattern=data.pattern, min_freq=data.min_freq, max_size=data.max_size, lower=data.lower,
                        normalize=data.normalize, cache_dir=data.cache_dir or default_cache_dir(),
-                       tokenizer_obj=tokenizer)
+                       tokenizer_obj=tokenizer, workers=data.workers, progress=progress)

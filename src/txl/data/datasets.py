@@ -19,6 +19,10 @@ TensorFlow's ``lm1b`` checksums):
   one path per line in ``train.txt``, not concatenated) and
   ``heldout-monolingual.tokenized.shuffled/news.en.heldout-00000-of-00050``, which the
   Transformer-XL reference uses as both valid and test set (so do we; ``valid.txt == test.txt``).
+* pg19: a local copy of PG-19 (the Compressive Transformer's books, ``gs://deepmind-gutenberg``):
+  folders ``train/``, ``validation/`` and ``test/`` of ``*.txt`` books, one book a document. They are
+  used in place (``dataset.json`` names them; nothing is copied) and read through the token cache
+  chunk by chunk, never whole.
 """
 
 from __future__ import annotations
@@ -50,8 +54,8 @@ class DatasetSpec:
     Attributes:
         name: the ``txl data prepare`` name. url: the official download URL.
         archive: the official archive file name. tokenizer: recommended tokenizer kind.
-        layout: ``"split"`` (one member cut 90/5/5), ``"files"`` (train/valid/test members) or
-            ``"lm1b"`` (train shards + held-out file).
+        layout: ``"split"`` (one member cut 90/5/5), ``"files"`` (train/valid/test members),
+            ``"lm1b"`` (train shards + held-out file) or ``"pg19"`` (folders of books, used in place).
         members: pattern per role (a path suffix; the last part may be a glob).
         unit: ``"bytes"`` or ``"characters"`` for the ``"split"`` layout.
         sha256: published sha256 of ``archive`` (None if no public sha256 is known).
@@ -111,6 +115,9 @@ DATASETS: dict[str, DatasetSpec] = {
                     {"train": "training-monolingual.tokenized.shuffled/news.en-?????-of-00100",
                      "heldout": "heldout-monolingual.tokenized.shuffled/news.en.heldout-00000-of-00050"},
                     sha256="01ba60381110baf7f189dfd2b8374de371e8c9a340835793f190bdae9e90a34e"),
+        DatasetSpec("pg19", "gs://deepmind-gutenberg (https://github.com/google-deepmind/pg19)",
+                    "a local copy of the pg19 folders", "bpe", "pg19",
+                    {"train": "train", "valid": "validation", "test": "test"}),
     ]
 }
 
@@ -312,6 +319,24 @@ def _prepare_lm1b(spec: DatasetSpec, src: Path, out: Path) -> dict:
             "shuffled": True, "train_is_list": True, "train_shards": shards, "train_bytes": train_bytes}
 
 
+def _prepare_pg19(spec: DatasetSpec, src: Path, out: Path) -> dict:
+    """PG-19: the folders of books of a local copy, named in place (absolute paths), one book a document."""
+    if not src.is_dir():
+        raise TxlError(f"pg19 is prepared from a local copy of its folders train/, validation/ and test/ "
+                       f"({spec.url}); give that folder as --source, not {src}")
+    files, sizes, books = {}, {}, {}
+    for role, folder in spec.members.items():
+        where = src / folder
+        found = sorted(where.glob("*.txt")) if where.is_dir() else []
+        if not found:
+            raise TxlError(f"{where} holds no *.txt books; a pg19 copy has train/, validation/ and test/ folders of "
+                           "books (--source is the folder above them)")
+        files[role], sizes[role], books[role] = str(where.resolve()), sum(f.stat().st_size for f in found), len(found)
+    return {"files": files, "sizes": sizes, "in_place": True, "pattern": "*.txt", "documents": books,
+            "members": {role: f"{folder}/*.txt" for role, folder in spec.members.items()},
+            "split": "the official train/validation/test folders, one book a document"}
+
+
 def _resolve_source(spec: DatasetSpec, source: str, out: Path, sha256: str | None, progress: bool,
                     timeout: float, log: Callable[[str], None]) -> tuple[Path, str | None, bool]:
     """Download or locate the source; returns (path, sha256 or None for a folder, verified)."""
@@ -395,14 +420,14 @@ def _prepare(spec: DatasetSpec, source, out: Path, sha256: str | None, progress:
              log: Callable[[str], None]) -> dict:
     """:func:`prepare_dataset` once ``out`` is claimed (and created)."""
     src, digest, verified = _resolve_source(spec, str(source), out, sha256, progress, timeout, log)
-    build = {"split": _prepare_split, "files": _prepare_files, "lm1b": _prepare_lm1b}[spec.layout]
+    build = {"split": _prepare_split, "files": _prepare_files, "lm1b": _prepare_lm1b, "pg19": _prepare_pg19}[spec.layout]
     details = build(spec, src, out)
     info = {
         "format": FORMAT,
         "name": spec.name,
         "tokenizer": spec.tokenizer,
         "files": {s: f"{s}.txt" for s in SPLITS},
-        "sizes": {s: (out / f"{s}.txt").stat().st_size for s in SPLITS},
+        "sizes": details.get("sizes") or {s: (out / f"{s}.txt").stat().st_size for s in SPLITS},
         "source": str(source),
         "archive": None if src.is_dir() else str(src.resolve()),
         "sha256": digest,
@@ -413,6 +438,10 @@ def _prepare(spec: DatasetSpec, source, out: Path, sha256: str | None, progress:
         write_json(out / "dataset.json", info)
     except OSError as e:
         raise TxlError(f"cannot write {out / 'dataset.json'}: {e.strerror or e}") from None
-    sizes = ", ".join(f"{s}.txt ({n:,} bytes)" for s, n in info["sizes"].items())
-    log(f"{spec.name}: wrote {sizes} and dataset.json to {out}")
+    if info.get("in_place"):
+        sizes = ", ".join(f"{s} {info['files'][s]} ({n:,} bytes)" for s, n in info["sizes"].items())
+        log(f"{spec.name}: wrote dataset.json to {out}, naming in place {sizes}")
+    else:
+        sizes = ", ".join(f"{s}.txt ({n:,} bytes)" for s, n in info["sizes"].items())
+        log(f"{spec.name}: wrote {sizes} and dataset.json to {out}")
     return info

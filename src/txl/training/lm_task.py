@@ -95,8 +95,8 @@ class LMTask:
         TxlError: the corpus cannot be loaded (see :func:`txl.data.corpus.load_run_corpus`).
     """
 
-    def __init__(self, run: RunConfig) -> None:
-        self.corpus = load_run_corpus(run.data)
+    def __init__(self, run: RunConfig, progress: bool = False) -> None:
+        self.corpus = load_run_corpus(run.data, progress=progress)
         self.tokenizer = self.corpus.tokenizer
         self.unit = metric_unit(self.tokenizer.kind)
         self.vocab_size = self.corpus.vocab_size

@@ -184,7 +184,7 @@ def _train(run: RunConfig, *, progress: bool, log: Callable[[str], None] | None,
     # torchrun's ranks: OMP_NUM_THREADS shares the CPUs; a resumed run keeps the count it recorded (automatic
     # choices follow the load, and another count changes the losses in their last digits)
     threads = set_threads(t.threads, flag="train.threads", keep=setup.recorded_threads(resume_dir) if resume else None)
-    task = setup.make_task(run) if task is None else task
+    task = setup.make_task(run, progress=bool(progress and d.is_main)) if task is None else task
     fingerprint = task.fingerprint()  # recorded in every checkpoint, compared when resuming
     unit = task.unit
     run, spans = setup.run_for_task(run, task)

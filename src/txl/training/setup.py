@@ -43,14 +43,15 @@ def recorded_threads(checkpoint: Path) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
-def make_task(run: RunConfig):
+def make_task(run: RunConfig, progress: bool = False):
     """The task ``run`` describes: :class:`~txl.training.finetune.PairsTask` when it has a
-    ``[finetune]`` section, else :class:`~txl.training.lm_task.LMTask` (loads the data)."""
+    ``[finetune]`` section, else :class:`~txl.training.lm_task.LMTask` (loads the data; ``progress``:
+    bars while a large corpus is encoded)."""
     if run.finetune is not None:
         from txl.training.finetune import PairsTask
 
         return PairsTask(run)
-    return LMTask(run)
+    return LMTask(run, progress=progress)
 
 
 def task_inputs(run: RunConfig) -> list:

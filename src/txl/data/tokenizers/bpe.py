@@ -69,9 +69,15 @@ class BPETokenizer(Tokenizer):
             raise TxlError(f"bpe vocab_size must be at least 256 (the byte alphabet), got {vocab_size}")
         if min_frequency < 1:
             raise TxlError(f"bpe min_frequency must be at least 1, got {min_frequency}")
-        texts = [t for t in (normalize_text(t) for t in texts) if t]
-        if not texts:
-            raise TxlError("cannot build a bpe vocabulary from empty text; give a non-empty corpus")
+        seen = []
+
+        def lines():  # the texts one by one, never all held: a corpus read in chunks trains in bounded memory
+            for text in texts:
+                text = normalize_text(text)
+                if text:
+                    seen.append(True)
+                    yield from text.splitlines(keepends=True)
+
         tok = tk.Tokenizer(tk.models.BPE())
         tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = tk.decoders.ByteLevel()
@@ -79,7 +85,9 @@ class BPETokenizer(Tokenizer):
             vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
             initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(), special_tokens=[],
         )
-        tok.train_from_iterator((line for t in texts for line in t.splitlines(keepends=True)), trainer=trainer)
+        tok.train_from_iterator(lines(), trainer=trainer)
+        if not seen:
+            raise TxlError("cannot build a bpe vocabulary from empty text; give a non-empty corpus")
         return cls(tok.to_str())
 
     @property
@@ -98,11 +106,14 @@ class BPETokenizer(Tokenizer):
             text.encode("utf-8")
         except UnicodeEncodeError as e:
             raise TxlError(f"text contains a lone surrogate at character {e.start}; remove it") from None
-        pieces = _chunks(text, 1 << 20)
-        encs = self._tok.encode_batch(pieces, add_special_tokens=False) if len(pieces) > 1 else (
-            [self._tok.encode(pieces[0], add_special_tokens=False)] if pieces else [])
-        ids = [i for e in encs for i in e.ids]
-        return np.asarray(ids, dtype=np.int64)
+        pieces = _chunks(text, 1 << 18)
+        out = [np.zeros(0, dtype=np.int64)]
+        for i in range(0, len(pieces), 8):  # 8 pieces at a time: the library's encodings (ids, offsets, token
+            group = pieces[i:i + 8]  # strings) of a long text would take ~100 bytes per token at once
+            encs = self._tok.encode_batch(group, add_special_tokens=False) if len(group) > 1 else [
+                self._tok.encode(group[0], add_special_tokens=False)]
+            out += [np.asarray(e.ids, dtype=np.int64) for e in encs]
+        return np.concatenate(out)
 
     def decode(self, ids: Any) -> str:
         """Text of the ids; an incomplete UTF-8 sequence decodes to U+FFFD."""

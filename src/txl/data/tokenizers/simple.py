@@ -227,6 +227,15 @@ class WordTokenizer(Tokenizer):
         counts: Counter[str] = Counter()
         for text in texts:
             counts.update(_line_words(normalize_text(text), lower, normalize))
+        return cls.from_counts(counts, min_freq=min_freq, max_size=max_size, lower=lower, normalize=normalize)
+
+    @classmethod
+    def from_counts(cls, counts: Counter, min_freq: int = 1, max_size: int | None = None, lower: bool = False,
+                    normalize: str = "none") -> WordTokenizer:
+        """The vocabulary of :meth:`build` from word counts made elsewhere (in the order the words were
+        first seen, as a ``Counter`` updated text after text keeps them): a corpus counted chunk by chunk
+        (:func:`txl.data.streaming.word_counts`) gets the vocabulary of one :meth:`build` over its text."""
+        counts = Counter(counts)
         for special in (cls.UNK, cls.EOS):
             counts.pop(special, None)
         ranked = sorted(counts.items(), key=lambda kv: -kv[1])  # stable: ties by first seen

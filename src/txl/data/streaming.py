@@ -1,0 +1,260 @@
+"""Text corpora larger than memory: read in line-aligned chunks, counted and encoded chunk by chunk.
+
+A corpus is the concatenation of its files, in order; a :data:`Span` is a byte range of that
+concatenation (a split cut at a line start). :func:`chunks` reads a span in pieces of about
+:data:`CHUNK_BYTES`, each cut just after a newline, where the word tokenizer's lines and the
+byte-level BPE's pre-tokens end anyway (for BPE, only after ``X\\n`` before ``Y``, X and Y
+non-space: see :func:`txl.data.tokenizers.bpe._chunks`), so encoding the pieces one by one gives
+the ids of encoding the whole text. :func:`encode_to_file` writes those ids into a ``.npy`` file as
+they come, from one process or several (``workers``), and picks up after a kill where it stopped;
+:func:`word_counts` counts a word vocabulary the same way. What is held at any time is a few chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import re
+import struct
+from collections import Counter, deque
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from txl.data.tokenizers import Tokenizer, decode_utf8, tokenizer_from_dict
+from txl.errors import TxlError
+from txl.runtime import progress_bar
+
+CHUNK_BYTES = 1 << 24  # 16 MiB of text per chunk
+HEADER_BYTES = 128  # the .npy header, written first with room for any length and rewritten at the end
+
+Span = list[tuple[Path, int, int]]  # (file, start, end) pieces of the concatenated files, in order
+
+_AFTER_LINE = {"word": re.compile(rb"\n"), "bpe": re.compile(rb"(?<=[^\s]\n)(?=[^\s])")}
+
+
+def span_of(files: Sequence[Path], start: int, end: int) -> Span:
+    """The pieces of the files' concatenation from byte ``start`` to ``end``."""
+    pieces, offset = [], 0
+    for path in files:
+        size = os.path.getsize(path)
+        lo, hi = max(start, offset), min(end, offset + size)
+        if lo < hi:
+            pieces.append((Path(path), lo - offset, hi - offset))
+        offset += size
+    return pieces
+
+
+def span_bytes(span: Span) -> int:
+    return sum(end - start for _, start, end in span)
+
+
+def locate(span: Span, n: int) -> tuple[Path, int]:
+    """The file and its byte offset where byte ``n`` of the span lies."""
+    for path, start, end in span:
+        if n < end - start:
+            return path, start + n
+        n -= end - start
+    return (span[-1][0], span[-1][2]) if span else (Path("?"), 0)
+
+
+def _blocks(span: Span, size: int) -> Iterator[bytes]:
+    """The span's bytes in blocks of at most ``size``."""
+    for path, start, end in span:
+        try:
+            with open(path, "rb") as f:
+                f.seek(start)
+                at = start
+                while at < end:
+                    block = f.read(min(size, end - at))
+                    if not block:
+                        raise TxlError(f"corpus file {path} ends at byte {at:,}: it changed while it was read")
+                    yield block
+                    at += len(block)
+        except OSError as err:
+            raise TxlError(f"cannot read corpus file {path}: {err.strerror or err}") from None
+
+
+def chunks(span: Span, kind: str, size: int | None = None) -> Iterator[tuple[bytes, int]]:
+    """The span's text in chunks of about ``size`` bytes (default :data:`CHUNK_BYTES`) cut where ``kind``'s
+    tokenizer allows (see the module docstring), each with the byte of the span it starts at. A stretch
+    with no such place comes whole."""
+    size = size or CHUNK_BYTES
+    cut = _AFTER_LINE[kind]
+    held, at = b"", 0
+    for block in _blocks(span, size):
+        held += block
+        if len(held) < size:
+            continue
+        last = None
+        for m in cut.finditer(held, len(held) // 2):
+            last = m.end()
+        if not last:
+            continue
+        yield held[:last], at
+        at += last
+        held = held[last:]
+    if held:
+        yield held, at
+
+
+def _text(data: bytes, span: Span, at: int, kind: str) -> str:
+    """A chunk's text; a byte that is not UTF-8 is named by its file and offset there."""
+    try:
+        return decode_utf8(data, "", kind)
+    except TxlError:
+        error = None
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            error = err
+        path, offset = locate(span, at + (error.start if error else 0))
+        raise TxlError(f"corpus file {path} is not UTF-8 text (invalid byte 0x{data[error.start]:02x} at byte offset "
+                       f"{offset}); the {kind} tokenizer needs UTF-8 text: use tokenizer=byte for arbitrary bytes"
+                       ) from None
+
+
+def word_counts(span: Span, lower: bool, normalize: str, progress: bool = False) -> Counter:
+    """The counts of the words of the span (as :meth:`WordTokenizer.build` counts them), chunk by chunk."""
+    from txl.data.tokenizers.simple import _line_words
+
+    counts: Counter = Counter()
+    with progress_bar(span_bytes(span), progress, "counting words", unit="B", unit_scale=True) as bar:
+        for data, at in chunks(span, "word"):
+            counts.update(_line_words(_text(data, span, at, "word"), lower, normalize))
+            bar.update(len(data))
+    return counts
+
+
+def _header(dtype: np.dtype, length: int) -> bytes:
+    """A version-1.0 .npy header of exactly :data:`HEADER_BYTES` for a 1-D array of ``length``."""
+    text = repr({"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (length,)})
+    body = text.encode("latin1").ljust(HEADER_BYTES - 10 - 1) + b"\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(body)) + body
+
+
+_WORKER: dict = {}
+
+
+def _start_worker(tokenizer: dict) -> None:
+    _WORKER["tokenizer"] = tokenizer_from_dict(tokenizer)
+
+
+def _encode_chunk(job: tuple[bytes, str]) -> bytes | tuple[str, str]:
+    """A chunk's ids as bytes of ``dtype``, or ``("error", message)`` for the parent to place in its file."""
+    data, dtype = job
+    tokenizer = _WORKER["tokenizer"]
+    try:
+        text = decode_utf8(data, "", tokenizer.kind)
+        return tokenizer.encode(text).astype(dtype).tobytes()
+    except TxlError as err:
+        return "error", str(err)
+
+
+def encode_to_file(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, workers: int = 1,
+                   progress: bool = False) -> None:
+    """:func:`_encode` under a lock on ``PATH.lock``: of several processes asking for the same file (the
+    ranks of ``--nproc``), one encodes it and the others wait, then find it written."""
+    import fcntl
+
+    try:
+        lock = open(f"{path}.lock", "a")
+    except OSError as err:
+        raise TxlError(f"cannot write token cache {path}: {err.strerror or err}; choose a writable cache_dir") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not Path(path).is_file():
+            _encode(span, tokenizer, Path(path), dtype, workers=workers, progress=progress)
+
+
+def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, workers: int = 1,
+            progress: bool = False) -> None:
+    """Encode the span with ``tokenizer`` (word or BPE) into the 1-D ``.npy`` array file ``path``.
+
+    The ids go into ``PATH.part`` as each chunk is encoded (by ``workers`` processes, at most two chunks
+    each in flight, kept in order); ``PATH.part.json`` records after each chunk how far the text and the
+    ids have got, so a run killed midway starts again from there. The finished file is renamed into place.
+
+    Raises:
+        TxlError: a file that cannot be read or is not UTF-8 (named with the file and byte), a character
+            the tokenizer cannot encode, or a cache that cannot be written.
+    """
+    dtype = np.dtype(dtype)
+    part, record = Path(f"{path}.part"), Path(f"{path}.part.json")
+    done_bytes = done_ids = 0
+    if part.is_file() and record.is_file():
+        try:
+            state = json.loads(record.read_text(encoding="utf-8"))
+            done_bytes, done_ids = int(state["text_bytes"]), int(state["ids"])
+        except (OSError, ValueError, KeyError, TypeError):
+            done_bytes = done_ids = 0
+    try:
+        out = open(part, "r+b" if done_bytes else "wb")
+        out.write(_header(dtype, 0))
+        out.truncate(HEADER_BYTES + done_ids * dtype.itemsize)
+        out.seek(HEADER_BYTES + done_ids * dtype.itemsize)
+    except OSError as err:
+        raise TxlError(f"cannot write token cache {part}: {err.strerror or err}; choose a writable cache_dir") from None
+    rest, skipped = _skip(span, done_bytes), done_bytes
+    pool = None
+    if workers > 1:
+        pool = multiprocessing.get_context("spawn").Pool(workers, _start_worker, (tokenizer.to_dict(),))
+    else:
+        _start_worker(tokenizer.to_dict())
+    source = chunks(rest, tokenizer.kind)
+    pending: deque = deque()
+
+    def submit() -> bool:
+        item = next(source, None)
+        if item is None:
+            return False
+        data, at = item
+        job = (data, dtype.str)
+        pending.append((data, skipped + at, pool.apply_async(_encode_chunk, (job,)) if pool else job))
+        return True
+
+    try:
+        with out, progress_bar(span_bytes(span), progress, f"encoding ({tokenizer.kind})", unit="B",
+                               unit_scale=True, initial=done_bytes) as bar:
+            while len(pending) < 2 * max(workers, 1) and submit():
+                pass
+            while pending:
+                data, at, job = pending.popleft()
+                ids = job.get() if pool else _encode_chunk(job)
+                if isinstance(ids, tuple):
+                    _text(data, span, at, tokenizer.kind)  # names the file and byte of a UTF-8 error
+                    where, offset = locate(span, at)
+                    raise TxlError(f"corpus file {where} (the text from byte {offset:,}): {ids[1]}")
+                submit()
+                out.write(ids)
+                out.flush()
+                done_bytes += len(data)
+                done_ids += len(ids) // dtype.itemsize
+                record.write_text(json.dumps({"text_bytes": done_bytes, "ids": done_ids}), encoding="utf-8")
+                bar.update(len(data))
+            out.seek(0)
+            out.write(_header(dtype, done_ids))
+            out.flush()
+            os.fsync(out.fileno())
+    except OSError as err:
+        raise TxlError(f"cannot write token cache {part}: {err.strerror or err}; choose a writable cache_dir") from None
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+    os.replace(part, path)
+    record.unlink(missing_ok=True)
+
+
+def _skip(span: Span, n: int) -> Span:
+    """The span without its first ``n`` bytes."""
+    rest = []
+    for path, start, end in span:
+        if n >= end - start:
+            n -= end - start
+            continue
+        rest.append((path, start + n, end))
+        n = 0
+    return rest

@@ -1,0 +1,107 @@
+"""Word and BPE corpora read chunk by chunk (txl.data.streaming) give the ids of reading them whole."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from txl.data import streaming
+from txl.data.corpus import load_corpus
+from txl.data.tokenizers import WordTokenizer
+from txl.errors import TxlError
+
+LINES = ["The quick brown fox, said he.", "", "  indented line  ", "naïve café — ünïcödé", "a-b c@d 1,000",
+         "x" * 40, "end"]
+
+
+def _corpus(tmp_path: Path, seed: int) -> list[Path]:
+    """Three files of random lines (CRLF in one, no final newline in another)."""
+    rng = np.random.default_rng(seed)
+    files = []
+    for i, ending in enumerate(("\n", "\r\n", "\n")):
+        lines = [LINES[j] for j in rng.integers(0, len(LINES), 120)]
+        text = ending.join(lines) + (ending if i != 2 else "")
+        f = tmp_path / f"part{i}.txt"
+        f.write_bytes(text.encode("utf-8"))
+        files.append(f)
+    return files
+
+
+@pytest.mark.parametrize("kind", ["word", "bpe"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_chunk_by_chunk_equals_the_whole_text(tmp_path, monkeypatch, kind, seed):
+    _corpus(tmp_path, seed)
+    folder = tmp_path  # the three files as one corpus
+    opts = {"max_size": 300} if kind == "bpe" else {}
+    whole = load_corpus(folder, kind, pattern="part*.txt", split=(0.8, 0.1, 0.1), **opts)  # in memory
+    monkeypatch.setattr(streaming, "CHUNK_BYTES", 97)  # many chunks, cut inside the files
+    streamed = load_corpus(folder, kind, pattern="part*.txt", split=(0.8, 0.1, 0.1), cache_dir=tmp_path / "c", **opts)
+    assert streamed.tokenizer == whole.tokenizer
+    for name in ("train", "valid", "test"):
+        assert isinstance(getattr(streamed, name), np.memmap)
+        assert np.array_equal(getattr(streamed, name), getattr(whole, name)), name
+    again = load_corpus(folder, kind, pattern="part*.txt", split=(0.8, 0.1, 0.1), cache_dir=tmp_path / "c", **opts)
+    assert again.tokenizer == whole.tokenizer and np.array_equal(again.train, whole.train)  # from the cache
+    assert list((tmp_path / "c").glob("*.vocab.json"))  # the vocabulary is kept with the ids
+
+
+def test_separate_split_files_are_counted_and_encoded_in_chunks(tmp_path, monkeypatch):
+    train, valid = _corpus(tmp_path, 2)[:2]
+    whole = load_corpus(train=train, valid=valid, tokenizer="word")
+    monkeypatch.setattr(streaming, "CHUNK_BYTES", 50)
+    streamed = load_corpus(train=train, valid=valid, tokenizer="word", cache_dir=tmp_path / "c")
+    assert streamed.tokenizer == whole.tokenizer
+    assert np.array_equal(streamed.train, whole.train) and np.array_equal(streamed.valid, whole.valid)
+
+
+def test_two_workers_write_what_one_writes(tmp_path, monkeypatch):
+    files = _corpus(tmp_path, 3)
+    tok = WordTokenizer.build([f.read_text(encoding="utf-8") for f in files])
+    span = streaming.span_of(files, 0, sum(f.stat().st_size for f in files))
+    monkeypatch.setattr(streaming, "CHUNK_BYTES", 200)
+    streaming.encode_to_file(span, tok, tmp_path / "one.npy", np.dtype(np.uint16), workers=1)
+    streaming.encode_to_file(span, tok, tmp_path / "two.npy", np.dtype(np.uint16), workers=2)
+    one, two = np.load(tmp_path / "one.npy"), np.load(tmp_path / "two.npy")
+    assert np.array_equal(one, two) and np.array_equal(one, tok.encode("".join(f.read_text(encoding="utf-8")
+                                                                                 for f in files)))
+
+
+def test_a_killed_encoding_goes_on_from_where_it_stopped(tmp_path, monkeypatch):
+    files = _corpus(tmp_path, 4)
+    tok = WordTokenizer.build([f.read_text(encoding="utf-8") for f in files])
+    span = streaming.span_of(files, 0, sum(f.stat().st_size for f in files))
+    monkeypatch.setattr(streaming, "CHUNK_BYTES", 150)
+    real, calls = streaming._encode_chunk, []
+
+    def counted(job, die_at=None):
+        calls.append(len(job[0]))
+        if len(calls) == die_at:
+            raise KeyboardInterrupt  # a kill in the middle of the fifth chunk
+        return real(job)
+
+    monkeypatch.setattr(streaming, "_encode_chunk", lambda job: counted(job, die_at=5))
+    out = tmp_path / "ids.npy"
+    with pytest.raises(KeyboardInterrupt):
+        streaming.encode_to_file(span, tok, out, np.dtype(np.uint16))
+    assert not out.exists()
+    done = json.loads(Path(f"{out}.part.json").read_text())
+    assert done["text_bytes"] == sum(calls[:4])  # four chunks written and recorded
+    calls.clear()
+    monkeypatch.setattr(streaming, "_encode_chunk", counted)
+    streaming.encode_to_file(span, tok, out, np.dtype(np.uint16))
+    assert sum(calls) == streaming.span_bytes(span) - done["text_bytes"]  # only the rest was encoded again
+    assert np.array_equal(np.load(out), tok.encode("".join(f.read_text(encoding="utf-8") for f in files)))
+    assert not Path(f"{out}.part").exists() and not Path(f"{out}.part.json").exists()
+
+
+def test_a_byte_that_is_not_utf8_is_named_by_its_file_and_offset(tmp_path, monkeypatch):
+    good = tmp_path / "a.txt"
+    good.write_text("fine line\n" * 30, encoding="utf-8")
+    bad = tmp_path / "b.txt"
+    bad.write_bytes(b"ok\n" * 10 + b"broken \xff here\n")
+    monkeypatch.setattr(streaming, "CHUNK_BYTES", 64)
+    with pytest.raises(TxlError, match=rf"corpus file {bad} is not UTF-8 text \(invalid byte 0xff at byte offset 37\)"):
+        load_corpus(train=tmp_path, valid=good, tokenizer="word", pattern="*.txt", cache_dir=tmp_path / "c")
