@@ -270,24 +270,26 @@ def test_a_corpus_file_that_changes_while_it_is_copied_is_refused(tmp_path: Path
     assert not list((tmp_path / "cache").glob("*.npy"))  # nothing half-written left behind
 
 
-def test_a_corpus_file_is_hashed_again_only_when_its_size_mtime_or_inode_change(tmp_path: Path) -> None:
+def test_a_corpus_file_is_hashed_again_only_when_its_size_times_or_inode_change(tmp_path: Path) -> None:
     import json
 
-    from txl.data.corpus import HASHES_NAME, _file_sha256
+    from txl.data.corpus import HASHES_NAME, _file_hashes, _file_sha256
 
     f = _write(tmp_path / "c.txt", "abcabc")
     cache = tmp_path / "cache"
-    real = _file_sha256(f, cache)
+    [(_, real)] = _file_hashes([f], cache)
     record = cache / HASHES_NAME
     known = json.loads(record.read_text())
-    known[str(f.resolve())][3] = "f" * 64  # what the record says is what a run takes while the file is unchanged
+    known[str(f.resolve())][4] = "f" * 64  # what the record says is what a run takes while the file is unchanged
     record.write_text(json.dumps(known))
-    assert _file_sha256(f, cache) == "f" * 64
+    assert _file_hashes([f], cache) == [(str(f), "f" * 64)]
     st = f.stat()
-    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # touched: read again
-    assert _file_sha256(f, cache) == real == _file_sha256(f)
+    f.write_text("xyzxyz")  # new text of the same size, its modification time put back: the change time moved
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert f.stat().st_mtime_ns == st.st_mtime_ns and f.stat().st_size == st.st_size
+    assert _file_hashes([f], cache) == [(str(f), _file_sha256(f))] and _file_sha256(f) != real
     record.write_text("not json")  # a damaged record is read past
-    assert _file_sha256(f, cache) == real
+    assert _file_hashes([f], cache) == [(str(f), _file_sha256(f))]
 
 
 def test_a_split_digest_is_kept_beside_its_cache_file(tmp_path: Path) -> None:

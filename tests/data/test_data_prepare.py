@@ -534,7 +534,9 @@ def test_pg19_needs_its_three_folders(tmp_path: Path, capsys) -> None:
     err = capsys.readouterr().err
     assert code == 2 and f"{src / 'test'} holds no *.txt books" in err and err.count("\n") == 1
     code = main(["data", "prepare", "pg19", "--source", str(src / "train" / "1000.txt"), "--out", str(tmp_path / "o2")])
-    assert code == 2 and "local copy of its folders" in capsys.readouterr().err
+    assert code == 2 and "pg19 is prepared from a local copy of the pg19 folders" in capsys.readouterr().err
+    code = main(["data", "prepare", "pg19", "--out", str(tmp_path / "o3")])
+    assert code == 2 and "give --source: a local copy of the pg19 folders, holding train/" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- damaged and hostile archives

@@ -14,20 +14,28 @@ from txl.data.tokenizers import WordTokenizer
 from txl.errors import TxlError
 
 LINES = ["The quick brown fox, said he.", "", "  indented line  ", "naïve café — ünïcödé", "a-b c@d 1,000",
-         "x" * 40, "end"]
+         "x" * 40, "end", "no-break\u00a0", "\u3000ideographic space", "trailing space "]
 
 
 def _corpus(tmp_path: Path, seed: int) -> list[Path]:
-    """Three files of random lines (CRLF in one, no final newline in another)."""
+    """Three files of random lines (CRLF and a byte-order mark in one, no final newline in another; lines that
+    end or start with Unicode spaces)."""
     rng = np.random.default_rng(seed)
     files = []
     for i, ending in enumerate(("\n", "\r\n", "\n")):
         lines = [LINES[j] for j in rng.integers(0, len(LINES), 120)]
-        text = ending.join(lines) + (ending if i != 2 else "")
+        text = ("\ufeff" if i == 1 else "") + ending.join(lines) + (ending if i != 2 else "")
         f = tmp_path / f"part{i}.txt"
         f.write_bytes(text.encode("utf-8"))
         files.append(f)
     return files
+
+
+def _whole(files: list[Path]) -> str:
+    """The files' text read whole, each file's byte-order mark dropped (as txl reads a file)."""
+    from txl.data.tokenizers import decode_utf8
+
+    return "".join(decode_utf8(f.read_bytes(), str(f), "word") for f in files)
 
 
 @pytest.mark.parametrize("kind", ["word", "bpe"])
@@ -65,8 +73,7 @@ def test_two_workers_write_what_one_writes(tmp_path, monkeypatch):
     streaming.encode_to_file(span, tok, tmp_path / "one.npy", np.dtype(np.uint16), workers=1)
     streaming.encode_to_file(span, tok, tmp_path / "two.npy", np.dtype(np.uint16), workers=2)
     one, two = np.load(tmp_path / "one.npy"), np.load(tmp_path / "two.npy")
-    assert np.array_equal(one, two) and np.array_equal(one, tok.encode("".join(f.read_text(encoding="utf-8")
-                                                                                 for f in files)))
+    assert np.array_equal(one, two) and np.array_equal(one, tok.encode(_whole(files)))
 
 
 def test_a_killed_encoding_goes_on_from_where_it_stopped(tmp_path, monkeypatch):
@@ -88,13 +95,28 @@ def test_a_killed_encoding_goes_on_from_where_it_stopped(tmp_path, monkeypatch):
         streaming.encode_to_file(span, tok, out, np.dtype(np.uint16))
     assert not out.exists()
     done = json.loads(Path(f"{out}.part.json").read_text())
-    assert done["text_bytes"] == sum(calls[:4])  # four chunks written and recorded
+    assert done["text_bytes"] == sum(calls[:4]) < files[0].stat().st_size  # four chunks of the first file recorded
     calls.clear()
     monkeypatch.setattr(streaming, "_encode_chunk", counted)
     streaming.encode_to_file(span, tok, out, np.dtype(np.uint16))
-    assert sum(calls) == streaming.span_bytes(span) - done["text_bytes"]  # only the rest was encoded again
-    assert np.array_equal(np.load(out), tok.encode("".join(f.read_text(encoding="utf-8") for f in files)))
+    # only the rest was encoded again (less the second file's byte-order mark, which is not text)
+    assert sum(calls) == streaming.span_bytes(span) - done["text_bytes"] - 3
+    assert np.array_equal(np.load(out), tok.encode(_whole(files)))
     assert not Path(f"{out}.part").exists() and not Path(f"{out}.part.json").exists()
+
+
+def test_a_worker_that_dies_is_one_line(tmp_path):
+    files = _corpus(tmp_path, 5)
+
+    class Broken(WordTokenizer):  # its workers cannot rebuild it: their start fails, the pool breaks
+        def to_dict(self):
+            return {"kind": "word", "words": []}
+
+    tok = Broken.build([f.read_text(encoding="utf-8") for f in files])
+    span = streaming.span_of(files, 0, sum(f.stat().st_size for f in files))
+    with pytest.raises(TxlError, match="a tokenizing worker process died"):
+        streaming.encode_to_file(span, tok, tmp_path / "ids.npy", np.dtype(np.uint16), workers=2)
+    assert not (tmp_path / "ids.npy").exists()
 
 
 def test_a_byte_that_is_not_utf8_is_named_by_its_file_and_offset(tmp_path, monkeypatch):

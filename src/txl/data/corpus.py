@@ -22,7 +22,7 @@ import numpy as np
 
 from txl.config import check_split
 from txl.data.datasets import dataset_info
-from txl.data.streaming import chunks, encode_to_file, locate, span_of, word_counts
+from txl.data.streaming import chunk_text, chunks, encode_to_file, span_of, without_file_boms, word_counts
 from txl.data.tokenizers import (
     TOKENIZER_KINDS, ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer, decode_utf8,
 )
@@ -105,13 +105,8 @@ HASHES_NAME = "file-hashes.json"
 """The cache folder's record of each corpus file's sha256 with the size, mtime and inode it was taken at."""
 
 
-def _file_sha256(path: Path, cache_dir: PathLike | None = None) -> str:
-    """Hex sha256 of a corpus file, read 16 MiB at a time (TxlError naming the file if unreadable).
-
-    With ``cache_dir`` the digest is kept in its ``file-hashes.json`` beside the file's size,
-    modification time (ns) and inode, and taken from there while all three are unchanged (as git
-    and make decide that a file has not changed): a cached corpus of several GB opens in seconds.
-    """
+def _file_sha256(path: Path) -> str:
+    """Hex sha256 of a corpus file, read 16 MiB at a time (TxlError naming the file if unreadable)."""
     def digest() -> str:
         h = hashlib.sha256()
         with open(path, "rb") as f:
@@ -119,27 +114,42 @@ def _file_sha256(path: Path, cache_dir: PathLike | None = None) -> str:
                 h.update(chunk)
         return h.hexdigest()
 
+    return _io(path, digest)
+
+
+def _file_hashes(paths: Sequence[Path], cache_dir: PathLike | None = None) -> list[tuple[str, str]]:
+    """``(path, sha256)`` of each corpus file, in order.
+
+    With ``cache_dir`` each digest is kept in its ``file-hashes.json`` with the file's size,
+    modification and change times (ns) and inode, and taken from there while all four are unchanged
+    (a file written anew, even with its old size and modification time, gets a new change time): a
+    cached corpus of many GB or many thousand files opens in seconds. The record is read once and
+    written once per call.
+    """
     if cache_dir is None:
-        return _io(path, digest)
-    st = _io(path, lambda: os.stat(path))
-    stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+        return [(str(p), _file_sha256(p)) for p in paths]
     record = Path(cache_dir) / HASHES_NAME
     try:
         known = json.loads(record.read_text(encoding="utf-8"))
         known = known if isinstance(known, dict) else {}
     except (OSError, ValueError):
         known = {}
-    name = str(Path(path).resolve())
-    entry = known.get(name)
-    if isinstance(entry, list) and len(entry) == 4 and entry[:3] == stamp and isinstance(entry[3], str):
-        return entry[3]
-    value = _io(path, digest)
-    known[name] = [*stamp, value]
-    try:
-        atomic_write(record, lambda tmp: Path(tmp).write_text(json.dumps(known), encoding="utf-8"))
-    except (OSError, TxlError):
-        pass  # a record that cannot be written costs the next run a reading, nothing else
-    return value
+    found, changed = [], False
+    for path in paths:
+        st = _io(path, lambda path=path: os.stat(path))
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        name = str(Path(path).resolve())
+        entry = known.get(name)
+        if not (isinstance(entry, list) and len(entry) == 5 and entry[:4] == stamp and isinstance(entry[4], str)):
+            entry, changed = [*stamp, _file_sha256(path)], True
+            known[name] = entry
+        found.append((str(path), entry[4]))
+    if changed:
+        try:
+            atomic_write(record, lambda tmp: Path(tmp).write_text(json.dumps(known), encoding="utf-8"))
+        except (OSError, TxlError):
+            pass  # a record that cannot be written costs the next run a reading, nothing else
+    return found
 
 
 def _copy_bytes(paths: list[Path], hashes: list[tuple[str, str]], path: Path) -> None:
@@ -147,9 +157,25 @@ def _copy_bytes(paths: list[Path], hashes: list[tuple[str, str]], path: Path) ->
     16 MiB at a time; each file's sha256 is taken again as it is copied and must equal ``hashes``.
 
     Raises:
-        TxlError: a file cannot be read, or changed between the two readings.
+        TxlError: a file cannot be read, changed between the two readings, or the cache cannot be written.
     """
     sizes = [_file_size(p) for p in paths]
+
+    def copy(source: Path, out, size: int, digest: str) -> None:
+        h = hashlib.sha256()
+        copied = 0
+        try:
+            with open(source, "rb") as f:
+                while chunk := f.read(1 << 24):
+                    h.update(chunk)
+                    out.write(chunk)
+                    copied += len(chunk)
+        except OSError as e:
+            if e.filename is None or str(e.filename) != str(source):
+                raise  # the cache's side: reported as a write failure
+            raise TxlError(f"cannot read corpus file {source}: {e.strerror or e}") from None
+        if copied != size or h.hexdigest() != digest:
+            raise TxlError(f"corpus file {source} changed while it was read; run again when nothing writes it")
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as out:
@@ -157,20 +183,9 @@ def _copy_bytes(paths: list[Path], hashes: list[tuple[str, str]], path: Path) ->
                       "shape": (sum(sizes),)}
             np.lib.format.write_array_header_1_0(out, header)
             for p, size, (_, digest) in zip(paths, sizes, hashes):
-                h = hashlib.sha256()
-                copied = 0
-                with open(p, "rb") as f:
-                    while chunk := f.read(1 << 24):
-                        h.update(chunk)
-                        out.write(chunk)
-                        copied += len(chunk)
-                if copied != size or h.hexdigest() != digest:
-                    raise TxlError(f"corpus file {p} changed while it was read; run again when nothing writes it")
+                copy(p, out, size, digest)
 
-    try:
-        _store(path, write)
-    except OSError as e:  # a file that vanished or cannot be read midway
-        raise TxlError(f"cannot read a corpus file: {e.strerror or e}") from None
+    _store(path, write)
 
 
 def encode_corpus(files: Sequence[PathLike], tokenizer: Tokenizer, cache_dir: PathLike | None = None, *,
@@ -204,7 +219,7 @@ def encode_corpus(files: Sequence[PathLike], tokenizer: Tokenizer, cache_dir: Pa
 
     if cache_dir is None:
         return compute()
-    hashes = [(str(p), _file_sha256(p, cache_dir)) for p in paths]
+    hashes = _file_hashes(paths, cache_dir)
     key = _fingerprint(tokenizer, hashes, None)
     if isinstance(tokenizer, ByteTokenizer):
         path = Path(cache_dir) / f"{key}.npy"
@@ -226,6 +241,7 @@ def _streamed(cache_dir: PathLike, key: str, dtype: np.dtype, span, tokenizer: T
     arr = _mapped(path, dtype)
     if arr is None:
         try:
+            path.unlink(missing_ok=True)  # a broken cache file is written again
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise TxlError(f"cannot write token cache {path}: {e.strerror or e}; choose a writable cache_dir") from None
@@ -290,7 +306,7 @@ def _streamed_vocabulary(kind: str, span, opts: dict, hashes: list, extra: dict,
     else:
         from txl.data.tokenizers.bpe import BPETokenizer
 
-        texts = (decode_utf8(data, f"corpus file {locate(span, at)[0]}", kind) for data, at in chunks(span, "bpe"))
+        texts = (chunk_text(data, span, at, kind) for data, at in chunks(span, "bpe"))
         tok = BPETokenizer.build(texts, vocab_size=opts["max_size"] or BPE_DEFAULT_VOCAB, min_frequency=opts["min_freq"])
     try:
         atomic_write(path, lambda tmp: tok.save(tmp))
@@ -456,7 +472,9 @@ def _line_fraction_splits(
     b2 = len(data) if fr[2] == 0 else max(b1, _line_boundary(data, b2))
     if fr[1] == 0:
         b2 = b1
-    texts = dict(zip(SPLITS, (data[:b1].decode(), data[b1:b2].decode(), data[b2:].decode())))
+    bounds = dict(zip(SPLITS, ((0, b1), (b1, b2), (b2, len(data)))))  # each file's byte-order mark dropped
+    texts = {name: without_file_boms(data[lo:hi], span_of(files, 0, len(data)), lo).decode()
+             for name, (lo, hi) in bounds.items()}
     tokenizer = tok if tok is not None else build_tokenizer(kind, texts["train"], **opts)
     dtype = token_dtype(tokenizer.vocab_size)
     hashes = [(str(f), hashlib.sha256(d).hexdigest()) for f, d in zip(files, datas)]
@@ -485,7 +503,7 @@ def _streamed_fraction_splits(
     if fr[1] == 0:
         b2 = b1
     spans = dict(zip(SPLITS, (span_of(files, 0, b1), span_of(files, b1, b2), span_of(files, b2, total))))
-    hashes = [(str(f), _file_sha256(f, cache_dir)) for f in files]
+    hashes = _file_hashes(files, cache_dir)
     if tok is None:
         if not b1:
             raise TxlError(f"cannot build a {kind} vocabulary from empty text; give a non-empty corpus")
@@ -644,7 +662,7 @@ def _load_separate(
     by chunk with a cache folder)."""
     if tok is None and kind in ("word", "bpe") and cache_dir is not None:
         train = sets["train"]
-        hashes = [(str(f), _file_sha256(f, cache_dir)) for f in train]
+        hashes = _file_hashes(train, cache_dir)
         tok = _streamed_vocabulary(kind, span_of(train, 0, sum(_file_size(f) for f in train)), opts, hashes, {},
                                    cache_dir, stream[1])
     elif tok is None:

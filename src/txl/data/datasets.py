@@ -320,10 +320,8 @@ def _prepare_lm1b(spec: DatasetSpec, src: Path, out: Path) -> dict:
 
 
 def _prepare_pg19(spec: DatasetSpec, src: Path, out: Path) -> dict:
-    """PG-19: the folders of books of a local copy, named in place (absolute paths), one book a document."""
-    if not src.is_dir():
-        raise TxlError(f"pg19 is prepared from a local copy of its folders train/, validation/ and test/ "
-                       f"({spec.url}); give that folder as --source, not {src}")
+    """PG-19: the folders of books of a local copy (``src``, a folder: :func:`prepare_dataset` checks it), named
+    in place (absolute paths), one book a document."""
     files, sizes, books = {}, {}, {}
     for role, folder in spec.members.items():
         where = src / folder
@@ -406,8 +404,13 @@ def prepare_dataset(
             raise TxlError(f"max_member_bytes must be >= 1, got {max_member_bytes}")
         spec = dataclasses.replace(spec, max_member_bytes=max_member_bytes)
     if source is None or str(source) == "":
+        if spec.layout == "pg19":
+            raise TxlError(f"give --source: {spec.archive}, holding train/, validation/ and test/ ({spec.url})")
         raise TxlError(f"give --source: the {spec.archive} archive, its extracted folder, or a URL "
                        f"(official: {spec.url})")
+    if spec.layout == "pg19" and not Path(str(source)).expanduser().is_dir():
+        raise TxlError(f"pg19 is prepared from {spec.archive} (train/, validation/ and test/ folders of books, "
+                       f"{spec.url}); give that folder as --source, not {source}")
     if sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):
         raise TxlError(f"--sha256 must be 64 hexadecimal digits, got {sha256!r}")
     out = Path(out)

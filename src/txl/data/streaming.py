@@ -3,9 +3,10 @@
 A corpus is the concatenation of its files, in order; a :data:`Span` is a byte range of that
 concatenation (a split cut at a line start). :func:`chunks` reads a span in pieces of about
 :data:`CHUNK_BYTES`, each cut just after a newline, where the word tokenizer's lines and the
-byte-level BPE's pre-tokens end anyway (for BPE, only after ``X\\n`` before ``Y``, X and Y
-non-space: see :func:`txl.data.tokenizers.bpe._chunks`), so encoding the pieces one by one gives
-the ids of encoding the whole text. :func:`encode_to_file` writes those ids into a ``.npy`` file as
+byte-level BPE's pre-tokens end anyway (for BPE, only after ``X\\n`` or ``X\\r\\n`` before ``Y``, X
+and Y characters that are not white space: see :func:`txl.data.tokenizers.bpe._chunks`), and never
+before a byte-order mark, so encoding the pieces one by one gives the ids of encoding the whole text
+(each file's leading byte-order mark is dropped, as when a file is read whole). :func:`encode_to_file` writes those ids into a ``.npy`` file as
 they come, from one process or several (``workers``), and picks up after a kill where it stopped;
 :func:`word_counts` counts a word vocabulary the same way. What is held at any time is a few chunks.
 """
@@ -15,9 +16,10 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import re
 import struct
 from collections import Counter, deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -32,8 +34,7 @@ HEADER_BYTES = 128  # the .npy header, written first with room for any length an
 
 Span = list[tuple[Path, int, int]]  # (file, start, end) pieces of the concatenated files, in order
 
-_AFTER_LINE = {"word": re.compile(rb"\n"), "bpe": re.compile(rb"(?<=[^\s]\n)(?=[^\s])")}
-
+BOM = b"\xef\xbb\xbf"
 
 def span_of(files: Sequence[Path], start: int, end: int) -> Span:
     """The pieces of the files' concatenation from byte ``start`` to ``end``."""
@@ -77,20 +78,56 @@ def _blocks(span: Span, size: int) -> Iterator[bytes]:
             raise TxlError(f"cannot read corpus file {path}: {err.strerror or err}") from None
 
 
+def _char_before(data: bytes, end: int) -> str:
+    """The character whose UTF-8 bytes end at ``end`` ("" at the start or for bytes that do not decode)."""
+    start = end - 1
+    while start > 0 and end - start < 4 and 0x80 <= data[start] < 0xC0:
+        start -= 1
+    try:
+        return data[start:end].decode("utf-8") if start >= 0 else ""
+    except UnicodeDecodeError:
+        return ""
+
+
+def _char_after(data: bytes, start: int) -> str:
+    """The character whose UTF-8 bytes start at ``start`` ("" at the end or for bytes that do not decode)."""
+    for width in (1, 2, 3, 4):
+        try:
+            return data[start:start + width].decode("utf-8") if start < len(data) else ""
+        except UnicodeDecodeError:
+            continue
+    return ""
+
+
+def _cut(data: bytes, kind: str, lowest: int) -> int | None:
+    """The last place at or after ``lowest`` where ``kind``'s chunks may end (after a newline; for BPE
+    with a non-space character before it, a CR aside, and one after it), not before a byte-order mark."""
+    end = len(data)
+    while (pos := data.rfind(b"\n", lowest, end)) >= 0:
+        end = pos
+        after = pos + 1
+        if data.startswith(BOM, after):
+            continue
+        if kind != "bpe":
+            return after
+        before = pos - 1 if pos > 0 and data[pos - 1] == 0x0D else pos
+        prev, nxt = _char_before(data, before), _char_after(data, after)
+        if prev and nxt and not prev.isspace() and not nxt.isspace():
+            return after
+    return None
+
+
 def chunks(span: Span, kind: str, size: int | None = None) -> Iterator[tuple[bytes, int]]:
     """The span's text in chunks of about ``size`` bytes (default :data:`CHUNK_BYTES`) cut where ``kind``'s
     tokenizer allows (see the module docstring), each with the byte of the span it starts at. A stretch
-    with no such place comes whole."""
+    with no such place goes on into the next chunk (a text with none comes whole)."""
     size = size or CHUNK_BYTES
-    cut = _AFTER_LINE[kind]
     held, at = b"", 0
     for block in _blocks(span, size):
         held += block
         if len(held) < size:
             continue
-        last = None
-        for m in cut.finditer(held, len(held) // 2):
-            last = m.end()
+        last = _cut(held, kind, len(held) // 2)
         if not last:
             continue
         yield held[:last], at
@@ -100,10 +137,24 @@ def chunks(span: Span, kind: str, size: int | None = None) -> Iterator[tuple[byt
         yield held, at
 
 
-def _text(data: bytes, span: Span, at: int, kind: str) -> str:
-    """A chunk's text; a byte that is not UTF-8 is named by its file and offset there."""
+def without_file_boms(data: bytes, span: Span, at: int) -> bytes:
+    """``data`` (bytes ``at`` ... of the span) without the byte-order marks that open its files."""
+    starts, offset = [], 0
+    for _, start, end in span:
+        if start == 0 and at <= offset < at + len(data):
+            starts.append(offset - at)
+        offset += end - start
+    for i in reversed(starts):
+        if data.startswith(BOM, i):
+            data = data[:i] + data[i + 3:]
+    return data
+
+
+def chunk_text(data: bytes, span: Span, at: int, kind: str) -> str:
+    """A chunk's text (its files' byte-order marks dropped); a byte that is not UTF-8 is named by its
+    file and offset there."""
     try:
-        return decode_utf8(data, "", kind)
+        return decode_utf8(without_file_boms(data, span, at), "", kind)
     except TxlError:
         error = None
         try:
@@ -123,7 +174,7 @@ def word_counts(span: Span, lower: bool, normalize: str, progress: bool = False)
     counts: Counter = Counter()
     with progress_bar(span_bytes(span), progress, "counting words", unit="B", unit_scale=True) as bar:
         for data, at in chunks(span, "word"):
-            counts.update(_line_words(_text(data, span, at, "word"), lower, normalize))
+            counts.update(_line_words(chunk_text(data, span, at, "word"), lower, normalize))
             bar.update(len(data))
     return counts
 
@@ -200,7 +251,8 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
     rest, skipped = _skip(span, done_bytes), done_bytes
     pool = None
     if workers > 1:
-        pool = multiprocessing.get_context("spawn").Pool(workers, _start_worker, (tokenizer.to_dict(),))
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
+                                   initargs=(tokenizer.to_dict(),))
     else:
         _start_worker(tokenizer.to_dict())
     source = chunks(rest, tokenizer.kind)
@@ -211,8 +263,8 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
         if item is None:
             return False
         data, at = item
-        job = (data, dtype.str)
-        pending.append((data, skipped + at, pool.apply_async(_encode_chunk, (job,)) if pool else job))
+        job = (without_file_boms(data, span, skipped + at), dtype.str)
+        pending.append((data, skipped + at, pool.submit(_encode_chunk, job) if pool else job))
         return True
 
     try:
@@ -222,9 +274,13 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
                 pass
             while pending:
                 data, at, job = pending.popleft()
-                ids = job.get() if pool else _encode_chunk(job)
+                try:
+                    ids = job.result() if pool else _encode_chunk(job)
+                except BrokenProcessPool:
+                    raise TxlError("a tokenizing worker process died (killed, or out of memory?); run again (the "
+                                   "chunks encoded so far are kept), with fewer data.workers") from None
                 if isinstance(ids, tuple):
-                    _text(data, span, at, tokenizer.kind)  # names the file and byte of a UTF-8 error
+                    chunk_text(data, span, at, tokenizer.kind)  # names the file and byte of a UTF-8 error
                     where, offset = locate(span, at)
                     raise TxlError(f"corpus file {where} (the text from byte {offset:,}): {ids[1]}")
                 submit()
@@ -242,8 +298,7 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
         raise TxlError(f"cannot write token cache {part}: {err.strerror or err}; choose a writable cache_dir") from None
     finally:
         if pool is not None:
-            pool.terminate()
-            pool.join()
+            pool.shutdown(wait=True, cancel_futures=True)
     os.replace(part, path)
     record.unlink(missing_ok=True)
 

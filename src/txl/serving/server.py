@@ -107,16 +107,21 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def uvicorn_config(app, *, log_level: str = "warning", shutdown_timeout: float = 10.0, max_head_bytes: int = 1 << 20):
+MAX_HEAD_BYTES = 256 * 1024
+"""The longest request line with headers the server reads (h11's own bound, 16 KB, answered a longer URL
+with 404 or with a reset connection depending on how its bytes arrived); a longer one is refused with a
+JSON 400, however it arrives."""
+
+
+def uvicorn_config(app, *, log_level: str = "warning", shutdown_timeout: float = 10.0):
     """uvicorn's config for ``app``: the h11 protocol answering malformed HTTP with a JSON error,
-    a graceful shutdown bounded by ``shutdown_timeout`` seconds, and a request line with headers of up
-    to ``max_head_bytes`` read whole however the network cuts it (h11's own bound, 16 KB, would answer
-    a long URL with 404 or with a reset connection depending on how its bytes arrived)."""
+    a graceful shutdown bounded by ``shutdown_timeout`` seconds, and request heads of up to
+    :data:`MAX_HEAD_BYTES` read whole however the network cuts them."""
     uvicorn = _require_stack()
     return uvicorn.Config(app, log_level=log_level, access_log=log_level in ("debug", "info"), lifespan="on",
                           timeout_keep_alive=5, http=_json_errors_protocol(),
                           timeout_graceful_shutdown=max(shutdown_timeout, 0.001),
-                          h11_max_incomplete_event_size=max_head_bytes)
+                          h11_max_incomplete_event_size=MAX_HEAD_BYTES)
 
 
 def serve(engine, sock: socket.socket, *, api_key: str | None = None, max_request_bytes: int = 1 << 20,
@@ -139,8 +144,7 @@ def serve(engine, sock: socket.socket, *, api_key: str | None = None, max_reques
 
     app = create_app(engine, api_key=api_key, max_request_bytes=max_request_bytes,
                      max_concurrent_requests=max_concurrent_requests, read_timeout=read_timeout)
-    server = _Server(uvicorn_config(app, log_level=log_level, shutdown_timeout=shutdown_timeout,
-                                   max_head_bytes=max_request_bytes), announce)
+    server = _Server(uvicorn_config(app, log_level=log_level, shutdown_timeout=shutdown_timeout), announce)
     logging.getLogger("uvicorn.error").addFilter(_no_cancelled_tracebacks)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the handler found
     # at start: with this one the process then ends normally (exit status 0) instead of dying of it

@@ -375,7 +375,7 @@ def _window_row(r: _Run, p: _Progress, lr: float, tgt_len: int, mem_len: int) ->
         row["recon_loss"] = float(p.window_recon) / p.window_steps
         p.window_recon, p.window_steps = 0.0, 0
     r.bar.set_postfix_str(f"loss {train_loss:.3f} {r.unit} {metric_value(train_loss, r.unit):.3f} "
-                          f"lr {lr:.2e} {speed:,.0f} tok/s")
+                          f"lr {lr:.2e} {speed:,.0f} tok/s", refresh=sys.stderr.isatty())  # a log: every 30 s
     p.window_loss, p.window_tokens, p.window_start = 0.0, state["tokens"], now
     return row
 
