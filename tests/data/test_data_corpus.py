@@ -307,3 +307,35 @@ def test_a_split_digest_is_kept_beside_its_cache_file(tmp_path: Path) -> None:
     assert stored_digest(path, 10, 50, 2)["tokens"] == 25  # another range is read
     with pytest.raises(TxlError, match="ends 50 bytes before"):
         stored_digest(path, 150, 100, 1)
+
+
+@pytest.mark.parametrize("kind", ["byte", "word"])
+def test_split_by_file_keeps_every_file_whole(tmp_path: Path, kind: str) -> None:
+    folder = tmp_path / "books"
+    folder.mkdir()
+    texts = {f"{i:02d}.txt": f"book {'abc'[i % 3]} " + " ".join(["word"] * (40 + 7 * i)) + "\n" for i in range(12)}
+    for name, text in texts.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    corpus = load_corpus(folder, kind, split=(0.7, 0.15, 0.15), split_by="file", cache_dir=tmp_path / "cache")
+    decoded = {name: corpus.tokenizer.decode(np.asarray(getattr(corpus, name))) for name in ("train", "valid", "test")}
+    order = [texts[name] for name in sorted(texts)]
+    whole = decoded["train"] + decoded["valid"] + decoded["test"]
+    assert whole == "".join(order)  # every file once, in order
+    for name in ("train", "valid", "test"):  # ... and each split a run of whole files
+        assert any(decoded[name] == "".join(order[i:j]) for i in range(13) for j in range(i + 1, 13)), name
+    if kind == "byte":  # the default still cuts the text inside a file (word level: at a line start, here a file's)
+        by_text = load_corpus(folder, kind, split=(0.7, 0.15, 0.15), cache_dir=tmp_path / "cache")
+        assert not np.array_equal(np.asarray(by_text.valid), np.asarray(corpus.valid))
+
+
+def test_split_by_file_needs_a_file_for_each_split(tmp_path: Path) -> None:
+    from txl.config import DataConfig
+
+    folder = tmp_path / "two"
+    folder.mkdir()
+    for i in range(2):
+        (folder / f"{i}.txt").write_text("x" * 100, encoding="utf-8")
+    with pytest.raises(TxlError, match=r"no file falls in the valid and test split \(2 files, split 0.9/0.05/0.05\)"):
+        load_corpus(folder, "byte", split_by="file")
+    with pytest.raises(TxlError, match="data.split_by must be one of text, file, got 'book'"):
+        DataConfig(split_by="book").check()

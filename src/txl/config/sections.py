@@ -22,6 +22,8 @@ class DataConfig:
             tokenizer a prepared dataset folder recommends (its ``dataset.json``), else "byte".
         train, valid, test: separate split files; when given, ``path`` and ``split`` are not used.
         split: train/valid/test fractions of one corpus (contiguous, in order).
+        split_by: how ``split`` cuts a folder: "text" (the files' concatenation, at the fractions; word
+            and BPE at the nearest line start) or "file" (whole files, in order: no file in two splits).
         pattern: glob for files inside a directory ``path``.
         min_freq, max_size, lower: word vocabulary options (``max_size`` is the BPE vocabulary size).
         normalize: "none", or "wikitext" to tokenise raw text the WikiText way (``1 @,@ 000``) first.
@@ -35,6 +37,7 @@ class DataConfig:
     valid: str | None = None
     test: str | None = None
     split: list[float] = field(default_factory=lambda: [0.9, 0.05, 0.05])
+    split_by: str = "text"
     pattern: str = "*"
     min_freq: int = 1
     max_size: int | None = None
@@ -48,6 +51,8 @@ class DataConfig:
         check_fields(type(self), dataclasses.asdict(self), "data")
         if self.normalize not in NORMALIZE:
             raise TxlError(f"data.normalize must be one of {', '.join(NORMALIZE)}, got {self.normalize!r}")
+        if self.split_by not in SPLIT_BY:
+            raise TxlError(f"data.split_by must be one of {', '.join(SPLIT_BY)}, got {self.split_by!r}")
         if not 1 <= self.workers <= 256:
             raise TxlError(f"data.workers must be from 1 to 256, got {self.workers}")
         if self.tokenizer is not None and self.tokenizer not in TOKENIZERS:
@@ -58,6 +63,7 @@ class DataConfig:
 
 
 LOGGERS = ("tensorboard",)  # the values of train.log (--log)
+SPLIT_BY = ("text", "file")  # the values of data.split_by
 
 
 @dataclass

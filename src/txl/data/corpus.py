@@ -514,6 +514,31 @@ def _streamed_fraction_splits(
     return tok, parts
 
 
+def split_files(files: Sequence[Path], fractions: Sequence[float]) -> dict[str, list[Path]]:
+    """Whole files per split, in order: a file goes to the split its middle byte falls in when the
+    files' bytes are cut at ``fractions`` (train, valid, test), so no file is in two splits.
+
+    Raises:
+        TxlError: fewer files than splits with a share, or a split with a share left without a file
+            (naming the fractions to change or the files to add).
+    """
+    fr = check_split(fractions, "split fractions")
+    sizes = [_file_size(f) for f in files]
+    b1, b2 = _boundaries(sum(sizes), fr)
+    sets: dict[str, list[Path]] = {name: [] for name in SPLITS}
+    start = 0
+    for f, size in zip(files, sizes):
+        middle = start + size / 2
+        sets["train" if middle < b1 else "valid" if middle < b2 else "test"].append(Path(f))
+        start += size
+    empty = [name for name, share in zip(SPLITS, fr) if share > 0 and not sets[name]]
+    if empty:
+        raise TxlError(f"data.split_by=file: no file falls in the {' and '.join(empty)} split ({len(files)} files, "
+                       f"split {'/'.join(f'{x:g}' for x in fr)}); give more files, larger shares for "
+                       f"{' and '.join(empty)}, or data.split_by=text")
+    return {name: fs for name, fs in sets.items() if fs or name != "test"}
+
+
 def _split_fix(name: str, fr: tuple[float, float, float] | None) -> str:
     """What to change when the ``name`` split is too small: its fraction in ``data.split`` (``fr``, the
     fractions in use) or, for separate split files (``fr`` None), the ``data.<name>`` file."""
@@ -549,6 +574,7 @@ def load_corpus(
     normalize: str = "none",
     workers: int = 1,
     progress: bool = False,
+    split_by: str = "text",
 ) -> CorpusSplits:
     """Load, tokenize and split a corpus: the one entry point of the training loop.
 
@@ -561,6 +587,8 @@ def load_corpus(
       * ``path``, a file or folder (files matching ``pattern``): one corpus cut by ``split``
         fractions (train, valid, test), in order. Byte/char: the token array is cut. Word/bpe:
         the text is cut at the line starts nearest the byte fractions, so splits hold whole lines.
+        With ``split_by="file"`` a folder is cut between files instead (:func:`split_files`): no
+        file (a book, a document) is in two splits.
       * neither: the default corpus (:func:`default_corpus_files`).
 
     Tokenizer: ``tokenizer_obj`` if given (``tokenizer`` is then ignored), else a new
@@ -600,8 +628,12 @@ def load_corpus(
         label = f"default corpus (Python standard library in {files[0].parent}):"
     else:
         files, label = read_corpus_files(path, pattern), "corpus"
-    return _load_fractions(files, label, check_split(split, "split fractions"), kind, tokenizer_obj, opts, cache_dir,
-                           (workers, progress))
+    fr = check_split(split, "split fractions")
+    if split_by == "file":
+        return _load_separate(split_files(files, fr), kind, tokenizer_obj, opts, cache_dir, (workers, progress))
+    if split_by != "text":
+        raise TxlError(f"split_by must be 'text' or 'file', got {split_by!r}")
+    return _load_fractions(files, label, fr, kind, tokenizer_obj, opts, cache_dir, (workers, progress))
 
 
 def _load_shuffled(root: Path, info: dict, kind: str, tokenizer_obj: Tokenizer | None, opts: dict,
@@ -728,4 +760,4 @@ def load_run_corpus(data, tokenizer: Tokenizer | None = None, progress: bool = F
     return load_corpus(data.path, kind, train=data.train, valid=data.valid, test=data.test, split=data.split,
                        pattern=data.pattern, min_freq=data.min_freq, max_size=data.max_size, lower=data.lower,
                        normalize=data.normalize, cache_dir=data.cache_dir or default_cache_dir(),
-                       tokenizer_obj=tokenizer, workers=data.workers, progress=progress)
+                       tokenizer_obj=tokenizer, workers=data.workers, progress=progress, split_by=data.split_by)
