@@ -127,3 +127,28 @@ def test_a_byte_that_is_not_utf8_is_named_by_its_file_and_offset(tmp_path, monke
     monkeypatch.setattr(streaming, "CHUNK_BYTES", 64)
     with pytest.raises(TxlError, match=rf"corpus file {bad} is not UTF-8 text \(invalid byte 0xff at byte offset 37\)"):
         load_corpus(train=tmp_path, valid=good, tokenizer="word", pattern="*.txt", cache_dir=tmp_path / "c")
+
+
+def test_one_process_makes_a_cache_file_while_the_others_wait(tmp_path):
+    import threading
+    import time
+
+    target = tmp_path / "cache" / "k.npy"
+    made, order = [], []
+
+    def maker(name):
+        with streaming.cache_lock(target):
+            order.append(f"{name} in")
+            if not target.is_file():
+                time.sleep(0.2)  # the work, while the other waits at the lock
+                target.write_bytes(b"x")
+                made.append(name)
+            order.append(f"{name} out")
+
+    threads = [threading.Thread(target=maker, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)
+    for t in threads:
+        t.join()
+    assert made == ["a"] and order == ["a in", "a out", "b in", "b out"]  # b waited, then found it made

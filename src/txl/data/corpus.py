@@ -22,7 +22,8 @@ import numpy as np
 
 from txl.config import check_split
 from txl.data.datasets import dataset_info
-from txl.data.streaming import chunk_text, chunks, encode_to_file, span_of, without_file_boms, word_counts
+from txl.data.streaming import (cache_lock, chunk_text, chunks, encode_to_file, span_of, without_file_boms,
+                                word_counts)
 from txl.data.tokenizers import (
     TOKENIZER_KINDS, ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer, decode_utf8,
 )
@@ -225,8 +226,11 @@ def encode_corpus(files: Sequence[PathLike], tokenizer: Tokenizer, cache_dir: Pa
         path = Path(cache_dir) / f"{key}.npy"
         arr = _mapped(path, dtype)
         if arr is None:
-            _copy_bytes(paths, hashes, path)
-            arr = _mapped(path, dtype)
+            with cache_lock(path):  # the ranks of --nproc: one copies, the others find the copy
+                arr = _mapped(path, dtype)
+                if arr is None:
+                    _copy_bytes(paths, hashes, path)
+                    arr = _mapped(path, dtype)
         return arr
     if tokenizer.kind in ("word", "bpe"):
         return _streamed(cache_dir, key, dtype, span_of(paths, 0, sum(_file_size(p) for p in paths)), tokenizer,
@@ -294,11 +298,17 @@ def _streamed_vocabulary(kind: str, span, opts: dict, hashes: list, extra: dict,
 
     h = hashlib.sha256(json.dumps({"vocabulary": kind, "opts": opts, "files": hashes, **extra}, sort_keys=True).encode())
     path = Path(cache_dir) / f"{h.hexdigest()}.vocab.json"
-    if path.is_file():
-        try:
-            return load_tokenizer(path)
-        except TxlError:
-            pass  # a damaged file is made again
+    with cache_lock(path):  # the ranks of --nproc: one counts, the others read what it kept
+        if path.is_file():
+            try:
+                return load_tokenizer(path)
+            except TxlError:
+                pass  # a damaged file is made again
+        return _build_vocabulary(kind, span, opts, path, progress)
+
+
+def _build_vocabulary(kind: str, span, opts: dict, path: Path, progress: bool) -> Tokenizer:
+    """:func:`_streamed_vocabulary`'s work: count or train, then keep the vocabulary at ``path``."""
     if kind == "word":
         counts = word_counts(span, opts["lower"], opts["normalize"], progress=progress)
         tok: Tokenizer = WordTokenizer.from_counts(counts, min_freq=opts["min_freq"], max_size=opts["max_size"],

@@ -13,6 +13,7 @@ they come, from one process or several (``workers``), and picks up after a kill 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -204,18 +205,31 @@ def _encode_chunk(job: tuple[bytes, str]) -> bytes | tuple[str, str]:
         return "error", str(err)
 
 
-def encode_to_file(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, workers: int = 1,
-                   progress: bool = False) -> None:
-    """:func:`_encode` under a lock on ``PATH.lock``: of several processes asking for the same file (the
-    ranks of ``--nproc``), one encodes it and the others wait, then find it written."""
+@contextlib.contextmanager
+def cache_lock(path: Path):
+    """Hold an exclusive lock on ``PATH.lock`` for the block: of several processes making the same cache file
+    (the ranks of ``--nproc``), one makes it while the others wait, then find it made (check for the file
+    inside the block).
+
+    Raises:
+        TxlError: the lock file cannot be written (an unwritable cache folder).
+    """
     import fcntl
 
     try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         lock = open(f"{path}.lock", "a")
     except OSError as err:
         raise TxlError(f"cannot write token cache {path}: {err.strerror or err}; choose a writable cache_dir") from None
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def encode_to_file(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, workers: int = 1,
+                   progress: bool = False) -> None:
+    """:func:`_encode` under :func:`cache_lock`: one process encodes, the others find the file written."""
+    with cache_lock(path):
         if not Path(path).is_file():
             _encode(span, tokenizer, Path(path), dtype, workers=workers, progress=progress)
 
