@@ -261,7 +261,7 @@ def test_a_cached_corpus_is_memory_mapped_and_its_splits_located_in_the_file(tmp
 
 
 def test_a_corpus_file_that_changes_while_it_is_copied_is_refused(tmp_path: Path, monkeypatch) -> None:
-    from txl.data import corpus as corpus_module
+    from txl.data import token_cache as corpus_module
 
     f = _write(tmp_path / "c.txt", "abcabc")
     monkeypatch.setattr(corpus_module, "_file_sha256", lambda path, cache_dir=None: "0" * 64)  # the first reading saw other bytes
@@ -273,7 +273,7 @@ def test_a_corpus_file_that_changes_while_it_is_copied_is_refused(tmp_path: Path
 def test_a_corpus_file_is_hashed_again_only_when_its_size_times_or_inode_change(tmp_path: Path) -> None:
     import json
 
-    from txl.data.corpus import HASHES_NAME, _file_hashes, _file_sha256
+    from txl.data.token_cache import HASHES_NAME, _file_sha256, file_hashes as _file_hashes
 
     f = _write(tmp_path / "c.txt", "abcabc")
     cache = tmp_path / "cache"

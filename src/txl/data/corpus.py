@@ -3,18 +3,18 @@
 The training loop calls :func:`load_corpus`; the other functions are its building blocks.
 Token arrays are 1-D numpy arrays of the narrowest dtype that holds the vocabulary
 (see :func:`token_dtype`). With a cache folder the token array is written there once and read
-back memory-mapped: a split is a view of the file, and only the segments a reader takes come
-into memory (:class:`~txl.data.iterators.LMOrderedIterator`). Byte-level text is copied into the
-cache in chunks, so neither writing nor reading it holds the corpus in memory.
+back memory-mapped (:mod:`txl.data.token_cache`): a split is a view of the file, and only the
+segments a reader takes come into memory (:class:`~txl.data.iterators.LMOrderedIterator`). Byte
+text is copied into the cache in chunks, word and BPE text counted and encoded chunk by chunk
+(:mod:`txl.data.streaming`), so neither writing nor reading holds the corpus in memory. Where the
+splits are cut: :mod:`txl.data.splits`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,14 +22,17 @@ import numpy as np
 
 from txl.config import check_split
 from txl.data.datasets import dataset_info
-from txl.data.streaming import (cache_lock, chunk_text, chunks, encode_to_file, span_of, without_file_boms,
-                                word_counts)
+from txl.data.splits import (SPLITS, _boundaries, _check_sizes, _line_boundary, _split_fix, split_files,
+                             split_tokens)
+from txl.data.streaming import span_of, stream_line_boundary, without_file_boms
+from txl.data.token_cache import (BPE_DEFAULT_VOCAB, cached, copied, file_hashes, fingerprint, streamed,
+                                  streamed_vocabulary)
 from txl.data.tokenizers import (
     TOKENIZER_KINDS, ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer, decode_utf8,
 )
-from txl.data.files import _file_size, _io, _read, _read_text, default_corpus_files, load_bytes, read_corpus_files
+from txl.data.files import _file_size, _read, _read_text, default_corpus_files, load_bytes, read_corpus_files
 from txl.errors import TxlError
-from txl.fileio import atomic_write, path_inside
+from txl.fileio import path_inside
 from txl.runtime import default_cache_dir
 
 __all__ = [
@@ -37,8 +40,6 @@ __all__ = [
     "load_corpus", "read_corpus_files", "split_tokens", "token_dtype",
 ]
 
-CACHE_FORMAT = "txl-token-cache-v2"  # v2: text tokenizers drop a BOM and read CRLF/CR as LF
-SPLITS = ("train", "valid", "test")
 PathLike = str | os.PathLike[str]
 
 
@@ -49,144 +50,6 @@ def token_dtype(vocab_size: int) -> np.dtype:
     if vocab_size <= 65536:
         return np.dtype(np.uint16)
     return np.dtype(np.int32)
-
-
-def _fingerprint(tokenizer: Tokenizer, file_hashes: list[tuple[str, str]], extra: dict | None) -> str:
-    """sha256 over the cache format, the tokenizer JSON and each file's path and content hash."""
-    h = hashlib.sha256()
-    h.update(CACHE_FORMAT.encode())
-    h.update(b"\0" + json.dumps(tokenizer.to_dict(), sort_keys=True).encode("utf-8"))
-    for name, digest in file_hashes:
-        h.update(b"\0" + name.encode("utf-8", "surrogateescape") + b"\0" + digest.encode())
-    if extra:
-        h.update(b"\0extra\0" + json.dumps(extra, sort_keys=True).encode("utf-8"))
-    return h.hexdigest()
-
-
-def _mapped(path: Path, dtype: np.dtype) -> np.ndarray | None:
-    """The token array of the cache file ``path`` memory-mapped read-only, or None when there is none or it
-    is broken (wrong shape, dtype, a cut file): such a file is then written again."""
-    if not path.is_file():
-        return None
-    try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, EOFError):
-        return None
-    return arr if arr.ndim == 1 and arr.dtype == dtype else None
-
-
-def _store(path: Path, write: Callable[[str], None]) -> None:
-    try:
-        atomic_write(path, write)
-    except OSError as e:
-        raise TxlError(f"cannot write token cache {path}: {e.strerror or e}; choose a writable cache_dir") from None
-
-
-def _cached(cache_dir: PathLike | None, key: str, dtype: np.dtype, compute: Callable[[], np.ndarray]) -> np.ndarray:
-    """``<cache_dir>/<key>.npy`` memory-mapped when valid, else ``compute()`` stored there (atomically) and
-    mapped; without ``cache_dir`` just ``compute()``."""
-    if cache_dir is None:
-        return compute()
-    path = Path(cache_dir) / f"{key}.npy"
-    arr = _mapped(path, dtype)
-    if arr is None:
-        computed = compute()
-
-        def write(tmp: str) -> None:
-            with open(tmp, "wb") as f:
-                np.save(f, computed, allow_pickle=False)
-
-        _store(path, write)
-        del computed
-        arr = _mapped(path, dtype)
-    return arr
-
-
-HASHES_NAME = "file-hashes.json"
-"""The cache folder's record of each corpus file's sha256 with the size, mtime and inode it was taken at."""
-
-
-def _file_sha256(path: Path) -> str:
-    """Hex sha256 of a corpus file, read 16 MiB at a time (TxlError naming the file if unreadable)."""
-    def digest() -> str:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 24):
-                h.update(chunk)
-        return h.hexdigest()
-
-    return _io(path, digest)
-
-
-def _file_hashes(paths: Sequence[Path], cache_dir: PathLike | None = None) -> list[tuple[str, str]]:
-    """``(path, sha256)`` of each corpus file, in order.
-
-    With ``cache_dir`` each digest is kept in its ``file-hashes.json`` with the file's size,
-    modification and change times (ns) and inode, and taken from there while all four are unchanged
-    (a file written anew, even with its old size and modification time, gets a new change time): a
-    cached corpus of many GB or many thousand files opens in seconds. The record is read once and
-    written once per call.
-    """
-    if cache_dir is None:
-        return [(str(p), _file_sha256(p)) for p in paths]
-    record = Path(cache_dir) / HASHES_NAME
-    try:
-        known = json.loads(record.read_text(encoding="utf-8"))
-        known = known if isinstance(known, dict) else {}
-    except (OSError, ValueError):
-        known = {}
-    found, changed = [], False
-    for path in paths:
-        st = _io(path, lambda path=path: os.stat(path))
-        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-        name = str(Path(path).resolve())
-        entry = known.get(name)
-        if not (isinstance(entry, list) and len(entry) == 5 and entry[:4] == stamp and isinstance(entry[4], str)):
-            entry, changed = [*stamp, _file_sha256(path)], True
-            known[name] = entry
-        found.append((str(path), entry[4]))
-    if changed:
-        try:
-            atomic_write(record, lambda tmp: Path(tmp).write_text(json.dumps(known), encoding="utf-8"))
-        except (OSError, TxlError):
-            pass  # a record that cannot be written costs the next run a reading, nothing else
-    return found
-
-
-def _copy_bytes(paths: list[Path], hashes: list[tuple[str, str]], path: Path) -> None:
-    """Write the byte tokens of ``paths`` (their bytes, concatenated) as the uint8 array file ``path``,
-    16 MiB at a time; each file's sha256 is taken again as it is copied and must equal ``hashes``.
-
-    Raises:
-        TxlError: a file cannot be read, changed between the two readings, or the cache cannot be written.
-    """
-    sizes = [_file_size(p) for p in paths]
-
-    def copy(source: Path, out, size: int, digest: str) -> None:
-        h = hashlib.sha256()
-        copied = 0
-        try:
-            with open(source, "rb") as f:
-                while chunk := f.read(1 << 24):
-                    h.update(chunk)
-                    out.write(chunk)
-                    copied += len(chunk)
-        except OSError as e:
-            if e.filename is None or str(e.filename) != str(source):
-                raise  # the cache's side: reported as a write failure
-            raise TxlError(f"cannot read corpus file {source}: {e.strerror or e}") from None
-        if copied != size or h.hexdigest() != digest:
-            raise TxlError(f"corpus file {source} changed while it was read; run again when nothing writes it")
-
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as out:
-            header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)), "fortran_order": False,
-                      "shape": (sum(sizes),)}
-            np.lib.format.write_array_header_1_0(out, header)
-            for p, size, (_, digest) in zip(paths, sizes, hashes):
-                copy(p, out, size, digest)
-
-    _store(path, write)
 
 
 def encode_corpus(files: Sequence[PathLike], tokenizer: Tokenizer, cache_dir: PathLike | None = None, *,
@@ -220,143 +83,14 @@ def encode_corpus(files: Sequence[PathLike], tokenizer: Tokenizer, cache_dir: Pa
 
     if cache_dir is None:
         return compute()
-    hashes = _file_hashes(paths, cache_dir)
-    key = _fingerprint(tokenizer, hashes, None)
+    hashes = file_hashes(paths, cache_dir)
+    key = fingerprint(tokenizer, hashes, None)
     if isinstance(tokenizer, ByteTokenizer):
-        path = Path(cache_dir) / f"{key}.npy"
-        arr = _mapped(path, dtype)
-        if arr is None:
-            with cache_lock(path):  # the ranks of --nproc: one copies, the others find the copy
-                arr = _mapped(path, dtype)
-                if arr is None:
-                    _copy_bytes(paths, hashes, path)
-                    arr = _mapped(path, dtype)
-        return arr
+        return copied(cache_dir, key, paths, hashes)
     if tokenizer.kind in ("word", "bpe"):
-        return _streamed(cache_dir, key, dtype, span_of(paths, 0, sum(_file_size(p) for p in paths)), tokenizer,
+        return streamed(cache_dir, key, dtype, span_of(paths, 0, sum(_file_size(p) for p in paths)), tokenizer,
                          workers, progress)
-    return _cached(cache_dir, key, dtype, compute)
-
-
-def _streamed(cache_dir: PathLike, key: str, dtype: np.dtype, span, tokenizer: Tokenizer, workers: int,
-              progress: bool) -> np.ndarray:
-    """``<cache_dir>/<key>.npy`` memory-mapped, encoded chunk by chunk from ``span`` first when missing."""
-    path = Path(cache_dir) / f"{key}.npy"
-    arr = _mapped(path, dtype)
-    if arr is None:
-        try:
-            path.unlink(missing_ok=True)  # a broken cache file is written again
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise TxlError(f"cannot write token cache {path}: {e.strerror or e}; choose a writable cache_dir") from None
-        encode_to_file(span, tokenizer, path, dtype, workers=workers, progress=progress)
-        arr = _mapped(path, dtype)
-    if arr is None:
-        raise TxlError(f"token cache {path} could not be read back; remove it and run again")
-    return arr
-
-
-def _read_range(files: Sequence[Path], start: int, end: int) -> bytes:
-    """Bytes ``start`` to ``end`` of the files' concatenation."""
-    out = []
-    for path, lo, hi in span_of(files, start, end):
-        def read(path=path, lo=lo, hi=hi) -> bytes:
-            with open(path, "rb") as f:
-                f.seek(lo)
-                return f.read(hi - lo)
-
-        out.append(_io(path, read))
-    return b"".join(out)
-
-
-def _stream_line_boundary(files: Sequence[Path], total: int, target: int) -> int:
-    """:func:`_line_boundary` over the files' concatenation, read in growing windows around ``target``."""
-    if target <= 0 or target >= total:
-        return max(0, min(target, total))
-    if _read_range(files, target - 1, target) == b"\n":
-        return target
-    before = after = None
-    width = 1 << 20
-    while before is None or after is None:
-        if before is None:
-            start = max(0, target - width)
-            back = _read_range(files, start, target).rfind(b"\n")
-            before = start + back + 1 if back >= 0 else (0 if start == 0 else None)
-        if after is None:
-            end = min(total, target + width)
-            fwd = _read_range(files, target, end).find(b"\n")
-            after = target + fwd + 1 if fwd >= 0 else (total if end == total else None)
-        width *= 2
-    return before if target - before <= after - target else after
-
-
-def _streamed_vocabulary(kind: str, span, opts: dict, hashes: list, extra: dict, cache_dir: PathLike,
-                         progress: bool) -> Tokenizer:
-    """A word or BPE vocabulary from the text of ``span``, read chunk by chunk; kept in the cache folder
-    (keyed by the files, the options and ``extra``), so that the next run of the same corpus reads it."""
-    from txl.data.tokenizers import load_tokenizer
-
-    h = hashlib.sha256(json.dumps({"vocabulary": kind, "opts": opts, "files": hashes, **extra}, sort_keys=True).encode())
-    path = Path(cache_dir) / f"{h.hexdigest()}.vocab.json"
-    with cache_lock(path):  # the ranks of --nproc: one counts, the others read what it kept
-        if path.is_file():
-            try:
-                return load_tokenizer(path)
-            except TxlError:
-                pass  # a damaged file is made again
-        return _build_vocabulary(kind, span, opts, path, progress)
-
-
-def _build_vocabulary(kind: str, span, opts: dict, path: Path, progress: bool) -> Tokenizer:
-    """:func:`_streamed_vocabulary`'s work: count or train, then keep the vocabulary at ``path``."""
-    if kind == "word":
-        counts = word_counts(span, opts["lower"], opts["normalize"], progress=progress)
-        tok: Tokenizer = WordTokenizer.from_counts(counts, min_freq=opts["min_freq"], max_size=opts["max_size"],
-                                                   lower=opts["lower"], normalize=opts["normalize"])
-    else:
-        from txl.data.tokenizers.bpe import BPETokenizer
-
-        texts = (chunk_text(data, span, at, kind) for data, at in chunks(span, "bpe"))
-        tok = BPETokenizer.build(texts, vocab_size=opts["max_size"] or BPE_DEFAULT_VOCAB, min_frequency=opts["min_freq"])
-    try:
-        atomic_write(path, lambda tmp: tok.save(tmp))
-    except (OSError, TxlError):
-        pass  # not kept: the next run builds it again
-    return tok
-
-
-def _boundaries(total: int, fr: tuple[float, float, float]) -> tuple[int, int]:
-    """Split points (end of train, end of valid) for ``total`` items, rounded half up."""
-    b1 = min(total, math.floor(total * fr[0] + 0.5))
-    b2 = total if fr[2] == 0 else min(total, math.floor(total * (fr[0] + fr[1]) + 0.5))
-    if fr[1] == 0:
-        b2 = b1
-    return b1, max(b1, b2)
-
-
-def split_tokens(tokens: np.ndarray, fractions: Sequence[float] = (0.9, 0.05, 0.05)) -> dict[str, np.ndarray]:
-    """Contiguous train/valid/test split of a 1-D array, in order (views, not copies).
-
-    With N tokens, train ends at ``round(N*f_train)`` and valid at ``round(N*(f_train+f_valid))``
-    (rounding half up); a zero fraction gives an empty split.
-
-    Raises :class:`TxlError` if the fractions are negative or do not sum to 1 (within 1e-6),
-    or if a split with a non-zero fraction would be empty.
-    """
-    fr = check_split(fractions, "split fractions")
-    b1, b2 = _boundaries(len(tokens), fr)
-    parts = {"train": tokens[:b1], "valid": tokens[b1:b2], "test": tokens[b2:]}
-    for name, f in zip(SPLITS, fr):
-        if f > 0 and len(parts[name]) == 0:
-            raise TxlError(
-                f"the {name} split would be empty ({len(tokens)} tokens, fraction {f}); "
-                "use a larger corpus or a larger fraction"
-            )
-    return parts
-
-
-BPE_DEFAULT_VOCAB = 8000
-"""Vocabulary size of a new ``"bpe"`` tokenizer when ``max_size`` is not given."""
+    return cached(cache_dir, key, dtype, compute)
 
 
 def build_tokenizer(
@@ -449,19 +183,6 @@ def _describe(label: str, files: Sequence[Path]) -> str:
     return f"{label} {what} ({_human_size(size)})"
 
 
-def _line_boundary(data: bytes, target: int) -> int:
-    """The start-of-line offset in ``data`` nearest to ``target`` (ties go to the earlier one)."""
-    if target <= 0 or target >= len(data):
-        return max(0, min(target, len(data)))
-    if data[target - 1] == 0x0A:
-        return target
-    back = data.rfind(b"\n", 0, target)
-    fwd = data.find(b"\n", target)
-    before = back + 1  # 0 when there is no newline before target
-    after = fwd + 1 if fwd >= 0 else len(data)
-    return before if target - before <= after - target else after
-
-
 def _line_fraction_splits(
     files: list[Path],
     kind: str,
@@ -490,8 +211,8 @@ def _line_fraction_splits(
     hashes = [(str(f), hashlib.sha256(d).hexdigest()) for f, d in zip(files, datas)]
     parts = {}
     for name in SPLITS:
-        key = _fingerprint(tokenizer, hashes, {"part": name, "split": list(fr)})
-        parts[name] = _cached(cache_dir, key, dtype, lambda t=texts[name]: tokenizer.encode(t).astype(dtype))
+        key = fingerprint(tokenizer, hashes, {"part": name, "split": list(fr)})
+        parts[name] = cached(cache_dir, key, dtype, lambda t=texts[name]: tokenizer.encode(t).astype(dtype))
     return tokenizer, parts
 
 
@@ -508,63 +229,20 @@ def _streamed_fraction_splits(
     split encoded into its cache file and memory-mapped, never the whole text in memory."""
     total = sum(_file_size(f) for f in files)
     b1, b2 = _boundaries(total, fr)
-    b1 = _stream_line_boundary(files, total, b1)
-    b2 = total if fr[2] == 0 else max(b1, _stream_line_boundary(files, total, b2))
+    b1 = stream_line_boundary(files, total, b1)
+    b2 = total if fr[2] == 0 else max(b1, stream_line_boundary(files, total, b2))
     if fr[1] == 0:
         b2 = b1
     spans = dict(zip(SPLITS, (span_of(files, 0, b1), span_of(files, b1, b2), span_of(files, b2, total))))
-    hashes = _file_hashes(files, cache_dir)
+    hashes = file_hashes(files, cache_dir)
     if tok is None:
         if not b1:
             raise TxlError(f"cannot build a {kind} vocabulary from empty text; give a non-empty corpus")
-        tok = _streamed_vocabulary(kind, spans["train"], opts, hashes, {"split": list(fr)}, cache_dir, stream[1])
+        tok = streamed_vocabulary(kind, spans["train"], opts, hashes, {"split": list(fr)}, cache_dir, stream[1])
     dtype = token_dtype(tok.vocab_size)
-    parts = {name: _streamed(cache_dir, _fingerprint(tok, hashes, {"part": name, "split": list(fr)}), dtype,
+    parts = {name: streamed(cache_dir, fingerprint(tok, hashes, {"part": name, "split": list(fr)}), dtype,
                              spans[name], tok, *stream) for name in SPLITS}
     return tok, parts
-
-
-def split_files(files: Sequence[Path], fractions: Sequence[float]) -> dict[str, list[Path]]:
-    """Whole files per split, in order: a file goes to the split its middle byte falls in when the
-    files' bytes are cut at ``fractions`` (train, valid, test), so no file is in two splits.
-
-    Raises:
-        TxlError: fewer files than splits with a share, or a split with a share left without a file
-            (naming the fractions to change or the files to add).
-    """
-    fr = check_split(fractions, "split fractions")
-    sizes = [_file_size(f) for f in files]
-    b1, b2 = _boundaries(sum(sizes), fr)
-    sets: dict[str, list[Path]] = {name: [] for name in SPLITS}
-    start = 0
-    for f, size in zip(files, sizes):
-        middle = start + size / 2
-        sets["train" if middle < b1 else "valid" if middle < b2 else "test"].append(Path(f))
-        start += size
-    empty = [name for name, share in zip(SPLITS, fr) if share > 0 and not sets[name]]
-    if empty:
-        raise TxlError(f"data.split_by=file: no file falls in the {' and '.join(empty)} split ({len(files)} files, "
-                       f"split {'/'.join(f'{x:g}' for x in fr)}); give more files, larger shares for "
-                       f"{' and '.join(empty)}, or data.split_by=text")
-    return {name: fs for name, fs in sets.items() if fs or name != "test"}
-
-
-def _split_fix(name: str, fr: tuple[float, float, float] | None) -> str:
-    """What to change when the ``name`` split is too small: its fraction in ``data.split`` (``fr``, the
-    fractions in use) or, for separate split files (``fr`` None), the ``data.<name>`` file."""
-    if fr is None:
-        return f"give a longer {name} file (data.{name}; data.train, data.valid and data.test name the split files)"
-    now = "[" + ", ".join(f"{x:g}" for x in fr) + "]"
-    return (f"use a larger corpus or a larger {name} fraction in data.split (train, valid, test; now "
-            f"data.split={now})")
-
-
-def _check_sizes(parts: dict[str, np.ndarray], requested: dict[str, bool], source: str,
-                 fr: tuple[float, float, float] | None = None) -> None:
-    for name in SPLITS:
-        n = len(parts[name])
-        if (name == "train" or requested[name]) and n < 2:
-            raise TxlError(f"the {name} split of {source} has {n} token(s); it needs at least 2: {_split_fix(name, fr)}")
 
 
 def load_corpus(
@@ -704,8 +382,8 @@ def _load_separate(
     by chunk with a cache folder)."""
     if tok is None and kind in ("word", "bpe") and cache_dir is not None:
         train = sets["train"]
-        hashes = _file_hashes(train, cache_dir)
-        tok = _streamed_vocabulary(kind, span_of(train, 0, sum(_file_size(f) for f in train)), opts, hashes, {},
+        hashes = file_hashes(train, cache_dir)
+        tok = streamed_vocabulary(kind, span_of(train, 0, sum(_file_size(f) for f in train)), opts, hashes, {},
                                    cache_dir, stream[1])
     elif tok is None:
         names = sets["train"] if kind in ("word", "bpe") else [f for fs in sets.values() for f in fs]

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from txl.data.files import _io
 from txl.data.tokenizers import Tokenizer, decode_utf8, tokenizer_from_dict
 from txl.errors import TxlError
 from txl.runtime import progress_bar
@@ -47,6 +48,40 @@ def span_of(files: Sequence[Path], start: int, end: int) -> Span:
             pieces.append((Path(path), lo - offset, hi - offset))
         offset += size
     return pieces
+
+
+def read_range(files: Sequence[Path], start: int, end: int) -> bytes:
+    """Bytes ``start`` to ``end`` of the files' concatenation."""
+    out = []
+    for path, lo, hi in span_of(files, start, end):
+        def read(path=path, lo=lo, hi=hi) -> bytes:
+            with open(path, "rb") as f:
+                f.seek(lo)
+                return f.read(hi - lo)
+
+        out.append(_io(path, read))
+    return b"".join(out)
+
+
+def stream_line_boundary(files: Sequence[Path], total: int, target: int) -> int:
+    """:func:`txl.data.splits._line_boundary` over the files' concatenation, read in growing windows around ``target``."""
+    if target <= 0 or target >= total:
+        return max(0, min(target, total))
+    if read_range(files, target - 1, target) == b"\n":
+        return target
+    before = after = None
+    width = 1 << 20
+    while before is None or after is None:
+        if before is None:
+            start = max(0, target - width)
+            back = read_range(files, start, target).rfind(b"\n")
+            before = start + back + 1 if back >= 0 else (0 if start == 0 else None)
+        if after is None:
+            end = min(total, target + width)
+            fwd = read_range(files, target, end).find(b"\n")
+            after = target + fwd + 1 if fwd >= 0 else (total if end == total else None)
+        width *= 2
+    return before if target - before <= after - target else after
 
 
 def span_bytes(span: Span) -> int:

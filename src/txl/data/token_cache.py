@@ -1,0 +1,240 @@
+"""The token cache: a corpus encoded once into ``<cache_dir>/<fingerprint>.npy`` and read back
+memory-mapped (:func:`txl.data.corpus.encode_corpus` and the loaders use it).
+
+- :func:`fingerprint`: the cache key, a sha256 over the cache format, the tokenizer and each file's
+  path and content hash (:func:`file_hashes`, kept with each file's size, times and inode);
+- :func:`mapped`, :func:`cached`: a cache file read back mapped, or computed in memory and stored;
+- :func:`copy_bytes`: byte-level text copied into the cache 16 MiB at a time;
+- :func:`streamed`, :func:`streamed_vocabulary`: word and BPE text counted and encoded chunk by chunk
+  (:mod:`txl.data.streaming`), the vocabulary kept beside the ids.
+
+Every file is written atomically or under :func:`~txl.data.streaming.cache_lock`, so processes that
+share a cache folder (the ranks of ``--nproc``) make each file once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from txl.data.files import _file_size, _io
+from txl.data.streaming import cache_lock, chunk_text, chunks, encode_to_file, word_counts
+from txl.data.tokenizers import Tokenizer, WordTokenizer
+from txl.errors import TxlError
+from txl.fileio import atomic_write
+
+PathLike = str | os.PathLike[str]
+CACHE_FORMAT = "txl-token-cache-v2"  # v2: text tokenizers drop a BOM and read CRLF/CR as LF
+
+BPE_DEFAULT_VOCAB = 8000
+"""Vocabulary size of a new ``"bpe"`` tokenizer when ``max_size`` is not given."""
+
+
+def fingerprint(tokenizer: Tokenizer, file_hashes: list[tuple[str, str]], extra: dict | None) -> str:
+    """sha256 over the cache format, the tokenizer JSON and each file's path and content hash."""
+    h = hashlib.sha256()
+    h.update(CACHE_FORMAT.encode())
+    h.update(b"\0" + json.dumps(tokenizer.to_dict(), sort_keys=True).encode("utf-8"))
+    for name, digest in file_hashes:
+        h.update(b"\0" + name.encode("utf-8", "surrogateescape") + b"\0" + digest.encode())
+    if extra:
+        h.update(b"\0extra\0" + json.dumps(extra, sort_keys=True).encode("utf-8"))
+    return h.hexdigest()
+
+
+def mapped(path: Path, dtype: np.dtype) -> np.ndarray | None:
+    """The token array of the cache file ``path`` memory-mapped read-only, or None when there is none or it
+    is broken (wrong shape, dtype, a cut file): such a file is then written again."""
+    if not path.is_file():
+        return None
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError):
+        return None
+    return arr if arr.ndim == 1 and arr.dtype == dtype else None
+
+
+def _store(path: Path, write: Callable[[str], None]) -> None:
+    try:
+        atomic_write(path, write)
+    except OSError as e:
+        raise TxlError(f"cannot write token cache {path}: {e.strerror or e}; choose a writable cache_dir") from None
+
+
+def cached(cache_dir: PathLike | None, key: str, dtype: np.dtype, compute: Callable[[], np.ndarray]) -> np.ndarray:
+    """``<cache_dir>/<key>.npy`` memory-mapped when valid, else ``compute()`` stored there (atomically) and
+    mapped; without ``cache_dir`` just ``compute()``."""
+    if cache_dir is None:
+        return compute()
+    path = Path(cache_dir) / f"{key}.npy"
+    arr = mapped(path, dtype)
+    if arr is None:
+        computed = compute()
+
+        def write(tmp: str) -> None:
+            with open(tmp, "wb") as f:
+                np.save(f, computed, allow_pickle=False)
+
+        _store(path, write)
+        del computed
+        arr = mapped(path, dtype)
+    return arr
+
+
+HASHES_NAME = "file-hashes.json"
+"""The cache folder's record of each corpus file's sha256 with the size, mtime and inode it was taken at."""
+
+
+def _file_sha256(path: Path) -> str:
+    """Hex sha256 of a corpus file, read 16 MiB at a time (TxlError naming the file if unreadable)."""
+    def digest() -> str:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 24):
+                h.update(chunk)
+        return h.hexdigest()
+
+    return _io(path, digest)
+
+
+def file_hashes(paths: Sequence[Path], cache_dir: PathLike | None = None) -> list[tuple[str, str]]:
+    """``(path, sha256)`` of each corpus file, in order.
+
+    With ``cache_dir`` each digest is kept in its ``file-hashes.json`` with the file's size,
+    modification and change times (ns) and inode, and taken from there while all four are unchanged
+    (a file written anew, even with its old size and modification time, gets a new change time): a
+    cached corpus of many GB or many thousand files opens in seconds. The record is read once and
+    written once per call.
+    """
+    if cache_dir is None:
+        return [(str(p), _file_sha256(p)) for p in paths]
+    record = Path(cache_dir) / HASHES_NAME
+    try:
+        known = json.loads(record.read_text(encoding="utf-8"))
+        known = known if isinstance(known, dict) else {}
+    except (OSError, ValueError):
+        known = {}
+    found, changed = [], False
+    for path in paths:
+        st = _io(path, lambda path=path: os.stat(path))
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        name = str(Path(path).resolve())
+        entry = known.get(name)
+        if not (isinstance(entry, list) and len(entry) == 5 and entry[:4] == stamp and isinstance(entry[4], str)):
+            entry, changed = [*stamp, _file_sha256(path)], True
+            known[name] = entry
+        found.append((str(path), entry[4]))
+    if changed:
+        try:
+            atomic_write(record, lambda tmp: Path(tmp).write_text(json.dumps(known), encoding="utf-8"))
+        except (OSError, TxlError):
+            pass  # a record that cannot be written costs the next run a reading, nothing else
+    return found
+
+
+def copied(cache_dir: PathLike, key: str, paths: list[Path], hashes: list[tuple[str, str]]) -> np.ndarray:
+    """``<cache_dir>/<key>.npy`` memory-mapped, the byte tokens of ``paths`` copied there first when missing
+    (:func:`copy_bytes`; under --nproc one rank copies, the others find the copy)."""
+    path = Path(cache_dir) / f"{key}.npy"
+    arr = mapped(path, np.dtype(np.uint8))
+    if arr is None:
+        with cache_lock(path):
+            arr = mapped(path, np.dtype(np.uint8))
+            if arr is None:
+                copy_bytes(paths, hashes, path)
+                arr = mapped(path, np.dtype(np.uint8))
+    return arr
+
+
+def copy_bytes(paths: list[Path], hashes: list[tuple[str, str]], path: Path) -> None:
+    """Write the byte tokens of ``paths`` (their bytes, concatenated) as the uint8 array file ``path``,
+    16 MiB at a time; each file's sha256 is taken again as it is copied and must equal ``hashes``.
+
+    Raises:
+        TxlError: a file cannot be read, changed between the two readings, or the cache cannot be written.
+    """
+    sizes = [_file_size(p) for p in paths]
+
+    def copy(source: Path, out, size: int, digest: str) -> None:
+        h = hashlib.sha256()
+        copied = 0
+        try:
+            with open(source, "rb") as f:
+                while chunk := f.read(1 << 24):
+                    h.update(chunk)
+                    out.write(chunk)
+                    copied += len(chunk)
+        except OSError as e:
+            if e.filename is None or str(e.filename) != str(source):
+                raise  # the cache's side: reported as a write failure
+            raise TxlError(f"cannot read corpus file {source}: {e.strerror or e}") from None
+        if copied != size or h.hexdigest() != digest:
+            raise TxlError(f"corpus file {source} changed while it was read; run again when nothing writes it")
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as out:
+            header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)), "fortran_order": False,
+                      "shape": (sum(sizes),)}
+            np.lib.format.write_array_header_1_0(out, header)
+            for p, size, (_, digest) in zip(paths, sizes, hashes):
+                copy(p, out, size, digest)
+
+    _store(path, write)
+
+
+def streamed(cache_dir: PathLike, key: str, dtype: np.dtype, span, tokenizer: Tokenizer, workers: int,
+              progress: bool) -> np.ndarray:
+    """``<cache_dir>/<key>.npy`` memory-mapped, encoded chunk by chunk from ``span`` first when missing."""
+    path = Path(cache_dir) / f"{key}.npy"
+    arr = mapped(path, dtype)
+    if arr is None:
+        try:
+            path.unlink(missing_ok=True)  # a broken cache file is written again
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TxlError(f"cannot write token cache {path}: {e.strerror or e}; choose a writable cache_dir") from None
+        encode_to_file(span, tokenizer, path, dtype, workers=workers, progress=progress)
+        arr = mapped(path, dtype)
+    if arr is None:
+        raise TxlError(f"token cache {path} could not be read back; remove it and run again")
+    return arr
+
+
+def streamed_vocabulary(kind: str, span, opts: dict, hashes: list, extra: dict, cache_dir: PathLike,
+                         progress: bool) -> Tokenizer:
+    """A word or BPE vocabulary from the text of ``span``, read chunk by chunk; kept in the cache folder
+    (keyed by the files, the options and ``extra``), so that the next run of the same corpus reads it."""
+    from txl.data.tokenizers import load_tokenizer
+
+    h = hashlib.sha256(json.dumps({"vocabulary": kind, "opts": opts, "files": hashes, **extra}, sort_keys=True).encode())
+    path = Path(cache_dir) / f"{h.hexdigest()}.vocab.json"
+    with cache_lock(path):  # the ranks of --nproc: one counts, the others read what it kept
+        if path.is_file():
+            try:
+                return load_tokenizer(path)
+            except TxlError:
+                pass  # a damaged file is made again
+        return _build_vocabulary(kind, span, opts, path, progress)
+
+
+def _build_vocabulary(kind: str, span, opts: dict, path: Path, progress: bool) -> Tokenizer:
+    """:func:`streamed_vocabulary`'s work: count or train, then keep the vocabulary at ``path``."""
+    if kind == "word":
+        counts = word_counts(span, opts["lower"], opts["normalize"], progress=progress)
+        tok: Tokenizer = WordTokenizer.from_counts(counts, min_freq=opts["min_freq"], max_size=opts["max_size"],
+                                                   lower=opts["lower"], normalize=opts["normalize"])
+    else:
+        from txl.data.tokenizers.bpe import BPETokenizer
+
+        texts = (chunk_text(data, span, at, kind) for data, at in chunks(span, "bpe"))
+        tok = BPETokenizer.build(texts, vocab_size=opts["max_size"] or BPE_DEFAULT_VOCAB, min_frequency=opts["min_freq"])
+    try:
+        atomic_write(path, lambda tmp: tok.save(tmp))
+    except (OSError, TxlError):
+        pass  # not kept: the next run builds it again
+    return tok
