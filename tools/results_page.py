@@ -86,7 +86,7 @@ SECTIONS = [
      "cache, the next opens it memory-mapped; then the same under `--nproc 2`. Peak resident memory of the process "
      "(of each rank under `--nproc`), and the time from the command's start to its first training step, on a "
      "machine of {memory} GB. {machine}", {"large-corpus.json": ""}, "training.md", "large_corpus",
-     ("training on a corpus larger than memory (byte level)", "`txl train CORPUS`")),
+     ("training on a corpus larger than memory (byte level)", "`python benchmarks/large_corpus.py` (`txl train`)")),
     ("Tokenising a corpus larger than memory", "{gb} GB of text read chunk by chunk as `txl train` reads a word "
      "or BPE corpus with a cache folder: the vocabulary (word counts; BPE merges, 8,000 tokens), then the ids "
      "encoded into the cache by 1 or 2 worker processes (`data.workers`), each in a fresh process. Peak resident "

@@ -12,8 +12,7 @@ from compressive import plot_compressive  # noqa: E402
 
 
 def test_serve_latency_plot_returns_its_data(tmp_path):
-    pytest.importorskip("httpx")  # (the benchmark talks to the server with it)
-    from serve_latency import plot_serve_latency
+    from serve_latency import plot_serve_latency  # (it imports httpx, a test dependency)
 
     data = plot_serve_latency(([0, 10, 100], [5.0, 6.0, 5.5]), ([10, 100], [6.0, 5.5]), ([10, 100], [7.0, 40.0]),
                               tmp_path / "l.png", title="t")
