@@ -102,6 +102,7 @@ def _run(args: argparse.Namespace, contexts: list[int], ratios: list[float], nam
     import numpy as np
 
     from txl.data import load_bytes, read_corpus_files
+    from txl.data.mapped import equal_arrays, token_array
     from txl.fileio import atomic_write, write_json
     from txl_studies.recl.measure import context_losses, plot_recl_gains, recl_table, scored_positions
     from txl.cli.common import load_checkpoint, note_threads, print_notes
@@ -113,12 +114,12 @@ def _run(args: argparse.Namespace, contexts: list[int], ratios: list[float], nam
     losses, reference = [], None
     for name, path in zip(names, args.checkpoints):
         ckpt, device = load_checkpoint(args, path)
-        tokens = np.asarray(ckpt.tokenizer.encode_file_bytes(raw, source=args.data) if raw is not None
-                            else _run_test_split(ckpt))
+        tokens = token_array(ckpt.tokenizer.encode_file_bytes(raw, source=args.data) if raw is not None
+                             else _run_test_split(ckpt), min_tokens=0)
         if reference is None:
             reference = tokens
             positions = scored_positions(len(tokens), contexts[-1], args.positions)
-        elif len(tokens) != len(reference) or not np.array_equal(tokens, reference):
+        elif not equal_arrays(tokens, reference):
             raise TxlError(f"{path} tokenizes {args.data or 'its test split'} differently from the first model; RECL compares "
                            "models position by position, so they need the same tokenizer")
         print_notes(args)  # the threads, once the first model and its text have passed their checks

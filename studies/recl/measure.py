@@ -259,30 +259,32 @@ def context_losses(model, tokens: np.ndarray, contexts: list[int], positions: np
     import torch
     import torch.nn.functional as F
 
+    from txl.data.mapped import token_array
     from txl.model.segments import eval_mode, segments
 
-    data = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
+    data = token_array(tokens, min_tokens=0)  # a memory-mapped split stays on disk: only the windows are read
     positions = np.asarray(positions, dtype=np.int64)
     if min(contexts) < 1:
         raise TxlError(f"context lengths must be >= 1, got {contexts}")
-    if positions.size == 0 or positions.min() < max(contexts) or positions.max() >= data.numel():
-        raise TxlError(f"scored positions must lie in [{max(contexts)}, {data.numel()}) so that every context fits")
+    if positions.size == 0 or positions.min() < max(contexts) or positions.max() >= len(data):
+        raise TxlError(f"scored positions must lie in [{max(contexts)}, {len(data)}) so that every context fits")
     device = next(model.parameters()).device
     out = np.empty((len(contexts), positions.size), dtype=np.float64)
-    offsets = torch.arange(-max(contexts), 0)
+    offsets = np.arange(-max(contexts), 0)
     with eval_mode(model):
         for k, c in enumerate(contexts):
             window = model.config.span.replace(tgt_len=c, mem_len=0, cmem_len=0)  # one segment per window, no memory
             if model.config.cmem_len > 0:  # compressive: the window in training segments, memory and compressed memory
                 window = model.config.span
             for s in range(0, positions.size, batch_size):
-                pos = torch.as_tensor(positions[s:s + batch_size])
-                windows = data[pos[:, None] + offsets[-c:][None, :]].to(device)  # [b, c]
+                pos = positions[s:s + batch_size]
+                windows = torch.from_numpy(data[pos[:, None] + offsets[-c:][None, :]].astype(np.int64)).to(device)  # [b, c]
+                targets = torch.from_numpy(data[pos].astype(np.int64)).to(device)
                 for seg in segments(model, windows, span=window):
                     pass  # the last segment ends on the window's last token
                 logits = seg.output.logits[:, -1]
                 wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
-                out[k, s:s + pos.numel()] = F.cross_entropy(wide, data[pos].to(device), reduction="none").double().cpu().numpy()
+                out[k, s:s + pos.size] = F.cross_entropy(wide, targets, reduction="none").double().cpu().numpy()
     return out
 
 

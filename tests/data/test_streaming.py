@@ -1,4 +1,4 @@
-"""Word and BPE corpora read chunk by chunk (txl.data.streaming) give the ids of reading them whole."""
+"""Char, word and BPE corpora read chunk by chunk (txl.data.streaming) give the ids of reading them whole."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _whole(files: list[Path]) -> str:
     return "".join(decode_utf8(f.read_bytes(), str(f), "word") for f in files)
 
 
-@pytest.mark.parametrize("kind", ["word", "bpe"])
+@pytest.mark.parametrize("kind", ["char", "word", "bpe"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_chunk_by_chunk_equals_the_whole_text(tmp_path, monkeypatch, kind, seed):
     _corpus(tmp_path, seed)
@@ -56,11 +56,12 @@ def test_chunk_by_chunk_equals_the_whole_text(tmp_path, monkeypatch, kind, seed)
     assert list((tmp_path / "c").glob("*.vocab.json"))  # the vocabulary is kept with the ids
 
 
-def test_separate_split_files_are_counted_and_encoded_in_chunks(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["char", "word"])
+def test_separate_split_files_are_counted_and_encoded_in_chunks(tmp_path, monkeypatch, kind):
     train, valid = _corpus(tmp_path, 2)[:2]
-    whole = load_corpus(train=train, valid=valid, tokenizer="word")
+    whole = load_corpus(train=train, valid=valid, tokenizer=kind)
     monkeypatch.setattr(streaming, "CHUNK_BYTES", 50)
-    streamed = load_corpus(train=train, valid=valid, tokenizer="word", cache_dir=tmp_path / "c")
+    streamed = load_corpus(train=train, valid=valid, tokenizer=kind, cache_dir=tmp_path / "c")
     assert streamed.tokenizer == whole.tokenizer
     assert np.array_equal(streamed.train, whole.train) and np.array_equal(streamed.valid, whole.valid)
 
@@ -152,3 +153,33 @@ def test_one_process_makes_a_cache_file_while_the_others_wait(tmp_path):
     for t in threads:
         t.join()
     assert made == ["a"] and order == ["a in", "a out", "b in", "b out"]  # b waited, then found it made
+
+
+def test_processes_sharing_a_cache_hash_each_corpus_file_once(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from txl.data import token_cache
+
+    files = _corpus(tmp_path, 4)
+    hashed, real = [], token_cache._file_sha256
+
+    def slow_sha256(path):
+        time.sleep(0.1)  # long enough for the other rank to arrive while this one hashes
+        hashed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(token_cache, "_file_sha256", slow_sha256)
+    results = {}
+
+    def rank(name):
+        results[name] = token_cache.file_hashes(files, tmp_path / "cache")
+
+    threads = [threading.Thread(target=rank, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(map(str, hashed)) == sorted(map(str, files))  # each file once, by one of the two
+    assert results["a"] == results["b"] == [(str(f), real(f)) for f in files]
+    assert token_cache.file_hashes(files, tmp_path / "cache") == results["a"] and len(hashed) == len(files)

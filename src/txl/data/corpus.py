@@ -5,7 +5,7 @@ Token arrays are 1-D numpy arrays of the narrowest dtype that holds the vocabula
 (see :func:`token_dtype`). With a cache folder the token array is written there once and read
 back memory-mapped (:mod:`txl.data.token_cache`): a split is a view of the file, and only the
 segments a reader takes come into memory (:class:`~txl.data.iterators.LMOrderedIterator`). Byte
-text is copied into the cache in chunks, word and BPE text counted and encoded chunk by chunk
+text is copied into the cache in chunks, char, word and BPE text counted and encoded chunk by chunk
 (:mod:`txl.data.streaming`), so neither writing nor reading holds the corpus in memory. Where the
 splits are cut: :mod:`txl.data.splits`.
 """
@@ -59,8 +59,8 @@ def encode_corpus(files: Sequence[PathLike], tokenizer: Tokenizer, cache_dir: Pa
     With ``cache_dir`` the result is stored as ``<cache_dir>/<fingerprint>.npy`` and reused
     while neither the tokenizer nor any file (path or content) changes; a cache file that
     fails to load is rewritten. The array returned is then the file memory-mapped read-only
-    (``np.memmap``). Byte-level text goes into the cache in chunks, and word and BPE text is
-    encoded chunk by chunk (:func:`txl.data.streaming.encode_to_file`, by ``workers`` processes,
+    (``np.memmap``). Byte-level text goes into the cache in chunks, and char, word and BPE text
+    is encoded chunk by chunk (:func:`txl.data.streaming.encode_to_file`, by ``workers`` processes,
     with a progress bar on stderr when ``progress``): a corpus larger than memory is written and
     read without being held.
 
@@ -87,7 +87,7 @@ def encode_corpus(files: Sequence[PathLike], tokenizer: Tokenizer, cache_dir: Pa
     key = fingerprint(tokenizer, hashes, None)
     if isinstance(tokenizer, ByteTokenizer):
         return copied(cache_dir, key, paths, hashes)
-    if tokenizer.kind in ("word", "bpe"):
+    if tokenizer.kind in ("char", "word", "bpe"):
         return streamed(cache_dir, key, dtype, span_of(paths, 0, sum(_file_size(p) for p in paths)), tokenizer,
                          workers, progress)
     return cached(cache_dir, key, dtype, compute)
@@ -283,8 +283,8 @@ def load_corpus(
     ``tokenizer`` kind: byte needs no data, char is built from all the text, word and bpe from
     the train text only (word: ``min_freq``, ``max_size``, ``lower``, ``normalize``; bpe:
     ``max_size`` = vocabulary size, ``min_freq``; see :func:`build_tokenizer`). ``cache_dir``
-    caches token arrays, read back memory-mapped; with it, byte text is copied and word and BPE text
-    counted and encoded chunk by chunk (``workers`` processes encode; ``progress``: bars on stderr),
+    caches token arrays, read back memory-mapped; with it, byte text is copied and char, word and BPE
+    text counted and encoded chunk by chunk (``workers`` processes encode; ``progress``: bars on stderr),
     so a corpus larger than memory loads (:mod:`txl.data.streaming`).
 
     Raises :class:`TxlError` for: both ``path`` and split files, ``train`` without ``valid`` (or
@@ -380,11 +380,10 @@ def _load_separate(
 ) -> CorpusSplits:
     """Separate train/valid(/test) file sets; char vocab from all of them, word from train (read chunk
     by chunk with a cache folder)."""
-    if tok is None and kind in ("word", "bpe") and cache_dir is not None:
-        train = sets["train"]
-        hashes = file_hashes(train, cache_dir)
-        tok = streamed_vocabulary(kind, span_of(train, 0, sum(_file_size(f) for f in train)), opts, hashes, {},
-                                   cache_dir, stream[1])
+    if tok is None and kind != "byte" and cache_dir is not None:  # char: all the text; word, bpe: the train text
+        read = sets["train"] if kind in ("word", "bpe") else [f for fs in sets.values() for f in fs]
+        tok = streamed_vocabulary(kind, span_of(read, 0, sum(_file_size(f) for f in read)),
+                                  opts if kind != "char" else {}, file_hashes(read, cache_dir), {}, cache_dir, stream[1])
     elif tok is None:
         names = sets["train"] if kind in ("word", "bpe") else [f for fs in sets.values() for f in fs]
         tok = build_tokenizer(kind, _read_text(names, kind) if kind != "byte" else None, **opts)
@@ -420,7 +419,10 @@ def _load_fractions(
                     f"boundaries; {_split_fix(name, fr)}"
                 )
     else:
-        if tok is None:
+        if tok is None and kind == "char" and cache_dir is not None:  # counted chunk by chunk
+            tok = streamed_vocabulary(kind, span_of(files, 0, sum(_file_size(f) for f in files)), {},
+                                      file_hashes(files, cache_dir), {}, cache_dir, stream[1])
+        elif tok is None:
             tok = build_tokenizer(kind, _read_text(files, kind) if kind == "char" else None, **opts)
         tokens = encode_corpus(files, tok, cache_dir, workers=stream[0], progress=stream[1])
         parts = split_tokens(tokens, fr)

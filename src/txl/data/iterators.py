@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from txl.config import IGNORE_INDEX
+from txl.data.mapped import PageBudget
 from txl.errors import TxlError, counted
 
 
@@ -123,8 +124,8 @@ class LMOrderedIterator:
         pad_id: input id used for padding past the end of the data.
 
     Attributes:
-        inputs, labels: the whole streams, ``int64`` tensors of shape ``[B, W + L]`` on ``device``
-            (made when first read: the evaluation's reader takes them whole).
+        inputs, labels: the whole streams, ``int64`` tensors of shape ``[B, W + L]`` on ``device``, made
+            each time they are read (for small data; readers of a split take :meth:`streams`).
         stream_len: W + L. n_targets: number of scored labels (n).
 
     Raises:
@@ -162,19 +163,23 @@ class LMOrderedIterator:
         self.n_targets = n
         self.stride = math.ceil(n / batch_size)  # L: stream b reads tokens from b * L on
         self.stream_len = context + self.stride
-        self._whole: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._pages = PageBudget(self.tokens)
+        self._last_read = None  # (streams, start, stop, inputs, labels): StreamColumns' last block
 
-    def _rows(self, pos: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-        """Host int64 inputs and labels [B, end - pos] of stream positions ``[pos, end)``: each stream's
-        ``end - pos + 1`` tokens read as one slice (inputs, then their targets one further on)."""
+    def _rows(self, pos: int, end: int, streams: range | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Host int64 inputs and labels [len(streams), end - pos] of stream positions ``[pos, end)`` (all
+        streams by default): each stream's ``end - pos + 1`` tokens read as one slice (inputs, then their
+        targets one further on)."""
+        streams = range(self.batch_size) if streams is None else streams
         width = end - pos
-        x = np.full((self.batch_size, width), self.pad_id, dtype=np.int64)
-        y = np.full((self.batch_size, width), IGNORE_INDEX, dtype=np.int64)
-        for b in range(self.batch_size):
+        x = np.full((len(streams), width), self.pad_id, dtype=np.int64)
+        y = np.full((len(streams), width), IGNORE_INDEX, dtype=np.int64)
+        for i, b in enumerate(streams):
             start = b * self.stride + pos
             read = self.tokens[start:start + width + 1]
-            x[b, : min(len(read), width)] = read[:width]
-            y[b, : max(len(read) - 1, 0)] = read[1:]
+            x[i, : min(len(read), width)] = read[:width]
+            y[i, : max(len(read) - 1, 0)] = read[1:]
+            self._pages.read(len(read))
         if pos < self.context:  # the context's labels are not scored
             y[:, : self.context - pos] = IGNORE_INDEX
         return x, y
@@ -190,26 +195,25 @@ class LMOrderedIterator:
         if seq_len < 1:
             raise TxlError(f"segment length must be at least 1, got {seq_len}")
         end = min(pos + seq_len, self.stream_len)
-        if self._whole is not None:
-            return self._whole[0][:, pos:end].contiguous(), self._whole[1][:, pos:end].contiguous()
         x, y = self._rows(pos, end)
         return to_device(torch.from_numpy(x), self.device), to_device(torch.from_numpy(y), self.device)
 
     @property
     def inputs(self) -> torch.Tensor:
         """The whole input streams, int64 [B, W + L] on ``device``."""
-        return self._streams()[0]
+        return self.streams()[0][:, :]
 
     @property
     def labels(self) -> torch.Tensor:
         """The whole label streams, int64 [B, W + L] on ``device``."""
-        return self._streams()[1]
+        return self.streams()[1][:, :]
 
-    def _streams(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._whole is None:
-            x, y = self._rows(0, self.stream_len)
-            self._whole = torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
-        return self._whole
+    def streams(self, rows: slice = slice(None)) -> tuple["StreamColumns", "StreamColumns"]:
+        """The inputs and labels of streams ``rows`` as two lazy [b, W + L] arrays for
+        :func:`txl.model.segments.segments`: indexing ``[rows, columns]`` reads only those columns'
+        tokens (a memory-mapped split stays on disk; resident memory does not grow with it)."""
+        picked = range(self.batch_size)[rows]
+        return StreamColumns(self, picked, labels=False), StreamColumns(self, picked, labels=True)
 
     def _context_positions(self) -> list[tuple[int, int]]:
         """(pos, seq_len) chunks of at most tgt_len covering exactly the context [0, W)."""
@@ -274,6 +278,47 @@ class LMOrderedIterator:
             f"tgt_len={self.tgt_len}, context={self.context}, stream_len={self.stream_len}, "
             f"segments={len(self)})"
         )
+
+
+class StreamColumns:
+    """The inputs (or labels) of some streams of an :class:`LMOrderedIterator`, read on demand.
+
+    Looks like an int64 [b, W + L] tensor to :func:`txl.model.segments.segments`: ``shape``, ``device``,
+    ``dim()`` and ``x[rows, columns]`` (``rows``: ``slice(None)`` or an int64 index tensor into the b
+    streams; ``columns``: a slice of unit step), which returns those columns as a tensor on ``device``.
+    Columns are read ahead in blocks of about ``BLOCK_BYTES`` (inputs and labels together, one upload
+    each per block, not per segment); the last block is kept.
+    """
+
+    BLOCK_BYTES = 32 << 20
+
+    def __init__(self, batches: LMOrderedIterator, streams: range, *, labels: bool) -> None:
+        self.batches, self.rows, self.is_labels = batches, streams, labels
+        self.shape = torch.Size((len(streams), batches.stream_len))
+        self.device = batches.device
+        self.dtype = torch.int64
+
+    def dim(self) -> int:
+        return 2
+
+    def size(self, dim: int | None = None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def __getitem__(self, key) -> torch.Tensor:
+        pick, cols = key
+        start, stop, step = cols.indices(self.shape[1])
+        if step != 1:
+            raise TxlError("stream columns are read as a contiguous range")
+        cached = self.batches._last_read
+        if cached is None or cached[0] != self.rows or not cached[1] <= start <= stop <= cached[2]:
+            width = max(stop - start, self.BLOCK_BYTES // (16 * max(len(self.rows), 1)))
+            end = min(start + width, self.shape[1])
+            x, y = self.batches._rows(start, end, self.rows)
+            cached = (self.rows, start, end, to_device(torch.from_numpy(x), self.device),
+                      to_device(torch.from_numpy(y), self.device))
+            self.batches._last_read = cached
+        out = cached[4 if self.is_labels else 3][:, start - cached[1]:stop - cached[1]]
+        return out if isinstance(pick, slice) and pick == slice(None) else out[pick]
 
 
 class LMShuffledIterator:

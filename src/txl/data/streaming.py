@@ -208,11 +208,17 @@ def word_counts(span: Span, lower: bool, normalize: str, progress: bool = False)
     from txl.data.tokenizers.simple import _line_words
 
     counts: Counter = Counter()
-    with progress_bar(span_bytes(span), progress, "counting words", unit="B", unit_scale=True) as bar:
+    with progress_bar(span_bytes(span), _bar(span, progress), "counting words", unit="B", unit_scale=True) as bar:
         for data, at in chunks(span, "word"):
             counts.update(_line_words(chunk_text(data, span, at, "word"), lower, normalize))
             bar.update(len(data))
     return counts
+
+
+def _bar(span: Span, progress: bool) -> bool:
+    """Whether to show a progress bar over the span: asked for, and text of more than a few chunks (a small
+    corpus is read at once; a bar would only add a line before its result)."""
+    return progress and span_bytes(span) > 4 * CHUNK_BYTES
 
 
 def _header(dtype: np.dtype, length: int) -> bytes:
@@ -317,7 +323,7 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
         return True
 
     try:
-        with out, progress_bar(span_bytes(span), progress, f"encoding ({tokenizer.kind})", unit="B",
+        with out, progress_bar(span_bytes(span), _bar(span, progress), f"encoding ({tokenizer.kind})", unit="B",
                                unit_scale=True, initial=done_bytes) as bar:
             while len(pending) < 2 * max(workers, 1) and submit():
                 pass

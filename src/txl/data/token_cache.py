@@ -5,7 +5,7 @@ memory-mapped (:func:`txl.data.corpus.encode_corpus` and the loaders use it).
   path and content hash (:func:`file_hashes`, kept with each file's size, times and inode);
 - :func:`mapped`, :func:`cached`: a cache file read back mapped, or computed in memory and stored;
 - :func:`copy_bytes`: byte-level text copied into the cache 16 MiB at a time;
-- :func:`streamed`, :func:`streamed_vocabulary`: word and BPE text counted and encoded chunk by chunk
+- :func:`streamed`, :func:`streamed_vocabulary`: char, word and BPE text counted and encoded chunk by chunk
   (:mod:`txl.data.streaming`), the vocabulary kept beside the ids.
 
 Every file is written atomically or under :func:`~txl.data.streaming.cache_lock`, so processes that
@@ -14,6 +14,7 @@ share a cache folder (the ranks of ``--nproc``) make each file once.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -109,32 +110,54 @@ def file_hashes(paths: Sequence[Path], cache_dir: PathLike | None = None) -> lis
     modification and change times (ns) and inode, and taken from there while all four are unchanged
     (a file written anew, even with its old size and modification time, gets a new change time): a
     cached corpus of many GB or many thousand files opens in seconds. The record is read once and
-    written once per call.
+    written once per call; processes sharing the cache folder (the ranks of ``--nproc``) hash a new
+    file once: one hashes under a lock while the others wait, then read its record.
     """
     if cache_dir is None:
         return [(str(p), _file_sha256(p)) for p in paths]
     record = Path(cache_dir) / HASHES_NAME
+    stamps = [_stamp(path) for path in paths]
+    known = _read_record(record)
+    if all(_known(known, path, stamp) for path, stamp in zip(paths, stamps)):
+        return [(str(path), known[str(Path(path).resolve())][4]) for path in paths]
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(cache_lock(record))  # the ranks of --nproc: one hashes, the others read its record
+        except TxlError:
+            pass  # an unwritable cache folder: hash, keep nothing
+        known = _read_record(record)
+        found, changed = [], False
+        for path, stamp in zip(paths, stamps):
+            name = str(Path(path).resolve())
+            if not _known(known, path, stamp):
+                known[name], changed = [*stamp, _file_sha256(path)], True
+            found.append((str(path), known[name][4]))
+        if changed:
+            try:
+                atomic_write(record, lambda tmp: Path(tmp).write_text(json.dumps(known), encoding="utf-8"))
+            except (OSError, TxlError):
+                pass  # a record that cannot be written costs the next run a reading, nothing else
+        return found
+
+
+def _stamp(path: Path) -> list[int]:
+    """The size, modification and change times (ns) and inode of a file."""
+    st = _io(path, lambda: os.stat(path))
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _read_record(record: Path) -> dict:
     try:
         known = json.loads(record.read_text(encoding="utf-8"))
-        known = known if isinstance(known, dict) else {}
     except (OSError, ValueError):
-        known = {}
-    found, changed = [], False
-    for path in paths:
-        st = _io(path, lambda path=path: os.stat(path))
-        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-        name = str(Path(path).resolve())
-        entry = known.get(name)
-        if not (isinstance(entry, list) and len(entry) == 5 and entry[:4] == stamp and isinstance(entry[4], str)):
-            entry, changed = [*stamp, _file_sha256(path)], True
-            known[name] = entry
-        found.append((str(path), entry[4]))
-    if changed:
-        try:
-            atomic_write(record, lambda tmp: Path(tmp).write_text(json.dumps(known), encoding="utf-8"))
-        except (OSError, TxlError):
-            pass  # a record that cannot be written costs the next run a reading, nothing else
-    return found
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def _known(known: dict, path: Path, stamp: list[int]) -> bool:
+    """Whether the record holds a digest of ``path`` taken when it had ``stamp``."""
+    entry = known.get(str(Path(path).resolve()))
+    return isinstance(entry, list) and len(entry) == 5 and entry[:4] == stamp and isinstance(entry[4], str)
 
 
 def copied(cache_dir: PathLike, key: str, paths: list[Path], hashes: list[tuple[str, str]]) -> np.ndarray:
@@ -207,7 +230,7 @@ def streamed(cache_dir: PathLike, key: str, dtype: np.dtype, span, tokenizer: To
 
 def streamed_vocabulary(kind: str, span, opts: dict, hashes: list, extra: dict, cache_dir: PathLike,
                          progress: bool) -> Tokenizer:
-    """A word or BPE vocabulary from the text of ``span``, read chunk by chunk; kept in the cache folder
+    """A char, word or BPE vocabulary from the text of ``span``, read chunk by chunk; kept in the cache folder
     (keyed by the files, the options and ``extra``), so that the next run of the same corpus reads it."""
     from txl.data.tokenizers import load_tokenizer
 
@@ -224,9 +247,13 @@ def streamed_vocabulary(kind: str, span, opts: dict, hashes: list, extra: dict, 
 
 def _build_vocabulary(kind: str, span, opts: dict, path: Path, progress: bool) -> Tokenizer:
     """:func:`streamed_vocabulary`'s work: count or train, then keep the vocabulary at ``path``."""
-    if kind == "word":
+    if kind == "char":
+        from txl.data.tokenizers import CharTokenizer
+
+        tok: Tokenizer = CharTokenizer.build(chunk_text(data, span, at, kind) for data, at in chunks(span, kind))
+    elif kind == "word":
         counts = word_counts(span, opts["lower"], opts["normalize"], progress=progress)
-        tok: Tokenizer = WordTokenizer.from_counts(counts, min_freq=opts["min_freq"], max_size=opts["max_size"],
+        tok = WordTokenizer.from_counts(counts, min_freq=opts["min_freq"], max_size=opts["max_size"],
                                                    lower=opts["lower"], normalize=opts["normalize"])
     else:
         from txl.data.tokenizers.bpe import BPETokenizer

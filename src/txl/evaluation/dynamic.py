@@ -36,10 +36,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from txl.data import LMOrderedIterator
+from txl.data.mapped import token_array
 from txl.errors import TxlError
 from txl.model.quantize import check_float_model
 from txl.model.segments import eval_mode, segments
-from txl.evaluation.stream import EvalResult, token_tensor
+from txl.evaluation.stream import EvalResult
 from txl.config import AttentionSpan, resolve_span
 from txl.runtime import progress_bar
 
@@ -83,15 +85,16 @@ def gradient_statistics(model, tokens: np.ndarray, *, tgt_len: int | None = None
             n_segments < 1; a model with int8 weights.
     """
     check_float_model(model, "gradient statistics")
-    data = token_tensor(tokens, vocab_size=model.config.vocab_size, min_tokens=0)
-    if data.numel() < 2 or n_segments < 1:
+    if n_segments < 1:
         raise TxlError("gradient statistics need at least 2 tokens and n_segments >= 1")
-    device = next(model.parameters()).device
+    span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len)
+    data = token_array(tokens, vocab_size=model.config.vocab_size, min_tokens=0, max_tokens=n_segments * span.tgt_len)
+    if len(data) < 2:
+        raise TxlError("gradient statistics need at least 2 tokens and n_segments >= 1")
     params = _params(model)
     sums = {n: torch.zeros_like(p) for n, p in params}
     count = 0
-    span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len)
-    x, y = data[None, :-1].to(device), data[None, 1:].to(device)
+    x, y = LMOrderedIterator(data, 1, span.tgt_len, device=next(model.parameters()).device).streams()
     total = min(n_segments, -(-x.size(1) // span.tgt_len))
     with eval_mode(model), progress_bar(total, progress, "gradient statistics") as bar:
         model.zero_grad(set_to_none=True)
@@ -107,7 +110,7 @@ def gradient_statistics(model, tokens: np.ndarray, *, tgt_len: int | None = None
                 if count == n_segments:
                     break
         except TxlError as err:  # say which pass: the statistics read another text than the one scored
-            raise TxlError(f"the gradient statistics over {data.numel():,} tokens (the training split, or the "
+            raise TxlError(f"the gradient statistics over {len(data):,} tokens (the training split, or the "
                            f"given stats text): {err}") from None
     model.zero_grad(set_to_none=True)
     return {n: s / count for n, s in sums.items()}
@@ -220,8 +223,7 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
     """
     check_float_model(model, "dynamic evaluation")
     _check_settings(method, lr, decay)
-    data = token_tensor(tokens, max_tokens, model.config.vocab_size)
-    device = next(model.parameters()).device
+    data = token_array(tokens, max_tokens=max_tokens, vocab_size=model.config.vocab_size)
     params = _params(model)
     _check_stats(params, stats)
     trained = {n: p.detach().clone() for n, p in params}
@@ -230,7 +232,7 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
     total = 0.0
     span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
                         same_length=same_length, cmem_len=cmem_len)
-    x, y = data[None, :-1].to(device), data[None, 1:].to(device)
+    x, y = LMOrderedIterator(data, 1, span.tgt_len, device=next(model.parameters()).device).streams()
     try:
         with eval_mode(model), progress_bar(-(-x.size(1) // span.tgt_len), progress, "dynamic evaluation") as bar:
             model.zero_grad(set_to_none=True)

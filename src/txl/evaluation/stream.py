@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from txl.config import IGNORE_INDEX, check_compilable, resolve_span, AttentionSpan
 from txl.data import LMOrderedIterator
+from txl.data.mapped import PageBudget, token_array
 from txl.errors import TxlError
 from txl.model.segments import decoding_state, eval_mode, segments
 from txl.runtime import autocast, check_fits, compile_module, progress_bar
@@ -104,8 +105,9 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
 
     Args:
         model: a :class:`~txl.model.TransformerXLLM`.
-        tokens: 1-D token array (a whole split); scored in ``batch_size`` parallel streams (at most
-            one per target: more would only add streams of padding).
+        tokens: 1-D token array (a whole split; a ``np.memmap`` is read segment by segment, never
+            copied whole); scored in ``batch_size`` parallel streams (at most one per target: more
+            would only add streams of padding).
         unit: "bpb", "bpc" or "ppl" (see :func:`metric_unit`).
         tgt_len, mem_len, clamp_len, same_length, cmem_len: evaluation span (None: the model's own,
             or ``span``'s); ``model.config`` is not changed. ``cmem_len`` (compressed-memory slots)
@@ -133,7 +135,7 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     """
     if compiled:
         check_compilable(model.config, "--compile")
-    tokens = token_tensor(tokens, vocab_size=model.config.vocab_size, min_tokens=0)  # the iterator says how many
+    tokens = token_array(tokens, vocab_size=model.config.vocab_size, min_tokens=0)  # the iterator says how many
     device = next(model.parameters()).device
     span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
                         same_length=same_length, cmem_len=cmem_len)
@@ -145,8 +147,7 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
         # streams beyond one per target would hold padding only: same result, without their memory
         batch_size = max(1, min(int(batch_size), len(tokens) - 1 - context))
     batches = LMOrderedIterator(tokens, batch_size, span.tgt_len, context=context, device=device)
-    rows = dist.rows(batch_size) if dist is not None else slice(None)
-    inputs, labels = batches.inputs[rows], batches.labels[rows]
+    inputs, labels = batches.streams(dist.rows(batch_size) if dist is not None else slice(None))  # read per segment
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, targets
     if inputs.size(0):  # more ranks than streams: this rank has none
         positions = batches.positions()
@@ -173,39 +174,6 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     return EvalResult(loss=total / count, n_tokens=count, unit=unit, settings=settings)
 
 
-def token_tensor(tokens, max_tokens: int = 0, vocab_size: int | None = None, min_tokens: int = 2) -> torch.Tensor:
-    """``tokens`` as int64 [N] (CPU), cut to ``max_tokens`` targets (+1 input) when ``max_tokens`` > 0.
-
-    Args:
-        tokens: a 1-D sequence of integer token ids (list, numpy array or tensor).
-        max_tokens: keep ``max_tokens + 1`` tokens (0: all).
-        vocab_size: when given, every id must lie in ``[0, vocab_size)``.
-        min_tokens: the fewest tokens accepted (2: one input and one target).
-
-    Raises:
-        TxlError: ``tokens`` that is not 1-D integer data (floats are refused, not truncated), an id
-            outside the vocabulary, or fewer than ``min_tokens`` tokens (nothing to score).
-    """
-    if isinstance(tokens, torch.Tensor):
-        tokens = tokens.detach().cpu().numpy()
-    try:
-        arr = np.asarray(tokens)
-    except (ValueError, TypeError) as e:  # ragged nested lists
-        raise TxlError(f"tokens must be a 1-D sequence of integer token ids: {e}") from None
-    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-        raise TxlError(f"tokens must be a 1-D sequence of integer token ids, got shape {arr.shape} dtype {arr.dtype}")
-    data = torch.from_numpy(arr.astype(np.int64))
-    if vocab_size is not None and data.numel():
-        lo, hi = int(data.min()), int(data.max())
-        if lo < 0 or hi >= vocab_size:
-            raise TxlError(f"tokens: token id {lo if lo < 0 else hi} is outside the vocabulary [0, {vocab_size})")
-    if max_tokens:
-        data = data[: max_tokens + 1]
-    if data.numel() < min_tokens:
-        raise TxlError(f"the text has fewer than {min_tokens} tokens: nothing to score")
-    return data
-
-
 @torch.no_grad()
 def evaluate_sliding_window(model, tokens: np.ndarray, *, context: int, stride: int = 1, unit: str = "bpc",
                             batch_size: int = 32, max_tokens: int = 0, dtype: str = "float32",
@@ -230,27 +198,31 @@ def evaluate_sliding_window(model, tokens: np.ndarray, *, context: int, stride: 
     """
     if context < 1 or not 1 <= stride <= context:
         raise TxlError(f"sliding window needs context >= 1 and 1 <= stride <= context, got {context}, {stride}")
-    data = token_tensor(tokens, max_tokens, model.config.vocab_size)
+    data = token_array(tokens, max_tokens=max_tokens, vocab_size=model.config.vocab_size)
+    pages = PageBudget(data)
     device = next(model.parameters()).device
-    n_targets = data.numel() - 1
+
+    def ids(start: int, stop: int) -> torch.Tensor:  # tokens [start, stop) as int64 on the model's device
+        pages.read(stop - start)
+        return torch.from_numpy(data[start:stop].astype(np.int64)).to(device)
+    n_targets = len(data) - 1
     first = min(context, n_targets)
     ends = list(range(first + stride, n_targets + stride, stride))  # window end (exclusive, input index)
     window = resolve_span(model.config, tgt_len=context, mem_len=0, cmem_len=0)  # windows carry no memory
     with eval_mode(model), torch.no_grad(), progress_bar(1 + len(ends), progress, "evaluating", "window") as bar:
-        x0 = data[None, :first].to(device)
         with autocast(device, dtype):
-            logits = _wide(model(x0, span=window).logits)
-        total = float(F.cross_entropy(logits[0], data[1:first + 1].to(device), reduction="sum"))
+            logits = _wide(model(ids(0, first)[None], span=window).logits)
+        total = float(F.cross_entropy(logits[0], ids(1, first + 1), reduction="sum"))
         count, prev = first, first
         bar.update(1)
         for i in range(0, len(ends), batch_size):
             chunk = [min(e, n_targets) for e in ends[i:i + batch_size]]
-            x = torch.stack([data[e - context:e] for e in chunk]).to(device)
+            x = torch.stack([ids(e - context, e) for e in chunk])
             with autocast(device, dtype):
                 logits = _wide(model(x, span=window).logits)
             for row, e in enumerate(chunk):
                 k = e - prev  # new targets in this window: data[prev+1 .. e]
-                total += float(F.cross_entropy(logits[row, -k:], data[prev + 1:e + 1].to(device), reduction="sum"))
+                total += float(F.cross_entropy(logits[row, -k:], ids(prev + 1, e + 1), reduction="sum"))
                 count += k
                 prev = e
             bar.update(len(chunk))

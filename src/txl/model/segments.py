@@ -68,8 +68,11 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
 
     Args:
         model: a :class:`~txl.model.TransformerXLLM` (its mode is the caller's business).
-        inputs: int64 [B, N] token ids, N >= 0 (N = 0 yields nothing).
-        labels: int64 [B, N] targets aligned with ``inputs`` (-100: not scored), or None (no loss).
+        inputs: int64 [B, N] token ids, N >= 0 (N = 0 yields nothing); or a lazy array that reads only
+            the columns asked for (``shape``, ``device``, ``dim()`` and ``[rows, columns]`` returning such
+            a tensor: :meth:`txl.data.LMOrderedIterator.streams` of a memory-mapped split).
+        labels: int64 [B, N] targets aligned with ``inputs`` (-100: not scored; lazy like ``inputs``), or
+            None (no loss).
         span: the :class:`~txl.model.AttentionSpan` (``tgt_len`` cuts the segments; the rest goes
             to the model).
         mems: memory to start from (``n_layer`` tensors [B, M, d_model]) or None.

@@ -89,18 +89,22 @@ class CharTokenizer(Tokenizer):
         self._sorted_codes = codes[self._order]
 
     @classmethod
-    def build(cls, text: str) -> CharTokenizer:
+    def build(cls, text: str | Iterable[str]) -> CharTokenizer:
         """A vocabulary of the distinct characters of ``text`` (after :func:`normalize_text`), sorted
-        by code point.
+        by code point. ``text`` may be an iterable of strings instead (a corpus read chunk by chunk, each
+        cut after a newline): the vocabulary of their concatenation.
 
-        Raises :class:`TxlError` if ``text`` is empty or not a string.
+        Raises :class:`TxlError` if ``text`` is empty or not a string (or holds a piece that is not).
         """
-        if not isinstance(text, str):
-            raise TxlError(f"CharTokenizer.build takes one text (a string), got {type(text).__name__}")
-        text = normalize_text(text)
-        if not text:
+        if not isinstance(text, (str, Iterable)):
+            raise TxlError(f"CharTokenizer.build takes a text (a string), got {type(text).__name__}")
+        codes = np.zeros(0, dtype=np.uint32)
+        for piece in [text] if isinstance(text, str) else text:
+            if not isinstance(piece, str):
+                raise TxlError(f"CharTokenizer.build takes a text (a string), got {type(piece).__name__}")
+            codes = np.union1d(codes, _codepoints(normalize_text(piece)))
+        if not codes.size:
             raise TxlError("cannot build a char vocabulary from empty text")
-        codes = np.unique(_codepoints(text))
         return cls(_codes_to_str(codes))
 
     @property
