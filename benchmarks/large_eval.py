@@ -10,7 +10,7 @@ limited to ``eval.max_tokens``). Then, each as a fresh process with its own peak
 - ``txl eval RUN --split valid --max-tokens N``: scores N tokens of the mapped valid split;
 - ``txl recl RUN RUN``: RECL on the mapped test split (two models, so their two splits are compared too);
 - a full pass: every segment of the valid split's 64 streams read as the evaluation reads them (no model),
-  once as txl reads it (the mapped pages handed back every 256 MiB) and once without handing them back.
+  once as txl reads it (the mapped pages handed back every 64 MiB) and once without handing them back.
 
 With ``--base COMMIT`` the same ``txl eval`` runs on that commit's tree too (a git worktree), for the
 memory it took before the split was read in place.
@@ -36,7 +36,8 @@ SPLIT = [0.1, 0.45, 0.45]
 FULL_PASS = """
 import time
 from txl.data import LMOrderedIterator, load_corpus
-valid = load_corpus({corpus!r}, "byte", split={split!r}).valid
+from txl.runtime import default_cache_dir
+valid = load_corpus({corpus!r}, "byte", split={split!r}, cache_dir=default_cache_dir()).valid  # as txl train reads it
 it = LMOrderedIterator(valid, 64, 4096)
 it._pages.release_bytes = {release}
 x, y = it.streams()
@@ -97,7 +98,7 @@ def main() -> int:
     recl = ["recl", str(out), str(out), "--names", "a,b", "--positions", "64", "--max-context", "64",
             "--no-plot", "--out", str(work / "recl-eval"), "--force"]
     rows["recl"] = timed(txl + recl, env, "txl " + shlex.join(recl))
-    for name, release in (("full_pass", 256 << 20), ("full_pass_without_release", 1 << 62)):
+    for name, release in (("full_pass", 64 << 20), ("full_pass_without_release", 1 << 62)):
         code = FULL_PASS.format(corpus=str(corpus), split=SPLIT, release=release)
         rows[name] = timed([sys.executable, "-c", code], env, "every segment of the valid split in 64 streams of "
                            f"4096 tokens, {'no pages handed back' if release > 1 << 40 else 'as txl reads it'}")

@@ -87,6 +87,12 @@ SECTIONS = [
      "(of each rank under `--nproc`), and the time from the command's start to its first training step, on a "
      "machine of {memory} GB. {machine}", {"large-corpus.json": ""}, "training.md", "large_corpus",
      ("training on a corpus larger than memory (byte level)", "`python benchmarks/large_corpus.py` (`txl train`)")),
+    ("Evaluating on a split larger than memory", "A {gb} GB byte corpus cut 10/45/45, so that the valid and "
+     "the test split hold {split} GB each, and a default model trained on it for two steps; then each reading "
+     "in a fresh process, with its peak resident memory. A full pass reads every segment of the valid split "
+     "as the evaluation does (64 streams, segments of 4,096 tokens, no model), once handing the mapped pages "
+     "back to the page cache every 64 MiB as txl does and once without. {machine}", {"large-eval.json": ""},
+     "training.md", "large_eval", None),
     ("Tokenising a corpus larger than memory", "{gb} GB of text read chunk by chunk as `txl train` reads a word "
      "or BPE corpus with a cache folder: the vocabulary (word counts; BPE merges, 8,000 tokens), then the ids "
      "encoded into the cache by 1 or 2 worker processes (`data.workers`), each in a fresh process. Peak resident "
@@ -430,6 +436,22 @@ def large_corpus(docs):
     return dict(steps=d["steps"], valid=f"{d['valid_bytes']:,}", memory=num(d["memory_gb"]), machine=machine(d),
                 readme=f"up to {largest['corpus_bytes'] / 1e9:g} GB: peak RSS {num(peak, 2)} GB, first step after "
                        f"{num(largest['cached']['to_first_step_s'], 1)} s cached"), body
+
+
+def large_eval(docs):
+    d = docs["large-eval.json"]
+    r = d["rows"]
+    base = r.get("eval_base", {}).get("commit", "")
+    labels = [("train", "`txl train` (2 steps, final evaluation on 200,000 tokens)"),
+              ("eval", "`txl eval RUN --split valid --max-tokens 200000`"),
+              ("eval_base", f"the same `txl eval` at {base}, which turned the split into int64 first"),
+              ("recl", "`txl recl RUN RUN` on the test split (the two models' splits compared too)"),
+              ("full_pass", "a full pass over the valid split"),
+              ("full_pass_without_release", "the same pass without handing the pages back")]
+    rows = [[label, num(r[k]["peak_rss_gb"], 2), num(r[k]["wall_s"], 1)] for k, label in labels if k in r]
+    body = table(["reading", "peak RSS, GB", "wall s"], rows)
+    return dict(gb=f"{d['corpus_bytes'] / 1e9:g}", split=f"{d['corpus_bytes'] * d['split'][1] / 1e9:.1f}",
+                machine=machine(d)), body
 
 
 def tokenize_corpus(docs):

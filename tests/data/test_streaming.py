@@ -183,3 +183,29 @@ def test_processes_sharing_a_cache_hash_each_corpus_file_once(tmp_path, monkeypa
     assert sorted(map(str, hashed)) == sorted(map(str, files))  # each file once, by one of the two
     assert results["a"] == results["b"] == [(str(f), real(f)) for f in files]
     assert token_cache.file_hashes(files, tmp_path / "cache") == results["a"] and len(hashed) == len(files)
+
+
+@pytest.mark.parametrize("kind", ["byte", "char", "word", "bpe"])
+def test_the_index_says_where_each_file_starts(tmp_path, monkeypatch, kind):
+    from txl.data.token_cache import read_index
+
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    files = _corpus(parts, 5)  # a BOM opens the second file, CRLF lines in it
+    (tmp_path / "valid.txt").write_text("a valid line\n" * 20, encoding="utf-8")
+    monkeypatch.setattr(streaming, "CHUNK_BYTES", 300)  # files cut into several chunks too
+    opts = {"max_size": 300} if kind == "bpe" else {}
+    corpus = load_corpus(train=parts, valid=tmp_path / "valid.txt", tokenizer=kind, cache_dir=tmp_path / "c", **opts)
+    found = corpus.documents("train")
+    if kind == "byte":
+        sizes = [f.stat().st_size for f in files]
+        assert found == [0, sizes[0], sizes[0] + sizes[1]]
+    else:
+        expected = [len(corpus.tokenizer.encode(_whole(files[:i]))) for i in range(3)]
+        assert found[0] == 0 and set(found) <= set(expected)  # a BPE file start between spaces is not cut
+        if kind != "bpe":
+            assert found == expected
+    index = read_index(corpus.on_disk["train"][0])
+    assert index["tokens"] == len(corpus.train) and [s["path"] for s in index["sources"]] == [str(f) for f in files]
+    assert corpus.documents("valid") == [0]
+    assert load_corpus(train=parts, valid=tmp_path / "valid.txt", tokenizer=kind, **opts).documents("train") is None

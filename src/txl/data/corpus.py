@@ -26,7 +26,7 @@ from txl.data.splits import (SPLITS, _boundaries, _check_sizes, _line_boundary, 
                              split_tokens)
 from txl.data.streaming import span_of, stream_line_boundary, without_file_boms
 from txl.data.token_cache import (BPE_DEFAULT_VOCAB, cached, copied, file_hashes, fingerprint, streamed,
-                                  streamed_vocabulary)
+                                  read_index, streamed_vocabulary)
 from txl.data.tokenizers import (
     TOKENIZER_KINDS, ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer, decode_utf8,
 )
@@ -157,6 +157,23 @@ class CorpusSplits:
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
+
+    def documents(self, name: str) -> list[int] | None:
+        """Where the documents (the corpus files, e.g. the books of PG-19) of split ``name`` start: token
+        positions in the split, ascending, from the index of its token-cache file (the split's own first
+        token, the start of a document or of a part of one, is not listed unless a document starts there).
+        A file whose first line goes on from the previous file's last is no new document here. None when
+        the split is not in a token cache with an index (no cache folder, or a cache written without one).
+        """
+        where = self.on_disk.get(name)
+        index = read_index(where[0]) if where else None
+        if index is None:
+            return None
+        file, offset, nbytes = where
+        itemsize = np.dtype(index["dtype"]).itemsize
+        first = (offset - int(np.load(file, mmap_mode="r").offset)) // itemsize
+        starts = (s.get("first_token") for s in index.get("sources", []))
+        return sorted(t - first for t in starts if isinstance(t, int) and first <= t < first + nbytes // itemsize)
 
 
 def _on_disk(roots: dict[str, np.ndarray], parts: dict[str, np.ndarray]) -> dict[str, tuple[str, int, int]]:

@@ -18,7 +18,7 @@ import torch
 
 from txl.errors import TxlError
 
-RELEASE_BYTES = 256 << 20
+RELEASE_BYTES = 64 << 20
 """Bytes of a memory-mapped array read between two releases of its pages."""
 
 CHUNK_TOKENS = 16 << 20

@@ -21,7 +21,7 @@ import struct
 from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -97,8 +97,9 @@ def locate(span: Span, n: int) -> tuple[Path, int]:
     return (span[-1][0], span[-1][2]) if span else (Path("?"), 0)
 
 
-def _blocks(span: Span, size: int) -> Iterator[bytes]:
-    """The span's bytes in blocks of at most ``size``."""
+def _blocks(span: Span, size: int) -> Iterator[tuple[bytes, bool, bool]]:
+    """The span's bytes in blocks of at most ``size``, each with whether it opens one of the span's pieces
+    and whether it opens a file."""
     for path, start, end in span:
         try:
             with open(path, "rb") as f:
@@ -108,7 +109,7 @@ def _blocks(span: Span, size: int) -> Iterator[bytes]:
                     block = f.read(min(size, end - at))
                     if not block:
                         raise TxlError(f"corpus file {path} ends at byte {at:,}: it changed while it was read")
-                    yield block
+                    yield block, at == start, at == 0
                     at += len(block)
         except OSError as err:
             raise TxlError(f"cannot read corpus file {path}: {err.strerror or err}") from None
@@ -135,31 +136,42 @@ def _char_after(data: bytes, start: int) -> str:
     return ""
 
 
+def _may_cut_at(data: bytes, after: int, kind: str) -> bool:
+    """Whether ``kind``'s chunks may end at ``after``: just after a newline, not before a byte-order mark,
+    and for BPE with a non-space character before the newline (a CR aside) and one after it."""
+    pos = after - 1
+    if pos < 0 or data[pos] != 0x0A or data.startswith(BOM, after):
+        return False
+    if kind != "bpe":
+        return True
+    before = pos - 1 if pos > 0 and data[pos - 1] == 0x0D else pos
+    prev, nxt = _char_before(data, before), _char_after(data, after)
+    return bool(prev and nxt and not prev.isspace() and not nxt.isspace())
+
+
 def _cut(data: bytes, kind: str, lowest: int) -> int | None:
-    """The last place at or after ``lowest`` where ``kind``'s chunks may end (after a newline; for BPE
-    with a non-space character before it, a CR aside, and one after it), not before a byte-order mark."""
+    """The last place at or after ``lowest`` where ``kind``'s chunks may end (:func:`_may_cut_at`)."""
     end = len(data)
     while (pos := data.rfind(b"\n", lowest, end)) >= 0:
         end = pos
-        after = pos + 1
-        if data.startswith(BOM, after):
-            continue
-        if kind != "bpe":
-            return after
-        before = pos - 1 if pos > 0 and data[pos - 1] == 0x0D else pos
-        prev, nxt = _char_before(data, before), _char_after(data, after)
-        if prev and nxt and not prev.isspace() and not nxt.isspace():
-            return after
+        if _may_cut_at(data, pos + 1, kind):
+            return pos + 1
     return None
 
 
 def chunks(span: Span, kind: str, size: int | None = None) -> Iterator[tuple[bytes, int]]:
     """The span's text in chunks of about ``size`` bytes (default :data:`CHUNK_BYTES`) cut where ``kind``'s
     tokenizer allows (see the module docstring), each with the byte of the span it starts at. A stretch
-    with no such place goes on into the next chunk (a text with none comes whole)."""
+    with no such place goes on into the next chunk (a text with none comes whole). Where a piece of the span
+    (a file) starts at such a place, a chunk starts there too, so the ids of each file are known."""
     size = size or CHUNK_BYTES
     held, at = b"", 0
-    for block in _blocks(span, size):
+    for block, opens, opens_file in _blocks(span, size):
+        after = block[len(BOM):] if opens_file and block.startswith(BOM) else block  # a file's BOM is no text
+        if opens and held and _may_cut_at(held[-8:] + after[:8], len(held[-8:]), kind):
+            yield held, at
+            at += len(held)
+            held = b""
         held += block
         if len(held) < size:
             continue
@@ -268,20 +280,22 @@ def cache_lock(path: Path):
 
 
 def encode_to_file(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, workers: int = 1,
-                   progress: bool = False) -> None:
+                   progress: bool = False, index: Callable[[list[int | None], int], None] | None = None) -> None:
     """:func:`_encode` under :func:`cache_lock`: one process encodes, the others find the file written."""
     with cache_lock(path):
         if not Path(path).is_file():
-            _encode(span, tokenizer, Path(path), dtype, workers=workers, progress=progress)
+            _encode(span, tokenizer, Path(path), dtype, workers=workers, progress=progress, index=index)
 
 
 def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, workers: int = 1,
-            progress: bool = False) -> None:
-    """Encode the span with ``tokenizer`` (word or BPE) into the 1-D ``.npy`` array file ``path``.
+            progress: bool = False, index: Callable[[list[int | None], int], None] | None = None) -> None:
+    """Encode the span with ``tokenizer`` (char, word or BPE) into the 1-D ``.npy`` array file ``path``.
 
     The ids go into ``PATH.part`` as each chunk is encoded (by ``workers`` processes, at most two chunks
     each in flight, kept in order); ``PATH.part.json`` records after each chunk how far the text and the
-    ids have got, so a run killed midway starts again from there. The finished file is renamed into place.
+    ids have got, so a run killed midway starts again from there. Before the finished file is renamed
+    into place, ``index(first_ids, n_ids)`` is called with the id each of the span's pieces starts at
+    (None for a piece whose first line goes on from the previous one's: no chunk starts there).
 
     Raises:
         TxlError: a file that cannot be read or is not UTF-8 (named with the file and byte), a character
@@ -290,12 +304,17 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
     dtype = np.dtype(dtype)
     part, record = Path(f"{path}.part"), Path(f"{path}.part.json")
     done_bytes = done_ids = 0
+    starts = {int(b): i for i, b in enumerate(np.cumsum([0] + [end - start for _, start, end in span])[:-1])}
+    first_ids: list[int | None] = [None] * len(span)
     if part.is_file() and record.is_file():
         try:
             state = json.loads(record.read_text(encoding="utf-8"))
             done_bytes, done_ids = int(state["text_bytes"]), int(state["ids"])
+            first_ids = [None if v is None else int(v) for v in state.get("first_ids") or []][:len(span)]
+            first_ids += [None] * (len(span) - len(first_ids))
         except (OSError, ValueError, KeyError, TypeError):
             done_bytes = done_ids = 0
+            first_ids = [None] * len(span)
     try:
         out = open(part, "r+b" if done_bytes else "wb")
         out.write(_header(dtype, 0))
@@ -341,9 +360,12 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
                 submit()
                 out.write(ids)
                 out.flush()
+                if at in starts:  # a piece (a file) starts with this chunk
+                    first_ids[starts[at]] = done_ids
                 done_bytes += len(data)
                 done_ids += len(ids) // dtype.itemsize
-                record.write_text(json.dumps({"text_bytes": done_bytes, "ids": done_ids}), encoding="utf-8")
+                record.write_text(json.dumps({"text_bytes": done_bytes, "ids": done_ids, "first_ids": first_ids}),
+                                  encoding="utf-8")
                 bar.update(len(data))
             out.seek(0)
             out.write(_header(dtype, done_ids))
@@ -354,6 +376,8 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+    if index is not None:
+        index(first_ids, done_ids)
     os.replace(part, path)
     record.unlink(missing_ok=True)
 

@@ -6,7 +6,9 @@ memory-mapped (:func:`txl.data.corpus.encode_corpus` and the loaders use it).
 - :func:`mapped`, :func:`cached`: a cache file read back mapped, or computed in memory and stored;
 - :func:`copy_bytes`: byte-level text copied into the cache 16 MiB at a time;
 - :func:`streamed`, :func:`streamed_vocabulary`: char, word and BPE text counted and encoded chunk by chunk
-  (:mod:`txl.data.streaming`), the vocabulary kept beside the ids.
+  (:mod:`txl.data.streaming`), the vocabulary kept beside the ids;
+- :func:`write_index`, :func:`read_index`: ``<key>.index.json`` beside each array, its sources (files or
+  byte ranges of them) and the id each starts at: the document boundaries.
 
 Every file is written atomically or under :func:`~txl.data.streaming.cache_lock`, so processes that
 share a cache folder (the ranks of ``--nproc``) make each file once.
@@ -25,7 +27,7 @@ import numpy as np
 
 from txl.data.files import _file_size, _io
 from txl.data.streaming import cache_lock, chunk_text, chunks, encode_to_file, word_counts
-from txl.data.tokenizers import Tokenizer, WordTokenizer
+from txl.data.tokenizers import ByteTokenizer, Tokenizer, WordTokenizer
 from txl.errors import TxlError
 from txl.fileio import atomic_write
 
@@ -160,6 +162,37 @@ def _known(known: dict, path: Path, stamp: list[int]) -> bool:
     return isinstance(entry, list) and len(entry) == 5 and entry[:4] == stamp and isinstance(entry[4], str)
 
 
+def index_path(path: Path) -> Path:
+    """The index of the cache file ``<key>.npy``: ``<key>.index.json``."""
+    return Path(path).with_suffix(".index.json")
+
+
+def write_index(path: Path, tokenizer: Tokenizer, dtype: np.dtype, n_tokens: int, span: Sequence,
+                first_tokens: Sequence[int | None]) -> None:
+    """Write the index of the cache file ``path``: the tokenizer, dtype and length of its array, and each
+    source (a file, or the byte range of one that a split takes) with the id it starts at (None where its
+    first line goes on from the previous source's: no id starts it). One file is one document (a book of
+    PG-19), so the starts are the document boundaries. An index that cannot be written is left out."""
+    doc = {"format": CACHE_FORMAT, "tokenizer": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
+           "dtype": np.dtype(dtype).name, "tokens": int(n_tokens),
+           "sources": [{"path": str(Path(p).resolve()), "bytes": [int(lo), int(hi)],
+                        "first_token": None if first is None else int(first)}
+                       for (p, lo, hi), first in zip(span, first_tokens)]}
+    try:
+        atomic_write(index_path(path), lambda tmp: Path(tmp).write_text(json.dumps(doc, indent=1), encoding="utf-8"))
+    except (OSError, TxlError):
+        pass
+
+
+def read_index(path: PathLike) -> dict | None:
+    """The index of the cache file ``path`` (:func:`write_index`), or None when it has none or it is unreadable."""
+    try:
+        doc = json.loads(index_path(Path(path)).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and doc.get("format") == CACHE_FORMAT else None
+
+
 def copied(cache_dir: PathLike, key: str, paths: list[Path], hashes: list[tuple[str, str]]) -> np.ndarray:
     """``<cache_dir>/<key>.npy`` memory-mapped, the byte tokens of ``paths`` copied there first when missing
     (:func:`copy_bytes`; under --nproc one rank copies, the others find the copy)."""
@@ -171,6 +204,10 @@ def copied(cache_dir: PathLike, key: str, paths: list[Path], hashes: list[tuple[
             if arr is None:
                 copy_bytes(paths, hashes, path)
                 arr = mapped(path, np.dtype(np.uint8))
+    if arr is not None and read_index(path) is None:  # a byte corpus: each file starts at its byte offset
+        sizes = [_file_size(p) for p in paths]
+        write_index(path, ByteTokenizer(), np.uint8, len(arr), [(p, 0, n) for p, n in zip(paths, sizes)],
+                    np.cumsum([0] + sizes)[:-1].tolist())
     return arr
 
 
@@ -221,7 +258,8 @@ def streamed(cache_dir: PathLike, key: str, dtype: np.dtype, span, tokenizer: To
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise TxlError(f"cannot write token cache {path}: {e.strerror or e}; choose a writable cache_dir") from None
-        encode_to_file(span, tokenizer, path, dtype, workers=workers, progress=progress)
+        encode_to_file(span, tokenizer, path, dtype, workers=workers, progress=progress,
+                       index=lambda first, n: write_index(path, tokenizer, dtype, n, span, first))
         arr = mapped(path, dtype)
     if arr is None:
         raise TxlError(f"token cache {path} could not be read back; remove it and run again")
