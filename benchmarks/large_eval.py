@@ -85,7 +85,7 @@ def main() -> int:
     corpus = work / f"corpus-{args.size_gb:g}gb.txt"
     make_corpus(corpus, size)
     cache, out = work / "cache-eval", work / "run-eval"
-    subprocess.run(["rm", "-rf", str(out)], check=True)
+    subprocess.run(["rm", "-rf", str(out), str(work / "recl-eval")], check=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + str(ROOT / "studies"),
            "XDG_CACHE_HOME": str(cache)}
     txl = [sys.executable, "-m", "txl"]
@@ -96,7 +96,7 @@ def main() -> int:
     evaluate = ["eval", str(out), "--split", "valid", "--max-tokens", str(args.max_tokens), "--batch-size", "8"]
     rows["eval"] = timed(txl + evaluate, env, "txl " + shlex.join(evaluate))
     recl = ["recl", str(out), str(out), "--names", "a,b", "--positions", "64", "--max-context", "64",
-            "--no-plot", "--out", str(work / "recl-eval"), "--force"]
+            "--no-plot", "--out", str(work / "recl-eval")]
     rows["recl"] = timed(txl + recl, env, "txl " + shlex.join(recl))
     for name, release in (("full_pass", 64 << 20), ("full_pass_without_release", 1 << 62)):
         code = FULL_PASS.format(corpus=str(corpus), split=SPLIT, release=release)
