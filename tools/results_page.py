@@ -444,7 +444,7 @@ def large_eval(docs):
     base = r.get("eval_base", {}).get("commit", "")
     labels = [("train", "`txl train` (2 steps, final evaluation on 200,000 tokens)"),
               ("eval", "`txl eval RUN --split valid --max-tokens 200000`"),
-              ("eval_base", f"the same `txl eval` at {base}, which turned the split into int64 first"),
+              ("eval_base", f"baseline: the same `txl eval` reading the split as one int64 array (commit {base})"),
               ("recl", "`txl recl RUN RUN` on the test split (the two models' splits compared too)"),
               ("full_pass", "a full pass over the valid split"),
               ("full_pass_without_release", "the same pass without handing the pages back")]
