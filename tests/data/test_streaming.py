@@ -99,10 +99,15 @@ def test_a_killed_encoding_goes_on_from_where_it_stopped(tmp_path, monkeypatch):
     assert done["text_bytes"] == sum(calls[:4]) < files[0].stat().st_size  # four chunks of the first file recorded
     calls.clear()
     monkeypatch.setattr(streaming, "_encode_chunk", counted)
-    streaming.encode_to_file(span, tok, out, np.dtype(np.uint16))
+    resumed, fresh = [], []
+    streaming.encode_to_file(span, tok, out, np.dtype(np.uint16), index=lambda first, n: resumed.append((first, n)))
     # only the rest was encoded again (less the second file's byte-order mark, which is not text)
     assert sum(calls) == streaming.span_bytes(span) - done["text_bytes"] - 3
     assert np.array_equal(np.load(out), tok.encode(_whole(files)))
+    streaming.encode_to_file(span, tok, tmp_path / "again.npy", np.dtype(np.uint16),
+                             index=lambda first, n: fresh.append((first, n)))
+    expected = [len(tok.encode(_whole(files[:i]))) for i in range(3)]
+    assert resumed == fresh == [(expected, len(np.load(out)))]  # the first file's start came from the record
     assert not Path(f"{out}.part").exists() and not Path(f"{out}.part.json").exists()
 
 

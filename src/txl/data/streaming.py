@@ -293,7 +293,8 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
 
     The ids go into ``PATH.part`` as each chunk is encoded (by ``workers`` processes, at most two chunks
     each in flight, kept in order); ``PATH.part.json`` records after each chunk how far the text and the
-    ids have got, so a run killed midway starts again from there. Before the finished file is renamed
+    ids have got, so a run killed midway starts again from there (``PATH.part.starts`` the pieces' first ids
+    found so far, one line each). Before the finished file is renamed
     into place, ``index(first_ids, n_ids)`` is called with the id each of the span's pieces starts at
     (None for a piece whose first line goes on from the previous one's: no chunk starts there).
 
@@ -302,7 +303,7 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
             the tokenizer cannot encode, or a cache that cannot be written.
     """
     dtype = np.dtype(dtype)
-    part, record = Path(f"{path}.part"), Path(f"{path}.part.json")
+    part, record, found = Path(f"{path}.part"), Path(f"{path}.part.json"), Path(f"{path}.part.starts")
     done_bytes = done_ids = 0
     starts = {int(b): i for i, b in enumerate(np.cumsum([0] + [end - start for _, start, end in span])[:-1])}
     first_ids: list[int | None] = [None] * len(span)
@@ -310,12 +311,16 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
         try:
             state = json.loads(record.read_text(encoding="utf-8"))
             done_bytes, done_ids = int(state["text_bytes"]), int(state["ids"])
-            first_ids = [None if v is None else int(v) for v in state.get("first_ids") or []][:len(span)]
-            first_ids += [None] * (len(span) - len(first_ids))
+            for line in found.read_text(encoding="utf-8").split() if found.is_file() else []:
+                piece, first = map(int, line.split(":"))
+                if 0 <= piece < len(span) and first <= done_ids:
+                    first_ids[piece] = first
         except (OSError, ValueError, KeyError, TypeError):
             done_bytes = done_ids = 0
             first_ids = [None] * len(span)
     try:
+        if not done_bytes:
+            found.unlink(missing_ok=True)  # an earlier attempt's, if any
         out = open(part, "r+b" if done_bytes else "wb")
         out.write(_header(dtype, 0))
         out.truncate(HEADER_BYTES + done_ids * dtype.itemsize)
@@ -360,12 +365,13 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
                 submit()
                 out.write(ids)
                 out.flush()
-                if at in starts:  # a piece (a file) starts with this chunk
+                if at in starts:  # a piece (a file) starts with this chunk: noted in a file that only grows
                     first_ids[starts[at]] = done_ids
+                    with open(found, "a", encoding="utf-8") as f:
+                        f.write(f"{starts[at]}:{done_ids}\n")
                 done_bytes += len(data)
                 done_ids += len(ids) // dtype.itemsize
-                record.write_text(json.dumps({"text_bytes": done_bytes, "ids": done_ids, "first_ids": first_ids}),
-                                  encoding="utf-8")
+                record.write_text(json.dumps({"text_bytes": done_bytes, "ids": done_ids}), encoding="utf-8")
                 bar.update(len(data))
             out.seek(0)
             out.write(_header(dtype, done_ids))
@@ -380,6 +386,7 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
         index(first_ids, done_ids)
     os.replace(part, path)
     record.unlink(missing_ok=True)
+    found.unlink(missing_ok=True)
 
 
 def _skip(span: Span, n: int) -> Span:
