@@ -194,6 +194,8 @@ def test_lazy_streams_read_the_columns_and_rows_asked_for(n, batch_size, tgt_len
     pick = torch.tensor(sorted(data.draw(st.sets(st.integers(0, last - first - 1), min_size=1))))
     assert torch.equal(x[pick, cols], inputs[first:last][pick][:, cols])
     assert torch.equal(y[pick, cols], labels[first:last][pick][:, cols])
+    other, _ = it.streams(slice(0, first + 1))  # other rows, the same columns: not the block just read
+    assert torch.equal(other[:, cols], inputs[:first + 1, cols]) and torch.equal(x[:, cols], inputs[first:last, cols])
 
 
 def _resident_file_kb() -> int:

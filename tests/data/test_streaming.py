@@ -85,7 +85,7 @@ def test_a_killed_encoding_goes_on_from_where_it_stopped(tmp_path, monkeypatch):
     real, calls = streaming._encode_chunk, []
 
     def counted(job, die_at=None):
-        calls.append(len(job[0]))
+        calls.append(sum(map(len, job[0])))  # the chunk's bytes, its files' BOMs dropped
         if len(calls) == die_at:
             raise KeyboardInterrupt  # a kill in the middle of the fifth chunk
         return real(job)
@@ -205,12 +205,37 @@ def test_the_index_says_where_each_file_starts(tmp_path, monkeypatch, kind):
     if kind == "byte":
         sizes = [f.stat().st_size for f in files]
         assert found == [0, sizes[0], sizes[0] + sizes[1]]
-    else:
-        expected = [len(corpus.tokenizer.encode(_whole(files[:i]))) for i in range(3)]
-        assert found[0] == 0 and set(found) <= set(expected)  # a BPE file start between spaces is not cut
-        if kind != "bpe":
-            assert found == expected
+    else:  # (these files allow a BPE cut at each start: no space on either side of it)
+        assert found == [len(corpus.tokenizer.encode(_whole(files[:i]))) for i in range(3)]
     index = read_index(corpus.on_disk["train"][0])
     assert index["tokens"] == len(corpus.train) and [s["path"] for s in index["sources"]] == [str(f) for f in files]
     assert corpus.documents("valid") == [0]
     assert load_corpus(train=parts, valid=tmp_path / "valid.txt", tokenizer=kind, **opts).documents("train") is None
+
+
+@pytest.mark.parametrize("kind", ["char", "word", "bpe"])
+def test_a_file_that_ends_in_a_lone_cr_is_read_as_when_read_whole(tmp_path, monkeypatch, kind):
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "a.txt").write_bytes(b"hello there\nab\r")  # its last line ends in CR, the next file starts with LF
+    (parts / "b.txt").write_bytes(b"\ncd ef\n" * 3)
+    (tmp_path / "valid.txt").write_text("ab cd\n", encoding="utf-8")
+    opts = {"max_size": 270} if kind == "bpe" else {}
+    whole = load_corpus(train=parts, valid=tmp_path / "valid.txt", tokenizer=kind, **opts)
+    monkeypatch.setattr(streaming, "CHUNK_BYTES", 5)
+    streamed = load_corpus(train=parts, valid=tmp_path / "valid.txt", tokenizer=kind, cache_dir=tmp_path / "c", **opts)
+    assert streamed.tokenizer == whole.tokenizer and np.array_equal(streamed.train, whole.train)
+
+
+def test_a_split_that_begins_inside_a_file_lists_no_document_there(tmp_path):
+    from txl.errors import TxlError
+
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.txt").write_text("".join(f"{name} line {i}\n" for i in range(100)), encoding="utf-8")
+    corpus = load_corpus(tmp_path, "word", split=(0.25, 0.5, 0.25), cache_dir=tmp_path / "c")
+    a_words = len(corpus.tokenizer.encode((tmp_path / "a.txt").read_text()))
+    assert corpus.documents("train") == [0]
+    assert corpus.documents("valid") == [a_words - len(corpus.train)]  # b.txt starts inside the valid split
+    assert corpus.documents("test") == []
+    with pytest.raises(TxlError, match="no split 'vaild'"):
+        corpus.documents("vaild")

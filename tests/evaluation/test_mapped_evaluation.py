@@ -72,3 +72,20 @@ def test_an_id_outside_the_vocabulary_is_found_in_any_piece(split, monkeypatch):
     assert not equal_arrays(mapped_tokens, data[:-1])
     with pytest.raises(TxlError, match="1-D sequence of integer"):
         token_array(np.zeros(5))
+
+
+def test_only_the_tokens_read_are_checked_and_a_private_mapping_keeps_its_changes(tmp_path):
+    model = tiny_model()
+    tokens = np.random.default_rng(1).integers(0, 37, 5000).astype(np.uint8)
+    tokens[-1] = 200  # outside the vocabulary, past what max_tokens reads
+    np.save(tmp_path / "t.npy", tokens)
+    mapped_tokens = np.load(tmp_path / "t.npy", mmap_mode="r")
+    assert evaluate(model, mapped_tokens, max_tokens=100).n_tokens == 100
+    with pytest.raises(TxlError, match="token id 200 is outside the vocabulary"):
+        evaluate(model, mapped_tokens)
+    changed = np.load(tmp_path / "t.npy", mmap_mode="c")  # copy-on-write: changes live in its pages only
+    changed[-1] = 3
+    budget = mapped.PageBudget(changed, release_bytes=1)
+    budget.read(len(changed))
+    assert budget.releases == 0 and changed[-1] == 3
+    assert evaluate(model, changed).n_tokens == 4999

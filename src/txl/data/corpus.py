@@ -160,11 +160,16 @@ class CorpusSplits:
 
     def documents(self, name: str) -> list[int] | None:
         """Where the documents (the corpus files, e.g. the books of PG-19) of split ``name`` start: token
-        positions in the split, ascending, from the index of its token-cache file (the split's own first
-        token, the start of a document or of a part of one, is not listed unless a document starts there).
-        A file whose first line goes on from the previous file's last is no new document here. None when
-        the split is not in a token cache with an index (no cache folder, or a cache written without one).
+        positions in the split, ascending, from the index of its token-cache file. A split that begins
+        inside a file does not list its own first token; for char, word and BPE text a file whose first line
+        goes on from the previous file's last is no new document. None when the split is not in a token cache
+        with an index (no cache folder, or a cache written without one).
+
+        Raises:
+            TxlError: ``name`` is not "train", "valid" or "test".
         """
+        if name not in SPLITS:
+            raise TxlError(f"no split {name!r}: choose one of {', '.join(SPLITS)}")
         where = self.on_disk.get(name)
         index = read_index(where[0]) if where else None
         if index is None:
@@ -172,8 +177,8 @@ class CorpusSplits:
         file, offset, nbytes = where
         itemsize = np.dtype(index["dtype"]).itemsize
         first = (offset - int(np.load(file, mmap_mode="r").offset)) // itemsize
-        starts = (s.get("first_token") for s in index.get("sources", []))
-        return sorted(t - first for t in starts if isinstance(t, int) and first <= t < first + nbytes // itemsize)
+        starts = {s["first_token"] for s in index["sources"] if s["bytes"][0] == 0 and s["first_token"] is not None}
+        return sorted(t - first for t in starts if first <= t < first + nbytes // itemsize)
 
 
 def _on_disk(roots: dict[str, np.ndarray], parts: dict[str, np.ndarray]) -> dict[str, tuple[str, int, int]]:

@@ -2,9 +2,10 @@
 
 A split of a corpus larger than memory is a ``np.memmap`` of the token cache. Reading it touches its
 pages, and the pages a process has touched count in its resident memory until the kernel needs them
-back, so a pass over a 4 GB split would show 4 GB of RSS although nothing was copied. Every reader of
-txl (training, evaluation, dynamic evaluation, RECL) reads through :class:`PageBudget`, which hands the
-pages back to the page cache (``madvise(MADV_DONTNEED)`` on the read-only mapping: the file's pages stay
+back, so a pass over a 4 GB split would show 4 GB of RSS although nothing was copied. The readers that
+pass over a split (training and evaluation through :class:`~txl.data.iterators.LMOrderedIterator`, the
+sliding window, the range check and comparison below) read through :class:`PageBudget`, which hands the
+pages of a read-only mapping back to the page cache (``madvise(MADV_DONTNEED)`` on the read-only mapping: the file's pages stay
 cached, the next read maps them again without touching the disk) each time ``RELEASE_BYTES`` have been
 read. Arrays in memory (numpy, lists, tensors) are read as they are.
 """
@@ -34,7 +35,9 @@ class PageBudget:
     """
 
     def __init__(self, tokens, release_bytes: int = RELEASE_BYTES) -> None:
-        self._mmap = getattr(tokens, "_mmap", None) if isinstance(tokens, np.memmap) else None
+        # read-only mappings only: the pages of a copy-on-write one ("c") hold its changes, which a release drops
+        readonly = isinstance(tokens, np.memmap) and getattr(tokens, "mode", None) == "r"
+        self._mmap = getattr(tokens, "_mmap", None) if readonly else None
         self._itemsize = getattr(tokens, "itemsize", 8)
         self.release_bytes = release_bytes
         self._read = 0

@@ -22,6 +22,7 @@ from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 from pathlib import Path
 
 import numpy as np
@@ -159,30 +160,38 @@ def _cut(data: bytes, kind: str, lowest: int) -> int | None:
     return None
 
 
-def chunks(span: Span, kind: str, size: int | None = None) -> Iterator[tuple[bytes, int]]:
+class Chunk(NamedTuple):
+    """A piece of a span's text: its bytes, the byte of the span it starts at, and where in it files start."""
+
+    data: bytes
+    at: int
+    file_starts: list[int]
+
+
+def chunks(span: Span, kind: str, size: int | None = None) -> Iterator[Chunk]:
     """The span's text in chunks of about ``size`` bytes (default :data:`CHUNK_BYTES`) cut where ``kind``'s
-    tokenizer allows (see the module docstring), each with the byte of the span it starts at. A stretch
-    with no such place goes on into the next chunk (a text with none comes whole). Where a piece of the span
-    (a file) starts at such a place, a chunk starts there too, so the ids of each file are known."""
+    tokenizer allows (see the module docstring). A stretch with no such place goes on into the next chunk
+    (a text with none comes whole). Where a piece of the span (a file) starts at such a place, a chunk
+    starts there too, so the ids of each file are known."""
     size = size or CHUNK_BYTES
-    held, at = b"", 0
+    held, at, opened = b"", 0, []  # opened: where files start in ``held``
     for block, opens, opens_file in _blocks(span, size):
         after = block[len(BOM):] if opens_file and block.startswith(BOM) else block  # a file's BOM is no text
         if opens and held and _may_cut_at(held[-8:] + after[:8], len(held[-8:]), kind):
-            yield held, at
-            at += len(held)
-            held = b""
+            yield Chunk(held, at, opened)
+            held, at, opened = b"", at + len(held), []
+        if opens_file:
+            opened.append(len(held))
         held += block
         if len(held) < size:
             continue
         last = _cut(held, kind, len(held) // 2)
         if not last:
             continue
-        yield held[:last], at
-        at += last
-        held = held[last:]
+        yield Chunk(held[:last], at, [p for p in opened if p < last])
+        held, at, opened = held[last:], at + last, [p - last for p in opened if p >= last]
     if held:
-        yield held, at
+        yield Chunk(held, at, opened)
 
 
 def without_file_boms(data: bytes, span: Span, at: int) -> bytes:
@@ -198,21 +207,38 @@ def without_file_boms(data: bytes, span: Span, at: int) -> bytes:
     return data
 
 
-def chunk_text(data: bytes, span: Span, at: int, kind: str) -> str:
-    """A chunk's text (its files' byte-order marks dropped); a byte that is not UTF-8 is named by its
-    file and offset there."""
-    try:
-        return decode_utf8(without_file_boms(data, span, at), "", kind)
-    except TxlError:
-        error = None
+def file_parts(chunk: Chunk) -> list[tuple[int, bytes]]:
+    """The chunk cut where its files start, each part with its position in the chunk and without the
+    byte-order mark that opens its file: a file's text is decoded and normalised on its own, as when the
+    files are read whole (a lone CR that ends one file is a newline of its own)."""
+    cuts = sorted({0, *chunk.file_starts, len(chunk.data)})
+    parts = []
+    for lo, hi in zip(cuts, cuts[1:]):
+        part = chunk.data[lo:hi]
+        if lo in chunk.file_starts and part.startswith(BOM):
+            lo, part = lo + len(BOM), part[len(BOM):]
+        parts.append((lo, part))
+    return parts or [(0, b"")]
+
+
+def chunk_text(chunk: Chunk, span: Span, kind: str) -> str:
+    """A chunk's text (:func:`file_parts`, decoded); a byte that is not UTF-8 is named by its file and
+    offset there."""
+    texts = []
+    for lo, part in file_parts(chunk):
         try:
-            data.decode("utf-8")
-        except UnicodeDecodeError as err:
-            error = err
-        path, offset = locate(span, at + (error.start if error else 0))
-        raise TxlError(f"corpus file {path} is not UTF-8 text (invalid byte 0x{data[error.start]:02x} at byte offset "
-                       f"{offset}); the {kind} tokenizer needs UTF-8 text: use tokenizer=byte for arbitrary bytes"
-                       ) from None
+            texts.append(decode_utf8(part, "", kind))
+        except TxlError:
+            try:
+                part.decode("utf-8")
+                error_at = 0
+            except UnicodeDecodeError as err:
+                error_at = err.start
+            path, offset = locate(span, chunk.at + lo + error_at)
+            raise TxlError(f"corpus file {path} is not UTF-8 text (invalid byte 0x{part[error_at]:02x} at byte "
+                           f"offset {offset}); the {kind} tokenizer needs UTF-8 text: use tokenizer=byte for "
+                           "arbitrary bytes") from None
+    return "".join(texts)
 
 
 def word_counts(span: Span, lower: bool, normalize: str, progress: bool = False) -> Counter:
@@ -221,10 +247,23 @@ def word_counts(span: Span, lower: bool, normalize: str, progress: bool = False)
 
     counts: Counter = Counter()
     with progress_bar(span_bytes(span), _bar(span, progress), "counting words", unit="B", unit_scale=True) as bar:
-        for data, at in chunks(span, "word"):
-            counts.update(_line_words(chunk_text(data, span, at, "word"), lower, normalize))
-            bar.update(len(data))
+        for chunk in chunks(span, "word"):
+            counts.update(_line_words(chunk_text(chunk, span, "word"), lower, normalize))
+            bar.update(len(chunk.data))
     return counts
+
+
+def char_vocabulary(span: Span, progress: bool = False) -> Tokenizer:
+    """The characters of the span (as :meth:`CharTokenizer.build` finds them in the whole text), chunk by chunk."""
+    from txl.data.tokenizers import CharTokenizer
+
+    def texts(bar) -> Iterator[str]:
+        for chunk in chunks(span, "char"):
+            yield chunk_text(chunk, span, "char")
+            bar.update(len(chunk.data))
+
+    with progress_bar(span_bytes(span), _bar(span, progress), "counting characters", unit="B", unit_scale=True) as bar:
+        return CharTokenizer.build(texts(bar))
 
 
 def _bar(span: Span, progress: bool) -> bool:
@@ -247,12 +286,13 @@ def _start_worker(tokenizer: dict) -> None:
     _WORKER["tokenizer"] = tokenizer_from_dict(tokenizer)
 
 
-def _encode_chunk(job: tuple[bytes, str]) -> bytes | tuple[str, str]:
-    """A chunk's ids as bytes of ``dtype``, or ``("error", message)`` for the parent to place in its file."""
-    data, dtype = job
+def _encode_chunk(job: tuple[list[bytes], str]) -> bytes | tuple[str, str]:
+    """A chunk's ids (its :func:`file_parts`, each decoded on its own) as bytes of ``dtype``, or
+    ``("error", message)`` for the parent to place in its file."""
+    parts, dtype = job
     tokenizer = _WORKER["tokenizer"]
     try:
-        text = decode_utf8(data, "", tokenizer.kind)
+        text = "".join(decode_utf8(part, "", tokenizer.kind) for part in parts)
         return tokenizer.encode(text).astype(dtype).tobytes()
     except TxlError as err:
         return "error", str(err)
@@ -318,6 +358,8 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
         except (OSError, ValueError, KeyError, TypeError):
             done_bytes = done_ids = 0
             first_ids = [None] * len(span)
+        if done_bytes and not found.is_file():  # a record without the files' first ids: start again
+            done_bytes = done_ids = 0
     try:
         if not done_bytes:
             found.unlink(missing_ok=True)  # an earlier attempt's, if any
@@ -341,25 +383,29 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
         item = next(source, None)
         if item is None:
             return False
-        data, at = item
-        job = (without_file_boms(data, span, skipped + at), dtype.str)
-        pending.append((data, skipped + at, pool.submit(_encode_chunk, job) if pool else job))
+        job = ([part for _, part in file_parts(item)], dtype.str)
+        chunk = item._replace(at=skipped + item.at)
+        pending.append((chunk, pool.submit(_encode_chunk, job) if pool else job))
         return True
 
     try:
-        with out, progress_bar(span_bytes(span), _bar(span, progress), f"encoding ({tokenizer.kind})", unit="B",
+        with out, open(found, "a", encoding="utf-8") as noted, open(record, "w", encoding="utf-8") as progress_record, \
+                progress_bar(span_bytes(span), _bar(span, progress), f"encoding ({tokenizer.kind})", unit="B",
                                unit_scale=True, initial=done_bytes) as bar:
+            progress_record.write(json.dumps({"text_bytes": done_bytes, "ids": done_ids}))  # (opened empty)
+            progress_record.flush()
             while len(pending) < 2 * max(workers, 1) and submit():
                 pass
             while pending:
-                data, at, job = pending.popleft()
+                chunk, job = pending.popleft()
+                data, at = chunk.data, chunk.at
                 try:
                     ids = job.result() if pool else _encode_chunk(job)
                 except BrokenProcessPool:
                     raise TxlError("a tokenizing worker process died (killed, or out of memory?); run again (the "
                                    "chunks encoded so far are kept), with fewer data.workers") from None
                 if isinstance(ids, tuple):
-                    chunk_text(data, span, at, tokenizer.kind)  # names the file and byte of a UTF-8 error
+                    chunk_text(chunk, span, tokenizer.kind)  # names the file and byte of a UTF-8 error
                     where, offset = locate(span, at)
                     raise TxlError(f"corpus file {where} (the text from byte {offset:,}): {ids[1]}")
                 submit()
@@ -367,11 +413,14 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
                 out.flush()
                 if at in starts:  # a piece (a file) starts with this chunk: noted in a file that only grows
                     first_ids[starts[at]] = done_ids
-                    with open(found, "a", encoding="utf-8") as f:
-                        f.write(f"{starts[at]}:{done_ids}\n")
+                    noted.write(f"{starts[at]}:{done_ids}\n")
+                    noted.flush()
                 done_bytes += len(data)
                 done_ids += len(ids) // dtype.itemsize
-                record.write_text(json.dumps({"text_bytes": done_bytes, "ids": done_ids}), encoding="utf-8")
+                progress_record.seek(0)
+                progress_record.write(json.dumps({"text_bytes": done_bytes, "ids": done_ids}))
+                progress_record.truncate()
+                progress_record.flush()
                 bar.update(len(data))
             out.seek(0)
             out.write(_header(dtype, done_ids))

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from txl.data.files import _file_size, _io
-from txl.data.streaming import cache_lock, chunk_text, chunks, encode_to_file, word_counts
+from txl.data.streaming import cache_lock, char_vocabulary, chunk_text, chunks, encode_to_file, word_counts
 from txl.data.tokenizers import ByteTokenizer, Tokenizer, WordTokenizer
 from txl.errors import TxlError
 from txl.fileio import atomic_write
@@ -118,10 +118,11 @@ def file_hashes(paths: Sequence[Path], cache_dir: PathLike | None = None) -> lis
     if cache_dir is None:
         return [(str(p), _file_sha256(p)) for p in paths]
     record = Path(cache_dir) / HASHES_NAME
+    names = [str(Path(path).resolve()) for path in paths]
     stamps = [_stamp(path) for path in paths]
     known = _read_record(record)
-    if all(_known(known, path, stamp) for path, stamp in zip(paths, stamps)):
-        return [(str(path), known[str(Path(path).resolve())][4]) for path in paths]
+    if all(_known(known, name, stamp) for name, stamp in zip(names, stamps)):
+        return [(str(path), known[name][4]) for path, name in zip(paths, names)]
     with contextlib.ExitStack() as held:
         try:
             held.enter_context(cache_lock(record))  # the ranks of --nproc: one hashes, the others read its record
@@ -129,9 +130,8 @@ def file_hashes(paths: Sequence[Path], cache_dir: PathLike | None = None) -> lis
             pass  # an unwritable cache folder: hash, keep nothing
         known = _read_record(record)
         found, changed = [], False
-        for path, stamp in zip(paths, stamps):
-            name = str(Path(path).resolve())
-            if not _known(known, path, stamp):
+        for path, name, stamp in zip(paths, names, stamps):
+            if not _known(known, name, stamp):
                 known[name], changed = [*stamp, _file_sha256(path)], True
             found.append((str(path), known[name][4]))
         if changed:
@@ -156,9 +156,9 @@ def _read_record(record: Path) -> dict:
     return known if isinstance(known, dict) else {}
 
 
-def _known(known: dict, path: Path, stamp: list[int]) -> bool:
-    """Whether the record holds a digest of ``path`` taken when it had ``stamp``."""
-    entry = known.get(str(Path(path).resolve()))
+def _known(known: dict, name: str, stamp: list[int]) -> bool:
+    """Whether the record holds a digest of the file ``name`` (resolved) taken when it had ``stamp``."""
+    entry = known.get(name)
     return isinstance(entry, list) and len(entry) == 5 and entry[:4] == stamp and isinstance(entry[4], str)
 
 
@@ -175,7 +175,7 @@ def write_index(path: Path, tokenizer: Tokenizer, dtype: np.dtype, n_tokens: int
     PG-19), so the starts are the document boundaries. An index that cannot be written is left out."""
     doc = {"format": CACHE_FORMAT, "tokenizer": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
            "dtype": np.dtype(dtype).name, "tokens": int(n_tokens),
-           "sources": [{"path": str(Path(p).resolve()), "bytes": [int(lo), int(hi)],
+           "sources": [{"path": os.path.abspath(p), "bytes": [int(lo), int(hi)],
                         "first_token": None if first is None else int(first)}
                        for (p, lo, hi), first in zip(span, first_tokens)]}
     try:
@@ -188,9 +188,13 @@ def read_index(path: PathLike) -> dict | None:
     """The index of the cache file ``path`` (:func:`write_index`), or None when it has none or it is unreadable."""
     try:
         doc = json.loads(index_path(Path(path)).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        np.dtype(doc["dtype"])
+        sources = doc["sources"]
+        ok = doc["format"] == CACHE_FORMAT and all(
+            isinstance(s["first_token"], (int, type(None))) and len(s["bytes"]) == 2 for s in sources)
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    return doc if isinstance(doc, dict) and doc.get("format") == CACHE_FORMAT else None
+    return doc if ok else None
 
 
 def copied(cache_dir: PathLike, key: str, paths: list[Path], hashes: list[tuple[str, str]]) -> np.ndarray:
@@ -286,17 +290,15 @@ def streamed_vocabulary(kind: str, span, opts: dict, hashes: list, extra: dict, 
 def _build_vocabulary(kind: str, span, opts: dict, path: Path, progress: bool) -> Tokenizer:
     """:func:`streamed_vocabulary`'s work: count or train, then keep the vocabulary at ``path``."""
     if kind == "char":
-        from txl.data.tokenizers import CharTokenizer
-
-        tok: Tokenizer = CharTokenizer.build(chunk_text(data, span, at, kind) for data, at in chunks(span, kind))
+        tok: Tokenizer = char_vocabulary(span, progress=progress)
     elif kind == "word":
         counts = word_counts(span, opts["lower"], opts["normalize"], progress=progress)
         tok = WordTokenizer.from_counts(counts, min_freq=opts["min_freq"], max_size=opts["max_size"],
-                                                   lower=opts["lower"], normalize=opts["normalize"])
+                                        lower=opts["lower"], normalize=opts["normalize"])
     else:
         from txl.data.tokenizers.bpe import BPETokenizer
 
-        texts = (chunk_text(data, span, at, kind) for data, at in chunks(span, "bpe"))
+        texts = (chunk_text(chunk, span, kind) for chunk in chunks(span, "bpe"))
         tok = BPETokenizer.build(texts, vocab_size=opts["max_size"] or BPE_DEFAULT_VOCAB, min_frequency=opts["min_freq"])
     try:
         atomic_write(path, lambda tmp: tok.save(tmp))

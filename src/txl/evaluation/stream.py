@@ -135,14 +135,14 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     """
     if compiled:
         check_compilable(model.config, "--compile")
-    tokens = token_array(tokens, vocab_size=model.config.vocab_size, min_tokens=0)  # the iterator says how many
     device = next(model.parameters()).device
     span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
                         same_length=same_length, cmem_len=cmem_len)
     has_memory = model.config.has_memory
     context = span.mem_len if warmup and has_memory else 0
-    if max_tokens:
-        tokens = tokens[: max_tokens + 1 + context]
+    # only what is read is checked (the iterator says whether there is enough)
+    tokens = token_array(tokens, vocab_size=model.config.vocab_size, min_tokens=0,
+                         max_tokens=max_tokens + context if max_tokens else 0)
     if isinstance(batch_size, numbers.Integral) and not isinstance(batch_size, bool):
         # streams beyond one per target would hold padding only: same result, without their memory
         batch_size = max(1, min(int(batch_size), len(tokens) - 1 - context))

@@ -96,7 +96,7 @@ class CharTokenizer(Tokenizer):
 
         Raises :class:`TxlError` if ``text`` is empty or not a string (or holds a piece that is not).
         """
-        if not isinstance(text, (str, Iterable)):
+        if isinstance(text, (bytes, bytearray)) or not isinstance(text, (str, Iterable)):
             raise TxlError(f"CharTokenizer.build takes a text (a string), got {type(text).__name__}")
         codes = np.zeros(0, dtype=np.uint32)
         for piece in [text] if isinstance(text, str) else text:
