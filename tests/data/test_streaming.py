@@ -209,6 +209,7 @@ def test_the_index_says_where_each_file_starts(tmp_path, monkeypatch, kind):
         assert found == [len(corpus.tokenizer.encode(_whole(files[:i]))) for i in range(3)]
     index = read_index(corpus.on_disk["train"][0])
     assert index["tokens"] == len(corpus.train) and [s["path"] for s in index["sources"]] == [str(f) for f in files]
+    assert index["fingerprint"] == Path(corpus.on_disk["train"][0]).stem and index["tokenizer"] == kind
     assert corpus.documents("valid") == [0]
     assert load_corpus(train=parts, valid=tmp_path / "valid.txt", tokenizer=kind, **opts).documents("train") is None
 

@@ -169,11 +169,13 @@ def index_path(path: Path) -> Path:
 
 def write_index(path: Path, tokenizer: Tokenizer, dtype: np.dtype, n_tokens: int, span: Sequence,
                 first_tokens: Sequence[int | None]) -> None:
-    """Write the index of the cache file ``path``: the tokenizer, dtype and length of its array, and each
+    """Write the index of the cache file ``path``: its fingerprint (the cache key: :func:`fingerprint`), the
+    tokenizer, dtype and length of its array, and each
     source (a file, or the byte range of one that a split takes) with the id it starts at (None where its
     first line goes on from the previous source's: no id starts it). One file is one document (a book of
     PG-19), so the starts are the document boundaries. An index that cannot be written is left out."""
-    doc = {"format": CACHE_FORMAT, "tokenizer": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
+    doc = {"format": CACHE_FORMAT, "fingerprint": Path(path).stem, "tokenizer": tokenizer.kind,
+           "vocab_size": tokenizer.vocab_size,
            "dtype": np.dtype(dtype).name, "tokens": int(n_tokens),
            "sources": [{"path": os.path.abspath(p), "bytes": [int(lo), int(hi)],
                         "first_token": None if first is None else int(first)}
