@@ -85,7 +85,7 @@ def test_a_killed_encoding_goes_on_from_where_it_stopped(tmp_path, monkeypatch):
     real, calls = streaming._encode_chunk, []
 
     def counted(job, die_at=None):
-        calls.append(sum(map(len, job[0])))  # the chunk's bytes, its files' BOMs dropped
+        calls.append(sum(map(len, job[0])))  # the chunk's bytes
         if len(calls) == die_at:
             raise KeyboardInterrupt  # a kill in the middle of the fifth chunk
         return real(job)
@@ -100,12 +100,11 @@ def test_a_killed_encoding_goes_on_from_where_it_stopped(tmp_path, monkeypatch):
     calls.clear()
     monkeypatch.setattr(streaming, "_encode_chunk", counted)
     resumed, fresh = [], []
-    streaming.encode_to_file(span, tok, out, np.dtype(np.uint16), index=lambda first, n: resumed.append((first, n)))
-    # only the rest was encoded again (less the second file's byte-order mark, which is not text)
-    assert sum(calls) == streaming.span_bytes(span) - done["text_bytes"] - 3
+    streaming.encode_to_file(span, tok, out, np.dtype(np.uint16), finish=lambda first, n: resumed.append((first, n)))
+    assert sum(calls) == streaming.span_bytes(span) - done["text_bytes"]  # only the rest was encoded again
     assert np.array_equal(np.load(out), tok.encode(_whole(files)))
     streaming.encode_to_file(span, tok, tmp_path / "again.npy", np.dtype(np.uint16),
-                             index=lambda first, n: fresh.append((first, n)))
+                             finish=lambda first, n: fresh.append((first, n)))
     expected = [len(tok.encode(_whole(files[:i]))) for i in range(3)]
     assert resumed == fresh == [(expected, len(np.load(out)))]  # the first file's start came from the record
     assert not Path(f"{out}.part").exists() and not Path(f"{out}.part.json").exists()
@@ -240,3 +239,85 @@ def test_a_split_that_begins_inside_a_file_lists_no_document_there(tmp_path):
     assert corpus.documents("test") == []
     with pytest.raises(TxlError, match="no split 'vaild'"):
         corpus.documents("vaild")
+
+
+ODD_FILES = {  # byte-order marks, lone CRs and missing newlines where chunks and files meet
+    "double BOM first": ["\ufeff\ufeff\ufeffab\n", "de\n"], "double BOM second": ["ab\n", "\ufeff\ufeffcd\n"],
+    "BOM only": ["ab\n", "\ufeff", "cd\n"], "lone CR ends a file": ["ab\r", "\ncd\r\n"],
+    "U+FEFF after a newline": ["ab\n\ufeffcd\n\ufeff\n", "x\n"], "no newlines": ["ab", "cd", "ef"],
+    "an empty file": ["ab\n", "", "cd\n"], "CR only": ["a\rb\rc", "\rd"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(ODD_FILES))
+def test_ids_do_not_depend_on_where_chunks_are_cut(tmp_path, monkeypatch, case):
+    from txl.data.corpus import build_tokenizer, encode_corpus
+    from txl.data.files import _read_text
+
+    paths = []
+    for i, text in enumerate(ODD_FILES[case]):
+        paths.append(tmp_path / f"f{i}.txt")
+        paths[-1].write_bytes(text.encode("utf-8"))
+    for kind in ("char", "word", "bpe"):
+        tok = build_tokenizer(kind, _read_text(paths, kind), max_size=300)
+        whole = encode_corpus(paths, tok)
+        for size in (1, 4, 7, 1 << 24):
+            monkeypatch.setattr(streaming, "CHUNK_BYTES", size)
+            streamed = encode_corpus(paths, tok, tmp_path / f"cache-{kind}-{size}")
+            assert np.array_equal(streamed, whole), (kind, size)
+
+
+def test_a_resume_record_that_does_not_fit_starts_again(tmp_path, monkeypatch):
+    files = _corpus(tmp_path, 6)
+    tok = WordTokenizer.build([f.read_text(encoding="utf-8") for f in files])
+    span = streaming.span_of(files, 0, sum(f.stat().st_size for f in files))
+    monkeypatch.setattr(streaming, "CHUNK_BYTES", 150)
+    expected = tok.encode(_whole(files))
+    real, calls = streaming._encode_chunk, []
+
+    def dies_at_5(job):
+        calls.append(job)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real(job)
+
+    for damage in ("part cut short", "record past the text", "record off a line end"):
+        out, calls[:] = tmp_path / f"{damage}.npy", []
+        monkeypatch.setattr(streaming, "_encode_chunk", dies_at_5)
+        with pytest.raises(KeyboardInterrupt):
+            streaming.encode_to_file(span, tok, out, np.dtype(np.uint16))
+        part, record = Path(f"{out}.part"), Path(f"{out}.part.json")
+        state = json.loads(record.read_text())
+        if damage == "part cut short":  # what a crash before the ids reached the disk can leave
+            with open(part, "r+b") as f:
+                f.truncate(part.stat().st_size - 20)
+        else:
+            state["text_bytes"] += 10**9 if damage == "record past the text" else 3
+            record.write_text(json.dumps(state))
+        monkeypatch.setattr(streaming, "_encode_chunk", real)
+        streaming.encode_to_file(span, tok, out, np.dtype(np.uint16))
+        assert np.array_equal(np.load(out), expected), damage
+
+
+def test_a_file_that_changes_while_it_is_encoded_is_refused(tmp_path, monkeypatch):
+    from txl.data import token_cache
+    from txl.errors import TxlError
+
+    files = _corpus(tmp_path, 7)
+    real = streaming._encode_chunk
+
+    def rewrites(job):  # the corpus changes while its chunks are encoded
+        files[0].write_text("another text\n", encoding="utf-8")
+        return real(job)
+
+    monkeypatch.setattr(streaming, "_encode_chunk", rewrites)
+    with pytest.raises(TxlError, match="changed while it was read"):
+        load_corpus(train=files[0], valid=files[1], tokenizer="word", cache_dir=tmp_path / "c")
+    assert not list((tmp_path / "c").glob("*.npy*")) or all(not p.name.endswith(".npy")
+                                                            for p in (tmp_path / "c").iterdir())
+    monkeypatch.setattr(streaming, "_encode_chunk", real)
+    again = load_corpus(train=files[0], valid=files[1], tokenizer="word", cache_dir=tmp_path / "c")
+    assert again.tokenizer.decode(again.train).strip() == "another text"
+    monkeypatch.setattr(token_cache, "cache_lock", lambda path: (_ for _ in ()).throw(TxlError("read-only")))
+    kept = load_corpus(train=files[0], valid=files[1], tokenizer="word", cache_dir=tmp_path / "c")
+    assert np.array_equal(kept.train, again.train)  # a complete cache is read without taking a lock

@@ -89,3 +89,17 @@ def test_only_the_tokens_read_are_checked_and_a_private_mapping_keeps_its_change
     budget.read(len(changed))
     assert budget.releases == 0 and changed[-1] == 3
     assert evaluate(model, changed).n_tokens == 4999
+
+
+def test_counts_given_to_the_readers_are_checked():
+    model = tiny_model()
+    tokens = np.random.default_rng(2).integers(0, 37, 300)
+    for call in (lambda: evaluate(model, tokens, max_tokens=-5), lambda: evaluate(model, tokens, batch_size=0),
+                 lambda: evaluate_sliding_window(model, tokens, context=8, batch_size=0),
+                 lambda: evaluate_sliding_window(model, tokens, context=8.5),
+                 lambda: gradient_statistics(model, tokens, n_segments=2.5),
+                 lambda: dynamic_evaluate(model, tokens, max_tokens=-1)):
+        with pytest.raises(TxlError, match="must be an integer"):
+            call()
+    with pytest.raises(TxlError, match="outside the vocabulary"):
+        context_losses(model, np.r_[tokens, 99], [4], np.array([300]))

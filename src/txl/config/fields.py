@@ -209,6 +209,17 @@ def check_seed(value, name: str = "--seed") -> None:
         raise TxlError(f"{name} must be in [0, 2**{SEED_LIMIT.bit_length() - 1}), got {value}")
 
 
+def check_count(value, name: str, minimum: int = 0) -> None:
+    """The rule of a count given to a library function (``max_tokens``, ``batch_size``, ``n_segments``): an
+    integer (not a bool) of at least ``minimum``.
+
+    Raises:
+        TxlError: naming ``name`` and the value.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise TxlError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
 def check_threads(value, name: str = "--threads") -> None:
     """The one rule of a thread count (``--threads`` of every command and of the export runner,
     ``train.threads``): None (not given) or an integer from 0 (automatic: the free CPUs) to

@@ -89,7 +89,7 @@ def encode_corpus(files: Sequence[PathLike], tokenizer: Tokenizer, cache_dir: Pa
         return copied(cache_dir, key, paths, hashes)
     if tokenizer.kind in ("char", "word", "bpe"):
         return streamed(cache_dir, key, dtype, span_of(paths, 0, sum(_file_size(p) for p in paths)), tokenizer,
-                         workers, progress)
+                        workers, progress, hashes)
     return cached(cache_dir, key, dtype, compute)
 
 
@@ -175,8 +175,11 @@ class CorpusSplits:
         if index is None:
             return None
         file, offset, nbytes = where
-        itemsize = np.dtype(index["dtype"]).itemsize
-        first = (offset - int(np.load(file, mmap_mode="r").offset)) // itemsize
+        tokens = np.load(file, mmap_mode="r")
+        if np.dtype(index["dtype"]) != tokens.dtype or index["tokens"] != len(tokens):
+            return None  # an index that does not describe this array
+        itemsize = tokens.dtype.itemsize
+        first = (offset - int(tokens.offset)) // itemsize
         starts = {s["first_token"] for s in index["sources"] if s["bytes"][0] == 0 and s["first_token"] is not None}
         return sorted(t - first for t in starts if first <= t < first + nbytes // itemsize)
 
@@ -263,7 +266,7 @@ def _streamed_fraction_splits(
         tok = streamed_vocabulary(kind, spans["train"], opts, hashes, {"split": list(fr)}, cache_dir, stream[1])
     dtype = token_dtype(tok.vocab_size)
     parts = {name: streamed(cache_dir, fingerprint(tok, hashes, {"part": name, "split": list(fr)}), dtype,
-                             spans[name], tok, *stream) for name in SPLITS}
+                             spans[name], tok, *stream, hashes) for name in SPLITS}
     return tok, parts
 
 

@@ -201,17 +201,23 @@ class LMOrderedIterator:
     @property
     def inputs(self) -> torch.Tensor:
         """The whole input streams, int64 [B, W + L] on ``device``."""
-        return self.streams()[0][:, :]
+        return torch.from_numpy(self._rows(0, self.stream_len)[0]).to(self.device)
 
     @property
     def labels(self) -> torch.Tensor:
         """The whole label streams, int64 [B, W + L] on ``device``."""
-        return self.streams()[1][:, :]
+        return torch.from_numpy(self._rows(0, self.stream_len)[1]).to(self.device)
 
     def streams(self, rows: slice = slice(None)) -> tuple["StreamColumns", "StreamColumns"]:
-        """The inputs and labels of streams ``rows`` as two lazy [b, W + L] arrays for
+        """The inputs and labels of streams ``rows`` (a slice of unit step) as two lazy [b, W + L] arrays for
         :func:`txl.model.segments.segments`: indexing ``[rows, columns]`` reads only those columns'
-        tokens (a memory-mapped split stays on disk; resident memory does not grow with it)."""
+        tokens (a memory-mapped split stays on disk; resident memory does not grow with it).
+
+        Raises:
+            TxlError: ``rows`` that is not a slice of unit step.
+        """
+        if not isinstance(rows, slice) or rows.step not in (None, 1):
+            raise TxlError(f"streams() takes a slice of streams (e.g. slice(0, 4)), got {rows!r}")
         picked = range(self.batch_size)[rows]
         return StreamColumns(self, picked, labels=False), StreamColumns(self, picked, labels=True)
 
@@ -305,10 +311,13 @@ class StreamColumns:
         return self.shape if dim is None else self.shape[dim]
 
     def __getitem__(self, key) -> torch.Tensor:
+        if not (isinstance(key, tuple) and len(key) == 2 and isinstance(key[1], slice)):
+            raise TxlError(f"stream columns are read as [rows, start:stop], got {key!r}")
         pick, cols = key
         start, stop, step = cols.indices(self.shape[1])
         if step != 1:
             raise TxlError("stream columns are read as a contiguous range")
+        stop = max(start, stop)
         cached = self.batches._last_read
         if cached is None or cached[0] != self.rows or not cached[1] <= start <= stop <= cached[2]:
             width = max(stop - start, self.BLOCK_BYTES // (16 * max(len(self.rows), 1)))

@@ -17,6 +17,7 @@ import mmap
 import numpy as np
 import torch
 
+from txl.config import check_count
 from txl.errors import TxlError
 
 RELEASE_BYTES = 64 << 20
@@ -73,15 +74,18 @@ def token_array(tokens, *, vocab_size: int | None = None, min_tokens: int = 2, m
         TxlError: ``tokens`` that is not 1-D integer data (floats are refused, not truncated), an id outside
             the vocabulary, or fewer than ``min_tokens`` tokens.
     """
+    check_count(max_tokens, "max_tokens")
     if isinstance(tokens, torch.Tensor):
         if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
             raise TxlError(f"tokens must be a 1-D sequence of integer token ids, got dtype {tokens.dtype}")
+        if tokens.layout != torch.strided or tokens.is_meta:
+            raise TxlError(f"tokens must be a dense tensor with values, got layout {tokens.layout} on {tokens.device}")
         tokens = tokens.detach().cpu().numpy()
     try:
         arr = tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens)
     except (ValueError, TypeError) as e:  # ragged nested lists
         raise TxlError(f"tokens must be a 1-D sequence of integer token ids: {e}") from None
-    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+    if arr.ndim != 1 or not (arr.dtype.kind in "iu" or (arr.size == 0 and arr.dtype.kind == "f")):
         raise TxlError(f"tokens must be a 1-D sequence of integer token ids, got shape {arr.shape} dtype {arr.dtype}")
     if max_tokens:
         arr = arr[: max_tokens + 1]

@@ -137,11 +137,14 @@ def _char_after(data: bytes, start: int) -> str:
     return ""
 
 
-def _may_cut_at(data: bytes, after: int, kind: str) -> bool:
-    """Whether ``kind``'s chunks may end at ``after``: just after a newline, not before a byte-order mark,
-    and for BPE with a non-space character before the newline (a CR aside) and one after it."""
+def _may_cut_at(data: bytes, after: int, kind: str, file_end: bool = False) -> bool:
+    """Whether ``kind``'s chunks may end at ``after``: just after a newline (or, at the end of a file, a lone
+    CR: each file's line ends are read on their own), with at least the length of a byte-order mark seen
+    after it and none there (a text's leading U+FEFF is dropped: a chunk must not start with one), and for
+    BPE with a non-space character before the newline (a CR aside) and one after it."""
     pos = after - 1
-    if pos < 0 or data[pos] != 0x0A or data.startswith(BOM, after):
+    ends = (0x0A, 0x0D) if file_end else (0x0A,)
+    if pos < 0 or data[pos] not in ends or after + len(BOM) > len(data) or data.startswith(BOM, after):
         return False
     if kind != "bpe":
         return True
@@ -177,7 +180,7 @@ def chunks(span: Span, kind: str, size: int | None = None) -> Iterator[Chunk]:
     held, at, opened = b"", 0, []  # opened: where files start in ``held``
     for block, opens, opens_file in _blocks(span, size):
         after = block[len(BOM):] if opens_file and block.startswith(BOM) else block  # a file's BOM is no text
-        if opens and held and _may_cut_at(held[-8:] + after[:8], len(held[-8:]), kind):
+        if opens and held and _may_cut_at(held[-8:] + after[:8], len(held[-8:]), kind, file_end=opens_file):
             yield Chunk(held, at, opened)
             held, at, opened = b"", at + len(held), []
         if opens_file:
@@ -208,17 +211,12 @@ def without_file_boms(data: bytes, span: Span, at: int) -> bytes:
 
 
 def file_parts(chunk: Chunk) -> list[tuple[int, bytes]]:
-    """The chunk cut where its files start, each part with its position in the chunk and without the
-    byte-order mark that opens its file: a file's text is decoded and normalised on its own, as when the
-    files are read whole (a lone CR that ends one file is a newline of its own)."""
+    """The chunk cut where its files start, each part with its position in the chunk: a file's text is
+    decoded and normalised on its own (its byte-order mark dropped, a lone CR that ends it a newline of its
+    own), as when the files are read whole. A part that starts inside a file starts after a newline and
+    never with a U+FEFF (:func:`_may_cut_at`), so normalising it changes only its line ends."""
     cuts = sorted({0, *chunk.file_starts, len(chunk.data)})
-    parts = []
-    for lo, hi in zip(cuts, cuts[1:]):
-        part = chunk.data[lo:hi]
-        if lo in chunk.file_starts and part.startswith(BOM):
-            lo, part = lo + len(BOM), part[len(BOM):]
-        parts.append((lo, part))
-    return parts or [(0, b"")]
+    return [(lo, chunk.data[lo:hi]) for lo, hi in zip(cuts, cuts[1:])] or [(0, b"")]
 
 
 def chunk_text(chunk: Chunk, span: Span, kind: str) -> str:
@@ -320,23 +318,24 @@ def cache_lock(path: Path):
 
 
 def encode_to_file(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, workers: int = 1,
-                   progress: bool = False, index: Callable[[list[int | None], int], None] | None = None) -> None:
+                   progress: bool = False, finish: Callable[[list[int | None], int], None] | None = None) -> None:
     """:func:`_encode` under :func:`cache_lock`: one process encodes, the others find the file written."""
     with cache_lock(path):
         if not Path(path).is_file():
-            _encode(span, tokenizer, Path(path), dtype, workers=workers, progress=progress, index=index)
+            _encode(span, tokenizer, Path(path), dtype, workers=workers, progress=progress, finish=finish)
 
 
 def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, workers: int = 1,
-            progress: bool = False, index: Callable[[list[int | None], int], None] | None = None) -> None:
+            progress: bool = False, finish: Callable[[list[int | None], int], None] | None = None) -> None:
     """Encode the span with ``tokenizer`` (char, word or BPE) into the 1-D ``.npy`` array file ``path``.
 
     The ids go into ``PATH.part`` as each chunk is encoded (by ``workers`` processes, at most two chunks
     each in flight, kept in order); ``PATH.part.json`` records after each chunk how far the text and the
     ids have got, so a run killed midway starts again from there (``PATH.part.starts`` the pieces' first ids
-    found so far, one line each). Before the finished file is renamed
-    into place, ``index(first_ids, n_ids)`` is called with the id each of the span's pieces starts at
-    (None for a piece whose first line goes on from the previous one's: no chunk starts there).
+    found so far, one line each); a record that does not fit the span or the ids written is ignored. Before
+    the finished file is renamed into place, ``finish(first_ids, n_ids)`` is called with the id each of the
+    span's pieces starts at (None for a piece whose first line goes on from the previous one's: no chunk
+    starts there); it writes the index and may refuse the ids (a TxlError: the partial files are removed).
 
     Raises:
         TxlError: a file that cannot be read or is not UTF-8 (named with the file and byte), a character
@@ -358,8 +357,8 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
         except (OSError, ValueError, KeyError, TypeError):
             done_bytes = done_ids = 0
             first_ids = [None] * len(span)
-        if done_bytes and not found.is_file():  # a record without the files' first ids: start again
-            done_bytes = done_ids = 0
+        if done_bytes and not _resumable(span, done_bytes, done_ids, part, dtype, starts, found, tokenizer.kind):
+            done_bytes = done_ids = 0  # start again
     try:
         if not done_bytes:
             found.unlink(missing_ok=True)  # an earlier attempt's, if any
@@ -431,11 +430,31 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-    if index is not None:
-        index(first_ids, done_ids)
-    os.replace(part, path)
-    record.unlink(missing_ok=True)
-    found.unlink(missing_ok=True)
+    try:
+        if finish is not None:
+            finish(first_ids, done_ids)
+        os.replace(part, path)
+    except TxlError:
+        part.unlink(missing_ok=True)
+        raise
+    finally:
+        record.unlink(missing_ok=True)
+        found.unlink(missing_ok=True)
+
+
+def _resumable(span: Span, done_bytes: int, done_ids: int, part: Path, dtype: np.dtype, starts: dict,
+               found: Path, kind: str) -> bool:
+    """Whether a resume record fits: its text ends where a chunk may end, within the span, its ids are in the
+    partial file, and the files' first ids were noted (a record from before they were is not resumed)."""
+    if not (0 < done_bytes <= span_bytes(span) and done_ids >= 0 and found.is_file()):
+        return False
+    if part.stat().st_size < HEADER_BYTES + done_ids * dtype.itemsize:
+        return False
+    if done_bytes in starts or done_bytes == span_bytes(span):
+        return True
+    lo = max(0, done_bytes - 8)
+    window = b"".join(block for block, _, _ in _blocks(_skip(span, lo), 16))[:done_bytes + 8 - lo]
+    return _may_cut_at(window, done_bytes - lo, kind)
 
 
 def _skip(span: Span, n: int) -> Span:

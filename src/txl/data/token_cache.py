@@ -32,7 +32,7 @@ from txl.errors import TxlError
 from txl.fileio import atomic_write
 
 PathLike = str | os.PathLike[str]
-CACHE_FORMAT = "txl-token-cache-v2"  # v2: text tokenizers drop a BOM and read CRLF/CR as LF
+CACHE_FORMAT = "txl-token-cache-v3"  # v3: chunked text decoded file by file, never cut before a U+FEFF
 
 BPE_DEFAULT_VOCAB = 8000
 """Vocabulary size of a new ``"bpe"`` tokenizer when ``max_size`` is not given."""
@@ -188,13 +188,17 @@ def write_index(path: Path, tokenizer: Tokenizer, dtype: np.dtype, n_tokens: int
 
 def read_index(path: PathLike) -> dict | None:
     """The index of the cache file ``path`` (:func:`write_index`), or None when it has none or it is unreadable."""
+    def count(x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
     try:
         doc = json.loads(index_path(Path(path)).read_text(encoding="utf-8"))
-        np.dtype(doc["dtype"])
-        sources = doc["sources"]
-        ok = doc["format"] == CACHE_FORMAT and all(
-            isinstance(s["first_token"], (int, type(None))) and len(s["bytes"]) == 2 for s in sources)
-    except (OSError, ValueError, KeyError, TypeError):
+        dtype = np.dtype(doc["dtype"])
+        ok = (doc["format"] == CACHE_FORMAT and dtype.kind == "u" and dtype.itemsize in (1, 2, 4)
+              and count(doc["tokens"]) and all(
+                  (s["first_token"] is None or count(s["first_token"])) and isinstance(s["bytes"], list)
+                  and len(s["bytes"]) == 2 and all(count(b) for b in s["bytes"]) for s in doc["sources"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return doc if ok else None
 
@@ -254,8 +258,10 @@ def copy_bytes(paths: list[Path], hashes: list[tuple[str, str]], path: Path) -> 
 
 
 def streamed(cache_dir: PathLike, key: str, dtype: np.dtype, span, tokenizer: Tokenizer, workers: int,
-              progress: bool) -> np.ndarray:
-    """``<cache_dir>/<key>.npy`` memory-mapped, encoded chunk by chunk from ``span`` first when missing."""
+              progress: bool, hashes: list[tuple[str, str]]) -> np.ndarray:
+    """``<cache_dir>/<key>.npy`` memory-mapped, encoded chunk by chunk from ``span`` first when missing; the
+    files' ``hashes`` (those of the key) are taken again before the ids are kept: a file that changed while
+    it was encoded is refused (TxlError), nothing kept."""
     path = Path(cache_dir) / f"{key}.npy"
     arr = mapped(path, dtype)
     if arr is None:
@@ -264,8 +270,14 @@ def streamed(cache_dir: PathLike, key: str, dtype: np.dtype, span, tokenizer: To
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise TxlError(f"cannot write token cache {path}: {e.strerror or e}; choose a writable cache_dir") from None
-        encode_to_file(span, tokenizer, path, dtype, workers=workers, progress=progress,
-                       index=lambda first, n: write_index(path, tokenizer, dtype, n, span, first))
+        def finish(first: list[int | None], n: int) -> None:
+            if file_hashes([Path(name) for name, _ in hashes], cache_dir) != hashes:
+                raise TxlError(f"a corpus file ({', '.join(name for name, _ in hashes[:3])}"
+                               f"{', ...' if len(hashes) > 3 else ''}) changed while it was read; run again when "
+                               "nothing writes it")
+            write_index(path, tokenizer, dtype, n, span, first)
+
+        encode_to_file(span, tokenizer, path, dtype, workers=workers, progress=progress, finish=finish)
         arr = mapped(path, dtype)
     if arr is None:
         raise TxlError(f"token cache {path} could not be read back; remove it and run again")
@@ -276,17 +288,27 @@ def streamed_vocabulary(kind: str, span, opts: dict, hashes: list, extra: dict, 
                          progress: bool) -> Tokenizer:
     """A char, word or BPE vocabulary from the text of ``span``, read chunk by chunk; kept in the cache folder
     (keyed by the files, the options and ``extra``), so that the next run of the same corpus reads it."""
+    h = hashlib.sha256(json.dumps({"format": CACHE_FORMAT, "vocabulary": kind, "opts": opts, "files": hashes, **extra},
+                                  sort_keys=True).encode())
+    path = Path(cache_dir) / f"{h.hexdigest()}.vocab.json"
+    kept = _kept_vocabulary(path)
+    if kept is not None:  # read without the lock: a read-only cache folder works
+        return kept
+    with cache_lock(path):  # the ranks of --nproc: one counts, the others read what it kept
+        kept = _kept_vocabulary(path)
+        return kept if kept is not None else _build_vocabulary(kind, span, opts, path, progress)
+
+
+def _kept_vocabulary(path: Path) -> Tokenizer | None:
+    """The vocabulary kept at ``path``, or None (none, or a damaged file, which is made again)."""
     from txl.data.tokenizers import load_tokenizer
 
-    h = hashlib.sha256(json.dumps({"vocabulary": kind, "opts": opts, "files": hashes, **extra}, sort_keys=True).encode())
-    path = Path(cache_dir) / f"{h.hexdigest()}.vocab.json"
-    with cache_lock(path):  # the ranks of --nproc: one counts, the others read what it kept
-        if path.is_file():
-            try:
-                return load_tokenizer(path)
-            except TxlError:
-                pass  # a damaged file is made again
-        return _build_vocabulary(kind, span, opts, path, progress)
+    if not path.is_file():
+        return None
+    try:
+        return load_tokenizer(path)
+    except TxlError:
+        return None
 
 
 def _build_vocabulary(kind: str, span, opts: dict, path: Path, progress: bool) -> Tokenizer:

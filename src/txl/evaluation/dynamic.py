@@ -42,7 +42,7 @@ from txl.errors import TxlError
 from txl.model.quantize import check_float_model
 from txl.model.segments import eval_mode, segments
 from txl.evaluation.stream import EvalResult
-from txl.config import AttentionSpan, resolve_span
+from txl.config import AttentionSpan, check_count, resolve_span
 from txl.runtime import progress_bar
 
 METHODS = ("sgd", "rms")
@@ -85,8 +85,7 @@ def gradient_statistics(model, tokens: np.ndarray, *, tgt_len: int | None = None
             n_segments < 1; a model with int8 weights.
     """
     check_float_model(model, "gradient statistics")
-    if n_segments < 1:
-        raise TxlError("gradient statistics need at least 2 tokens and n_segments >= 1")
+    check_count(n_segments, "n_segments", 1)
     span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len)
     data = token_array(tokens, vocab_size=model.config.vocab_size, min_tokens=0, max_tokens=n_segments * span.tgt_len)
     if len(data) < 2:
@@ -223,6 +222,7 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
     """
     check_float_model(model, "dynamic evaluation")
     _check_settings(method, lr, decay)
+    check_count(max_tokens, "max_tokens")
     data = token_array(tokens, max_tokens=max_tokens, vocab_size=model.config.vocab_size)
     params = _params(model)
     _check_stats(params, stats)

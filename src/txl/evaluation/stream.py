@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from txl.config import IGNORE_INDEX, check_compilable, resolve_span, AttentionSpan
+from txl.config import IGNORE_INDEX, check_compilable, check_count, resolve_span, AttentionSpan
 from txl.data import LMOrderedIterator
 from txl.data.mapped import PageBudget, token_array
 from txl.errors import TxlError
@@ -135,6 +134,8 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     """
     if compiled:
         check_compilable(model.config, "--compile")
+    check_count(batch_size, "batch_size", 1)
+    check_count(max_tokens, "max_tokens")
     device = next(model.parameters()).device
     span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
                         same_length=same_length, cmem_len=cmem_len)
@@ -143,9 +144,8 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     # only what is read is checked (the iterator says whether there is enough)
     tokens = token_array(tokens, vocab_size=model.config.vocab_size, min_tokens=0,
                          max_tokens=max_tokens + context if max_tokens else 0)
-    if isinstance(batch_size, numbers.Integral) and not isinstance(batch_size, bool):
-        # streams beyond one per target would hold padding only: same result, without their memory
-        batch_size = max(1, min(int(batch_size), len(tokens) - 1 - context))
+    # streams beyond one per target would hold padding only: same result, without their memory
+    batch_size = max(1, min(int(batch_size), len(tokens) - 1 - context))
     batches = LMOrderedIterator(tokens, batch_size, span.tgt_len, context=context, device=device)
     inputs, labels = batches.streams(dist.rows(batch_size) if dist is not None else slice(None))  # read per segment
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, targets
@@ -196,8 +196,11 @@ def evaluate_sliding_window(model, tokens: np.ndarray, *, context: int, stride: 
         TxlError: bad context/stride, ``tokens`` that is not 1-D integer data or holds ids outside
             the vocabulary, or a split shorter than two tokens.
     """
-    if context < 1 or not 1 <= stride <= context:
-        raise TxlError(f"sliding window needs context >= 1 and 1 <= stride <= context, got {context}, {stride}")
+    for value, name, least in ((context, "context", 1), (stride, "stride", 1), (batch_size, "batch_size", 1),
+                               (max_tokens, "max_tokens", 0)):
+        check_count(value, name, least)
+    if not stride <= context:
+        raise TxlError(f"sliding window needs 1 <= stride <= context, got stride {stride} and context {context}")
     data = token_array(tokens, max_tokens=max_tokens, vocab_size=model.config.vocab_size)
     pages = PageBudget(data)
     device = next(model.parameters()).device
