@@ -321,3 +321,25 @@ def test_a_file_that_changes_while_it_is_encoded_is_refused(tmp_path, monkeypatc
     monkeypatch.setattr(token_cache, "cache_lock", lambda path: (_ for _ in ()).throw(TxlError("read-only")))
     kept = load_corpus(train=files[0], valid=files[1], tokenizer="word", cache_dir=tmp_path / "c")
     assert np.array_equal(kept.train, again.train)  # a complete cache is read without taking a lock
+
+
+@pytest.mark.parametrize("kind", ["char", "word", "bpe"])
+def test_books_that_end_in_blank_lines_still_have_exact_starts(tmp_path, monkeypatch, kind):
+    parts = tmp_path / "books"
+    parts.mkdir()
+    books = ["A first book.\nIt ends in a blank line.\n\n", " A second one opens with a space.\nThen ends.  \n",
+             "\ufeffThe third has a mark.\r\nAnd CRLF lines.\r\n\r\n", "the last one\n"]
+    for i, text in enumerate(books):
+        (parts / f"b{i}.txt").write_bytes(text.encode("utf-8") * 5)
+    (tmp_path / "valid.txt").write_text("a valid line\n" * 20, encoding="utf-8")
+    monkeypatch.setattr(streaming, "CHUNK_BYTES", 64)
+    opts = {"max_size": 280} if kind == "bpe" else {}
+    corpus = load_corpus(train=parts, valid=tmp_path / "valid.txt", tokenizer=kind, cache_dir=tmp_path / "c", **opts)
+    files = sorted(parts.iterdir())
+    found = corpus.documents("train")
+    assert len(found) == len(books)  # every book starts on a line of its own: each has its first token
+    for i, start in enumerate(found):
+        if kind == "word":  # (word ids decode to words, not the text)
+            assert start == len(corpus.tokenizer.encode(_whole(files[:i])))
+        else:
+            assert corpus.tokenizer.decode(corpus.train[:start]) == _whole(files[:i])

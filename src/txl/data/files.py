@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sysconfig
 from collections.abc import Callable, Sequence
@@ -13,6 +14,15 @@ from txl.errors import TxlError
 PathLike = str | os.PathLike[str]
 
 
+def _prepared(root: Path) -> bool:
+    """Whether ``root`` is a folder written by ``txl data prepare`` (a ``dataset.json`` naming its files)."""
+    try:
+        info = json.loads((root / "dataset.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(info, dict) and isinstance(info.get("files"), dict) and "name" in info
+
+
 def read_corpus_files(path: PathLike, pattern: str = "*") -> list[Path]:
     """The corpus files at ``path``.
 
@@ -21,13 +31,17 @@ def read_corpus_files(path: PathLike, pattern: str = "*") -> list[Path]:
     rules: ``"*.txt"`` matches at any depth), skipping hidden files and folders (name starting
     with ``"."``) and ``__pycache__``, sorted by relative path.
 
-    Raises :class:`TxlError` if ``path`` does not exist, no file matches, or all are empty.
+    Raises :class:`TxlError` if ``path`` does not exist, no file matches, or all are empty, or if it is a
+    folder written by ``txl data prepare`` (its ``dataset.json`` names its splits: the folder is not one text).
     """
     root = Path(path)
     if not root.exists():
         raise TxlError(f"corpus path {root} does not exist; give an existing file or folder")
     if root.is_file():
         files = [root]
+    elif _prepared(root):
+        raise TxlError(f"{root} is a dataset prepared by txl data prepare, not one text: train on it with "
+                       f"`txl train {root}`, or give one of its split files or folders here")
     elif root.is_dir():
         found: list[tuple[tuple[str, ...], Path]] = []
         for dirpath, dirnames, filenames in os.walk(root):

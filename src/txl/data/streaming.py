@@ -284,14 +284,24 @@ def _start_worker(tokenizer: dict) -> None:
     _WORKER["tokenizer"] = tokenizer_from_dict(tokenizer)
 
 
-def _encode_chunk(job: tuple[list[bytes], str]) -> bytes | tuple[str, str]:
-    """A chunk's ids (its :func:`file_parts`, each decoded on its own) as bytes of ``dtype``, or
-    ``("error", message)`` for the parent to place in its file."""
+def _encode_chunk(job: tuple[list[bytes], str]) -> tuple[bytes, list[int | None]] | tuple[str, str]:
+    """A chunk's ids (its :func:`file_parts`, each decoded on its own) as bytes of ``dtype``, with the id
+    each part after the first starts at (None where no token starts there, or where the part's first line
+    goes on from the text before it); or ``("error", message)`` for the parent to place in its file."""
     parts, dtype = job
     tokenizer = _WORKER["tokenizer"]
     try:
-        text = "".join(decode_utf8(part, "", tokenizer.kind) for part in parts)
-        return tokenizer.encode(text).astype(dtype).tobytes()
+        texts = [decode_utf8(part, "", tokenizer.kind) for part in parts]
+        text = "".join(texts)
+        lead = 1 if text.startswith("\ufeff") else 0  # what encoding's normalising drops of the chunk's text
+        marks = np.cumsum([len(t) for t in texts])[:-1].tolist()
+        if tokenizer.kind == "bpe":
+            ids, found = tokenizer.encode_marked(text, [m - lead for m in marks])
+        else:
+            ids = tokenizer.encode(text)
+            found = [m - lead if tokenizer.kind == "char" else len(tokenizer.encode(text[:m])) for m in marks]
+        found = [f if text[:m].endswith("\n") or not text[:m] else None for f, m in zip(found, marks)]
+        return ids.astype(dtype).tobytes(), found
     except TxlError as err:
         return "error", str(err)
 
@@ -399,21 +409,24 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
                 chunk, job = pending.popleft()
                 data, at = chunk.data, chunk.at
                 try:
-                    ids = job.result() if pool else _encode_chunk(job)
+                    ids, inside = job.result() if pool else _encode_chunk(job)
                 except BrokenProcessPool:
                     raise TxlError("a tokenizing worker process died (killed, or out of memory?); run again (the "
                                    "chunks encoded so far are kept), with fewer data.workers") from None
-                if isinstance(ids, tuple):
+                if ids == "error":
                     chunk_text(chunk, span, tokenizer.kind)  # names the file and byte of a UTF-8 error
                     where, offset = locate(span, at)
-                    raise TxlError(f"corpus file {where} (the text from byte {offset:,}): {ids[1]}")
+                    raise TxlError(f"corpus file {where} (the text from byte {offset:,}): {inside}")
                 submit()
                 out.write(ids)
                 out.flush()
-                if at in starts:  # a piece (a file) starts with this chunk: noted in a file that only grows
-                    first_ids[starts[at]] = done_ids
-                    noted.write(f"{starts[at]}:{done_ids}\n")
-                    noted.flush()
+                # the pieces (files) that start with this chunk or inside it: noted in a file that only grows
+                opened = [(at, 0)] + [(at + lo, first) for (lo, _), first in zip(file_parts(chunk)[1:], inside)]
+                for where, first in opened:
+                    if where in starts and first is not None:
+                        first_ids[starts[where]] = done_ids + first
+                        noted.write(f"{starts[where]}:{done_ids + first}\n")
+                noted.flush()
                 done_bytes += len(data)
                 done_ids += len(ids) // dtype.itemsize
                 progress_record.seek(0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -106,14 +106,34 @@ class BPETokenizer(Tokenizer):
             text.encode("utf-8")
         except UnicodeEncodeError as e:
             raise TxlError(f"text contains a lone surrogate at character {e.start}; remove it") from None
+        return self._encode(text)[0]
+
+    def encode_marked(self, text: str, marks: Sequence[int]) -> tuple[np.ndarray, list[int | None]]:
+        """:meth:`encode`, and for each character position in ``marks`` (of the :func:`normalize_text`-ed
+        text) the index of the token that starts there: None where a token spans the position (no token
+        boundary there). ``len(text)`` marks the end: the number of tokens."""
+        text = normalize_text(text)
+        ids, starts = self._encode(text, offsets=True)
+        found: list[int | None] = []
+        for mark in marks:
+            i = int(np.searchsorted(starts, mark))
+            found.append(len(starts) if mark >= len(text) else i if i < len(starts) and starts[i] == mark else None)
+        return ids, found
+
+    def _encode(self, text: str, offsets: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+        """The ids of a normalised text and, with ``offsets``, the character each token starts at."""
         pieces = _chunks(text, 1 << 18)
-        out = [np.zeros(0, dtype=np.int64)]
+        out, starts, base = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)], 0
         for i in range(0, len(pieces), 8):  # 8 pieces at a time: the library's encodings (ids, offsets, token
             group = pieces[i:i + 8]  # strings) of a long text would take ~100 bytes per token at once
             encs = self._tok.encode_batch(group, add_special_tokens=False) if len(group) > 1 else [
                 self._tok.encode(group[0], add_special_tokens=False)]
             out += [np.asarray(e.ids, dtype=np.int64) for e in encs]
-        return np.concatenate(out)
+            for piece, e in zip(group, encs):
+                if offsets:
+                    starts.append(base + np.asarray([o[0] for o in e.offsets], dtype=np.int64))
+                base += len(piece)
+        return np.concatenate(out), np.concatenate(starts) if offsets else None
 
     def decode(self, ids: Any) -> str:
         """Text of the ids; an incomplete UTF-8 sequence decodes to U+FFFD."""
