@@ -339,3 +339,17 @@ def test_split_by_file_needs_a_file_for_each_split(tmp_path: Path) -> None:
         load_corpus(folder, "byte", split_by="file")
     with pytest.raises(TxlError, match="data.split_by must be one of text, file, got 'book'"):
         DataConfig(split_by="book").check()
+
+
+def test_a_prepared_dataset_folder_is_not_read_as_one_text(tmp_path):
+    import json
+
+    from txl.data import read_corpus_files
+    from txl.errors import TxlError
+
+    (tmp_path / "train.txt").write_text("some text\n", encoding="utf-8")
+    (tmp_path / "dataset.json").write_text(json.dumps({"name": "x", "files": {"train": "train.txt"}}))
+    with pytest.raises(TxlError, match="prepared by txl data prepare, not one text"):
+        read_corpus_files(tmp_path)
+    (tmp_path / "dataset.json").write_text(json.dumps({"rows": 3}))  # someone else's metadata: read as text
+    assert [f.name for f in read_corpus_files(tmp_path)] == ["dataset.json", "train.txt"]
