@@ -353,31 +353,9 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
     """
     dtype = np.dtype(dtype)
     part, record, found = Path(f"{path}.part"), Path(f"{path}.part.json"), Path(f"{path}.part.starts")
-    done_bytes = done_ids = 0
     starts = {int(b): i for i, b in enumerate(np.cumsum([0] + [end - start for _, start, end in span])[:-1])}
-    first_ids: list[int | None] = [None] * len(span)
-    if part.is_file() and record.is_file():
-        try:
-            state = json.loads(record.read_text(encoding="utf-8"))
-            done_bytes, done_ids = int(state["text_bytes"]), int(state["ids"])
-            for line in found.read_text(encoding="utf-8").split() if found.is_file() else []:
-                piece, first = map(int, line.split(":"))
-                if 0 <= piece < len(span) and first <= done_ids:
-                    first_ids[piece] = first
-        except (OSError, ValueError, KeyError, TypeError):
-            done_bytes = done_ids = 0
-            first_ids = [None] * len(span)
-        if done_bytes and not _resumable(span, done_bytes, done_ids, part, dtype, starts, found, tokenizer.kind):
-            done_bytes = done_ids = 0  # start again
-    try:
-        if not done_bytes:
-            found.unlink(missing_ok=True)  # an earlier attempt's, if any
-        out = open(part, "r+b" if done_bytes else "wb")
-        out.write(_header(dtype, 0))
-        out.truncate(HEADER_BYTES + done_ids * dtype.itemsize)
-        out.seek(HEADER_BYTES + done_ids * dtype.itemsize)
-    except OSError as err:
-        raise TxlError(f"cannot write token cache {part}: {err.strerror or err}; choose a writable cache_dir") from None
+    done_bytes, done_ids, first_ids = _resume_state(span, part, record, found, dtype, starts, tokenizer.kind)
+    out = _open_part(part, found, dtype, done_bytes, done_ids)
     rest, skipped = _skip(span, done_bytes), done_bytes
     pool = None
     if workers > 1:
@@ -453,6 +431,42 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
     finally:
         record.unlink(missing_ok=True)
         found.unlink(missing_ok=True)
+
+
+def _open_part(part: Path, found: Path, dtype: np.dtype, done_bytes: int, done_ids: int):
+    """The partial ids file, open for writing after its first ``done_ids`` ids (a new one when nothing is
+    resumed: an earlier attempt's notes are removed)."""
+    try:
+        if not done_bytes:
+            found.unlink(missing_ok=True)
+        out = open(part, "r+b" if done_bytes else "wb")
+        out.write(_header(dtype, 0))
+        out.truncate(HEADER_BYTES + done_ids * dtype.itemsize)
+        out.seek(HEADER_BYTES + done_ids * dtype.itemsize)
+        return out
+    except OSError as err:
+        raise TxlError(f"cannot write token cache {part}: {err.strerror or err}; choose a writable cache_dir") from None
+
+
+def _resume_state(span: Span, part: Path, record: Path, found: Path, dtype: np.dtype, starts: dict,
+                  kind: str) -> tuple[int, int, list[int | None]]:
+    """The text bytes and ids a killed encoding had written and the first ids of the pieces it had noted;
+    nothing (0, 0, none) when there is no such encoding or its record does not fit (:func:`_resumable`)."""
+    first_ids: list[int | None] = [None] * len(span)
+    if not (part.is_file() and record.is_file()):
+        return 0, 0, first_ids
+    try:
+        state = json.loads(record.read_text(encoding="utf-8"))
+        done_bytes, done_ids = int(state["text_bytes"]), int(state["ids"])
+        for line in found.read_text(encoding="utf-8").split() if found.is_file() else []:
+            piece, first = map(int, line.split(":"))
+            if 0 <= piece < len(span) and first <= done_ids:
+                first_ids[piece] = first
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0, 0, [None] * len(span)
+    if not _resumable(span, done_bytes, done_ids, part, dtype, starts, found, kind):
+        return 0, 0, [None] * len(span)  # start again
+    return done_bytes, done_ids, first_ids
 
 
 def _resumable(span: Span, done_bytes: int, done_ids: int, part: Path, dtype: np.dtype, starts: dict,

@@ -68,11 +68,9 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
 
     Args:
         model: a :class:`~txl.model.TransformerXLLM` (its mode is the caller's business).
-        inputs: int64 [B, N] token ids, N >= 0 (N = 0 yields nothing); or a lazy array that reads only
-            the columns asked for (``shape``, ``device``, ``dim()`` and ``[rows, columns]`` returning such
-            a tensor: :meth:`txl.data.LMOrderedIterator.streams` of a memory-mapped split).
-        labels: int64 [B, N] targets aligned with ``inputs`` (-100: not scored; lazy like ``inputs``), or
-            None (no loss).
+        inputs: int64 [B, N] token ids, N >= 0 (N = 0 yields nothing), or a lazy array of them read by
+            columns (:meth:`txl.data.LMOrderedIterator.streams`: a memory-mapped split stays on disk).
+        labels: int64 [B, N] targets aligned with ``inputs`` (-100: not scored; or lazy), or None (no loss).
         span: the :class:`~txl.model.AttentionSpan` (``tgt_len`` cuts the segments; the rest goes
             to the model).
         mems: memory to start from (``n_layer`` tensors [B, M, d_model]) or None.
@@ -80,8 +78,7 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
             of the memory, at the first segment starting at or after its length (document
             scoring: finished documents stop costing compute).
         dtype: "float32" or an autocast dtype ("bfloat16", "float16") for the forward passes.
-        grad: run the forward passes with autograd (dynamic evaluation, gradient statistics), else under
-            ``torch.no_grad``; the grad mode of the caller is not changed.
+        grad: forward passes with autograd (dynamic evaluation, gradient statistics), else under no_grad.
         caches: a :class:`~txl.model.DecodingState` passed to every forward (needs ``grad=False``):
             it then holds the memory (each segment's ``output.mems`` is None; read
             ``caches.mems()``) and keeps the memory's keys and values, so they are not re-projected.
