@@ -514,6 +514,9 @@ def test_pg19_is_prepared_in_place_and_trains_by_books(tmp_path: Path, capsys, m
     assert info["documents"] == {"train": 3, "valid": 1, "test": 1} and info["tokenizer"] == "bpe"
     assert sorted(p.name for p in out.iterdir()) == ["dataset.json"]  # nothing copied
     corpus = load_corpus(out, "word", cache_dir=tmp_path / "cache")  # read through the cache, chunk by chunk
+    assert corpus.source.startswith(f"pg19 in {out} (train: 3 files")
+    with pytest.raises(TxlError, match="prepared with its own splits"):
+        load_corpus(out, "word", split_by="file")
     books = sorted((src / "train").glob("*.txt"))
     assert np.array_equal(corpus.train, corpus.tokenizer.encode("".join(b.read_text(encoding="utf-8") for b in books)))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

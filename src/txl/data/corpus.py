@@ -332,10 +332,16 @@ def load_corpus(
             sets["test"] = read_corpus_files(test, pattern)
         return _load_separate(sets, kind, tokenizer_obj, opts, cache_dir, (workers, progress))
     info = dataset_info(path) if path is not None else None
+    if info is not None and split_by == "file":
+        raise TxlError(f"{path} is prepared with its own splits; data.split_by = \"file\" cuts a folder of text "
+                       "by files: leave it out here")
     if info is not None and info.get("shuffled"):
         return _load_shuffled(Path(path), info, kind, tokenizer_obj, opts, cache_dir, (workers, progress))
     if info is not None:
-        return _load_separate(_prepared_sets(Path(path), info), kind, tokenizer_obj, opts, cache_dir, (workers, progress))
+        corpus = _load_separate(_prepared_sets(Path(path), info), kind, tokenizer_obj, opts, cache_dir,
+                                (workers, progress))
+        corpus.source = f"{info.get('name') or 'dataset'} in {path} ({corpus.source})"
+        return corpus
     if path is None:
         files = default_corpus_files()
         label = f"default corpus (Python standard library in {files[0].parent}):"
