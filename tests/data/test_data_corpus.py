@@ -348,8 +348,9 @@ def test_a_prepared_dataset_folder_is_not_read_as_one_text(tmp_path):
     from txl.errors import TxlError
 
     (tmp_path / "train.txt").write_text("some text\n", encoding="utf-8")
-    (tmp_path / "dataset.json").write_text(json.dumps({"name": "x", "files": {"train": "train.txt"}}))
+    (tmp_path / "dataset.json").write_text(json.dumps({"format": "txl-dataset-1", "name": "x",
+                                                       "files": {"train": "train.txt"}}))
     with pytest.raises(TxlError, match="prepared by txl data prepare, not one text"):
         read_corpus_files(tmp_path)
-    (tmp_path / "dataset.json").write_text(json.dumps({"rows": 3}))  # someone else's metadata: read as text
+    (tmp_path / "dataset.json").write_text(json.dumps({"name": "y", "files": {}}))  # someone else's: read as text
     assert [f.name for f in read_corpus_files(tmp_path)] == ["dataset.json", "train.txt"]

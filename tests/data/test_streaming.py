@@ -85,7 +85,7 @@ def test_a_killed_encoding_goes_on_from_where_it_stopped(tmp_path, monkeypatch):
     real, calls = streaming._encode_chunk, []
 
     def counted(job, die_at=None):
-        calls.append(sum(map(len, job[0])))  # the chunk's bytes
+        calls.append(sum(len(part) for part, _ in job[0]))  # the chunk's bytes
         if len(calls) == die_at:
             raise KeyboardInterrupt  # a kill in the middle of the fifth chunk
         return real(job)
@@ -246,6 +246,8 @@ ODD_FILES = {  # byte-order marks, lone CRs and missing newlines where chunks an
     "BOM only": ["ab\n", "\ufeff", "cd\n"], "lone CR ends a file": ["ab\r", "\ncd\r\n"],
     "U+FEFF after a newline": ["ab\n\ufeffcd\n\ufeff\n", "x\n"], "no newlines": ["ab", "cd", "ef"],
     "an empty file": ["ab\n", "", "cd\n"], "CR only": ["a\rb\rc", "\rd"],
+    "a mark between a space and a CR": ["x ", "\ufeff\r", "yz\n" * 3], "two CRs end a file": ["x\r\r", "yz\n" * 3],
+    "two marks after a mark-only file": ["ab\n", "\ufeff", "\ufeff\ufeffcd\n"],
 }
 
 
@@ -343,3 +345,33 @@ def test_books_that_end_in_blank_lines_still_have_exact_starts(tmp_path, monkeyp
             assert start == len(corpus.tokenizer.encode(_whole(files[:i])))
         else:
             assert corpus.tokenizer.decode(corpus.train[:start]) == _whole(files[:i])
+
+
+def test_a_split_that_begins_with_a_u_feff_keeps_it_as_when_read_whole(tmp_path):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.txt").write_text("aa bb\ncc dd\nee ff\n\ufeff\ufeffgg hh\nii jj\nkk ll\n", encoding="utf-8")
+    for kind in ("word", "bpe"):
+        opts = {"split": (0.375, 0.375, 0.25), "max_size": 300 if kind == "bpe" else None}
+        whole = load_corpus(tmp_path / "c", kind, **opts)
+        streamed = load_corpus(tmp_path / "c", kind, cache_dir=tmp_path / f"cache-{kind}", **opts)
+        assert streamed.tokenizer == whole.tokenizer
+        for name in ("train", "valid", "test"):
+            assert np.array_equal(getattr(streamed, name), getattr(whole, name)), (kind, name)
+
+
+def test_encode_marked_finds_token_starts_in_bytes():
+    import tokenizers as tk
+
+    from txl.data.tokenizers.bpe import BPETokenizer, _unicode_to_byte
+
+    to_symbol = {b: u for u, b in _unicode_to_byte().items()}
+    symbols = lambda data: "".join(to_symbol[b] for b in data)  # noqa: E731
+    vocab = {c: i for i, c in enumerate(sorted(tk.pre_tokenizers.ByteLevel.alphabet()))}
+    vocab[symbols(b"\xa9\xc3")] = len(vocab)  # a token across the two characters of "éè" (c3 a9 | c3 a8)
+    model = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=[(symbols(b"\xa9"), symbols(b"\xc3"))]))
+    model.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok = BPETokenizer(model.to_str())
+    ids, found = tok.encode_marked("éè", [0, 1, 2])
+    assert [tok.token_bytes(int(i)) for i in ids] == [b"\xc3", b"\xa9\xc3", b"\xa8"]
+    assert found == [0, None, 3]  # no token starts at "è": the middle one holds its first byte
+    assert np.array_equal(tok.encode_marked("ab cd", [])[0], tok.encode("ab cd"))

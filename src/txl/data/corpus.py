@@ -24,7 +24,7 @@ from txl.config import check_split
 from txl.data.datasets import dataset_info
 from txl.data.splits import (SPLITS, _boundaries, _check_sizes, _line_boundary, _split_fix, split_files,
                              split_tokens)
-from txl.data.streaming import span_of, stream_line_boundary, without_file_boms
+from txl.data.streaming import decode_part, span_of, stream_line_boundary
 from txl.data.token_cache import (BPE_DEFAULT_VOCAB, cached, copied, file_hashes, fingerprint, streamed,
                                   read_index, streamed_vocabulary)
 from txl.data.tokenizers import (
@@ -228,8 +228,10 @@ def _line_fraction_splits(
     b2 = len(data) if fr[2] == 0 else max(b1, _line_boundary(data, b2))
     if fr[1] == 0:
         b2 = b1
-    bounds = dict(zip(SPLITS, ((0, b1), (b1, b2), (b2, len(data)))))  # each file's byte-order mark dropped
-    texts = {name: without_file_boms(data[lo:hi], span_of(files, 0, len(data)), lo).decode()
+    bounds = dict(zip(SPLITS, ((0, b1), (b1, b2), (b2, len(data)))))
+    starts = np.cumsum([0] + [len(d) for d in datas]).tolist()  # where each file starts in ``data``
+    texts = {name: "".join(decode_part(data[max(lo, a):min(hi, b)], lo <= a, kind)  # each file on its own
+                           for a, b in zip(starts, starts[1:]) if max(lo, a) < min(hi, b))
              for name, (lo, hi) in bounds.items()}
     tokenizer = tok if tok is not None else build_tokenizer(kind, texts["train"], **opts)
     dtype = token_dtype(tokenizer.vocab_size)

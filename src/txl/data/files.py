@@ -20,7 +20,7 @@ def _prepared(root: Path) -> bool:
         info = json.loads((root / "dataset.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(info, dict) and isinstance(info.get("files"), dict) and "name" in info
+    return isinstance(info, dict) and info.get("format") == "txl-dataset-1"  # (txl.data.datasets.FORMAT)
 
 
 def read_corpus_files(path: PathLike, pattern: str = "*") -> list[Path]:

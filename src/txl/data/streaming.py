@@ -13,6 +13,7 @@ they come, from one process or several (``workers``), and picks up after a kill 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import multiprocessing
@@ -29,6 +30,7 @@ import numpy as np
 
 from txl.data.files import _io
 from txl.data.tokenizers import Tokenizer, decode_utf8, tokenizer_from_dict
+from txl.data.tokenizers.base import normalize_text
 from txl.errors import TxlError
 from txl.runtime import progress_bar
 
@@ -148,9 +150,10 @@ def _may_cut_at(data: bytes, after: int, kind: str, file_end: bool = False) -> b
         return False
     if kind != "bpe":
         return True
-    before = pos - 1 if pos > 0 and data[pos - 1] == 0x0D else pos
+    before = pos - 1 if data[pos] == 0x0A and pos > 0 and data[pos - 1] == 0x0D else pos  # a CRLF's CR aside
     prev, nxt = _char_before(data, before), _char_after(data, after)
-    return bool(prev and nxt and not prev.isspace() and not nxt.isspace())
+    # (a U+FEFF before it may be a file's mark, which is no text: what comes before that is not known here)
+    return bool(prev and nxt and not prev.isspace() and not nxt.isspace() and prev != "\ufeff")
 
 
 def _cut(data: bytes, kind: str, lowest: int) -> int | None:
@@ -197,35 +200,29 @@ def chunks(span: Span, kind: str, size: int | None = None) -> Iterator[Chunk]:
         yield Chunk(held, at, opened)
 
 
-def without_file_boms(data: bytes, span: Span, at: int) -> bytes:
-    """``data`` (bytes ``at`` ... of the span) without the byte-order marks that open its files."""
-    starts, offset = [], 0
-    for _, start, end in span:
-        if start == 0 and at <= offset < at + len(data):
-            starts.append(offset - at)
-        offset += end - start
-    for i in reversed(starts):
-        if data.startswith(BOM, i):
-            data = data[:i] + data[i + 3:]
-    return data
-
-
-def file_parts(chunk: Chunk) -> list[tuple[int, bytes]]:
-    """The chunk cut where its files start, each part with its position in the chunk: a file's text is
-    decoded and normalised on its own (its byte-order mark dropped, a lone CR that ends it a newline of its
-    own), as when the files are read whole. A part that starts inside a file starts after a newline and
-    never with a U+FEFF (:func:`_may_cut_at`), so normalising it changes only its line ends."""
+def file_parts(chunk: Chunk) -> list[tuple[int, bytes, bool]]:
+    """The chunk cut where its files start, each part with its position in the chunk and whether it opens
+    a file: a file's text is decoded and normalised on its own (:func:`decode_part`), as when the files are
+    read whole."""
     cuts = sorted({0, *chunk.file_starts, len(chunk.data)})
-    return [(lo, chunk.data[lo:hi]) for lo, hi in zip(cuts, cuts[1:])] or [(0, b"")]
+    return [(lo, chunk.data[lo:hi], lo in chunk.file_starts) for lo, hi in zip(cuts, cuts[1:])] or [(0, b"", False)]
+
+
+def decode_part(data: bytes, opens_file: bool, kind: str) -> str:
+    """A part's text: strict UTF-8 with CRLF and CR line ends as LF, and, for a part that opens a file, without
+    the file's byte-order mark (a part inside a file keeps a U+FEFF it starts with, as the whole text does)."""
+    if opens_file:
+        return decode_utf8(data, "", kind)
+    return decode_utf8(b"\n" + data, "", kind)[1:]
 
 
 def chunk_text(chunk: Chunk, span: Span, kind: str) -> str:
     """A chunk's text (:func:`file_parts`, decoded); a byte that is not UTF-8 is named by its file and
     offset there."""
     texts = []
-    for lo, part in file_parts(chunk):
+    for lo, part, opens_file in file_parts(chunk):
         try:
-            texts.append(decode_utf8(part, "", kind))
+            texts.append(decode_part(part, opens_file, kind))
         except TxlError:
             try:
                 part.decode("utf-8")
@@ -246,7 +243,7 @@ def word_counts(span: Span, lower: bool, normalize: str, progress: bool = False)
     counts: Counter = Counter()
     with progress_bar(span_bytes(span), _bar(span, progress), "counting words", unit="B", unit_scale=True) as bar:
         for chunk in chunks(span, "word"):
-            counts.update(_line_words(chunk_text(chunk, span, "word"), lower, normalize))
+            counts.update(_line_words(normalize_text(chunk_text(chunk, span, "word")), lower, normalize))
             bar.update(len(chunk.data))
     return counts
 
@@ -284,23 +281,34 @@ def _start_worker(tokenizer: dict) -> None:
     _WORKER["tokenizer"] = tokenizer_from_dict(tokenizer)
 
 
-def _encode_chunk(job: tuple[list[bytes], str]) -> tuple[bytes, list[int | None]] | tuple[str, str]:
+def _encode_chunk(job: tuple[list[tuple[bytes, bool]], str]) -> tuple[bytes, list[int | None]] | tuple[str, str]:
     """A chunk's ids (its :func:`file_parts`, each decoded on its own) as bytes of ``dtype``, with the id
     each part after the first starts at (None where no token starts there, or where the part's first line
     goes on from the text before it); or ``("error", message)`` for the parent to place in its file."""
     parts, dtype = job
     tokenizer = _WORKER["tokenizer"]
     try:
-        texts = [decode_utf8(part, "", tokenizer.kind) for part in parts]
+        texts = [decode_part(part, opens_file, tokenizer.kind) for part, opens_file in parts]
         text = "".join(texts)
         lead = 1 if text.startswith("\ufeff") else 0  # what encoding's normalising drops of the chunk's text
         marks = np.cumsum([len(t) for t in texts])[:-1].tolist()
+        opens = [not text[:m] or text[:m].endswith("\n") for m in marks]  # a part after a line's end
         if tokenizer.kind == "bpe":
-            ids, found = tokenizer.encode_marked(text, [m - lead for m in marks])
-        else:
-            ids = tokenizer.encode(text)
-            found = [m - lead if tokenizer.kind == "char" else len(tokenizer.encode(text[:m])) for m in marks]
-        found = [f if text[:m].endswith("\n") or not text[:m] else None for f, m in zip(found, marks)]
+            ids, found = tokenizer.encode_marked(text, [max(m - lead, 0) for m in marks])
+        elif tokenizer.kind == "char":
+            ids, found = tokenizer.encode(text), [max(m - lead, 0) for m in marks]
+        else:  # word: line by line, so the ids of the pieces between starts, one after another (not before a
+            # U+FEFF, which normalising would take for a text's first character: counted on its own)
+            cuts = [0] + [m for m, o in zip(marks, opens) if o and not text.startswith("\ufeff", m)] + [len(text)]
+            pieces = [tokenizer.encode(text[a:b]) for a, b in zip(cuts, cuts[1:])]
+            ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+            before = np.cumsum([0] + [len(p) for p in pieces]).tolist()  # ids before each cut
+            found = []
+            for m, o in zip(marks, opens):
+                k = bisect.bisect_right(cuts, m) - 1  # the last cut at or before m
+                found.append(None if not o else before[k] + (len(tokenizer.encode(text[cuts[k]:m])) if m > cuts[k]
+                                                             else 0))
+        found = [f if o else None for f, o in zip(found, opens)]
         return ids.astype(dtype).tobytes(), found
     except TxlError as err:
         return "error", str(err)
@@ -370,7 +378,7 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
         item = next(source, None)
         if item is None:
             return False
-        job = ([part for _, part in file_parts(item)], dtype.str)
+        job = ([(part, opens_file) for _, part, opens_file in file_parts(item)], dtype.str)
         chunk = item._replace(at=skipped + item.at)
         pending.append((chunk, pool.submit(_encode_chunk, job) if pool else job))
         return True
@@ -399,7 +407,7 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
                 out.write(ids)
                 out.flush()
                 # the pieces (files) that start with this chunk or inside it: noted in a file that only grows
-                opened = [(at, 0)] + [(at + lo, first) for (lo, _), first in zip(file_parts(chunk)[1:], inside)]
+                opened = [(at, 0)] + [(at + lo, first) for (lo, _, _), first in zip(file_parts(chunk)[1:], inside)]
                 for where, first in opened:
                     if where in starts and first is not None:
                         first_ids[starts[where]] = done_ids + first

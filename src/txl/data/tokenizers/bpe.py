@@ -50,6 +50,7 @@ class BPETokenizer(Tokenizer):
         except Exception as e:  # the Rust side raises plain Exception subclasses
             raise TxlError(f"bpe tokenizer JSON is not valid: {e}") from None
         self._json = tokenizer_json
+        self._byte_lengths: np.ndarray | None = None  # by id, made when encode_marked first needs it
 
     @classmethod
     def build(cls, texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2) -> BPETokenizer:
@@ -106,34 +107,38 @@ class BPETokenizer(Tokenizer):
             text.encode("utf-8")
         except UnicodeEncodeError as e:
             raise TxlError(f"text contains a lone surrogate at character {e.start}; remove it") from None
-        return self._encode(text)[0]
-
-    def encode_marked(self, text: str, marks: Sequence[int]) -> tuple[np.ndarray, list[int | None]]:
-        """:meth:`encode`, and for each character position in ``marks`` (of the :func:`normalize_text`-ed
-        text) the index of the token that starts there: None where a token spans the position (no token
-        boundary there). ``len(text)`` marks the end: the number of tokens."""
-        text = normalize_text(text)
-        ids, starts = self._encode(text, offsets=True)
-        found: list[int | None] = []
-        for mark in marks:
-            i = int(np.searchsorted(starts, mark))
-            found.append(len(starts) if mark >= len(text) else i if i < len(starts) and starts[i] == mark else None)
-        return ids, found
-
-    def _encode(self, text: str, offsets: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
-        """The ids of a normalised text and, with ``offsets``, the character each token starts at."""
         pieces = _chunks(text, 1 << 18)
-        out, starts, base = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)], 0
+        out = [np.zeros(0, dtype=np.int64)]
         for i in range(0, len(pieces), 8):  # 8 pieces at a time: the library's encodings (ids, offsets, token
             group = pieces[i:i + 8]  # strings) of a long text would take ~100 bytes per token at once
             encs = self._tok.encode_batch(group, add_special_tokens=False) if len(group) > 1 else [
                 self._tok.encode(group[0], add_special_tokens=False)]
             out += [np.asarray(e.ids, dtype=np.int64) for e in encs]
-            for piece, e in zip(group, encs):
-                if offsets:
-                    starts.append(base + np.asarray([o[0] for o in e.offsets], dtype=np.int64))
-                base += len(piece)
-        return np.concatenate(out), np.concatenate(starts) if offsets else None
+        return np.concatenate(out)
+
+    def encode_marked(self, text: str, marks: Sequence[int]) -> tuple[np.ndarray, list[int | None]]:
+        """:meth:`encode`, and for each character position in ``marks`` (ascending, of the
+        :func:`normalize_text`-ed text) the index of the token that starts there: None where a token spans
+        the position (a token may end inside a character: positions are compared in bytes). A position at
+        or past the end gives the number of tokens.
+
+        Raises:
+            TxlError: as :meth:`encode`.
+        """
+        ids = self.encode(text)
+        text = normalize_text(text)
+        if self._byte_lengths is None:  # the bytes each token stands for, by id
+            self._byte_lengths = np.array([len(self.token_bytes(i)) for i in range(self.vocab_size)], dtype=np.int64)
+        starts = np.cumsum(self._byte_lengths[ids]) - self._byte_lengths[ids]  # each token's first byte
+        found: list[int | None] = []
+        at, last = 0, 0
+        for mark in marks:
+            mark = min(max(mark, 0), len(text))
+            at += len(text[last:mark].encode("utf-8"))
+            last = mark
+            i = int(np.searchsorted(starts, at))
+            found.append(len(ids) if mark == len(text) else i if i < len(ids) and starts[i] == at else None)
+        return ids, found
 
     def decode(self, ids: Any) -> str:
         """Text of the ids; an incomplete UTF-8 sequence decodes to U+FFFD."""
