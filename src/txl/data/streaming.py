@@ -8,7 +8,7 @@ and Y characters that are not white space: see :func:`txl.data.tokenizers.bpe._c
 before a byte-order mark, so encoding the pieces one by one gives the ids of encoding the whole text
 (each file's leading byte-order mark is dropped, as when a file is read whole). :func:`encode_to_file` writes those ids into a ``.npy`` file as
 they come, from one process or several (``workers``), and picks up after a kill where it stopped;
-:func:`word_counts` counts a word vocabulary the same way. What is held at any time is a few chunks.
+:func:`txl.data.token_cache.word_counts` counts a word vocabulary the same way. What is held at any time is a few chunks.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import json
 import multiprocessing
 import os
 import struct
-from collections import Counter, deque
+from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from collections.abc import Callable, Iterator, Sequence
@@ -30,7 +30,6 @@ import numpy as np
 
 from txl.data.files import _io
 from txl.data.tokenizers import Tokenizer, decode_utf8, tokenizer_from_dict
-from txl.data.tokenizers.base import normalize_text
 from txl.errors import TxlError
 from txl.runtime import progress_bar
 
@@ -236,32 +235,7 @@ def chunk_text(chunk: Chunk, span: Span, kind: str) -> str:
     return "".join(texts)
 
 
-def word_counts(span: Span, lower: bool, normalize: str, progress: bool = False) -> Counter:
-    """The counts of the words of the span (as :meth:`WordTokenizer.build` counts them), chunk by chunk."""
-    from txl.data.tokenizers.simple import _line_words
-
-    counts: Counter = Counter()
-    with progress_bar(span_bytes(span), _bar(span, progress), "counting words", unit="B", unit_scale=True) as bar:
-        for chunk in chunks(span, "word"):
-            counts.update(_line_words(normalize_text(chunk_text(chunk, span, "word")), lower, normalize))
-            bar.update(len(chunk.data))
-    return counts
-
-
-def char_vocabulary(span: Span, progress: bool = False) -> Tokenizer:
-    """The characters of the span (as :meth:`CharTokenizer.build` finds them in the whole text), chunk by chunk."""
-    from txl.data.tokenizers import CharTokenizer
-
-    def texts(bar) -> Iterator[str]:
-        for chunk in chunks(span, "char"):
-            yield chunk_text(chunk, span, "char")
-            bar.update(len(chunk.data))
-
-    with progress_bar(span_bytes(span), _bar(span, progress), "counting characters", unit="B", unit_scale=True) as bar:
-        return CharTokenizer.build(texts(bar))
-
-
-def _bar(span: Span, progress: bool) -> bool:
+def show_bar(span: Span, progress: bool) -> bool:
     """Whether to show a progress bar over the span: asked for, and text of more than a few chunks (a small
     corpus is read at once; a bar would only add a line before its result)."""
     return progress and span_bytes(span) > 4 * CHUNK_BYTES
@@ -385,7 +359,7 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
 
     try:
         with out, open(found, "a", encoding="utf-8") as noted, open(record, "w", encoding="utf-8") as progress_record, \
-                progress_bar(span_bytes(span), _bar(span, progress), f"encoding ({tokenizer.kind})", unit="B",
+                progress_bar(span_bytes(span), show_bar(span, progress), f"encoding ({tokenizer.kind})", unit="B",
                                unit_scale=True, initial=done_bytes) as bar:
             progress_record.write(json.dumps({"text_bytes": done_bytes, "ids": done_ids}))  # (opened empty)
             progress_record.flush()

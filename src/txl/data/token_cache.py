@@ -5,8 +5,9 @@ memory-mapped (:func:`txl.data.corpus.encode_corpus` and the loaders use it).
   path and content hash (:func:`file_hashes`, kept with each file's size, times and inode);
 - :func:`mapped`, :func:`cached`: a cache file read back mapped, or computed in memory and stored;
 - :func:`copy_bytes`: byte-level text copied into the cache 16 MiB at a time;
-- :func:`streamed`, :func:`streamed_vocabulary`: char, word and BPE text counted and encoded chunk by chunk
-  (:mod:`txl.data.streaming`), the vocabulary kept beside the ids;
+- :func:`streamed`, :func:`streamed_vocabulary`: char, word and BPE text counted (:func:`word_counts`,
+  :func:`char_vocabulary`, BPE training) and encoded chunk by chunk (:mod:`txl.data.streaming`), the
+  vocabulary kept beside the ids;
 - :func:`write_index`, :func:`read_index`: ``<key>.index.json`` beside each array, its sources (files or
   byte ranges of them) and the id each starts at: the document boundaries.
 
@@ -20,16 +21,19 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from txl.data.files import _file_size, _io
-from txl.data.streaming import cache_lock, char_vocabulary, chunk_text, chunks, encode_to_file, word_counts
+from txl.data.streaming import cache_lock, chunk_text, chunks, encode_to_file, show_bar, span_bytes
 from txl.data.tokenizers import ByteTokenizer, Tokenizer, WordTokenizer
+from txl.data.tokenizers.base import normalize_text
 from txl.errors import TxlError
 from txl.fileio import atomic_write
+from txl.runtime import progress_bar
 
 PathLike = str | os.PathLike[str]
 CACHE_FORMAT = "txl-token-cache-v3"  # v3: chunked text decoded file by file, never cut before a U+FEFF
@@ -309,6 +313,32 @@ def _kept_vocabulary(path: Path) -> Tokenizer | None:
         return load_tokenizer(path)
     except TxlError:
         return None
+
+
+def word_counts(span: Sequence, lower: bool, normalize: str, progress: bool = False) -> Counter:
+    """The counts of the words of the span (as :meth:`WordTokenizer.build` counts them), chunk by chunk."""
+    from txl.data.tokenizers.simple import _line_words
+
+    counts: Counter = Counter()
+    with progress_bar(span_bytes(span), show_bar(span, progress), "counting words", unit="B", unit_scale=True) as bar:
+        for chunk in chunks(span, "word"):
+            counts.update(_line_words(normalize_text(chunk_text(chunk, span, "word")), lower, normalize))
+            bar.update(len(chunk.data))
+    return counts
+
+
+def char_vocabulary(span: Sequence, progress: bool = False) -> Tokenizer:
+    """The characters of the span (as :meth:`CharTokenizer.build` finds them in the whole text), chunk by chunk."""
+    from txl.data.tokenizers import CharTokenizer
+
+    def texts(bar) -> Iterator[str]:
+        for chunk in chunks(span, "char"):
+            yield chunk_text(chunk, span, "char")
+            bar.update(len(chunk.data))
+
+    with progress_bar(span_bytes(span), show_bar(span, progress), "counting characters", unit="B",
+                      unit_scale=True) as bar:
+        return CharTokenizer.build(texts(bar))
 
 
 def _build_vocabulary(kind: str, span, opts: dict, path: Path, progress: bool) -> Tokenizer:
