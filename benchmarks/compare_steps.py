@@ -50,7 +50,7 @@ def worker(row: str, batch: int, tokens: int) -> None:
         from txl_studies.speed.bench import BENCH_SMALL
     from txl.generation import generate_steps
     from txl.model import TransformerXLConfig, TransformerXLLM
-    from txl.model.quantize import quantize_int8
+    from txl.kernels.int8 import quantize_int8
     try:
         from txl.model.graphs import RingDecoder
     except ImportError:  # the name of the module before the model floor's redesign

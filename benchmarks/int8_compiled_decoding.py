@@ -36,7 +36,7 @@ def main() -> int:
     from txl_studies.speed.bench import BENCH_SMALL
     from txl.generation.stream import generate_steps
     from txl.model import TransformerXLConfig, TransformerXLLM
-    from txl.model.quantize import quantize_int8
+    from txl.kernels.int8 import quantize_int8
     from txl.model.graphs import RingDecoder
     from txl.runtime import cpu_flags
 

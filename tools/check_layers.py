@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # top > ... > bottom; a floor may import its own and any floor below it, never one above
 LAYERS = ("cli,__main__ > analysis,serving > evaluation,training,generation,classification,convert,export > model,data"
-          " > config,runtime,fileio,errors,distributed")
+          " > kernels > config,runtime,fileio,errors,distributed")
 FORBIDDEN = "txl_studies"  # packages above the library, which it must never import
 
 

@@ -15,7 +15,7 @@ _LAZY = {
     "TransformerXLConfig": "txl.model",
     "TransformerXLLM": "txl.model",
     "load_checkpoint": "txl.training.checkpoint",
-    "quantize_int8": "txl.model.quantize",
+    "quantize_int8": "txl.kernels.int8",
     "generate": "txl.generation",
     "evaluate": "txl.evaluation.stream",
     "score": "txl.evaluation.scoring",

@@ -1,8 +1,8 @@
 """``txl bench --quantize int8``: int8 weights against float32, side by side in one run (docs/quantization.md).
 
 Two models with the same weights (bench-small by default, random weights: speed does not depend on
-them), one quantised with :func:`txl.model.quantize.quantize_int8`, and on a CPU with native bfloat16 a
-third with bfloat16 weights (:func:`txl.model.quantize.to_bfloat16`), take turns:
+them), one quantised with :func:`txl.kernels.int8.quantize_int8`, and on a CPU with native bfloat16 a
+third with bfloat16 weights (:func:`txl.kernels.int8.to_bfloat16`), take turns:
 
 - decoding: greedy tokens/s of txl's cached loop (the ring buffers) with ``mem_len`` = the context, at
   each batch size (the implementations alternate run by run, as :func:`txl_studies.speed.generation`
@@ -30,7 +30,7 @@ from txl_studies.speed.generation import _per_token_seconds, _txl_steps
 from txl.runtime import compile_module
 from txl.model import TransformerXLConfig, TransformerXLLM
 from txl.model.segments import decoding_state
-from txl.model.quantize import Int8Linear, quantize_int8, to_bfloat16
+from txl.kernels.int8 import Int8Linear, quantize_int8, to_bfloat16
 
 
 def step_weight_bytes(model: TransformerXLLM) -> int:
@@ -81,7 +81,7 @@ def _segment_seconds(models: dict[str, TransformerXLLM], batch: int, repeats: in
 
 def quantize_table(config: dict, *, batches=(1, 8), gen_tokens: int = 32, repeats: int = 5, bf16: bool = False,
                    compiled: bool | str = True, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """int8 (and with ``bf16`` bfloat16 weights, :func:`~txl.model.quantize.to_bfloat16`) against float32 on
+    """int8 (and with ``bf16`` bfloat16 weights, :func:`~txl.kernels.int8.to_bfloat16`) against float32 on
     this CPU: decoding and evaluation rows (see the module docstring).
 
     Returns ``{"config", "decoding": [rows], "evaluation": [rows], "bytes_per_step": {...}}``; a decoding

@@ -177,7 +177,7 @@ def test_export_leaves_the_model_as_it_was(exported):
 
 
 def test_export_refuses_a_folder_with_files_and_an_int8_model(tmp_path):
-    from txl.model.quantize import quantize_int8
+    from txl.kernels.int8 import quantize_int8
 
     model = tiny_model(dtype=torch.float32)
     vocab = tmp_path / "vocab.json"
@@ -299,7 +299,7 @@ def test_txl_export_and_the_runner_from_the_command_line(tmp_path, capsys):
     want = generate(ckpt.model, ids, 12, temperature=0, mem_len=9)
     assert printed == tokenizer.decode(want[0].tolist())
     # bad inputs: one line, exit status 2, the folder written before left as it is
-    from txl.model.quantize import quantize_int8
+    from txl.kernels.int8 import quantize_int8
 
     save_checkpoint(tmp_path / "int8", quantize_int8(tiny_model(dtype=torch.float32, vocab_size=tokenizer.vocab_size)),
                     tokenizer, RunConfig(), {"step": 1})

@@ -9,7 +9,7 @@ import torch
 from conftest import one_error_line, run_cli, tiny_model
 from txl.data import ByteTokenizer
 from txl.generation import DecodingRules, beam_search, generate, prime_memory, prime_rows
-from txl.model import cpu
+from txl.kernels import cpu
 from txl.model.decoding import DecodingState
 from txl.training.checkpoint import save_checkpoint
 from txl.config import RunConfig

@@ -45,9 +45,9 @@ def test_one_step_graph_for_every_memory_fill(batch, length):
 
 @pytest.mark.parametrize("batch,length", [(1, 13), (3, 20)])
 def test_compiled_int8_generation_equals_the_int8_default_path(batch, length):
-    # int8 weights (the products of txl.model.quantize.int8_product) compile with the step: the tokens of the
+    # int8 weights (the products of txl.kernels.int8.int8_product) compile with the step: the tokens of the
     # eager int8 loop, one step graph while the ring of 8 slots fills and rotates
-    from txl.model.quantize import quantize_int8
+    from txl.kernels.int8 import quantize_int8
 
     model = quantize_int8(tiny_model(dtype=torch.float32))
     ids = torch.randint(0, 37, (batch, length), generator=torch.Generator().manual_seed(2))
@@ -125,7 +125,7 @@ def test_txl_generate_compile_refusals_are_one_line(tmp_path, capsys):
 def test_inductor_compiled_generation_equals_eager(int8):
     # inductor's C++ build (a minute or more): the same greedy tokens as the default path, with 4 layers
     # (where inductor's in-place buffers got the prompt reader wrong: txl.runtime.INDUCTOR_OPTIONS)
-    from txl.model.quantize import quantize_int8
+    from txl.kernels.int8 import quantize_int8
 
     model = tiny_model(dtype=torch.float32, n_layer=4)
     model = quantize_int8(model) if int8 else model

@@ -95,7 +95,7 @@ def test_generation_reads_nothing_per_token(accelerator_checks, overrides, rules
 @pytest.mark.parametrize("int8", [False, True], ids=["float32", "int8"])
 def test_compiled_generation_reads_nothing_per_token(accelerator_checks, int8):
     # the ring decoder's counters live on the host; what the step reads of them is made on the device
-    from txl.model.quantize import quantize_int8
+    from txl.kernels.int8 import quantize_int8
 
     model = tiny_model(dtype=torch.float32)
     model = quantize_int8(model) if int8 else model

@@ -142,9 +142,9 @@ def test_evaluate_compiled_equals_the_decoding_state_reading(aot_eager):
 
 
 def test_evaluate_compiled_with_int8_weights_equals_eager_int8(aot_eager):
-    # the int8 products (txl.model.quantize.int8_product) trace with the rest of the model: the same loss
+    # the int8 products (txl.kernels.int8.int8_product) trace with the rest of the model: the same loss
     from txl.evaluation.stream import evaluate
-    from txl.model.quantize import quantize_int8
+    from txl.kernels.int8 import quantize_int8
 
     model = quantize_int8(_model().float())
     torch.manual_seed(3)
@@ -219,7 +219,7 @@ def test_every_model_compilation_turns_inductors_in_place_buffers_off(monkeypatc
 def test_inductor_reads_a_segment_after_a_memory_as_eager_with_four_layers(int8):
     # with in-place buffers on, torch 2.13's inductor got 4+ layer models wrong here (logits off by 0.7);
     # inductor's C++ build of this tiny model takes 15-20 s, the one inductor check in the default run
-    from txl.model.quantize import quantize_int8
+    from txl.kernels.int8 import quantize_int8
     from txl.runtime import compile_module
 
     model = _model(n_layer=4, tgt_len=4, mem_len=4, d_model=32, d_head=16, d_inner=64).eval()

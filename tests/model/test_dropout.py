@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from txl.model.cpu import Dropout, keep_mask
+from txl.kernels.cpu import Dropout, keep_mask
 
 
 @pytest.mark.parametrize("p", [0.05, 0.1, 0.3, 0.5, 0.9, 0.999999])

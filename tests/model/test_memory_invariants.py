@@ -22,7 +22,8 @@ import torch
 
 from conftest import run_segments, tiny_model
 from txl.model.segments import decoding_state
-from txl.model import cpu, reference
+from txl.kernels import cpu
+from txl.model import reference
 
 TOL = 1e-10  # float64 rounding differences between the batched and per-position sums are ~1e-14
 CAUGHT = 1e-4  # a wrong memory must move some logit by at least this, 10^6 times the tolerance

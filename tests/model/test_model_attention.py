@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 from conftest import layer_attention, reference_attention, tiny_model
 
-from txl.model import cpu
-from txl.model.cpu import Linear, _row_blocks, product
+from txl.kernels import cpu
+from txl.kernels.cpu import Linear, _row_blocks, product
 from txl.model.attention import (attention_mask, position_scores, rel_shift, rel_shift_bias,
                                   relative_positions, sinusoid)
 

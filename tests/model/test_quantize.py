@@ -1,4 +1,4 @@
-"""Int8 weights (txl.model.quantize): the products' error bounds, the model's outputs against float32, the
+"""Int8 weights (txl.kernels.int8): the products' error bounds, the model's outputs against float32, the
 saved quantised checkpoint, and the --quantize flag of the inference commands."""
 
 import copy
@@ -9,7 +9,7 @@ from torch import nn
 
 from tests.conftest import one_error_line, run_cli, tiny_model
 from txl.errors import TxlError
-from txl.model.quantize import Int8Linear, int8_names, int8_product, is_quantized, quantize_int8
+from txl.kernels.int8 import Int8Linear, int8_names, int8_product, is_quantized, quantize_int8
 from txl.model.transformer import TransformerXLLM
 
 
@@ -210,7 +210,7 @@ def test_the_reference_reads_an_int8_model_as_its_dequantised_weights(attn_type)
 
 
 def test_old_torch_versions_are_refused():
-    from txl.model.quantize import check_torch
+    from txl.kernels.int8 import check_torch
 
     for old in ("2.2.0", "2.5.1+cpu"):
         with pytest.raises(TxlError, match="need torch 2.6 or later"):
@@ -356,7 +356,7 @@ def test_a_served_session_with_quantised_weights_scores_as_the_quantised_model(k
     from tests.conftest import served_app
     from txl.data import ByteTokenizer
     from txl.evaluation.scoring import score_tokens
-    from txl.model.quantize import to_bfloat16
+    from txl.kernels.int8 import to_bfloat16
     from txl.config import AttentionSpan
     from txl.serving.app import create_app
     from txl.serving.server import build_engine
@@ -383,7 +383,7 @@ def test_half_weights_under_the_other_half_autocast_are_one_txl_error_in_every_r
     # bf16 weights under a float16 autocast reach no kernel (CPU: "mixed dtype"): refused by the model itself, so
     # the API, the server's engine and the classifier (which reads through hidden_states) all say it in one line
     from txl.evaluation.stream import evaluate
-    from txl.model.quantize import to_bfloat16
+    from txl.kernels.int8 import to_bfloat16
 
     model = to_bfloat16(tiny_model(dtype=torch.float32))
     ids = torch.randint(0, 37, (2, 9), generator=torch.Generator().manual_seed(0))

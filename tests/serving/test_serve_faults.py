@@ -549,7 +549,7 @@ def test_a_stream_that_fails_ends_with_an_error_event_never_a_cut_connection(mon
 
 
 def test_bf16_weights_with_a_float16_server_dtype_are_refused_when_the_engine_is_built():
-    from txl.model.quantize import to_bfloat16
+    from txl.kernels.int8 import to_bfloat16
 
     model = to_bfloat16(tiny_model(seed=3, dtype=torch.float32, vocab_size=256))
     with pytest.raises(TxlError, match="bfloat16 weights cannot run with dtype float16"):

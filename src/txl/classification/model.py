@@ -29,7 +29,7 @@ from txl.config import CLASSIFIER_NAME, ClassifierConfig, TransformerXLConfig
 from txl.errors import TxlError
 from txl.model.segments import segments
 from txl.model.parameters import init_weights
-from txl.model.quantize import check_trainable
+from txl.kernels.int8 import check_trainable
 from txl.model.transformer import TransformerXLLM
 
 

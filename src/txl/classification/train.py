@@ -15,7 +15,7 @@ from txl.config import CLASSIFIER_NAME, SAVED_WITHOUT, DataConfig, EvalConfig, R
 from txl.classification.task import ClassifyTask
 from txl.errors import TxlError
 from txl.evaluation.intervals import accuracy, macro_f1
-from txl.model.quantize import check_trainable
+from txl.kernels.int8 import check_trainable
 from txl.model.serialization import read_model_config
 from txl.runtime import resolve_device
 

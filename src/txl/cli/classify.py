@@ -216,7 +216,7 @@ def _language_model(args: argparse.Namespace):
 
     lm_dir = resolve_checkpoint_dir(args.checkpoint)
     lm_config = read_model_config(lm_dir)
-    from txl.model.quantize import check_trainable
+    from txl.kernels.int8 import check_trainable
     from txl.model.serialization import weight_names
 
     check_trainable(weight_names(lm_dir), str(lm_dir))  # from the weights' header: nothing loaded yet

@@ -98,7 +98,7 @@ def add_dtype(parser: argparse.ArgumentParser, default: str | None = "float32") 
 
 
 def add_quantize(parser: argparse.ArgumentParser) -> None:
-    """``--quantize int8``: the checkpoint's linear layers with int8 weights (:mod:`txl.model.quantize`)."""
+    """``--quantize int8``: the checkpoint's linear layers with int8 weights (:mod:`txl.kernels.int8`)."""
     parser.add_argument("--quantize", choices=("none", "int8", "bf16"), default="none",
                         help="int8: every linear layer with int8 weights, one scale per output channel; bf16: every "
                              "weight in bfloat16 (inference only; see docs/quantization.md; default none)")
@@ -263,7 +263,7 @@ def load_checkpoint(args: argparse.Namespace, path: str | None = None, announce:
     threads = use_threads(args)
     ckpt = load(path if path is not None else args.checkpoint, map_location=str(device),
                 name=getattr(args, "checkpoint_name", None))
-    from txl.model.quantize import is_quantized, quantize_int8, to_bfloat16
+    from txl.kernels.int8 import is_quantized, quantize_int8, to_bfloat16
 
     quantize = getattr(args, "quantize", "none")
     int8 = is_quantized(ckpt.model)  # a checkpoint written with int8 weights

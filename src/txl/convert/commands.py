@@ -116,7 +116,7 @@ def convert_to_hf(src: str | Path, dst: str | Path) -> Path:
 def _to_hf(src: Path, dst: Path) -> Path:
     """:func:`convert_to_hf` once ``dst`` is claimed."""
     ckpt = load_checkpoint(src)
-    from txl.model.quantize import is_quantized
+    from txl.kernels.int8 import is_quantized
 
     if is_quantized(ckpt.model):
         raise TxlError(f"{ckpt.path} holds int8 weights, which a TransfoXL checkpoint cannot; convert the float "
@@ -135,7 +135,7 @@ def _to_hf(src: Path, dst: Path) -> Path:
 
 def convert_to_int8(src: str | Path, dst: str | Path) -> Path:
     """Write the txl checkpoint ``src`` (a checkpoint folder, or a run folder: its ``best/``) as a checkpoint
-    ``dst`` whose linear layers hold int8 weights (:func:`txl.model.quantize.quantize_int8`): the same run
+    ``dst`` whose linear layers hold int8 weights (:func:`txl.kernels.int8.quantize_int8`): the same run
     config and vocabulary, ``model.safetensors`` with int8 weights and their scales. Every command loads it
     as it is (inference only).
 
@@ -143,7 +143,7 @@ def convert_to_int8(src: str | Path, dst: str | Path) -> Path:
         TxlError: an unreadable ``src``, one already int8, or a ``dst`` that is not empty, is in use by another
             process or lies inside a checkpoint or run folder.
     """
-    from txl.model.quantize import is_quantized, quantize_int8
+    from txl.kernels.int8 import is_quantized, quantize_int8
 
     src, dst = Path(src), Path(dst)
     with _claim(dst, [src]):

@@ -39,7 +39,7 @@ import torch
 from txl.data import LMOrderedIterator
 from txl.data.mapped import token_array
 from txl.errors import TxlError
-from txl.model.quantize import check_float_model
+from txl.kernels.int8 import check_float_model
 from txl.model.segments import eval_mode, segments
 from txl.evaluation.stream import EvalResult
 from txl.config import AttentionSpan, check_count, resolve_span

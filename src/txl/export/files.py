@@ -21,7 +21,7 @@ import torch
 from txl.errors import TxlError
 from txl.model.graphs import RingStep, SegmentReader, check_exportable, ring_capacity
 from txl.fileio import claim_folder, write_json
-from txl.model.quantize import is_quantized
+from txl.kernels.int8 import is_quantized
 from txl.config import AttentionSpan
 
 FORMATS = ("onnx", "pt2")

@@ -179,7 +179,7 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
     tokens are those of the default path (scores equal to float rounding).
     For prompts of one length (``mems`` too: the last ``mem_len`` positions are kept), a model and span
     :func:`txl.model.graphs.check_exportable` accepts, with float32, float64 or int8 weights
-    (:func:`txl.model.quantize.quantize_int8`: the int8 products compile with the rest of the step).
+    (:func:`txl.kernels.int8.quantize_int8`: the int8 products compile with the rest of the step).
 
     Raises:
         TxlError: ``input_ids`` that is not a non-empty integer tensor [batch, length] of ids in the

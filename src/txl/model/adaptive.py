@@ -42,7 +42,7 @@ from torch import nn
 
 from txl.config import IGNORE_INDEX
 from txl.errors import TxlError
-from txl.model.cpu import Linear, product
+from txl.kernels.cpu import Linear, product
 from txl.model.parameters import init_weights
 from txl.runtime import reads_values
 

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from txl.model import cpu
-from txl.model.cpu import Dropout, Linear
+from txl.kernels import cpu
+from txl.kernels.cpu import Dropout, Linear
 from txl.model.decoding import LayerCache
 
 
@@ -172,7 +172,7 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
         window: given only when ``mask`` is exactly :func:`attention_mask` without padding: 0 for
             the causal mask, ``mem_len`` for the same_length one. Without autograd on a CPU the bias
             is then a strided view of the position scores themselves, no masked copy of [B, H, T, K]
-            (:mod:`txl.model.cpu`). On other devices the masked copy is kept: the fused
+            (:mod:`txl.kernels.cpu`). On other devices the masked copy is kept: the fused
             kernels there want aligned bias strides and would copy such a view anyway.
         block_bytes: without autograd on a CPU, the batch rows and heads are taken in blocks whose
             position scores take at most this many bytes (default ``cpu.BLOCK_BYTES``; one
@@ -283,7 +283,7 @@ def one_query_attention(q_content: torch.Tensor, q_pos: torch.Tensor | None, k: 
 
 def padded_position_keys(r_k: torch.Tensor) -> torch.Tensor:
     """Position keys [H, D, K] -> contiguous [H, D, K + 1] with a zero column for distance K in front
-    (the layout :func:`biased_attention` reads in place; see :func:`~txl.model.cpu.masked_shift_view`)."""
+    (the layout :func:`biased_attention` reads in place; see :func:`~txl.kernels.cpu.masked_shift_view`)."""
     return F.pad(r_k, (1, 0))
 
 

@@ -122,7 +122,7 @@ def check_attention_fits(model, bsz: int, qlen: int, klen: int, grad: bool, dtyp
     Raises:
         TxlError: naming T, K, the bytes needed and available, and what to make smaller.
     """
-    from txl.model.cpu import BLOCK_BYTES
+    from txl.kernels.cpu import BLOCK_BYTES
     from txl.runtime import check_fits
 
     weight, scheme = next(model.parameters(), None), getattr(model, "positions", None)

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from txl.errors import TxlError
-from txl.model.cpu import Linear, product
+from txl.kernels.cpu import Linear, product
 from txl.model.memory import Mems, check_mems
 
 

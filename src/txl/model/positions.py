@@ -34,7 +34,7 @@ from torch import nn
 
 from txl.config import check_clamp, check_position_scheme
 from txl.errors import TxlError
-from txl.model.cpu import Linear
+from txl.kernels.cpu import Linear
 from txl.model.attention import (biased_attention, one_query_attention, padded_position_keys, relative_positions,
                                  shaw_distances, sinusoid)
 

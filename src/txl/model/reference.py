@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from txl.errors import TxlError
-from txl.model.quantize import Int8Linear
+from txl.kernels.int8 import Int8Linear
 from txl.config import AttentionSpan
 
 
@@ -155,7 +155,7 @@ def attention(attn, h: torch.Tensor, memory: torch.Tensor, distances: torch.Tens
 
 def dense(layer, dtype: torch.dtype) -> torch.Tensor:
     """A linear layer's weight [out, in] as a float matrix: its own, or an int8 layer's dequantised one
-    (:class:`~txl.model.quantize.Int8Linear`: the weights it multiplies by, without the rounding of its inputs)."""
+    (:class:`~txl.kernels.int8.Int8Linear`: the weights it multiplies by, without the rounding of its inputs)."""
     return layer.dequantize(dtype) if isinstance(layer, Int8Linear) else layer.weight
 
 

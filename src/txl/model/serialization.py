@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from txl.errors import TxlError
 from txl.fileio import atomic_write, read_json_object, write_json
 from txl.config import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, TransformerXLConfig
-from txl.model.quantize import check_trainable, int8_names
+from txl.kernels.int8 import check_trainable, int8_names
 
 _ON_ATTENTION = re.compile(r"^(|.*\.)(layers\.\d+\.attn\.)(r_net\.|r_w_bias$|r_r_bias$|r_emb$)")
 
@@ -132,7 +132,7 @@ def load_weights(model: torch.nn.Module, directory: Path, map_location, describe
     _compare({k: tuple(v.shape) for k, v in tensors.items()}, {k: tuple(v.shape) for k, v in expected.items()},
              path, described_by)
     for key, value in tensors.items():
-        if expected[key].dtype == torch.int8:  # an int8 layer's weight (txl.model.quantize)
+        if expected[key].dtype == torch.int8:  # an int8 layer's weight (txl.kernels.int8)
             if value.dtype != torch.int8:
                 raise TxlError(f"weights in {path} are broken: {key} has dtype {value.dtype}, not int8")
             continue

@@ -15,11 +15,11 @@ from txl.model.attention import MultiHeadAttention, attention_mask
 from txl.model.compressive import Compressor, check_compressive_mems, layer_memory, split_mems, update_compressive
 from txl.config import IGNORE_INDEX, check_readable, check_weights_dtype, AttentionSpan, TransformerXLConfig
 from txl.model.decoding import DecodingState, LayerCache, check_state, slot_padding_mask
-from txl.model.cpu import Dropout, Linear
+from txl.kernels.cpu import Dropout, Linear
 from txl.model.parameters import init_weights
 from txl.model.positions import position_scheme
 from txl.model.checks import check_input_ids, check_labels, padding_mask
-from txl.model.quantize import int8_names, quantize_int8
+from txl.kernels.int8 import int8_names, quantize_int8
 from txl.model.memory import Mems, check_mems, update_mems
 from txl.model.serialization import (CONFIG_NAME, check_weights_header, load_weights, read_model_config, save_model,
                                      weight_names)
@@ -453,7 +453,7 @@ class TransformerXLLM(nn.Module):
     @classmethod
     def from_pretrained(cls, directory: str | Path, map_location: str | torch.device = "cpu") -> "TransformerXLLM":
         """Load a model written by :meth:`save_pretrained` (safetensors + JSON only, nothing unpickled).
-        A quantised model's int8 layers (:mod:`txl.model.quantize`) are recognised by their weights'
+        A quantised model's int8 layers (:mod:`txl.kernels.int8`) are recognised by their weights'
         names and loaded as they are.
 
         Raises:

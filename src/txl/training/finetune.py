@@ -33,7 +33,7 @@ from txl.evaluation.completions import completion_losses, evaluate_completions
 from txl.evaluation.stream import EvalResult, metric_unit
 from txl.model import TransformerXLLM
 from txl.config import resolve_span, RunConfig, TransformerXLConfig
-from txl.model.quantize import check_trainable
+from txl.kernels.int8 import check_trainable
 from txl.model.transformer import LMOutput
 from txl.training.checkpoint import load_checkpoint, resolve_checkpoint_dir
 from txl.training.fingerprint import file_digest

@@ -49,7 +49,7 @@ def check_torch(version: str | None = None) -> None:
 class Int8Linear(nn.Module):
     """A linear layer with int8 weights [out, in], a float32 scale per output channel [out], and an
     optional float bias [out]: y = x @ (weight * scale[:, None]).T + bias (:func:`int8_product`), called
-    as :class:`~txl.model.cpu.Linear` is: ``forward(x, rows=None, skip_rows=0)``, x [..., in]
+    as :class:`~txl.kernels.cpu.Linear` is: ``forward(x, rows=None, skip_rows=0)``, x [..., in]
     float32/bfloat16/float16 -> [..., out] (``rows``: a slice of the output rows; ``skip_rows`` has
     nothing to skip here, int8 layers have no gradient).
 

@@ -8,7 +8,7 @@ run. Three parts:
 optional arguments that say what a product is for, never how to compute it: ``rows`` selects output
 rows (the queries' rows of ``qkv_net``, one cluster's rows of the softmax) and ``skip_rows`` says that
 the first M input rows are the detached memory. Int8 weights are the same call on
-:class:`~txl.model.quantize.Int8Linear`, which :func:`~txl.model.quantize.quantize_int8` swaps in; the
+:class:`~txl.kernels.int8.Int8Linear`, which :func:`~txl.kernels.int8.quantize_int8` swaps in; the
 model's code does not know which it holds. Inside, :func:`product` takes the form fastest for the shape:
 
 - decoding-step rows: a step reads every weight once per token, mostly from main memory, so at batch 1
