@@ -26,11 +26,12 @@ each compared with the threshold that keeps it with probability 1 - p (exact up 
 resolution: |error| <= 2^-15 for any p). Same expectation (kept values scaled by 1 / (1 - p),
 Srivastava et al. 2014).
 
-**The attention's position bias without autograd** (called by
-:func:`txl.model.attention.biased_attention`): the masked, realigned bias as a strided view of the
-position scores themselves, with no masked copy of [B, H, T, K], when the mask is exactly the causal or
-same_length one (:func:`masked_shift_view`); the batch rows and heads in blocks whose position scores
-stay in the last-level cache (:func:`in_blocks`).
+**The attention without autograd** (:func:`biased_attention`, which
+:func:`txl.model.attention.biased_attention` hands a CPU call to): the masked, realigned bias as a
+strided view of the position scores themselves, with no masked copy of [B, H, T, K], when the mask is
+exactly the causal or same_length one (:func:`masked_shift_view`); the batch rows and heads in blocks
+whose position scores stay in the last-level cache (:func:`in_blocks`); and the bound of the memory
+those scores take, which the reading loops check before they start (:func:`check_attention_fits`).
 
 Shapes: B = batch, H = heads, T = queries, K = keys.
 """
@@ -45,6 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from txl.errors import TxlError
+from txl.runtime import check_fits
 
 FEW_ROWS = 2  # up to this many rows, the row-block product (CPU)
 AUTOCAST_DEVICES = ("cpu", "cuda", "mps", "xpu")  # device kinds the memory-rows product follows autocast on
@@ -246,6 +248,32 @@ def masked_shift_view(scores: torch.Tensor, future: torch.Tensor, window: int) -
     return scores.as_strided((*lead, qlen, klen), scores.stride()[:-2] + (klen, 1), scores.storage_offset() + qlen)
 
 
+def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r_k: torch.Tensor,
+                     mask: torch.Tensor, *, scale: float, dropout_p: float, window: int | None, block_bytes: int | None,
+                     scores: Callable, shifted: Callable) -> torch.Tensor:
+    """:func:`txl.model.attention.biased_attention` without autograd on a CPU (same arguments and result up
+    to float rounding): with a ``window`` the bias is :func:`masked_shift_view` of the position scores
+    (``r_k`` read with its leading column for distance K, added here when missing), else the model's
+    ``shifted(scores, mask)``; the batch rows and heads in blocks of :func:`in_blocks`. ``scores(q, r_k)``
+    is the model's position product [B, H, T, K(+1)]."""
+    bsz, heads, qlen, _ = q_pos.shape
+    klen, in_place = k.size(2), window is not None
+    if in_place:
+        r_k = F.pad(r_k, (1, 0)) if r_k.size(-1) == klen else r_k
+        future = torch.ones(qlen, qlen, dtype=torch.bool, device=q_pos.device).tril_().flip(0)  # m < T - i
+    else:
+        r_k = r_k[..., -klen:]
+
+    def attend(rows: slice, cols: slice) -> torch.Tensor:
+        s = scores(q_pos[rows, cols], r_k[cols])
+        bias = masked_shift_view(s, future, window) if in_place else shifted(s, mask if mask.dim() == 2 else mask[rows])
+        return F.scaled_dot_product_attention(q_content[rows, cols], k[rows, cols], v[rows, cols], attn_mask=bias,
+                                              dropout_p=dropout_p, scale=scale)
+
+    per_head = qlen * (klen + in_place) * q_pos.element_size()
+    return in_blocks(attend, (bsz, heads, qlen, v.size(-1)), v, per_head, block_bytes)
+
+
 def even_step(n: int, most: int) -> int:
     """Block size for ``n`` items in blocks of at most ``most``: the fewest blocks, sizes as even as possible."""
     blocks = -(-n // most)
@@ -275,3 +303,41 @@ def in_blocks(attend: Callable[[slice, slice], torch.Tensor], shape: tuple[int, 
         for h in range(0, heads, step):
             out[b:b + 1, h:h + step] = attend(slice(b, b + 1), slice(h, h + step))
     return out
+
+
+def attention_bytes(bsz: int, heads: int, qlen: int, klen: int, n_layer: int, itemsize: int, grad: bool,
+                    block_bytes: int) -> int:
+    """A rough bound of the bytes a call's attention scores take on a CPU, for callers to compare with
+    the memory available before reading (:func:`txl.runtime.check_fits`); it only catches hopeless
+    calls (a segment of a million tokens).
+
+    Scores [B, H, T, K] of ``itemsize`` bytes, three times over for the bias and the kernel's work;
+    under autograd (``grad``) once more per layer (each keeps its bias for the backward); without
+    autograd, in blocks of at most ``block_bytes`` or one head of one row.
+    """
+    per_head = qlen * (klen + 1) * itemsize
+    if grad:
+        return (n_layer + 3) * bsz * heads * per_head
+    return 3 * max(per_head, min(bsz * heads * per_head, block_bytes))
+
+
+def check_attention_fits(model, bsz: int, qlen: int, klen: int, grad: bool, dtype: str = "float32") -> None:
+    """Refuse a reading of segments of ``qlen`` tokens over ``klen`` keys (batch ``bsz``) whose attention
+    scores could not fit in the available memory of ``model``'s device: called by the reading loops
+    (:func:`txl.model.segments.segments`, training) once before they start, never by the model itself.
+    Devices other than the CPU are not checked (their allocator raises its own out-of-memory error), nor
+    models whose attention keeps no scores ("abs"). ``dtype``: the reading's (an autocast dtype's scores
+    take 2 bytes).
+
+    Raises:
+        TxlError: naming T, K, the bytes needed and available, and what to make smaller.
+    """
+    weight, scheme = next(model.parameters(), None), getattr(model, "positions", None)
+    if weight is None or weight.device.type != "cpu" or not getattr(scheme, "keeps_scores", False):
+        return  # (another device, "abs", or a stand-in model)
+    c = model.config
+    itemsize = 2 if dtype in ("bfloat16", "float16") else weight.element_size()
+    need = attention_bytes(bsz, c.n_head, qlen, klen, c.n_layer, itemsize, grad, BLOCK_BYTES)
+    if need >= 2**28:
+        check_fits(need, f"a segment of {qlen:,} tokens over {klen:,} keys (batch {bsz:,})",
+                   "use a smaller tgt_len (--tgt-len), a shorter memory or a smaller batch", weight.device)

@@ -10,28 +10,10 @@ Token ids are split into clusters by ``cutoffs``: cluster i covers ids ``[c_i, c
 tensor: it computes the head logits ``[N, cutoffs[0] + n_tail]`` and, per tail cluster, logits only
 for the rows whose label falls in that cluster.
 
-Parameter names mirror Hugging Face ``transformers`` 4.35.2 (``modeling_transfo_xl`` and
-``modeling_transfo_xl_utilities``), so within these modules the state-dict keys map 1:1:
-
-    HF TransfoXLLMHeadModel key                  txl key (relative to the module)
-    transformer.word_emb.emb_layers.{i}.weight   emb_layers.{i}.weight
-    transformer.word_emb.emb_projs.{i}           emb_projs.{i}
-    crit.out_layers.{i}.weight / .bias           out_layers.{i}.weight / .bias
-    crit.out_projs.{i}                           out_projs.{i}
-    crit.cluster_weight / crit.cluster_bias      cluster_weight / cluster_bias (same row order)
-
-With ``div_val == 1`` and ``d_proj != d_embed`` the output keeps one projection per cluster
-(``out_projs.0 .. .K``, as HF and the authors' code do) while the embedding has a single one.
-
-Cluster-logit order (verified against the sources): txl appends the head logits of tail clusters
-1, 2, ..., K in natural order, so head column ``cutoffs[0] + i - 1`` (row ``i - 1`` of
-``cluster_weight``) belongs to tail cluster i. HF 4.35.2 ``forward`` uses the same natural order
-(``cluster_prob_idx = cutoffs[0] + i - 1``), as does the authors' TensorFlow code (whose
-``cluster_W``/``cluster_b`` HF loads unchanged), so HF checkpoints convert without reordering.
-The authors' PyTorch code (``head_logprob_i[:, -i]``) uses reverse order: tail cluster i reads row
-``K - i``; a converter must reverse the rows of ``cluster_weight`` and ``cluster_bias`` when reading
-checkpoints trained with it. (HF 4.35.2 ``log_prob`` also indexes ``[:, -i]`` but fails with a
-shape error whenever there are clusters; only its ``forward(hidden, labels=None)`` is usable.)
+Parameter names are Hugging Face ``transformers`` 4.35.2's (``emb_layers``, ``emb_projs``,
+``out_layers``, ``out_projs``, ``cluster_weight``, ``cluster_bias``), and the head's cluster logits
+are in its natural order (tail cluster i at head column ``cutoffs[0] + i - 1``), so its checkpoints
+convert without reordering; the authors' PyTorch code reverses that order (docs/conversion.md).
 """
 
 from __future__ import annotations

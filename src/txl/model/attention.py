@@ -18,9 +18,10 @@ from txl.kernels.cpu import Dropout, Linear
 from txl.model.decoding import LayerCache
 
 
-def inverse_frequencies(dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """``10000^(-2k/dim)`` for k = 0 .. dim/2 - 1 (float32 [dim/2]): the sinusoid frequencies."""
-    return 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
+def inverse_frequencies(dim: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``10000^(-2k/dim)`` for k = 0 .. dim/2 - 1 ([dim/2] of ``dtype``): the sinusoid's frequencies, and the
+    rotary angles' θ (Su et al. 2021, eq. 15) in float64."""
+    return 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=dtype, device=device) / dim))
 
 
 def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
@@ -164,59 +165,32 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
         q_pos: [B, H, T, D] queries for the position term (q + v for "rel"), already scaled.
         k, v: [B, H, K, D] keys and values over [memory + current segment].
         r_k: [H, D, K] position keys for distances K-1 ... 0, or [H, D, K + 1] with a leading column
-            for distance K (any values; none is read), as :func:`padded_position_keys` makes once
-            for a decoding state, so that the in-place path below need not pad per call.
+            for distance K (none is read), as :func:`padded_position_keys` makes once for a decoding state.
         mask: bool [T, K] or [B, 1, T, K] (with padding), True = not visible.
         scale: the score scale 1/sqrt(D) applied to the content term.
         dropout_p: attention dropout probability (0 in evaluation).
-        window: given only when ``mask`` is exactly :func:`attention_mask` without padding: 0 for
-            the causal mask, ``mem_len`` for the same_length one. Without autograd on a CPU the bias
-            is then a strided view of the position scores themselves, no masked copy of [B, H, T, K]
-            (:mod:`txl.kernels.cpu`). On other devices the masked copy is kept: the fused
-            kernels there want aligned bias strides and would copy such a view anyway.
-        block_bytes: without autograd on a CPU, the batch rows and heads are taken in blocks whose
-            position scores take at most this many bytes (default ``cpu.BLOCK_BYTES``; one
-            head of one row when even that is larger), so each block's scores are still in cache when
-            the kernel reads them.
+        window: given only when ``mask`` is exactly :func:`attention_mask` without padding: 0 for the
+            causal mask, ``mem_len`` for the same_length one (the CPU form then builds no masked copy).
+        block_bytes: the CPU form's block of position scores (default ``cpu.BLOCK_BYTES``).
 
-    While ``torch.compile`` traces the model neither the in-place view nor the blocks are used: the
-    bias is the gathered, masked copy of :func:`rel_shift_bias` over the whole batch. One query per row
-    (T = 1) without autograd or dropout, in float32 or float64, is :func:`one_query_attention` (the mask
-    already holds the window there).
+    Without autograd on a CPU (and not while ``torch.compile`` traces) this is
+    :func:`txl.kernels.cpu.biased_attention`; one query per row (T = 1) without autograd or dropout, in
+    float32 or float64, is :func:`one_query_attention` (the mask already holds the window there).
 
     Returns:
-        [B, H, T, D] attention output: the unblocked, masked computation up to float rounding (the
-        products' shapes differ, so their summation order may).
+        [B, H, T, D] attention output (every form equal up to float rounding).
     """
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q_content, q_pos, k, v, r_k))
-    bsz, heads, qlen, _ = q_pos.shape
-    klen = k.size(2)
-    on_cpu = q_pos.device.type == "cpu"
-    compiling = torch.compiler.is_compiling()
-    if qlen == 1 and not grad and not compiling and dropout_p == 0.0 and q_pos.dtype in (torch.float32, torch.float64):
+    klen, compiling = k.size(2), torch.compiler.is_compiling()
+    if q_pos.size(2) == 1 and not grad and not compiling and dropout_p == 0.0 and q_pos.dtype in (torch.float32,
+                                                                                                 torch.float64):
         return one_query_attention(q_content, q_pos, k, v, r_k[..., -klen:], mask, scale=scale)  # (half: the kernel's
         # float32 sums, as for longer segments)
-    in_place = window is not None and not grad and on_cpu and not compiling
-    if r_k.size(-1) == klen + 1 and not in_place:
-        r_k = r_k[..., 1:]
-    future = None
-    if in_place:  # a key for distance K, which no query has: the column the view starts each row with
-        r_k = padded_position_keys(r_k) if r_k.size(-1) == klen else r_k
-        future = torch.ones(qlen, qlen, dtype=torch.bool, device=q_pos.device).tril_().flip(0)  # m < T - i
-
-    def attend(rows: slice, cols: slice) -> torch.Tensor:
-        scores = position_scores(q_pos[rows, cols], r_k[cols])
-        if in_place:
-            bias = cpu.masked_shift_view(scores, future, window)
-        else:
-            bias = rel_shift_bias(scores, mask if mask.dim() == 2 else mask[rows])
-        return F.scaled_dot_product_attention(q_content[rows, cols], k[rows, cols], v[rows, cols], attn_mask=bias,
-                                              dropout_p=dropout_p, scale=scale)
-
-    if grad or not on_cpu or compiling:  # (the compiler fuses the unblocked form)
-        return attend(slice(None), slice(None))
-    per_head = qlen * (klen + in_place) * q_pos.element_size()
-    return cpu.in_blocks(attend, (bsz, heads, qlen, v.size(-1)), v, per_head, block_bytes)
+    if not grad and q_pos.device.type == "cpu" and not compiling:  # the CPU seam (txl.kernels.cpu): the same numbers
+        return cpu.biased_attention(q_content, q_pos, k, v, r_k, mask, scale=scale, dropout_p=dropout_p, window=window,
+                                    block_bytes=block_bytes, scores=position_scores, shifted=rel_shift_bias)
+    bias = rel_shift_bias(position_scores(q_pos, r_k[..., -klen:]), mask)
+    return F.scaled_dot_product_attention(q_content, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
 
 
 def one_query_attention(q_content: torch.Tensor, q_pos: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor,

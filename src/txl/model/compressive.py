@@ -1,38 +1,18 @@
 """Compressive memory: the Compressive Transformer's second memory (Rae et al. 2019, §3, Algorithms 1-2).
 
-A Transformer-XL layer forgets a state once it leaves the last ``mem_len`` states of its memory. With
-``cmem_len > 0`` the states leaving the memory are instead compressed, ``c = cmem_ratio`` at a time,
-into compressed slots by the layer's compression function f_c; each layer keeps its newest
-``cmem_len`` slots, and attention reads [compressed memory, pending, memory, current segment].
-
-The memory layout (``mems`` in and out of :meth:`txl.model.TransformerXLLM.forward` when the span
-has ``cmem_len > 0``) is a flat list of ``3 * n_layer`` tensors, so that everything that moves
-memory rows around (the segment loop, gradient accumulation, torchrun ranks, trainer checkpoints)
-handles it as it handles the plain memory::
+With ``cmem_len > 0`` the states leaving a layer's memory are compressed, ``c = cmem_ratio`` at a time,
+by the layer's f_c (:class:`Compressor`); each layer keeps its newest ``cmem_len`` compressed slots, and
+attention reads [compressed, pending, memory, segment] with distances counted in key slots. States that
+left the memory but do not fill a group of c yet wait, visible, as pending states (fewer than c). The
+memory (``mems`` in and out of :meth:`txl.model.TransformerXLLM.forward`) is a flat list of
+``3 * n_layer`` tensors, so everything that moves memory rows handles it as the plain memory::
 
     mems[0 : n_layer]            memory          [B, M, d_model]  (M <= mem_len, oldest first)
     mems[n_layer : 2 * n_layer]  compressed      [B, C, d_model]  (C <= cmem_len, oldest first)
     mems[2 * n_layer : 3 * n]    pending         [B, P, d_model]  (P < cmem_ratio, oldest first)
 
-Pending states: states leave the memory one segment at a time, and a segment need not be a multiple
-of c (a growing memory at the start, ``train.varlen``, one-token decoding steps). States that left
-the memory but do not yet fill a group of c wait in ``pending`` (at most c - 1 per layer) and are
-compressed with the next states that leave, so the groups are always c consecutive states, exactly
-what the paper's fixed-size segments (a multiple of c) give. While they wait they are attended to
-like memory (uncompressed), between the compressed slots and the memory, so no state is ever out
-of sight until it drops off the end of the compressed memory.
-
-Relative distances: the keys are one sequence [compressed, pending, memory, current] and key j is
-at distance ``(K - T + i) - j`` from query i, counted in key slots, as in the paper's
-implementation (the compressed memory is prepended to the keys; Transformer-XL's R and ``rel_shift``
-apply unchanged). A compressed slot therefore looks one step older than the slot after it, although
-it stands for c tokens: the model learns what a distance beyond the memory means, and the encodings
-it sees are the same at training and at evaluation for the same span.
-
-Everything carried to the next segment is detached (the paper's stop-gradient, as Transformer-XL's
-memory). The compression network gets no gradient from the language-model loss; it is trained by
-the attention-reconstruction loss (:func:`reconstruction_loss`), reported separately in
-:class:`~txl.model.LMOutput`.
+Everything carried on is detached; the compression network learns from the attention-reconstruction
+loss alone (:func:`reconstruction_loss`). Why pending states and slot distances: docs/compressive.md.
 """
 
 from __future__ import annotations

@@ -1,41 +1,16 @@
-"""The decoding cache: the memory's keys and values in a ring of fixed capacity (paper §3.2, §3.3).
+"""The decoding cache: the memory's keys and values in one ring of fixed capacity (paper §3.2, §3.3).
 
-In relative attention (paper §3.3, and Shaw et al.) a key does not depend on its position: position
-enters only through the score term ``(q + v)·W_kR R_{i-j}``. So the keys and values of the memory can
-be projected once, kept, and reused at every later step, and a ring of S slots is exact: when it is
-full, the newest token's key overwrites the oldest one's slot, and the position scores are read with
-the rotation that gives each slot its distance to the query. With rotary positions ("rope") a key is
-rotated once, at its position in the text (:attr:`DecodingState.seen` counts them), before it is
-kept; its score with a later query depends on the two positions' difference only, so the kept key
-stays right whatever slot it sits in (:class:`~txl.model.positions.Rotary`). A step costs O(mem_len)
-attention work per layer and one write, whatever the length of the text.
+A relative-attention key carries no position (§3.3: positions enter the score only through
+``W_kR R_{i-j}``), so the memory's keys and values are projected once and kept. A ring of S slots is
+then exact: the newest token overwrites the oldest slot, and the step reads its table of distances
+rotated to each slot's distance. A rotary key ("rope") is rotated once, at its position in the text
+(:attr:`DecodingState.seen`), before it is kept. A step costs O(mem_len) attention work per layer.
 
-One protocol serves both kinds of call: the model calls :meth:`DecodingState.begin` (a one-token
-step after a memory, or a segment), then each layer hands its new keys and values to
-:meth:`LayerCache.update` and attends to what it returns, then the model calls
-:meth:`DecodingState.commit`. The compiled and exported step (:mod:`txl.model.graphs`) reads the same
-buffers as tensors of fixed shape.
-
-The buffers are allocated once, on the first call, at their full size: every layer's keys and values
-in one tensor :attr:`DecodingState.stack` [2, L, B, H, R, D] (R = the capacity plus the spare room of
-segment views, below), and each layer's inputs [B, R, d_model] when the hidden-state memory is kept.
-A caller that knows how long its text is (a prompt and the tokens to sample) passes ``max_tokens`` and
-pays for that, not for a ``mem_len`` far beyond the text.
-
-Segment views. On a CPU, a multi-token call after the memory (evaluation, prompts) attends to
-[memory + segment] as one view of the buffers instead of a concatenation: the buffers hold spare
-positions after the S slots, the segment's keys are written right after the memory, and the slots
-move forward (:attr:`DecodingState.start` grows) instead of being copied. Only when the spare room is
-used up is the memory moved back to position 0: one copy every ``spare / T`` calls of T tokens.
-
-The state is owned by the caller and passed to :meth:`txl.model.TransformerXLLM.forward` as
-``caches``; while it is in use it *is* the memory (``forward`` returns ``mems=None``; read the
-hidden-state memory with :meth:`DecodingState.mems`). Nothing is kept inside the model.
-
-With a compressive span (``span.cmem_len > 0``, Rae et al. 2019) the state holds the memory as
-tensors instead (:attr:`DecodingState.held`, the layout of :mod:`txl.model.compressive`) and the model
-takes its general path for every call: compressed slots change every c tokens, so the ring's
-exactness argument does not cover them. The results are those of the same calls without a state.
+One protocol for every call: :meth:`DecodingState.begin`, each layer's :meth:`LayerCache.update`,
+:meth:`DecodingState.commit`. The state is the caller's and, while in use, *is* the memory
+(``forward`` returns ``mems=None``; :meth:`DecodingState.mems` reads it back). Its buffers, the
+spare room of segment views on a CPU, and a compressed memory held as tensors: docs/model.md, "The
+decoding cache".
 
 Shapes: L = layers, B = batch, H = heads, D = d_head, S = ``capacity`` slots, R = buffer positions.
 """

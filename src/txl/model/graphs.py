@@ -1,30 +1,15 @@
-"""The one-token step and the prompt reader as graphs of fixed shape: the two that ``txl export`` writes
-(:mod:`txl.export`); the step is also what ``generate(..., compile=True)`` compiles (:class:`RingDecoder`).
+"""The one-token step and the prompt reader as graphs of fixed shape: what ``txl export`` writes
+(:mod:`txl.export`), and the step ``generate(..., compile=True)`` compiles (:class:`RingDecoder`).
 
-A graph cannot read the Python counters of a :class:`~txl.model.DecodingState`: a traced graph would
-freeze them. Here the state reaches the graph as tensors of fixed shape, so one graph serves every
-step, whatever the memory holds:
-
-- ``keys``, ``values``: float [L, B, H, S, D], S = ``capacity`` slots per layer (``mem_len + 1``, or
-  ``mem_len`` with ``same_length``, as in DecodingState): the buffers of a DecodingState without spare
-  room, or the exported runner's arrays;
-- ``write``: int64 [] the slot the next token goes to; ``fill``: int64 [] the slots that hold a token
-  (while ``fill < S``, ``write == fill`` and the slots are in time order from slot 0; once full they
-  rotate).
-
-The step (:class:`RingStep`) runs each layer's own step over the slots, which it reads but does not
-write: it returns the new token's key and value [L, B, H, D], and the caller writes them to slot
-``write`` in place, then moves ``write`` on by one (mod S) and ``fill`` up to S. In relative attention
-a key does not depend on its position (paper §3.3), so a kept key stays right in whatever slot it
-sits; slot s is at distance ``(write - s) mod S`` from the new token, and its position term is read
-from a per-layer table of the projected encodings of distances 0 ... S-1 (``W_kR R`` for "rel", the
-learned table for "shaw"), made once from the parameters when the graph is built.
-
-The exported prompt reader (:class:`SegmentReader`) takes ``tgt_len`` tokens per call, right-padded
-(``n_valid`` of them are real), with a memory of exactly ``mem_len`` positions per layer, left-padded
-(``mem_padding`` of them are not text yet, masked: the model's ``mem_padding``), and returns the next
-memory and the ring made from it. Reading a prompt in calls of ``tgt_len`` gives the memory that
-:func:`txl.generation.prime_memory` gives, so greedy tokens equal ``txl generate``'s (tests/export).
+A traced graph would freeze a :class:`~txl.model.DecodingState`'s Python counters, so here the ring
+reaches the graph as tensors: ``keys``, ``values`` float [L, B, H, S, D] (a state's buffers without
+spare room, or the exported runner's arrays), ``write`` int64 [] (the slot the next token goes to) and
+``fill`` int64 [] (the slots that hold a token; while ``fill < S``, ``write == fill``). The step
+(:class:`RingStep`) runs each layer's own step over the slots without writing them and returns the new
+token's key and value; the caller writes them to slot ``write``. Slot s is at distance
+``(write - s) mod S`` from the new token, read from a per-layer table of distances made once. The
+prompt reader (:class:`SegmentReader`) reads ``tgt_len`` right-padded tokens after a left-padded memory
+of ``mem_len`` positions, so greedy tokens equal ``txl generate``'s (docs/export.md).
 
 Shapes: L = layers, B = batch, H = heads, D = ``d_head``, S = capacity, M = ``mem_len``, d = ``d_model``,
 T = ``tgt_len``, V = vocabulary.

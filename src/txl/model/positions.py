@@ -3,23 +3,14 @@
 A scheme is an ``nn.Module``, one per attention layer, that owns that layer's position parameters and
 is handed to the attention (:class:`~txl.model.attention.MultiHeadAttention` holds it as ``pos``); the
 attention, the model and the decoding state ask it what they need and never compare ``attn_type``
-themselves. What a scheme asks of a config (its checks, its parameter count, whether the model keeps a
-memory: segment-level recurrence, paper §3.2, needs scores that do not depend on where a segment starts,
-which absolute positions added to the input, "abs", do not give) is :mod:`txl.config.model`'s. What a
-scheme gives:
-
-- what a call builds once for every layer (class methods): ``embed``, positions added to the input
-  (the vanilla Transformer only); ``segment``, the positional input of a call over K keys (R for
-  "rel", the sinusoid of distances K-1 ... 0; the cos/sin of each key's position for "rope");
-  ``step_positions``, the same for a one-token step of a decoding state;
-- what a layer does with its parameters: ``rotate`` (queries and new keys before the keys are kept,
-  "rope" only), ``attend`` (attention over [memory + segment] with the position term), and for the
-  one-token step ``step_rotate`` and ``step_attend``.
+themselves. What a call builds once for every layer is a class method (``embed``, ``segment``,
+``step_positions``); what a layer does with its parameters is a method (``rotate``, ``attend``, and
+``step_rotate``, ``step_attend`` for the one-token step). What a scheme asks of a config is
+:mod:`txl.config.model`'s.
 
 Parameter names follow the reference implementation under the layer's ``attn.pos``: ``r_net`` (W_kR),
-``r_w_bias``/``r_r_bias`` (u, v; with ``untie_r`` each layer's own, else one pair registered on the
-model and tied into every layer), ``r_emb`` (Shaw's tables). Checkpoints written with them directly on the
-attention load too (:func:`txl.model.serialization.current_name`).
+``r_w_bias``/``r_r_bias`` (u, v; shared by the layers unless ``untie_r``), ``r_emb`` (Shaw's tables);
+checkpoints with them directly on the attention load too (:func:`txl.model.serialization.current_name`).
 
 Shapes: B = batch, H = heads, T = queries, K = keys (memory + segment), D = ``d_head``.
 """
@@ -35,8 +26,8 @@ from torch import nn
 from txl.config import check_clamp, check_position_scheme
 from txl.errors import TxlError
 from txl.kernels.cpu import Linear
-from txl.model.attention import (biased_attention, one_query_attention, padded_position_keys, relative_positions,
-                                 shaw_distances, sinusoid)
+from txl.model.attention import (biased_attention, inverse_frequencies, one_query_attention, padded_position_keys,
+                                 relative_positions, shaw_distances, sinusoid)
 
 
 class PositionScheme(nn.Module):
@@ -177,11 +168,10 @@ class Relative(_DistanceTable):
         return drop(sinusoid(relative_positions(klen, span.clamp_len, device), config.d_model).to(dtype))
 
     def attend(self, q, k, v, positions, mask, cache, window, dropout_p):
-        klen = k.size(2)
         if positions is None:  # a decoding state's layer: the positions of this key length are kept
             r_k = cache.segment_pos_keys
         else:
-            r_k = self.r_net(positions).view(klen, self.n_head, self.d_head).permute(1, 2, 0)  # [H, D, K]
+            r_k = self.project(positions)
             if cache is not None:  # padded and contiguous once, not a strided copy per segment
                 r_k = cache.segment_pos_keys = padded_position_keys(r_k)
         # (b) + (d), pre-scaled, realigned and masked, becomes an additive bias of the fused kernel,
@@ -197,8 +187,12 @@ class Relative(_DistanceTable):
                                      config.d_model).to(dtype)
         return None
 
+    def project(self, R: torch.Tensor) -> torch.Tensor:
+        """``W_kR R``: R [K, d_model] -> position keys [H, D, K]."""
+        return self.r_net(R).view(R.size(0), self.n_head, self.d_head).permute(1, 2, 0)
+
     def position_keys(self, state):
-        return self.r_net(state.pos_emb).view(state.capacity, self.n_head, self.d_head).permute(1, 2, 0)
+        return self.project(state.pos_emb)
 
     def step_queries(self, q, cache):
         if cache.query_biases is None:  # u and v times the scale, once per state: q_c = (q + u) * scale in one op
@@ -227,12 +221,15 @@ class Shaw(_DistanceTable):
     def attend(self, q, k, v, positions, mask, cache, window, dropout_p):
         # the learned a_d for distances K-1 ... 0 (clipped), then the same realignment as "rel":
         # (b) = q·a becomes the additive bias, the kernel adds (a) = q·k
-        r_k = self.r_emb[shaw_distances(k.size(2), self.max_dist, q.device)].permute(1, 2, 0)  # [H, D, K]
-        return biased_attention(q, q * self.scale, k, v, r_k.to(q.dtype), mask, scale=self.scale,
+        return biased_attention(q, q * self.scale, k, v, self.table(k.size(2)).to(q.dtype), mask, scale=self.scale,
                                 dropout_p=dropout_p, window=window)
 
+    def table(self, klen: int) -> torch.Tensor:
+        """The learned a_d for distances K-1 ... 0 (clipped at ``max_dist``): [H, D, K]."""
+        return self.r_emb[shaw_distances(klen, self.max_dist, self.r_emb.device)].permute(1, 2, 0)
+
     def position_keys(self, state):
-        return self.r_emb[shaw_distances(state.capacity, self.max_dist, self.r_emb.device)].permute(1, 2, 0)
+        return self.table(state.capacity)
 
 
 class Absolute(PositionScheme):
@@ -252,15 +249,10 @@ class Absolute(PositionScheme):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=self.scale)
 
 
-def rotary_frequencies(d_head: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """``θ_f = 10000^(-2f/D)`` for f = 0 .. D/2 - 1 (float64 [D/2]; Su et al. 2021, eq. 15)."""
-    return 1.0 / (10000.0 ** (torch.arange(0, d_head, 2, dtype=torch.float64, device=device) / d_head))
-
-
 def rotary_angles(positions: torch.Tensor, d_head: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of ``p θ_f`` (float64 [N, D/2] each) for int64 positions ``p`` [N]. Computed in
     float64, so that a position in the millions keeps its angle to float32 precision."""
-    angles = positions.to(torch.float64)[:, None] * rotary_frequencies(d_head, positions.device)[None, :]
+    angles = positions.to(torch.float64)[:, None] * inverse_frequencies(d_head, positions.device, torch.float64)[None, :]
     return angles.cos(), angles.sin()
 
 
@@ -312,7 +304,7 @@ class Rotary(PositionScheme):
     @classmethod
     def step_positions(cls, state, config, device, dtype):
         if state.pos_emb is None:  # θ (float64 [D/2]) kept by the state: a step multiplies it by its position
-            state.pos_emb = rotary_frequencies(config.d_head, device)
+            state.pos_emb = inverse_frequencies(config.d_head, device, torch.float64)
         angles = state.pos_emb * float(state.seen)  # (no host-to-device copy of the position)
         return angles.cos(), angles.sin()
 

@@ -18,7 +18,7 @@ import torch
 
 from txl.errors import TxlError
 from txl.model.decoding import DecodingState
-from txl.model.checks import check_attention_fits
+from txl.kernels.cpu import check_attention_fits
 from txl.model.memory import Mems, given_length
 from txl.config import AttentionSpan
 from txl.model.transformer import LMOutput
@@ -173,7 +173,7 @@ def _check_arguments(inputs: torch.Tensor, labels: torch.Tensor | None, span: At
 def _check_fits(model, inputs: torch.Tensor, span: AttentionSpan, mems: Mems | None,
                 positions: Sequence[tuple[int, int]] | None, grad: bool, dtype: str) -> None:
     """Refuse a reading whose largest call (a whole segment over the longest memory) has attention scores
-    the memory available cannot hold (:func:`~txl.model.checks.check_attention_fits`). A ``mem_len`` far beyond
+    the memory available cannot hold (:func:`~txl.kernels.cpu.check_attention_fits`). A ``mem_len`` far beyond
     the text costs what the text holds."""
     n_rows, width = inputs.shape
     if width:

@@ -260,7 +260,7 @@ class TransformerXLLM(nn.Module):
         elif not isinstance(span, AttentionSpan):
             raise TxlError(f"span must be an AttentionSpan, got {type(span).__name__}")
         weight = self.word_emb.emb_layers[0].weight
-        self._check_autocast(weight)
+        key_dtype, mem_dtypes = self._dtypes(weight)
         # value (range) checks run on CPU tensors only: on a GPU they would cost a host sync per step
         bsz, qlen = check_input_ids(input_ids, c.vocab_size, weight.device)
         if not self.config.has_memory and mems is not None:
@@ -272,13 +272,13 @@ class TransformerXLLM(nn.Module):
                 raise TxlError("mem_padding (prompts of different lengths) is not supported with a compressed "
                                "memory: decode such prompts one at a time")
             return self._compressive_body(input_ids, mems, caches, detach_mems, span, bsz)
-        mlen = check_mems(mems, c.n_layer, bsz, c.d_model, dtypes=self._mem_dtypes(weight), device=weight.device)
+        mlen = check_mems(mems, c.n_layer, bsz, c.d_model, dtypes=mem_dtypes, device=weight.device)
         if caches is not None:
             if caches.length > 0:
                 mlen = caches.memory_length
-            caches.check_call(bsz, self._key_dtype(weight), mlen + qlen - caches.memory_length)
+            caches.check_call(bsz, key_dtype, mlen + qlen - caches.memory_length)
             if caches.length > 0 and qlen == 1:  # the ring step: no mask (but the padding), no memory copy
-                return self._step(input_ids, caches, mem_padding), None, None
+                return self._step(input_ids, caches, mem_padding, key_dtype), None, None
         klen = mlen + qlen
 
         emb = self.word_emb(input_ids)  # [B, T, d_model], scaled by sqrt(d_model)
@@ -296,8 +296,8 @@ class TransformerXLLM(nn.Module):
         if caches is None:
             h, hids = self._layers(h, mems, positions, mask, None, window)
         else:  # every check that may still reject the call is behind us
-            caches.begin(qlen, klen, self._state_shape(bsz), self._key_dtype(weight), emb.device)
-            caches.bind(bsz, self._key_dtype(weight))
+            caches.begin(qlen, klen, self._state_shape(bsz), key_dtype, emb.device)
+            caches.bind(bsz, key_dtype)
             try:
                 h, hids = self._layers(h, mems, positions, mask, caches, window)
             except BaseException:
@@ -343,7 +343,7 @@ class TransformerXLLM(nn.Module):
                 mems = caches.held
         weight = self.word_emb.emb_layers[0].weight
         mlen, clen, plen = check_compressive_mems(mems, c.n_layer, bsz, c.d_model, c.cmem_ratio,
-                                                  dtypes=self._mem_dtypes(weight), device=weight.device)
+                                                  dtypes=self._dtypes(weight)[1], device=weight.device)
         memory, compressed, pending = split_mems(mems, c.n_layer)
         qlen = input_ids.size(1)
         extra = clen + plen
@@ -366,8 +366,8 @@ class TransformerXLLM(nn.Module):
             return h, None, recon
         return h, new_mems, recon
 
-    def _step(self, input_ids: torch.Tensor, state: DecodingState,
-              mem_padding: torch.Tensor | None = None) -> torch.Tensor:
+    def _step(self, input_ids: torch.Tensor, state: DecodingState, mem_padding: torch.Tensor | None,
+              key_dtype: torch.dtype) -> torch.Tensor:
         """One token per row after the memory held in ``state``: hidden states [B, 1, d_model].
 
         Same result as the general path for a one-token segment (see :meth:`MultiHeadAttention.step`);
@@ -376,11 +376,10 @@ class TransformerXLLM(nn.Module):
         c = self.config
         h = self.drop(self.word_emb(input_ids))
         key_mask = None if mem_padding is None else slot_padding_mask(state, mem_padding, input_ids.size(0))
-        weight = self.word_emb.emb_layers[0].weight
         klen = min(state.length + 1, state.capacity)
-        state.begin(1, klen, self._state_shape(input_ids.size(0)), self._key_dtype(weight), h.device)
+        state.begin(1, klen, self._state_shape(input_ids.size(0)), key_dtype, h.device)
         positions = self.positions.step_positions(state, c, h.device, h.dtype)
-        state.bind(input_ids.size(0), self._key_dtype(weight))
+        state.bind(input_ids.size(0), key_dtype)
         try:
             for layer, cache in zip(self.layers, state.layers):
                 h = layer.step(h, cache, key_mask, positions)
@@ -395,33 +394,24 @@ class TransformerXLLM(nn.Module):
         return bsz, self.config.n_head, self.config.d_head
 
     @staticmethod
-    def _check_autocast(weight: torch.Tensor) -> None:
-        """Refuse half-precision parameters inside ``torch.autocast`` to the other half dtype (bfloat16
-        weights under a float16 autocast: no kernel multiplies the two; :func:`txl.config.check_weights_dtype`)."""
+    def _dtypes(weight: torch.Tensor) -> tuple[torch.dtype, tuple[torch.dtype, ...]]:
+        """The keys' dtype of a call, and the dtypes a memory may have, for parameters ``weight``: inside
+        ``torch.autocast`` for their device, the keys of float32 parameters take the autocast dtype
+        (autocast casts float32 only) and a memory may hold either dtype; else the parameters'.
+
+        Raises:
+            TxlError: half-precision parameters inside an autocast to the other half dtype (bfloat16
+                weights under a float16 autocast: no kernel multiplies the two).
+        """
         kind = weight.device.type
-        if weight.dtype in (torch.bfloat16, torch.float16) and kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind):
-            name = str(torch.get_autocast_dtype(kind)).removeprefix("torch.")
-            own = str(weight.dtype).removeprefix("torch.")
+        if kind not in ("cpu", "cuda") or not torch.is_autocast_enabled(kind):
+            return weight.dtype, (weight.dtype,)
+        cast = torch.get_autocast_dtype(kind)
+        if weight.dtype in (torch.bfloat16, torch.float16):
+            name, own = str(cast).removeprefix("torch."), str(weight.dtype).removeprefix("torch.")
             check_weights_dtype(own, name, dtype_text=f"torch.autocast to {name}",
                                 advice=f"autocast to {own}, or not at all")
-
-    @staticmethod
-    def _key_dtype(weight: torch.Tensor) -> torch.dtype:
-        """The dtype of the keys a call computes: autocast's for float32 parameters inside
-        ``torch.autocast`` for their device (autocast casts float32 only), else the parameters'."""
-        kind = weight.device.type
-        if weight.dtype == torch.float32 and kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind):
-            return torch.get_autocast_dtype(kind)
-        return weight.dtype
-
-    @staticmethod
-    def _mem_dtypes(weight: torch.Tensor) -> tuple[torch.dtype, ...]:
-        """The dtypes a memory may have: the parameters' and, inside ``torch.autocast`` for their
-        device, the autocast dtype (memory computed under autocast is partly in that dtype)."""
-        kind = weight.device.type
-        if kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind):
-            return (weight.dtype, torch.get_autocast_dtype(kind))
-        return (weight.dtype,)
+        return (cast if weight.dtype == torch.float32 else weight.dtype), (weight.dtype, cast)
 
     def _output(self, h: torch.Tensor, labels: torch.Tensor | None):
         """Logits [B, T, V] (or None), per-token NLL [B, T] and mean NLL for hidden states h [B, T, d]."""

@@ -15,7 +15,7 @@ from txl.data.iterators import longest_segment
 from txl.errors import TxlError
 from txl.fileio import FolderClaim, claim_folder
 from txl.model import TransformerXLLM
-from txl.model.checks import check_attention_fits
+from txl.kernels.cpu import check_attention_fits
 from txl.training.checkpoint import RUN_NAME
 from txl.training.checkpoint_files import check_run_folder, checkpoint_candidates, first_good_checkpoint
 from txl.training.lm_task import LMTask
