@@ -251,11 +251,23 @@ def masked_shift_view(scores: torch.Tensor, future: torch.Tensor, window: int) -
 def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r_k: torch.Tensor,
                      mask: torch.Tensor, *, scale: float, dropout_p: float, window: int | None, block_bytes: int | None,
                      scores: Callable, shifted: Callable) -> torch.Tensor:
-    """:func:`txl.model.attention.biased_attention` without autograd on a CPU (same arguments and result up
-    to float rounding): with a ``window`` the bias is :func:`masked_shift_view` of the position scores
-    (``r_k`` read with its leading column for distance K, added here when missing), else the model's
-    ``shifted(scores, mask)``; the batch rows and heads in blocks of :func:`in_blocks`. ``scores(q, r_k)``
-    is the model's position product [B, H, T, K(+1)]."""
+    """:func:`txl.model.attention.biased_attention` without autograd on a CPU: its result up to float rounding.
+
+    With a ``window`` the bias is :func:`masked_shift_view` of the position scores, which it overwrites
+    in place (hence no autograd), ``r_k`` read with its leading column for distance K (added here when
+    missing); else ``shifted(scores, mask)``. The batch rows and heads run in blocks of :func:`in_blocks`.
+
+    Args:
+        q_content, q_pos, k, v, r_k, mask, scale, dropout_p, window, block_bytes: as
+            :func:`txl.model.attention.biased_attention` (``block_bytes`` None: :data:`BLOCK_BYTES`).
+        scores: the model's position product, ``scores(q_pos [b, h, T, D], r_k [h, D, K'])`` ->
+            [b, h, T, K'] (:func:`txl.model.attention.position_scores`).
+        shifted: the model's realigned, masked bias, ``shifted(scores [b, h, T, K], mask [T, K] or
+            [b, 1, T, K])`` -> [b, h, T, K] (:func:`txl.model.attention.rel_shift_bias`).
+
+    Returns:
+        [B, H, T, D] attention output in ``v``'s dtype.
+    """
     bsz, heads, qlen, _ = q_pos.shape
     klen, in_place = k.size(2), window is not None
     if in_place:

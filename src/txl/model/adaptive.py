@@ -13,7 +13,9 @@ for the rows whose label falls in that cluster.
 Parameter names are Hugging Face ``transformers`` 4.35.2's (``emb_layers``, ``emb_projs``,
 ``out_layers``, ``out_projs``, ``cluster_weight``, ``cluster_bias``), and the head's cluster logits
 are in its natural order (tail cluster i at head column ``cutoffs[0] + i - 1``), so its checkpoints
-convert without reordering; the authors' PyTorch code reverses that order (docs/conversion.md).
+convert without reordering. The authors' PyTorch code reverses that order (tail cluster i reads row
+``K - i``): a converter reading its checkpoints must reverse the rows of ``cluster_weight`` and
+``cluster_bias``.
 """
 
 from __future__ import annotations
@@ -128,8 +130,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
 
     p(y | h) = p_head(y) for y in the shortlist ``[0, cutoffs[0])``, else
     p_head(cluster i) * p_i(y | cluster i). The head has ``cutoffs[0] + K`` outputs, the last K
-    being tail clusters 1..K in natural order (see the module docstring for the authors' reversed
-    order and what a converter must do).
+    being tail clusters 1..K in natural order (see the module docstring for the authors' reversed order).
 
     Args: as :class:`AdaptiveEmbedding` (``d_proj`` is the width of the incoming hidden states).
 

@@ -18,7 +18,8 @@ from txl.kernels.cpu import Dropout, Linear
 from txl.model.decoding import LayerCache
 
 
-def inverse_frequencies(dim: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def inverse_frequencies(dim: int, device: torch.device | str = "cpu",
+                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``10000^(-2k/dim)`` for k = 0 .. dim/2 - 1 ([dim/2] of ``dtype``): the sinusoid's frequencies, and the
     rotary angles' θ (Su et al. 2021, eq. 15) in float64."""
     return 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=dtype, device=device) / dim))
@@ -371,16 +372,16 @@ class MultiHeadAttention(nn.Module):
 
         The token's query, key and value go to ``cache.update``, which returns the slots to attend to;
         :func:`one_query_attention` scores the query against them in slot order with the scheme's terms
-        (for "rel" and "shaw" a table of distances read at each slot's distance). Two kinds of cache
-        serve this one step: a :class:`~txl.model.decoding.LayerCache` writes the token into its slot
-        first and returns the filled slots; a ring of fixed shape (:mod:`txl.model.graphs`, compiled and
-        exported graphs) returns its slots unchanged and the token's key and value as ``cache.own``,
-        scored beside them. Only ``key_mask`` hides a slot (with ``same_length`` the capacity is
+        (for "rel" and "shaw" a table of distances read at each slot's distance). The one cache
+        class serves it two ways: a decoding state's :class:`~txl.model.decoding.LayerCache` writes the
+        token into its slot first and returns the filled slots; a graph's view of a ring
+        (:meth:`~txl.model.decoding.LayerCache.graph_view`, compiled and exported graphs) returns its
+        slots unchanged and the token's key and value as ``cache.own``, scored beside them. Only ``key_mask`` hides a slot (with ``same_length`` the capacity is
         ``mem_len``, so the oldest key has already left, as the mask would drop it).
 
         Args:
             h: [B, 1, d_model] input of this layer for the new token (eval mode, no autograd).
-            cache: this layer's :class:`~txl.model.decoding.LayerCache`, or a ring's layer.
+            cache: this layer's :class:`~txl.model.decoding.LayerCache` (a state's, or a graph's view).
             key_mask: bool [B, 1, 1, K] or [1, K], True for slots a row must not attend to (the padding
                 of memories of different lengths, see :func:`txl.model.decoding.slot_padding_mask`).
             positions: what the scheme's ``step_positions`` built for this step (None for "rel", "shaw").

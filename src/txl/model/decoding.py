@@ -49,10 +49,10 @@ class LayerCache:
             segment once the memory is full.
     """
 
-    own = None  # (a ring's layer hands the token's own key and value here; this cache writes them first)
-    columns = None  # (a ring's layer reads its table at these columns; this cache slices its doubled one)
+    own = None  # (a graph's view: the token's own key and value, scored beside the slots; else written first)
+    columns = None  # (a graph's view reads its table at these columns; a state's layer slices its doubled one)
 
-    def __init__(self, state: "DecodingState") -> None:
+    def __init__(self, state: "DecodingState | None") -> None:
         self.state = state
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
@@ -60,6 +60,18 @@ class LayerCache:
         self.pos_keys: torch.Tensor | None = None
         self.query_biases: torch.Tensor | None = None
         self.segment_pos_keys: torch.Tensor | None = None
+
+    @classmethod
+    def graph_view(cls, keys: torch.Tensor, values: torch.Tensor, table: torch.Tensor,
+                   columns: torch.Tensor) -> "LayerCache":
+        """A layer's ring as a graph of fixed shape reads it (:class:`~txl.model.graphs.RingStep`): the slots
+        ``keys``, ``values`` [B, H, S, D], which the step only reads (:meth:`update` keeps the new token's key
+        and value as ``own``, scored beside them; the caller writes them to their slot), and each slot's
+        position key read from ``table`` [H, D, S] of distances S-1 ... 0 at ``columns`` (int64 [S + 1]: the
+        slots', then the own key's). No state: u and v are scaled in the graph at every step."""
+        cache = cls(None)
+        cache.keys, cache.values, cache.pos_keys, cache.columns = keys, values, table, columns
+        return cache
 
     def update(self, keys: torch.Tensor, values: torch.Tensor,
                hidden: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,7 +83,9 @@ class LayerCache:
           :meth:`DecodingState.pos_offset`);
         - a multi-token call: keys and values [B, H, T, D] of its tokens (for a state's first call,
           those of [starting memory + call]); returned are [memory + call] [B, H, M + T, D] in time
-          order, views of the buffers where the plan allows, else concatenated; the last S are kept.
+          order, views of the buffers where the plan allows, else concatenated; the last S are kept;
+        - a graph's view (:meth:`graph_view`): the token's key and value are kept as ``own``; returned
+          are the slots, unchanged.
 
         Args:
             keys, values: float [B, H, n, D] in the state's dtype.
@@ -80,6 +94,9 @@ class LayerCache:
         Returns:
             ``(keys, values)`` [B, H, K, D] each: what the call's queries attend to.
         """
+        if self.columns is not None:  # a graph's view: nothing is written here
+            self.own = keys, values
+            return self.keys, self.values
         state, plan = self.state, self.state._plan
         if state.keep_mems and self.hidden is None and hidden is not None:  # the inputs' own dtype (autocast's)
             self.hidden = hidden.new_empty(hidden.size(0), self.keys.size(2), hidden.size(-1))
@@ -160,8 +177,8 @@ class DecodingState:
             caller never reads the memory back.
         max_tokens: the most tokens the state will take in (a starting memory's included), or None
             (no bound: S slots). A state with fewer slots than S refuses a call past them.
-        spare_room: on a CPU, keep spare positions after the slots for segment views (see the module
-            doc); False: exactly S positions, slot 0 at position 0 (the layout a compiled step reads
+        spare_room: on a CPU, keep spare positions after the slots for segment views (docs/model.md,
+            "The decoding cache"); False: exactly S positions, slot 0 at position 0 (the layout a compiled step reads
             whole, :class:`~txl.model.graphs.RingDecoder`).
 
     Raises:
@@ -194,7 +211,7 @@ class DecodingState:
         self.failed = False  # a call failed inside the layers: the buffers may be half updated
         self.owner: weakref.ref | None = None  # the model whose keys the buffers hold (its first call's)
         self.layers = [LayerCache(self) for _ in range(n_layer)]
-        self.held: list[torch.Tensor] | None = None  # compressive spans: the memory itself (see the module)
+        self.held: list[torch.Tensor] | None = None  # compressive spans: the memory itself (docs/model.md)
         self._views = False  # segments after the memory read views of the buffers (a CPU's; set when they are made)
 
     @property
@@ -203,8 +220,9 @@ class DecodingState:
         return self.span.cmem_len > 0
 
     def room(self, device: torch.device | str) -> int:
-        """Buffer positions per layer on ``device``: S, plus on a CPU the spare room of segment views (see
-        the module doc) where the ring may fill and move (``spare_room`` and no ``max_tokens`` below S)."""
+        """Buffer positions per layer on ``device``: S, plus on a CPU the spare room of segment views
+        (docs/model.md, "The decoding cache") where the ring may fill and move (``spare_room`` and no
+        ``max_tokens`` below S)."""
         views = self.spare_room and torch.device(device).type == "cpu" and self.capacity == self.slots
         return self.capacity + (min(self.capacity, max(self.capacity // 8, 2 * self.span.tgt_len)) if views else 0)
 

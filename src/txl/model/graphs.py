@@ -23,31 +23,13 @@ import torch
 from torch import nn
 
 from txl.errors import TxlError
-from txl.model.decoding import DecodingState, ring_capacity
+from txl.model.decoding import DecodingState, LayerCache, ring_capacity
 from txl.model.segments import segments
 from txl.config import AttentionSpan
 from txl.runtime import compile_module
 
 EXPORTABLE = ("rel", "shaw")  # the schemes whose step is a table of distances (keys independent of position)
 BACKENDS = ("inductor", "aot_eager", "eager")  # torch.compile backends RingDecoder takes
-
-
-class _RingLayer:
-    """One layer's ring as :meth:`~txl.model.attention.MultiHeadAttention.step` reads it: the slots
-    unchanged (a graph only reads them), the new token's key and value scored beside them (``own``),
-    each slot's position key read from the layer's table of distances at its column (``columns``:
-    slots then the own key's distance 0). The scheme's scaled biases are computed in the graph, from
-    the parameters, at every step (``query_biases``: H x D numbers)."""
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, table: torch.Tensor, columns: torch.Tensor) -> None:
-        self.keys, self.values, self.pos_keys, self.columns = keys, values, table, columns
-        self.query_biases = None
-        self.own: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def update(self, key: torch.Tensor, value: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Take the new token's key and value [B, H, 1, D] (written by the caller after the step); the slots."""
-        self.own = key, value
-        return self.keys, self.values
 
 
 def check_exportable(config, span: AttentionSpan, what: str = "export", reader: bool = True) -> None:
@@ -176,7 +158,7 @@ class RingStep(nn.Module):
         h = model.word_emb(input_ids)  # [B, 1, d]
         new_keys, new_values = [], []
         for i, layer in enumerate(model.layers):
-            ring = _RingLayer(keys[i], values[i], self.tables[i], columns)
+            ring = LayerCache.graph_view(keys[i], values[i], self.tables[i], columns)
             h = layer.step(h, ring, hidden)
             new_keys.append(ring.own[0][:, :, 0])
             new_values.append(ring.own[1][:, :, 0])

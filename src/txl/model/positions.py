@@ -252,7 +252,8 @@ class Absolute(PositionScheme):
 def rotary_angles(positions: torch.Tensor, d_head: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of ``p θ_f`` (float64 [N, D/2] each) for int64 positions ``p`` [N]. Computed in
     float64, so that a position in the millions keeps its angle to float32 precision."""
-    angles = positions.to(torch.float64)[:, None] * inverse_frequencies(d_head, positions.device, torch.float64)[None, :]
+    theta = inverse_frequencies(d_head, positions.device, torch.float64)
+    angles = positions.to(torch.float64)[:, None] * theta[None, :]
     return angles.cos(), angles.sin()
 
 

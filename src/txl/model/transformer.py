@@ -271,7 +271,7 @@ class TransformerXLLM(nn.Module):
             if mem_padding is not None:
                 raise TxlError("mem_padding (prompts of different lengths) is not supported with a compressed "
                                "memory: decode such prompts one at a time")
-            return self._compressive_body(input_ids, mems, caches, detach_mems, span, bsz)
+            return self._compressive_body(input_ids, mems, caches, detach_mems, span, bsz, mem_dtypes)
         mlen = check_mems(mems, c.n_layer, bsz, c.d_model, dtypes=mem_dtypes, device=weight.device)
         if caches is not None:
             if caches.length > 0:
@@ -326,8 +326,8 @@ class TransformerXLLM(nn.Module):
         return h, hids
 
     def _compressive_body(self, input_ids: torch.Tensor, mems: Mems | None, caches: DecodingState | None,
-                          detach_mems: bool, span: AttentionSpan,
-                          bsz: int) -> tuple[torch.Tensor, Mems | None, torch.Tensor | None]:
+                          detach_mems: bool, span: AttentionSpan, bsz: int,
+                          mem_dtypes: tuple[torch.dtype, ...]) -> tuple[torch.Tensor, Mems | None, torch.Tensor | None]:
         """:meth:`_body` for a span with compressed memory (Rae et al. 2019; :mod:`txl.model.compressive`).
 
         Attention reads [compressed, pending, memory, segment] with distances counted in key slots; the
@@ -343,7 +343,7 @@ class TransformerXLLM(nn.Module):
                 mems = caches.held
         weight = self.word_emb.emb_layers[0].weight
         mlen, clen, plen = check_compressive_mems(mems, c.n_layer, bsz, c.d_model, c.cmem_ratio,
-                                                  dtypes=self._dtypes(weight)[1], device=weight.device)
+                                                  dtypes=mem_dtypes, device=weight.device)
         memory, compressed, pending = split_mems(mems, c.n_layer)
         qlen = input_ids.size(1)
         extra = clen + plen
