@@ -51,12 +51,24 @@ def median_time(fn: Callable[[], Any], *, warmup: int, repeats: int, sync: Calla
     return sorted(times)
 
 
-def matmul_peak_flops(device: torch.device, dtype: torch.dtype, sync: Callable[[], None]) -> float:
-    """FLOP/s of a large square matmul on this device and dtype (the reference for the achieved fraction)."""
-    n = 2048 if device.type == "cpu" else 8192
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    times = median_time(lambda: a @ b, warmup=2, repeats=5, sync=sync)
+def matmul_peak_flops(device: torch.device, dtype: torch.dtype, sync: Callable[[], None],
+                      budget_s: float = 1.0) -> float:
+    """FLOP/s of a large square matmul on this device and dtype (the reference for the achieved fraction).
+
+    The side is 2048 on a CPU, 8192 on an accelerator, or, where the dtype's products are that slow (a
+    half precision emulated by a CPU without its instructions), the largest power of two from 256 whose
+    product is expected within ``budget_s`` seconds (8 times the time of half its side).
+    """
+    most, n = (2048 if device.type == "cpu" else 8192), 256
+    while True:
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        times = median_time(lambda: a @ b, warmup=1 if n < most else 2, repeats=1 if n < most else 5, sync=sync)
+        if n >= most or 8 * times[0] > budget_s:
+            break
+        n *= 2
+    if n < most:  # the size whose time was measured once: measure it as the full size is
+        times = median_time(lambda: a @ b, warmup=1, repeats=5, sync=sync)
     return 2 * n ** 3 / statistics.median(times)
 
 
