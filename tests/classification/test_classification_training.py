@@ -159,7 +159,7 @@ def test_resume_refuses_other_settings_and_a_classifier_as_the_lm(tmp_path):
 def test_a_run_that_stored_integer_labels_as_text_resumes_with_them(tmp_path):
     import json
 
-    from txl.data.download import sha256_file
+    from txl.fileio import sha256_file
 
     lm = _lm(tmp_path)
     clf = ClassifierConfig(num_labels=3, labels=[0, 1, 2], mode="first")

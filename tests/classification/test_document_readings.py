@@ -183,7 +183,7 @@ def test_a_classifier_saved_without_passes_recurrence_and_head_init_keeps_its_re
     (tmp_path / "clf" / "classifier.json").write_text(json.dumps(saved))
     sums = tmp_path / "clf" / "checksums.json"
     if sums.is_file():  # (the folder's own record of its files, made anew for the edit)
-        from txl.data.download import sha256_file
+        from txl.fileio import sha256_file
 
         sums.write_text(json.dumps({**json.loads(sums.read_text()),
                                     "classifier.json": sha256_file(tmp_path / "clf" / "classifier.json")}))

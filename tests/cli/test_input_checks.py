@@ -26,7 +26,7 @@ from txl.data import ByteTokenizer, CharTokenizer
 from txl.data.pairs import add_markers
 from txl.errors import TxlError
 from txl.model import TransformerXLConfig, TransformerXLLM
-from txl.data.download import sha256_file
+from txl.fileio import sha256_file
 from txl.training.checkpoint import save_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")

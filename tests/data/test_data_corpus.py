@@ -264,7 +264,7 @@ def test_a_corpus_file_that_changes_while_it_is_copied_is_refused(tmp_path: Path
     from txl.data import token_cache as corpus_module
 
     f = _write(tmp_path / "c.txt", "abcabc")
-    monkeypatch.setattr(corpus_module, "_file_sha256", lambda path, cache_dir=None: "0" * 64)  # the first reading saw other bytes
+    monkeypatch.setattr(corpus_module, "sha256_file", lambda path, what="": "0" * 64)  # the first reading saw other bytes
     with pytest.raises(TxlError, match="changed while it was read"):
         encode_corpus([f], ByteTokenizer(), cache_dir=tmp_path / "cache")
     assert not list((tmp_path / "cache").glob("*.npy"))  # nothing half-written left behind
@@ -273,7 +273,8 @@ def test_a_corpus_file_that_changes_while_it_is_copied_is_refused(tmp_path: Path
 def test_a_corpus_file_is_hashed_again_only_when_its_size_times_or_inode_change(tmp_path: Path) -> None:
     import json
 
-    from txl.data.token_cache import HASHES_NAME, _file_sha256, file_hashes as _file_hashes
+    from txl.data.token_cache import HASHES_NAME, file_hashes as _file_hashes
+    from txl.fileio import sha256_file
 
     f = _write(tmp_path / "c.txt", "abcabc")
     cache = tmp_path / "cache"
@@ -287,9 +288,9 @@ def test_a_corpus_file_is_hashed_again_only_when_its_size_times_or_inode_change(
     f.write_text("xyzxyz")  # new text of the same size, its modification time put back: the change time moved
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert f.stat().st_mtime_ns == st.st_mtime_ns and f.stat().st_size == st.st_size
-    assert _file_hashes([f], cache) == [(str(f), _file_sha256(f))] and _file_sha256(f) != real
+    assert _file_hashes([f], cache) == [(str(f), sha256_file(f))] and sha256_file(f) != real
     record.write_text("not json")  # a damaged record is read past
-    assert _file_hashes([f], cache) == [(str(f), _file_sha256(f))]
+    assert _file_hashes([f], cache) == [(str(f), sha256_file(f))]
 
 
 def test_a_split_digest_is_kept_beside_its_cache_file(tmp_path: Path) -> None:

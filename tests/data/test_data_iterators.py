@@ -27,6 +27,24 @@ def _check_segments(segments, n_tok: int, context: int) -> list[int]:
     return lengths
 
 
+def _whole(it: LMOrderedIterator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The iterator's whole input and label streams [B, W + L], read as one segment."""
+    return it.segment(0, it.stream_len)
+
+
+def _variable_segments(it: LMOrderedIterator, generator: torch.Generator, **keywords):
+    """Segments of drawn lengths after the context, as training reads them (txl.training.lm_task)."""
+    for pos, seq_len in it.positions():
+        if pos >= it.context:
+            break
+        yield it.segment(pos, seq_len)
+    pos = it.context
+    while pos < it.stream_len:
+        x, y = it.segment(pos, sample_segment_length(it.tgt_len, generator, **keywords))
+        pos += x.size(1)
+        yield x, y
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     n_tok=st.integers(2, 120),
@@ -43,13 +61,14 @@ def test_every_target_exactly_once(n_tok: int, batch_size: int, tgt_len: int, co
     it = LMOrderedIterator(np.arange(n_tok), batch_size, tgt_len, context=context, pad_id=-7)
     n = n_tok - 1 - context
     L = -(-n // batch_size)
-    assert it.inputs.shape == it.labels.shape == (batch_size, context + L)
+    inputs, labels = _whole(it)
+    assert inputs.shape == labels.shape == (batch_size, context + L)
     assert it.stream_len == context + L and it.n_targets == n
-    assert int((it.labels != IGNORE_INDEX).sum()) == n
+    assert int((labels != IGNORE_INDEX).sum()) == n
     # stream b starts at s_b - W = b*L; padding past the end of the data
     expect = torch.arange(context + L) + L * torch.arange(batch_size)[:, None]
-    assert torch.equal(it.inputs, torch.where(expect < n_tok, expect, torch.tensor(-7)))
-    assert (it.labels[:, :context] == IGNORE_INDEX).all()
+    assert torch.equal(inputs, torch.where(expect < n_tok, expect, torch.tensor(-7)))
+    assert (labels[:, :context] == IGNORE_INDEX).all()
 
     lengths = _check_segments(it, n_tok, context)
     assert len(lengths) == len(it)
@@ -60,7 +79,7 @@ def test_every_target_exactly_once(n_tok: int, batch_size: int, tgt_len: int, co
         assert context in bounds  # a segment boundary exactly at W
 
     gen = torch.Generator().manual_seed(seed)
-    var = list(it.varlen_iter(std=2, min_len=1, max_deviation=2, generator=gen))
+    var = list(_variable_segments(it, gen, std=2, min_len=1, max_deviation=2))
     var_lengths = _check_segments(var, n_tok, context)
     assert sum(var_lengths) == it.stream_len
     if context:
@@ -70,8 +89,9 @@ def test_every_target_exactly_once(n_tok: int, batch_size: int, tgt_len: int, co
 def test_small_example_values() -> None:
     # N=10, W=2: targets 3..9 (n=7), B=3 -> L=3, streams start at 2, 5, 8
     it = LMOrderedIterator(torch.arange(10) * 10, batch_size=3, tgt_len=2, context=2)
-    assert it.inputs.tolist() == [[0, 10, 20, 30, 40], [30, 40, 50, 60, 70], [60, 70, 80, 90, 0]]
-    assert it.labels.tolist() == [
+    inputs, labels = _whole(it)
+    assert inputs.tolist() == [[0, 10, 20, 30, 40], [30, 40, 50, 60, 70], [60, 70, 80, 90, 0]]
+    assert labels.tolist() == [
         [-100, -100, 30, 40, 50],
         [-100, -100, 60, 70, 80],
         [-100, -100, 90, -100, -100],
@@ -94,7 +114,7 @@ def test_varlen_is_deterministic_with_seed_and_varies() -> None:
 
     def lengths(seed: int) -> list[int]:
         gen = torch.Generator().manual_seed(seed)
-        return [x.shape[1] for x, _ in it.varlen_iter(generator=gen)]
+        return [x.shape[1] for x, _ in _variable_segments(it, gen)]
 
     a, b = lengths(0), lengths(0)
     assert a == b
@@ -159,7 +179,7 @@ def test_segments_read_on_demand_equal_the_whole_streams(n, batch_size, tgt_len,
     end = min(pos + seq_len, it.stream_len)
     assert x.dtype == y.dtype == torch.int64
     assert torch.equal(x, inputs[:, pos:end]) and torch.equal(y, labels[:, pos:end])
-    assert torch.equal(it.inputs, inputs) and torch.equal(it.labels, labels)
+    assert all(torch.equal(a, b) for a, b in zip(_whole(it), (inputs, labels)))
 
 
 def test_a_memory_mapped_corpus_is_read_in_place(tmp_path):

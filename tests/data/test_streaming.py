@@ -166,14 +166,14 @@ def test_processes_sharing_a_cache_hash_each_corpus_file_once(tmp_path, monkeypa
     from txl.data import token_cache
 
     files = _corpus(tmp_path, 4)
-    hashed, real = [], token_cache._file_sha256
+    hashed, real = [], token_cache.sha256_file
 
-    def slow_sha256(path):
+    def slow_sha256(path, what=""):
         time.sleep(0.1)  # long enough for the other rank to arrive while this one hashes
         hashed.append(path)
-        return real(path)
+        return real(path, what)
 
-    monkeypatch.setattr(token_cache, "_file_sha256", slow_sha256)
+    monkeypatch.setattr(token_cache, "sha256_file", slow_sha256)
     results = {}
 
     def rank(name):

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from txl.config import DTYPES, SPAN_FIELDS  # txl.config imports no torch
+from txl.config import CHECKPOINT_NAMES, DTYPES, SPAN_FIELDS  # txl.config imports no torch
 from txl.errors import TxlError
 
 
@@ -166,7 +166,6 @@ def add_checkpoint(parser: argparse.ArgumentParser, option_alias: bool = False,
         parser.add_argument("checkpoint", metavar="CHECKPOINT", help=text)
 
 
-CHECKPOINT_NAMES = ("best", "last")  # the same as txl.training.checkpoint.CHECKPOINT_NAMES, without torch
 
 
 def add_checkpoint_name(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
-from txl.cli.checks import (check_output, check_range, check_seed, check_checkpoint_path, check_exists, finite_float,
+from txl.cli.checks import (check_output, check_range, check_checkpoint_path, check_exists, finite_float,
                             parse_ints)
 from txl.cli.common import (add_quantize, add_batch_size, add_checkpoint_name, add_data, add_device, add_dtype, add_force, add_json,
                             add_option, add_seed, add_span, emit_json, human_stream, load_checkpoint, pick, print_notes,
@@ -72,7 +72,6 @@ def _check(args: argparse.Namespace) -> None:
     """Reject flag combinations that make no sense, before anything is loaded."""
     check_range(args, 1, "batch_size", "tgt_len")
     check_range(args, 0, "max_tokens", "mem_len", "cmem_len")
-    check_seed(args)
     if args.stride != 1 and args.sliding_window is None:
         raise TxlError("--stride applies to --sliding-window evaluation; give --sliding-window CONTEXT too")
     if args.data and args.split:

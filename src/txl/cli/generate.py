@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from txl.cli.checks import (check_checkpoint_path, check_exists, check_line_keys, check_min_new_tokens, check_range,
-                            check_seed, finite_float)
+                            finite_float)
 from txl.cli.common import (add_quantize, add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_option,
                             add_seed, add_span, decoding_rules, load_checkpoint, print_notes, underscore)
 from txl.errors import TxlError
@@ -93,7 +93,6 @@ def run(args: argparse.Namespace) -> int:
 
     check_sampling(args.temperature, args.top_k, args.top_p)
     check_decoding(args.repetition_penalty, args.no_repeat_ngram_size, args.min_new_tokens, args.length_penalty)
-    check_seed(args)
     if args.prompt is not None and args.prompt_file:
         raise TxlError("give either --prompt or --prompt-file, not both")
     check_range(args, 0, "max_new_tokens", "mem_len")

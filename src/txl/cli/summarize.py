@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from txl.cli.checks import (check_min_new_tokens, check_output, check_seed, check_checkpoint_path, finite_float,
+from txl.cli.checks import (check_min_new_tokens, check_output, check_checkpoint_path, finite_float,
                             require_installed)
 from txl.cli.common import (add_quantize, add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_force,
                             add_json, add_option, add_seed, add_span, decoding_rules, load_checkpoint, print_notes, underscore,
@@ -178,7 +178,6 @@ def run(args: argparse.Namespace) -> int:
 
     check_sampling(args.temperature, args.top_k, args.top_p)
     check_decoding(args.repetition_penalty, args.no_repeat_ngram_size, args.min_new_tokens, args.length_penalty)
-    check_seed(args)
     if args.num_beams < 1 or args.batch_size < 1:
         raise TxlError("--num-beams and --batch-size must be >= 1")
     for name in ("max_new_tokens", "prompt_tokens", "mem_len"):

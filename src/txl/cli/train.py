@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from txl.cli.checks import check_exists, check_range, check_seed, require_installed
+from txl.cli.checks import check_exists, check_range, require_installed
 from txl.cli.common import add_batch_size, add_data, add_device, add_dtype, add_seed
 from txl.errors import TxlError
 
@@ -133,7 +133,6 @@ def check_run_args(args: argparse.Namespace, data: str | None) -> None:
     """
     check_range(args, 1, "nproc", "batch_size", "tgt_len")
     check_range(args, 0, "mem_len", "grad_segments", "max_prompt_tokens")
-    check_seed(args)
     check_exists(data, "corpus path")
     check_exists(args.config, "config file", kind="file")
     check_exists(args.resume, "--resume", kind="folder")

@@ -14,8 +14,8 @@ comes from a TOML file, a command's flags, a checkpoint's JSON, the server or th
 from txl.config.fields import (did_you_mean, check_fields, HALF_DTYPES, check_weights_dtype, check_split,
                                check_sampling, check_decoding, IGNORE_INDEX, TOKENIZERS, NORMALIZE, DTYPES,
                                WEIGHTS_NAME, CONFIG_NAME, VOCAB_NAME, RUN_NAME, STATE_NAME, CLASSIFIER_NAME,
-                               CHECKSUMS_NAME, SPAN_FIELDS, SPAN_MINIMUM, MAX_THREADS, SEED_LIMIT, check_count, check_seed,
-                               check_threads)
+                               CHECKSUMS_NAME, CHECKPOINT_NAMES, SPAN_FIELDS, SPAN_MINIMUM, MAX_THREADS, SEED_LIMIT,
+                               check_count, check_seed, check_threads)
 from txl.config.sections import (DataConfig, TrainConfig, EvalConfig, FinetuneConfig)
 from txl.config.span import (AttentionSpan, check_readable, resolve_span)
 from txl.config.model import (ATTN_TYPES, WITHOUT_MEMORY, check_clamp, check_position_scheme, position_parameters,
@@ -27,7 +27,7 @@ from txl.config.classifier import (MODES, POOLINGS, RECURRENCES, HEAD_INITS, SAV
 __all__ = ["did_you_mean", "check_fields", "HALF_DTYPES", "check_weights_dtype", "check_split",
            "check_sampling", "check_decoding", "IGNORE_INDEX", "TOKENIZERS", "NORMALIZE", "DTYPES",
            "WEIGHTS_NAME", "CONFIG_NAME", "VOCAB_NAME", "RUN_NAME", "STATE_NAME", "CLASSIFIER_NAME",
-           "CHECKSUMS_NAME", "SPAN_FIELDS", "SPAN_MINIMUM", "MAX_THREADS", "SEED_LIMIT", "check_count", "check_seed", "check_threads",
+           "CHECKSUMS_NAME", "CHECKPOINT_NAMES", "SPAN_FIELDS", "SPAN_MINIMUM", "MAX_THREADS", "SEED_LIMIT", "check_count", "check_seed", "check_threads",
            "DataConfig",
            "TrainConfig", "EvalConfig", "FinetuneConfig", "AttentionSpan", "check_readable", "resolve_span",
            "ATTN_TYPES", "WITHOUT_MEMORY", "check_clamp", "check_position_scheme", "position_parameters",

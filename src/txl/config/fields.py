@@ -187,6 +187,7 @@ VOCAB_NAME = "vocab.json"
 RUN_NAME = "run.json"
 STATE_NAME = "state.json"
 CLASSIFIER_NAME = "classifier.json"  # written beside config.json by txl classify
+CHECKPOINT_NAMES = ("best", "last")  # the checkpoints of a run a command can be told to use
 CHECKSUMS_NAME = "checksums.json"  # sha256 of every other file of a checkpoint, written last
 #: The fields of an attention span (txl.model.AttentionSpan) and of the command line's span flags.
 SPAN_FIELDS = ("tgt_len", "mem_len", "clamp_len", "same_length", "cmem_len")

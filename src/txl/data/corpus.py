@@ -12,7 +12,6 @@ splits are cut: :mod:`txl.data.splits`.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from txl.data.datasets import dataset_info
 from txl.data.splits import (SPLITS, _boundaries, _check_sizes, _line_boundary, _split_fix, split_files,
                              split_tokens)
 from txl.data.streaming import decode_part, span_of, stream_line_boundary
-from txl.data.token_cache import (BPE_DEFAULT_VOCAB, cached, copied, file_hashes, fingerprint, streamed,
+from txl.data.token_cache import (BPE_DEFAULT_VOCAB, copied, file_hashes, fingerprint, streamed,
                                   read_index, streamed_vocabulary)
 from txl.data.tokenizers import (
     TOKENIZER_KINDS, ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer, decode_utf8,
@@ -87,10 +86,8 @@ def encode_corpus(files: Sequence[PathLike], tokenizer: Tokenizer, cache_dir: Pa
     key = fingerprint(tokenizer, hashes, None)
     if isinstance(tokenizer, ByteTokenizer):
         return copied(cache_dir, key, paths, hashes)
-    if tokenizer.kind in ("char", "word", "bpe"):
-        return streamed(cache_dir, key, dtype, span_of(paths, 0, sum(_file_size(p) for p in paths)), tokenizer,
-                        workers, progress, hashes)
-    return cached(cache_dir, key, dtype, compute)
+    return streamed(cache_dir, key, dtype, span_of(paths, 0, sum(_file_size(p) for p in paths)), tokenizer,
+                    workers, progress, hashes)
 
 
 def build_tokenizer(
@@ -214,8 +211,6 @@ def _line_fraction_splits(
     tok: Tokenizer | None,
     fr: tuple[float, float, float],
     opts: dict,
-    cache_dir: PathLike | None,
-    stream: tuple[int, bool] = (1, False),
 ) -> tuple[Tokenizer, dict[str, np.ndarray]]:
     """Word/bpe with fractions, held in memory (no cache folder): split the text at line starts, vocab
     from train, encode parts."""
@@ -235,12 +230,7 @@ def _line_fraction_splits(
              for name, (lo, hi) in bounds.items()}
     tokenizer = tok if tok is not None else build_tokenizer(kind, texts["train"], **opts)
     dtype = token_dtype(tokenizer.vocab_size)
-    hashes = [(str(f), hashlib.sha256(d).hexdigest()) for f, d in zip(files, datas)]
-    parts = {}
-    for name in SPLITS:
-        key = fingerprint(tokenizer, hashes, {"part": name, "split": list(fr)})
-        parts[name] = cached(cache_dir, key, dtype, lambda t=texts[name]: tokenizer.encode(t).astype(dtype))
-    return tokenizer, parts
+    return tokenizer, {name: tokenizer.encode(texts[name]).astype(dtype) for name in SPLITS}
 
 
 def _streamed_fraction_splits(
@@ -442,8 +432,10 @@ def _load_fractions(
     """One corpus cut by fractions: by lines for word level, else by tokens."""
     source = f"{_describe(label, files)}, split {fr[0]:g}/{fr[1]:g}/{fr[2]:g}"
     if kind in ("word", "bpe"):
-        cut = _streamed_fraction_splits if cache_dir is not None else _line_fraction_splits
-        tok, parts = cut(files, kind, tok, fr, opts, cache_dir, stream)
+        if cache_dir is None:
+            tok, parts = _line_fraction_splits(files, kind, tok, fr, opts)
+        else:
+            tok, parts = _streamed_fraction_splits(files, kind, tok, fr, opts, cache_dir, stream)
         roots = parts  # each part its own cache file
         for name, f in zip(SPLITS, fr):
             if f > 0 and len(parts[name]) == 0:

@@ -37,13 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from txl.data.download import check_sha256, download, extract, is_archive, is_url
+from txl.data.splits import SPLITS
 from txl.errors import TxlError
-from txl.fileio import atomic_write, claim_folder, read_json, write_json
+from txl.fileio import atomic_write, claim_folder, read_bytes, read_json, write_json
 
 __all__ = ["DATASETS", "DatasetSpec", "dataset_info", "prepare_dataset", "standard_split", "FORMAT"]
 
 FORMAT = "txl-dataset-1"
-SPLITS = ("train", "valid", "test")
 MAX_FOLDER_FILES = 100_000  # bound on the files searched in a --source folder
 
 
@@ -174,13 +174,6 @@ def _copy_file(src: Path, dest: Path) -> None:
         raise TxlError(f"cannot copy {src} to {dest}: {e.strerror or e}") from None
 
 
-def _read_bytes(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as e:
-        raise TxlError(f"cannot read {path}: {e.strerror or e}") from None
-
-
 def _write_bytes(dest: Path, data: bytes) -> None:
     try:
         atomic_write(dest, lambda tmp: Path(tmp).write_bytes(data))
@@ -246,14 +239,14 @@ def _prepare_split(spec: DatasetSpec, src: Path, out: Path) -> dict:
     member = spec.members["all"]
     if src.is_dir():
         data_file = _one(_find_in_folder(src, spec.members), "all", spec, str(src))
-        data = _read_bytes(Path(data_file))
+        data = read_bytes(Path(data_file))
     elif is_archive(src):
         tmp = out / ".download" / f"{spec.name}.member"
         _extract_roles(src, spec, lambda role, name: [tmp])
-        data = _read_bytes(tmp)
+        data = read_bytes(tmp)
         tmp.unlink()
     else:
-        data = _read_bytes(src)  # the already-extracted file itself
+        data = read_bytes(src)  # the already-extracted file itself
     if spec.unit == "characters":
         try:
             text = data.decode("utf-8")

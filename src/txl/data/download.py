@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import bz2
 import gzip
-import hashlib
 import http.client
 import lzma
 import posixpath
@@ -30,9 +29,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from txl.errors import TxlError
+from txl.fileio import sha256_file
 from txl.runtime import progress_bar
 
-__all__ = ["is_url", "is_archive", "sha256_file", "check_sha256", "download", "extract", "safe_member_name"]
+__all__ = ["is_url", "is_archive", "check_sha256", "download", "extract", "safe_member_name"]
 
 CHUNK = 1 << 20  # bytes read per network / copy step
 Log = Callable[[str], None]
@@ -45,18 +45,6 @@ def _stderr(msg: str) -> None:
 def is_url(source: str) -> bool:
     """True if ``source`` is an ``http://`` or ``https://`` URL."""
     return isinstance(source, str) and re.match(r"(?i)https?://", source) is not None
-
-
-def sha256_file(path: str | Path) -> str:
-    """Hex sha256 of the file at ``path`` (read in 1 MiB chunks). Raises :class:`TxlError` if unreadable."""
-    h = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            while chunk := f.read(CHUNK):
-                h.update(chunk)
-    except OSError as e:
-        raise TxlError(f"cannot read {path}: {e.strerror or e}") from None
-    return h.hexdigest()
 
 
 def check_sha256(path: Path, expected: str | None, *, what: str, keep_aside: bool, log: Log = _stderr) -> tuple[str, bool]:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from txl.config import IGNORE_INDEX
-from txl.data.mapped import PageBudget
+from txl.data.mapped import PageBudget, token_array
 from txl.errors import TxlError, counted
 
 
@@ -71,7 +71,7 @@ def sample_segment_length(
     min_len: int = 5,
     max_deviation: float = 3,
 ) -> int:
-    """A random segment length (tokens), as in the reference ``get_varlen_iter``.
+    """A random segment length (tokens), as the reference ``get_varlen_iter`` draws it (``train.varlen``).
 
     bptt is ``tgt_len`` with probability 0.95, else ``tgt_len / 2``; the result is
     ``int(normal(bptt, std))`` clipped to ``[min_len, int(tgt_len + max_deviation * std)]`` (and
@@ -120,13 +120,12 @@ class LMOrderedIterator:
         batch_size: number of parallel streams B (>= 1).
         tgt_len: segment length of :meth:`__iter__` (>= 1).
         context: W, number of leading tokens used only as context (>= 0).
-        device: device of the segments (and of :attr:`inputs` / :attr:`labels`).
+        device: device of the segments.
         pad_id: input id used for padding past the end of the data.
 
     Attributes:
-        inputs, labels: the whole streams, ``int64`` tensors of shape ``[B, W + L]`` on ``device``, made
-            each time they are read (for small data; readers of a split take :meth:`streams`).
-        stream_len: W + L. n_targets: number of scored labels (n).
+        stream_len: W + L. n_targets: number of scored labels (n). (The whole streams are
+            ``segment(0, stream_len)``; readers of a split take :meth:`streams`.)
 
     Raises:
         TxlError: bad ``batch_size`` / ``tgt_len`` / ``context``, fewer than W+2 tokens, or
@@ -146,7 +145,7 @@ class LMOrderedIterator:
         _check_shape(batch_size, tgt_len)
         if context < 0:
             raise TxlError(f"context must be non-negative, got {context}")
-        self.tokens = _integer_array(tokens)
+        self.tokens = token_array(tokens, min_tokens=0)
         n_tok = len(self.tokens)
         n = n_tok - 1 - context
         if n < 1:
@@ -198,16 +197,6 @@ class LMOrderedIterator:
         x, y = self._rows(pos, end)
         return to_device(torch.from_numpy(x), self.device), to_device(torch.from_numpy(y), self.device)
 
-    @property
-    def inputs(self) -> torch.Tensor:
-        """The whole input streams, int64 [B, W + L] on ``device``."""
-        return torch.from_numpy(self._rows(0, self.stream_len)[0]).to(self.device)
-
-    @property
-    def labels(self) -> torch.Tensor:
-        """The whole label streams, int64 [B, W + L] on ``device``."""
-        return torch.from_numpy(self._rows(0, self.stream_len)[1]).to(self.device)
-
     def streams(self, rows: slice = slice(None)) -> tuple["StreamColumns", "StreamColumns"]:
         """The inputs and labels of streams ``rows`` (a slice of unit step) as two lazy [b, W + L] arrays for
         :func:`txl.model.segments.segments`: indexing ``[rows, columns]`` reads only those columns'
@@ -248,35 +237,6 @@ class LMOrderedIterator:
         return math.ceil(self.context / self.tgt_len) + math.ceil(
             (self.stream_len - self.context) / self.tgt_len
         )
-
-    def varlen_iter(
-        self,
-        std: float = 5,
-        min_len: int = 5,
-        max_deviation: float = 3,
-        generator: torch.Generator | None = None,
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Yield ``(x, y)`` segments of random length, like the reference ``get_varlen_iter``.
-
-        The context [0, W) comes first, as in :meth:`__iter__`. Then, per segment: bptt is
-        ``tgt_len`` with probability 0.95, else ``tgt_len / 2``; ``seq_len = max(min_len,
-        int(normal(bptt, std)))`` capped at ``tgt_len + max_deviation * std`` and truncated at the
-        stream end (see :func:`sample_segment_length`). Random draws use ``generator`` (seed it
-        for determinism). Every target is still yielded exactly once. Raises ``ValueError`` if
-        ``min_len < 1``.
-        """
-        if min_len < 1:
-            raise TxlError(f"min_len must be at least 1, got {min_len}")
-        for pos, seq_len in self._context_positions():
-            yield self.segment(pos, seq_len)
-        pos = self.context
-        while pos < self.stream_len:
-            seq_len = sample_segment_length(
-                self.tgt_len, generator, std=std, min_len=min_len, max_deviation=max_deviation
-            )
-            x, y = self.segment(pos, seq_len)
-            pos += x.shape[1]
-            yield x, y
 
     def __repr__(self) -> str:
         return (
@@ -376,8 +336,7 @@ class LMShuffledIterator:
             raise TxlError("the shuffled iterator needs at least one sentence")
         units = []
         for s in sentences:
-            t = _as_int64_tensor(s if isinstance(s, (np.ndarray, torch.Tensor)) else np.asarray(s, dtype=np.int64))
-            arr = t.numpy()
+            arr = token_array(s, min_tokens=0).astype(np.int64)
             if arr.size == 0 or arr[-1] != eos_id:
                 arr = np.append(arr, eos_id)
             units.append(np.concatenate(([eos_id], arr)).astype(np.int64))
@@ -433,34 +392,3 @@ class LMShuffledIterator:
             f"LMShuffledIterator(sentences={len(self.units)}, n_targets={self.n_targets}, "
             f"batch_size={self.batch_size}, tgt_len={self.tgt_len}, shuffle={self.shuffle})"
         )
-
-
-def _integer_array(tokens: np.ndarray | torch.Tensor) -> np.ndarray:
-    """1-D integer ``tokens`` as a numpy array, not copied (a CPU tensor shares its memory; a memory-mapped
-    array stays mapped); TxlError (a ValueError) otherwise."""
-    if isinstance(tokens, torch.Tensor):
-        if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-            raise TxlError(f"tokens must be integers, got dtype {tokens.dtype}")
-        tokens = tokens.detach().cpu().numpy()
-    arr = tokens if isinstance(tokens, np.ndarray) else np.asarray(tokens)
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        raise TxlError(f"tokens must be integers, got dtype {arr.dtype}")
-    if arr.ndim != 1:
-        raise TxlError(f"tokens must be 1-D, got shape {tuple(arr.shape)}")
-    return arr if arr.size else arr.astype(np.int64)
-
-
-def _as_int64_tensor(tokens: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """A CPU int64 copy of 1-D integer ``tokens``; TxlError (a ValueError) otherwise."""
-    if isinstance(tokens, torch.Tensor):
-        t = tokens.detach().cpu()
-        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-            raise TxlError(f"tokens must be integers, got dtype {t.dtype}")
-    else:
-        arr = np.asarray(tokens)
-        if arr.size and not np.issubdtype(arr.dtype, np.integer):
-            raise TxlError(f"tokens must be integers, got dtype {arr.dtype}")
-        t = torch.from_numpy(arr.astype(np.int64))
-    if t.dim() != 1:
-        raise TxlError(f"tokens must be 1-D, got shape {tuple(t.shape)}")
-    return t.to(torch.int64)

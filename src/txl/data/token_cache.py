@@ -3,7 +3,7 @@ memory-mapped (:func:`txl.data.corpus.encode_corpus` and the loaders use it).
 
 - :func:`fingerprint`: the cache key, a sha256 over the cache format, the tokenizer and each file's
   path and content hash (:func:`file_hashes`, kept with each file's size, times and inode);
-- :func:`mapped`, :func:`cached`: a cache file read back mapped, or computed in memory and stored;
+- :func:`mapped`: a cache file read back memory-mapped (None when missing or broken);
 - :func:`copy_bytes`: byte-level text copied into the cache 16 MiB at a time;
 - :func:`streamed`, :func:`streamed_vocabulary`: char, word and BPE text counted (:func:`word_counts`,
   :func:`char_vocabulary`, BPE training) and encoded chunk by chunk (:mod:`txl.data.streaming`), the
@@ -32,7 +32,7 @@ from txl.data.streaming import cache_lock, chunk_text, chunks, encode_to_file, s
 from txl.data.tokenizers import ByteTokenizer, Tokenizer, WordTokenizer
 from txl.data.tokenizers.base import normalize_text
 from txl.errors import TxlError
-from txl.fileio import atomic_write
+from txl.fileio import atomic_write, sha256_file
 from txl.runtime import progress_bar
 
 PathLike = str | os.PathLike[str]
@@ -73,40 +73,8 @@ def _store(path: Path, write: Callable[[str], None]) -> None:
         raise TxlError(f"cannot write token cache {path}: {e.strerror or e}; choose a writable cache_dir") from None
 
 
-def cached(cache_dir: PathLike | None, key: str, dtype: np.dtype, compute: Callable[[], np.ndarray]) -> np.ndarray:
-    """``<cache_dir>/<key>.npy`` memory-mapped when valid, else ``compute()`` stored there (atomically) and
-    mapped; without ``cache_dir`` just ``compute()``."""
-    if cache_dir is None:
-        return compute()
-    path = Path(cache_dir) / f"{key}.npy"
-    arr = mapped(path, dtype)
-    if arr is None:
-        computed = compute()
-
-        def write(tmp: str) -> None:
-            with open(tmp, "wb") as f:
-                np.save(f, computed, allow_pickle=False)
-
-        _store(path, write)
-        del computed
-        arr = mapped(path, dtype)
-    return arr
-
-
 HASHES_NAME = "file-hashes.json"
 """The cache folder's record of each corpus file's sha256 with the size, mtime and inode it was taken at."""
-
-
-def _file_sha256(path: Path) -> str:
-    """Hex sha256 of a corpus file, read 16 MiB at a time (TxlError naming the file if unreadable)."""
-    def digest() -> str:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 24):
-                h.update(chunk)
-        return h.hexdigest()
-
-    return _io(path, digest)
 
 
 def file_hashes(paths: Sequence[Path], cache_dir: PathLike | None = None) -> list[tuple[str, str]]:
@@ -120,7 +88,7 @@ def file_hashes(paths: Sequence[Path], cache_dir: PathLike | None = None) -> lis
     file once: one hashes under a lock while the others wait, then read its record.
     """
     if cache_dir is None:
-        return [(str(p), _file_sha256(p)) for p in paths]
+        return [(str(p), sha256_file(p, "corpus file ")) for p in paths]
     record = Path(cache_dir) / HASHES_NAME
     names = [str(Path(path).resolve()) for path in paths]
     stamps = [_stamp(path) for path in paths]
@@ -136,7 +104,7 @@ def file_hashes(paths: Sequence[Path], cache_dir: PathLike | None = None) -> lis
         found, changed = [], False
         for path, name, stamp in zip(paths, names, stamps):
             if not _known(known, name, stamp):
-                known[name], changed = [*stamp, _file_sha256(path)], True
+                known[name], changed = [*stamp, sha256_file(path, "corpus file ")], True
             found.append((str(path), known[name][4]))
         if changed:
             try:

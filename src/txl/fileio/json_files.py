@@ -7,6 +7,7 @@ files, and :func:`path_inside`, which keeps a file name read from such a file (`
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,18 @@ def read_bytes(path: str | Path, what: str = "") -> bytes:
         return Path(path).read_bytes()
     except (OSError, MemoryError) as err:
         raise TxlError(f"cannot read {what}{path}: {getattr(err, 'strerror', None) or err}") from None
+
+
+def sha256_file(path: str | Path, what: str = "") -> str:
+    """Hex sha256 of the file at ``path``. Raises :class:`TxlError` naming ``what`` (e.g. "corpus file ") and
+    the file if it is unreadable."""
+    from txl.errors import TxlError
+
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError as e:
+        raise TxlError(f"cannot read {what}{path}: {e.strerror or e}") from None
 
 
 def _read_text(path: Path, what: str) -> str:

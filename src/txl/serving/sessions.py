@@ -176,10 +176,6 @@ class SessionStore:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def sessions(self) -> list[Session]:
-        """The sessions, least recently used first."""
-        return list(self._sessions.values())
-
     def create(self, state: SessionState) -> Session:
         """Add a session holding ``state``; returns it.
 

@@ -34,7 +34,7 @@ from txl.fileio import read_json_object as _read_json
 from txl.fileio import write_json
 from txl.model import TransformerXLLM
 from txl.config import AttentionSpan
-from txl.config import CHECKSUMS_NAME, CLASSIFIER_NAME, CONFIG_NAME, RUN_NAME, STATE_NAME, VOCAB_NAME
+from txl.config import CHECKPOINT_NAMES, CHECKSUMS_NAME, CLASSIFIER_NAME, CONFIG_NAME, RUN_NAME, STATE_NAME, VOCAB_NAME
 from txl.model.serialization import check_weights_header, load_weights, save_model
 from txl.training.checkpoint_files import (check_replaceable, checkpoint_candidates,
                                            checksums, first_good_checkpoint, fsync_dir, numbered, verify_checkpoint)
@@ -149,7 +149,6 @@ class Checkpoint:
     has_run_config: bool = True
 
 
-CHECKPOINT_NAMES = ("best", "last")  # the checkpoints of a run a command can be told to use
 
 
 def resolve_checkpoint_dir(path: str | Path, name: str | None = None) -> Path:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from txl.config import CHECKSUMS_NAME, CLASSIFIER_NAME, CONFIG_NAME, RUN_NAME, STATE_NAME, VOCAB_NAME, WEIGHTS_NAME
-from txl.data.download import sha256_file
+from txl.fileio import sha256_file
 from txl.errors import TxlError
 from txl.fileio import path_inside
 from txl.fileio import read_json_object as _read_json

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from txl.data.download import sha256_file
+from txl.fileio import sha256_file
 from txl.errors import TxlError
 from txl.fileio import atomic_write
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 
+from txl.config import NORMALIZE, TOKENIZERS
 from txl.errors import TxlError
 from txl.fileio import atomic_write
 
 
-TOKENIZER_KINDS = ("byte", "char", "word", "bpe")
-WORD_NORMALIZERS = ("none", "wikitext")
+TOKENIZER_KINDS, WORD_NORMALIZERS = TOKENIZERS, NORMALIZE  # the choices of data.tokenizer, data.normalize
 
 
 BOM = "\ufeff"
