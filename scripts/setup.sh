@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv and install txl into it. Usage: bash scripts/setup.sh [test]
-#   test: also install the test dependencies (pytest, hypothesis, transformers==4.35.2 as an oracle,
+#   test: also install the test dependencies (pytest, pytest-xdist, hypothesis, transformers==4.35.2 as an oracle,
 #   scikit-learn for the TF-IDF baseline, onnx/onnxscript/onnxruntime for the exported decoder).
 # torch is installed first, pinned, so that pip never replaces it with another build:
 #   TXL_TORCH="torch==2.13.0" (default; on this kind of machine pip takes the CPU wheel already on disk).

@@ -5,6 +5,7 @@ as :class:`TxlError` with a one-line message that names the problem and what to 
 it into ``txl: error: <message>`` on stderr and a non-zero exit, without a traceback.
 """
 
+import argparse
 import os
 import re
 
@@ -75,3 +76,11 @@ def clip_message(message: str, limit: int = CLIP_CHARS, inputs=()) -> str:
     n = limit + 1
     # a quote opens after a non-letter and closes before one (the apostrophe of "the model's" is neither)
     return re.sub(rf"(?<!\w)'[^'\n]{{{n},}}'(?!\w)|(?<!\w)\"[^\"\n]{{{n},}}\"(?!\w)|\S{{{n},}}", cut, message)
+
+
+class UsageParser(argparse.ArgumentParser):
+    """argparse with usage errors reported as one ``txl: error:`` line (exit status 2): the parser of the
+    ``txl`` commands and of ``python -m txl.export.runner``."""
+
+    def error(self, message: str):  # noqa: D102 - argparse hook
+        self.exit(2, f"txl: error: {clip_message(message)} (see: {self.prog} --help)\n")

@@ -72,6 +72,8 @@ def test_an_id_outside_the_vocabulary_is_found_in_any_piece(split, monkeypatch):
     assert not equal_arrays(mapped_tokens, data[:-1])
     with pytest.raises(TxlError, match="1-D sequence of integer"):
         token_array(np.zeros(5))
+    with pytest.raises(TxlError, match="token id 9223372036854775808 is larger than an int64 id"):
+        token_array(np.array([1, 2**63], np.uint64), min_tokens=0)  # an int64 copy would turn it negative
 
 
 def test_only_the_tokens_read_are_checked_and_a_private_mapping_keeps_its_changes(tmp_path):

@@ -68,7 +68,7 @@ CONFIGS = {
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_training_and_evaluation_trace_as_one_graph_equal_to_eager(name):
-    model = _model(**CONFIGS[name])
+    model = _model(n_layer=2, **CONFIGS[name])  # (the layers trace one by one: two show the memory passed on)
     torch.manual_seed(1)
     x = torch.randint(0, 40, (2, 12))
     y = torch.randint(0, 40, (2, 12))
@@ -82,10 +82,8 @@ def test_training_and_evaluation_trace_as_one_graph_equal_to_eager(name):
     for n in grads:
         torch.testing.assert_close(grads[n], grads_e[n], rtol=1e-4, atol=1e-6, msg=n)
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad():  # evaluation: traced anew, with fullgraph again (a break would raise)
         first = model(x[:, :6])
-        explained = torch._dynamo.explain(model)(x[:, 6:], mems=first.mems, labels=y[:, 6:])
-        assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
         want = model(x[:, 6:], mems=first.mems, labels=y[:, 6:])
         got = compiled(x[:, 6:], mems=first.mems, labels=y[:, 6:])
     torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)

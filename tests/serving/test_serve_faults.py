@@ -330,7 +330,7 @@ def test_api_keys_are_ascii_compared_as_bytes_and_health_keeps_internals_for_key
 
 
 def test_the_model_name_is_the_run_not_a_path():
-    from txl.cli.serve import model_name
+    from txl.cli.common import model_name
 
     assert model_name(Path("/home/u/runs/cpu-tiny/best")) == "cpu-tiny"
     assert model_name(Path("/home/u/runs/cpu-tiny/last.700")) == "cpu-tiny"

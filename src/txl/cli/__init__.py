@@ -29,7 +29,7 @@ import threading
 
 from txl.cli.checks import check_shared_flags
 from txl.cli.common import print_notes, visible_flags
-from txl.errors import TxlError, clip_message, listed
+from txl.errors import TxlError, UsageParser, clip_message, listed
 
 # torch and numpy are imported inside the commands, so that Ctrl-C during start-up or a usage
 # error never needs them and never shows a traceback
@@ -39,13 +39,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "txl.cli.convert", "txl.cli.data", "txl.cli.classify", "txl.cli.serve", "txl.cli.plot", "txl.cli.export",
 )
 PLUGIN_GROUP = "txl.commands"  # entry points of other installed packages: "NAME" or "GROUP.NAME"
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with usage errors reported as one ``txl: error:`` line (exit status 2)."""
-
-    def error(self, message: str):  # noqa: D102 - argparse hook
-        self.exit(2, f"txl: error: {clip_message(message)} (see: {self.prog} --help)\n")
 
 
 @functools.cache
@@ -110,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``txl`` parser with every registered command (imports no torch)."""
     from txl import __version__
 
-    parser = _Parser(prog="txl", description="Transformer-XL: train, evaluate and sample language models with "
+    parser = UsageParser(prog="txl", description="Transformer-XL: train, evaluate and sample language models with "
                      "segment-level memory.", epilog="Example:\n  txl train --tokenizer char --out runs/demo\n\n"
                      "Run `txl COMMAND --help` for the flags of a command; docs/cli.md describes the grammar.",
                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -336,3 +336,13 @@ def add_force(parser: argparse.ArgumentParser) -> None:
 def human_stream(args: argparse.Namespace):
     """Where the human-readable report goes: stderr when ``--json -`` claims stdout, else stdout."""
     return sys.stderr if getattr(args, "json", None) == "-" else sys.stdout
+
+
+def model_name(path) -> str:
+    """The model's name in answers and plots: its run folder's name (``runs/cpu-tiny/best`` -> ``cpu-tiny``),
+    never a path of the machine."""
+    from pathlib import Path
+
+    path = Path(path)
+    base = path.name.split(".")[0]
+    return path.parent.name if base in CHECKPOINT_NAMES and path.parent.name else path.name

@@ -10,7 +10,7 @@ from pathlib import Path
 from txl.cli.checks import (check_output, check_range, check_checkpoint_path, check_exists, finite_float,
                             parse_ints)
 from txl.cli.common import (add_quantize, add_batch_size, add_checkpoint_name, add_data, add_device, add_dtype, add_force, add_json,
-                            add_option, add_seed, add_span, emit_json, human_stream, load_checkpoint, pick, print_notes,
+                            add_option, add_seed, add_span, emit_json, human_stream, load_checkpoint, model_name, pick, print_notes,
                             span_args, underscore)
 from txl.errors import TxlError
 
@@ -263,8 +263,7 @@ def _eval_sweep(args, ckpt, tokens, where, unit, max_tokens, e, sweep, batch_siz
     if args.plot:
         from txl.analysis.plots import plot_mem_sweep
 
-        name = ckpt.path.parent.name if ckpt.path.name in ("best", "last") else ckpt.path.name
-        plot_mem_sweep(sweep, [r.value for r in results], unit, args.plot, label=name)
+        plot_mem_sweep(sweep, [r.value for r in results], unit, args.plot, label=model_name(ckpt.path))
         print(f"wrote {args.plot}", file=human_stream(args))
     return 0
 

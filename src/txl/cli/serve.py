@@ -10,7 +10,7 @@ import threading
 
 from txl.cli.checks import check_range, check_checkpoint_path, finite_float, require_installed
 from txl.cli.common import (add_quantize, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_span, load_checkpoint,
-                            print_notes, span_args)
+                            model_name, print_notes, span_args)
 from txl.errors import TxlError
 
 NAME = "serve"
@@ -158,13 +158,3 @@ def _run(args: argparse.Namespace, api_key: str | None) -> int:
               flush=True)
         os._exit(code)
     return code
-
-
-def model_name(path) -> str:
-    """The model's name in answers: its run folder's name (``runs/cpu-tiny/best`` -> ``cpu-tiny``), never a
-    path of the machine."""
-    from pathlib import Path
-
-    path = Path(path)
-    base = path.name.split(".")[0]
-    return path.parent.name if base in ("best", "last") and path.parent.name else path.name

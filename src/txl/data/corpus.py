@@ -21,10 +21,9 @@ import numpy as np
 
 from txl.config import check_split
 from txl.data.datasets import dataset_info
-from txl.data.splits import (SPLITS, _boundaries, _check_sizes, _line_boundary, _split_fix, split_files,
-                             split_tokens)
-from txl.data.streaming import decode_part, span_of, stream_line_boundary
-from txl.data.token_cache import (BPE_DEFAULT_VOCAB, copied, file_hashes, fingerprint, streamed,
+from txl.data.splits import SPLITS, _check_sizes, _split_fix, line_cuts, split_files, split_tokens
+from txl.data.streaming import decode_part, read_range, span_of
+from txl.data.token_cache import (BPE_DEFAULT_VOCAB, cached, copied, file_hashes, fingerprint, streamed,
                                   read_index, streamed_vocabulary)
 from txl.data.tokenizers import (
     TOKENIZER_KINDS, ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer, decode_utf8,
@@ -86,8 +85,10 @@ def encode_corpus(files: Sequence[PathLike], tokenizer: Tokenizer, cache_dir: Pa
     key = fingerprint(tokenizer, hashes, None)
     if isinstance(tokenizer, ByteTokenizer):
         return copied(cache_dir, key, paths, hashes)
-    return streamed(cache_dir, key, dtype, span_of(paths, 0, sum(_file_size(p) for p in paths)), tokenizer,
-                    workers, progress, hashes)
+    if tokenizer.kind in TOKENIZER_KINDS:
+        return streamed(cache_dir, key, dtype, span_of(paths, 0, sum(_file_size(p) for p in paths)), tokenizer,
+                        workers, progress, hashes)
+    return cached(cache_dir, key, dtype, compute)  # a tokenizer of the caller's own kind: encoded in memory
 
 
 def build_tokenizer(
@@ -218,11 +219,7 @@ def _line_fraction_splits(
     for f, d in zip(files, datas):
         decode_utf8(d, f"corpus file {f}", kind)  # error naming the file, before splitting
     data = b"".join(datas)
-    b1, b2 = _boundaries(len(data), fr)
-    b1 = _line_boundary(data, b1)
-    b2 = len(data) if fr[2] == 0 else max(b1, _line_boundary(data, b2))
-    if fr[1] == 0:
-        b2 = b1
+    b1, b2 = line_cuts(lambda lo, hi: data[lo:hi], len(data), fr)
     bounds = dict(zip(SPLITS, ((0, b1), (b1, b2), (b2, len(data)))))
     starts = np.cumsum([0] + [len(d) for d in datas]).tolist()  # where each file starts in ``data``
     texts = {name: "".join(decode_part(data[max(lo, a):min(hi, b)], lo <= a, kind)  # each file on its own
@@ -245,11 +242,7 @@ def _streamed_fraction_splits(
     """:func:`_line_fraction_splits` read chunk by chunk: the same line starts, vocabulary and ids, each
     split encoded into its cache file and memory-mapped, never the whole text in memory."""
     total = sum(_file_size(f) for f in files)
-    b1, b2 = _boundaries(total, fr)
-    b1 = stream_line_boundary(files, total, b1)
-    b2 = total if fr[2] == 0 else max(b1, stream_line_boundary(files, total, b2))
-    if fr[1] == 0:
-        b2 = b1
+    b1, b2 = line_cuts(lambda lo, hi: read_range(files, lo, hi), total, fr)
     spans = dict(zip(SPLITS, (span_of(files, 0, b1), span_of(files, b1, b2), span_of(files, b2, total))))
     hashes = file_hashes(files, cache_dir)
     if tok is None:

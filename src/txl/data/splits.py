@@ -5,7 +5,7 @@ checks that every split asked for holds enough to train or evaluate on."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -47,17 +47,34 @@ def split_tokens(tokens: np.ndarray, fractions: Sequence[float] = (0.9, 0.05, 0.
     return parts
 
 
-def _line_boundary(data: bytes, target: int) -> int:
-    """The start-of-line offset in ``data`` nearest to ``target`` (ties go to the earlier one)."""
-    if target <= 0 or target >= len(data):
-        return max(0, min(target, len(data)))
-    if data[target - 1] == 0x0A:
-        return target
-    back = data.rfind(b"\n", 0, target)
-    fwd = data.find(b"\n", target)
-    before = back + 1  # 0 when there is no newline before target
-    after = fwd + 1 if fwd >= 0 else len(data)
-    return before if target - before <= after - target else after
+def line_cuts(read: Callable[[int, int], bytes], total: int, fr: tuple[float, float, float]) -> tuple[int, int]:
+    """The split points of :func:`_boundaries` moved to the nearest line starts (ties go to the earlier one) in
+    ``total`` bytes of text, of which ``read(lo, hi)`` gives ``[lo, hi)``: read in growing windows around
+    each point, so a text larger than memory is cut without being held."""
+
+    def nearest(target: int) -> int:
+        if target <= 0 or target >= total:
+            return max(0, min(target, total))
+        if read(target - 1, target) == b"\n":
+            return target
+        before = after = None
+        width = 1 << 20
+        while before is None or after is None:
+            if before is None:
+                start = max(0, target - width)
+                back = read(start, target).rfind(b"\n")
+                before = start + back + 1 if back >= 0 else (0 if start == 0 else None)
+            if after is None:
+                end = min(total, target + width)
+                fwd = read(target, end).find(b"\n")
+                after = target + fwd + 1 if fwd >= 0 else (total if end == total else None)
+            width *= 2
+        return before if target - before <= after - target else after
+
+    b1, b2 = _boundaries(total, fr)
+    b1 = nearest(b1)
+    b2 = total if fr[2] == 0 else max(b1, nearest(b2))
+    return b1, b1 if fr[1] == 0 else b2
 
 
 def split_files(files: Sequence[Path], fractions: Sequence[float]) -> dict[str, list[Path]]:

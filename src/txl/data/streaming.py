@@ -65,25 +65,9 @@ def read_range(files: Sequence[Path], start: int, end: int) -> bytes:
     return b"".join(out)
 
 
-def stream_line_boundary(files: Sequence[Path], total: int, target: int) -> int:
-    """:func:`txl.data.splits._line_boundary` over the files' concatenation, read in growing windows around ``target``."""
-    if target <= 0 or target >= total:
-        return max(0, min(target, total))
-    if read_range(files, target - 1, target) == b"\n":
-        return target
-    before = after = None
-    width = 1 << 20
-    while before is None or after is None:
-        if before is None:
-            start = max(0, target - width)
-            back = read_range(files, start, target).rfind(b"\n")
-            before = start + back + 1 if back >= 0 else (0 if start == 0 else None)
-        if after is None:
-            end = min(total, target + width)
-            fwd = read_range(files, target, end).find(b"\n")
-            after = target + fwd + 1 if fwd >= 0 else (total if end == total else None)
-        width *= 2
-    return before if target - before <= after - target else after
+def unwritable_cache(path: Path, err: OSError) -> TxlError:
+    """The one error of a token cache file that cannot be written."""
+    return TxlError(f"cannot write token cache {path}: {err.strerror or err}; choose a writable cache_dir")
 
 
 def span_bytes(span: Span) -> int:
@@ -303,7 +287,7 @@ def cache_lock(path: Path):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         lock = open(f"{path}.lock", "a")
     except OSError as err:
-        raise TxlError(f"cannot write token cache {path}: {err.strerror or err}; choose a writable cache_dir") from None
+        raise unwritable_cache(path, err) from None
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
@@ -399,7 +383,7 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
             out.flush()
             os.fsync(out.fileno())
     except OSError as err:
-        raise TxlError(f"cannot write token cache {part}: {err.strerror or err}; choose a writable cache_dir") from None
+        raise unwritable_cache(part, err) from None
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -427,7 +411,7 @@ def _open_part(part: Path, found: Path, dtype: np.dtype, done_bytes: int, done_i
         out.seek(HEADER_BYTES + done_ids * dtype.itemsize)
         return out
     except OSError as err:
-        raise TxlError(f"cannot write token cache {part}: {err.strerror or err}; choose a writable cache_dir") from None
+        raise unwritable_cache(part, err) from None
 
 
 def _resume_state(span: Span, part: Path, record: Path, found: Path, dtype: np.dtype, starts: dict,

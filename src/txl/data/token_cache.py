@@ -3,7 +3,7 @@ memory-mapped (:func:`txl.data.corpus.encode_corpus` and the loaders use it).
 
 - :func:`fingerprint`: the cache key, a sha256 over the cache format, the tokenizer and each file's
   path and content hash (:func:`file_hashes`, kept with each file's size, times and inode);
-- :func:`mapped`: a cache file read back memory-mapped (None when missing or broken);
+- :func:`mapped`, :func:`cached`: a cache file read back mapped, or computed in memory and stored;
 - :func:`copy_bytes`: byte-level text copied into the cache 16 MiB at a time;
 - :func:`streamed`, :func:`streamed_vocabulary`: char, word and BPE text counted (:func:`word_counts`,
   :func:`char_vocabulary`, BPE training) and encoded chunk by chunk (:mod:`txl.data.streaming`), the
@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from txl.data.files import _file_size, _io
-from txl.data.streaming import cache_lock, chunk_text, chunks, encode_to_file, show_bar, span_bytes
+from txl.data.streaming import (cache_lock, chunk_text, chunks, encode_to_file, show_bar, span_bytes,
+                                unwritable_cache)
 from txl.data.tokenizers import ByteTokenizer, Tokenizer, WordTokenizer
 from txl.data.tokenizers.base import normalize_text
 from txl.errors import TxlError
@@ -70,7 +71,25 @@ def _store(path: Path, write: Callable[[str], None]) -> None:
     try:
         atomic_write(path, write)
     except OSError as e:
-        raise TxlError(f"cannot write token cache {path}: {e.strerror or e}; choose a writable cache_dir") from None
+        raise unwritable_cache(path, e) from None
+
+
+def cached(cache_dir: PathLike, key: str, dtype: np.dtype, compute: Callable[[], np.ndarray]) -> np.ndarray:
+    """``<cache_dir>/<key>.npy`` memory-mapped when valid, else ``compute()`` stored there (atomically) and
+    mapped."""
+    path = Path(cache_dir) / f"{key}.npy"
+    arr = mapped(path, dtype)
+    if arr is None:
+        computed = compute()
+
+        def write(tmp: str) -> None:
+            with open(tmp, "wb") as f:
+                np.save(f, computed, allow_pickle=False)
+
+        _store(path, write)
+        del computed
+        arr = mapped(path, dtype)
+    return arr
 
 
 HASHES_NAME = "file-hashes.json"
@@ -241,7 +260,7 @@ def streamed(cache_dir: PathLike, key: str, dtype: np.dtype, span, tokenizer: To
             path.unlink(missing_ok=True)  # a broken cache file is written again
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise TxlError(f"cannot write token cache {path}: {e.strerror or e}; choose a writable cache_dir") from None
+            raise unwritable_cache(path, e) from None
         def finish(first: list[int | None], n: int) -> None:
             if file_hashes([Path(name) for name, _ in hashes], cache_dir) != hashes:
                 raise TxlError(f"a corpus file ({', '.join(name for name, _ in hashes[:3])}"

@@ -23,7 +23,6 @@ others, ONNX holds no code.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
@@ -34,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from txl.config import MAX_THREADS, check_threads
-from txl.errors import TxlError, clip_message
+from txl.errors import TxlError, UsageParser, clip_message
 from txl.fileio import path_inside, read_json_object
 
 _SIZES = ("capacity", "n_layer", "n_head", "d_head", "d_model", "vocab_size")
@@ -352,18 +351,11 @@ class ExportedDecoder:
         return np.concatenate([np.asarray(input_ids, np.int64)[:, :-1], *out], axis=1)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with usage errors as one ``txl: error:`` line (exit status 2), as the ``txl`` commands give them."""
-
-    def error(self, message: str):  # noqa: D102 - argparse hook
-        self.exit(2, f"txl: error: {clip_message(message)} (see: {self.prog} --help)\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m txl.export.runner FOLDER PROMPT [-n N] [--threads N]``: print the prompt and its greedy
     continuation. The arguments are checked as the ``txl`` commands check theirs, before anything is
     loaded; the threads are chosen by their rule (:func:`txl.runtime.pick_threads`) and said on stderr."""
-    p = _Parser(prog="python -m txl.export.runner", description=__doc__.split("\n")[0],
+    p = UsageParser(prog="python -m txl.export.runner", description=__doc__.split("\n")[0],
                 epilog='example: python -m txl.export.runner runs/default-onnx "ROMEO:" -n 40')
     p.add_argument("folder", help="what txl export wrote")
     p.add_argument("prompt", help="the text to continue")
