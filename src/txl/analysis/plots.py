@@ -105,7 +105,7 @@ def _metric_label(run_dir: Path) -> str:
     tokenizer in ``run.json``. Runs written before the bits-per-byte label say "bpc" for byte models;
     with ``run.json`` naming a byte tokenizer that is read as "bpb" (the numbers are bits per byte).
     """
-    from txl.config import RUN_NAME, STATE_NAME
+    from txl.config import CHECKPOINT_NAMES, RUN_NAME, STATE_NAME
     from txl.evaluation.stream import metric_unit, stored_unit
     from txl.fileio import read_json_object
 
@@ -114,7 +114,7 @@ def _metric_label(run_dir: Path) -> str:
     except TxlError:
         tokenizer = None
     candidates = [metrics_unit(run_dir)]
-    for folder in ("best", "last"):  # the unit the run itself chose (its tokenizer may have been detected)
+    for folder in CHECKPOINT_NAMES:  # the unit the run itself chose (its tokenizer may have been detected)
         try:
             candidates.append(read_json_object(run_dir / folder / STATE_NAME).get("unit"))
         except TxlError:

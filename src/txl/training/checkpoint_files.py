@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from txl.config import CHECKSUMS_NAME, CLASSIFIER_NAME, CONFIG_NAME, RUN_NAME, STATE_NAME, VOCAB_NAME, WEIGHTS_NAME
+from txl.config import (CHECKPOINT_NAMES, CHECKSUMS_NAME, CLASSIFIER_NAME, CONFIG_NAME, RUN_NAME, STATE_NAME,
+                        VOCAB_NAME, WEIGHTS_NAME)
 from txl.fileio import sha256_file
 from txl.errors import TxlError
 from txl.fileio import path_inside
@@ -93,7 +94,7 @@ def check_run_folder(run_dir: str | Path) -> None:
         return
     for path in sorted(run_dir.iterdir()):
         if _ROTATED.fullmatch(path.name):
-            check_replaceable(path, complete=path.name in ("best", "last"))
+            check_replaceable(path, complete=path.name in CHECKPOINT_NAMES)
 
 
 def numbered(run_dir: Path, name: str) -> list[Path]:

@@ -37,6 +37,7 @@ import torch
 
 from txl.data import CorpusSplits, LMOrderedIterator, LMShuffledIterator, shard_sentences
 from txl.data.corpus import load_run_corpus
+from txl.data.splits import SPLITS
 from txl.data.iterators import sample_segment_length
 from txl.errors import TxlError
 from txl.evaluation.stream import EvalResult, evaluate, metric_unit
@@ -140,7 +141,7 @@ class LMTask:
         training shard files instead of the empty train array)."""
         c = self.corpus
         parts = {}
-        for name in ("train", "valid", "test"):
+        for name in SPLITS:
             tokens = getattr(c, name)
             where = c.on_disk.get(name)  # a memory-mapped split: read from its file, not through the mapping
             parts[f"{name} split"] = stored_digest(*where, tokens.itemsize) if where else array_digest(tokens)
