@@ -123,6 +123,41 @@ def served_app(app):
         assert not thread.is_alive(), "the server did not stop"
 
 
+def serve_process(*args, env: dict | None = None):
+    """``python -m txl serve ARGS --port 0`` in a process of its own (this checkout's src first on the path, torch
+    on one thread), answering ``/health``. The port is the one the server announces on stderr: no other process
+    (another pytest-xdist worker) can take it between a choice and the bind. Returns the process, its base URL
+    and the stderr read so far; the process is killed if it is not up within 60 s."""
+    import re
+    import subprocess
+    import sys
+
+    import httpx
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1", **(env or {})}
+    proc = subprocess.Popen([sys.executable, "-m", "txl", "serve", *map(str, args), "--port", "0"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(60, proc.kill)
+    watchdog.start()
+    try:
+        seen = []
+        for line in proc.stderr:  # the server announces its address once the model is loaded
+            seen.append(line)
+            found = re.search(r"txl: serving on (http://\S+:\d+) ", line)
+            if found:
+                base = found.group(1)
+                while True:
+                    assert proc.poll() is None, "".join(seen) + proc.stderr.read()
+                    with contextlib.suppress(httpx.TransportError):
+                        if httpx.get(base + "/health", timeout=2).status_code == 200:
+                            return proc, base, "".join(seen)
+                    time.sleep(0.2)
+        raise AssertionError("txl serve did not start: " + "".join(seen))
+    finally:
+        watchdog.cancel()
+
+
 def run_cli(capsys, *argv):
     """Run ``txl ARGV`` in this process: (exit status, stdout, stderr)."""
     from txl.cli import main

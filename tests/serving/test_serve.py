@@ -8,10 +8,7 @@ the model: ``generate`` (same seed), ``score_tokens(carry_memory=True)`` (what `
 import copy
 import json
 import math
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -23,7 +20,7 @@ httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
 
-from conftest import ROOT, run_cli, served_app, tiny_model  # noqa: E402
+from conftest import run_cli, serve_process, served_app, tiny_model  # noqa: E402
 from txl.data import ByteTokenizer  # noqa: E402
 from txl.data.tokenizers.incremental import TextCursor  # noqa: E402
 from txl.evaluation.scoring import score_tokens, token_text  # noqa: E402
@@ -382,26 +379,8 @@ def test_txl_serve_command_matches_txl_score_and_stops_cleanly_on_sigterm(tmp_pa
     assert code == 0, err
     expected = [math.nan if t["logprob"] is None else t["logprob"] for t in json.loads(out)["tokens"]]
 
-    sock = listen("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    sock.close()
-    src = str(ROOT / "src")
-    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""), "TXL_API_KEY": "k3y",
-           "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "txl", "serve", str(tmp_path / "ckpt"), "--port", str(port)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, base, started = serve_process(tmp_path / "ckpt", env={"TXL_API_KEY": "k3y"})
     try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stderr.read()
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "txl serve did not start"
-            time.sleep(0.2)
         assert httpx.post(base + "/v1/sessions").status_code == 401
         with httpx.Client(base_url=base, timeout=60, headers={"Authorization": "Bearer k3y"}) as c:
             sid = new_session(c)
@@ -426,7 +405,7 @@ def test_txl_serve_command_matches_txl_score_and_stops_cleanly_on_sigterm(tmp_pa
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    err = proc.stderr.read()
+    err = started + proc.stderr.read()
     assert "txl: serving on http://127.0.0.1:" in err and "Traceback" not in err
 
 

@@ -7,11 +7,8 @@ Each fault has a test of the reported case and of a sibling of the same kind (tr
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -22,7 +19,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
 
-from conftest import ROOT, one_error_line, run_cli, tiny_model  # noqa: E402
+from conftest import one_error_line, run_cli, serve_process, tiny_model  # noqa: E402
 from test_serve_faults import TEXT, TOK, byte_engine, new_session  # noqa: E402
 from txl.serving.engine import ServeError  # noqa: E402
 from txl.serving.server import listen  # noqa: E402
@@ -207,23 +204,8 @@ def _start(tmp_path, *flags):
     ckpt = tmp_path / "ckpt"
     if not ckpt.exists():
         save_checkpoint(ckpt, model, TOK, RunConfig(model=model.config), {"step": 0})
-    sock = listen("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    sock.close()
-    src = str(ROOT / "src")
-    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "txl", "serve", str(ckpt), "--port", str(port), *flags],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while True:
-        assert proc.poll() is None, proc.stderr.read()
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc, port
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "txl serve did not start"
-        time.sleep(0.2)
+    proc, base, _ = serve_process(ckpt, *flags)
+    return proc, int(base.rsplit(":", 1)[1])
 
 
 def _stuck_clients(port):
