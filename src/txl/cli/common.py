@@ -167,7 +167,6 @@ def add_checkpoint(parser: argparse.ArgumentParser, option_alias: bool = False,
 
 
 
-
 def add_checkpoint_name(parser: argparse.ArgumentParser) -> None:
     """``--checkpoint-name best|last``: which checkpoint of a run directory to use (default best/, else last/).
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from txl.cli.checks import (check_output, check_range, check_checkpoint_path, check_exists, finite_float,
                             parse_ints)
 from txl.cli.common import (add_quantize, add_batch_size, add_checkpoint_name, add_data, add_device, add_dtype, add_force, add_json,
-                            add_option, add_seed, add_span, emit_json, human_stream, load_checkpoint, model_name, pick, print_notes,
-                            span_args, underscore)
+                            add_option, add_seed, add_span, emit_json, human_stream, load_checkpoint, model_name, pick,
+                            print_notes, span_args, underscore)
 from txl.errors import TxlError
 
 NAME = "eval"

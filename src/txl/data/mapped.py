@@ -91,10 +91,10 @@ def token_array(tokens, *, vocab_size: int | None = None, min_tokens: int = 2, m
         arr = arr[: max_tokens + 1]
     if arr.size < min_tokens:
         raise TxlError(f"the text has fewer than {min_tokens} tokens: nothing to score")
-    if arr.dtype == np.uint64 and arr.size and token_range(arr)[1] > np.iinfo(np.int64).max:
-        raise TxlError(f"tokens: token id {token_range(arr)[1]} is larger than an int64 id can be")
+    lo, hi = token_range(arr) if arr.size and (vocab_size is not None or arr.dtype == np.uint64) else (0, 0)
+    if hi > np.iinfo(np.int64).max:
+        raise TxlError(f"tokens: token id {hi} is larger than an int64 id can be")
     if vocab_size is not None and arr.size:
-        lo, hi = token_range(arr)
         if lo < 0 or hi >= vocab_size:
             raise TxlError(f"tokens: token id {lo if lo < 0 else hi} is outside the vocabulary [0, {vocab_size})")
     return arr if arr.size else arr.astype(np.int64)
