@@ -29,22 +29,19 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from large_corpus import make_corpus, peaks_of  # noqa: E402  (the same corpus maker and memory sampling)
 
 CHILD = r"""
-import json, sys, time
+import json, sys, tempfile, time
 from pathlib import Path
 import numpy as np
 from txl.data import streaming
 from txl.data.corpus import token_dtype
-from txl.data.tokenizers import WordTokenizer
-from txl.data.tokenizers.bpe import BPETokenizer
-from txl.data.tokenizers.base import decode_utf8
+from txl.data.token_cache import streamed_vocabulary
 
 corpus, kind, workers, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
 span = streaming.span_of([Path(corpus)], 0, Path(corpus).stat().st_size)
+opts = {"lower": False, "normalize": "none", "min_freq": 1, "max_size": 8000 if kind == "bpe" else None}
 start = time.perf_counter()
-if kind == "word":
-    tok = WordTokenizer.from_counts(streaming.word_counts(span, False, "none"))
-else:
-    tok = BPETokenizer.build((decode_utf8(d, corpus, "bpe") for d, _ in streaming.chunks(span, "bpe")), vocab_size=8000)
+with tempfile.TemporaryDirectory() as fresh:  # an empty cache folder: the vocabulary is built, never read back
+    tok = streamed_vocabulary(kind, span, opts, [], {}, fresh, progress=False)
 vocab_s = time.perf_counter() - start
 start = time.perf_counter()
 streaming.encode_to_file(span, tok, out, token_dtype(tok.vocab_size), workers=workers)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from txl.cli.checks import check_output, check_checkpoint_path, check_exists, finite_float, finite_floats
+from txl.cli.checks import check_output, check_exists, finite_float, finite_floats
 from txl.cli.common import add_batch_size, add_data, add_device, add_dtype, add_force, add_json, emit_json, human_stream
 from txl.errors import TxlError, counted
 
@@ -50,7 +50,7 @@ def _check(args: argparse.Namespace) -> tuple[list[int], list[float], list[str]]
     if any(not 0.0 < r <= 1.0 for r in ratios):
         raise TxlError(f"--ratios must lie in (0, 1], got {','.join(f'{r:g}' for r in ratios)}")
     for item in args.checkpoints:  # paths before torch is imported
-        check_checkpoint_path(item)
+        check_exists(item, "checkpoint", kind="folder")
     check_exists(args.data, "--data")
     contexts = list(range(args.start, args.max_context + 1, args.delta))
     names = ([n.strip() for n in args.names.split(",")] if args.names

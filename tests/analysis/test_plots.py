@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from txl.analysis.attention_maps import attention_probabilities, distance_matrix, mean_attention_distance
+from txl.analysis.attention_maps import distance_matrix, mean_attention_distance, segment_probabilities
 from txl.errors import TxlError
 from txl.analysis.plots import plot_attention_distance, plot_learning_curves, plot_mem_sweep, read_metrics
 
@@ -23,7 +23,9 @@ def test_recomputed_probabilities_reproduce_each_attention_output(make_model, ov
     hooks = [layer.attn.register_forward_hook(lambda m, a, out: outputs.append(out)) for layer in model.layers]
     captured = []
     hooks += [layer.attn.register_forward_pre_hook(lambda m, a: captured.append(a)) for layer in model.layers]
-    probs, _ = attention_probabilities(model, x, mems=mems)
+    with torch.no_grad():
+        probs = segment_probabilities(model, x, mems)
+        model(x, mems=mems)
     for h in hooks:
         h.remove()
     assert len(probs) == model.config.n_layer
@@ -50,8 +52,10 @@ def test_mean_attention_distance_matches_a_direct_computation(make_model):
     total = torch.zeros(3, 2, dtype=torch.float64)
     mems = None
     for s in (0, 5):
-        probs, out = attention_probabilities(model, torch.as_tensor(tokens[None, s:s + 5]), mems=mems)
-        mems = out.mems
+        x = torch.as_tensor(tokens[None, s:s + 5])
+        probs = segment_probabilities(model, x, mems)
+        with torch.no_grad():
+            mems = model(x, mems=mems).mems
         for i, p in enumerate(probs):
             k = p.size(-1)
             for q in range(5):

@@ -65,7 +65,7 @@ def flex_everywhere(monkeypatch):
     """Every layer of every model attends through FlexAttention's score_mod; yields the list of calls."""
     calls = []
 
-    def attend(q_content, q_pos, k, v, r_k, mask, *, scale, dropout_p=0.0, window=None, block_bytes=None):
+    def attend(q_content, q_pos, k, v, r_k, mask, *, scale, dropout_p=0.0, window=None):
         assert dropout_p == 0.0
         calls.append(tuple(mask.shape))
         return flex_biased_attention(q_content, q_pos, k, v, r_k, mask, scale=scale)

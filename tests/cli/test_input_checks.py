@@ -577,10 +577,9 @@ def test_every_seed_has_the_one_range_checked_first(prog, capsys, tmp_path, monk
 def test_the_seed_bound_is_what_torch_numpy_and_the_config_accept():
     import numpy as np
 
-    from txl.cli.checks import check_seed
-    from txl.config import SEED_LIMIT, TrainConfig
+    from txl.config import SEED_LIMIT, TrainConfig, check_seed
 
-    check_seed(argparse.Namespace(seed=SEED_LIMIT - 1))  # the largest seed passes, and every seeder takes it
+    check_seed(SEED_LIMIT - 1, "--seed")  # the largest seed passes, and every seeder takes it
     np.random.seed(SEED_LIMIT - 1)
     torch.manual_seed(SEED_LIMIT - 1)
     with pytest.raises(ValueError):

@@ -92,7 +92,7 @@ def test_claim_never_held_twice_while_claims_come_and_go(tmp_path):
             time.sleep(0.0005)
             with guard:
                 held[0] -= 1
-            claim.release(remove_empty=False)
+            claim.release()
 
     threads = [threading.Thread(target=worker) for _ in range(6)]
     for t in threads:
@@ -123,8 +123,10 @@ def test_a_killed_holder_does_not_block_a_later_claim(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     assert (tmp_path / f".out{LOCK_SUFFIX}").exists()  # the stale lock file is left behind ...
-    with claim_folder(folder) as claim:  # ... and taken over
-        assert claim.held and not claim.created
+    with claim_folder(folder) as claim:  # ... and taken over: held, so a second claim is refused
+        assert not claim.created
+        with pytest.raises(TxlError, match=rf"in use by another txl process \(pid {os.getpid()}\)"):
+            claim_folder(folder)
     assert not (tmp_path / f".out{LOCK_SUFFIX}").exists()
 
 
@@ -174,7 +176,9 @@ def test_a_folder_that_must_be_new_or_empty_is_refused_by_one_rule(tmp_path):
     check_new_run_folder(empty)  # new or empty: both pass
     check_new_run_folder(tmp_path / "new")
     with claim_folder(empty, empty=True) as claim:
-        assert claim.held and not claim.created
+        assert not claim.created
+        with pytest.raises(TxlError, match="in use by another txl process"):
+            claim_folder(empty)
 
 
 # --- the output check helper -------------------------------------------------------------------------------------

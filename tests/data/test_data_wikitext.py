@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from txl.data.corpus import build_tokenizer, load_corpus
+from txl.data.corpus import load_corpus
 from txl.data.tokenizers.bpe import BPETokenizer, _chunks
 from txl.data.tokenizers import (
     TOKENIZER_KINDS,
@@ -192,11 +192,11 @@ def test_bpe_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         BPETokenizer.build(["abc"], vocab_size=300)
 
 
-def test_build_tokenizer_and_load_corpus_with_bpe(tmp_path: Path) -> None:
+def test_bpe_build_and_load_corpus_with_bpe(tmp_path: Path) -> None:
     lines = [f"The lobster number {i} is {'blue' if i % 2 else 'red'}.\n" for i in range(200)]
     f = tmp_path / "corpus.txt"
     f.write_text("".join(lines), encoding="utf-8")
-    tok = build_tokenizer("bpe", "".join(lines), max_size=300, min_freq=2)
+    tok = BPETokenizer.build(["".join(lines)], vocab_size=300, min_frequency=2)
     assert isinstance(tok, BPETokenizer) and tok.vocab_size <= 300
     c = load_corpus(f, "bpe", max_size=300)
     assert c.tokenizer.kind == "bpe" and c.train.dtype == np.uint16

@@ -38,32 +38,72 @@ def _whole(files: list[Path]) -> str:
     return "".join(decode_utf8(f.read_bytes(), str(f), "word") for f in files)
 
 
+def _vocabulary(kind: str, text: str, max_size: int | None = None):
+    """A new tokenizer of ``kind`` built from ``text`` at once: what counting it chunk by chunk must give."""
+    from txl.data.tokenizers import BPETokenizer, CharTokenizer
+
+    if kind == "char":
+        return CharTokenizer.build(text)
+    if kind == "bpe":
+        return BPETokenizer.build([text], vocab_size=max_size or 8000, min_frequency=1)
+    return WordTokenizer.build([text], max_size=max_size)
+
+
+def _split_whole(files: list[Path], kind: str, fr: tuple, max_size: int | None = None) -> tuple:
+    """The tokenizer and splits of ``files`` cut by fractions, from the whole text: char ids cut by the
+    fractions; word and BPE text cut at the line starts nearest the byte fractions, the vocabulary from the
+    train text, each split's text encoded at once (each file's piece decoded on its own)."""
+    from txl.data.splits import SPLITS, line_cuts, split_tokens
+    from txl.data.tokenizers import decode_utf8
+
+    if kind == "char":
+        tok = _vocabulary(kind, _whole(files))
+        return tok, split_tokens(tok.encode(_whole(files)), fr)
+    data = b"".join(f.read_bytes() for f in files)
+    b1, b2 = line_cuts(lambda lo, hi: data[lo:hi], len(data), fr)
+    starts = np.cumsum([0] + [f.stat().st_size for f in files]).tolist()  # where each file starts in ``data``
+
+    def piece(lo: int, hi: int, opens_file: bool) -> str:  # a piece inside a file keeps a U+FEFF it starts with
+        return decode_utf8(data[lo:hi], "", kind) if opens_file else decode_utf8(b"\n" + data[lo:hi], "", kind)[1:]
+
+    texts = {name: "".join(piece(max(lo, a), min(hi, b), lo <= a) for a, b in zip(starts, starts[1:])
+                           if max(lo, a) < min(hi, b))
+             for name, (lo, hi) in zip(SPLITS, ((0, b1), (b1, b2), (b2, len(data))))}
+    tok = _vocabulary(kind, texts["train"], max_size)
+    return tok, {name: tok.encode(text) for name, text in texts.items()}
+
+
 @pytest.mark.parametrize("kind", ["char", "word", "bpe"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_chunk_by_chunk_equals_the_whole_text(tmp_path, monkeypatch, kind, seed):
     _corpus(tmp_path, seed)
     folder = tmp_path  # the three files as one corpus
     opts = {"max_size": 300} if kind == "bpe" else {}
-    whole = load_corpus(folder, kind, pattern="part*.txt", split=(0.8, 0.1, 0.1), **opts)  # in memory
+    tok, whole = _split_whole(sorted(folder.glob("part*.txt")), kind, (0.8, 0.1, 0.1), opts.get("max_size"))
     monkeypatch.setattr(streaming, "CHUNK_BYTES", 97)  # many chunks, cut inside the files
     streamed = load_corpus(folder, kind, pattern="part*.txt", split=(0.8, 0.1, 0.1), cache_dir=tmp_path / "c", **opts)
-    assert streamed.tokenizer == whole.tokenizer
+    assert streamed.tokenizer == tok
     for name in ("train", "valid", "test"):
         assert isinstance(getattr(streamed, name), np.memmap)
-        assert np.array_equal(getattr(streamed, name), getattr(whole, name)), name
+        assert np.array_equal(getattr(streamed, name), whole[name]), name
     again = load_corpus(folder, kind, pattern="part*.txt", split=(0.8, 0.1, 0.1), cache_dir=tmp_path / "c", **opts)
-    assert again.tokenizer == whole.tokenizer and np.array_equal(again.train, whole.train)  # from the cache
+    assert again.tokenizer == tok and np.array_equal(again.train, whole["train"])  # from the cache
+    held = load_corpus(folder, kind, pattern="part*.txt", split=(0.8, 0.1, 0.1), **opts)  # no cache folder
+    assert held.tokenizer == tok and held.on_disk == {}
+    for name in ("train", "valid", "test"):
+        assert not isinstance(getattr(held, name), np.memmap) and np.array_equal(getattr(held, name), whole[name])
     assert list((tmp_path / "c").glob("*.vocab.json"))  # the vocabulary is kept with the ids
 
 
 @pytest.mark.parametrize("kind", ["char", "word"])
 def test_separate_split_files_are_counted_and_encoded_in_chunks(tmp_path, monkeypatch, kind):
     train, valid = _corpus(tmp_path, 2)[:2]
-    whole = load_corpus(train=train, valid=valid, tokenizer=kind)
+    tok = _vocabulary(kind, _whole([train, valid] if kind == "char" else [train]))
     monkeypatch.setattr(streaming, "CHUNK_BYTES", 50)
     streamed = load_corpus(train=train, valid=valid, tokenizer=kind, cache_dir=tmp_path / "c")
-    assert streamed.tokenizer == whole.tokenizer
-    assert np.array_equal(streamed.train, whole.train) and np.array_equal(streamed.valid, whole.valid)
+    assert streamed.tokenizer == tok
+    assert np.array_equal(streamed.train, tok.encode(_whole([train])))
+    assert np.array_equal(streamed.valid, tok.encode(_whole([valid])))
 
 
 def test_two_workers_write_what_one_writes(tmp_path, monkeypatch):
@@ -221,10 +261,11 @@ def test_a_file_that_ends_in_a_lone_cr_is_read_as_when_read_whole(tmp_path, monk
     (parts / "b.txt").write_bytes(b"\ncd ef\n" * 3)
     (tmp_path / "valid.txt").write_text("ab cd\n", encoding="utf-8")
     opts = {"max_size": 270} if kind == "bpe" else {}
-    whole = load_corpus(train=parts, valid=tmp_path / "valid.txt", tokenizer=kind, **opts)
+    train = sorted(parts.iterdir())
+    tok = _vocabulary(kind, _whole(train + [tmp_path / "valid.txt"] if kind == "char" else train), **opts)
     monkeypatch.setattr(streaming, "CHUNK_BYTES", 5)
     streamed = load_corpus(train=parts, valid=tmp_path / "valid.txt", tokenizer=kind, cache_dir=tmp_path / "c", **opts)
-    assert streamed.tokenizer == whole.tokenizer and np.array_equal(streamed.train, whole.train)
+    assert streamed.tokenizer == tok and np.array_equal(streamed.train, tok.encode(_whole(train)))
 
 
 def test_a_split_that_begins_inside_a_file_lists_no_document_there(tmp_path):
@@ -253,7 +294,7 @@ ODD_FILES = {  # byte-order marks, lone CRs and missing newlines where chunks an
 
 @pytest.mark.parametrize("case", sorted(ODD_FILES))
 def test_ids_do_not_depend_on_where_chunks_are_cut(tmp_path, monkeypatch, case):
-    from txl.data.corpus import build_tokenizer, encode_corpus
+    from txl.data.corpus import encode_corpus
     from txl.data.files import _read_text
 
     paths = []
@@ -261,8 +302,9 @@ def test_ids_do_not_depend_on_where_chunks_are_cut(tmp_path, monkeypatch, case):
         paths.append(tmp_path / f"f{i}.txt")
         paths[-1].write_bytes(text.encode("utf-8"))
     for kind in ("char", "word", "bpe"):
-        tok = build_tokenizer(kind, _read_text(paths, kind), max_size=300)
-        whole = encode_corpus(paths, tok)
+        tok = _vocabulary(kind, _read_text(paths, kind), max_size=300)
+        whole = tok.encode(_read_text(paths, kind))
+        assert np.array_equal(encode_corpus(paths, tok), whole), kind  # no cache folder
         for size in (1, 4, 7, 1 << 24):
             monkeypatch.setattr(streaming, "CHUNK_BYTES", size)
             streamed = encode_corpus(paths, tok, tmp_path / f"cache-{kind}-{size}")
@@ -352,11 +394,11 @@ def test_a_split_that_begins_with_a_u_feff_keeps_it_as_when_read_whole(tmp_path)
     (tmp_path / "c" / "a.txt").write_text("aa bb\ncc dd\nee ff\n\ufeff\ufeffgg hh\nii jj\nkk ll\n", encoding="utf-8")
     for kind in ("word", "bpe"):
         opts = {"split": (0.375, 0.375, 0.25), "max_size": 300 if kind == "bpe" else None}
-        whole = load_corpus(tmp_path / "c", kind, **opts)
+        tok, whole = _split_whole([tmp_path / "c" / "a.txt"], kind, opts["split"], opts["max_size"])
         streamed = load_corpus(tmp_path / "c", kind, cache_dir=tmp_path / f"cache-{kind}", **opts)
-        assert streamed.tokenizer == whole.tokenizer
+        assert streamed.tokenizer == tok
         for name in ("train", "valid", "test"):
-            assert np.array_equal(getattr(streamed, name), getattr(whole, name)), (kind, name)
+            assert np.array_equal(getattr(streamed, name), whole[name]), (kind, name)
 
 
 def test_encode_marked_finds_token_starts_in_bytes():

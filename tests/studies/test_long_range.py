@@ -206,7 +206,7 @@ def test_bench_long_range_first_seed_runs_the_seeds_from_it(tmp_path, capsys, mo
 def test_fact_attention_equals_the_mass_one_long_pass_puts_on_the_value_bytes(filler):
     """Read in segments with a memory that holds everything = one long causal pass (paper §3.2), so the
     attention the answer's query puts on the fact's value bytes must equal that of one pass, by hand."""
-    from txl.analysis.attention_maps import attention_probabilities
+    from txl.analysis.attention_maps import segment_probabilities
     from txl_studies.long_range.suite import fact_attention
     from txl.model import TransformerXLConfig, TransformerXLLM
 
@@ -217,7 +217,7 @@ def test_fact_attention_equals_the_mass_one_long_pass_puts_on_the_value_bytes(fi
     eps = [episode(rng, filler.test, d, "associative", tail=5) for d in (20, 37, 50)]
     got = fact_attention(model, eps, AttentionSpan(16, 256))
     tokens, _ = episode_batch(eps)
-    probs, _ = attention_probabilities(model, torch.as_tensor(tokens), span=AttentionSpan(tokens.shape[1], 0))
+    probs = segment_probabilities(model, torch.as_tensor(tokens), span=AttentionSpan(tokens.shape[1], 0))
     want = np.zeros((len(eps), 2))
     for b, e in enumerate(eps):
         shift = tokens.shape[1] - len(e.tokens)
@@ -235,7 +235,7 @@ def test_fact_shares_with_a_full_memory_equal_layer_0_of_one_pass_renormalised_o
     """With mem_len 32 the memory fills and is trimmed, so key 0 of a segment is column start - 32. Layer 0
     reads embeddings (its memory too), so its probabilities in a segment are one pass's, renormalised over
     the columns in view [start - 32, query]: checked per episode, unrounded, in float64."""
-    from txl.analysis.attention_maps import attention_probabilities
+    from txl.analysis.attention_maps import segment_probabilities
     from txl_studies.long_range.suite import fact_shares
     from txl.model import TransformerXLConfig, TransformerXLLM
 
@@ -251,7 +251,7 @@ def test_fact_shares_with_a_full_memory_equal_layer_0_of_one_pass_renormalised_o
     got = fact_shares(model, eps, AttentionSpan(16, 32), width=width)
     tokens, _ = episode_batch(eps, width=width)
     assert tokens.shape[1] == width and (tokens[:, :7] == ord(" ")).all()
-    (p0, _), _ = attention_probabilities(model, torch.as_tensor(tokens), span=AttentionSpan(width, 0))
+    p0, _ = segment_probabilities(model, torch.as_tensor(tokens), span=AttentionSpan(width, 0))
     seen = 0
     for b, e in enumerate(eps):
         shift = width - len(e.tokens)

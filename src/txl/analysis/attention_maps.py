@@ -41,28 +41,26 @@ def segment_probabilities(model, input_ids: torch.Tensor, mems=None,
     return reference.read_segment(model, input_ids, before, leading, span).probs
 
 
-@torch.no_grad()
-def attention_probabilities(model, input_ids: torch.Tensor, mems=None,
-                            span: AttentionSpan | None = None) -> tuple[list[torch.Tensor], object]:
-    """Run one forward pass and return every layer's attention probabilities.
-
-    Args:
-        model: :class:`~txl.model.TransformerXLLM` in eval mode.
-        input_ids: int64 [B, T]; mems: memory from the previous segment or None.
-        span: the :class:`~txl.model.AttentionSpan` of the forward pass (None: the model's).
-
-    Returns:
-        (probs, output): ``probs[l]`` float [B, H, T, M + T] for layer l (:func:`segment_probabilities`),
-        and the model's :class:`~txl.model.transformer.LMOutput` (its ``mems`` feed the next segment).
-    """
-    probs = segment_probabilities(model, input_ids, mems, span)  # refuses a model in training mode first
-    return probs, model(input_ids, mems=mems, span=span)
-
-
 def distance_matrix(qlen: int, klen: int) -> torch.Tensor:
     """float [T, K]: distance ``M + i - j`` (tokens back) from query i to key j, M = K - T."""
     mlen = klen - qlen
     return (mlen + torch.arange(qlen)[:, None] - torch.arange(klen)[None, :]).float()
+
+
+def _mean_over_queries(model, data: torch.Tensor, span: AttentionSpan, max_segments: int, measure) -> np.ndarray:
+    """float64 [n_layer, n_head]: ``measure(seg, probs)`` averaged over the queries of the first ``max_segments``
+    segments of ``data``, read with the memory carried as in evaluation (:func:`txl.model.segments.segments`,
+    in eval mode, at ``span``). ``measure`` gets a segment and its :func:`segment_probabilities` and returns
+    float64 [n_layer, n_head] summed over the segment's queries."""
+    device = next(model.parameters()).device
+    x_all = data[None, :span.tgt_len * max_segments].to(device)
+    total, count = None, 0
+    with eval_mode(model):
+        for seg in segments(model, x_all, span=span):
+            part = measure(seg, segment_probabilities(model, seg.inputs, seg.mems, span))
+            total = part if total is None else total + part
+            count += seg.inputs.size(1)
+    return (total / count).numpy()
 
 
 @torch.no_grad()
@@ -90,21 +88,16 @@ def mean_attention_distance(model, tokens: np.ndarray, *, tgt_len: int | None = 
     data = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
     if data.numel() < 1:
         raise TxlError("the text encodes to no tokens; give a longer --text")
-    device = next(model.parameters()).device
-    total, count = None, 0
     span = resolve_span(model.config, tgt_len=tgt_len, mem_len=mem_len, cmem_len=cmem_len)
-    x_all = data[None, :span.tgt_len * max_segments].to(device)
-    with eval_mode(model):
-        for seg in segments(model, x_all, span=span):
-            probs, x = segment_probabilities(model, seg.inputs, seg.mems, span), seg.inputs
-            per_layer = []
-            for p in probs:  # [1, H, T, K]
-                dist = distance_matrix(p.size(2), p.size(3)).to(p.device)
-                per_layer.append((p * dist).sum(-1).sum(-1)[0].double().cpu())  # [H], summed over queries
-            stacked = torch.stack(per_layer)  # [L, H]
-            total = stacked if total is None else total + stacked
-            count += x.size(1)
-    return (total / count).numpy()
+
+    def distance(seg, probs: list[torch.Tensor]) -> torch.Tensor:
+        per_layer = []
+        for p in probs:  # [1, H, T, K]
+            dist = distance_matrix(p.size(2), p.size(3)).to(p.device)
+            per_layer.append((p * dist).sum(-1).sum(-1)[0].double().cpu())  # [H], summed over queries
+        return torch.stack(per_layer)  # [L, H]
+
+    return _mean_over_queries(model, data, span, max_segments, distance)
 
 
 @torch.no_grad()
@@ -128,15 +121,10 @@ def compressed_attention_mass(model, tokens: np.ndarray, *, tgt_len: int | None 
     span = resolve_span(model.config, tgt_len=tgt_len, mem_len=mem_len, cmem_len=cmem_len)
     if span.cmem_len == 0:
         raise TxlError("this model is read without a compressed memory (cmem_len 0): there is no attention on it")
-    device = next(model.parameters()).device
-    x_all = data[None, :span.tgt_len * max_segments].to(device)
-    total, count = None, 0
-    with eval_mode(model):
-        for seg in segments(model, x_all, span=span):
-            probs = segment_probabilities(model, seg.inputs, seg.mems, span)
-            _, compressed, _ = split_mems(seg.mems, model.config.n_layer)
-            slots = 0 if compressed is None else compressed[0].size(1)
-            mass = torch.stack([p[..., :slots].sum(-1).sum(-1)[0].double().cpu() for p in probs])  # [L, H]
-            total = mass if total is None else total + mass
-            count += seg.inputs.size(1)
-    return (total / count).numpy()
+
+    def mass(seg, probs: list[torch.Tensor]) -> torch.Tensor:
+        _, compressed, _ = split_mems(seg.mems, model.config.n_layer)
+        slots = 0 if compressed is None else compressed[0].size(1)
+        return torch.stack([p[..., :slots].sum(-1).sum(-1)[0].double().cpu() for p in probs])  # [L, H]
+
+    return _mean_over_queries(model, data, span, max_segments, mass)

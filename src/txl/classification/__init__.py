@@ -3,7 +3,7 @@
 from txl.classification.model import ClassifierOutput, TransformerXLForSequenceClassification
 from txl.config import ClassifierConfig
 from txl.classification.probe import probe_head
-from txl.classification.train import classification_metrics, evaluate_classifier, fit_classifier
+from txl.classification.train import classification_metrics, fit_classifier
 
 __all__ = ["ClassifierConfig", "ClassifierOutput", "TransformerXLForSequenceClassification",
-           "classification_metrics", "evaluate_classifier", "fit_classifier", "probe_head"]
+           "classification_metrics", "fit_classifier", "probe_head"]

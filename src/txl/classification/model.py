@@ -27,7 +27,7 @@ from torch import nn
 from txl.classification.serialization import load_classifier_weights, read_classifier, save_classifier
 from txl.config import CLASSIFIER_NAME, ClassifierConfig, TransformerXLConfig
 from txl.errors import TxlError
-from txl.model.segments import segments
+from txl.model.segments import eval_mode, segments
 from txl.model.parameters import init_weights
 from txl.kernels.int8 import check_trainable
 from txl.model.transformer import TransformerXLLM
@@ -305,16 +305,12 @@ class TransformerXLForSequenceClassification(nn.Module):
             if self.tokenizer is None:
                 raise TxlError("texts need a tokenizer: load with from_pretrained/from_pretrained_lm or pass token ids")
             documents = encode_texts(self.tokenizer, documents, self.classifier.max_tokens)
-        was_training = self.training
-        self.eval()
         device = next(self.parameters()).device
         out = torch.empty(len(documents), self.classifier.num_labels)
-        try:
+        with eval_mode(self):
             for index, ids, lengths in batch_documents(documents, batch_size, self.classifier.max_tokens):
                 logits = self(ids.to(device), lengths.to(device)).logits
                 out[index] = logits.float().softmax(-1).cpu()
-        finally:
-            self.train(was_training)
         return out
 
     @classmethod

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from txl.classification.data import batch_documents
 from txl.errors import TxlError
+from txl.model.segments import eval_mode
 
 C = 1.0  #: the inverse strength of the L2 penalty, per document (scikit-learn's ``C`` of LogisticRegression)
 
@@ -32,15 +33,11 @@ C = 1.0  #: the inverse strength of the L2 penalty, per document (scikit-learn's
 def pooled_vectors(model, docs: Sequence[np.ndarray], batch_size: int = 8) -> torch.Tensor:
     """float64 [N, d_model]: the pooled vector of each document (int64 token ids, cut to ``max_tokens``)
     as ``model`` reads it in evaluation mode, before the standardization; in the order of ``docs``."""
-    was_training = model.training
-    model.eval()
     device = next(model.parameters()).device
     out = torch.empty(len(docs), model.config.d_model, dtype=torch.float64)
-    try:
+    with eval_mode(model):
         for index, ids, lengths in batch_documents(docs, batch_size, model.classifier.max_tokens):
             out[index] = model.encode(ids.to(device), lengths.to(device)).double().cpu()
-    finally:
-        model.train(was_training)
     return out
 
 

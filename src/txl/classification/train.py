@@ -227,11 +227,4 @@ def classification_metrics(y_true: Sequence[int], y_pred: Sequence[int], num_lab
             "n": int(y_true.size), "per_class": per_class, "confusion": confusion.tolist()}
 
 
-def evaluate_classifier(model, docs: Sequence[np.ndarray], labels: Sequence[int], batch_size: int = 8) -> dict:
-    """:func:`classification_metrics` of ``model``'s most probable class on labelled documents."""
-    probs = predict_labels(model, docs, batch_size)
-    return classification_metrics(labels, probs.argmax(1), model.classifier.num_labels)
-
-
-__all__ = ["FitResult", "classification_metrics", "classifier_run", "evaluate_classifier", "fit_classifier",
-           "predict_labels"]
+__all__ = ["FitResult", "classification_metrics", "classifier_run", "fit_classifier", "predict_labels"]

@@ -1,6 +1,6 @@
 """The checks of a ``txl`` command's arguments that run before any work, and before torch is imported:
 finite numbers and integer lists (the argparse ``type`` of float flags, :func:`parse_ints`), input paths
-that must exist (:func:`check_exists`, :func:`check_checkpoint_path`), output files that may be written
+that must exist (:func:`check_exists`), output files that may be written
 (:func:`check_output`), optional packages (:func:`require_installed`), flag values and their ranges
 (:func:`check_shared_flags`, run by :func:`txl.cli.main` for every command, :func:`check_range`,
 :func:`check_min_new_tokens`) and the keys of a JSON Lines input (:func:`check_line_keys`).
@@ -19,7 +19,7 @@ import os
 from typing import Callable
 
 from txl.cli.common import flag_name
-from txl.config import SPAN_MINIMUM
+from txl.config import SPAN_MINIMUM, check_seed, check_threads, check_weights_dtype
 from txl.errors import TxlError, listed, quoted
 
 
@@ -116,16 +116,6 @@ def check_exists(path: str | None, what: str, kind: str | None = None, hint: str
     raise TxlError(f"{what} {path} {problem}" + (f" ({hint})" if hint else ""))
 
 
-def check_checkpoint_path(path: str | None) -> None:
-    """The CHECKPOINT argument names an existing folder (checked before torch is imported; what is
-    inside is checked when it is loaded).
-
-    Raises:
-        TxlError: it does not exist or is a file.
-    """
-    check_exists(path, "checkpoint", kind="folder")
-
-
 def require_installed(*modules: str, message: str) -> None:
     """Refuse, before any work, a command that needs an optional package which is not installed.
 
@@ -173,59 +163,25 @@ def check_range(args: argparse.Namespace, minimum: int, *names: str) -> None:
             raise TxlError(f"{flag_name(args, name)} must be >= {minimum}, got {value}")
 
 
-def check_threads(args: argparse.Namespace) -> None:
-    """A given ``--threads`` lies in ``[0, MAX_THREADS]`` (checked before torch is imported).
-
-    Raises:
-        TxlError: naming the flag and the value.
-    """
-    from txl.config import check_threads as check
-
-    check(getattr(args, "threads", None), flag_name(args, "threads"))
-
-
-def check_seed(args: argparse.Namespace) -> None:
-    """A given ``--seed`` lies in ``[0, SEED_LIMIT)`` (``2**32``), the one rule of every command's seed and of
-    ``train.seed``: what python's, numpy's and torch's seeding all accept.
-
-    Raises:
-        TxlError: out of range, naming the flag.
-    """
-    from txl.config import check_seed as check
-
-    check(getattr(args, "seed", None), flag_name(args, "seed"))
-
-
-def check_weights_dtype(args: argparse.Namespace) -> None:
-    """``--quantize bf16`` computes in bfloat16: it takes ``--dtype`` float32 (the default: the weights' own
-    bfloat16) or bfloat16, never float16 (autocast would hand float16 inputs to bfloat16 weights, which no
-    kernel multiplies). The rule of :func:`txl.config.check_weights_dtype`, checked before loading.
-
-    Raises:
-        TxlError: naming both flags and what to give instead.
-    """
-    from txl.config import check_weights_dtype as check
-
-    if getattr(args, "quantize", None) == "bf16":
-        dtype = flag_name(args, "dtype")
-        check("bfloat16", getattr(args, "dtype", None), f"{flag_name(args, 'quantize')} bf16",
-              f"{dtype} {getattr(args, 'dtype', None)}", f"use {dtype} bfloat16 or float32 (the default)")
-
-
 def check_shared_flags(args: argparse.Namespace) -> None:
     """The flags several commands share, checked by :func:`txl.cli.main` for every command before it runs
-    (torch-free): ``--threads`` (:func:`check_threads`), the attention-span flags (``--tgt-len`` >= 1;
-    ``--mem-len``, ``--clamp-len``, ``--cmem-len`` >= 0), ``--seed`` (:func:`check_seed`) and the pair
-    ``--quantize``/``--dtype`` (:func:`check_weights_dtype`).
+    (torch-free): ``--threads`` in ``[0, MAX_THREADS]``, the attention-span flags (``--tgt-len`` >= 1;
+    ``--mem-len``, ``--clamp-len``, ``--cmem-len`` >= 0), ``--seed`` in ``[0, 2**32)`` and the pair
+    ``--quantize``/``--dtype`` (the rules of :mod:`txl.config`: :func:`~txl.config.check_threads`,
+    :func:`~txl.config.check_seed`, :func:`~txl.config.check_weights_dtype`).
 
     Raises:
         TxlError: the first value out of range, naming the flag as ``--help`` shows it.
     """
-    check_threads(args)
+    check_threads(getattr(args, "threads", None), flag_name(args, "threads"))
     for name, minimum in SPAN_MINIMUM.items():
         check_range(args, minimum, name)
-    check_seed(args)
-    check_weights_dtype(args)
+    check_seed(getattr(args, "seed", None), flag_name(args, "seed"))
+    if getattr(args, "quantize", None) == "bf16":
+        # bf16 weights compute in bfloat16: --dtype float32 (the default) or bfloat16, never float16
+        dtype = flag_name(args, "dtype")
+        check_weights_dtype("bfloat16", getattr(args, "dtype", None), f"{flag_name(args, 'quantize')} bf16",
+                            f"{dtype} {getattr(args, 'dtype', None)}", f"use {dtype} bfloat16 or float32 (the default)")
 
 
 def check_min_new_tokens(args: argparse.Namespace) -> None:

@@ -20,9 +20,10 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from txl.cli.checks import check_checkpoint_path, check_exists, finite_float
+from txl.cli.checks import check_exists, finite_float
 from txl.cli.common import (Command, add_batch_size, add_checkpoint, add_data, add_device, add_dtype, add_option,
                             add_span, flag_name, checkpoint_arg, note_threads, print_notes, underscore)
+from txl.cli.train import launch_ranks
 from txl.config import HEAD_INITS, MODES, POOLINGS, RECURRENCES, ClassifyTrainConfig
 from txl.errors import TxlError, listed
 
@@ -162,7 +163,7 @@ def _check_args(args: argparse.Namespace) -> None:
         raise TxlError("--allow-data-change applies to --resume only")
     if args.resume is None and args.out is None:
         raise TxlError("give --out (a new or empty folder for the run) or --resume RUN_DIR")
-    check_checkpoint_path(args.checkpoint)  # paths too, before torch is imported
+    check_exists(args.checkpoint, "checkpoint", kind="folder")  # paths too, before torch is imported
     check_exists(args.data, "--data")
     if args.valid is not None:
         check_exists(args.valid, "--valid")
@@ -180,27 +181,6 @@ class _Documents:
     train_idx: list[int]
     valid_idx: list[int]
     encoded: list = field(default_factory=list)
-
-
-def _launch_ranks(args: argparse.Namespace) -> int:
-    """Run this command again in ``--nproc`` processes (torchrun), ``--nproc`` left out; returns the exit status.
-
-    Raises:
-        TxlError: ``--nproc`` below 1, not dividing ``--batch-size``, or above the GPUs here.
-    """
-    import torch
-
-    from txl.distributed import launch
-
-    if args.nproc < 1 or args.batch_size % args.nproc:
-        raise TxlError(f"--nproc must be >= 1 and divide --batch-size {args.batch_size}, got {args.nproc}")
-    if args.device in (None, "auto", "cuda") and torch.cuda.is_available() and args.nproc > torch.cuda.device_count():
-        raise TxlError(f"--nproc {args.nproc} exceeds the {torch.cuda.device_count()} GPUs here (one rank per GPU)")
-    argv = getattr(args, "_argv", None)
-    rest = list(sys.argv[1:] if argv is None else argv)
-    keep = [item for i, item in enumerate(rest) if item != "--nproc" and not item.startswith("--nproc=")
-            and not (i and rest[i - 1] == "--nproc")]
-    return launch(args.nproc, keep)
 
 
 def _language_model(args: argparse.Namespace):
@@ -333,7 +313,9 @@ def _train(args: argparse.Namespace) -> int:
         args.resume = str(resume_run_dir(args.resume))
         out = Path(args.resume)
     if args.nproc is not None and "RANK" not in os.environ:  # the same command in N ranks (torchrun)
-        return _launch_ranks(args)
+        if args.nproc < 1 or args.batch_size % args.nproc:
+            raise TxlError(f"--nproc must be >= 1 and divide --batch-size {args.batch_size}, got {args.nproc}")
+        return launch_ranks(args, args.device)
     lm_dir, lm_config, mode = _language_model(args)
     data = _load_documents(args, main_rank)
     docs, names = data.docs, data.names

@@ -7,7 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
-from txl.cli.checks import (check_output, check_range, check_checkpoint_path, check_exists, finite_float,
+from txl.cli.checks import (check_output, check_range, check_exists, finite_float,
                             parse_ints)
 from txl.cli.common import (add_quantize, add_batch_size, add_checkpoint_name, add_data, add_device, add_dtype, add_force, add_json,
                             add_option, add_seed, add_span, emit_json, human_stream, load_checkpoint, model_name, pick,
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``txl eval``; returns the exit status (user errors raise :class:`TxlError`)."""
     _checkpoint(args)
     _check(args)
-    check_checkpoint_path(args.checkpoint)  # arguments and paths before torch is imported
+    check_exists(args.checkpoint, "checkpoint", kind="folder")  # arguments and paths before torch is imported
     check_exists(args.data, "--data")
     sweep = None
     if args.sweep_mem is not None:
@@ -212,9 +212,10 @@ def run(args: argparse.Namespace) -> int:
 def _eval_pairs(args, ckpt, split, e) -> int:
     """``txl eval`` of a fine-tuned run without ``--data``: the completion metric on its pairs' ``split``
     (mean loss per completion token, the number ``txl finetune`` reports), not the raw JSON Lines as text."""
-    from txl.data.pairs import find_markers, pair_splits
+    from txl.config import resolve_span
+    from txl.data.pairs import encode_pair, find_markers, pair_splits
+    from txl.evaluation.completions import evaluate_completions
     from txl.evaluation.stream import metric_unit
-    from txl.training.finetune import encode_pairs, evaluate_pairs
 
     flags = [flag for flag, on in (("--dynamic", args.dynamic), ("--sweep-mem", args.sweep_mem is not None),
                                    ("--sliding-window", args.sliding_window is not None), ("--warmup", args.warmup),
@@ -229,11 +230,12 @@ def _eval_pairs(args, ckpt, split, e) -> int:
         raise TxlError(f"{err} (the run's pairs; pass --data FILE to evaluate text)") from None
     if not pairs:
         raise TxlError(f"the {split} split of the run's pairs is empty; use --split valid or --data FILE")
-    rows = encode_pairs(ckpt.tokenizer, find_markers(ckpt.tokenizer), pairs, ckpt.run.finetune.max_prompt_tokens)
+    markers = find_markers(ckpt.tokenizer)
+    rows = [encode_pair(ckpt.tokenizer, markers, pair, ckpt.run.finetune.max_prompt_tokens) for pair in pairs]
     print_notes(args)  # which checkpoint (the input has passed its checks)
-    res = evaluate_pairs(ckpt.model, rows, unit=metric_unit(ckpt.tokenizer.kind),
-                         batch_size=args.batch_size or e.batch_size, dtype=args.dtype, progress=not args.quiet,
-                         **span_args(args, e))
+    span = resolve_span(ckpt.model.config, **span_args(args, e))  # cmem_len too
+    res = evaluate_completions(ckpt.model, rows, span=span, unit=metric_unit(ckpt.tokenizer.kind),
+                               batch_size=args.batch_size or e.batch_size, dtype=args.dtype, progress=not args.quiet)
     where = f"{split} pairs of the run (completion tokens)"
     if args.json != "-":
         print(f"{where}: {res}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from txl.cli.checks import check_checkpoint_path, check_range
+from txl.cli.checks import check_exists, check_range
 from txl.cli.common import (add_checkpoint, add_checkpoint_name, add_option, add_span, add_threads, load_checkpoint,
                             print_notes)
 
@@ -36,9 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``txl export``."""
-    check_checkpoint_path(args.checkpoint)  # before torch is imported
-    check_range(args, 1, "tgt_len", "mem_len")
-    check_range(args, 0, "clamp_len")
+    check_exists(args.checkpoint, "checkpoint", kind="folder")  # before torch is imported
+    check_range(args, 1, "mem_len")  # stricter than every command's >= 0 (txl.cli.checks.check_shared_flags)
     from txl.fileio import check_output_folder
 
     check_output_folder(args.out, flag="OUT", empty=True, inputs=[args.checkpoint])  # before the model is loaded

@@ -10,7 +10,7 @@ import argparse
 
 from txl.cli.checks import check_exists
 from txl.cli.common import add_batch_size, add_data, add_device, add_dtype, add_option, add_seed, add_span, underscore
-from txl.cli.train import add_allow_data_change
+from txl.cli.train import add_run_flags, check_allow_data_change, check_run_args, resumed_config, run_training
 from txl.errors import TxlError
 
 NAME = "finetune"
@@ -46,19 +46,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_dtype(p, default=None)
     add_batch_size(p, text="examples per step (default 8)")
     add_seed(p, text="train.seed", unset="1234")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped fine-tuning run from its last/ checkpoint")
-    p.add_argument("--allow-config-change", action="store_true",
-                   help="with --resume: accept KEY=VALUE overrides that change the saved config")
-    add_allow_data_change(p)
-    p.add_argument("--nproc", type=int, default=None, metavar="N",
-                   help="train in N processes on this machine (runs torchrun; one per GPU, or gloo on CPU)")
+    add_run_flags(p, "continue a stopped fine-tuning run from its last/ checkpoint")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``txl finetune``; returns the exit status (user errors raise :class:`TxlError`)."""
-    from txl.cli.train import _launch, _report, check_allow_data_change, check_run_args, resumed_config
-
     check_allow_data_change(args)
     for item in args.overrides:
         if "=" not in item:
@@ -67,25 +59,14 @@ def run(args: argparse.Namespace) -> int:
     check_exists(args.init, "--init", kind="folder")
     check_exists(args.data, "--data", kind="file")
     flags = [f"{field}={getattr(args, dest)}" for dest, field in _OVERRIDES.items() if getattr(args, dest) is not None]
+    overrides = [*args.overrides, *flags]
     if args.resume:
         if args.init or args.data or args.config or args.out:
             raise TxlError("--resume continues a run with its saved config: give no --init, --data, --config or --out")
-        overrides = [*args.overrides, *flags]
-        if overrides and not args.allow_config_change:
-            raise TxlError("--resume continues a run with its saved config; to change it anyway (e.g. "
-                           "train.max_steps=...), add --allow-config-change")
-        args.resume, saved, run_config = resumed_config(args.resume, overrides)
+        args.resume, saved, run_config = resumed_config(args.resume, overrides, args.allow_config_change)
         if "finetune" not in saved:
             raise TxlError(f"{args.resume} is a language-model run, not a fine-tuning run; continue it with "
                            f"txl train --resume {args.resume}")
-        from txl.training.resume import saved_step
-
-        done = saved_step(args.resume)
-        if not overrides and done is not None and done >= run_config.train.max_steps:
-            print(f"{args.resume} is already complete at step {done} (train.max_steps={run_config.train.max_steps}); "
-                  f"nothing to train. To train longer: txl finetune --resume {args.resume} --allow-config-change "
-                  "train.max_steps=N")
-            return 0
     else:
         if not args.init:
             raise TxlError("give the language model to start from: --init LM_RUN")
@@ -96,12 +77,5 @@ def run(args: argparse.Namespace) -> int:
         from txl.training.finetune import finetune_config
 
         run_config = finetune_config(args.init, args.data, out_dir=args.out, config=args.config,
-                                     overrides=[*args.overrides, *flags])
-    if args.threads is not None:  # how this process runs, not what it trains: allowed with --resume too
-        run_config.train.threads = args.threads
-    if args.nproc is not None:
-        return _launch(args, getattr(args, "_argv", None), run_config)
-    from txl.training.loop import train
-
-    return _report(train(run_config, progress=not args.quiet, resume=bool(args.resume),
-                         allow_data_change=args.allow_data_change), run_config)
+                                     overrides=overrides)
+    return run_training(args, run_config, NAME, changed=bool(overrides))

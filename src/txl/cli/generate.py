@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from txl.cli.checks import (check_checkpoint_path, check_exists, check_line_keys, check_min_new_tokens, check_range,
+from txl.cli.checks import (check_exists, check_line_keys, check_min_new_tokens, check_range,
                             finite_float)
 from txl.cli.common import (add_quantize, add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_option,
                             add_seed, add_span, decoding_rules, load_checkpoint, print_notes, underscore)
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
                          ("--quantize bf16", args.quantize == "bf16")):
             if on:
                 raise TxlError(f"--compile does not take {flag} yet; drop one of them")
-    check_checkpoint_path(args.checkpoint)
+    check_exists(args.checkpoint, "checkpoint", kind="folder")
     check_exists(args.prompt_file, "prompt file", kind="file")
     check_exists(args.input, "prompts file", kind="file")
     from txl.generation import StopText

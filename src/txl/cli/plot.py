@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from txl.cli.checks import check_checkpoint_path, check_exists, check_output
+from txl.cli.checks import check_exists, check_output
 from txl.cli.common import add_data, add_device, add_force, add_span, load_checkpoint, note_threads, print_notes
 from txl.errors import TxlError, counted
 
@@ -79,11 +79,7 @@ def _attention(args: argparse.Namespace, checkpoint: str) -> int:
         raise TxlError("--attention needs the text to read: give --text TEXT or --data FILE")
     if args.max_segments < 1:
         raise TxlError(f"--max-segments must be >= 1, got {args.max_segments}")
-    if args.mem_len is not None and args.mem_len < 0:
-        raise TxlError(f"--mem-len must be >= 0, got {args.mem_len}")
-    if args.cmem_len is not None and args.cmem_len < 0:
-        raise TxlError(f"--cmem-len must be >= 0, got {args.cmem_len}")
-    check_checkpoint_path(checkpoint)
+    check_exists(checkpoint, "checkpoint", kind="folder")
     check_exists(args.data, "--data", kind="file")
     if args.data:  # bytes now, text once the tokenizer is known (decode_file_text)
         from txl.fileio import read_bytes

@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from txl.cli.checks import check_checkpoint_path, check_exists, check_output, check_range
+from txl.cli.checks import check_exists, check_output, check_range
 from txl.cli.common import (add_quantize, add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_force,
                             add_option, add_span, checkpoint_arg, load_checkpoint, print_notes, span_args)
 from txl.errors import TxlError
@@ -167,9 +167,8 @@ def run(args: argparse.Namespace) -> int:
     checkpoint_arg(args, rest="files")
     if not args.files:
         raise TxlError("give at least one FILE to score after the CHECKPOINT")
-    check_range(args, 1, "batch_size", "tgt_len")
-    check_range(args, 0, "mem_len", "cmem_len")
-    check_checkpoint_path(args.checkpoint)  # arguments and paths before torch is imported
+    check_range(args, 1, "batch_size")  # the span flags: txl.cli.checks.check_shared_flags
+    check_exists(args.checkpoint, "checkpoint", kind="folder")  # arguments and paths before torch is imported
     for item in args.files:
         check_exists(item, "input")
     check_output(args, args.out, [args.checkpoint, *args.files])

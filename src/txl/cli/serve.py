@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 
-from txl.cli.checks import check_range, check_checkpoint_path, finite_float, require_installed
+from txl.cli.checks import check_range, check_exists, finite_float, require_installed
 from txl.cli.common import (add_quantize, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_span, load_checkpoint,
                             model_name, print_notes, span_args)
 from txl.errors import TxlError
@@ -71,9 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``txl serve`` until SIGTERM or SIGINT; returns the exit status."""
-    check_range(args, 1, "tgt_len", "max_sessions", "max_request_bytes", "max_request_tokens",
-                "max_concurrent_requests")
-    check_range(args, 0, "mem_len", "clamp_len", "cmem_len", "max_tokens", "port", "max_pending_bytes")
+    # the span flags: txl.cli.checks.check_shared_flags
+    check_range(args, 1, "max_sessions", "max_request_bytes", "max_request_tokens", "max_concurrent_requests")
+    check_range(args, 0, "max_tokens", "port", "max_pending_bytes")
     if args.port > 65535:
         raise TxlError(f"--port must be in [0, 65535], got {args.port}")
     if not args.idle_timeout > 0:
@@ -87,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
                          ("--quantize bf16", args.quantize == "bf16")):
             if on:
                 raise TxlError(f"--compile does not take {flag} yet; drop one of them")
-    check_checkpoint_path(args.checkpoint)  # the arguments, the path and the optional packages before torch
+    # the arguments, the path and the optional packages before torch
+    check_exists(args.checkpoint, "checkpoint", kind="folder")
     require_installed("fastapi", "uvicorn", message="txl serve needs FastAPI and uvicorn: in the txl folder, "
                                                     ".venv/bin/python -m pip install -e '.[serve]' (or pip install "
                                                     "fastapi uvicorn)")

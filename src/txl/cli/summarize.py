@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from txl.cli.checks import (check_min_new_tokens, check_output, check_checkpoint_path, finite_float,
+from txl.cli.checks import (check_min_new_tokens, check_output, check_exists, finite_float,
                             require_installed)
 from txl.cli.common import (add_quantize, add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_force,
                             add_json, add_option, add_seed, add_span, decoding_rules, load_checkpoint, print_notes, underscore,
@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
         from txl.evaluation.rouge import ROUGE_MISSING
 
         require_installed("rouge_score", message=ROUGE_MISSING)
-    check_checkpoint_path(args.checkpoint)
+    check_exists(args.checkpoint, "checkpoint", kind="folder")
     check_output(args, args.out, inputs=[args.checkpoint, *args.inputs])
     check_output(args, args.json, inputs=[args.checkpoint, *args.inputs], flag="--json")
     docs = read_inputs(args.inputs)

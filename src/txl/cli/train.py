@@ -37,14 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_batch_size(p, text="train.batch_size")
     add_seed(p, text="train.seed", unset="the config's train.seed, 1234 unless set")
     p.set_defaults(seed=None)
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its last/ checkpoint (give the "
-                   "run folder; RUN_DIR/last is accepted too)")
-    p.add_argument("--allow-config-change", action="store_true",
-                   help="with --resume: accept KEY=VALUE overrides that change the saved config")
-    add_allow_data_change(p)
-    p.add_argument("--nproc", type=int, default=None, metavar="N",
-                   help="train in N processes on this machine (runs torchrun; one per GPU, or gloo on CPU)")
+    add_run_flags(p, "continue a stopped run from its last/ checkpoint (give the run folder; RUN_DIR/last is "
+                     "accepted too)")
     p.add_argument("--log", action="append", choices=["tensorboard"], metavar="NAME",
                    help="also write the metric rows as TensorBoard event files under OUT/tensorboard (train.log; "
                         "needs the tensorboard package: pip install -e '.[log]' in the txl folder)")
@@ -54,11 +48,18 @@ TENSORBOARD_HINT = ("train.log tensorboard needs the tensorboard package: in the
                     ".venv/bin/python -m pip install -e '.[log]' (or pip install tensorboard)")
 
 
-def add_allow_data_change(p: argparse.ArgumentParser) -> None:
-    """``--allow-data-change`` (``txl train`` and ``txl finetune``)."""
+def add_run_flags(p: argparse.ArgumentParser, resume_text: str) -> None:
+    """The flags of a training run that ``txl train`` and ``txl finetune`` share: ``--quiet``, ``--resume``
+    (its help: ``resume_text``), ``--allow-config-change``, ``--allow-data-change`` and ``--nproc``."""
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument("--resume", metavar="RUN_DIR", help=resume_text)
+    p.add_argument("--allow-config-change", action="store_true",
+                   help="with --resume: accept KEY=VALUE overrides that change the saved config")
     p.add_argument("--allow-data-change", action="store_true",
                    help="with --resume: continue although the data (token splits, or pairs files) differ from "
                         "those the checkpoint was trained on (size and sha256 are compared; refused otherwise)")
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="train in N processes on this machine (runs torchrun; one per GPU, or gloo on CPU)")
 
 
 def check_allow_data_change(args: argparse.Namespace) -> None:
@@ -89,10 +90,7 @@ def run(args: argparse.Namespace) -> int:
             raise TxlError("--resume continues a run with its saved config: give no DATA, --config, --out or "
                            "--tokenizer")
         overrides += flags
-        if overrides and not args.allow_config_change:
-            raise TxlError("--resume continues a run with its saved config; to change it anyway (e.g. "
-                           "train.max_steps=...), add --allow-config-change")
-        args.resume, saved, run_config = resumed_config(args.resume, overrides)
+        args.resume, saved, run_config = resumed_config(args.resume, overrides, args.allow_config_change)
     else:
         if paths:
             overrides.append(f"data.path={paths[0]}")
@@ -103,21 +101,30 @@ def run(args: argparse.Namespace) -> int:
         from txl.config import load_run_config  # torch: once the arguments are checked
 
         run_config = load_run_config(args.config, overrides + flags)
-    if args.threads is not None:  # how this process runs, not what it trains: allowed with --resume too
-        run_config.train.threads = args.threads
     if "tensorboard" in run_config.train.log:
         require_installed("tensorboard", message=TENSORBOARD_HINT)
-    if args.resume and not overrides:  # with changes, train() checks them first (then reports the same)
+    return run_training(args, run_config, NAME, changed=bool(overrides))
+
+
+def run_training(args: argparse.Namespace, run_config, command: str, changed: bool) -> int:
+    """The end of ``txl {command}`` (``train``, ``finetune``) once ``run_config`` is built: ``--threads`` set on
+    it; a ``--resume`` without ``changed`` settings of a run already at ``train.max_steps`` said so, nothing
+    trained (with changes, the training loop checks them first); else the run, in ``--nproc`` ranks
+    (:func:`_launch`) or here, reported by :func:`_report`. Returns the exit status; what the launch or the
+    training loop refuses raises :class:`TxlError`."""
+    if args.threads is not None:  # how this process runs, not what it trains: allowed with --resume too
+        run_config.train.threads = args.threads
+    if args.resume and not changed:
         from txl.training.resume import saved_step
 
         done = saved_step(args.resume)
         if done is not None and done >= run_config.train.max_steps:
             print(f"{args.resume} is already complete at step {done} (train.max_steps={run_config.train.max_steps}); "
-                  f"nothing to train. To train longer: txl train --resume {args.resume} --allow-config-change "
+                  f"nothing to train. To train longer: txl {command} --resume {args.resume} --allow-config-change "
                   "train.max_steps=N")
             return 0
     if args.nproc is not None:
-        return _launch(args, getattr(args, "_argv", None), run_config)
+        return _launch(args, run_config)
     from txl.training.loop import train
 
     return _report(train(run_config, progress=not args.quiet, resume=bool(args.resume),
@@ -131,21 +138,18 @@ def check_run_args(args: argparse.Namespace, data: str | None) -> None:
     Raises:
         TxlError: a number out of range, or a missing DATA, ``--config`` or ``--resume`` path.
     """
-    check_range(args, 1, "nproc", "batch_size", "tgt_len")
-    check_range(args, 0, "mem_len", "grad_segments", "max_prompt_tokens")
+    check_range(args, 1, "nproc", "batch_size")  # the span flags: txl.cli.checks.check_shared_flags
+    check_range(args, 0, "grad_segments", "max_prompt_tokens")
     check_exists(data, "corpus path")
     check_exists(args.config, "config file", kind="file")
     check_exists(args.resume, "--resume", kind="folder")
 
 
-def _launch(args: argparse.Namespace, argv: list[str] | None, run) -> int:
-    """``txl train --nproc N ...``: check what can be checked here, then run the same command in N ranks."""
-    from txl.distributed import launch
-
+def _launch(args: argparse.Namespace, run) -> int:
+    """``txl train --nproc N ...`` (``--nproc`` >= 1, checked by :func:`check_run_args`): check what can be
+    checked here, then run the same command in N ranks."""
     run.check()
     t = run.train
-    if args.nproc < 1:
-        raise TxlError(f"--nproc must be >= 1, got {args.nproc}")
     if t.batch_size % (args.nproc * t.grad_accum_steps):
         raise TxlError(f"train.batch_size {t.batch_size} must divide into {args.nproc} ranks × train.grad_accum_steps "
                        f"{t.grad_accum_steps} equal pieces")
@@ -153,19 +157,28 @@ def _launch(args: argparse.Namespace, argv: list[str] | None, run) -> int:
         from txl.training.runlog import check_new_run_folder
 
         check_new_run_folder(Path(t.out_dir))
+    return launch_ranks(args, t.device)
+
+
+def launch_ranks(args: argparse.Namespace, device: str | None) -> int:
+    """Run this command again in ``--nproc`` processes (torchrun) with every ``--nproc N``/``--nproc=N`` left
+    out of its arguments (``args._argv``, else ``sys.argv``); returns the exit status. ``device`` is the
+    ranks' (None, ``auto`` or ``cuda``: one GPU each when CUDA is available).
+
+    Raises:
+        TxlError: more ranks than the GPUs here.
+    """
     import torch
 
-    if t.device in ("auto", "cuda") and torch.cuda.is_available() and args.nproc > torch.cuda.device_count():
+    from txl.distributed import launch
+
+    if device in (None, "auto", "cuda") and torch.cuda.is_available() and args.nproc > torch.cuda.device_count():
         raise TxlError(f"--nproc {args.nproc} exceeds the {torch.cuda.device_count()} GPUs here (one rank per GPU)")
+    argv = getattr(args, "_argv", None)
     rest = list(sys.argv[1:] if argv is None else argv)
-    for i, item in enumerate(rest):  # drop --nproc N / --nproc=N, keep everything else as given
-        if item == "--nproc":
-            del rest[i:i + 2]
-            break
-        if item.startswith("--nproc="):
-            del rest[i]
-            break
-    return launch(args.nproc, rest)
+    keep = [item for i, item in enumerate(rest) if item != "--nproc" and not item.startswith("--nproc=")
+            and not (i and rest[i - 1] == "--nproc")]
+    return launch(args.nproc, keep)
 
 
 def _report(result, run) -> int:
@@ -196,16 +209,18 @@ def _report(result, run) -> int:
     return 0
 
 
-
-
-def resumed_config(resume: str, overrides: list[str]):
+def resumed_config(resume: str, overrides: list[str], allow_change: bool):
     """The run folder named by ``--resume`` (``RUN/last`` stands for ``RUN``), its saved ``run.json``
     as a dict, and the :class:`~txl.config.RunConfig` it holds with ``overrides`` applied
     and its output folder set to the run.
 
     Raises:
-        TxlError: no run there, an unreadable ``run.json``, or a bad override.
+        TxlError: ``overrides`` without ``allow_change`` (``--allow-config-change``), no run there, an
+            unreadable ``run.json``, or a bad override.
     """
+    if overrides and not allow_change:
+        raise TxlError("--resume continues a run with its saved config; to change it anyway (e.g. "
+                       "train.max_steps=...), add --allow-config-change")
     from txl.config import CLASSIFIER_NAME, RUN_NAME
     from txl.fileio import read_json_object
     from txl.training.checkpoint import resume_run_dir

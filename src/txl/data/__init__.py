@@ -2,7 +2,6 @@
 
 from txl.data.corpus import (
     CorpusSplits,
-    build_tokenizer,
     default_corpus_files,
     encode_corpus,
     load_bytes,
@@ -39,7 +38,6 @@ __all__ = [
     "LMShuffledIterator",
     "Tokenizer",
     "WordTokenizer",
-    "build_tokenizer",
     "dataset_info",
     "decode_utf8",
     "default_corpus_files",

@@ -1,10 +1,11 @@
-"""Corpus loading: find files, tokenize them (with an optional .npy cache) and split them.
+"""Corpus loading: find files, tokenize them (through a .npy token cache) and split them.
 
 The training loop calls :func:`load_corpus`; the other functions are its building blocks.
 Token arrays are 1-D numpy arrays of the narrowest dtype that holds the vocabulary
-(see :func:`token_dtype`). With a cache folder the token array is written there once and read
-back memory-mapped (:mod:`txl.data.token_cache`): a split is a view of the file, and only the
-segments a reader takes come into memory (:class:`~txl.data.iterators.LMOrderedIterator`). Byte
+(see :func:`token_dtype`). The token array is written into the cache folder once and read back
+memory-mapped (:mod:`txl.data.token_cache`): a split is a view of the file, and only the segments a
+reader takes come into memory (:class:`~txl.data.iterators.LMOrderedIterator`). Without a cache
+folder the same is done in a temporary one, and the arrays come back in memory. Byte
 text is copied into the cache in chunks, char, word and BPE text counted and encoded chunk by chunk
 (:mod:`txl.data.streaming`), so neither writing nor reading holds the corpus in memory. Where the
 splits are cut: :mod:`txl.data.splits`.
@@ -13,8 +14,9 @@ splits are cut: :mod:`txl.data.splits`.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -22,19 +24,16 @@ import numpy as np
 from txl.config import check_split
 from txl.data.datasets import dataset_info
 from txl.data.splits import SPLITS, _check_sizes, _split_fix, line_cuts, split_files, split_tokens
-from txl.data.streaming import decode_part, read_range, span_of
-from txl.data.token_cache import (BPE_DEFAULT_VOCAB, cached, copied, file_hashes, fingerprint, streamed,
-                                  read_index, streamed_vocabulary)
-from txl.data.tokenizers import (
-    TOKENIZER_KINDS, ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer, decode_utf8,
-)
-from txl.data.files import _file_size, _read, _read_text, default_corpus_files, load_bytes, read_corpus_files
+from txl.data.streaming import read_range, span_of
+from txl.data.token_cache import cached, copied, file_hashes, fingerprint, read_index, streamed, streamed_vocabulary
+from txl.data.tokenizers import TOKENIZER_KINDS, ByteTokenizer, Tokenizer, WordTokenizer
+from txl.data.files import _file_size, _read_text, default_corpus_files, load_bytes, read_corpus_files
 from txl.errors import TxlError
 from txl.fileio import path_inside
 from txl.runtime import default_cache_dir
 
 __all__ = [
-    "CorpusSplits", "build_tokenizer", "default_corpus_files", "encode_corpus", "load_bytes",
+    "CorpusSplits", "default_corpus_files", "encode_corpus", "load_bytes",
     "load_corpus", "read_corpus_files", "split_tokens", "token_dtype",
 ]
 
@@ -60,27 +59,17 @@ def encode_corpus(files: Sequence[PathLike], tokenizer: Tokenizer, cache_dir: Pa
     (``np.memmap``). Byte-level text goes into the cache in chunks, and char, word and BPE text
     is encoded chunk by chunk (:func:`txl.data.streaming.encode_to_file`, by ``workers`` processes,
     with a progress bar on stderr when ``progress``): a corpus larger than memory is written and
-    read without being held.
+    read without being held. A tokenizer of the caller's own kind encodes the whole text at once.
+    Without ``cache_dir`` the same is done in a temporary folder and the array comes back in memory.
 
     Raises :class:`TxlError` for unreadable files, non-UTF-8 files (char/word tokenizers; the
     message names the file and byte offset), unknown characters, or an unwritable cache.
     """
+    if cache_dir is None:
+        with tempfile.TemporaryDirectory(prefix="txl-cache-") as tmp:
+            return np.array(encode_corpus(files, tokenizer, tmp, workers=workers, progress=progress))
     paths = [Path(f) for f in files]
     dtype = token_dtype(tokenizer.vocab_size)
-
-    def compute() -> np.ndarray:
-        datas = [_read(p) for p in paths]
-        if isinstance(tokenizer, ByteTokenizer):
-            return np.frombuffer(b"".join(datas), dtype=np.uint8).copy()
-        text = "".join(decode_utf8(d, f"corpus file {p}", tokenizer.kind) for p, d in zip(paths, datas))
-        del datas
-        try:
-            return tokenizer.encode(text).astype(dtype)
-        except TxlError as e:
-            raise TxlError(f"corpus {paths[0] if len(paths) == 1 else paths[0].parent}: {e}") from None
-
-    if cache_dir is None:
-        return compute()
     hashes = file_hashes(paths, cache_dir)
     key = fingerprint(tokenizer, hashes, None)
     if isinstance(tokenizer, ByteTokenizer):
@@ -88,41 +77,15 @@ def encode_corpus(files: Sequence[PathLike], tokenizer: Tokenizer, cache_dir: Pa
     if tokenizer.kind in TOKENIZER_KINDS:
         return streamed(cache_dir, key, dtype, span_of(paths, 0, sum(_file_size(p) for p in paths)), tokenizer,
                         workers, progress, hashes)
-    return cached(cache_dir, key, dtype, compute)  # a tokenizer of the caller's own kind: encoded in memory
 
+    def compute() -> np.ndarray:  # a tokenizer of the caller's own kind: encoded in memory
+        text = _read_text(paths, tokenizer.kind)
+        try:
+            return tokenizer.encode(text).astype(dtype)
+        except TxlError as e:
+            raise TxlError(f"corpus {paths[0] if len(paths) == 1 else paths[0].parent}: {e}") from None
 
-def build_tokenizer(
-    kind: str,
-    text: str | None = None,
-    *,
-    min_freq: int = 1,
-    max_size: int | None = None,
-    lower: bool = False,
-    normalize: str = "none",
-) -> Tokenizer:
-    """Make a tokenizer of ``kind`` (``"byte"``, ``"char"``, ``"word"`` or ``"bpe"``).
-
-    ``text`` is the text the vocabulary comes from (ignored for ``"byte"``): callers pass the
-    whole corpus for ``"char"`` and the train text for ``"word"`` and ``"bpe"``. ``min_freq``,
-    ``max_size``, ``lower`` and ``normalize`` apply to ``"word"`` (see
-    :meth:`WordTokenizer.build`); for ``"bpe"``, ``max_size`` is the vocabulary size (default
-    :data:`BPE_DEFAULT_VOCAB`) and ``min_freq`` the minimum pair count of a merge.
-
-    Raises :class:`TxlError` for an unknown kind or missing/empty text.
-    """
-    if kind not in TOKENIZER_KINDS:
-        raise TxlError(f"unknown tokenizer {kind!r}; choose one of {', '.join(TOKENIZER_KINDS)}")
-    if kind == "byte":
-        return ByteTokenizer()
-    if not text:
-        raise TxlError(f"cannot build a {kind} vocabulary from empty text; give a non-empty corpus")
-    if kind == "char":
-        return CharTokenizer.build(text)
-    if kind == "bpe":
-        from txl.data.tokenizers.bpe import BPETokenizer
-
-        return BPETokenizer.build([text], vocab_size=max_size or BPE_DEFAULT_VOCAB, min_frequency=min_freq)
-    return WordTokenizer.build([text], min_freq=min_freq, max_size=max_size, lower=lower, normalize=normalize)
+    return cached(cache_dir, key, dtype, compute)
 
 
 @dataclass
@@ -206,52 +169,49 @@ def _describe(label: str, files: Sequence[Path]) -> str:
     return f"{label} {what} ({_human_size(size)})"
 
 
-def _line_fraction_splits(
-    files: list[Path],
-    kind: str,
-    tok: Tokenizer | None,
-    fr: tuple[float, float, float],
-    opts: dict,
-) -> tuple[Tokenizer, dict[str, np.ndarray]]:
-    """Word/bpe with fractions, held in memory (no cache folder): split the text at line starts, vocab
-    from train, encode parts."""
-    datas = [_read(f) for f in files]
-    for f, d in zip(files, datas):
-        decode_utf8(d, f"corpus file {f}", kind)  # error naming the file, before splitting
-    data = b"".join(datas)
-    b1, b2 = line_cuts(lambda lo, hi: data[lo:hi], len(data), fr)
-    bounds = dict(zip(SPLITS, ((0, b1), (b1, b2), (b2, len(data)))))
-    starts = np.cumsum([0] + [len(d) for d in datas]).tolist()  # where each file starts in ``data``
-    texts = {name: "".join(decode_part(data[max(lo, a):min(hi, b)], lo <= a, kind)  # each file on its own
-                           for a, b in zip(starts, starts[1:]) if max(lo, a) < min(hi, b))
-             for name, (lo, hi) in bounds.items()}
-    tokenizer = tok if tok is not None else build_tokenizer(kind, texts["train"], **opts)
-    dtype = token_dtype(tokenizer.vocab_size)
-    return tokenizer, {name: tokenizer.encode(texts[name]).astype(dtype) for name in SPLITS}
+@dataclass(frozen=True)
+class _Loading:
+    """What every loader takes from :func:`load_corpus`: the tokenizer ``kind``, the caller's tokenizer
+    ``tok`` (None: a new vocabulary is built), the vocabulary options ``opts``, the token cache folder, and
+    the ``workers`` and ``progress`` bars of the encoding."""
+
+    kind: str
+    tok: Tokenizer | None
+    opts: dict
+    cache_dir: PathLike
+    workers: int
+    progress: bool
+
+    def encode(self, files: Sequence[Path], tok: Tokenizer) -> np.ndarray:
+        """:func:`encode_corpus` of ``files`` with this load's cache folder, workers and progress."""
+        return encode_corpus(files, tok, self.cache_dir, workers=self.workers, progress=self.progress)
+
+    def vocabulary(self, files: list[Path]) -> Tokenizer:
+        """A new char, word or BPE vocabulary from the text of ``files``, counted chunk by chunk into the
+        cache folder (char takes no options)."""
+        return streamed_vocabulary(self.kind, span_of(files, 0, sum(_file_size(f) for f in files)),
+                                   self.opts if self.kind != "char" else {}, file_hashes(files, self.cache_dir), {},
+                                   self.cache_dir, self.progress)
 
 
-def _streamed_fraction_splits(
-    files: list[Path],
-    kind: str,
-    tok: Tokenizer | None,
-    fr: tuple[float, float, float],
-    opts: dict,
-    cache_dir: PathLike,
-    stream: tuple[int, bool] = (1, False),
-) -> tuple[Tokenizer, dict[str, np.ndarray]]:
-    """:func:`_line_fraction_splits` read chunk by chunk: the same line starts, vocabulary and ids, each
-    split encoded into its cache file and memory-mapped, never the whole text in memory."""
+def _line_fraction_splits(files: list[Path], fr: tuple[float, float, float],
+                          how: _Loading) -> tuple[Tokenizer, dict[str, np.ndarray]]:
+    """Word/BPE with fractions: the text cut at the line starts nearest the byte fractions, the vocabulary
+    from the train text, each split encoded into its cache file and memory-mapped; all of it read chunk by
+    chunk, never the whole text in memory."""
     total = sum(_file_size(f) for f in files)
     b1, b2 = line_cuts(lambda lo, hi: read_range(files, lo, hi), total, fr)
     spans = dict(zip(SPLITS, (span_of(files, 0, b1), span_of(files, b1, b2), span_of(files, b2, total))))
-    hashes = file_hashes(files, cache_dir)
+    hashes = file_hashes(files, how.cache_dir)
+    tok = how.tok
     if tok is None:
         if not b1:
-            raise TxlError(f"cannot build a {kind} vocabulary from empty text; give a non-empty corpus")
-        tok = streamed_vocabulary(kind, spans["train"], opts, hashes, {"split": list(fr)}, cache_dir, stream[1])
+            raise TxlError(f"cannot build a {how.kind} vocabulary from empty text; give a non-empty corpus")
+        tok = streamed_vocabulary(how.kind, spans["train"], how.opts, hashes, {"split": list(fr)}, how.cache_dir,
+                                  how.progress)
     dtype = token_dtype(tok.vocab_size)
-    parts = {name: streamed(cache_dir, fingerprint(tok, hashes, {"part": name, "split": list(fr)}), dtype,
-                             spans[name], tok, *stream, hashes) for name in SPLITS}
+    parts = {name: streamed(how.cache_dir, fingerprint(tok, hashes, {"part": name, "split": list(fr)}), dtype,
+                             spans[name], tok, how.workers, how.progress, hashes) for name in SPLITS}
     return tok, parts
 
 
@@ -291,11 +251,13 @@ def load_corpus(
 
     Tokenizer: ``tokenizer_obj`` if given (``tokenizer`` is then ignored), else a new
     ``tokenizer`` kind: byte needs no data, char is built from all the text, word and bpe from
-    the train text only (word: ``min_freq``, ``max_size``, ``lower``, ``normalize``; bpe:
-    ``max_size`` = vocabulary size, ``min_freq``; see :func:`build_tokenizer`). ``cache_dir``
-    caches token arrays, read back memory-mapped; with it, byte text is copied and char, word and BPE
+    the train text only (word: ``min_freq``, ``max_size``, ``lower``, ``normalize``, see
+    :meth:`WordTokenizer.build`; bpe: ``max_size`` = vocabulary size, default
+    :data:`~txl.data.token_cache.BPE_DEFAULT_VOCAB`, ``min_freq`` the minimum pair count of a merge).
+    ``cache_dir`` caches token arrays, read back memory-mapped; byte text is copied and char, word and BPE
     text counted and encoded chunk by chunk (``workers`` processes encode; ``progress``: bars on stderr),
-    so a corpus larger than memory loads (:mod:`txl.data.streaming`).
+    so a corpus larger than memory loads (:mod:`txl.data.streaming`). Without ``cache_dir`` the same load
+    goes through a temporary folder, and the arrays come back in memory.
 
     Raises :class:`TxlError` for: both ``path`` and split files, ``train`` without ``valid`` (or
     the reverse), missing/empty/unreadable files, non-UTF-8 text for char/word, unknown
@@ -307,6 +269,18 @@ def load_corpus(
     if kind not in TOKENIZER_KINDS:
         raise TxlError(f"unknown tokenizer {kind!r}; choose one of {', '.join(TOKENIZER_KINDS)}")
     opts = {"min_freq": min_freq, "max_size": max_size, "lower": lower, "normalize": normalize}
+    how = _Loading(kind, tokenizer_obj, opts, cache_dir, workers, progress)
+    if cache_dir is not None:
+        return _load_from(how, path, train, valid, test, split, pattern, split_by)
+    with tempfile.TemporaryDirectory(prefix="txl-cache-") as tmp:  # the same load, its arrays then held in memory
+        corpus = _load_from(replace(how, cache_dir=tmp), path, train, valid, test, split, pattern, split_by)
+        return replace(corpus, train=np.array(corpus.train), valid=np.array(corpus.valid),
+                       test=np.array(corpus.test), on_disk={})
+
+
+def _load_from(how: _Loading, path: PathLike | None, train: PathLike | None, valid: PathLike | None,
+               test: PathLike | None, split: Sequence[float], pattern: str, split_by: str) -> CorpusSplits:
+    """:func:`load_corpus` of its sources (see there) once the tokenizer kind is checked."""
     if train is not None or valid is not None or test is not None:
         if path is not None:
             raise TxlError("give either a corpus path (split by fractions) or train/valid/test files, not both")
@@ -315,16 +289,15 @@ def load_corpus(
         sets = {"train": read_corpus_files(train, pattern), "valid": read_corpus_files(valid, pattern)}
         if test is not None:
             sets["test"] = read_corpus_files(test, pattern)
-        return _load_separate(sets, kind, tokenizer_obj, opts, cache_dir, (workers, progress))
+        return _load_separate(sets, how)
     info = dataset_info(path) if path is not None else None
     if info is not None and split_by == "file":
         raise TxlError(f"{path} is prepared with its own splits; data.split_by = \"file\" cuts a folder of text "
                        "by files: leave it out here")
     if info is not None and info.get("shuffled"):
-        return _load_shuffled(Path(path), info, kind, tokenizer_obj, opts, cache_dir, (workers, progress))
+        return _load_shuffled(Path(path), info, how)
     if info is not None:
-        corpus = _load_separate(_prepared_sets(Path(path), info), kind, tokenizer_obj, opts, cache_dir,
-                                (workers, progress))
+        corpus = _load_separate(_prepared_sets(Path(path), info), how)
         corpus.source = f"{info.get('name') or 'dataset'} in {path} ({corpus.source})"
         return corpus
     if path is None:
@@ -334,14 +307,13 @@ def load_corpus(
         files, label = read_corpus_files(path, pattern), "corpus"
     fr = check_split(split, "split fractions")
     if split_by == "file":
-        return _load_separate(split_files(files, fr), kind, tokenizer_obj, opts, cache_dir, (workers, progress))
+        return _load_separate(split_files(files, fr), how)
     if split_by != "text":
         raise TxlError(f"split_by must be 'text' or 'file', got {split_by!r}")
-    return _load_fractions(files, label, fr, kind, tokenizer_obj, opts, cache_dir, (workers, progress))
+    return _load_fractions(files, label, fr, how)
 
 
-def _load_shuffled(root: Path, info: dict, kind: str, tokenizer_obj: Tokenizer | None, opts: dict,
-                   cache_dir: PathLike | None, stream: tuple[int, bool] = (1, False)) -> CorpusSplits:
+def _load_shuffled(root: Path, info: dict, how: _Loading) -> CorpusSplits:
     """A prepared shuffled-sentence corpus (lm1b): word vocabulary from the training shards, ordered
     valid/test arrays, and the shard list for training."""
     # absolute: shards used in place (prepared from a folder); relative: extracted into the dataset folder
@@ -352,13 +324,12 @@ def _load_shuffled(root: Path, info: dict, kind: str, tokenizer_obj: Tokenizer |
         raise TxlError(f"{root / 'dataset.json'} lists no training shards; run txl data prepare again")
     for shard in shards:
         _file_size(shard)  # a clear error for a missing shard
-    tok = tokenizer_obj
+    tok = how.tok
     if tok is None:
-        if kind != "word":
+        if how.kind != "word":
             raise TxlError(f"{info.get('name')} is a word-level corpus of sentences: use tokenizer=word")
-        tok = WordTokenizer.build((_read_text([s], "word") for s in shards), **opts)
-    parts = {name: encode_corpus([root / f"{name}.txt"], tok, cache_dir, workers=stream[0], progress=stream[1])
-             for name in ("valid", "test")}
+        tok = WordTokenizer.build((_read_text([s], "word") for s in shards), **how.opts)
+    parts = {name: how.encode([root / f"{name}.txt"], tok) for name in ("valid", "test")}
     parts["train"] = np.zeros(0, dtype=token_dtype(tok.vocab_size))
     source = f"{info.get('name')} in {root}: {len(shards)} shuffled training shard(s)"
     return CorpusSplits(tokenizer=tok, train=parts["train"], valid=parts["valid"], test=parts["test"],
@@ -390,20 +361,14 @@ def _prepared_sets(root: Path, info: dict) -> dict[str, list[Path]]:
     return sets
 
 
-def _load_separate(
-    sets: dict[str, list[Path]], kind: str, tok: Tokenizer | None, opts: dict, cache_dir: PathLike | None,
-    stream: tuple[int, bool] = (1, False),
-) -> CorpusSplits:
-    """Separate train/valid(/test) file sets; char vocab from all of them, word from train (read chunk
-    by chunk with a cache folder)."""
-    if tok is None and kind != "byte" and cache_dir is not None:  # char: all the text; word, bpe: the train text
-        read = sets["train"] if kind in ("word", "bpe") else [f for fs in sets.values() for f in fs]
-        tok = streamed_vocabulary(kind, span_of(read, 0, sum(_file_size(f) for f in read)),
-                                  opts if kind != "char" else {}, file_hashes(read, cache_dir), {}, cache_dir, stream[1])
-    elif tok is None:
-        names = sets["train"] if kind in ("word", "bpe") else [f for fs in sets.values() for f in fs]
-        tok = build_tokenizer(kind, _read_text(names, kind) if kind != "byte" else None, **opts)
-    parts = {name: encode_corpus(fs, tok, cache_dir, workers=stream[0], progress=stream[1]) for name, fs in sets.items()}
+def _load_separate(sets: dict[str, list[Path]], how: _Loading) -> CorpusSplits:
+    """Separate train/valid(/test) file sets; char vocab from all of them, word and BPE from train (read
+    chunk by chunk)."""
+    tok = how.tok
+    if tok is None:  # byte: nothing to build; char: from all the text; word, bpe: from the train text
+        read = sets["train"] if how.kind in ("word", "bpe") else [f for fs in sets.values() for f in fs]
+        tok = ByteTokenizer() if how.kind == "byte" else how.vocabulary(read)
+    parts = {name: how.encode(fs, tok) for name, fs in sets.items()}
     parts.setdefault("test", np.zeros(0, dtype=token_dtype(tok.vocab_size)))
     source = ", ".join(_describe(f"{name}:", fs) for name, fs in sets.items())
     _check_sizes(parts, {"valid": True, "test": "test" in sets}, source)
@@ -412,23 +377,12 @@ def _load_separate(
                         on_disk=_on_disk(parts, parts))
 
 
-def _load_fractions(
-    files: list[Path],
-    label: str,
-    fr: tuple[float, float, float],
-    kind: str,
-    tok: Tokenizer | None,
-    opts: dict,
-    cache_dir: PathLike | None,
-    stream: tuple[int, bool] = (1, False),
-) -> CorpusSplits:
+def _load_fractions(files: list[Path], label: str, fr: tuple[float, float, float], how: _Loading) -> CorpusSplits:
     """One corpus cut by fractions: by lines for word level, else by tokens."""
     source = f"{_describe(label, files)}, split {fr[0]:g}/{fr[1]:g}/{fr[2]:g}"
-    if kind in ("word", "bpe"):
-        if cache_dir is None:
-            tok, parts = _line_fraction_splits(files, kind, tok, fr, opts)
-        else:
-            tok, parts = _streamed_fraction_splits(files, kind, tok, fr, opts, cache_dir, stream)
+    tok = how.tok
+    if how.kind in ("word", "bpe"):
+        tok, parts = _line_fraction_splits(files, fr, how)
         roots = parts  # each part its own cache file
         for name, f in zip(SPLITS, fr):
             if f > 0 and len(parts[name]) == 0:
@@ -437,12 +391,9 @@ def _load_fractions(
                     f"boundaries; {_split_fix(name, fr)}"
                 )
     else:
-        if tok is None and kind == "char" and cache_dir is not None:  # counted chunk by chunk
-            tok = streamed_vocabulary(kind, span_of(files, 0, sum(_file_size(f) for f in files)), {},
-                                      file_hashes(files, cache_dir), {}, cache_dir, stream[1])
-        elif tok is None:
-            tok = build_tokenizer(kind, _read_text(files, kind) if kind == "char" else None, **opts)
-        tokens = encode_corpus(files, tok, cache_dir, workers=stream[0], progress=stream[1])
+        if tok is None:  # char: counted chunk by chunk
+            tok = how.vocabulary(files) if how.kind == "char" else ByteTokenizer()
+        tokens = how.encode(files, tok)
         parts = split_tokens(tokens, fr)
         roots = dict.fromkeys(parts, tokens)
     _check_sizes(parts, {"valid": fr[1] > 0, "test": fr[2] > 0}, source, fr)

@@ -39,7 +39,7 @@ from pathlib import Path
 from txl.data.download import check_sha256, download, extract, is_archive, is_url
 from txl.data.splits import SPLITS
 from txl.errors import TxlError
-from txl.fileio import atomic_write, claim_folder, read_bytes, read_json, write_json
+from txl.fileio import atomic_write, claim_folder, oserrors_as, read_bytes, read_json, write_json
 
 __all__ = ["DATASETS", "DatasetSpec", "dataset_info", "prepare_dataset", "standard_split", "FORMAT"]
 
@@ -167,18 +167,14 @@ def _matches(parts: tuple[str, ...], pattern: str) -> bool:
     return tuple(tail[:-1]) == tuple(pat[:-1]) and fnmatch.fnmatchcase(tail[-1], pat[-1])
 
 
-def _copy_file(src: Path, dest: Path) -> None:
-    try:
-        atomic_write(dest, lambda tmp: shutil.copyfile(src, tmp))
-    except OSError as e:
-        raise TxlError(f"cannot copy {src} to {dest}: {e.strerror or e}") from None
-
-
-def _write_bytes(dest: Path, data: bytes) -> None:
-    try:
-        atomic_write(dest, lambda tmp: Path(tmp).write_bytes(data))
-    except OSError as e:
-        raise TxlError(f"cannot write {dest}: {e.strerror or e}") from None
+def _write_file(dest: Path, data: bytes | Path) -> None:
+    """Write ``data`` to ``dest`` atomically: bytes, or a copy of the file at the path ``data``."""
+    if isinstance(data, Path):
+        with oserrors_as(f"cannot copy {data} to {dest}"):
+            atomic_write(dest, lambda tmp: shutil.copyfile(data, tmp))
+    else:
+        with oserrors_as(f"cannot write {dest}"):
+            atomic_write(dest, lambda tmp: Path(tmp).write_bytes(data))
 
 
 def _find_in_folder(folder: Path, patterns: dict[str, str]) -> dict[str, list[Path]]:
@@ -260,7 +256,7 @@ def _prepare_split(spec: DatasetSpec, src: Path, out: Path) -> dict:
         parts = [data[:b1], data[b1:b2], data[b2:]]
         total = len(data)
     for name, part in zip(SPLITS, parts):
-        _write_bytes(out / f"{name}.txt", part)
+        _write_file(out / f"{name}.txt", part)
     return {"members": {"all": member},
             "split": {"unit": spec.unit, "train": [0, b1], "valid": [b1, b2], "test": [b2, total]}}
 
@@ -272,7 +268,7 @@ def _prepare_files(spec: DatasetSpec, src: Path, out: Path) -> dict:
         members = {}
         for role in SPLITS:
             f = Path(_one(found, role, spec, str(src)))
-            _copy_file(f, out / f"{role}.txt")
+            _write_file(out / f"{role}.txt", f)
             members[role] = str(f)
     elif is_archive(src):
         hits = _extract_roles(src, spec, lambda role, name: [out / f"{role}.txt"])
@@ -290,7 +286,7 @@ def _prepare_lm1b(spec: DatasetSpec, src: Path, out: Path) -> dict:
         heldout = Path(_one(found, "heldout", spec, str(src)))
         shards = sorted(str(p.resolve()) for p in found["train"])  # used in place: absolute paths
         for role in ("valid", "test"):
-            _copy_file(heldout, out / f"{role}.txt")
+            _write_file(out / f"{role}.txt", heldout)
         heldout_name = str(heldout)
     elif is_archive(src):
         def dests(role: str, name: str) -> list[Path]:
@@ -305,7 +301,7 @@ def _prepare_lm1b(spec: DatasetSpec, src: Path, out: Path) -> dict:
         raise TxlError(f"{src} is neither a tar archive nor a folder; give the official {spec.archive}")
     if not shards:
         raise TxlError(f"no lm1b training shards matching {spec.members['train']!r} in {src}")
-    _write_bytes(out / "train.txt", "".join(s + "\n" for s in shards).encode("utf-8"))
+    _write_file(out / "train.txt", "".join(s + "\n" for s in shards).encode("utf-8"))
     train_bytes = sum((out / s if not Path(s).is_absolute() else Path(s)).stat().st_size for s in shards)
     return {"members": {"train": spec.members["train"], "valid": heldout_name, "test": heldout_name},
             "split": "official training shards; held-out shard 00000 as both valid and test (as the reference)",
@@ -430,10 +426,8 @@ def _prepare(spec: DatasetSpec, source, out: Path, sha256: str | None, progress:
         "sha256_verified": verified,
         **details,
     }
-    try:
+    with oserrors_as(f"cannot write {out / 'dataset.json'}"):
         write_json(out / "dataset.json", info)
-    except OSError as e:
-        raise TxlError(f"cannot write {out / 'dataset.json'}: {e.strerror or e}") from None
     if info.get("in_place"):
         sizes = ", ".join(f"{s} {info['files'][s]} ({n:,} bytes)" for s, n in info["sizes"].items())
         log(f"{spec.name}: wrote dataset.json to {out}, naming in place {sizes}")

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from txl.errors import TxlError
-from txl.fileio import sha256_file
+from txl.fileio import oserrors_as, sha256_file
 from txl.runtime import progress_bar
 
 __all__ = ["is_url", "is_archive", "check_sha256", "download", "extract", "safe_member_name"]
@@ -246,10 +246,12 @@ def _copy_to(src, name: str, dests: Sequence[Path], written: dict, temps: list, 
         tmp = dest.with_name(dest.name + ".partial")
         temps.append((tmp, dest))
         if first is not None:
-            _write_op(dest, lambda: shutil.copyfile(first, tmp))
+            with oserrors_as(f"cannot write {dest}"):
+                shutil.copyfile(first, tmp)
             continue
-        _write_op(dest, lambda: dest.parent.mkdir(parents=True, exist_ok=True))
-        out = _write_op(dest, lambda: open(tmp, "wb"))
+        with oserrors_as(f"cannot write {dest}"):
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            out = open(tmp, "wb")
         size = 0
         with out:
             while chunk := src.read(CHUNK):  # reading errors propagate as archive errors
@@ -258,17 +260,10 @@ def _copy_to(src, name: str, dests: Sequence[Path], written: dict, temps: list, 
                     raise TxlError(f"archive member {name!r} is larger than {limit:,} bytes, more than the dataset "
                                    "can hold: the archive is damaged or hostile (a decompression bomb); if it is "
                                    "genuine, raise the limit (max_member_bytes)")
-                _write_op(dest, lambda: out.write(chunk))
+                with oserrors_as(f"cannot write {dest}"):
+                    out.write(chunk)
         first = tmp
     written[name] = list(dests)
-
-
-def _write_op(dest: Path, op: Callable):
-    """Run ``op()``; an ``OSError`` becomes a :class:`TxlError` about writing ``dest``."""
-    try:
-        return op()
-    except OSError as e:
-        raise TxlError(f"cannot write {dest}: {e.strerror or e}") from None
 
 
 def _extract_zip(archive: Path, select, written: dict, temps: list, limit: int | None) -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 import sysconfig
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from txl.data.tokenizers import decode_utf8
 from txl.errors import TxlError
+from txl.fileio import oserrors_as, read_bytes
 
 PathLike = str | os.PathLike[str]
 
@@ -78,19 +79,8 @@ def default_corpus_files() -> list[Path]:
 
 
 def _file_size(f: Path) -> int:
-    return _io(f, lambda: f.stat().st_size)
-
-
-def _read(f: Path) -> bytes:
-    return _io(f, Path(f).read_bytes)
-
-
-def _io(f: Path, op: Callable):
-    """Run ``op()``; an ``OSError`` becomes a :class:`TxlError` naming the file."""
-    try:
-        return op()
-    except OSError as e:
-        raise TxlError(f"cannot read corpus file {f}: {e.strerror or e}") from None
+    with oserrors_as(f"cannot read corpus file {f}"):
+        return f.stat().st_size
 
 
 def load_bytes(files: Sequence[PathLike]) -> bytes:
@@ -98,9 +88,9 @@ def load_bytes(files: Sequence[PathLike]) -> bytes:
 
     Raises :class:`TxlError` if a file cannot be read.
     """
-    return b"".join(_read(Path(f)) for f in files)
+    return b"".join(read_bytes(f, "corpus file ") for f in files)
 
 
 def _read_text(files: Sequence[PathLike], kind: str) -> str:
     """All files decoded as strict UTF-8 and joined; errors name the offending file."""
-    return "".join(decode_utf8(_read(Path(f)), f"corpus file {f}", kind) for f in files)
+    return "".join(decode_utf8(read_bytes(f, "corpus file "), f"corpus file {f}", kind) for f in files)

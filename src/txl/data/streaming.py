@@ -6,9 +6,10 @@ concatenation (a split cut at a line start). :func:`chunks` reads a span in piec
 byte-level BPE's pre-tokens end anyway (for BPE, only after ``X\\n`` or ``X\\r\\n`` before ``Y``, X
 and Y characters that are not white space: see :func:`txl.data.tokenizers.bpe._chunks`), and never
 before a byte-order mark, so encoding the pieces one by one gives the ids of encoding the whole text
-(each file's leading byte-order mark is dropped, as when a file is read whole). :func:`encode_to_file` writes those ids into a ``.npy`` file as
-they come, from one process or several (``workers``), and picks up after a kill where it stopped;
-:func:`txl.data.token_cache.word_counts` counts a word vocabulary the same way. What is held at any time is a few chunks.
+(each file's leading byte-order mark is dropped, as when a file is read whole). :func:`encode_to_file`
+writes those ids into a ``.npy`` file as they come, from one process or several (``workers``), and picks
+up after a kill where it stopped; :func:`txl.data.token_cache.streamed_vocabulary` counts a vocabulary
+the same way. What is held at any time is a few chunks.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from txl.data.files import _io
 from txl.data.tokenizers import Tokenizer, decode_utf8, tokenizer_from_dict
 from txl.errors import TxlError
+from txl.fileio import oserrors_as
 from txl.runtime import progress_bar
 
 CHUNK_BYTES = 1 << 24  # 16 MiB of text per chunk
@@ -54,15 +55,7 @@ def span_of(files: Sequence[Path], start: int, end: int) -> Span:
 
 def read_range(files: Sequence[Path], start: int, end: int) -> bytes:
     """Bytes ``start`` to ``end`` of the files' concatenation."""
-    out = []
-    for path, lo, hi in span_of(files, start, end):
-        def read(path=path, lo=lo, hi=hi) -> bytes:
-            with open(path, "rb") as f:
-                f.seek(lo)
-                return f.read(hi - lo)
-
-        out.append(_io(path, read))
-    return b"".join(out)
+    return b"".join(block for block, _, _ in _blocks(span_of(files, start, end), CHUNK_BYTES))
 
 
 def unwritable_cache(path: Path, err: OSError) -> TxlError:
@@ -87,18 +80,15 @@ def _blocks(span: Span, size: int) -> Iterator[tuple[bytes, bool, bool]]:
     """The span's bytes in blocks of at most ``size``, each with whether it opens one of the span's pieces
     and whether it opens a file."""
     for path, start, end in span:
-        try:
-            with open(path, "rb") as f:
-                f.seek(start)
-                at = start
-                while at < end:
-                    block = f.read(min(size, end - at))
-                    if not block:
-                        raise TxlError(f"corpus file {path} ends at byte {at:,}: it changed while it was read")
-                    yield block, at == start, at == 0
-                    at += len(block)
-        except OSError as err:
-            raise TxlError(f"cannot read corpus file {path}: {err.strerror or err}") from None
+        with oserrors_as(f"cannot read corpus file {path}"), open(path, "rb") as f:
+            f.seek(start)
+            at = start
+            while at < end:
+                block = f.read(min(size, end - at))
+                if not block:
+                    raise TxlError(f"corpus file {path} ends at byte {at:,}: it changed while it was read")
+                yield block, at == start, at == 0
+                at += len(block)
 
 
 def _char_before(data: bytes, end: int) -> str:
@@ -191,12 +181,13 @@ def file_parts(chunk: Chunk) -> list[tuple[int, bytes, bool]]:
     return [(lo, chunk.data[lo:hi], lo in chunk.file_starts) for lo, hi in zip(cuts, cuts[1:])] or [(0, b"", False)]
 
 
-def decode_part(data: bytes, opens_file: bool, kind: str) -> str:
+def decode_part(data: bytes, opens_file: bool, kind: str, source: str = "", offset: int = 0) -> str:
     """A part's text: strict UTF-8 with CRLF and CR line ends as LF, and, for a part that opens a file, without
-    the file's byte-order mark (a part inside a file keeps a U+FEFF it starts with, as the whole text does)."""
+    the file's byte-order mark (a part inside a file keeps a U+FEFF it starts with, as the whole text does).
+    A byte that is not UTF-8 is named with ``source`` and its offset there, the part starting at ``offset``."""
     if opens_file:
-        return decode_utf8(data, "", kind)
-    return decode_utf8(b"\n" + data, "", kind)[1:]
+        return decode_utf8(data, source, kind, offset)
+    return decode_utf8(b"\n" + data, source, kind, offset - 1)[1:]
 
 
 def chunk_text(chunk: Chunk, span: Span, kind: str) -> str:
@@ -206,16 +197,9 @@ def chunk_text(chunk: Chunk, span: Span, kind: str) -> str:
     for lo, part, opens_file in file_parts(chunk):
         try:
             texts.append(decode_part(part, opens_file, kind))
-        except TxlError:
-            try:
-                part.decode("utf-8")
-                error_at = 0
-            except UnicodeDecodeError as err:
-                error_at = err.start
-            path, offset = locate(span, chunk.at + lo + error_at)
-            raise TxlError(f"corpus file {path} is not UTF-8 text (invalid byte 0x{part[error_at]:02x} at byte "
-                           f"offset {offset}); the {kind} tokenizer needs UTF-8 text: use tokenizer=byte for "
-                           "arbitrary bytes") from None
+        except TxlError:  # decoded again, naming the file (found only now: a chunk may hold many files)
+            path, offset = locate(span, chunk.at + lo)
+            decode_part(part, opens_file, kind, f"corpus file {path}", offset)
     return "".join(texts)
 
 
@@ -295,15 +279,8 @@ def cache_lock(path: Path):
 
 def encode_to_file(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, workers: int = 1,
                    progress: bool = False, finish: Callable[[list[int | None], int], None] | None = None) -> None:
-    """:func:`_encode` under :func:`cache_lock`: one process encodes, the others find the file written."""
-    with cache_lock(path):
-        if not Path(path).is_file():
-            _encode(span, tokenizer, Path(path), dtype, workers=workers, progress=progress, finish=finish)
-
-
-def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, workers: int = 1,
-            progress: bool = False, finish: Callable[[list[int | None], int], None] | None = None) -> None:
-    """Encode the span with ``tokenizer`` (char, word or BPE) into the 1-D ``.npy`` array file ``path``.
+    """Encode the span with ``tokenizer`` (char, word or BPE) into the 1-D ``.npy`` array file ``path``, under
+    :func:`cache_lock`: of several processes one encodes, the others find the file written.
 
     The ids go into ``PATH.part`` as each chunk is encoded (by ``workers`` processes, at most two chunks
     each in flight, kept in order); ``PATH.part.json`` records after each chunk how far the text and the
@@ -317,79 +294,92 @@ def _encode(span: Span, tokenizer: Tokenizer, path: Path, dtype: np.dtype, *, wo
         TxlError: a file that cannot be read or is not UTF-8 (named with the file and byte), a character
             the tokenizer cannot encode, or a cache that cannot be written.
     """
-    dtype = np.dtype(dtype)
-    part, record, found = Path(f"{path}.part"), Path(f"{path}.part.json"), Path(f"{path}.part.starts")
-    starts = {int(b): i for i, b in enumerate(np.cumsum([0] + [end - start for _, start, end in span])[:-1])}
-    done_bytes, done_ids, first_ids = _resume_state(span, part, record, found, dtype, starts, tokenizer.kind)
-    out = _open_part(part, found, dtype, done_bytes, done_ids)
-    rest, skipped = _skip(span, done_bytes), done_bytes
-    pool = None
-    if workers > 1:
-        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
-                                   initargs=(tokenizer.to_dict(),))
-    else:
-        _start_worker(tokenizer.to_dict())
-    source = chunks(rest, tokenizer.kind)
-    pending: deque = deque()
+    path = Path(path)
+    with cache_lock(path):
+        if path.is_file():
+            return
+        dtype = np.dtype(dtype)
+        part, record, found = Path(f"{path}.part"), Path(f"{path}.part.json"), Path(f"{path}.part.starts")
+        starts = {int(b): i for i, b in enumerate(np.cumsum([0] + [end - start for _, start, end in span])[:-1])}
+        done_bytes, done_ids, first_ids = _resume_state(span, part, record, found, dtype, starts, tokenizer.kind)
+        out = _open_part(part, found, dtype, done_bytes, done_ids)
+        rest, skipped = _skip(span, done_bytes), done_bytes
+        pool = None
+        if workers > 1:
+            pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                       initializer=_start_worker, initargs=(tokenizer.to_dict(),))
+        else:
+            _start_worker(tokenizer.to_dict())
+        source = chunks(rest, tokenizer.kind)
+        pending: deque = deque()
 
-    def submit() -> bool:
-        item = next(source, None)
-        if item is None:
-            return False
-        job = ([(part, opens_file) for _, part, opens_file in file_parts(item)], dtype.str)
-        chunk = item._replace(at=skipped + item.at)
-        pending.append((chunk, pool.submit(_encode_chunk, job) if pool else job))
-        return True
+        def submit() -> bool:
+            item = next(source, None)
+            if item is None:
+                return False
+            job = ([(part, opens_file) for _, part, opens_file in file_parts(item)], dtype.str)
+            chunk = item._replace(at=skipped + item.at)
+            pending.append((chunk, pool.submit(_encode_chunk, job) if pool else job))
+            return True
 
-    try:
-        with out, open(found, "a", encoding="utf-8") as noted, open(record, "w", encoding="utf-8") as progress_record, \
-                progress_bar(span_bytes(span), show_bar(span, progress), f"encoding ({tokenizer.kind})", unit="B",
-                               unit_scale=True, initial=done_bytes) as bar:
-            progress_record.write(json.dumps({"text_bytes": done_bytes, "ids": done_ids}))  # (opened empty)
-            progress_record.flush()
-            while len(pending) < 2 * max(workers, 1) and submit():
-                pass
-            while pending:
-                chunk, job = pending.popleft()
-                data, at = chunk.data, chunk.at
-                try:
-                    ids, inside = job.result() if pool else _encode_chunk(job)
-                except BrokenProcessPool:
-                    raise TxlError("a tokenizing worker process died (killed, or out of memory?); run again (the "
-                                   "chunks encoded so far are kept), with fewer data.workers") from None
-                if ids == "error":
-                    chunk_text(chunk, span, tokenizer.kind)  # names the file and byte of a UTF-8 error
-                    where, offset = locate(span, at)
-                    raise TxlError(f"corpus file {where} (the text from byte {offset:,}): {inside}")
-                submit()
-                out.write(ids)
-                out.flush()
-                # the pieces (files) that start with this chunk or inside it: noted in a file that only grows
-                opened = [(at, 0)] + [(at + lo, first) for (lo, _, _), first in zip(file_parts(chunk)[1:], inside)]
-                for where, first in opened:
-                    if where in starts and first is not None:
-                        first_ids[starts[where]] = done_ids + first
-                        noted.write(f"{starts[where]}:{done_ids + first}\n")
-                noted.flush()
-                done_bytes += len(data)
-                done_ids += len(ids) // dtype.itemsize
-                progress_record.seek(0)
-                progress_record.write(json.dumps({"text_bytes": done_bytes, "ids": done_ids}))
-                progress_record.truncate()
+        try:
+            with out, open(found, "a", encoding="utf-8") as noted, \
+                    open(record, "w", encoding="utf-8") as progress_record, \
+                    progress_bar(span_bytes(span), show_bar(span, progress), f"encoding ({tokenizer.kind})", unit="B",
+                                   unit_scale=True, initial=done_bytes) as bar:
+                progress_record.write(json.dumps({"text_bytes": done_bytes, "ids": done_ids}))  # (opened empty)
                 progress_record.flush()
-                bar.update(len(data))
-            out.seek(0)
-            out.write(_header(dtype, done_ids))
-            out.flush()
-            os.fsync(out.fileno())
-    except OSError as err:
-        raise unwritable_cache(part, err) from None
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+                while len(pending) < 2 * max(workers, 1) and submit():
+                    pass
+                while pending:
+                    chunk, job = pending.popleft()
+                    data, at = chunk.data, chunk.at
+                    try:
+                        ids, inside = job.result() if pool else _encode_chunk(job)
+                    except BrokenProcessPool:
+                        raise TxlError("a tokenizing worker process died (killed, or out of memory?); run again (the "
+                                       "chunks encoded so far are kept), with fewer data.workers") from None
+                    if ids == "error":
+                        chunk_text(chunk, span, tokenizer.kind)  # names the file and byte of a UTF-8 error
+                        where, offset = locate(span, at)
+                        raise TxlError(f"corpus file {where} (the text from byte {offset:,}): {inside}")
+                    submit()
+                    out.write(ids)
+                    out.flush()
+                    # the pieces (files) that start with this chunk or inside it: noted in a file that only grows
+                    opened = [(at, 0)] + [(at + lo, first) for (lo, _, _), first in zip(file_parts(chunk)[1:], inside)]
+                    for where, first in opened:
+                        if where in starts and first is not None:
+                            first_ids[starts[where]] = done_ids + first
+                            noted.write(f"{starts[where]}:{done_ids + first}\n")
+                    noted.flush()
+                    done_bytes += len(data)
+                    done_ids += len(ids) // dtype.itemsize
+                    progress_record.seek(0)
+                    progress_record.write(json.dumps({"text_bytes": done_bytes, "ids": done_ids}))
+                    progress_record.truncate()
+                    progress_record.flush()
+                    bar.update(len(data))
+                out.seek(0)
+                out.write(_header(dtype, done_ids))
+                out.flush()
+                os.fsync(out.fileno())
+        except OSError as err:
+            raise unwritable_cache(part, err) from None
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+        _publish(path, finish, first_ids, done_ids)
+
+
+def _publish(path: Path, finish: Callable[[list[int | None], int], None] | None, first_ids: list[int | None],
+             n_ids: int) -> None:
+    """:func:`encode_to_file`'s end: ``finish(first_ids, n_ids)``, then ``PATH.part`` renamed to ``path``; the
+    partial file removed if ``finish`` refuses the ids (its TxlError raised), the notes removed either way."""
+    part, record, found = Path(f"{path}.part"), Path(f"{path}.part.json"), Path(f"{path}.part.starts")
     try:
         if finish is not None:
-            finish(first_ids, done_ids)
+            finish(first_ids, n_ids)
         os.replace(part, path)
     except TxlError:
         part.unlink(missing_ok=True)

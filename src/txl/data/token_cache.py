@@ -5,9 +5,8 @@ memory-mapped (:func:`txl.data.corpus.encode_corpus` and the loaders use it).
   path and content hash (:func:`file_hashes`, kept with each file's size, times and inode);
 - :func:`mapped`, :func:`cached`: a cache file read back mapped, or computed in memory and stored;
 - :func:`copy_bytes`: byte-level text copied into the cache 16 MiB at a time;
-- :func:`streamed`, :func:`streamed_vocabulary`: char, word and BPE text counted (:func:`word_counts`,
-  :func:`char_vocabulary`, BPE training) and encoded chunk by chunk (:mod:`txl.data.streaming`), the
-  vocabulary kept beside the ids;
+- :func:`streamed`, :func:`streamed_vocabulary`: char, word and BPE text counted (BPE trained) and
+  encoded chunk by chunk (:mod:`txl.data.streaming`), the vocabulary kept beside the ids;
 - :func:`write_index`, :func:`read_index`: ``<key>.index.json`` beside each array, its sources (files or
   byte ranges of them) and the id each starts at: the document boundaries.
 
@@ -27,13 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
-from txl.data.files import _file_size, _io
+from txl.data.files import _file_size
 from txl.data.streaming import (cache_lock, chunk_text, chunks, encode_to_file, show_bar, span_bytes,
                                 unwritable_cache)
-from txl.data.tokenizers import ByteTokenizer, Tokenizer, WordTokenizer
+from txl.data.tokenizers import ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer
 from txl.data.tokenizers.base import normalize_text
+from txl.data.tokenizers.simple import _line_words
 from txl.errors import TxlError
-from txl.fileio import atomic_write, sha256_file
+from txl.fileio import atomic_write, oserrors_as, sha256_file
 from txl.runtime import progress_bar
 
 PathLike = str | os.PathLike[str]
@@ -96,18 +96,16 @@ HASHES_NAME = "file-hashes.json"
 """The cache folder's record of each corpus file's sha256 with the size, mtime and inode it was taken at."""
 
 
-def file_hashes(paths: Sequence[Path], cache_dir: PathLike | None = None) -> list[tuple[str, str]]:
+def file_hashes(paths: Sequence[Path], cache_dir: PathLike) -> list[tuple[str, str]]:
     """``(path, sha256)`` of each corpus file, in order.
 
-    With ``cache_dir`` each digest is kept in its ``file-hashes.json`` with the file's size,
+    Each digest is kept in the cache folder's ``file-hashes.json`` with the file's size,
     modification and change times (ns) and inode, and taken from there while all four are unchanged
     (a file written anew, even with its old size and modification time, gets a new change time): a
     cached corpus of many GB or many thousand files opens in seconds. The record is read once and
     written once per call; processes sharing the cache folder (the ranks of ``--nproc``) hash a new
     file once: one hashes under a lock while the others wait, then read its record.
     """
-    if cache_dir is None:
-        return [(str(p), sha256_file(p, "corpus file ")) for p in paths]
     record = Path(cache_dir) / HASHES_NAME
     names = [str(Path(path).resolve()) for path in paths]
     stamps = [_stamp(path) for path in paths]
@@ -135,7 +133,8 @@ def file_hashes(paths: Sequence[Path], cache_dir: PathLike | None = None) -> lis
 
 def _stamp(path: Path) -> list[int]:
     """The size, modification and change times (ns) and inode of a file."""
-    st = _io(path, lambda: os.stat(path))
+    with oserrors_as(f"cannot read corpus file {path}"):
+        st = os.stat(path)
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
@@ -302,45 +301,31 @@ def _kept_vocabulary(path: Path) -> Tokenizer | None:
         return None
 
 
-def word_counts(span: Sequence, lower: bool, normalize: str, progress: bool = False) -> Counter:
-    """The counts of the words of the span (as :meth:`WordTokenizer.build` counts them), chunk by chunk."""
-    from txl.data.tokenizers.simple import _line_words
-
-    counts: Counter = Counter()
-    with progress_bar(span_bytes(span), show_bar(span, progress), "counting words", unit="B", unit_scale=True) as bar:
-        for chunk in chunks(span, "word"):
-            counts.update(_line_words(normalize_text(chunk_text(chunk, span, "word")), lower, normalize))
-            bar.update(len(chunk.data))
-    return counts
-
-
-def char_vocabulary(span: Sequence, progress: bool = False) -> Tokenizer:
-    """The characters of the span (as :meth:`CharTokenizer.build` finds them in the whole text), chunk by chunk."""
-    from txl.data.tokenizers import CharTokenizer
-
-    def texts(bar) -> Iterator[str]:
-        for chunk in chunks(span, "char"):
-            yield chunk_text(chunk, span, "char")
-            bar.update(len(chunk.data))
-
-    with progress_bar(span_bytes(span), show_bar(span, progress), "counting characters", unit="B",
-                      unit_scale=True) as bar:
-        return CharTokenizer.build(texts(bar))
-
-
 def _build_vocabulary(kind: str, span, opts: dict, path: Path, progress: bool) -> Tokenizer:
-    """:func:`streamed_vocabulary`'s work: count or train, then keep the vocabulary at ``path``."""
-    if kind == "char":
-        tok: Tokenizer = char_vocabulary(span, progress=progress)
-    elif kind == "word":
-        counts = word_counts(span, opts["lower"], opts["normalize"], progress=progress)
-        tok = WordTokenizer.from_counts(counts, min_freq=opts["min_freq"], max_size=opts["max_size"],
-                                        lower=opts["lower"], normalize=opts["normalize"])
-    else:
-        from txl.data.tokenizers.bpe import BPETokenizer
+    """:func:`streamed_vocabulary`'s work: the span's characters or word counts (those of the whole text, as
+    :meth:`CharTokenizer.build` and :meth:`WordTokenizer.build` find them) or a BPE trained on it, read chunk
+    by chunk (a progress bar while characters or words are counted); then keep the vocabulary at ``path``."""
+    from txl.data.tokenizers.bpe import BPETokenizer
 
-        texts = (chunk_text(chunk, span, kind) for chunk in chunks(span, "bpe"))
-        tok = BPETokenizer.build(texts, vocab_size=opts["max_size"] or BPE_DEFAULT_VOCAB, min_frequency=opts["min_freq"])
+    label = {"char": "counting characters", "word": "counting words"}.get(kind, "")
+    with progress_bar(span_bytes(span), bool(label) and show_bar(span, progress), label, unit="B",
+                      unit_scale=True) as bar:
+        def texts() -> Iterator[str]:
+            for chunk in chunks(span, kind):
+                yield chunk_text(chunk, span, kind)
+                bar.update(len(chunk.data))
+
+        if kind == "char":
+            tok: Tokenizer = CharTokenizer.build(texts())
+        elif kind == "word":
+            counts: Counter = Counter()
+            for text in texts():
+                counts.update(_line_words(normalize_text(text), opts["lower"], opts["normalize"]))
+            tok = WordTokenizer.from_counts(counts, min_freq=opts["min_freq"], max_size=opts["max_size"],
+                                            lower=opts["lower"], normalize=opts["normalize"])
+        else:
+            tok = BPETokenizer.build(texts(), vocab_size=opts["max_size"] or BPE_DEFAULT_VOCAB,
+                                     min_frequency=opts["min_freq"])
     try:
         atomic_write(path, lambda tmp: tok.save(tmp))
     except (OSError, TxlError):

@@ -5,25 +5,25 @@ per concern:
   write leaves the old one): :func:`atomic_write`, :func:`write_json`.
 - :mod:`txl.fileio.json_files`: the JSON / JSON Lines readers of every command, whose only exception is
   :class:`~txl.errors.TxlError` (:func:`read_json`, :func:`read_json_object`, :func:`read_jsonl`), plus
-  :func:`read_bytes`, :func:`sha256_file`, :func:`path_inside` for file names read from such files and :func:`json_kind` for
-  messages about a field's type.
+  :func:`read_bytes`, :func:`sha256_file`, :func:`oserrors_as` (an ``OSError`` as a one-line TxlError),
+  :func:`path_inside` for file names read from such files and :func:`json_kind` for messages about a field's
+  type.
 - :mod:`txl.fileio.toml_files`: :func:`read_toml`, the reader of every TOML config file.
 - :mod:`txl.fileio.guards`: the two guards every command uses before it writes: :func:`claim_folder`
   (one process per output folder) and :func:`check_output_path` (never over an input, never into a
   checkpoint or run folder, never over an existing file without ``--force``, only into an existing folder
   that takes new files).
 
-Every public name is importable from ``txl.fileio`` itself.
+The names the other layers use are importable from ``txl.fileio`` itself.
 """
 
-from txl.fileio.guards import (LOCK_SUFFIX, RUN_MARKERS, WEIGHTS_MARKERS, FolderClaim, check_output_folder,
-                               check_output_path, claim_folder, is_protected_folder, protected_folder, refuse_nonempty_folder)
-from txl.fileio.json_files import (json_kind, path_inside, read_bytes, read_json, read_json_object, read_jsonl,
-                                   sha256_file)
+from txl.fileio.guards import (LOCK_SUFFIX, FolderClaim, check_output_folder, check_output_path, claim_folder,
+                               refuse_nonempty_folder)
+from txl.fileio.json_files import (json_kind, oserrors_as, path_inside, read_bytes, read_json, read_json_object,
+                                   read_jsonl, sha256_file)
 from txl.fileio.toml_files import read_toml
 from txl.fileio.writes import atomic_write, write_json
 
-__all__ = ["LOCK_SUFFIX", "RUN_MARKERS", "WEIGHTS_MARKERS", "FolderClaim", "atomic_write", "check_output_folder",
-           "check_output_path",
-           "claim_folder", "is_protected_folder", "json_kind", "path_inside", "protected_folder", "read_bytes", "read_json",
-           "read_json_object", "read_jsonl", "read_toml", "refuse_nonempty_folder", "sha256_file", "write_json"]
+__all__ = ["LOCK_SUFFIX", "FolderClaim", "atomic_write", "check_output_folder", "check_output_path", "claim_folder",
+           "json_kind", "oserrors_as", "path_inside", "read_bytes", "read_json", "read_json_object", "read_jsonl",
+           "read_toml", "refuse_nonempty_folder", "sha256_file", "write_json"]

@@ -144,18 +144,13 @@ class FolderClaim:
         self.path, self.lock_path, self.created = path, lock_path, created
         self._fd: int | None = fd
 
-    @property
-    def held(self) -> bool:
-        """Whether the claim is still held (not yet released)."""
-        return self._fd is not None
-
-    def release(self, remove_empty: bool = True) -> None:
-        """Give the folder up: with ``remove_empty``, remove it if this claim created it and it is empty;
-        then remove the lock file and unlock. Safe to call more than once."""
+    def release(self) -> None:
+        """Give the folder up: remove it if this claim created it and it is empty, then remove the lock file
+        and unlock. Safe to call more than once."""
         if self._fd is None:
             return
         try:
-            if remove_empty and self.created:
+            if self.created:
                 try:
                     self.path.rmdir()  # only succeeds when empty
                 except OSError:
@@ -204,6 +199,25 @@ def _lock_path(folder: Path) -> Path:
     return real.parent / f".{real.name}{LOCK_SUFFIX}"
 
 
+def _lock_or_refuse(fd: int, mode: int, flag: str, path: Path) -> None:
+    """Lock the open lock file ``fd`` of the folder ``path`` (``mode``: shared or exclusive) without waiting.
+
+    Raises:
+        TxlError: another process holds the claim (named by the pid its lock file holds).
+    """
+    import fcntl
+
+    from txl.errors import TxlError
+
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode("ascii", "replace").strip()
+        who = f" (pid {holder})" if holder.isdigit() else ""
+        raise TxlError(f"{flag} {path} is in use by another txl process{who}; wait for it to finish, "
+                       "or choose another folder") from None
+
+
 def check_output_folder(path: str | Path, *, flag: str = "--out", create: bool = True, empty: bool = False,
                         inputs=()) -> None:
     """The checks of :func:`claim_folder` without the claim, for a command that fails early on a bad
@@ -227,12 +241,7 @@ def check_output_folder(path: str | Path, *, flag: str = "--out", create: bool =
             fd = None
         if fd is not None:
             try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except OSError:
-                holder = os.read(fd, 32).decode("ascii", "replace").strip()
-                who = f" (pid {holder})" if holder.isdigit() else ""
-                raise TxlError(f"{flag} {path} is in use by another txl process{who}; wait for it to finish, "
-                               "or choose another folder") from None
+                _lock_or_refuse(fd, fcntl.LOCK_SH, flag, path)
             finally:
                 os.close(fd)
     if path.exists() and not path.is_dir():
@@ -292,15 +301,10 @@ def claim_folder(path: str | Path, *, flag: str = "--out", create: bool = True, 
         except OSError as err:
             raise TxlError(f"cannot claim {flag} {path}: {err.strerror or err} ({lock})") from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            try:
-                holder = os.read(fd, 32).decode("ascii", "replace").strip()
-            finally:
-                os.close(fd)
-            who = f" (pid {holder})" if holder.isdigit() else ""
-            raise TxlError(f"{flag} {path} is in use by another txl process{who}; wait for it to finish, "
-                           "or choose another folder") from None
+            _lock_or_refuse(fd, fcntl.LOCK_EX, flag, path)
+        except BaseException:
+            os.close(fd)
+            raise
         try:
             same = os.stat(lock, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
         except OSError:

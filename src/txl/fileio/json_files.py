@@ -1,17 +1,30 @@
 """The JSON / JSON Lines readers of every command, whose only exception is :class:`~txl.errors.TxlError`
 (an unreadable file, bytes that are not UTF-8, invalid JSON, nesting too deep or numbers Python refuses
 all become one line naming the file, and the line for JSON Lines), :func:`read_bytes` for other input
-files, and :func:`path_inside`, which keeps a file name read from such a file (``checksums.json``,
-``dataset.json``) inside its folder.
+files, :func:`oserrors_as` for any file operation's one-line error, and :func:`path_inside`, which keeps a
+file name read from such a file (``checksums.json``, ``dataset.json``) inside its folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+
+@contextlib.contextmanager
+def oserrors_as(prefix: str) -> Iterator[None]:
+    """Run the block; an ``OSError`` in it becomes a :class:`~txl.errors.TxlError` ``{prefix}: reason``
+    (``prefix`` as ``cannot write PATH``)."""
+    from txl.errors import TxlError
+
+    try:
+        yield
+    except OSError as err:
+        raise TxlError(f"{prefix}: {err.strerror or err}") from None
 
 
 def read_bytes(path: str | Path, what: str = "") -> bytes:
@@ -31,23 +44,15 @@ def read_bytes(path: str | Path, what: str = "") -> bytes:
 def sha256_file(path: str | Path, what: str = "") -> str:
     """Hex sha256 of the file at ``path``. Raises :class:`TxlError` naming ``what`` (e.g. "corpus file ") and
     the file if it is unreadable."""
-    from txl.errors import TxlError
-
-    try:
-        with open(path, "rb") as f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
-    except OSError as e:
-        raise TxlError(f"cannot read {what}{path}: {e.strerror or e}") from None
+    with oserrors_as(f"cannot read {what}{path}"), open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _read_text(path: Path, what: str) -> str:
     """The UTF-8 text of ``path``; TxlError naming ``what`` and the file otherwise."""
     from txl.errors import TxlError
 
-    try:
-        data = path.read_bytes()
-    except (OSError, MemoryError) as err:
-        raise TxlError(f"cannot read {what}{path}: {getattr(err, 'strerror', None) or err}") from None
+    data = read_bytes(path, what)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -11,10 +11,9 @@ imports without torch.
 from txl.generation.beam import BeamResult, beam_search, reorder_state
 from txl.generation.sampling import (GREEDY, DecodingRules, Generators, LogitsProcessor, adjust_logits,
                                      banned_ngram_tokens, check_decoding, check_sampling, sample_next)
-from txl.generation.stream import (GenerationStep, generate, generate_stream, generate_steps, prime_memory, prime_rows,
-                                   stream_text)
+from txl.generation.stream import GenerationStep, generate, generate_steps, prime_memory, prime_rows, stream_text
 from txl.generation.text import StopText, complete, continue_texts
 
 __all__ = ["GREEDY", "BeamResult", "DecodingRules", "GenerationStep", "Generators", "LogitsProcessor", "StopText", "adjust_logits", "banned_ngram_tokens", "beam_search",
-           "check_decoding", "check_sampling", "complete", "continue_texts", "generate", "generate_stream", "generate_steps",
+           "check_decoding", "check_sampling", "complete", "continue_texts", "generate", "generate_steps",
            "prime_memory", "prime_rows", "reorder_state", "sample_next", "stream_text"]

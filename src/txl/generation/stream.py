@@ -116,22 +116,6 @@ def _step(choose: Chooser, token: torch.Tensor, logits: torch.Tensor, last: bool
 
 
 @torch.no_grad()
-def generate_stream(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float | None = None,
-                    top_k: int | None = None, top_p: float | None = None, mems: Mems | None = None,
-                    generator: Generators = None, *, span: AttentionSpan | None = None,
-                    tgt_len: int | None = None, mem_len: int | None = None, clamp_len: int | None = None,
-                    same_length: bool | None = None, rules: DecodingRules | None = None, end_ids: Sequence[int] = (),
-                    compile: bool | str = False, **rule_fields) -> Iterator[torch.Tensor]:
-    """Yield ``max_new_tokens`` sampled tokens (int64 [B] each): the tokens of :func:`generate_steps`
-    (same arguments, ``compile`` included, and decoding rules, same errors)."""
-    for step in generate_steps(model, input_ids, max_new_tokens, temperature, top_k, top_p, mems, generator,
-                               span=span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
-                               same_length=same_length, rules=rules, end_ids=end_ids, compile=compile,
-                               **rule_fields):
-        yield step.token
-
-
-@torch.no_grad()
 def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float | None = None,
                    top_k: int | None = None, top_p: float | None = None, mems: Mems | None = None,
                    generator: Generators = None, *, span: AttentionSpan | None = None,
@@ -346,12 +330,12 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: f
     their keywords, ``end_ids``, ``compile``); ``generator`` makes it reproducible.
 
     Raises:
-        TxlError: as :func:`generate_stream`.
+        TxlError: as :func:`generate_steps`.
     """
-    tokens = list(generate_stream(model, input_ids, max_new_tokens, temperature, top_k, top_p, mems, generator,
-                                  span=span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
-                                  same_length=same_length, rules=rules, end_ids=end_ids, compile=compile,
-                                  **rule_fields))
+    steps = generate_steps(model, input_ids, max_new_tokens, temperature, top_k, top_p, mems, generator, span=span,
+                           tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length,
+                           rules=rules, end_ids=end_ids, compile=compile, **rule_fields)
+    tokens = [step.token for step in steps]
     if isinstance(input_ids, (list, tuple)):  # prompts of different lengths: one tensor each
         new = torch.stack(tokens, dim=1) if tokens else None
         return [p if new is None else torch.cat([p, new[b]]) for b, p in enumerate(input_ids)]

@@ -249,7 +249,7 @@ def masked_shift_view(scores: torch.Tensor, future: torch.Tensor, window: int) -
 
 
 def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r_k: torch.Tensor,
-                     mask: torch.Tensor, *, scale: float, dropout_p: float, window: int | None, block_bytes: int | None,
+                     mask: torch.Tensor, *, scale: float, dropout_p: float, window: int | None,
                      scores: Callable, shifted: Callable) -> torch.Tensor:
     """:func:`txl.model.attention.biased_attention` without autograd on a CPU: its result up to float rounding.
 
@@ -258,8 +258,8 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
     missing); else ``shifted(scores, mask)``. The batch rows and heads run in blocks of :func:`in_blocks`.
 
     Args:
-        q_content, q_pos, k, v, r_k, mask, scale, dropout_p, window, block_bytes: as
-            :func:`txl.model.attention.biased_attention` (``block_bytes`` None: :data:`BLOCK_BYTES`).
+        q_content, q_pos, k, v, r_k, mask, scale, dropout_p, window: as
+            :func:`txl.model.attention.biased_attention`.
         scores: the model's position product, ``scores(q_pos [b, h, T, D], r_k [h, D, K'])`` ->
             [b, h, T, K'] (:func:`txl.model.attention.position_scores`).
         shifted: the model's realigned, masked bias, ``shifted(scores [b, h, T, K], mask [T, K] or
@@ -283,7 +283,7 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
                                               dropout_p=dropout_p, scale=scale)
 
     per_head = qlen * (klen + in_place) * q_pos.element_size()
-    return in_blocks(attend, (bsz, heads, qlen, v.size(-1)), v, per_head, block_bytes)
+    return in_blocks(attend, (bsz, heads, qlen, v.size(-1)), v, per_head)
 
 
 def even_step(n: int, most: int) -> int:
@@ -293,15 +293,14 @@ def even_step(n: int, most: int) -> int:
 
 
 def in_blocks(attend: Callable[[slice, slice], torch.Tensor], shape: tuple[int, int, int, int], like: torch.Tensor,
-              per_head: int, block_bytes: int | None = None) -> torch.Tensor:
+              per_head: int) -> torch.Tensor:
     """``attend(rows, heads)`` over every batch row and head: the output ``shape`` [B, H, T, D] in ``like``'s
-    dtype and device, in blocks whose position scores take at most ``block_bytes`` (default
-    :data:`BLOCK_BYTES`; ``per_head``: the bytes of one head of one row): everything at once when it fits,
-    else whole rows per block, else heads of one row per block, as few blocks as the limit allows, of even
-    size."""
+    dtype and device, in blocks whose position scores take at most :data:`BLOCK_BYTES` (``per_head``: the
+    bytes of one head of one row): everything at once when it fits, else whole rows per block, else heads
+    of one row per block, as few blocks as the limit allows, of even size."""
     bsz, heads = shape[:2]
     everything = slice(None)
-    limit = BLOCK_BYTES if block_bytes is None else block_bytes
+    limit = BLOCK_BYTES  # (read at the call: tests lower it)
     if per_head * heads * bsz <= limit:
         return attend(everything, everything)
     out = like.new_empty(shape)

@@ -157,7 +157,7 @@ def _shifted_and_masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      r_k: torch.Tensor, mask: torch.Tensor, *, scale: float, dropout_p: float = 0.0,
-                     window: int | None = None, block_bytes: int | None = None) -> torch.Tensor:
+                     window: int | None = None) -> torch.Tensor:
     """``softmax(scale * q_content·k + rel_shift(q_pos·r_k) masked) @ v``: attention with the position
     term (b) + (d) of §3.3 (or Shaw's q·a) as an additive bias of the fused kernel.
 
@@ -172,7 +172,6 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
         dropout_p: attention dropout probability (0 in evaluation).
         window: given only when ``mask`` is exactly :func:`attention_mask` without padding: 0 for the
             causal mask, ``mem_len`` for the same_length one (the CPU form then builds no masked copy).
-        block_bytes: the CPU form's block of position scores (default ``cpu.BLOCK_BYTES``).
 
     Without autograd on a CPU (and not while ``torch.compile`` traces) this is
     :func:`txl.kernels.cpu.biased_attention`; one query per row (T = 1) without autograd or dropout, in
@@ -189,7 +188,7 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
         # float32 sums, as for longer segments)
     if not grad and q_pos.device.type == "cpu" and not compiling:  # the CPU seam (txl.kernels.cpu): the same numbers
         return cpu.biased_attention(q_content, q_pos, k, v, r_k, mask, scale=scale, dropout_p=dropout_p, window=window,
-                                    block_bytes=block_bytes, scores=position_scores, shifted=rel_shift_bias)
+                                    scores=position_scores, shifted=rel_shift_bias)
     bias = rel_shift_bias(position_scores(q_pos, r_k[..., -klen:]), mask)
     return F.scaled_dot_product_attention(q_content, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
 

@@ -171,7 +171,7 @@ class TransformerXLLM(nn.Module):
             labels: int64 [B, T] next tokens already aligned with ``input_ids`` (no shift is done
                 here); positions equal to -100 are ignored.
             caches: a caller-owned :class:`~txl.model.DecodingState` for incremental decoding
-                (no autograd, an ``attn_type`` with memory; see :func:`txl.generation.generate_stream`).
+                (no autograd, an ``attn_type`` with memory; see :func:`txl.generation.generate_steps`).
                 It holds the memory as the keys and values of the remembered tokens: ``mems`` may
                 start it (first call only) and the returned ``mems`` is None; read the hidden-state
                 memory with ``caches.mems()``. One-token calls take the ring-buffer step (no copy of

@@ -250,14 +250,12 @@ class _Completion:
     async def read_prompt(self) -> None:
         """Score the prompt when asked, or read a long one ahead; sampling then goes on from the state
         after it (``context``, ``mems``). A prompt's log-probabilities go to ``prompt_lp``."""
-        if self.req.echo and self.req.logprobs is not None:  # score the prompt, then sample from the state after it
-            self.prompt_lp, state = await self.engine.score_prompt(self.ids)
-            self.context, self.mems = state.tail, state.mems
-        elif self.ids.size > self.engine.job_tokens:
+        scored = self.req.echo and self.req.logprobs is not None
+        if scored or self.ids.size > self.engine.job_tokens:
             # a long prompt is read first in jobs of whole segments (on the grid generate reads it with),
             # others' jobs between them
-            _, state = await self.engine.score_prompt(self.ids)
-            self.context, self.mems = state.tail, state.mems
+            lp, state = await self.engine.score_prompt(self.ids)
+            self.context, self.mems, self.prompt_lp = state.tail, state.mems, lp if scored else None
 
     def choice(self, text: str, finish: str | None, tokens=None, lps=None) -> dict[str, Any]:
         """An entry of ``choices``: ``logprobs`` has an entry per token of ``tokens`` (their log-probabilities

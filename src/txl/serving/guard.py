@@ -1,6 +1,6 @@
 """What ``txl serve`` checks before FastAPI sees a request: the API key, how many requests run at once,
 the body's size, how long it takes to arrive, and that it is one JSON object of a bounded number of fields.
-A request refused here gets the same JSON error body as any other (:func:`txl.serving.http.error_body`)."""
+A request refused here gets the same JSON error body as any other (:func:`txl.serving.http.error_response`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 import secrets
 
 from txl.serving.engine import Engine
-from txl.serving.http import error_body
+from txl.serving.http import error_response
 
 
 class Guard:
@@ -124,8 +124,7 @@ def json_problem(body: bytes) -> str | None:
 
 async def reply(send, status: int, message: str, retry_after: bool = False) -> None:
     """Answer a request with the JSON error body (before the application saw it)."""
-    body = json.dumps(error_body(status, message)).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    body, headers = error_response(status, message)
     await send({"type": "http.response.start", "status": status,
                 "headers": headers + ([(b"retry-after", b"1")] if retry_after else [])})
     await send({"type": "http.response.body", "body": body})

@@ -3,11 +3,12 @@ refusal (routes, middleware and malformed HTTP alike) and the API key rule."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from txl.errors import TxlError, clip_message
 
-__all__ = ["error_body", "internal_error_message", "check_api_key"]
+__all__ = ["error_body", "error_response", "internal_error_message", "check_api_key"]
 
 _KINDS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           405: "invalid_request_error", 408: "request_timeout", 413: "request_too_large", 500: "internal_error",
@@ -22,6 +23,13 @@ def error_body(status: int, message: str, kind: str | None = None, request_id: s
     if request_id is not None:
         body["request_id"] = request_id
     return {"error": body}
+
+
+def error_response(status: int, message: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """An error response sent below FastAPI (the guard, malformed HTTP): the encoded JSON of
+    :func:`error_body` and its ``content-type`` and ``content-length`` headers."""
+    body = json.dumps(error_body(status, message)).encode()
+    return body, [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
 
 
 def internal_error_message(request_id: str) -> str:

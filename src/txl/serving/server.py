@@ -6,14 +6,14 @@ connections, the requests in progress may finish (a streaming response included)
 sends half a body or stops reading a stream cannot hold the process), the model worker finishes its
 current job and the server returns. A second SIGTERM or SIGINT during the shutdown exits at once.
 Malformed HTTP (``Content-Length: -1``, a broken request line) is answered with the same JSON error
-body as every other error.
+body as every other error. Serving needs FastAPI and uvicorn (the ``serve`` extra), which ``txl serve``
+checks for before loading anything.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
-import json
 import logging
 import signal
 import socket
@@ -29,17 +29,6 @@ if TYPE_CHECKING:  # nothing here imports torch: txl serve checks its flags befo
 __all__ = ["is_loopback", "build_engine", "listen", "serve", "FORCED_EXIT"]
 
 FORCED_EXIT = 1  #: exit status after a second signal cut the shutdown short
-
-
-def _require_stack():
-    """Import uvicorn and FastAPI, or say how to install them."""
-    try:
-        import fastapi  # noqa: F401
-        import uvicorn
-    except ImportError:
-        raise TxlError("txl serve needs FastAPI and uvicorn: in the txl folder, .venv/bin/python -m pip install -e "
-                       "'.[serve]' (or pip install fastapi uvicorn)") from None
-    return uvicorn
 
 
 def is_loopback(host: str) -> bool:
@@ -59,12 +48,11 @@ def build_engine(model, tokenizer, *, span: AttentionSpan, dtype: str = "float32
     sample through ``torch.compile`` (compiled here, before the first request).
 
     Raises:
-        TxlError: FastAPI/uvicorn missing, bounds out of range, or a span the model cannot read with
+        TxlError: bounds out of range, or a span the model cannot read with
             (``cmem_len`` > 0 for a model without a compressed memory), a ``dtype`` the weights cannot run
             with (bfloat16 weights and "float16"); with ``compile``, what compiled decoding refuses
             (:func:`~txl.generation.generate_steps`).
     """
-    _require_stack()
     from txl.serving.engine import Engine
     from txl.serving.sessions import SessionStore
 
@@ -117,7 +105,8 @@ def uvicorn_config(app, *, log_level: str = "warning", shutdown_timeout: float =
     """uvicorn's config for ``app``: the h11 protocol answering malformed HTTP with a JSON error,
     a graceful shutdown bounded by ``shutdown_timeout`` seconds, and request heads of up to
     :data:`MAX_HEAD_BYTES` read whole however the network cuts them."""
-    uvicorn = _require_stack()
+    import uvicorn
+
     return uvicorn.Config(app, log_level=log_level, access_log=log_level in ("debug", "info"), lifespan="on",
                           timeout_keep_alive=5, http=_json_errors_protocol(),
                           timeout_graceful_shutdown=max(shutdown_timeout, 0.001),
@@ -139,12 +128,11 @@ def serve(engine, sock: socket.socket, *, api_key: str | None = None, max_reques
     Raises:
         KeyboardInterrupt: after a graceful shutdown started by SIGINT (Ctrl-C), as every txl command.
     """
-    _require_stack()
     from txl.serving.app import create_app
 
     app = create_app(engine, api_key=api_key, max_request_bytes=max_request_bytes,
                      max_concurrent_requests=max_concurrent_requests, read_timeout=read_timeout)
-    server = _Server(uvicorn_config(app, log_level=log_level, shutdown_timeout=shutdown_timeout), announce)
+    server = _uvicorn_server(uvicorn_config(app, log_level=log_level, shutdown_timeout=shutdown_timeout), announce)
     logging.getLogger("uvicorn.error").addFilter(_no_cancelled_tracebacks)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the handler found
     # at start: with this one the process then ends normally (exit status 0) instead of dying of it
@@ -173,7 +161,9 @@ def _ignore(_signum, _frame) -> None:
     """A signal handler that does nothing."""
 
 
-def _server_class():
+def _uvicorn_server(config: Any, announce: str | None):
+    """uvicorn's server for ``config``, printing ``announce`` on stderr once it listens (the class is made
+    here: uvicorn is optional)."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -196,11 +186,7 @@ def _server_class():
                 return
             super().handle_exit(sig, frame)
 
-    return Server
-
-
-def _Server(config: Any, announce: str | None):  # noqa: N802 - builds the subclass lazily (uvicorn is optional)
-    return _server_class()(config, announce)
+    return Server(config, announce)
 
 
 def _json_errors_protocol():
@@ -209,13 +195,12 @@ def _json_errors_protocol():
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    from txl.serving.http import error_body
+    from txl.serving.http import error_response
 
     class JsonErrorsH11(H11Protocol):
         def send_400_response(self, msg: str) -> None:
-            body = json.dumps(error_body(400, f"malformed HTTP request: {msg.rstrip('.')}")).encode()
-            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                       (b"connection", b"close")]
+            body, headers = error_response(400, f"malformed HTTP request: {msg.rstrip('.')}")
+            headers.append((b"connection", b"close"))
             self.transport.write(self.conn.send(h11.Response(status_code=400, headers=headers, reason=b"Bad Request")))
             self.transport.write(self.conn.send(h11.Data(data=body)))
             self.transport.write(self.conn.send(h11.EndOfMessage()))

@@ -130,7 +130,11 @@ class StoreFull(Exception):
 @dataclass
 class Session:
     """One session of a :class:`SessionStore`: its id, state, times (seconds), request lock, the
-    number of requests holding or waiting for it (``users``) and whether it was deleted."""
+    number of requests holding or waiting for it (``users``) and whether it was deleted.
+
+    A session with ``users`` cannot be evicted or expire. They are counted from the moment a request finds
+    the session, not only while it holds the lock: a lock alone misses the requests waiting for it and the
+    moment between one request's release and the next one's acquire."""
 
     id: str
     state: SessionState
@@ -139,15 +143,6 @@ class Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     users: int = 0
     deleted: bool = False
-
-    @property
-    def busy(self) -> bool:
-        """Requests are queued on the session or running (it cannot be evicted or expire now).
-
-        Counted from the moment a request finds the session, not only while it holds the lock: a
-        lock alone misses the requests waiting for it and the moment between one request's release
-        and the next one's acquire."""
-        return self.users > 0
 
 
 class SessionStore:
@@ -184,7 +179,7 @@ class SessionStore:
         """
         self.expire()
         while len(self._sessions) >= self.max_sessions:
-            victim = next((s for s in self._sessions.values() if not s.busy), None)
+            victim = next((s for s in self._sessions.values() if not s.users), None)
             if victim is None:
                 raise StoreFull(f"all {self.max_sessions} sessions are in use; try again later")
             del self._sessions[victim.id]
@@ -217,7 +212,7 @@ class SessionStore:
         """Drop the sessions idle for longer than ``idle_timeout`` (not those with a request in
         progress); returns how many were dropped."""
         limit = self.clock() - self.idle_timeout
-        stale = [s.id for s in self._sessions.values() if s.last_used < limit and not s.busy]
+        stale = [s.id for s in self._sessions.values() if s.last_used < limit and not s.users]
         for sid in stale:
             self._sessions.pop(sid).deleted = True
         self.expired += len(stale)

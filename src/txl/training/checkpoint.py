@@ -82,7 +82,7 @@ def save_checkpoint(directory: str | Path, model: TransformerXLLM, tokenizer: To
         raise NonFiniteWeights(f"checkpoint {directory} was not written: the weight {bad[0]} holds NaN or inf values"
                                + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
                                + "; txl never saves non-finite weights", bad)
-    step = _step_of(directory) if directory.exists() else 0
+    step = checkpoint_step(directory) or 0
     replaced = directory.with_name(f"{directory.name}.{step}" if keep > 1 else directory.name + ".old")
     check_replaceable(directory, complete=True)  # nothing is renamed or deleted that txl did not write
     for folder in [replaced, tmp, *(numbered(directory.parent, directory.name) if keep > 1 else [])]:
@@ -117,13 +117,6 @@ def save_checkpoint(directory: str | Path, model: TransformerXLLM, tokenizer: To
     else:
         shutil.rmtree(old, ignore_errors=True)
     fsync_dir(directory.parent)
-
-
-def _step_of(folder: Path) -> int:
-    try:
-        return int(_read_json(folder / STATE_NAME).get("step", 0))
-    except (TxlError, TypeError, ValueError):
-        return 0
 
 
 def nonfinite_weights(model: torch.nn.Module) -> list[str]:
@@ -213,13 +206,14 @@ def resume_run_dir(path: str | Path) -> Path:
     return path
 
 
-def checkpoint_step(folder: str | Path) -> int | None:
-    """The training step recorded in a checkpoint's ``state.json``; None when it records none."""
+def checkpoint_step(folder: str | Path, key: str = "step") -> int | None:
+    """The integer ``key`` (by default the training step) recorded in a checkpoint's ``state.json``; None when
+    it records none (no readable ``state.json``, no such key, or a value that is not an integer)."""
     try:
-        step = _read_json(Path(folder) / STATE_NAME).get("step")
+        value = _read_json(Path(folder) / STATE_NAME).get(key)
     except TxlError:
         return None
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def describe_checkpoint(directory: str | Path) -> str:

@@ -21,13 +21,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from txl.data import Tokenizer
 from txl.data.iterators import EpochOrder
-from txl.data.pairs import Markers, Pair, add_markers, encode_pair, pair_batch, pair_splits
+from txl.data.pairs import Pair, add_markers, encode_pair, pair_batch, pair_splits
 from txl.errors import TxlError
 from txl.evaluation.completions import completion_losses, evaluate_completions
 from txl.evaluation.stream import EvalResult, metric_unit
@@ -180,7 +178,8 @@ class PairsTask(CompletionRowsTask):
         self.files = {k: getattr(run.data, k) for k in names if getattr(run.data, k) is not None}  # pairs files read
         self.pairs: dict[str, list[Pair]] = splits
         cut = run.finetune.max_prompt_tokens
-        self.rows = {name: encode_pairs(self.tokenizer, self.markers, ps, cut) for name, ps in splits.items()}
+        self.rows = {name: [encode_pair(self.tokenizer, self.markers, pair, cut) for pair in ps]
+                     for name, ps in splits.items()}
 
     def describe(self) -> str:
         n = {k: len(v) for k, v in self.rows.items()}
@@ -220,9 +219,11 @@ class PairsTask(CompletionRowsTask):
     def final(self, model: TransformerXLLM, run: RunConfig, dist, progress: bool = False) -> EvalResult:
         """The same on ``eval.split`` with the ``[eval]`` span settings (``progress``: a bar on stderr)."""
         e = run.eval
-        return evaluate_pairs(model, self.rows[e.split], unit=self.unit, batch_size=e.batch_size, dtype=run.train.dtype,
-                              tgt_len=e.tgt_len, mem_len=e.mem_len, clamp_len=e.clamp_len, same_length=e.same_length,
-                              dist=dist, progress=progress and f"final evaluation ({e.split})")
+        span = resolve_span(model.config, tgt_len=e.tgt_len, mem_len=e.mem_len, clamp_len=e.clamp_len,
+                            same_length=e.same_length)
+        return evaluate_completions(model, self.rows[e.split], span=span, unit=self.unit, batch_size=e.batch_size,
+                                    dtype=run.train.dtype, dist=dist,
+                                    progress=progress and f"final evaluation ({e.split})")
 
     def sample(self, model: TransformerXLLM, run: RunConfig) -> tuple[str, str]:
         """The greedy completion of the first valid prompt (its last 300 characters shown as the prompt)."""
@@ -233,41 +234,6 @@ class PairsTask(CompletionRowsTask):
                         max_prompt_tokens=run.finetune.max_prompt_tokens)[0]  # greedy
         shown = pair.prompt if len(pair.prompt) <= 300 else "…" + pair.prompt[-300:]
         return shown, text
-
-
-def encode_pairs(tokenizer: Tokenizer, markers: Markers, pairs: Sequence[Pair],
-                 max_prompt_tokens: int = 0) -> list[tuple[np.ndarray, int]]:
-    """The rows of ``pairs`` as :func:`txl.data.pairs.encode_pair` makes them (int64 token row, index of
-    its first completion token), in order; each prompt is cut to its last ``max_prompt_tokens`` tokens
-    (0: kept whole), as ``finetune.max_prompt_tokens`` says.
-
-    Raises:
-        TxlError: a pair :func:`~txl.data.pairs.encode_pair` refuses (naming it).
-    """
-    return [encode_pair(tokenizer, markers, pair, max_prompt_tokens) for pair in pairs]
-
-
-def evaluate_pairs(model: TransformerXLLM, rows: Sequence[tuple[np.ndarray, int]], *, unit: str, batch_size: int,
-                   dtype: str = "float32", tgt_len: int | None = None, mem_len: int | None = None,
-                   clamp_len: int | None = None, same_length: bool | None = None, cmem_len: int | None = None,
-                   dist=None, progress: bool | str = False) -> EvalResult:
-    """The completion metric of a fine-tuned model: mean NLL per completion token (the completion's
-    tokens and END) of the encoded pairs ``rows`` (:func:`encode_pairs`), each read with the memory from
-    its first token. The span is the model's with the given settings in place (None keeps one;
-    :func:`~txl.config.resolve_span`). The number ``txl finetune`` reports at its end and
-    ``txl eval`` gives for a fine-tuned run (:func:`~txl.evaluation.completions.evaluate_completions`
-    does the reading; ``dist``, ``progress`` as there).
-
-    Returns:
-        :class:`~txl.evaluation.stream.EvalResult` in ``unit`` (loss in nats per completion token).
-
-    Raises:
-        TxlError: no rows, or a span the model cannot read with.
-    """
-    span = resolve_span(model.config, None, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
-                        same_length=same_length, cmem_len=cmem_len)
-    return evaluate_completions(model, rows, span=span, unit=unit, batch_size=batch_size, dtype=dtype, dist=dist,
-                                progress=progress)
 
 
 def finetune_config(init: str | Path, data: str | Path | None = None, *, out_dir: str | Path,

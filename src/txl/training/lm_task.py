@@ -43,7 +43,6 @@ from txl.errors import TxlError
 from txl.evaluation.stream import EvalResult, evaluate, metric_unit
 from txl.generation import generate
 from txl.model import TransformerXLLM
-from txl import distributed
 from txl.config import RunConfig
 from txl.training.fingerprint import array_digest, files_digest, stored_digest
 
@@ -164,24 +163,17 @@ class LMTask:
                         max_tokens=t.eval_max_tokens, dtype=t.dtype, dist=dist, span=span)
 
     def final(self, model: TransformerXLLM, run: RunConfig, dist, progress: bool = False) -> EvalResult:
-        return evaluate_run(model, self.corpus, run, dist=dist, progress=progress)
+        """The final report: ``run.eval.split`` (not empty: :meth:`check`) with the ``[eval]`` span settings,
+        the streams split over the ranks of ``dist``; ``progress``: a progress bar on stderr."""
+        e = run.eval
+        tokens = self.corpus.valid if e.split == "valid" else self.corpus.test
+        return evaluate(model, tokens, unit=self.unit, batch_size=e.batch_size, tgt_len=e.tgt_len, mem_len=e.mem_len,
+                        clamp_len=e.clamp_len, same_length=e.same_length, cmem_len=e.cmem_len, warmup=e.warmup,
+                        max_tokens=e.max_tokens, dtype=run.train.dtype, dist=dist,
+                        progress=progress and f"final evaluation ({e.split})")
 
     def sample(self, model: TransformerXLLM, run: RunConfig) -> tuple[str, str]:
         return sample_text(model, self.corpus, run.train.sample_prompt, run.train.sample_tokens, seed=run.train.seed)
-
-
-def evaluate_run(model: TransformerXLLM, corpus: CorpusSplits, run: RunConfig,
-                 dist: distributed.Dist = distributed.Dist(), progress: bool = False) -> EvalResult:
-    """Evaluate ``model`` on ``run.eval.split`` with the ``[eval]`` span settings (the final report),
-    the streams split over the ranks of ``dist``; ``progress``: a progress bar on stderr."""
-    e = run.eval
-    tokens = corpus.valid if e.split == "valid" else corpus.test
-    if len(tokens) < 2:
-        raise TxlError(f"the {e.split} split is empty; choose eval.split=valid or give a test split")
-    return evaluate(model, tokens, unit=metric_unit(corpus.tokenizer.kind), batch_size=e.batch_size,
-                    tgt_len=e.tgt_len, mem_len=e.mem_len, clamp_len=e.clamp_len, same_length=e.same_length,
-                    cmem_len=e.cmem_len, warmup=e.warmup, max_tokens=e.max_tokens, dtype=run.train.dtype, dist=dist,
-                    progress=progress and f"final evaluation ({e.split})")
 
 
 def sample_text(model: TransformerXLLM, corpus: CorpusSplits, prompt: str, n_tokens: int, seed: int,

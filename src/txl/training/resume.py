@@ -20,7 +20,7 @@ from txl.fileio import atomic_write, read_json_object, write_json
 from txl.model.parameters import parameter_kinds
 from txl.model.serialization import current_name
 from txl import distributed
-from txl.training.checkpoint import load_into, quarantine, saved_vocabulary
+from txl.training.checkpoint import checkpoint_step, load_into, quarantine, saved_vocabulary
 from txl.training.checkpoint_files import TRAINER_JSON as JSON_NAME
 from txl.training.checkpoint_files import TRAINER_TENSORS as TENSORS_NAME
 from txl.training.checkpoint_files import checkpoint_candidates, first_good_checkpoint
@@ -160,29 +160,25 @@ def load_trainer_state(directory: Path, *, optimizer: torch.optim.Optimizer, sca
 
 def saved_step(run_dir: str | Path) -> int | None:
     """The step at which the newest intact resumable checkpoint (``last*/``) of ``run_dir`` was
-    written; None when the run has none. Torn or corrupt checkpoints are skipped silently (the
-    resumed run reports them)."""
+    written (its ``state.json`` and ``trainer.json`` record the same step); None when the run has none.
+    Torn or corrupt checkpoints are skipped silently (the resumed run reports them)."""
     candidates = checkpoint_candidates(run_dir, "last")
     try:
         folder = first_good_checkpoint(candidates, required=JSON_NAME, warn=lambda message: None)
-        step = read_json_object(folder / JSON_NAME, "trainer state").get("step")
     except TxlError:
         return None
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
+    return checkpoint_step(folder)
 
 
-def restore_run(resume_dir: Path, candidates: list[Path], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                scaler: torch.amp.GradScaler, generator: torch.Generator, device: torch.device, d, rows,
-                batch_size: int, dtype: str, seed: int, task, unit: str, fingerprint, allow_data_change: bool,
-                log) -> tuple[int, int, list[torch.Tensor] | None, dict[str, Any], float]:
-    """Bring a run back to the checkpoint ``resume_dir`` (the first intact one of ``candidates``, newest
-    first): the weights, optimizer, scaler, RNG states, the data position and this rank's ``rows`` of the
-    memory; the newer torn or corrupt candidates are set aside (rank 0).
+def restore_run(trainer) -> tuple[int, int, list[torch.Tensor] | None, dict[str, Any], float]:
+    """Bring the run of ``trainer`` (the ``_Trainer`` of :func:`txl.training.loop.train`, set up and not yet
+    started) back to its checkpoint ``resume_dir`` (the first intact one of its ``candidates``, newest first):
+    the weights of its ``model``, its ``optimizer``, ``scaler``, ``generator`` and the other RNG states, the
+    data position and this rank's ``rows`` of the memory; the newer torn or corrupt candidates are set aside
+    (rank 0).
 
-    Args:
-        d: the run's :class:`~txl.distributed.Dist`; ``task``: its task (its tokenizer must give
-            the saved vocabulary); ``fingerprint``: the data's, compared with the saved one
-            (``allow_data_change`` lets a change through with a warning, through ``log``).
+    Its ``task``'s tokenizer must give the saved vocabulary; its ``fingerprint`` (the data's) is compared
+    with the saved one (``allow_data_change`` lets a change through with a warning, through ``log``).
 
     Returns:
         ``(step, position, mems, state, best)``: the saved step, the data position, the memory (this
@@ -193,32 +189,33 @@ def restore_run(resume_dir: Path, candidates: list[Path], *, model: torch.nn.Mod
         TxlError: another vocabulary, changed data (without ``allow_data_change``), another batch size,
             or what loading the checkpoint raises.
     """
+    resume_dir, model, d, t = trainer.resume_dir, trainer.model, trainer.d, trainer.run.train
     saved_tokenizer, saved_state = saved_vocabulary(resume_dir)
-    if saved_tokenizer.to_dict() != task.tokenizer.to_dict():
+    if saved_tokenizer.to_dict() != trainer.task.tokenizer.to_dict():
         raise TxlError(f"the corpus now gives a different vocabulary than {resume_dir} was trained with; data "
                        "settings cannot change when resuming (start a new run instead)")
-    check_resumed_data(saved_state.get(STATE_KEY), fingerprint, checkpoint=resume_dir, allow=allow_data_change,
-                       warn=lambda m: log(f"txl: warning: {m}"))
-    load_into(model, resume_dir, map_location=str(device))
-    restored = load_trainer_state(resume_dir, optimizer=optimizer, scaler=scaler, generator=generator,
-                                  device=device, rank=d.rank, model=model)
+    check_resumed_data(saved_state.get(STATE_KEY), trainer.fingerprint, checkpoint=resume_dir,
+                       allow=trainer.allow_data_change, warn=lambda m: trainer.log(f"txl: warning: {m}"))
+    load_into(model, resume_dir, map_location=str(trainer.device))
+    restored = load_trainer_state(resume_dir, optimizer=trainer.optimizer, scaler=trainer.scaler,
+                                  generator=trainer.generator, device=trainer.device, rank=d.rank, model=model)
     start_step, pos, mems, state = restored["step"], restored["position"], restored["mems"], restored["state"]
-    if mems is not None and mems[0].size(0) != batch_size:
+    if mems is not None and mems[0].size(0) != t.batch_size:
         raise TxlError(f"{resume_dir} holds the memory of {mems[0].size(0)} streams but train.batch_size is now "
-                       f"{batch_size}; the batch size cannot change when resuming (start a new run instead)")
+                       f"{t.batch_size}; the batch size cannot change when resuming (start a new run instead)")
     if mems is not None:
         # memory saved under another train.dtype: the model takes its parameter dtype or the autocast one
         weight_dtype = model.word_emb.emb_layers[0].weight.dtype
-        allowed = {weight_dtype, getattr(torch, dtype)}
-        mems = [m[rows] if m.dtype in allowed else m[rows].to(weight_dtype) for m in mems]
+        allowed = {weight_dtype, getattr(torch, t.dtype)}
+        mems = [m[trainer.rows] if m.dtype in allowed else m[trainer.rows].to(weight_dtype) for m in mems]
     if d.rank and not restored["own_rng"]:  # a rank the saved run did not have: its own dropout stream
-        torch.manual_seed(seed + 7919 * d.rank + start_step)
+        torch.manual_seed(t.seed + 7919 * d.rank + start_step)
     distributed.barrier(d)  # every rank has read it
+    candidates = trainer.candidates
     if d.is_main and resume_dir != candidates[0]:
         quarantine(candidates[:candidates.index(resume_dir)])  # the torn/corrupt newer ones
     best = state["best_val_loss"] if state.get("best_val_loss") is not None else float("inf")
-    state["unit"] = unit  # runs written before the "bpb" label said "bpc" for byte models
-    state[STATE_KEY] = fingerprint  # the data the checkpoints from now on were trained on
+    state["unit"] = trainer.unit  # runs written before the "bpb" label said "bpc" for byte models
+    state[STATE_KEY] = trainer.fingerprint  # the data the checkpoints from now on were trained on
     state["threads"] = torch.get_num_threads()
     return start_step, pos, mems, state, best
-

@@ -13,7 +13,7 @@ import numpy as np
 
 from txl.config import NORMALIZE, TOKENIZERS
 from txl.errors import TxlError
-from txl.fileio import atomic_write
+from txl.fileio import atomic_write, oserrors_as
 
 
 TOKENIZER_KINDS, WORD_NORMALIZERS = TOKENIZERS, NORMALIZE  # the choices of data.tokenizer, data.normalize
@@ -51,19 +51,20 @@ def check_vocabulary_entry(entry: Any, kind: str) -> str:
     return entry
 
 
-def decode_utf8(data: bytes, source: str = "input", kind: str = "char") -> str:
+def decode_utf8(data: bytes, source: str = "input", kind: str = "char", offset: int = 0) -> str:
     """Decode ``data`` as strict UTF-8 for the ``kind`` tokenizer, then :func:`normalize_text` it
     (a file's leading byte-order mark and its CRLF/CR line endings are not text).
 
-    Raises :class:`TxlError` naming ``source``, the invalid byte and its byte offset, and
-    suggesting ``tokenizer=byte``, if ``data`` is not valid UTF-8.
+    Raises :class:`TxlError` naming ``source``, the invalid byte and its byte offset (counted from
+    ``offset``, where ``data`` starts in ``source``), and suggesting ``tokenizer=byte``, if ``data``
+    is not valid UTF-8.
     """
     try:
         return normalize_text(data.decode("utf-8"))
     except UnicodeDecodeError as e:
         bad = data[e.start]
         raise TxlError(
-            f"{source} is not UTF-8 text (invalid byte 0x{bad:02x} at byte offset {e.start}); "
+            f"{source} is not UTF-8 text (invalid byte 0x{bad:02x} at byte offset {offset + e.start}); "
             f"the {kind} tokenizer needs UTF-8 text: use tokenizer=byte for arbitrary bytes"
         ) from None
 
@@ -160,10 +161,8 @@ class Tokenizer(ABC):
         Raises :class:`TxlError` if the file cannot be written.
         """
         payload = json.dumps(self.to_dict(), ensure_ascii=False, indent=1).encode("utf-8")
-        try:
+        with oserrors_as(f"cannot write tokenizer vocabulary to {path}"):
             atomic_write(path, lambda tmp: Path(tmp).write_bytes(payload))
-        except OSError as e:
-            raise TxlError(f"cannot write tokenizer vocabulary to {path}: {e.strerror or e}") from None
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Tokenizer):

@@ -238,7 +238,7 @@ class WordTokenizer(Tokenizer):
                     normalize: str = "none") -> WordTokenizer:
         """The vocabulary of :meth:`build` from word counts made elsewhere (in the order the words were
         first seen, as a ``Counter`` updated text after text keeps them): a corpus counted chunk by chunk
-        (:func:`txl.data.token_cache.word_counts`) gets the vocabulary of one :meth:`build` over its text."""
+        (:func:`txl.data.token_cache.streamed_vocabulary`) gets the vocabulary of one :meth:`build` over its text."""
         counts = Counter(counts)
         for special in (cls.UNK, cls.EOS):
             counts.pop(special, None)
