@@ -162,7 +162,9 @@ def launch(nproc: int, argv: list[str]) -> int:
                                  now=busy_now())
         os.environ["OMP_NUM_THREADS"] = str(max(1, free // nproc))
     try:
-        run(parse_args(["--standalone", f"--nproc_per_node={nproc}", "-m", "txl", *argv]))
+        config = parse_args(["--standalone", f"--nproc_per_node={nproc}", "-m", "txl"])
+        config.training_script_args = list(argv)  # txl's own arguments: never read by torchrun's parser
+        run(config)
     except ChildFailedError as err:
         codes = [f.exitcode for f in err.failures.values()]
         return next((c for c in codes if c and c > 0), 1)

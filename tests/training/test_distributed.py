@@ -66,6 +66,23 @@ def test_two_ranks_step_equals_the_whole_batch_gradient(tmp_path):
     assert worst < 1e-5, worst
 
 
+def test_the_launch_hands_txl_its_arguments_unparsed(monkeypatch):
+    """torchrun's own parser never reads txl's arguments: a flag that is a prefix of several of torchrun's
+    options (``--log`` of ``--log-dir``, ``--logs-specs``) reaches the ranks as given."""
+    import torch.distributed.run as torchrun
+
+    from txl.distributed import launch
+
+    seen = []
+    monkeypatch.setattr(torchrun, "run", lambda config: seen.append(config))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    argv = ["train", "corpus.txt", "--log", "tensorboard", "--npro", "x", "train.max_steps=3"]
+    assert launch(2, argv) == 0
+    (config,) = seen
+    assert (config.nproc_per_node, config.module, config.training_script) == ("2", True, "txl")
+    assert config.training_script_args == argv
+
+
 def test_gradient_accumulation_equals_the_whole_batch(tmp_path, corpus):
     whole = train_cli(tmp_path, corpus, "whole")
     accum = train_cli(tmp_path, corpus, "accum", "train.grad_accum_steps=4")  # one stream per piece
