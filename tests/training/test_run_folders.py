@@ -238,6 +238,10 @@ def test_resume_on_a_changed_corpus_is_refused_unless_allowed(tmp_path, corpus, 
     code, out, err = run_cli(capsys, *train_args(tmp_path, corpus, "new", "--allow-data-change"))
     assert code == 2 and one_error_line(err) == ("txl: error: --allow-data-change applies to --resume only (a new run "
                                                  "records the data it trains on)")
+    code, out, err = run_cli(capsys, *train_args(tmp_path, corpus, "new", "--allow-config-change"))
+    assert code == 2 and one_error_line(err) == ("txl: error: --allow-config-change applies to --resume only (a new "
+                                                 "run takes every KEY=VALUE as given)")
+    assert not (tmp_path / "new").exists()
 
 
 # --- item 10: a non-finite reconstruction term is never applied, non-finite weights never saved --------------------

@@ -10,7 +10,7 @@ import argparse
 
 from txl.cli.checks import check_exists
 from txl.cli.common import add_batch_size, add_data, add_device, add_dtype, add_option, add_seed, add_span, underscore
-from txl.cli.train import add_run_flags, check_allow_data_change, check_run_args, resumed_config, run_training
+from txl.cli.train import add_run_flags, check_resume_flags, check_run_args, resumed_config, run_training
 from txl.errors import TxlError
 
 NAME = "finetune"
@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``txl finetune``; returns the exit status (user errors raise :class:`TxlError`)."""
-    check_allow_data_change(args)
+    check_resume_flags(args)
     for item in args.overrides:
         if "=" not in item:
             raise TxlError(f"unexpected argument {item!r}: give the pairs with --data and overrides as KEY=VALUE")

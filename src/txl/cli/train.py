@@ -62,15 +62,17 @@ def add_run_flags(p: argparse.ArgumentParser, resume_text: str) -> None:
                    help="train in N processes on this machine (runs torchrun; one per GPU, or gloo on CPU)")
 
 
-def check_allow_data_change(args: argparse.Namespace) -> None:
-    """``--allow-data-change`` means something only with ``--resume``."""
+def check_resume_flags(args: argparse.Namespace) -> None:
+    """``--allow-data-change`` and ``--allow-config-change`` mean something only with ``--resume``."""
     if getattr(args, "allow_data_change", False) and not args.resume:
         raise TxlError("--allow-data-change applies to --resume only (a new run records the data it trains on)")
+    if getattr(args, "allow_config_change", False) and not args.resume:
+        raise TxlError("--allow-config-change applies to --resume only (a new run takes every KEY=VALUE as given)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``txl train``; returns the exit status (user errors raise :class:`TxlError`)."""
-    check_allow_data_change(args)
+    check_resume_flags(args)
     overrides, paths = [], []
     for item in args.items:
         (overrides if "=" in item and not os.path.exists(item) else paths).append(item)  # (False for a too-long name)
