@@ -63,6 +63,10 @@ def test_mean_attention_distance_matches_a_direct_computation(make_model):
                     total[i] += p[0, :, q, j] * (k - 5 + q - j)
     np.testing.assert_allclose(got, (total / 10).numpy(), rtol=1e-10)
     assert distance_matrix(2, 4).tolist() == [[2, 1, 0, -1], [3, 2, 1, 0]]
+    with pytest.raises(TxlError, match=r"^max_segments must be >= 1, got 0$"):
+        mean_attention_distance(model, tokens, max_segments=0)
+    with pytest.raises(TxlError, match=r"^the text encodes to no tokens; give a longer text$"):
+        mean_attention_distance(model, tokens[:0])
 
 
 def _write_metrics(path, rows):

@@ -134,3 +134,9 @@ def test_plot_command_learning_curves_and_attention(runs, capsys):
     assert code == 2 and "metrics.csv" in err
     code, out, err = run_cli(capsys, "plot", "--attention", base / "xl")
     assert code == 2 and "--text" in err
+    (base / "empty.txt").write_text("", encoding="utf-8")
+    code, out, err = run_cli(capsys, "plot", base / "xl", "--attention", "--data", base / "empty.txt", "--out",
+                             base / "plots2")
+    assert code == 2 and err.strip().splitlines()[-1] == (f"txl: error: --data {base / 'empty.txt'} encodes to no "
+                                                          "tokens; give a longer text")
+    assert not (base / "plots2").exists()

@@ -41,6 +41,16 @@ def segment_probabilities(model, input_ids: torch.Tensor, mems=None,
     return reference.read_segment(model, input_ids, before, leading, span).probs
 
 
+def _token_tensor(tokens: np.ndarray, max_segments: int) -> torch.Tensor:
+    """``tokens`` as int64 [N], checked: at least one token, and ``max_segments`` >= 1."""
+    if max_segments < 1:
+        raise TxlError(f"max_segments must be >= 1, got {max_segments}")
+    data = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
+    if data.numel() < 1:
+        raise TxlError("the text encodes to no tokens; give a longer text")
+    return data
+
+
 def distance_matrix(qlen: int, klen: int) -> torch.Tensor:
     """float [T, K]: distance ``M + i - j`` (tokens back) from query i to key j, M = K - T."""
     mlen = klen - qlen
@@ -83,11 +93,9 @@ def mean_attention_distance(model, tokens: np.ndarray, *, tgt_len: int | None = 
         float64 [n_layer, n_head] mean distances in tokens (key slots).
 
     Raises:
-        TxlError: an empty text.
+        TxlError: an empty text, or ``max_segments`` < 1.
     """
-    data = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
-    if data.numel() < 1:
-        raise TxlError("the text encodes to no tokens; give a longer --text")
+    data = _token_tensor(tokens, max_segments)
     span = resolve_span(model.config, tgt_len=tgt_len, mem_len=mem_len, cmem_len=cmem_len)
 
     def distance(seg, probs: list[torch.Tensor]) -> torch.Tensor:
@@ -113,11 +121,9 @@ def compressed_attention_mass(model, tokens: np.ndarray, *, tgt_len: int | None 
         float64 [n_layer, n_head] shares in [0, 1].
 
     Raises:
-        TxlError: an empty text, or a span without compressed memory (``cmem_len`` 0).
+        TxlError: an empty text, ``max_segments`` < 1, or a span without compressed memory (``cmem_len`` 0).
     """
-    data = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
-    if data.numel() < 1:
-        raise TxlError("the text encodes to no tokens; give a longer --text")
+    data = _token_tensor(tokens, max_segments)
     span = resolve_span(model.config, tgt_len=tgt_len, mem_len=mem_len, cmem_len=cmem_len)
     if span.cmem_len == 0:
         raise TxlError("this model is read without a compressed memory (cmem_len 0): there is no attention on it")

@@ -102,6 +102,8 @@ def _attention(args: argparse.Namespace, checkpoint: str) -> int:
     else:
         text = args.text
     tokens = ckpt.tokenizer.encode(text)
+    if len(tokens) == 0:
+        raise TxlError(f"{f'--data {args.data}' if args.data else '--text'} encodes to no tokens; give a longer text")
     print_notes(args)  # the threads (the input has passed its checks)
     mem_len = args.mem_len if args.mem_len is not None else ckpt.run.eval.mem_len
     cmem_len = args.cmem_len if args.cmem_len is not None else (ckpt.run.eval.cmem_len if ckpt.run.eval.cmem_len
