@@ -316,7 +316,9 @@ EARLY = [  # (argv, the error line); CKPT is an existing empty folder
     (["ablate", "--data", "nope"], "--data nope does not exist"),
     (["export", "nope", "out"], "checkpoint nope does not exist"),
     (["export", "CKPT", "doc.txt"], "OUT doc.txt is a file; choose a folder"),
+    (["export", "CKPT", "doc.txt/out"], "OUT doc.txt/out would be inside doc.txt, which is a file; choose a folder"),
     (["export", "CKPT", "out", "--mem-len", "0"], "--mem-len must be >= 1, got 0"),
+    (["export", "CKPT", "out", "--mem-len", "-1"], "--mem-len must be >= 1, got -1"),  # the command's minimum, first
     # the span flags of every command, by the one shared check (the flag as --help shows it)
     (["eval", "CKPT", "--clamp-len", "-5"], "--clamp-len must be >= 0, got -5"),
     (["score", "CKPT", "doc.txt", "--clamp-len", "-5"], "--clamp-len must be >= 0, got -5"),

@@ -153,7 +153,8 @@ def check_range(args: argparse.Namespace, minimum: int, *names: str) -> None:
 def check_shared_flags(args: argparse.Namespace) -> None:
     """The flags several commands share, checked by :func:`txl.cli.main` for every command before it runs
     (torch-free): ``--threads`` in ``[0, MAX_THREADS]``, the attention-span flags (``--tgt-len`` >= 1;
-    ``--mem-len``, ``--clamp-len``, ``--cmem-len`` >= 0), ``--seed`` in ``[0, 2**32)`` and the pair
+    ``--mem-len``, ``--clamp-len``, ``--cmem-len`` >= 0, or the stricter minimum a command sets as its
+    ``span_minimum`` default), ``--seed`` in ``[0, 2**32)`` and the pair
     ``--quantize``/``--dtype`` (the rules of :mod:`txl.config`: :func:`~txl.config.check_threads`,
     :func:`~txl.config.check_seed`, :func:`~txl.config.check_weights_dtype`).
 
@@ -161,7 +162,7 @@ def check_shared_flags(args: argparse.Namespace) -> None:
         TxlError: the first value out of range, naming the flag as ``--help`` shows it.
     """
     check_threads(getattr(args, "threads", None), flag_name(args, "threads"))
-    for name, minimum in SPAN_MINIMUM.items():
+    for name, minimum in {**SPAN_MINIMUM, **getattr(args, "span_minimum", {})}.items():
         check_range(args, minimum, name)
     check_seed(getattr(args, "seed", None), flag_name(args, "seed"))
     if getattr(args, "quantize", None) == "bf16":

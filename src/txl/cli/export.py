@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from txl.cli.checks import check_exists, check_range
+from txl.cli.checks import check_exists
 from txl.cli.common import (add_checkpoint, add_checkpoint_name, add_option, add_span, add_threads, load_checkpoint,
                             print_notes)
 
@@ -31,13 +31,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     "with --format onnx) (default: float32)")
     add_span(p, ("tgt_len", "mem_len", "clamp_len", "same_length"), default_text="the model's")
     add_threads(p)
-    p.set_defaults(device="cpu")  # graphs are traced on the CPU (ONNX Runtime picks its own device)
+    # graphs are traced on the CPU (ONNX Runtime picks its own device); a ring needs one memory slot at least
+    p.set_defaults(device="cpu", span_minimum={"mem_len": 1})
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``txl export``."""
     check_exists(args.checkpoint, "checkpoint", kind="folder")  # before torch is imported
-    check_range(args, 1, "mem_len")  # stricter than every command's >= 0 (txl.cli.checks.check_shared_flags)
     from txl.fileio import check_output_folder
 
     check_output_folder(args.out, flag="OUT", empty=True, inputs=[args.checkpoint])  # before the model is loaded
