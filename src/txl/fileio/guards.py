@@ -246,7 +246,7 @@ def check_output_folder(path: str | Path, *, flag: str = "--out", create: bool =
                 os.close(fd)
     if path.exists() and not path.is_dir():
         raise TxlError(f"{flag} {path} is a file; choose a folder")
-    above = next((p for p in path.parents if p.exists()), None)  # the nearest existing folder above it
+    above = next((p for p in path.parents if p.exists()), None)  # the nearest existing path above it
     if above is not None and not above.is_dir():
         raise TxlError(f"{flag} {path} would be inside {above}, which is a file; choose a folder")
     folder = protected_folder(Path(os.path.realpath(path)).parent)
