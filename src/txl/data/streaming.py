@@ -199,7 +199,8 @@ def chunk_text(chunk: Chunk, span: Span, kind: str) -> str:
             texts.append(decode_part(part, opens_file, kind))
         except TxlError:  # decoded again, naming the file (found only now: a chunk may hold many files)
             path, offset = locate(span, chunk.at + lo)
-            decode_part(part, opens_file, kind, f"corpus file {path}", offset)
+            decode_part(part, opens_file, kind, f"corpus file {path}", offset)  # raises, naming the byte
+            raise
     return "".join(texts)
 
 

@@ -252,8 +252,8 @@ class _Completion:
         after it (``context``, ``mems``). A prompt's log-probabilities go to ``prompt_lp``."""
         scored = self.req.echo and self.req.logprobs is not None
         if scored or self.ids.size > self.engine.job_tokens:
-            # a long prompt is read first in jobs of whole segments (on the grid generate reads it with),
-            # others' jobs between them
+            # a scored or long prompt is read first in jobs of whole segments (on the grid generate reads it
+            # with), others' jobs between them
             lp, state = await self.engine.score_prompt(self.ids)
             self.context, self.mems, self.prompt_lp = state.tail, state.mems, lp if scored else None
 

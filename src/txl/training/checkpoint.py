@@ -206,14 +206,19 @@ def resume_run_dir(path: str | Path) -> Path:
     return path
 
 
-def checkpoint_step(folder: str | Path, key: str = "step") -> int | None:
-    """The integer ``key`` (by default the training step) recorded in a checkpoint's ``state.json``; None when
-    it records none (no readable ``state.json``, no such key, or a value that is not an integer)."""
+def state_int(folder: str | Path, key: str) -> int | None:
+    """The integer ``key`` recorded in a checkpoint's ``state.json``; None when it records none (no readable
+    ``state.json``, no such key, or a value that is not an integer)."""
     try:
         value = _read_json(Path(folder) / STATE_NAME).get(key)
     except TxlError:
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def checkpoint_step(folder: str | Path) -> int | None:
+    """The training step recorded in a checkpoint's ``state.json`` (:func:`state_int`); None when it records none."""
+    return state_int(folder, "step")
 
 
 def describe_checkpoint(directory: str | Path) -> str:

@@ -16,7 +16,7 @@ from txl.errors import TxlError
 from txl.fileio import FolderClaim, claim_folder
 from txl.model import TransformerXLLM
 from txl.kernels.cpu import check_attention_fits
-from txl.training.checkpoint import RUN_NAME, checkpoint_step
+from txl.training.checkpoint import RUN_NAME, state_int
 from txl.training.checkpoint_files import check_run_folder, checkpoint_candidates, first_good_checkpoint
 from txl.training.lm_task import LMTask
 from txl.training.resume import JSON_NAME as TRAINER_JSON
@@ -33,7 +33,7 @@ def absolute_paths(data):
 
 def recorded_threads(checkpoint: Path) -> int | None:
     """The CPU thread count a run recorded in a checkpoint's ``state.json`` (None for runs before it did)."""
-    value = checkpoint_step(checkpoint, key="threads")
+    value = state_int(checkpoint, "threads")
     return value if value is not None and value >= 1 else None
 
 
