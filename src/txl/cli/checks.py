@@ -18,9 +18,18 @@ import math
 import os
 from typing import Callable
 
-from txl.cli.common import flag_name
 from txl.config import SPAN_MINIMUM, check_seed, check_threads, check_weights_dtype
 from txl.errors import TxlError, listed, quoted
+
+
+def flag_name(args: argparse.Namespace, dest: str) -> str:
+    """The flag that sets ``dest`` as ``--help`` shows it, short form included (``-n/--max-new-tokens``).
+
+    Taken from the parser the command was built with (see :func:`txl.cli.main`); a namespace made
+    elsewhere gets the long form spelled from ``dest``.
+    """
+    flags = getattr(args, "_flags", None) or {}
+    return flags.get(dest) or f"--{dest.replace('_', '-')}"
 
 
 def finite_float(text: str) -> float:

@@ -20,9 +20,9 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from txl.cli.checks import check_exists, finite_float
+from txl.cli.checks import check_exists, finite_float, flag_name
 from txl.cli.common import (Command, add_batch_size, add_checkpoint, add_data, add_device, add_dtype, add_option,
-                            add_span, flag_name, checkpoint_arg, note_threads, print_notes, underscore)
+                            add_span, checkpoint_arg, note_threads, print_notes, underscore)
 from txl.cli.train import launch_ranks
 from txl.config import HEAD_INITS, MODES, POOLINGS, RECURRENCES, ClassifyTrainConfig
 from txl.errors import TxlError, listed
@@ -115,7 +115,7 @@ def resolve_settings(args: argparse.Namespace) -> None:
     """Fill each training setting of ``args`` left unset on the command line (None) from the ``--config``
     file's ``[classify]`` table, else from :data:`TRAIN_SETTINGS`'s default; torch-free. A value taken
     from the file is named in later errors as ``[classify] KEY of FILE`` (through ``args._flags``, see
-    :func:`~txl.cli.common.flag_name`), not as the flag nobody typed. ``--valid`` on the command line
+    :func:`~txl.cli.checks.flag_name`), not as the flag nobody typed. ``--valid`` on the command line
     wins over the file's ``valid_fraction``.
 
     Raises:

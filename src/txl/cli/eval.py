@@ -201,11 +201,17 @@ def run(args: argparse.Namespace) -> int:
                        clamp_len=span["clamp_len"], same_length=span["same_length"], cmem_len=span["cmem_len"],
                        warmup=args.warmup or e.warmup, max_tokens=max_tokens, dtype=args.dtype,
                        progress=not args.quiet, compiled=args.compile)
+    return _report(args, ckpt, where, [f"{where}: {res}"],
+                   {"unit": res.unit, "value": res.value, "loss_nats": res.loss, "n_tokens": res.n_tokens,
+                    **res.settings})
+
+
+def _report(args, ckpt, where: str, lines: list[str], record: dict) -> int:
+    """Print ``lines`` (unless the JSON goes to stdout) and write ``record`` to ``--json``; returns 0."""
     if args.json != "-":
-        print(f"{where}: {res}")
+        print("\n".join(lines))
     if args.json:
-        emit_json(args.json, {"checkpoint": str(ckpt.path), "data": where, "unit": res.unit, "value": res.value,
-                              "loss_nats": res.loss, "n_tokens": res.n_tokens, **res.settings}, force=args.force)
+        emit_json(args.json, {"checkpoint": str(ckpt.path), "data": where, **record}, force=args.force)
     return 0
 
 
@@ -237,13 +243,9 @@ def _eval_pairs(args, ckpt, split, e) -> int:
     res = evaluate_completions(ckpt.model, rows, span=span, unit=metric_unit(ckpt.tokenizer.kind),
                                batch_size=args.batch_size or e.batch_size, dtype=args.dtype, progress=not args.quiet)
     where = f"{split} pairs of the run (completion tokens)"
-    if args.json != "-":
-        print(f"{where}: {res}")
-    if args.json:
-        emit_json(args.json, {"checkpoint": str(ckpt.path), "data": where, "metric": "completion", "unit": res.unit,
-                              "value": res.value, "loss_nats": res.loss, "n_tokens": res.n_tokens, **res.settings},
-                  force=args.force)
-    return 0
+    return _report(args, ckpt, where, [f"{where}: {res}"],
+                   {"metric": "completion", "unit": res.unit, "value": res.value, "loss_nats": res.loss,
+                    "n_tokens": res.n_tokens, **res.settings})
 
 
 def _eval_sweep(args, ckpt, tokens, where, unit, max_tokens, e, sweep, batch_size) -> int:
@@ -255,13 +257,9 @@ def _eval_sweep(args, ckpt, tokens, where, unit, max_tokens, e, sweep, batch_siz
                             clamp_len=pick(args.clamp_len, e.clamp_len),
                             same_length=pick(args.same_length, e.same_length), max_tokens=max_tokens,
                             dtype=args.dtype, progress=not args.quiet)
-    if args.json != "-":
-        print(f"{where}: {unit} against evaluation memory length")
-        print(format_sweep(sweep, results))
-    if args.json:
-        emit_json(args.json, {"checkpoint": str(ckpt.path), "data": where, "unit": unit,
-                              "results": [{"value": r.value, "loss_nats": r.loss, "n_tokens": r.n_tokens,
-                                           **r.settings} for r in results]}, force=args.force)
+    _report(args, ckpt, where, [f"{where}: {unit} against evaluation memory length", format_sweep(sweep, results)],
+            {"unit": unit, "results": [{"value": r.value, "loss_nats": r.loss, "n_tokens": r.n_tokens, **r.settings}
+                                       for r in results]})
     if args.plot:
         from txl.analysis.plots import plot_mem_sweep
 
@@ -292,12 +290,6 @@ def _eval_dynamic(args, ckpt, tokens, where, unit, max_tokens, e) -> int:
                       progress=not args.quiet and "static evaluation", **span)
     dyn = dynamic_evaluate(ckpt.model, tokens, unit=unit, lr=lr, decay=args.dynamic_decay, method=args.dynamic_method,
                            stats=stats, max_tokens=max_tokens, dtype=args.dtype, progress=not args.quiet, **span)
-    if args.json != "-":
-        print(f"{where}:")
-        print(f"  static  {static}")
-        print(f"  dynamic {dyn}")
-    if args.json:
-        emit_json(args.json, {"checkpoint": str(ckpt.path), "data": where, "unit": unit, "static": static.value,
-                              "dynamic": dyn.value, "static_loss_nats": static.loss, "dynamic_loss_nats": dyn.loss,
-                              "n_tokens": dyn.n_tokens, **dyn.settings}, force=args.force)
-    return 0
+    return _report(args, ckpt, where, [f"{where}:", f"  static  {static}", f"  dynamic {dyn}"],
+                   {"unit": unit, "static": static.value, "dynamic": dyn.value, "static_loss_nats": static.loss,
+                    "dynamic_loss_nats": dyn.loss, "n_tokens": dyn.n_tokens, **dyn.settings})

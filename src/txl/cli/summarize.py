@@ -13,11 +13,10 @@ import json
 import sys
 from pathlib import Path
 
-from txl.cli.checks import (check_min_new_tokens, check_output, check_exists, finite_float,
-                            require_installed)
-from txl.cli.common import (add_quantize, add_batch_size, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_force,
-                            add_json, add_option, add_seed, add_span, decoding_rules, load_checkpoint, print_notes, underscore,
-                            emit_json)
+from txl.cli.checks import check_exists, check_min_new_tokens, check_output, require_installed
+from txl.cli.common import (add_batch_size, add_checkpoint, add_checkpoint_name, add_decoding_flags, add_device,
+                            add_dtype, add_force, add_json, add_option, add_quantize, add_seed, add_span, decoding_rules,
+                            emit_json, load_checkpoint, print_notes, underscore)
 from txl.errors import TxlError
 
 NAME = "summarize"
@@ -38,24 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a text file (one document) or a .jsonl file of {\"prompt\" or \"text\", [\"completion\"]}")
     add_option(p, "--out", "-o", metavar="FILE", default="-", help="JSON Lines output (default - : stdout)")
     add_force(p)
-    add_option(p, "-n", "--max-new-tokens", aliases=underscore("--max-new-tokens"), type=int, default=128,
-               metavar="N", help="longest summary in tokens (default 128)")
     add_option(p, "--prompt-tokens", aliases=underscore("--prompt-tokens"), type=int, default=0, metavar="N",
                help="read only the last N tokens of each document (default 0: all of it, with the memory)")
-    p.add_argument("--temperature", "-t", type=finite_float, default=0.0, help="0 = greedy (the default)")
-    add_option(p, "--top-k", aliases=underscore("--top-k"), type=int, default=None, metavar="K")
-    add_option(p, "--top-p", aliases=underscore("--top-p"), type=finite_float, default=None, metavar="P")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="also stop after this text (repeatable)")
-    add_option(p, "--min-new-tokens", aliases=underscore("--min-new-tokens"), type=int, default=0, metavar="N")
-    add_option(p, "--repetition-penalty", aliases=underscore("--repetition-penalty"), type=finite_float, default=1.0,
-               metavar="F")
-    add_option(p, "--no-repeat-ngram-size", aliases=underscore("--no-repeat-ngram-size"), type=int, default=0,
-               metavar="N")
-    add_option(p, "--num-beams", aliases=underscore("--num-beams"), type=int, default=1, metavar="N",
-               help="beam search with N beams (default 1: greedy or sampling)")
-    add_option(p, "--length-penalty", aliases=underscore("--length-penalty"), type=finite_float, default=1.0,
-               metavar="F",
-               help="beam search ranks finished summaries by log-prob / length**F (default 1)")
+    add_decoding_flags(p, max_new_tokens=128, max_new_help="longest summary in tokens", temperature=0.0,
+                       stop_help="also stop after this text, which is not written (repeatable)",
+                       beam_help="beam search with N beams (default 1: greedy or sampling)", ranked="summaries")
     add_batch_size(p, default=8, text="documents decoded together")
     add_seed(p, default=0, text="seeds sampling (document i draws with its own generator, seeded seed + i)")
     add_span(p, ("mem_len",), default_text="the model's")
