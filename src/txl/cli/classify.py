@@ -16,7 +16,6 @@ import dataclasses
 import json
 import os
 import sys
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,13 +30,9 @@ NAME = "classify"
 HELDOUT_NAME = "heldout.json"  # the held-out report of a run (txl classify train)
 HELP = "long-document classification with memory (fine-tune an LM)"
 EXAMPLE = "txl classify train runs/wt103 --data reviews.jsonl --out runs/reviews"
-# the settings of `txl classify train` a --config file's [classify] table may give: name -> (type, built-in
-# default), read from txl.config.ClassifyTrainConfig. A flag on the command line wins over the file, the file
-# over the default.
-_HINTS = typing.get_type_hints(ClassifyTrainConfig)
-TRAIN_SETTINGS: dict[str, tuple[type, object]] = {
-    f.name: (next(t for t in typing.get_args(_HINTS[f.name]) or (_HINTS[f.name],) if t is not type(None)), f.default)
-    for f in dataclasses.fields(ClassifyTrainConfig)}
+# the settings of `txl classify train` a --config file's [classify] table may give: name -> built-in default,
+# read from txl.config.ClassifyTrainConfig. A flag on the command line wins over the file, the file over the default.
+TRAIN_SETTINGS: dict[str, object] = {f.name: f.default for f in dataclasses.fields(ClassifyTrainConfig)}
 
 
 def _add_train(t: argparse.ArgumentParser) -> None:
@@ -141,7 +136,7 @@ def resolve_settings(args: argparse.Namespace) -> None:
     if getattr(args, "valid", None) is not None:  # held-out documents given: the file's held-out fraction does not apply
         given.pop("valid_fraction", None)
     flags = dict(getattr(args, "_flags", None) or {})
-    for key, (_, default) in TRAIN_SETTINGS.items():
+    for key, default in TRAIN_SETTINGS.items():
         if getattr(args, key) is None:
             if key in given:
                 flags[key] = f"[classify] {key} of {args.config}"
