@@ -64,8 +64,11 @@ def clip_message(message: str, limit: int = CLIP_CHARS, inputs=()) -> str:
         return message
     for given in sorted({str(x) for x in inputs if len(str(x)) > limit}, key=len, reverse=True):
         for form in dict.fromkeys((given, given.rstrip("/"), os.path.normpath(given))):
-            if len(form) > limit and form in message:
-                message = message.replace(form, f"{shorten(form, limit)} ({len(form):,} characters)")
+            for quote in ("'", '"', ""):  # a quoted input keeps its quotes, the length said after them
+                whole = f"{quote}{form}{quote}"
+                if len(form) > limit and whole in message:
+                    cut = shorten(form, limit - 2 * len(quote))
+                    message = message.replace(whole, f"{quote}{cut}{quote} ({len(form):,} characters)")
 
     def cut(match) -> str:
         text = match.group(0)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from txl.config.fields import DTYPES, MAX_THREADS, check_threads
-from txl.errors import TxlError
+from txl.errors import TxlError, quoted
 
 
 def resolve_device(name: str) -> torch.device:
@@ -34,7 +34,7 @@ def resolve_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise TxlError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from None
+        raise TxlError(f"unknown device {quoted(name)}; use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise TxlError(f"device {name!r} requested but CUDA is not available; use --device cpu")
     return device
@@ -273,7 +273,8 @@ def progress_bar(total: int, progress: bool | str, label: str, unit: str = "segm
     from tqdm import tqdm
 
     where = {"dynamic_ncols": True, "file": sys.stderr} if sys.stderr.isatty() else {
-        "file": _ProgressLines(sys.stderr), "mininterval": PROGRESS_EVERY_S, "ncols": 100}
+        "file": _ProgressLines(sys.stderr), "mininterval": PROGRESS_EVERY_S, "maxinterval": PROGRESS_EVERY_S,
+        "ncols": 100}
     return tqdm(total=total, desc=progress if isinstance(progress, str) else label, unit=unit,
                 disable=not progress, **{"leave": False, **where, **options})
 

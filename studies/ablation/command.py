@@ -10,7 +10,7 @@ from txl.errors import TxlError
 
 NAME = "ablate"
 HELP = "train and compare the paper's Table 6 variants (recurrence, relative/Shaw/absolute encoding) and rotary"
-EXAMPLE = "txl ablate --data data/shakespeare.txt --budget-minutes 20 --out runs/ablate"
+EXAMPLE = "txl ablate --data data/tinyshakespeare.txt --budget-minutes 20 --out runs/ablate"
 DETAILS = ("Train full Transformer-XL, relative encoding without recurrence, recurrence with Shaw et al. (2018) "
            "encoding, a vanilla absolute-position Transformer and recurrence with rotary positions (Su et al. 2021) "
            "at equal parameter count and budget, score them "

@@ -149,3 +149,31 @@ def test_list_positionals_may_continue_after_an_option(capsys):
     assert (args.checkpoint, args.files, args._more, extra) == ("ckpt", ["a.txt"], "files", ["b.txt"])
     assert main(["plot", "--out", "x", "--bogus"]) == 2  # options are never swallowed
     assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def _documented_commands(cell: str) -> set[str]:
+    """The commands a docs/cli.md table cell names: ``train and finetune (train.seed), eval, classify
+    train/predict`` -> {train, finetune, eval, classify train, classify predict}."""
+    cell = re.sub(r"\([^)]*\)", "", cell.split(":")[-1])
+    names = {name.strip() for part in cell.split(",") for name in part.split(" and ")}
+    return {expanded for name in names if name for expanded in
+            ([f"classify {sub}" for sub in ("train", "predict")] if name == "classify train/predict" else [name])}
+
+
+def test_flag_tables_of_the_cli_page_name_every_command_that_takes_the_flag():
+    from pathlib import Path
+
+    page = (Path(__file__).parents[2] / "docs" / "cli.md").read_text(encoding="utf-8")
+    tables = (page.split("**One meaning per short flag**")[1].split("**The checkpoint is always positional**")[0]
+              + page.split("## Shared flags")[1].split("## Changed spellings")[0])
+    checked = set()
+    for line in tables.splitlines():
+        cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+        if not cells or not cells[0].startswith("`-"):
+            continue  # not a row of a flag
+        flag = re.match(r"`(-[-a-z]+)", cells[0]).group(1)
+        offered = {prog[len("txl "):] for prog, parser in PARSERS.items() if prog != "txl"
+                   for action in parser._actions if flag in action.option_strings and action.help != argparse.SUPPRESS}
+        assert _documented_commands(cells[-1]) == offered, f"docs/cli.md's row of {flag}"
+        checked.add(flag)
+    assert {"-c", "-o", "-q", "-n", "--device", "--threads", "--mem-len", "--seed", "--json", "--force"} <= checked

@@ -4,6 +4,7 @@ files. Each case is tested where it was reported and where the same kind is reac
 (the server's and the export runner's cases: tests/serving/test_serve_faults.py, tests/export)."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -198,6 +199,21 @@ def test_clip_message_cuts_quoted_and_unbroken_stretches_only():
     assert clip_message(f"corpus {path} does not exist").endswith("/train.txt (316 characters) does not exist")
     assert quoted("x" * 5) == "'xxxxx'" and quoted(LONG).endswith("' (100,000 characters)")
     assert len(quoted(LONG)) < CLIP_CHARS + 30
+
+
+def test_clip_message_cuts_a_quoted_input_once_and_keeps_its_quotes():
+    for message in (f"unknown device {LONG!r}; use cpu", f'no file "{LONG}" here'):
+        clipped = clip_message(message, inputs=[LONG])
+        assert clipped.count("characters)") == 1 and "(100,000 characters)" in clipped, clipped
+        quote = "'" if "device" in message else '"'
+        assert re.search(f"{quote}a+…a+{quote} \\(100,000 characters\\)", clipped), clipped
+        assert clip_message(clipped, inputs=[LONG]) == clipped
+
+
+def test_an_unknown_long_device_is_named_once(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "train", "--device", LONG, "--out", tmp_path / "run")
+    line = one_error_line(err)
+    assert code == 2 and line.count("characters)") == 1 and "(100,000 characters); use auto, cpu" in line, line
 
 
 # --- 8. a data split that would write an empty file --------------------------------------------------------------

@@ -293,7 +293,8 @@ def load_checkpoint(args: argparse.Namespace, path: str | None = None, announce:
     if announce:  # said once the command's input has passed its checks (see print_notes)
         notes = args.__dict__.setdefault("_notes", [])
         notes.append(f"txl: using {describe_checkpoint(ckpt.path)}{quantized}; {threads}")
-        warning = slow_dtype_warning(device, "bfloat16" if quantize == "bf16" else getattr(args, "dtype", None))
+        warning = (slow_dtype_warning(device, "bfloat16", "--quantize bf16") if quantize == "bf16"
+                   else slow_dtype_warning(device, getattr(args, "dtype", None)))
         if warning:
             notes.append(warning)
         if int8 and device.type != "cpu":
@@ -315,14 +316,16 @@ def print_notes(args: argparse.Namespace) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-def slow_dtype_warning(device, dtype: str | None) -> str | None:
+def slow_dtype_warning(device, dtype: str | None, flag: str | None = None) -> str | None:
     """The ``txl: warning:`` line for a ``dtype`` that ``device`` only emulates (a CPU without native
-    bfloat16/float16 arithmetic, many times slower than float32); None when there is nothing to say."""
+    bfloat16/float16 arithmetic, many times slower than float32), naming ``flag``, the flag that asked
+    for it (default ``--dtype DTYPE``); None when there is nothing to say."""
     from txl import runtime
 
     if dtype and dtype != "float32" and not runtime.native_dtype_support(device, dtype):
-        return (f"txl: warning: this CPU has no native {dtype} support: --dtype {dtype} will be much slower "
-                "than float32 (use --dtype float32 here)")
+        flag = flag or f"--dtype {dtype}"
+        return (f"txl: warning: this CPU has no native {dtype} support: {flag} will be much slower than "
+                f"float32 (drop {flag} here)")
     return None
 
 

@@ -41,7 +41,7 @@ class EvalResult:
 
     def __str__(self) -> str:
         spans = ", ".join(f"{k}={v}" for k, v in self.settings.items())
-        return f"{self.unit} {self.value:.4f} (loss {self.loss:.4f} nats/token over {self.n_tokens} tokens; {spans})"
+        return f"{self.unit} {self.value:.4f} (loss {self.loss:.4f} nats/token over {self.n_tokens:,} tokens; {spans})"
 
 
 UNITS = ("bpb", "bpc", "ppl", "nats")
