@@ -9,6 +9,8 @@ model's ``forward`` and ``hidden_states``, ``generate`` and the token-stream fun
 label in range or -100, the memory a previous call returned, bf16 autocast) still work.
 """
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -275,3 +277,37 @@ def test_memory_figures_follow_process_limits_and_allocation_failures_are_one_li
     monkeypatch.setattr(eval_cli, "run", allocate)
     code, _, err = run_cli(capsys, "eval", "nowhere")
     assert code == 1 and one_error_line(err).startswith("txl: error: out of memory:")
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda x: generate(MODEL, x, 2.5), "max_new_tokens must be an integer >= 0, got 2.5"),
+    (lambda x: generate(MODEL, x, None), "max_new_tokens must be an integer >= 0, got None"),
+    (lambda x: generate(MODEL, x, 2, top_k=1.5), "top_k must be an integer >= 1, got 1.5"),
+    (lambda x: generate(MODEL, x, 2, top_k=True), "top_k must be an integer >= 1, got True"),
+    (lambda x: generate(MODEL, x, 3, no_repeat_ngram_size=1.5), "no_repeat_ngram_size must be an integer >= 0"),
+    (lambda x: generate(MODEL, x, 2, temperature="0.5"), "temperature must be a finite number >= 0, got '0.5'"),
+    (lambda x: generate(MODEL, x, 2, generator=5), "generator must be a torch.Generator or a list of them"),
+    (lambda x: generate(MODEL, x, 2, generator=[torch.Generator(), 5]), "generator must be a torch.Generator"),
+    (lambda x: score(MODEL, ["abc", [1, 2, 3]], tokenizer=object()), "document 1 is a list among texts"),
+])
+def test_decoding_and_scoring_arguments_of_the_wrong_type_raise_txl_error(call, message):
+    with pytest.raises(TxlError, match=re.escape(message)):
+        call(torch.randint(0, V, (1, 4)))
+
+
+def test_save_pretrained_refuses_a_file_and_a_checkpoint_with_checksums(tmp_path):
+    from txl.data import ByteTokenizer
+    from txl.config import RunConfig
+    from txl.training.checkpoint import save_checkpoint
+
+    (tmp_path / "notes.txt").write_text("keep")
+    with pytest.raises(TxlError, match="is a file; save_pretrained writes a folder"):
+        MODEL.save_pretrained(tmp_path / "notes.txt")
+    model = tiny_model(dtype=torch.float32, vocab_size=256)
+    save_checkpoint(tmp_path / "ckpt", model, ByteTokenizer(), RunConfig(model=model.config), {"step": 1})
+    before = (tmp_path / "ckpt" / "model.safetensors").read_bytes()
+    with pytest.raises(TxlError, match="is a txl checkpoint with checksums.json"):
+        model.save_pretrained(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "model.safetensors").read_bytes() == before
+    model.save_pretrained(tmp_path / "plain")
+    model.save_pretrained(tmp_path / "plain")  # its own earlier output is replaced, as usual

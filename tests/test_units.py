@@ -30,6 +30,22 @@ def test_unit_per_tokenizer_kind():
     assert stored_unit("bpb", None) == "bpb" and stored_unit("ppl", "word") == "ppl" and stored_unit("x") is None
 
 
+@pytest.mark.parametrize("unit", ["PPL", "perplexity", "bits", ""])
+def test_an_unknown_unit_is_refused_not_read_as_bits(unit):
+    from txl.errors import TxlError
+    from txl.evaluation.dynamic import dynamic_evaluate
+    from txl.evaluation.stream import evaluate_sliding_window
+
+    model, tokens = tiny_model(vocab_size=11), np.arange(40) % 11
+    with pytest.raises(TxlError, match="unit must be one of bpb, bpc, ppl, nats"):
+        metric_value(1.0, unit)
+    for run in (lambda: evaluate(model, tokens, unit=unit), lambda: dynamic_evaluate(model, tokens, unit=unit),
+                lambda: evaluate_sliding_window(model, tokens, context=4, unit=unit)):
+        with pytest.raises(TxlError, match="unit must be one of"):
+            run()
+    assert evaluate(model, tokens, unit="ppl").value == pytest.approx(math.exp(evaluate(model, tokens).loss))
+
+
 def _uniform(vocab_size: int):
     """A model whose every prediction is uniform over the vocabulary: exactly log2(V) bits per token."""
     model = tiny_model(dtype=torch.float64, vocab_size=vocab_size)

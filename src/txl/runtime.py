@@ -12,6 +12,7 @@ import functools
 import math
 import os
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -24,19 +25,22 @@ from txl.errors import TxlError, quoted
 
 
 def resolve_device(name: str) -> torch.device:
-    """``"auto"`` → cuda when available, else cpu; otherwise the named device.
+    """``"auto"`` → cuda when available, else cpu; otherwise the named device: ``cpu``, ``cuda`` or
+    ``cuda:N`` (the devices txl runs on).
 
     Raises:
-        TxlError: an unknown device name or an unavailable CUDA device.
+        TxlError: any other name (``mps``, ``cpu:0``, ...), or a CUDA device this machine does not have.
     """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise TxlError(f"unknown device {quoted(name)}; use auto, cpu, cuda or cuda:N") from None
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", str(name)):
+        raise TxlError(f"unknown device {quoted(name)}; use auto, cpu, cuda or cuda:N")
+    device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise TxlError(f"device {name!r} requested but CUDA is not available; use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise TxlError(f"device {name!r} requested but this machine has {torch.cuda.device_count()} CUDA device(s); "
+                       "use cuda:0 to cuda:N-1")
     return device
 
 

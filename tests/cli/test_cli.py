@@ -49,7 +49,7 @@ def test_train_eval_generate_end_to_end(tmp_path, corpus, capsys, monkeypatch):
         code, out, err = run_cli(capsys, "eval", out_dir, *bad)
         assert code == 2 and expect in one_error_line(err)
     code, out, err = run_cli(capsys, "generate", out_dir, "--prompt", "the ", "--top-k", "0")
-    assert code == 2 and "top_k" in one_error_line(err) and out == ""  # checked before anything is printed
+    assert code == 2 and "--top-k must be an integer >= 1" in one_error_line(err) and out == ""  # checked before anything is printed
 
     code, out, err = run_cli(capsys, "generate", out_dir, "--prompt", "the ", "-n", "20", "--seed", "1")
     assert code == 0, err

@@ -288,7 +288,7 @@ EARLY = [  # (argv, the error line); CKPT is an existing empty folder
     (["eval", "CKPT", "--sweep-mem", "0,x"], "--sweep-mem needs comma-separated integers >= 0, got '0,x'"),
     (["generate", "nope"], "checkpoint nope does not exist"),
     (["generate", "CKPT", "--prompt-file", "nope"], "prompt file nope does not exist"),
-    (["generate", "CKPT", "--top-p", "2"], "top_p must be in (0, 1], got 2.0"),
+    (["generate", "CKPT", "--top-p", "2"], "--top-p must be in (0, 1], got 2.0"),
     (["summarize", "nope", "doc.txt"], "checkpoint nope does not exist"),
     (["summarize", "CKPT", "nope.txt"], "nope.txt does not exist"),
     (["score", "nope", "a.txt"], "checkpoint nope does not exist"),

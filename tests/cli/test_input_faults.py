@@ -201,6 +201,30 @@ def test_clip_message_cuts_quoted_and_unbroken_stretches_only():
     assert len(quoted(LONG)) < CLIP_CHARS + 30
 
 
+@pytest.mark.parametrize("command", [["generate", "-n", "2"], ["eval", "--data", "DOC"], ["score", "DOC"],
+                                     ["summarize", "DOC"]])
+def test_a_classifier_given_to_a_language_model_command_is_named_as_one(lm, tmp_path, capsys, command):
+    import shutil
+
+    run = tmp_path / "clf"
+    shutil.copytree(lm, run / "best")
+    shutil.copy(lm / "run.json", run / "run.json")
+    (run / "best" / "classifier.json").write_text("{}")  # what txl classify writes beside the LM's files
+    doc = tmp_path / "doc.txt"
+    doc.write_text("some text to read\n")
+    code, out, err = run_cli(capsys, command[0], run, *[doc if a == "DOC" else a for a in command[1:]])
+    assert code == 2 and not out
+    assert one_error_line(err).startswith(f"txl: error: {run / 'best'} is a document classifier (txl classify), "
+                                          "not a language model; use txl classify predict")
+
+
+@pytest.mark.parametrize("device", ["mps", "xpu", "meta", "cpu:0", "cuda:x"])
+def test_devices_txl_does_not_run_on_are_refused_in_one_line(lm, capsys, device):
+    code, out, err = run_cli(capsys, "generate", lm, "--device", device, "-n", "2", "-p", "a")
+    assert code == 2 and not out
+    assert one_error_line(err) == f"txl: error: unknown device '{device}'; use auto, cpu, cuda or cuda:N"
+
+
 def test_clip_message_cuts_a_quoted_input_once_and_keeps_its_quotes():
     for message in (f"unknown device {LONG!r}; use cpu", f'no file "{LONG}" here'):
         clipped = clip_message(message, inputs=[LONG])

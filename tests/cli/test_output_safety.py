@@ -396,6 +396,21 @@ def test_force_replaces_an_existing_output(tmp_path, trained, capsys, command):
     assert out.read_text() != "old" and out.read_text().strip()
 
 
+@pytest.mark.parametrize("command", ["score --out", "eval --json"])
+@pytest.mark.parametrize("kind", ["FIFO", "symbolic link"])
+def test_force_never_puts_a_file_in_place_of_a_fifo_or_a_link(tmp_path, trained, capsys, command, kind):
+    run, corpus = trained
+    jsonl, text = _inputs(tmp_path, corpus)
+    out, target = tmp_path / "result.json", tmp_path / "elsewhere.json"
+    target.write_text("keep me")
+    os.mkfifo(out) if kind == "FIFO" else os.symlink(target, out)
+    mode = os.lstat(out).st_mode
+    code = main([str(a) for a in COMMANDS[command][0](run, jsonl, text, out)] + ["--force"])
+    line = one_error_line(capsys.readouterr().err)
+    assert code == 2 and f"is a {kind}, not a regular file" in line, line
+    assert os.lstat(out).st_mode == mode and target.read_text() == "keep me"
+
+
 def test_plot_outputs_need_force_and_stay_out_of_runs(tmp_path, trained, capsys):
     pytest.importorskip("matplotlib")
     run, _ = trained

@@ -1,5 +1,7 @@
 """Decoding rules at the sampling level: stop sequences, minimum length, repetition penalty, no repeated n-grams."""
 
+import json
+
 import pytest
 import torch
 from hypothesis import given
@@ -68,6 +70,31 @@ def test_min_new_tokens_holds_back_the_end_token():
     assert (out[:, :4] != 5).all() and (out[:, 4:] == 5).all()
 
 
+@pytest.mark.parametrize("end_ids", [[0], [0, 5], [5, 0]])
+def test_min_new_tokens_holds_back_end_id_zero_and_several_end_ids(end_ids):
+    """End id 0 alone (a tensor of one 0 is falsy) and two end ids (a tensor of two is ambiguous)."""
+    model = tiny_model(vocab_size=37, mem_len=16)
+    with torch.no_grad():
+        model.crit.out_layers[0].bias[end_ids] = 100.0  # the end ids are by far the most likely everywhere
+    prompt = torch.randint(0, 37, (2, 4))
+    out = generate(model, prompt, 6, temperature=0, min_new_tokens=4, end_ids=end_ids)[:, 4:]
+    assert not torch.isin(out[:, :4], torch.tensor(end_ids)).any()
+    assert torch.isin(out[:, 4:], torch.tensor(end_ids)).all()
+
+
+@pytest.mark.parametrize("end_ids, message", [([37], r"in \[0, 37\), got 37"), ([-1], "got -1"),
+                                              ([1.5], "integer token ids")])
+def test_end_ids_outside_the_vocabulary_are_refused(end_ids, message):
+    from txl.generation import beam_search
+
+    model = tiny_model(vocab_size=37, mem_len=16)
+    prompt = torch.randint(0, 37, (1, 4))
+    with pytest.raises(TxlError, match=message):
+        generate(model, prompt, 3, min_new_tokens=2, end_ids=end_ids)
+    with pytest.raises(TxlError, match=message):
+        beam_search(model, prompt, max_new_tokens=3, num_beams=2, end_ids=end_ids)
+
+
 def test_per_row_generators_draw_as_each_row_alone():
     logits = torch.randn(3, 11, generator=torch.Generator().manual_seed(0))
     rows = sample_next(logits, 1.0, generator=[torch.Generator().manual_seed(s) for s in (1, 2, 3)])
@@ -112,7 +139,34 @@ def test_cli_stop_prints_the_sample_up_to_the_stop(byte_checkpoint, capsys):
                              "--stop", stop, "--stop", "\x00never")
     assert code == 0 and out == "ab" + sample[:sample.index(stop)] + "\n"
     code, out, err = run_cli(capsys, "generate", ckpt, "--prompt", "ab", "--repetition-penalty", "0")
-    assert code == 2 and "repetition_penalty" in one_error_line(err)
+    assert code == 2 and "--repetition-penalty must be" in one_error_line(err)
+
+
+@pytest.mark.parametrize("extra", [[], ["--num-beams", "2"]])
+def test_cli_generate_of_a_fine_tuned_model_ends_at_its_end_marker(tmp_path, capsys, extra):
+    from txl.config import FinetuneConfig
+
+    model = tiny_model(dtype=torch.float32, vocab_size=256, n_layer=1, tgt_len=4, mem_len=4)
+    end = find_markers(ByteTokenizer()).end_id
+    with torch.no_grad():
+        model.crit.out_layers[0].bias[end] = 50.0  # the end marker first, then "x"
+        model.crit.out_layers[0].bias[ord("x")] = 40.0
+    ckpt = tmp_path / "ft"
+    save_checkpoint(ckpt, model, ByteTokenizer(), RunConfig(model=model.config, finetune=FinetuneConfig(init="lm")),
+                    {"step": 1})
+    args = ["generate", ckpt, "--prompt", "ab", "-n", "6", "-t", "0", *extra]
+    code, out, err = run_cli(capsys, *args)
+    assert code == 0 and out == "ab\n", err  # the marker ends the text and is not printed
+    code, out, err = run_cli(capsys, *args, "--min-new-tokens", "3")
+    assert code == 0 and out == "abxxx\n", err  # held back for 3 tokens, then drawn: the end
+    code, out, err = run_cli(capsys, "generate", ckpt, "--input", _prompts(tmp_path), "-n", "6", "-t", "0", *extra)
+    assert code == 0 and [json.loads(line)["text"] for line in out.splitlines()] == ["", ""], err
+
+
+def _prompts(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "ab"}\n{"prompt": "cde"}\n', encoding="utf-8")
+    return path
 
 
 def test_complete_stops_at_the_end_marker(byte_checkpoint):

@@ -302,7 +302,7 @@ def test_bad_requests_and_unknown_sessions_get_clean_4xx(client):
         ("POST", "/v1/completions", {"prompt": "a", "temperature": -1}, 400, "temperature"),
         ("POST", "/v1/completions", {"prompt": "a", "top_p": 0}, 400, "top_p"),
         ("POST", "/v1/completions", {"prompt": "a", "top_p": 1.5}, 400, "top_p must be in (0, 1]"),
-        ("POST", "/v1/completions", {"prompt": "a", "top_k": 0}, 400, "top_k must be >= 1"),
+        ("POST", "/v1/completions", {"prompt": "a", "top_k": 0}, 400, "top_k must be an integer >= 1"),
         ("POST", f"/v1/sessions/{sid}/generate", {"temperature": -0.5}, 400, "temperature must be a finite number"),
         ("POST", "/v1/completions", {"prompt": "a", "repetition_penalty": 0}, 400, "repetition_penalty"),
         ("POST", "/v1/completions", {"prompt": "a", "no_repeat_ngram_size": -1}, 400, "no_repeat_ngram_size"),

@@ -335,6 +335,28 @@ def test_finetune_validation_lines_count_completion_tokens(tmp_path, capsys):
     assert "final, best/ on the whole valid split at the [eval] span: valid bpb " in out
 
 
+def test_eval_warns_when_the_run_data_changed_since_training(tmp_path, capsys):
+    """The checkpoint's data fingerprint is compared with the split (or pairs file) txl eval reads."""
+    text = tmp_path / "corpus.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog.\n" * 60, encoding="utf-8")
+    assert run_cli(capsys, *train_args(tmp_path, text, "run", "train.max_steps=2"))[0] == 0
+    code, _, err = run_cli(capsys, "eval", tmp_path / "run", "-q")
+    assert code == 0 and "warning" not in err
+    text.write_text("the quick brown fox jumps over the lazy cat.\n" * 60, encoding="utf-8")  # the same size
+    code, _, err = run_cli(capsys, "eval", tmp_path / "run", "-q")
+    assert code == 0 and f"txl: warning: the valid split of corpus {text}" in err
+    assert "differs from the data" in err and "valid split: 135 tokens, sha256" in err
+
+    pairs = write_pairs(tmp_path / "pairs.jsonl", n=10)
+    assert run_cli(capsys, "finetune", "--init", make_lm(tmp_path / "lm"), "--data", pairs, "--out",
+                   tmp_path / "ft", "-q", "train.max_steps=1", "train.sample_tokens=0", "--batch-size", "2")[0] == 0
+    code, _, err = run_cli(capsys, "eval", tmp_path / "ft", "-q")
+    assert code == 0 and "warning" not in err
+    write_pairs(pairs, n=10, seed=1)
+    code, _, err = run_cli(capsys, "eval", tmp_path / "ft", "-q")
+    assert code == 0 and f"txl: warning: the pairs file {pairs} differs from the data" in err
+
+
 def test_a_kill_while_metrics_csv_is_trimmed_on_resume_keeps_its_rows(tmp_path, monkeypatch):
     """Sibling of the lost row: resuming rewrites metrics.csv without the rows after the checkpoint; a kill
     during that rewrite must leave the old file whole (it is written aside, then renamed)."""

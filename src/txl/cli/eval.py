@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fill the memory before scoring (every scored token sees a full memory)")
     add_batch_size(p, text="sequences side by side")
     add_option(p, "--max-tokens", aliases=underscore("--max-tokens"), type=int, default=None, metavar="N",
-               help="score only this many tokens")
+               help="score only this many tokens (0: all)")
     add_option(p, "--sliding-window", aliases=underscore("--sliding-window"), type=int, default=None,
                metavar="CONTEXT", help="vanilla protocol: recompute a window of CONTEXT tokens for each prediction")
     p.add_argument("--stride", type=int, default=1, help="predictions per sliding window (default 1)")
@@ -72,6 +72,7 @@ def _check(args: argparse.Namespace) -> None:
     """Reject flag combinations that make no sense, before anything is loaded."""
     check_range(args, 1, "batch_size", "tgt_len")
     check_range(args, 0, "max_tokens", "mem_len", "cmem_len")
+    check_range(args, 1, "sliding_window", "stride")
     if args.stride != 1 and args.sliding_window is None:
         raise TxlError("--stride applies to --sliding-window evaluation; give --sliding-window CONTEXT too")
     if args.data and args.split:
@@ -180,6 +181,9 @@ def run(args: argparse.Namespace) -> int:
             raise TxlError(f"{err} (the run's corpus; pass --data FILE to evaluate other text)") from None
         tokens = corpus.valid if split == "valid" else corpus.test
         where = f"{split} split of {corpus.source}"
+        from txl.training.fingerprint import split_digest
+
+        _note_changed(args, ckpt, {f"{split} split": split_digest(corpus, split)}, f"the {where}")
         if len(tokens) < 2:
             raise TxlError(f"the {split} split is empty; use --split valid or --data FILE")
     unit = metric_unit(ckpt.tokenizer.kind)
@@ -204,6 +208,19 @@ def run(args: argparse.Namespace) -> int:
     return _report(args, ckpt, where, [f"{where}: {res}"],
                    {"unit": res.unit, "value": res.value, "loss_nats": res.loss, "n_tokens": res.n_tokens,
                     **res.settings})
+
+
+def _note_changed(args, ckpt, now: dict, what: str) -> None:
+    """Keep a warning for the start lines when ``what``, the run's data about to be evaluated, differs
+    from the data the checkpoint records it was trained and validated on (``now``: the fingerprint
+    parts of what is read, :mod:`txl.training.fingerprint`)."""
+    from txl.training.fingerprint import changed_since_training
+
+    changes = changed_since_training(ckpt.state, now)
+    if changes:
+        args.__dict__.setdefault("_notes", []).append(
+            f"txl: warning: {what} differs from the data {ckpt.path} was trained on ({'; '.join(changes)}); "
+            "the number is not comparable with the run's own")
 
 
 def _report(args, ckpt, where: str, lines: list[str], record: dict) -> int:
@@ -236,6 +253,11 @@ def _eval_pairs(args, ckpt, split, e) -> int:
         raise TxlError(f"{err} (the run's pairs; pass --data FILE to evaluate text)") from None
     if not pairs:
         raise TxlError(f"the {split} split of the run's pairs is empty; use --split valid or --data FILE")
+    from txl.training.fingerprint import file_digest
+
+    part = "path" if ckpt.run.data.path is not None else split
+    _note_changed(args, ckpt, {f"data.{part}": file_digest(getattr(ckpt.run.data, part))},
+                  f"the pairs file {getattr(ckpt.run.data, part)}")
     markers = find_markers(ckpt.tokenizer)
     rows = [encode_pair(ckpt.tokenizer, markers, pair, ckpt.run.finetune.max_prompt_tokens) for pair in pairs]
     print_notes(args)  # which checkpoint (the input has passed its checks)

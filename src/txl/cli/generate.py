@@ -7,10 +7,11 @@ beginning of a line, conditioned on nothing else (unconditional sampling).
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 
-from txl.cli.checks import check_exists, check_line_keys, check_min_new_tokens, check_range
+from txl.cli.checks import check_exists, check_line_keys, check_min_new_tokens, check_range, flag_name
 from txl.cli.common import (add_batch_size, add_checkpoint, add_checkpoint_name, add_decoding_flags, add_device,
                             add_dtype, add_quantize, add_seed, add_span, decoding_rules, load_checkpoint, print_notes)
 from txl.errors import TxlError
@@ -72,8 +73,9 @@ def run(args: argparse.Namespace) -> int:
     """Run ``txl generate``: print the prompt, then the sample as it is drawn."""
     from txl.config import check_decoding, check_sampling  # torch-free: checked before torch loads
 
-    check_sampling(args.temperature, args.top_k, args.top_p)
-    check_decoding(args.repetition_penalty, args.no_repeat_ngram_size, args.min_new_tokens, args.length_penalty)
+    named = lambda field: flag_name(args, field)  # noqa: E731 - messages name the flags
+    check_sampling(args.temperature, args.top_k, args.top_p, named)
+    check_decoding(args.repetition_penalty, args.no_repeat_ngram_size, args.min_new_tokens, args.length_penalty, named)
     if args.prompt is not None and args.prompt_file:
         raise TxlError("give either --prompt or --prompt-file, not both")
     check_range(args, 0, "max_new_tokens", "mem_len")
@@ -126,13 +128,15 @@ def run(args: argparse.Namespace) -> int:
         with autocast(device, args.dtype):
             text = continue_texts(ckpt.model, ckpt.tokenizer, [ids[0]], max_new_tokens=args.max_new_tokens,
                                   rules=decoding_rules(args), stop=args.stop, num_beams=args.num_beams,
-                                  length_penalty=args.length_penalty, mem_len=args.mem_len)[0]
+                                  length_penalty=args.length_penalty, mem_len=args.mem_len,
+                                  end_ids=end_ids(ckpt))[0]
         sys.stdout.write(ckpt.tokenizer.decode(prompt_ids.tolist()) + text + "\n")  # as read, as when streamed
         return 0
     with autocast(device, args.dtype):
+        end = end_ids(ckpt)
         steps = generate_steps(ckpt.model, ids, args.max_new_tokens, generator=generator, mem_len=args.mem_len,
-                               rules=decoding_rules(args), compile=args.compile)
-        tokens = (_read(step) for step in steps)
+                               rules=decoding_rules(args), end_ids=end, compile=args.compile)
+        tokens = itertools.takewhile(lambda token: token not in end, (_read(step) for step in steps))
         pieces = stream_text(ckpt.tokenizer, tokens, prompt_ids.tolist())
         # the prompt as the model reads it, so that all printed is decode(prompt + sample): a word model's
         # prompt ends with the <eos> its encoding adds (a line end), and unknown words read <unk>
@@ -191,10 +195,20 @@ def _run_input(args: argparse.Namespace) -> int:
         texts = continue_texts(ckpt.model, ckpt.tokenizer, ids, max_new_tokens=args.max_new_tokens,
                                rules=decoding_rules(args), generator=generators, stop=args.stop,
                                num_beams=args.num_beams, length_penalty=args.length_penalty,
-                               batch_size=args.batch_size, mem_len=args.mem_len)
+                               batch_size=args.batch_size, mem_len=args.mem_len, end_ids=end_ids(ckpt))
     for prompt, text in zip(prompts, texts):
         print(json.dumps({"prompt": prompt, "text": text}, ensure_ascii=False))
     return 0
+
+
+def end_ids(ckpt) -> tuple[int, ...]:
+    """The end-of-completion marker of a fine-tuned checkpoint (``txl finetune``), where its text ends
+    and which ``--min-new-tokens`` holds back; none for a language model."""
+    if ckpt.run.finetune is None:
+        return ()
+    from txl.data.pairs import find_markers
+
+    return (find_markers(ckpt.tokenizer).end_id,)
 
 
 def _read(step) -> int:

@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_quantize(p)
     add_device(p)
     add_option(p, "--out", "-o", aliases=("--output",), metavar="FILE",
-               help="write here (atomically) instead of stdout; an existing file only with --force")
+               help="write here (atomically) instead of stdout (- : stdout); an existing file only with --force")
     add_force(p)
 
 
@@ -171,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
     check_exists(args.checkpoint, "checkpoint", kind="folder")  # arguments and paths before torch is imported
     for item in args.files:
         check_exists(item, "input")
+    if args.out == "-":  # stdout, as every command's - means
+        args.out = None
     check_output(args, args.out, [args.checkpoint, *args.files])
 
     from txl.evaluation.scoring import score_tokens, total_metric

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from txl.cli.checks import check_exists, check_min_new_tokens, check_output, require_installed
+from txl.cli.checks import check_exists, check_min_new_tokens, check_output, flag_name, require_installed
 from txl.cli.common import (add_batch_size, add_checkpoint, add_checkpoint_name, add_decoding_flags, add_device,
                             add_dtype, add_force, add_json, add_option, add_quantize, add_seed, add_span, decoding_rules,
                             emit_json, load_checkpoint, print_notes, underscore)
@@ -143,14 +143,14 @@ def check_finetuned(path: str) -> None:
     Raises:
         TxlError: naming the checkpoint and the command that fine-tunes it; an unreadable ``run.json``.
     """
-    from txl.config import CONFIG_NAME, RUN_NAME
+    from txl.config import CLASSIFIER_NAME, CONFIG_NAME, RUN_NAME
     from txl.fileio import read_json_object
 
     folder = Path(path)
     found = next((f for f in (folder, folder / "best", folder / "last")
                   if (f / RUN_NAME).is_file() or (f / CONFIG_NAME).is_file()), None)
-    if found is None:
-        return
+    if found is None or any((f / CLASSIFIER_NAME).is_file() for f in (folder, folder / "best", folder / "last")):
+        return  # loading reports it (a classifier is named as such)
     saved = read_json_object(found / RUN_NAME, "run config") if (found / RUN_NAME).is_file() else {}
     if not isinstance(saved.get("finetune"), dict):
         raise TxlError(f"{path} is a language model that was not fine-tuned on prompt/completion pairs (its "
@@ -162,8 +162,9 @@ def run(args: argparse.Namespace) -> int:
     """Run ``txl summarize``."""
     from txl.config import check_decoding, check_sampling  # torch-free: checked before torch loads
 
-    check_sampling(args.temperature, args.top_k, args.top_p)
-    check_decoding(args.repetition_penalty, args.no_repeat_ngram_size, args.min_new_tokens, args.length_penalty)
+    named = lambda field: flag_name(args, field)  # noqa: E731 - messages name the flags
+    check_sampling(args.temperature, args.top_k, args.top_p, named)
+    check_decoding(args.repetition_penalty, args.no_repeat_ngram_size, args.min_new_tokens, args.length_penalty, named)
     if args.num_beams < 1 or args.batch_size < 1:
         raise TxlError("--num-beams and --batch-size must be >= 1")
     for name in ("max_new_tokens", "prompt_tokens", "mem_len"):

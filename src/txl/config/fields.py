@@ -145,31 +145,45 @@ def check_split(fractions: typing.Sequence[float], name: str, train_needed: bool
     return float(values[0]), float(values[1]), float(values[2])
 
 
-def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    """Raise :class:`TxlError` for a temperature that is not a finite number >= 0, top_k < 1 or top_p
-    outside (0, 1]."""
-    if not temperature >= 0 or temperature == float("inf"):  # also catches NaN
-        raise TxlError(f"temperature must be a finite number >= 0, got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise TxlError(f"top_k must be >= 1, got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise TxlError(f"top_p must be in (0, 1], got {top_p}")
+def _named(field: str) -> str:
+    return field
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None, named=_named) -> None:
+    """Raise :class:`TxlError` for a temperature that is not a finite number >= 0, a top_k that is not an
+    integer >= 1 or a top_p outside (0, 1]. ``named(field)`` gives the name a message uses for a
+    field (the command line passes its flag's)."""
+    if not _is_number(temperature) or not 0 <= temperature < float("inf"):  # also catches NaN
+        raise TxlError(f"{named('temperature')} must be a finite number >= 0, got {temperature!r}")
+    if top_k is not None and (not _is_int(top_k) or top_k < 1):
+        raise TxlError(f"{named('top_k')} must be an integer >= 1, got {top_k!r}")
+    if top_p is not None and (not _is_number(top_p) or not 0.0 < top_p <= 1.0):
+        raise TxlError(f"{named('top_p')} must be in (0, 1], got {top_p!r}")
 
 
 def check_decoding(repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0, min_new_tokens: int = 0,
-                   length_penalty: float = 1.0) -> None:
-    """Raise :class:`TxlError` for a repetition penalty that is not a finite number > 0, a negative
-    ``no_repeat_ngram_size`` or ``min_new_tokens``, or a beam-search ``length_penalty`` that is not a
-    finite number (NaN would make every finished hypothesis score NaN, inf make them all 0 or inf)."""
-    if not 0 < repetition_penalty < float("inf"):
-        raise TxlError(f"repetition_penalty must be a finite number > 0 (1: none), got {repetition_penalty}")
-    if no_repeat_ngram_size < 0:
-        raise TxlError(f"no_repeat_ngram_size must be >= 0 (0: off), got {no_repeat_ngram_size}")
-    if min_new_tokens < 0:
-        raise TxlError(f"min_new_tokens must be >= 0, got {min_new_tokens}")
-    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) or \
-            not math.isfinite(length_penalty):
-        raise TxlError(f"length_penalty must be a finite number (1: log-prob per token), got {length_penalty!r}")
+                   length_penalty: float = 1.0, named=_named) -> None:
+    """Raise :class:`TxlError` for a repetition penalty that is not a finite number > 0, a
+    ``no_repeat_ngram_size`` or ``min_new_tokens`` that is not an integer >= 0, or a beam-search
+    ``length_penalty`` that is not a finite number (NaN would make every finished hypothesis score NaN,
+    inf make them all 0 or inf). ``named(field)``: as in :func:`check_sampling`."""
+    if not _is_number(repetition_penalty) or not 0 < repetition_penalty < float("inf"):
+        raise TxlError(f"{named('repetition_penalty')} must be a finite number > 0 (1: none), got "
+                       f"{repetition_penalty!r}")
+    for field, value in (("no_repeat_ngram_size", no_repeat_ngram_size), ("min_new_tokens", min_new_tokens)):
+        if not _is_int(value) or value < 0:
+            raise TxlError(f"{named(field)} must be an integer >= 0{' (0: off)' * (field[0] == 'n')}, got {value!r}")
+    if not _is_number(length_penalty) or not math.isfinite(length_penalty):
+        raise TxlError(f"{named('length_penalty')} must be a finite number (1: log-prob per token), got "
+                       f"{length_penalty!r}")
 
 
 #: Label of a position that is not scored (context, padding): the value data, model, training and

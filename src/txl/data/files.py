@@ -56,7 +56,8 @@ def read_corpus_files(path: PathLike, pattern: str = "*") -> list[Path]:
                     found.append((rel.parts, full))
         files = [f for _, f in sorted(found)]
         if not files:
-            raise TxlError(f"no corpus files matching {pattern!r} under {root}; check the path and pattern")
+            raise TxlError(f"no corpus files under {root}; check the path" if pattern == "*" else
+                           f"no corpus files matching {pattern!r} under {root}; check the path and data.pattern")
     else:
         raise TxlError(f"corpus path {root} is not a regular file or folder")
     if sum(_file_size(f) for f in files) == 0:

@@ -41,7 +41,7 @@ from txl.data.mapped import token_array
 from txl.errors import TxlError
 from txl.kernels.int8 import check_float_model
 from txl.model.segments import eval_mode, segments
-from txl.evaluation.stream import EvalResult
+from txl.evaluation.stream import EvalResult, check_unit
 from txl.config import AttentionSpan, check_count, resolve_span
 from txl.runtime import progress_bar
 
@@ -223,6 +223,7 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
     check_float_model(model, "dynamic evaluation")
     _check_settings(method, lr, decay)
     check_count(max_tokens, "max_tokens")
+    check_unit(unit)
     data = token_array(tokens, max_tokens=max_tokens, vocab_size=model.config.vocab_size)
     params = _params(model)
     _check_stats(params, stats)

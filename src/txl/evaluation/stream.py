@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from txl.config import IGNORE_INDEX, check_compilable, check_count, resolve_span, AttentionSpan
 from txl.data import LMOrderedIterator
 from txl.data.mapped import PageBudget, token_array
-from txl.errors import TxlError
+from txl.errors import TxlError, quoted
 from txl.model.segments import decoding_state, eval_mode, segments
 from txl.runtime import autocast, check_fits, compile_module, progress_bar
 
@@ -77,10 +77,26 @@ def stored_unit(unit: str | None, tokenizer_kind: str | None = None) -> str | No
     return unit
 
 
+UNITS = ("bpb", "bpc", "ppl", "nats")
+"""The units of a headline number (:func:`metric_value`)."""
+
+
+def check_unit(unit: str) -> None:
+    """Raise :class:`TxlError` unless ``unit`` is one of :data:`UNITS` (a misspelt "PPL" would be read as bits)."""
+    if unit not in UNITS:
+        raise TxlError(f"unit must be one of {', '.join(UNITS)} (metric_unit(tokenizer.kind) gives the usual one), "
+                       f"got {quoted(unit)}")
+
+
 def metric_value(loss: float, unit: str) -> float:
     """Convert a loss in nats/token to the headline number: bits per token for ``"bpb"`` and ``"bpc"``
     (loss / ln 2, per byte or per character), perplexity exp(loss) for ``"ppl"``, the loss itself for
-    ``"nats"``."""
+    ``"nats"``.
+
+    Raises:
+        TxlError: another unit (:func:`check_unit`).
+    """
+    check_unit(unit)
     if unit == "nats":
         return loss
     return math.exp(min(loss, 50.0)) if unit == "ppl" else loss / math.log(2)
@@ -107,7 +123,7 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
         tokens: 1-D token array (a whole split; a ``np.memmap`` is read segment by segment, never
             copied whole); scored in ``batch_size`` parallel streams (at most one per target: more
             would only add streams of padding).
-        unit: "bpb", "bpc" or "ppl" (see :func:`metric_unit`).
+        unit: "bpb", "bpc", "ppl" or "nats" (see :func:`metric_unit`; another: TxlError).
         tgt_len, mem_len, clamp_len, same_length, cmem_len: evaluation span (None: the model's own,
             or ``span``'s); ``model.config`` is not changed. ``cmem_len`` (compressed-memory slots)
             needs a model trained with a compressed memory.
@@ -134,6 +150,7 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
     """
     if compiled:
         check_compilable(model.config, "--compile")
+    check_unit(unit)
     check_count(batch_size, "batch_size", 1)
     check_count(max_tokens, "max_tokens")
     device = next(model.parameters()).device
@@ -199,6 +216,7 @@ def evaluate_sliding_window(model, tokens: np.ndarray, *, context: int, stride: 
     for value, name, least in ((context, "context", 1), (stride, "stride", 1), (batch_size, "batch_size", 1),
                                (max_tokens, "max_tokens", 0)):
         check_count(value, name, least)
+    check_unit(unit)
     if not stride <= context:
         raise TxlError(f"sliding window needs 1 <= stride <= context, got stride {stride} and context {context}")
     data = token_array(tokens, max_tokens=max_tokens, vocab_size=model.config.vocab_size)

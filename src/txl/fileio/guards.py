@@ -8,6 +8,7 @@ folder, by :data:`RUN_MARKERS` and :data:`WEIGHTS_MARKERS`) and :func:`refuse_no
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -86,6 +87,19 @@ def _input_conflict(path: Path, inputs) -> str | None:
     return None
 
 
+def _special_kind(path: Path) -> str | None:
+    """What ``path`` is when it exists as something other than a regular file (a symbolic link, a device,
+    a FIFO or a socket), said for a message; None for a regular file or nothing."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return ("a symbolic link" if stat.S_ISLNK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a special file")
+
+
 def check_output_path(path: str | Path, inputs=(), force: bool = False, flag: str = "--out",
                       makes_folder: bool = False) -> Path:
     """Check that a command may write the user-named output file ``path``; return it as a Path.
@@ -94,9 +108,11 @@ def check_output_path(path: str | Path, inputs=(), force: bool = False, flag: st
     file in a folder the command creates such as ``txl plot --out DIR``: the nearest existing folder above
     it counts) or is a file; it lies inside a txl checkpoint or run folder (:func:`protected_folder`); it is
     (by resolved path, symlink or hard link) one of ``inputs`` or an existing file inside an input folder
-    (which is read whole); it exists and ``force`` is false; no file can be created in its folder (tried
-    with an empty hidden file, removed at once). ``force`` lifts only the existing-file refusal. ``flag``
-    names the option in the message (``--json``), and every message names ``path`` as the user gave it.
+    (which is read whole); it exists as anything but a regular file (a symbolic link, a device such as
+    ``/dev/null``, a FIFO: a replace would put a file in its place); it exists and ``force`` is false; no
+    file can be created in its folder (tried with an empty hidden file, removed at once). ``force`` lifts
+    only the existing-file refusal. ``flag`` names the option in the message (``--json``), and every
+    message names ``path`` as the user gave it.
 
     Raises:
         TxlError: one line naming the problem and what to do; nothing is written.
@@ -121,6 +137,10 @@ def check_output_path(path: str | Path, inputs=(), force: bool = False, flag: st
     conflict = _input_conflict(path, inputs)
     if conflict:
         raise TxlError(f"{flag} {path} {conflict}; txl never writes over its inputs: choose another file")
+    kind = _special_kind(path)
+    if kind:  # a replace would put a regular file in its place (a device such as /dev/null included)
+        raise TxlError(f"{flag} {path} is {kind}, not a regular file; txl writes an output file whole and would "
+                       "put a new file in its place: give the path of a regular file")
     if os.path.lexists(path) and not force:
         raise TxlError(f"{flag} {path} already exists; add --force to replace it, or choose another file")
     try:  # the only sure test (permissions, read-only or special file systems, root's exemptions)

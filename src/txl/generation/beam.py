@@ -10,7 +10,7 @@ import torch
 
 from txl.errors import TxlError
 from txl.model.segments import eval_mode
-from txl.generation.sampling import DecodingRules, check_decoding, rules_from
+from txl.generation.sampling import DecodingRules, check_decoding, check_end_ids, rules_from
 from txl.generation.stream import prime_memory, step_state
 from txl.model.decoding import DecodingState
 from txl.model.checks import check_input_ids
@@ -76,7 +76,7 @@ def beam_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens: 
     """
     rules, span = _check_search(model, input_ids, num_beams, max_new_tokens, length_penalty, rules, span, mem_len,
                                 rule_fields)
-    end = tuple(int(i) for i in end_ids)
+    end = check_end_ids(end_ids, model.config.vocab_size)
     k = num_beams
     device = input_ids.device
     norm = lambda total, n: total / max(n, 1) ** length_penalty  # noqa: E731

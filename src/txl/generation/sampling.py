@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from txl.config import check_decoding, check_sampling  # re-exported: txl.generation names them too
-from txl.errors import TxlError
+from txl.errors import TxlError, quoted
 from txl.runtime import reads_values
 
 __all__ = ["GREEDY", "DecodingRules", "Generators", "LogitsProcessor", "adjust_logits", "banned_ngram_tokens",
@@ -46,8 +47,7 @@ def _draw(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: fl
     else they are noted in ``faults`` (raised when the decoder checks it, at the end of its loop) and the
     faulty rows are drawn from uniform scores, so that the draw itself cannot fail on the device."""
     check_sampling(temperature, top_k, top_p)
-    if generator is not None and not isinstance(generator, torch.Generator) and len(generator) != logits.size(0):
-        raise TxlError(f"give one generator per row: {logits.size(0)} rows, {len(generator)} generators")
+    check_generators(generator, logits.size(0))
     # one reduction finds all three faults: a row's max is NaN if the row holds a NaN (max propagates
     # it), +inf if it holds +inf, and -inf if every score is -inf; its indices are the greedy choice
     best, argmax = logits.max(dim=-1)
@@ -189,7 +189,7 @@ def adjust_logits(logits: torch.Tensor, generated: Sequence[Sequence[int]], *, r
     check_decoding(repetition_penalty, no_repeat_ngram_size)
     if len(generated) != logits.size(0):
         raise TxlError(f"generated must hold one token list per row: {logits.size(0)} rows, {len(generated)} lists")
-    if repetition_penalty == 1.0 and not no_repeat_ngram_size and not banned:
+    if repetition_penalty == 1.0 and not no_repeat_ngram_size and not len(banned):  # (a tensor of one id 0 is falsy)
         return logits
     out = _wide(logits).clone()
     for b, seq in enumerate(generated):
@@ -297,6 +297,36 @@ GREEDY = DecodingRules(temperature=0.0)
 """The arg max at every step, no other rule: the default of completions and summaries."""
 
 
+def check_generators(generator: Generators, rows: int) -> None:
+    """Raise :class:`TxlError` unless ``generator`` is None, a ``torch.Generator`` or a sequence of
+    ``rows`` of them (one per row)."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return
+    if isinstance(generator, (str, bytes)) or not isinstance(generator, Sequence) or \
+            not all(isinstance(g, torch.Generator) for g in generator):
+        raise TxlError(f"generator must be a torch.Generator or a list of them (one per row), got "
+                       f"{type(generator).__name__}")
+    if len(generator) != rows:
+        raise TxlError(f"give one generator per row: {rows} rows, {len(generator)} generators")
+
+
+def check_end_ids(end_ids: Sequence[int], vocab_size: int | None) -> tuple[int, ...]:
+    """``end_ids`` as a tuple of ints, each a token id in ``[0, vocab_size)`` (any int >= 0 when
+    ``vocab_size`` is None).
+
+    Raises:
+        TxlError: an id that is not an integer or lies outside the vocabulary.
+    """
+    try:
+        ids = tuple(operator.index(i) for i in end_ids)
+    except TypeError:
+        raise TxlError(f"end_ids must be a sequence of integer token ids, got {quoted(end_ids)}") from None
+    outside = [i for i in ids if i < 0 or vocab_size is not None and i >= vocab_size]
+    if outside:
+        raise TxlError(f"end_ids must be token ids in [0, {vocab_size or 'vocab_size'}), got {outside[0]}")
+    return ids
+
+
 class Chooser:
     """A decoding's token chooser: :meth:`DecodingRules.choose` over the tokens each row has generated.
 
@@ -305,17 +335,19 @@ class Chooser:
     kept in :attr:`faults` until :meth:`check` (the decoder's loop calls it when it ends).
     """
 
-    def __init__(self, batch: int, rules: DecodingRules, generator: Generators = None, end_ids: Sequence[int] = ()):
+    def __init__(self, batch: int, rules: DecodingRules, generator: Generators = None, end_ids: Sequence[int] = (),
+                 vocab_size: int | None = None):
         self.rules, self.generator = rules, generator
-        self.end_ids = tuple(int(i) for i in end_ids)
+        self.end_ids = check_end_ids(end_ids, vocab_size)
+        check_generators(generator, batch)
         self.generated: list[list[int]] = [[] for _ in range(batch)]
         self.steps = 0
         self.faults = Faults()
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """int64 [B]: the next token of each row, drawn from ``logits`` [B, V]."""
-        if self.steps < self.rules.min_new_tokens and self.end_ids and not isinstance(self.end_ids, torch.Tensor):
-            self.end_ids = torch.tensor(self.end_ids, dtype=torch.long).to(logits.device)  # once, not per step
+        if isinstance(self.end_ids, tuple) and self.end_ids:  # once, not per step
+            self.end_ids = torch.tensor(self.end_ids, dtype=torch.long).to(logits.device)
         token = self.rules.choose(logits, self.generated, self.end_ids, self.generator, steps=self.steps,
                                   faults=self.faults)
         self.steps += 1

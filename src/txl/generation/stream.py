@@ -3,6 +3,7 @@ for a batch of prompts of one length or of different lengths."""
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -175,7 +176,7 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
     span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
                         same_length=same_length)
     rules = rules_from(rules, temperature=temperature, top_k=top_k, top_p=top_p, **rule_fields)
-    choose = Chooser(len(input_ids), rules, generator, end_ids)
+    choose = Chooser(len(input_ids), rules, generator, end_ids, vocab_size=model.config.vocab_size)
     if compile:
         _check_compilable(model, span, ragged)
     with eval_mode(model):
@@ -227,8 +228,8 @@ def _check_arguments(model, input_ids, mems: Mems | None,
         raise TxlError("prompts of different lengths start without a memory: pass mems=None")
     if not model.config.has_memory and mems is not None:
         raise TxlError("attn_type='abs' (vanilla Transformer) has no memory: pass mems=None")
-    if max_new_tokens < 0:
-        raise TxlError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not isinstance(max_new_tokens, numbers.Integral) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+        raise TxlError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     return input_ids, ragged
 
 

@@ -121,6 +121,22 @@ def describe_changes(saved: dict, now: dict) -> list[str]:
             for part in sorted(set(saved) | set(now)) if saved.get(part) != now.get(part)]
 
 
+def split_digest(corpus, name: str) -> dict:
+    """The fingerprint part of ``corpus``'s split ``name`` ("train", "valid" or "test"): read from its
+    token cache file when the split is memory-mapped (:func:`stored_digest`), else from the array."""
+    tokens, where = getattr(corpus, name), corpus.on_disk.get(name)
+    return stored_digest(*where, tokens.itemsize) if where else array_digest(tokens)
+
+
+def changed_since_training(state: dict, now: dict) -> list[str]:
+    """:func:`describe_changes` of the parts of ``now`` that a checkpoint's ``state`` recorded (an
+    evaluation reads one split, not all the data); empty when the checkpoint records none."""
+    saved = state.get(STATE_KEY)
+    if not isinstance(saved, dict):
+        return []
+    return describe_changes({k: saved[k] for k in now if k in saved}, {k: now[k] for k in now if k in saved})
+
+
 def check_resumed_data(saved: dict | None, now: dict, *, checkpoint: str | Path, allow: bool,
                        warn: Callable[[str], None]) -> None:
     """Compare the fingerprint ``saved`` in ``checkpoint`` with that of the data read now.

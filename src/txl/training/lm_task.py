@@ -44,7 +44,7 @@ from txl.evaluation.stream import EvalResult, evaluate, metric_unit
 from txl.generation import generate
 from txl.model import TransformerXLLM
 from txl.config import RunConfig
-from txl.training.fingerprint import array_digest, files_digest, stored_digest
+from txl.training.fingerprint import files_digest, split_digest
 
 
 def shuffled_batches(corpus: CorpusSplits, batch_size: int, tgt_len: int, device: torch.device, seed: int):
@@ -139,11 +139,7 @@ class LMTask:
         """Token count and sha256 of each split's token array (for a shuffled-sentence corpus, of the
         training shard files instead of the empty train array)."""
         c = self.corpus
-        parts = {}
-        for name in SPLITS:
-            tokens = getattr(c, name)
-            where = c.on_disk.get(name)  # a memory-mapped split: read from its file, not through the mapping
-            parts[f"{name} split"] = stored_digest(*where, tokens.itemsize) if where else array_digest(tokens)
+        parts = {f"{name} split": split_digest(c, name) for name in SPLITS}
         if c.train_shards:
             del parts["train split"]
             parts["train shards"] = files_digest(list(c.train_shards))
