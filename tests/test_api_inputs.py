@@ -306,8 +306,47 @@ def test_save_pretrained_refuses_a_file_and_a_checkpoint_with_checksums(tmp_path
     model = tiny_model(dtype=torch.float32, vocab_size=256)
     save_checkpoint(tmp_path / "ckpt", model, ByteTokenizer(), RunConfig(model=model.config), {"step": 1})
     before = (tmp_path / "ckpt" / "model.safetensors").read_bytes()
-    with pytest.raises(TxlError, match="is a txl checkpoint with checksums.json"):
+    with pytest.raises(TxlError, match="is a txl checkpoint or run folder"):
         model.save_pretrained(tmp_path / "ckpt")
     assert (tmp_path / "ckpt" / "model.safetensors").read_bytes() == before
     model.save_pretrained(tmp_path / "plain")
     model.save_pretrained(tmp_path / "plain")  # its own earlier output is replaced, as usual
+
+
+def test_numbers_as_numpy_or_tensor_scalars_are_accepted():
+    x = torch.randint(0, V, (1, 4))
+    ref = generate(MODEL, x, 3, temperature=0)
+    same = generate(MODEL, x, torch.tensor(3), temperature=torch.tensor(0.0), top_k=np.int64(5),
+                    top_p=torch.tensor(0.9), repetition_penalty=np.float32(1.0), min_new_tokens=torch.tensor(0))
+    assert torch.equal(ref, same)
+
+
+def test_continue_texts_and_score_texts_check_their_arguments():
+    from txl.data import ByteTokenizer
+    from txl.evaluation.scoring import score_texts
+    from txl.generation import continue_texts
+
+    model = tiny_model(dtype=torch.float32, vocab_size=256)
+    with pytest.raises(TxlError, match="end_ids must be a sequence of integer token ids"):
+        continue_texts(model, ByteTokenizer(), [torch.tensor([1, 2])], max_new_tokens=2, end_ids=[1.5])
+    with pytest.raises(TxlError, match="one per prompt"):
+        continue_texts(model, ByteTokenizer(), [torch.tensor([1, 2])], max_new_tokens=2, generator=5)
+    scores = score_texts(model, ByteTokenizer(), (t for t in ["abc", "defg"]))  # an iterator of texts
+    assert [s.n_scored for s in scores] == [2, 3]
+
+
+def test_save_pretrained_refuses_a_run_folder(tmp_path):
+    (tmp_path / "run" / "best").mkdir(parents=True)
+    with pytest.raises(TxlError, match="is a txl checkpoint or run folder"):
+        MODEL.save_pretrained(tmp_path / "run")
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["best"]
+
+
+def test_a_cuda_index_beyond_the_machine_is_refused_with_its_count(monkeypatch):
+    from txl.runtime import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(TxlError, match=r"has 2 CUDA device\(s\); use cuda:0 to cuda:1$"):
+        resolve_device("cuda:2")
+    assert resolve_device("cuda:1") == torch.device("cuda:1")

@@ -39,8 +39,9 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise TxlError(f"device {name!r} requested but CUDA is not available; use --device cpu")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise TxlError(f"device {name!r} requested but this machine has {torch.cuda.device_count()} CUDA device(s); "
-                       "use cuda:0 to cuda:N-1")
+        count = torch.cuda.device_count()
+        raise TxlError(f"device {name!r} requested but this machine has {count} CUDA device(s); use cuda:0"
+                       + (f" to cuda:{count - 1}" if count > 1 else ""))
     return device
 
 

@@ -281,3 +281,18 @@ def test_the_data_builders_refuse_a_split_without_documents_when_called_directly
     with pytest.raises(TxlError, match=r"of 3 modules leave valid.jsonl without pairs"):
         prepare_docstrings(tmp_path / "c", files=modules, fractions=(0.8, 0.1, 0.1), min_bytes=1)
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
+
+
+def test_score_out_dash_is_stdout(lm, tmp_path, capsys, monkeypatch):
+    doc = tmp_path / "doc.txt"
+    doc.write_text("some text to read\n")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, "score", lm, doc, "--out", "-", "--no-per-token")
+    assert code == 0 and out.startswith('{"document": ') and not (tmp_path / "-").exists(), err
+
+
+@pytest.mark.parametrize("flags, said", [(["--sliding-window", "0"], "--sliding-window must be >= 1, got 0"),
+                                         (["--sliding-window", "4", "--stride", "0"], "--stride must be >= 1, got 0")])
+def test_sliding_window_flags_are_checked_before_loading(lm, capsys, flags, said):
+    code, out, err = run_cli(capsys, "eval", lm, *flags)
+    assert code == 2 and one_error_line(err) == f"txl: error: {said}" and "txl: using" not in err

@@ -138,7 +138,8 @@ def check_output(args: argparse.Namespace, path: str | None, inputs=(), flag: st
     Raises:
         TxlError: ``path`` is a folder, its folder is missing (unless ``makes_folder``), a file or not
             writable, ``path`` is one of ``inputs`` or inside an input folder, inside a checkpoint or run
-            folder, or an existing file without ``--force``.
+            folder, something other than a regular file (a symbolic link, a device, a FIFO; even with
+            ``--force``), or an existing file without ``--force``.
     """
     if path is None or path == "-":
         return

@@ -219,8 +219,8 @@ def _note_changed(args, ckpt, now: dict, what: str) -> None:
     changes = changed_since_training(ckpt.state, now)
     if changes:
         args.__dict__.setdefault("_notes", []).append(
-            f"txl: warning: {what} differs from the data {ckpt.path} was trained on ({'; '.join(changes)}); "
-            "the number is not comparable with the run's own")
+            f"txl: warning: {what} differs from the data {ckpt.path} was trained and validated on "
+            f"({'; '.join(changes)})")
 
 
 def _report(args, ckpt, where: str, lines: list[str], record: dict) -> int:

@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import math
 import numbers
+import operator
 import types
 import typing
 from typing import Any
@@ -150,11 +151,25 @@ def _named(field: str) -> str:
 
 
 def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    """An integer: a Python, numpy or 0-d integer tensor one (``operator.index`` takes it), not a bool."""
+    if isinstance(value, bool):
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    """A real number: a Python, numpy or 0-d tensor one (``float`` takes it), not a bool or a string."""
+    if isinstance(value, (bool, str, bytes)):
+        return False
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None, named=_named) -> None:
@@ -231,7 +246,7 @@ def check_count(value, name: str, minimum: int = 0) -> None:
     Raises:
         TxlError: naming ``name`` and the value.
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+    if not _is_int(value) or value < minimum:
         raise TxlError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 

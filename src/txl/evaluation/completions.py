@@ -19,7 +19,7 @@ from txl.config import IGNORE_INDEX, AttentionSpan
 from txl.data.pairs import pair_batch
 from txl.errors import TxlError
 from txl.model.segments import eval_mode, segments
-from txl.evaluation.stream import EvalResult
+from txl.evaluation.stream import EvalResult, check_unit
 from txl.runtime import progress_bar
 
 
@@ -94,10 +94,11 @@ def evaluate_completions(model, rows: Sequence[tuple[np.ndarray, int]], *, span:
         :class:`~txl.evaluation.stream.EvalResult` (loss in nats per completion token).
 
     Raises:
-        TxlError: no rows.
+        TxlError: no rows, or an unknown ``unit``.
     """
     if not rows:
         raise TxlError("no examples to evaluate")
+    check_unit(unit)
     device = next(model.parameters()).device
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))
     chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]

@@ -219,6 +219,7 @@ def score_texts(model, tokenizer, texts: Sequence[str], **options: Any) -> list[
     """
     if isinstance(texts, str):
         raise TxlError("score_texts takes a list of texts (one per document), not a single string")
+    texts = list(texts)  # (an iterator is read once)
     mixed = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
     if mixed is not None:
         raise TxlError(f"documents must be all texts or all token-id sequences: document {mixed} is a "

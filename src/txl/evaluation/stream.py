@@ -77,10 +77,6 @@ def stored_unit(unit: str | None, tokenizer_kind: str | None = None) -> str | No
     return unit
 
 
-UNITS = ("bpb", "bpc", "ppl", "nats")
-"""The units of a headline number (:func:`metric_value`)."""
-
-
 def check_unit(unit: str) -> None:
     """Raise :class:`TxlError` unless ``unit`` is one of :data:`UNITS` (a misspelt "PPL" would be read as bits)."""
     if unit not in UNITS:

@@ -139,8 +139,10 @@ def check_output_path(path: str | Path, inputs=(), force: bool = False, flag: st
         raise TxlError(f"{flag} {path} {conflict}; txl never writes over its inputs: choose another file")
     kind = _special_kind(path)
     if kind:  # a replace would put a regular file in its place (a device such as /dev/null included)
+        todo = (f"give the path it points to ({os.path.realpath(path)}), or remove the link" if kind == "a symbolic link"
+                else "give the path of a regular file, or - for stdout where the flag takes it")
         raise TxlError(f"{flag} {path} is {kind}, not a regular file; txl writes an output file whole and would "
-                       "put a new file in its place: give the path of a regular file")
+                       f"put a new file in its place: {todo}")
     if os.path.lexists(path) and not force:
         raise TxlError(f"{flag} {path} already exists; add --force to replace it, or choose another file")
     try:  # the only sure test (permissions, read-only or special file systems, root's exemptions)

@@ -297,17 +297,17 @@ GREEDY = DecodingRules(temperature=0.0)
 """The arg max at every step, no other rule: the default of completions and summaries."""
 
 
-def check_generators(generator: Generators, rows: int) -> None:
+def check_generators(generator: Generators, rows: int, row: str = "row") -> None:
     """Raise :class:`TxlError` unless ``generator`` is None, a ``torch.Generator`` or a sequence of
-    ``rows`` of them (one per row)."""
+    ``rows`` of them (one per row; ``row`` names what a row is in the message, e.g. "prompt")."""
     if generator is None or isinstance(generator, torch.Generator):
         return
     if isinstance(generator, (str, bytes)) or not isinstance(generator, Sequence) or \
             not all(isinstance(g, torch.Generator) for g in generator):
-        raise TxlError(f"generator must be a torch.Generator or a list of them (one per row), got "
+        raise TxlError(f"generator must be a torch.Generator or a list of them (one per {row}), got "
                        f"{type(generator).__name__}")
     if len(generator) != rows:
-        raise TxlError(f"give one generator per row: {rows} rows, {len(generator)} generators")
+        raise TxlError(f"give one generator per {row}: {rows} {row}s, {len(generator)} generators")
 
 
 def check_end_ids(end_ids: Sequence[int], vocab_size: int | None) -> tuple[int, ...]:

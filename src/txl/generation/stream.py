@@ -3,7 +3,6 @@ for a batch of prompts of one length or of different lengths."""
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -16,7 +15,7 @@ from txl.model.decoding import DecodingState
 from txl.model.checks import check_input_ids
 from txl.model.memory import Mems, check_mems, given_length
 from txl.model.graphs import RingDecoder, check_exportable
-from txl.config import AttentionSpan, resolve_span
+from txl.config import AttentionSpan, check_count, resolve_span
 from txl.runtime import check_fits
 
 
@@ -173,6 +172,7 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
             :meth:`~txl.model.TransformerXLLM.forward`), bad sampling settings or an impossible span.
     """
     input_ids, ragged = _check_arguments(model, input_ids, mems, max_new_tokens)
+    max_new_tokens = int(max_new_tokens)  # (a numpy or 0-d tensor integer too)
     span = resolve_span(model.config, span, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
                         same_length=same_length)
     rules = rules_from(rules, temperature=temperature, top_k=top_k, top_p=top_p, **rule_fields)
@@ -228,8 +228,7 @@ def _check_arguments(model, input_ids, mems: Mems | None,
         raise TxlError("prompts of different lengths start without a memory: pass mems=None")
     if not model.config.has_memory and mems is not None:
         raise TxlError("attn_type='abs' (vanilla Transformer) has no memory: pass mems=None")
-    if not isinstance(max_new_tokens, numbers.Integral) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
-        raise TxlError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    check_count(max_new_tokens, "max_new_tokens")
     return input_ids, ragged
 
 

@@ -11,7 +11,7 @@ import torch
 
 from txl.errors import TxlError
 from txl.generation.beam import beam_search
-from txl.generation.sampling import DecodingRules, Generators, rules_from
+from txl.generation.sampling import DecodingRules, Generators, check_end_ids, check_generators, rules_from
 from txl.generation.stream import generate_steps
 from txl.config import AttentionSpan
 
@@ -132,13 +132,12 @@ def continue_texts(model, tokenizer, prompts: Sequence[torch.Tensor], *, max_new
     StopText(stop)
     if batch_size < 1:
         raise TxlError(f"batch_size must be >= 1, got {batch_size}")
-    if generator is not None and not isinstance(generator, torch.Generator) and len(generator) != len(prompts):
-        raise TxlError(f"give one generator per prompt: {len(prompts)} prompts, {len(generator)} generators")
+    check_generators(generator, len(prompts), "prompt")
     if rules is None:  # greedy unless a temperature is given
         rules = rules_from(None, **{**rule_fields, "temperature": rule_fields.get("temperature") or 0.0})
     else:
         rules = rules_from(rules, **rule_fields)
-    end = set(int(i) for i in end_ids)
+    end = set(check_end_ids(end_ids, model.config.vocab_size))
     texts: list[str] = []
     if num_beams > 1:
         for p in prompts:

@@ -13,7 +13,7 @@ from torch import nn
 from txl.model.adaptive import AdaptiveEmbedding, ProjectedAdaptiveLogSoftmax, tie_adaptive
 from txl.model.attention import MultiHeadAttention, attention_mask
 from txl.model.compressive import Compressor, check_compressive_mems, layer_memory, split_mems, update_compressive
-from txl.config import CHECKSUMS_NAME, IGNORE_INDEX, check_readable, check_weights_dtype, AttentionSpan, TransformerXLConfig
+from txl.config import CHECKSUMS_NAME, IGNORE_INDEX, RUN_NAME, check_readable, check_weights_dtype, AttentionSpan, TransformerXLConfig
 from txl.model.decoding import DecodingState, LayerCache, check_state, slot_padding_mask
 from txl.kernels.cpu import Dropout, Linear
 from txl.model.parameters import init_weights
@@ -439,14 +439,14 @@ class TransformerXLLM(nn.Module):
         Each file is written atomically (temporary file, then rename).
 
         Raises:
-            TxlError: ``directory`` is a file, or a checkpoint that txl wrote with its checksums (a run's
-                ``best/``: new weights would break them; save to another folder).
+            TxlError: ``directory`` is a file, a checkpoint that txl wrote with its checksums (a run's
+                ``best/``: new weights would break them) or a run folder (whose ``best/`` commands read).
         """
         if Path(directory).exists() and not Path(directory).is_dir():
             raise TxlError(f"{directory} is a file; save_pretrained writes a folder: give a folder's path")
-        if (Path(directory) / CHECKSUMS_NAME).is_file():
-            raise TxlError(f"{directory} is a txl checkpoint with {CHECKSUMS_NAME}, which new weights would break; "
-                           "save to another folder")
+        if any((Path(directory) / name).exists() for name in (CHECKSUMS_NAME, RUN_NAME, "best", "last")):
+            raise TxlError(f"{directory} is a txl checkpoint or run folder, whose checksums or best/ new weights "
+                           "would break or hide; save to another folder")
         save_model(self, directory, tokenizer)
 
     @classmethod
