@@ -529,3 +529,30 @@ def test_a_compiled_engine_samples_what_the_eager_one_does(ref, length):
     got = asyncio.run(run())
     assert got == reference_generate(ref, ids_of(TEXT[:length]), 15, 9, temperature=0.9)
     assert counters["stats"]["unique_graphs"] == 1  # the request ran the same graph
+
+
+def test_a_fine_tuned_model_ends_its_sample_at_the_end_marker(ref):
+    """As txl generate: the end marker ends the text (finish "stop", not shown) and min_new_tokens holds it back."""
+    import asyncio
+
+    from txl.data.pairs import find_markers
+    from txl.generation import DecodingRules
+    from txl.serving.engine import Piece, SamplingParams
+
+    model = copy.deepcopy(ref)
+    end = find_markers(TOK).end_id
+    with torch.no_grad():
+        model.crit.out_layers[0].bias[end] = 50.0  # the end marker first, then "x"
+        model.crit.out_layers[0].bias[ord("x")] = 40.0
+    engine = build_engine(model, TOK, span=SPAN, max_sessions=2, idle_timeout=300, max_tokens=50, end_ids=(end,))
+
+    async def run(min_new_tokens):
+        sid = engine.new_session()["id"]
+        await engine.append(sid, "ab")
+        params = SamplingParams(max_tokens=6, rules=DecodingRules(temperature=0, min_new_tokens=min_new_tokens))
+        return [piece async for piece in engine.generate(sid, params, append=False) if isinstance(piece, Piece)]
+
+    pieces = asyncio.run(run(0))
+    assert [(p.text, p.token, p.stopped) for p in pieces] == [("", end, True)]
+    pieces = asyncio.run(run(3))
+    assert "".join(p.text for p in pieces) == "xxx" and pieces[-1].token == end and pieces[-1].stopped

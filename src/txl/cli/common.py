@@ -257,6 +257,16 @@ def decoding_rules(args: argparse.Namespace):
     return DecodingRules(**{f: getattr(args, f) for f in fields if getattr(args, f, None) is not None})
 
 
+def end_ids(ckpt) -> tuple[int, ...]:
+    """The end-of-completion marker of a fine-tuned checkpoint (``txl finetune``), where its text ends
+    and which ``--min-new-tokens`` holds back (``txl generate``, ``txl serve``); none for a language model."""
+    if ckpt.run.finetune is None:
+        return ()
+    from txl.data.pairs import find_markers
+
+    return (find_markers(ckpt.tokenizer).end_id,)
+
+
 def load_checkpoint(args: argparse.Namespace, path: str | None = None, announce: bool = False):
     """Load the command's checkpoint (``path``, else ``args.checkpoint``) onto ``--device``.
 

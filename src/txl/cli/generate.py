@@ -13,7 +13,8 @@ from pathlib import Path
 
 from txl.cli.checks import check_exists, check_line_keys, check_min_new_tokens, check_range, flag_name
 from txl.cli.common import (add_batch_size, add_checkpoint, add_checkpoint_name, add_decoding_flags, add_device,
-                            add_dtype, add_quantize, add_seed, add_span, decoding_rules, load_checkpoint, print_notes)
+                            add_dtype, add_quantize, add_seed, add_span, decoding_rules, end_ids, load_checkpoint,
+                            print_notes)
 from txl.errors import TxlError
 
 NAME = "generate"
@@ -199,16 +200,6 @@ def _run_input(args: argparse.Namespace) -> int:
     for prompt, text in zip(prompts, texts):
         print(json.dumps({"prompt": prompt, "text": text}, ensure_ascii=False))
     return 0
-
-
-def end_ids(ckpt) -> tuple[int, ...]:
-    """The end-of-completion marker of a fine-tuned checkpoint (``txl finetune``), where its text ends
-    and which ``--min-new-tokens`` holds back; none for a language model."""
-    if ckpt.run.finetune is None:
-        return ()
-    from txl.data.pairs import find_markers
-
-    return (find_markers(ckpt.tokenizer).end_id,)
 
 
 def _read(step) -> int:

@@ -9,8 +9,8 @@ import sys
 import threading
 
 from txl.cli.checks import check_range, check_exists, finite_float, require_installed
-from txl.cli.common import (add_quantize, add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_span, load_checkpoint,
-                            model_name, print_notes, span_args)
+from txl.cli.common import (add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_quantize, add_span, end_ids,
+                            load_checkpoint, model_name, print_notes, span_args)
 from txl.errors import TxlError
 
 NAME = "serve"
@@ -131,7 +131,7 @@ def _run(args: argparse.Namespace, api_key: str | None) -> int:
     engine = build_engine(ckpt.model, ckpt.tokenizer, span=span, dtype=args.dtype, max_sessions=args.max_sessions,
                           idle_timeout=args.idle_timeout, max_tokens=args.max_tokens,
                           max_pending_bytes=args.max_pending_bytes, max_request_tokens=args.max_request_tokens,
-                          name=model_name(ckpt.path), compile=args.compile)
+                          name=model_name(ckpt.path), compile=args.compile, end_ids=end_ids(ckpt))
     from txl.runtime import available_memory_bytes, format_bytes
 
     have = available_memory_bytes()

@@ -171,6 +171,8 @@ class Engine:
         job_tokens: about how many tokens one model job reads: longer texts are read in jobs of
             whole segments of about this size, between which other requests' jobs run.
         name: the model's name in responses.
+        end_ids: where a sample ends, the token not shown (a fine-tuned model's end-of-completion marker,
+            which ``rules.min_new_tokens`` holds back); finish_reason "stop".
         compile: sample through ``torch.compile`` (True, or a backend's name; see
             :func:`~txl.generation.generate_steps`): one graph for every memory fill, compiled by a warm-up
             request when the engine is made.
@@ -192,6 +194,7 @@ class Engine:
     name: str = "txl"
     metrics: Metrics = field(default_factory=Metrics)
     compile: bool | str = False
+    end_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         weight = next(self.model.parameters())
@@ -308,7 +311,7 @@ class Engine:
         generator.manual_seed(p.seed if p.seed is not None else torch.seed() % (2**63))
         ids = torch.as_tensor(context, device=self.device)[None]
         steps = generate_steps(self.model, ids, p.max_tokens, mems=mems, generator=generator, span=self.span,
-                               rules=p.rules, compile=self.compile)
+                               rules=p.rules, end_ids=self.end_ids, compile=self.compile)
         text = self.tokenizer.text_stream()
         cut = StopText(p.stop)
         self.metrics.add_tokens(read=int(context.size))
@@ -317,7 +320,7 @@ class Engine:
                 try:
                     cut.armed = n + 1 >= p.rules.min_new_tokens  # stops count from min_tokens tokens on
                     piece = await self.worker.run(_next_piece, steps, text, cut, context if n == 0 else None,
-                                                  n == p.max_tokens - 1)
+                                                  n == p.max_tokens - 1, self.end_ids)
                 except TxlError as err:
                     raise ServeError(400, str(err)) from None
                 self.metrics.add_tokens(generated=1)
@@ -475,15 +478,19 @@ _PENDING = {"byte": "none", "char": "a trailing carriage return", "word": "the l
             "bpe": "the text after the last line start"}
 
 
-def _next_piece(steps, text, cut: StopText, context: np.ndarray | None, last: bool) -> Piece:
+def _next_piece(steps, text, cut: StopText, context: np.ndarray | None, last: bool, end: tuple[int, ...] = ()) -> Piece:
     """One token of :meth:`Engine.sample`, on the worker thread: draw it, decode it after the text so far
-    (``context``: the tokens before the sample, given with the first token), cut at the stop strings."""
+    (``context``: the tokens before the sample, given with the first token), cut at the stop strings;
+    one of ``end`` ends the sample without adding text."""
     if context is not None:
         for i in context.tolist():
             text.push(i)  # the context's text: the output continues it
     step = next(steps)
     token = int(step.token[0])
     step.check()  # a fault noted on the device (its value is read with the token's, no further wait)
+    if token in end:
+        shown = cut.push(text.finish())
+        return Piece(shown if cut.stopped else shown + cut.finish(), token, float(step.logprob[0]), True)
     shown = cut.push(text.push(token) + (text.finish() if last else ""))
     if last and not cut.stopped:
         shown += cut.finish()

@@ -43,9 +43,11 @@ def is_loopback(host: str) -> bool:
 
 def build_engine(model, tokenizer, *, span: AttentionSpan, dtype: str = "float32", max_sessions: int = 64,
                  idle_timeout: float = 600.0, max_tokens: int = 4096, max_pending_bytes: int = 1 << 16,
-                 max_request_tokens: int = 1 << 17, name: str = "txl", compile: bool | str = False):
+                 max_request_tokens: int = 1 << 17, name: str = "txl", compile: bool | str = False,
+                 end_ids: tuple[int, ...] = ()):
     """The :class:`~txl.serving.engine.Engine` serving ``model`` (eval mode) and ``tokenizer``; ``compile``:
-    sample through ``torch.compile`` (compiled here, before the first request).
+    sample through ``torch.compile`` (compiled here, before the first request); ``end_ids``: where a sample
+    ends (a fine-tuned model's end-of-completion marker).
 
     Raises:
         TxlError: bounds out of range, or a span the model cannot read with
@@ -67,7 +69,7 @@ def build_engine(model, tokenizer, *, span: AttentionSpan, dtype: str = "float32
     model.eval()
     return Engine(model=model, tokenizer=tokenizer, span=span, store=SessionStore(max_sessions, idle_timeout),
                   dtype=dtype, max_tokens=max_tokens, max_pending_bytes=max_pending_bytes,
-                  max_request_tokens=max_request_tokens, name=name, compile=compile)
+                  max_request_tokens=max_request_tokens, name=name, compile=compile, end_ids=tuple(end_ids))
 
 
 def listen(host: str, port: int) -> socket.socket:
