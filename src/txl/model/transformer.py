@@ -445,8 +445,8 @@ class TransformerXLLM(nn.Module):
         if Path(directory).exists() and not Path(directory).is_dir():
             raise TxlError(f"{directory} is a file; save_pretrained writes a folder: give a folder's path")
         if any((Path(directory) / name).exists() for name in (CHECKSUMS_NAME, RUN_NAME, "best", "last")):
-            raise TxlError(f"{directory} is a txl checkpoint or run folder, whose checksums or best/ new weights "
-                           "would break or hide; save to another folder")
+            raise TxlError(f"{directory} is a txl checkpoint or run folder: new weights there would break its "
+                           "checksums or be read instead of its best/; save to another folder")
         save_model(self, directory, tokenizer)
 
     @classmethod
