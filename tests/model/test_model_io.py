@@ -57,6 +57,18 @@ def test_load_errors(tmp_path):
         TransformerXLLM.from_pretrained(tmp_path)
 
 
+@pytest.mark.parametrize("key,value,said", [("foo", 1, "unknown key(s) foo in model"),
+                                            ("n_layer", "2", "model.n_layer must be an integer")])
+def test_a_bad_config_json_is_named_in_the_error(tmp_path, key, value, said):
+    tiny_model(dtype=torch.float32).save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg[key] = value
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(TxlError) as err:
+        TransformerXLLM.from_pretrained(tmp_path)
+    assert str(err.value).startswith(f"{tmp_path / 'config.json'}: {said}"), err.value
+
+
 @pytest.mark.parametrize("key,value", [("vocab_size", 100_000_000_000), ("n_layer", 100_000_000),
                                        ("d_inner", 10**12)])
 def test_sizes_that_cannot_be_allocated_are_refused_before_building(tmp_path, key, value):

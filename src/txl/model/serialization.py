@@ -62,7 +62,10 @@ def read_model_config(directory: str | Path) -> TransformerXLConfig:
     path = directory / CONFIG_NAME
     if not path.is_file():
         raise TxlError(f"{directory} has no {CONFIG_NAME}: not a txl checkpoint (expected {CONFIG_NAME} and {WEIGHTS_NAME})")
-    return TransformerXLConfig.from_dict(read_json_object(path))
+    try:
+        return TransformerXLConfig.from_dict(read_json_object(path))
+    except TxlError as err:
+        raise TxlError(err.args[0] if str(path) in str(err) else f"{path}: {err}") from None
 
 
 def weight_names(directory: Path) -> list[str]:
