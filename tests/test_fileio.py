@@ -129,3 +129,11 @@ def test_read_toml_says_one_line_for_every_bad_file(tmp_path):
         read_toml(tmp_path)
     with pytest.raises(TxlError, match="does not exist$"):
         read_toml(tmp_path / "none.toml")
+
+
+def test_json_files_written_with_a_byte_order_mark_are_read(tmp_path):
+    from txl.fileio import read_jsonl
+
+    lines = tmp_path / "prompts.jsonl"
+    lines.write_bytes(b'\xef\xbb\xbf{"prompt": "ab"}\n{"prompt": "\xef\xbb\xbfcd"}\n')
+    assert list(read_jsonl(lines)) == [(1, {"prompt": "ab"}), (2, {"prompt": "\ufeffcd"})]  # the file's first only

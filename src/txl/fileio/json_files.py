@@ -49,12 +49,13 @@ def sha256_file(path: str | Path, what: str = "") -> str:
 
 
 def _read_text(path: Path, what: str) -> str:
-    """The UTF-8 text of ``path``; TxlError naming ``what`` and the file otherwise."""
+    """The UTF-8 text of ``path``, without the byte-order mark some editors write first (as a prompt
+    file is read); TxlError naming ``what`` and the file otherwise."""
     from txl.errors import TxlError
 
     data = read_bytes(path, what)
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as err:
         raise TxlError(f"{what}{path} is not valid JSON: not UTF-8 (invalid byte at offset {err.start})") from None
 
