@@ -13,13 +13,12 @@ after another into ``batch_size`` streams.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 
-from txl.config import IGNORE_INDEX
+from txl.config import IGNORE_INDEX, check_count
 from txl.data.mapped import PageBudget, token_array
 from txl.errors import TxlError, counted
 
@@ -93,13 +92,8 @@ def longest_segment(tgt_len: int, *, std: float = 5, max_deviation: float = 3) -
 
 def _check_shape(batch_size: int, tgt_len: int) -> None:
     """Raise :class:`TxlError` unless ``batch_size`` and ``tgt_len`` are integers of at least 1."""
-    for name, value in (("batch_size", batch_size), ("tgt_len", tgt_len)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TxlError(f"{name} must be an integer, got {value!r}")
-    if batch_size < 1:
-        raise TxlError(f"batch_size must be at least 1, got {batch_size}")
-    if tgt_len < 1:
-        raise TxlError(f"tgt_len must be at least 1, got {tgt_len}")
+    check_count(batch_size, "batch_size", 1)
+    check_count(tgt_len, "tgt_len", 1)
 
 
 class LMOrderedIterator:

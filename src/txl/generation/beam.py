@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,7 +14,7 @@ from txl.generation.stream import prime_memory, step_state
 from txl.model.decoding import DecodingState
 from txl.model.checks import check_input_ids
 from txl.model.memory import Mems
-from txl.config import AttentionSpan, resolve_span
+from txl.config import AttentionSpan, check_count, resolve_span
 from txl.runtime import available_memory_bytes, format_bytes
 
 
@@ -157,8 +156,7 @@ def _check_search(model, input_ids: torch.Tensor, num_beams: int, max_new_tokens
     Raises:
         TxlError: as :func:`beam_search`.
     """
-    if isinstance(num_beams, bool) or not isinstance(num_beams, numbers.Integral) or num_beams < 1:
-        raise TxlError(f"num_beams must be an integer >= 1, got {num_beams!r}")
+    check_count(num_beams, "num_beams", 1)
     check_input_ids(input_ids, model.config.vocab_size, next(model.parameters()).device)
     if input_ids.size(0) != 1:
         raise TxlError(f"beam search decodes one prompt at a time, got a batch of {input_ids.size(0)}")

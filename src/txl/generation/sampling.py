@@ -36,6 +36,7 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
         TxlError: temperature < 0, top_k < 1 or top_p outside (0, 1]; NaN or +inf scores, or a row
             whose every score is -inf; a generator list whose length is not B.
     """
+    check_sampling(temperature, top_k, top_p)
     return _draw(logits, temperature, top_k, top_p, generator)
 
 
@@ -45,8 +46,8 @@ def _draw(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: fl
 
     Non-finite scores raise at once where their values can be read for free (:func:`~txl.runtime.reads_values`),
     else they are noted in ``faults`` (raised when the decoder checks it, at the end of its loop) and the
-    faulty rows are drawn from uniform scores, so that the draw itself cannot fail on the device."""
-    check_sampling(temperature, top_k, top_p)
+    faulty rows are drawn from uniform scores, so that the draw itself cannot fail on the device. The
+    rules were checked when given (:func:`sample_next`, :class:`DecodingRules`), not again per step."""
     check_generators(generator, logits.size(0))
     # one reduction finds all three faults: a row's max is NaN if the row holds a NaN (max propagates
     # it), +inf if it holds +inf, and -inf if every score is -inf; its indices are the greedy choice

@@ -17,7 +17,6 @@ Shapes: L = layers, B = batch, H = heads, D = d_head, S = ``capacity`` slots, R 
 
 from __future__ import annotations
 
-import numbers
 import weakref
 from dataclasses import dataclass
 
@@ -25,7 +24,7 @@ import torch
 
 from txl.errors import TxlError
 from txl.model.checks import padding_mask
-from txl.config import AttentionSpan
+from txl.config import AttentionSpan, check_count
 from txl.runtime import format_bytes, out_of_memory, reads_values
 
 
@@ -191,9 +190,8 @@ class DecodingState:
                  spare_room: bool = True) -> None:
         if not isinstance(span, AttentionSpan):
             raise TxlError(f"span must be an AttentionSpan, got {type(span).__name__}")
-        for name, value in (("n_layer", n_layer), ("max_tokens", 1 if max_tokens is None else max_tokens)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise TxlError(f"{name} must be an integer >= 1, got {value!r}")
+        check_count(n_layer, "n_layer", 1)
+        check_count(1 if max_tokens is None else max_tokens, "max_tokens", 1)
         max_tokens = None if max_tokens is None else int(max_tokens)
         self.span, self.keep_mems, self.max_tokens, self.spare_room = span, keep_mems, max_tokens, spare_room
         self.slots = ring_capacity(span)  # S of an unbounded text
