@@ -165,7 +165,7 @@ def test_flag_tables_of_the_cli_page_name_every_command_that_takes_the_flag():
 
     page = (Path(__file__).parents[2] / "docs" / "cli.md").read_text(encoding="utf-8")
     tables = (page.split("**One meaning per short flag**")[1].split("**The checkpoint is always positional**")[0]
-              + page.split("## Shared flags")[1].split("## Changed spellings")[0])
+              + page.split("## Shared flags")[1].split("## Other spellings accepted")[0])
     checked = set()
     for line in tables.splitlines():
         cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip())[1:-1]]

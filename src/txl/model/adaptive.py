@@ -32,7 +32,7 @@ from txl.runtime import reads_values
 
 
 def _boundaries(vocab_size: int, d_embed: int, d_proj: int, cutoffs: list[int], div_val: int) -> list[int]:
-    """Validate the adaptive configuration and return ``[0, *cutoffs, vocab_size]``."""
+    """Check the adaptive configuration and return ``[0, *cutoffs, vocab_size]``."""
     if vocab_size < 1 or d_embed < 1 or d_proj < 1:
         raise TxlError(f"vocab_size, d_embed and d_proj must be >= 1, got {vocab_size}, {d_embed}, {d_proj}")
     if not isinstance(div_val, int) or div_val < 1:

@@ -20,7 +20,7 @@ ID_DTYPES = (torch.int64, torch.int32)
 
 def check_input_ids(input_ids, vocab_size: int, device: torch.device | None = None,
                     name: str = "input_ids") -> tuple[int, int]:
-    """Validate a batch of token ids and return its shape ``(batch, length)``.
+    """Check a batch of token ids and return its shape ``(batch, length)``.
 
     Args:
         input_ids: expected an int64/int32 tensor [B, T] with B >= 1, T >= 1 and ids in ``[0, vocab_size)``
@@ -54,7 +54,7 @@ def check_input_ids(input_ids, vocab_size: int, device: torch.device | None = No
 
 
 def check_labels(labels, input_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Validate next-token labels for ``input_ids`` and return them as int64.
+    """Check next-token labels for ``input_ids`` and return them as int64.
 
     Args:
         labels: an integer tensor with the shape and device of ``input_ids``; every value is in

@@ -79,7 +79,7 @@ def split_mems(mems: Mems | None, n_layer: int) -> tuple[Mems | None, Mems | Non
 def check_compressive_mems(mems: Mems | None, n_layer: int, batch_size: int, d_model: int, ratio: int, *,
                            dtypes: tuple[torch.dtype, ...] | None = None,
                            device: torch.device | None = None) -> tuple[int, int, int]:
-    """Validate a compressive memory and return its lengths ``(M, C, P)`` (zeros for None).
+    """Check a compressive memory and return its lengths ``(M, C, P)`` (zeros for None).
 
     Args:
         mems: None, ``3 * n_layer`` tensors in the layout of this module, or ``n_layer`` tensors

@@ -17,7 +17,7 @@ Mems = list[torch.Tensor]
 
 def check_mems(mems: Mems | None, n_layer: int, batch_size: int, d_model: int, *,
                dtypes: tuple[torch.dtype, ...] | None = None, device: torch.device | None = None) -> int:
-    """Validate a memory against the input and return its length M (0 for None).
+    """Check a memory against the input and return its length M (0 for None).
 
     Only shapes, dtypes and devices are read (no values), so the check never waits for a GPU.
 

@@ -131,8 +131,8 @@ def verify_checkpoint(directory: str | Path) -> bool:
     lead anywhere; ``checksums.json`` itself neither), is refused before anything is opened.
 
     Returns:
-        True when verified; False for a checkpoint written without checksums (older txl versions,
-        folders made by hand), which is accepted unverified.
+        True when verified; False for a checkpoint that holds no checksums (e.g. a folder made by
+        hand), which is accepted unverified.
 
     Raises:
         TxlError: a listed file is missing, truncated or altered, the checksum list is unreadable,

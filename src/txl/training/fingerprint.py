@@ -4,8 +4,7 @@ A fingerprint is a dict from a part of the data (``"train split"``, ``"data.path
 and sha256: ``{"tokens": N, "sha256": HEX}`` for a token array, ``{"bytes": N, "sha256": HEX}`` for a
 file. Each checkpoint's ``state.json`` (and ``trainer.json``) records the fingerprint of the data it
 was trained on as ``data_fingerprint``; a resumed run compares it with the data it reads now
-(:func:`check_resumed_data`). Checkpoints written before fingerprints existed record none and are
-not checked.
+(:func:`check_resumed_data`). A checkpoint that records none is not checked.
 """
 
 from __future__ import annotations
@@ -141,7 +140,7 @@ def check_resumed_data(saved: dict | None, now: dict, *, checkpoint: str | Path,
                        warn: Callable[[str], None]) -> None:
     """Compare the fingerprint ``saved`` in ``checkpoint`` with that of the data read now.
 
-    Nothing happens when they agree or when the checkpoint records none (older txl versions). With
+    Nothing happens when they agree or when the checkpoint records none. With
     ``allow`` a difference is reported through ``warn`` (one line) and the run goes on.
 
     Raises:
