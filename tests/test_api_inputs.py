@@ -240,17 +240,27 @@ def test_sizes_beyond_the_text_or_the_machine_are_handled_in_one_line(monkeypatc
     with pytest.raises(TxlError, match="max_new_tokens must be >= 0"):
         beam_search(model, _ids(0, 1, 3), 40, -1)
     from txl import runtime
+    from txl.kernels.cpu import check_reading_fits
     from txl.model.segments import segments
     monkeypatch.setattr(runtime, "available_memory_bytes", lambda *device: 2**28)
     with pytest.raises(TxlError, match=r"a segment of 8,000 tokens over 8,000 keys .* use a smaller tgt_len"):
         evaluate(model, np.random.default_rng(0).integers(0, V, 8001), tgt_len=8000, batch_size=1)
     span = model.config.span.replace(tgt_len=3000)
-    with torch.no_grad():  # read without autograd, in blocks
-        list(segments(model, _ids(0, 1, 1000), span=span))
+    check_reading_fits(model, _ids(0, 1, 1000), span)  # read without autograd, in blocks: fits
     with pytest.raises(TxlError, match=r"a segment of 3,000 tokens over 3,000 keys \(batch 2\)"):
-        next(segments(model, _ids(0, 2, 3000), span=span, grad=True))  # a bias kept per layer: refused sooner
+        check_reading_fits(model, _ids(0, 2, 3000), span, grad=True)  # a bias kept per layer: refused sooner
     # a memory far beyond the text costs what the text holds: 100 billion positions of mem_len on 40 tokens read
-    assert len(list(segments(model, _ids(0, 1, 40), span=span.replace(tgt_len=4, mem_len=10**11)))) == 10
+    far = span.replace(tgt_len=4, mem_len=10**11)
+    check_reading_fits(model, _ids(0, 1, 40), far)
+    assert len(list(segments(model, _ids(0, 1, 40), span=far))) == 10
+    # the segment loop itself never asks how much memory is free: its callers do
+    from txl.kernels import cpu
+    monkeypatch.setattr(cpu, "attention_bytes", lambda *args: 2**40)  # every reading too large
+    small = span.replace(tgt_len=10)
+    with pytest.raises(TxlError, match="a segment of 10 tokens"):
+        check_reading_fits(model, _ids(0, 1, 100), small)
+    with torch.no_grad():
+        assert len(list(segments(model, _ids(0, 1, 100), span=small))) == 10
 
 
 def test_memory_figures_follow_process_limits_and_allocation_failures_are_one_line(capsys, monkeypatch):

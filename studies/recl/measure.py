@@ -29,6 +29,7 @@ import numpy as np
 
 from txl.analysis.plots import pyplot, save_figure
 from txl.errors import TxlError, counted
+from txl.kernels.cpu import check_reading_fits
 
 THRESHOLD = 0.01
 RATIOS = (0.1, 0.5, 1.0)
@@ -280,6 +281,7 @@ def context_losses(model, tokens: np.ndarray, contexts: list[int], positions: np
                 pos = positions[s:s + batch_size]
                 windows = torch.from_numpy(data[pos[:, None] + offsets[-c:][None, :]].astype(np.int64)).to(device)  # [b, c]
                 targets = torch.from_numpy(data[pos].astype(np.int64)).to(device)
+                check_reading_fits(model, windows, window)
                 for seg in segments(model, windows, span=window):
                     pass  # the last segment ends on the window's last token
                 logits = seg.output.logits[:, -1]

@@ -125,7 +125,10 @@ def test_bad_settings_are_one_line_errors(make_model):
         dynamic_evaluate(model, _tokens(40), lr=1e20, method="sgd")  # float64: only a huge lr overflows
     with pytest.raises(TxlError, match="method"):
         dynamic_evaluate(model, _tokens(20), method="adam")
-    with pytest.raises(TxlError, match="decay"):
+    with pytest.raises(TxlError, match=r"^decay must be in \[0, 1\), got 1.0$"):
         dynamic_evaluate(model, _tokens(20), decay=1.0)
+    for lr in (float("nan"), float("inf"), -1e-4, "1e-4"):  # the command line's rule (txl.config.check_dynamic)
+        with pytest.raises(TxlError, match=r"^lr must be a finite number >= 0"):
+            dynamic_evaluate(model, _tokens(20), lr=lr)
     with pytest.raises(TxlError, match="fewer than 2"):
         dynamic_evaluate(model, _tokens(1))

@@ -591,3 +591,39 @@ def test_no_error_answer_quotes_more_than_about_100_characters_of_the_request(se
     r = client.post("/v1/completions", json={"prompt": "x", spaced: 1})
     message = r.json()["error"]["message"]
     assert r.status_code == 400 and "(40,000 characters)" in message and len(message) < 300, message[:400]
+
+
+def test_the_server_limits_have_one_set_of_defaults_and_rules(capsys, tmp_path):
+    """ServeConfig holds the limits' defaults and rules: the flags, build_engine, serve and the session
+    store take both from it, and each refusal names the flag on the command line, the field in Python."""
+    import dataclasses
+    import inspect
+
+    from txl.cli import build_parser
+    from txl.config import ServeConfig
+    from txl.serving.server import serve
+    from txl.serving.sessions import SessionStore
+
+    defaults = ServeConfig()
+    args = build_parser().parse_args(["serve", str(tmp_path)])
+    taken = {**inspect.signature(build_engine).parameters, **inspect.signature(serve).parameters}
+    for field in dataclasses.fields(ServeConfig):
+        assert getattr(args, field.name) == getattr(defaults, field.name), field.name
+        assert taken[field.name].default == getattr(defaults, field.name), field.name
+    for flag, value, message in [("--max-sessions", "0", "--max-sessions must be >= 1, got 0"),
+                                 ("--idle-timeout", "0", "--idle-timeout must be > 0 seconds, got 0.0"),
+                                 ("--max-tokens", "-1", "--max-tokens must be >= 0, got -1"),
+                                 ("--max-request-bytes", "0", "--max-request-bytes must be >= 1, got 0"),
+                                 ("--read-timeout", "0", "--read-timeout must be > 0 seconds, got 0.0"),
+                                 ("--shutdown-timeout", "-1", "--shutdown-timeout must be >= 0 seconds, got -1.0")]:
+        code, _, err = run_cli(capsys, "serve", tmp_path, flag, value)  # refused before the checkpoint is read
+        assert code == 2 and one_error_line(err) == f"txl: error: {message}"
+    model = tiny_model(seed=3, vocab_size=256)
+    with pytest.raises(TxlError, match=r"^max_tokens must be >= 0, got -1$"):
+        build_engine(model, TOK, span=SPAN, max_tokens=-1)
+    with pytest.raises(TxlError, match=r"^max_request_tokens must be an integer, got 2.5$"):
+        build_engine(model, TOK, span=SPAN, max_request_tokens=2.5)
+    with pytest.raises(TxlError, match=r"^idle_timeout must be a finite number, got nan$"):
+        SessionStore(max_sessions=2, idle_timeout=float("nan"))
+    with pytest.raises(TxlError, match=r"^max_concurrent_requests must be >= 1, got 0$"):
+        serve(None, None, max_concurrent_requests=0)

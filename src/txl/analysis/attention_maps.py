@@ -17,6 +17,7 @@ from txl.model.segments import eval_mode, segments
 from txl.model import reference
 from txl.model.compressive import layer_memory, split_mems
 from txl.config import AttentionSpan, resolve_span
+from txl.kernels.cpu import check_reading_fits
 
 
 @torch.no_grad()
@@ -66,6 +67,7 @@ def _mean_over_queries(model, data: torch.Tensor, span: AttentionSpan, max_segme
     x_all = data[None, :span.tgt_len * max_segments].to(device)
     total, count = None, 0
     with eval_mode(model):
+        check_reading_fits(model, x_all, span)
         for seg in segments(model, x_all, span=span):
             part = measure(seg, segment_probabilities(model, seg.inputs, seg.mems, span))
             total = part if total is None else total + part

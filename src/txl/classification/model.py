@@ -29,6 +29,7 @@ from txl.config import CLASSIFIER_NAME, ClassifierConfig, TransformerXLConfig
 from txl.errors import TxlError
 from txl.model.segments import eval_mode, segments
 from txl.model.parameters import init_weights
+from txl.kernels.cpu import check_reading_fits
 from txl.kernels.int8 import check_trainable
 from txl.model.transformer import TransformerXLLM
 
@@ -253,6 +254,7 @@ class TransformerXLForSequenceClassification(nn.Module):
                            f"{span.mem_len} and tgt_len {span.tgt_len}")
         ends: list = [None] * ids.size(0)
         last, n = last_seg.tolist(), lengths.tolist()  # on the host once
+        check_reading_fits(self.body, ids, span)
         for seg in segments(self.body, ids, span=span, lengths=lengths, hidden=True, same_layer=same_layer):
             width = seg.inputs.size(1)
             for j, b in enumerate(seg.rows.tolist()):
@@ -268,6 +270,7 @@ class TransformerXLForSequenceClassification(nn.Module):
         """One reading of ``ids`` [B, N] from ``mems`` (None: none) pooled per :class:`ClassifierConfig`: [B, d]."""
         pool = _Pool(self.classifier.pooling, ids.size(0), self.config.d_model, ids.device,
                      getattr(self, "pool_query", None))
+        check_reading_fits(self.body, ids, self.body.config.span, mems, grad=grad_from is not None)
         for seg in segments(self.body, ids, span=self.body.config.span, mems=mems, lengths=lengths,
                             grad=grad_from is not None, grad_from=grad_from, hidden=True, same_layer=same_layer):
             counts = (lengths[seg.rows] - seg.start).clamp(max=seg.hidden.size(1))  # real tokens of each row here

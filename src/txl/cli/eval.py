@@ -7,11 +7,12 @@ import argparse
 import os
 from pathlib import Path
 
-from txl.cli.checks import (check_output, check_range, check_exists, finite_float,
+from txl.cli.checks import (check_output, check_range, check_exists, finite_float, flag_name,
                             parse_ints)
 from txl.cli.common import (add_quantize, add_batch_size, add_checkpoint_name, add_data, add_device, add_dtype, add_force, add_json,
                             add_option, add_seed, add_span, emit_json, human_stream, load_checkpoint, model_name, pick,
                             print_notes, span_args, underscore)
+from txl.config import check_dynamic
 from txl.errors import TxlError
 
 NAME = "eval"
@@ -102,10 +103,8 @@ def _check(args: argparse.Namespace) -> None:
         raise TxlError("--dynamic reads the text from its start without warm-up; drop --warmup")
     if not args.dynamic and (args.dynamic_lr is not None or args.dynamic_decay or args.dynamic_method != "rms"):
         raise TxlError("--dynamic-lr/--dynamic-decay/--dynamic-method apply to --dynamic; add --dynamic")
-    if args.dynamic and not 0.0 <= args.dynamic_decay < 1.0:
-        raise TxlError(f"--dynamic-decay must be in [0, 1), got {args.dynamic_decay}")
-    if args.dynamic and args.dynamic_lr is not None and not 0 <= args.dynamic_lr < float("inf"):
-        raise TxlError(f"--dynamic-lr must be a finite number >= 0, got {args.dynamic_lr}")
+    if args.dynamic:
+        check_dynamic(args.dynamic_lr, args.dynamic_decay, named=lambda field: flag_name(args, f"dynamic_{field}"))
     if args.dynamic and args.batch_size is not None and args.batch_size != 1:
         raise TxlError("--dynamic reads the text as one stream (batch size 1); drop --batch-size")
     _check_outputs(args, [args.checkpoint, args.data])

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
 import threading
 
-from txl.cli.checks import check_range, check_exists, finite_float, require_installed
+from txl.cli.checks import check_exists, finite_float, flag_name, require_installed
 from txl.cli.common import (add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_quantize, add_span, end_ids,
                             load_checkpoint, model_name, print_notes, span_args)
+from txl.config.serve import ServeConfig
 from txl.errors import TxlError
 
 NAME = "serve"
 HELP = "HTTP server: OpenAI-style completions, and sessions whose memory persists between requests"
 EXAMPLE = "txl serve runs/default --port 8000   # then: curl -s localhost:8000/v1/sessions -X POST"
+LIMITS = ServeConfig()  # the defaults
 DETAILS = ("Serves POST /v1/completions (stateless, OpenAI-style, streaming with server-sent events) and sessions "
            "(POST /v1/sessions, then /v1/sessions/ID/append, /generate, GET and DELETE /v1/sessions/ID) that keep "
            "their memory between requests, so a request costs the same after a million tokens as after ten; "
@@ -35,28 +38,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on every route but /health (default: the TXL_API_KEY "
                         "environment variable, else none)")
-    p.add_argument("--max-sessions", type=int, default=64, metavar="N",
-                   help="sessions kept at once; a new one evicts the least recently used (default 64)")
-    p.add_argument("--idle-timeout", type=finite_float, default=600.0, metavar="S",
-                   help="seconds after which an unused session is dropped (default 600)")
-    p.add_argument("--max-tokens", type=int, default=4096, metavar="N",
-                   help="most tokens one request may generate (default 4096)")
-    p.add_argument("--max-request-bytes", type=int, default=4 << 20, metavar="N",
-                   help="larger request bodies get 413 (default 4194304, 4 MiB)")
-    p.add_argument("--max-request-tokens", type=int, default=1 << 17, metavar="N",
-                   help="an append or prompt of more tokens gets 413 (default 131072); a session reads several "
+    p.add_argument("--max-sessions", type=int, default=LIMITS.max_sessions, metavar="N",
+                   help="sessions kept at once; a new one evicts the least recently used (default %(default)s)")
+    p.add_argument("--idle-timeout", type=finite_float, default=LIMITS.idle_timeout, metavar="S",
+                   help="seconds after which an unused session is dropped (default %(default)g)")
+    p.add_argument("--max-tokens", type=int, default=LIMITS.max_tokens, metavar="N",
+                   help="most tokens one request may generate (default %(default)s)")
+    p.add_argument("--max-request-bytes", type=int, default=LIMITS.max_request_bytes, metavar="N",
+                   help="larger request bodies get 413 (default %(default)s, 4 MiB)")
+    p.add_argument("--max-request-tokens", type=int, default=LIMITS.max_request_tokens, metavar="N",
+                   help="an append or prompt of more tokens gets 413 (default %(default)s); a session reads several "
                         "appends exactly as one")
-    p.add_argument("--max-pending-bytes", type=int, default=1 << 16, metavar="N",
+    p.add_argument("--max-pending-bytes", type=int, default=LIMITS.max_pending_bytes, metavar="N",
                    help="most bytes of undecided text a session holds, e.g. a word session's unfinished line "
-                        "(default 65536); an append that would leave more gets 413")
-    p.add_argument("--max-concurrent-requests", type=int, default=64, metavar="N",
+                        "(default %(default)s); an append that would leave more gets 413")
+    p.add_argument("--max-concurrent-requests", type=int, default=LIMITS.max_concurrent_requests, metavar="N",
                    help="requests handled at once, those waiting for a session or the model included; more get 503 "
-                        "(default 64; with --max-request-bytes it bounds the memory requests hold)")
-    p.add_argument("--read-timeout", type=finite_float, default=30.0, metavar="S",
-                   help="seconds a request body may take to arrive; a client that stops sending gets 408 (default 30)")
-    p.add_argument("--shutdown-timeout", type=finite_float, default=10.0, metavar="S",
+                        "(default %(default)s; with --max-request-bytes it bounds the memory requests hold)")
+    p.add_argument("--read-timeout", type=finite_float, default=LIMITS.read_timeout, metavar="S",
+                   help="seconds a request body may take to arrive; a client that stops sending gets 408 "
+                        "(default %(default)g)")
+    p.add_argument("--shutdown-timeout", type=finite_float, default=LIMITS.shutdown_timeout, metavar="S",
                    help="on SIGTERM/Ctrl-C, seconds the requests in progress may take to finish before they are "
-                        "cut off (default 10)")
+                        "cut off (default %(default)g)")
     add_span(p)
     add_dtype(p)
     add_quantize(p)
@@ -72,16 +76,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``txl serve`` until SIGTERM or SIGINT; returns the exit status."""
     # the span flags: txl.cli.checks.check_shared_flags
-    check_range(args, 1, "max_sessions", "max_request_bytes", "max_request_tokens", "max_concurrent_requests")
-    check_range(args, 0, "max_tokens", "port", "max_pending_bytes")
-    if args.port > 65535:
+    limits(args)
+    if not 0 <= args.port <= 65535:
         raise TxlError(f"--port must be in [0, 65535], got {args.port}")
-    if not args.idle_timeout > 0:
-        raise TxlError(f"--idle-timeout must be > 0 seconds, got {args.idle_timeout}")
-    if not args.shutdown_timeout >= 0:
-        raise TxlError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
-    if not args.read_timeout > 0:
-        raise TxlError(f"--read-timeout must be > 0 seconds, got {args.read_timeout}")
     if args.compile:
         for flag, on in (("a half-precision --dtype", args.dtype not in (None, "float32")),
                          ("--quantize bf16", args.quantize == "bf16")):
@@ -111,6 +108,16 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
+def limits(args: argparse.Namespace) -> ServeConfig:
+    """The server's limits given by the flags, checked (messages name the flags).
+
+    Raises:
+        TxlError: as :meth:`~txl.config.ServeConfig.check`.
+    """
+    given = {field.name: getattr(args, field.name) for field in dataclasses.fields(ServeConfig)}
+    return ServeConfig(**given).check(named=lambda field: flag_name(args, field))
+
+
 def _interrupt(_signum, _frame) -> None:
     raise KeyboardInterrupt
 
@@ -128,9 +135,10 @@ def _run(args: argparse.Namespace, api_key: str | None) -> int:
         check_exportable(ckpt.model.config, span, "--compile", reader=False)
         print("txl: compiling the decoder (torch.compile) before serving: a minute or so on a CPU", file=sys.stderr,
               flush=True)
-    engine = build_engine(ckpt.model, ckpt.tokenizer, span=span, dtype=args.dtype, max_sessions=args.max_sessions,
-                          idle_timeout=args.idle_timeout, max_tokens=args.max_tokens,
-                          max_pending_bytes=args.max_pending_bytes, max_request_tokens=args.max_request_tokens,
+    given = limits(args)
+    engine = build_engine(ckpt.model, ckpt.tokenizer, span=span, dtype=args.dtype, max_sessions=given.max_sessions,
+                          idle_timeout=given.idle_timeout, max_tokens=given.max_tokens,
+                          max_pending_bytes=given.max_pending_bytes, max_request_tokens=given.max_request_tokens,
                           name=model_name(ckpt.path), compile=args.compile, end_ids=end_ids(ckpt))
     from txl.runtime import available_memory_bytes, format_bytes
 

@@ -201,6 +201,16 @@ def check_decoding(repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 
                        f"{length_penalty!r}")
 
 
+def check_dynamic(lr: float | None, decay: float, named=_named) -> None:
+    """Raise :class:`TxlError` for dynamic evaluation's (Krause et al. 2018) step size ``lr`` that is not
+    None (the command line's default) or a finite number >= 0, or a ``decay`` (the pull towards the
+    trained weights) outside [0, 1). ``named(field)``: as in :func:`check_sampling`."""
+    if lr is not None and (not _is_number(lr) or not 0 <= lr < float("inf")):
+        raise TxlError(f"{named('lr')} must be a finite number >= 0, got {lr!r}")
+    if not _is_number(decay) or not 0.0 <= decay < 1.0:
+        raise TxlError(f"{named('decay')} must be in [0, 1), got {decay!r}")
+
+
 #: Label of a position that is not scored (context, padding): the value data, model, training and
 #: evaluation use (PyTorch's ``cross_entropy`` default ``ignore_index``).
 IGNORE_INDEX = -100

@@ -21,6 +21,7 @@ from txl.errors import TxlError
 from txl.model.segments import eval_mode, segments
 from txl.evaluation.stream import EvalResult, check_unit
 from txl.runtime import progress_bar
+from txl.kernels.cpu import check_reading_fits
 
 
 def grad_window(labels: torch.Tensor, tgt_len: int, grad_segments: int | None) -> torch.Tensor:
@@ -68,6 +69,7 @@ def completion_losses(model, inputs: torch.Tensor, labels: torch.Tensor, *, span
     lengths = torch.where(scored, cols, -1).max(dim=1).values + 1  # rows leave after their last target
     window = grad_window(labels, span.tgt_len, grad_segments) if grad else None
     sums = None
+    check_reading_fits(model, inputs, span, grad=grad, dtype=dtype)
     for seg in segments(model, inputs, labels, span=span, lengths=lengths, dtype=dtype, grad=grad, grad_from=window):
         part = seg.output.token_loss.sum(dim=1)
         if recon is not None and seg.output.recon_loss is not None:

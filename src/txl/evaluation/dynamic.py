@@ -39,10 +39,11 @@ import torch
 from txl.data import LMOrderedIterator
 from txl.data.mapped import token_array
 from txl.errors import TxlError
+from txl.kernels.cpu import check_reading_fits
 from txl.kernels.int8 import check_float_model
 from txl.model.segments import eval_mode, segments
 from txl.evaluation.stream import EvalResult, check_unit
-from txl.config import AttentionSpan, check_count, resolve_span
+from txl.config import AttentionSpan, check_count, check_dynamic, resolve_span
 from txl.runtime import progress_bar
 
 METHODS = ("sgd", "rms")
@@ -98,6 +99,7 @@ def gradient_statistics(model, tokens: np.ndarray, *, tgt_len: int | None = None
     with eval_mode(model), progress_bar(total, progress, "gradient statistics") as bar:
         model.zero_grad(set_to_none=True)
         try:
+            check_reading_fits(model, x, span, grad=True)
             for seg in segments(model, x, y, span=span, grad=True):
                 bar.update(1)
                 seg.output.loss.backward()
@@ -116,11 +118,13 @@ def gradient_statistics(model, tokens: np.ndarray, *, tgt_len: int | None = None
 
 
 def _check_settings(method: str, lr: float, decay: float) -> None:
-    """Refuse an unknown ``method``, a negative ``lr`` or a ``decay`` outside [0, 1) (TxlError)."""
+    """Refuse an unknown ``method``, and an ``lr`` or ``decay`` :func:`~txl.config.check_dynamic` refuses
+    (TxlError)."""
     if method not in METHODS:
         raise TxlError(f"dynamic evaluation method must be one of {', '.join(METHODS)}, got {method!r}")
-    if lr < 0 or not 0.0 <= decay < 1.0:
-        raise TxlError(f"dynamic evaluation needs lr >= 0 and 0 <= decay < 1, got lr={lr}, decay={decay}")
+    if lr is None:
+        raise TxlError("dynamic evaluation needs a step size lr (a finite number >= 0), got None")
+    check_dynamic(lr, decay)
 
 
 def _check_stats(params: list[tuple[str, torch.nn.Parameter]], stats: dict[str, torch.Tensor] | None) -> None:
@@ -237,6 +241,7 @@ def dynamic_evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", lr: float 
     try:
         with eval_mode(model), progress_bar(-(-x.size(1) // span.tgt_len), progress, "dynamic evaluation") as bar:
             model.zero_grad(set_to_none=True)
+            check_reading_fits(model, x, span, grad=True, dtype=dtype)
             for seg in segments(model, x, y, span=span, dtype=dtype, grad=True):
                 bar.update(1)
                 seg_sum, n_seg = _segment_sum(seg), seg.inputs.size(1)

@@ -33,6 +33,7 @@ from txl.errors import TxlError
 from txl.model.segments import decoding_state, eval_mode, segments
 from txl.runtime import check_fits
 from txl.evaluation.stream import metric_value
+from txl.kernels.cpu import check_reading_fits
 
 __all__ = ["DocumentScore", "score", "score_tokens", "score_texts", "token_text", "total_metric"]
 
@@ -138,6 +139,7 @@ def _score_rows(model, rows: list[np.ndarray], span: AttentionSpan, dtype: str) 
     if state is not None:
         need = state.nbytes(model.config, len(rows), next(model.parameters()).element_size(), device)
         check_fits(need, f"a decoding state with mem_len {span.mem_len:,}", "use a smaller --mem-len or batch", device)
+    check_reading_fits(model, inputs, span, dtype=dtype)
     for seg in segments(model, inputs, labels, span=span, lengths=n_in, dtype=dtype, caches=state):
         cols = slice(seg.start, seg.start + seg.inputs.size(1))
         out_lp[seg.rows.cpu().numpy(), cols] = -seg.output.token_loss.detach().to(torch.float64).cpu().numpy()

@@ -15,6 +15,7 @@ from txl.data.mapped import PageBudget, token_array
 from txl.errors import TxlError, quoted
 from txl.model.segments import decoding_state, eval_mode, segments
 from txl.runtime import autocast, check_fits, compile_module, progress_bar
+from txl.kernels.cpu import check_reading_fits
 
 
 @dataclass
@@ -66,9 +67,9 @@ def metric_unit(tokenizer_kind: str) -> str:
 def stored_unit(unit: str | None, tokenizer_kind: str | None = None) -> str | None:
     """The unit of a metric read from a file (``state.json``, ``metrics.csv``, results JSON).
 
-    Files written before the bits-per-byte label say "bpc" for byte models too; with the run's
-    ``tokenizer_kind`` known, such a "bpc" is read as "bpb" (the number itself was always bits per
-    byte). Other known units are returned as they are; anything else gives None.
+    A byte model's file may label its metric "bpc"; with the run's ``tokenizer_kind`` known, such a
+    "bpc" is read as "bpb" (the number is bits per byte). Other known units are returned as they are;
+    anything else gives None.
     """
     if unit not in UNITS:
         return None
@@ -169,6 +170,7 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
         if state is not None:
             need = state.nbytes(model.config, inputs.size(0), next(model.parameters()).element_size(), device)
             check_fits(need, f"a decoding state with mem_len {span.mem_len:,}", "use a smaller --mem-len or batch", device)
+        check_reading_fits(model, inputs, span, positions=positions, dtype=dtype)
         with eval_mode(model), progress_bar(len(positions), progress, "evaluating") as bar:
             for seg in segments(reader, inputs, labels, span=span, dtype=dtype, positions=positions, caches=state):
                 sums[0] += seg.output.token_loss.double().sum()

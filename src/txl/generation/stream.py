@@ -17,6 +17,7 @@ from txl.model.memory import Mems, check_mems, given_length
 from txl.model.graphs import RingDecoder, check_exportable
 from txl.config import AttentionSpan, check_count, resolve_span
 from txl.runtime import check_fits
+from txl.kernels.cpu import check_reading_fits
 
 
 @torch.no_grad()
@@ -31,6 +32,7 @@ def prime_memory(model, input_ids: torch.Tensor, mems: Mems | None = None,
     the model's training span.
     """
     span = caches.span if caches is not None else resolve_span(model.config, span)
+    check_reading_fits(model, input_ids, span, mems)
     for seg in segments(model, input_ids, span=span, mems=mems, caches=caches):
         mems = seg.output.mems
     return mems
@@ -264,6 +266,7 @@ def _ring_decoder(model, input_ids: torch.Tensor, mems: Mems | None, span: Atten
     if max_new_tokens == 0:
         return None
     check_state_fits(model, RingDecoder.state_for(model, span), len(input_ids))
+    check_reading_fits(model, input_ids[:, :-1], span, mems)
     ring = RingDecoder(model, span, compile=compile)
     ring.read_prompt(input_ids[:, :-1], mems)
     return ring

@@ -334,8 +334,8 @@ def attention_bytes(bsz: int, heads: int, qlen: int, klen: int, n_layer: int, it
 
 def check_attention_fits(model, bsz: int, qlen: int, klen: int, grad: bool, dtype: str = "float32") -> None:
     """Refuse a reading of segments of ``qlen`` tokens over ``klen`` keys (batch ``bsz``) whose attention
-    scores could not fit in the available memory of ``model``'s device: called by the reading loops
-    (:func:`txl.model.segments.segments`, training) once before they start, never by the model itself.
+    scores could not fit in the available memory of ``model``'s device: called by the callers of the
+    reading loops (:func:`check_reading_fits`, training) once before they start, never by the model itself.
     Devices other than the CPU are not checked (their allocator raises its own out-of-memory error), nor
     models whose attention keeps no scores ("abs"). ``dtype``: the reading's (an autocast dtype's scores
     take 2 bytes).
@@ -352,3 +352,25 @@ def check_attention_fits(model, bsz: int, qlen: int, klen: int, grad: bool, dtyp
     if need >= 2**28:
         check_fits(need, f"a segment of {qlen:,} tokens over {klen:,} keys (batch {bsz:,})",
                    "use a smaller tgt_len (--tgt-len), a shorter memory or a smaller batch", weight.device)
+
+
+def check_reading_fits(model, inputs, span, mems=None, positions=None, grad: bool = False,
+                       dtype: str = "float32") -> None:
+    """Refuse to read ``inputs`` (int64 [B, N], or a lazy array of that shape) with
+    :func:`txl.model.segments.segments` and the same ``span``, ``mems``, ``positions``, ``grad`` and
+    ``dtype`` when its largest call (a whole segment over the longest memory) has attention scores the
+    available memory cannot hold (:func:`check_attention_fits`). A ``mem_len`` far beyond the text costs
+    what the text holds. The callers of the segment loop call this before reading; the loop itself does
+    not ask how much memory is free.
+
+    Raises:
+        TxlError: as :func:`check_attention_fits`.
+    """
+    n_rows, width = inputs.shape
+    if not width:
+        return
+    qlen = min(width, span.tgt_len) if positions is None else max(size for _, size in positions)
+    first = mems[0] if isinstance(mems, (list, tuple)) and mems else None  # [B, M, d]: M given positions
+    given = first.size(1) if torch.is_tensor(first) and first.dim() == 3 else 0
+    memory = min(max(given, span.mem_len), given + width - qlen)  # at most what came before the last segment
+    check_attention_fits(model, n_rows, qlen, memory + qlen, grad, dtype)

@@ -18,8 +18,7 @@ import torch
 
 from txl.errors import TxlError
 from txl.model.decoding import DecodingState
-from txl.kernels.cpu import check_attention_fits
-from txl.model.memory import Mems, given_length
+from txl.model.memory import Mems
 from txl.config import AttentionSpan
 from txl.model.transformer import LMOutput
 from txl.runtime import autocast
@@ -109,7 +108,6 @@ def segments(model, inputs: torch.Tensor, labels: torch.Tensor | None = None, *,
     """
     _check_arguments(inputs, labels, span, caches, hidden, same_layer)
     n_rows, width = inputs.shape
-    _check_fits(model, inputs, span, mems, positions, grad, dtype)
     device = inputs.device
     rows = torch.arange(n_rows, device=device)
     # the loop decides on the host which rows still run and which need a graph: Python lists, read once
@@ -168,19 +166,6 @@ def _check_arguments(inputs: torch.Tensor, labels: torch.Tensor | None, span: At
         raise TxlError("same_layer (a memory of each layer's output) is a reading for another head: give hidden=True")
     if labels is not None and labels.shape != inputs.shape:
         raise TxlError(f"labels shape {tuple(labels.shape)} differs from inputs {tuple(inputs.shape)}")
-
-
-def _check_fits(model, inputs: torch.Tensor, span: AttentionSpan, mems: Mems | None,
-                positions: Sequence[tuple[int, int]] | None, grad: bool, dtype: str) -> None:
-    """Refuse a reading whose largest call (a whole segment over the longest memory) has attention scores
-    the memory available cannot hold (:func:`~txl.kernels.cpu.check_attention_fits`). A ``mem_len`` far beyond
-    the text costs what the text holds."""
-    n_rows, width = inputs.shape
-    if width:
-        qlen = min(width, span.tgt_len) if positions is None else max(size for _, size in positions)
-        given = given_length(mems)  # the memory is at most mem_len, and at most what came before the last segment
-        memory = min(max(given, span.mem_len), given + width - qlen)
-        check_attention_fits(model, n_rows, qlen, memory + qlen, grad, dtype)
 
 
 def _host_list(values, n_rows: int, name: str) -> list[int] | None:

@@ -21,6 +21,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from txl.config.serve import ServeConfig
 from txl.errors import TxlError
 
 if TYPE_CHECKING:  # nothing here imports torch: txl serve checks its flags before loading anything
@@ -28,6 +29,7 @@ if TYPE_CHECKING:  # nothing here imports torch: txl serve checks its flags befo
 
 __all__ = ["is_loopback", "build_engine", "listen", "serve", "FORCED_EXIT"]
 
+LIMITS = ServeConfig()  # the defaults of the limits
 FORCED_EXIT = 1  #: exit status after a second signal cut the shutdown short
 
 
@@ -41,9 +43,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def build_engine(model, tokenizer, *, span: AttentionSpan, dtype: str = "float32", max_sessions: int = 64,
-                 idle_timeout: float = 600.0, max_tokens: int = 4096, max_pending_bytes: int = 1 << 16,
-                 max_request_tokens: int = 1 << 17, name: str = "txl", compile: bool | str = False,
+def build_engine(model, tokenizer, *, span: AttentionSpan, dtype: str = "float32",
+                 max_sessions: int = LIMITS.max_sessions, idle_timeout: float = LIMITS.idle_timeout,
+                 max_tokens: int = LIMITS.max_tokens, max_pending_bytes: int = LIMITS.max_pending_bytes,
+                 max_request_tokens: int = LIMITS.max_request_tokens, name: str = "txl", compile: bool | str = False,
                  end_ids: tuple[int, ...] = ()):
     """The :class:`~txl.serving.engine.Engine` serving ``model`` (eval mode) and ``tokenizer``; ``compile``:
     sample through ``torch.compile`` (compiled here, before the first request); ``end_ids``: where a sample
@@ -58,11 +61,8 @@ def build_engine(model, tokenizer, *, span: AttentionSpan, dtype: str = "float32
     from txl.serving.engine import Engine
     from txl.serving.sessions import SessionStore
 
-    if max_tokens < 0:
-        raise TxlError(f"max_tokens must be >= 0, got {max_tokens}")
-    if max_pending_bytes < 0 or max_request_tokens < 1:
-        raise TxlError(f"max_pending_bytes must be >= 0 and max_request_tokens >= 1, got {max_pending_bytes} and "
-                       f"{max_request_tokens}")
+    ServeConfig(max_sessions=max_sessions, idle_timeout=idle_timeout, max_tokens=max_tokens,
+                max_pending_bytes=max_pending_bytes, max_request_tokens=max_request_tokens).check()
     from txl.config import check_readable
 
     check_readable(model.config, span)
@@ -115,9 +115,11 @@ def uvicorn_config(app, *, log_level: str = "warning", shutdown_timeout: float =
                           h11_max_incomplete_event_size=MAX_HEAD_BYTES)
 
 
-def serve(engine, sock: socket.socket, *, api_key: str | None = None, max_request_bytes: int = 1 << 20,
-          max_concurrent_requests: int = 64, read_timeout: float = 30.0,
-          log_level: str = "warning", announce: str | None = None, shutdown_timeout: float = 10.0) -> int:
+def serve(engine, sock: socket.socket, *, api_key: str | None = None,
+          max_request_bytes: int = LIMITS.max_request_bytes,
+          max_concurrent_requests: int = LIMITS.max_concurrent_requests, read_timeout: float = LIMITS.read_timeout,
+          log_level: str = "warning", announce: str | None = None,
+          shutdown_timeout: float = LIMITS.shutdown_timeout) -> int:
     """Serve ``engine`` on the listening socket ``sock`` until SIGTERM/SIGINT, then shut down
     gracefully for at most ``shutdown_timeout`` seconds (see the module's description).
     ``announce`` is printed on stderr once the server accepts connections.
@@ -128,9 +130,13 @@ def serve(engine, sock: socket.socket, *, api_key: str | None = None, max_reques
         as ``txl serve`` does with ``os._exit``).
 
     Raises:
+        TxlError: a limit out of range (:class:`~txl.config.ServeConfig`).
         KeyboardInterrupt: after a graceful shutdown started by SIGINT (Ctrl-C), as every txl command.
     """
     from txl.serving.app import create_app
+
+    ServeConfig(max_request_bytes=max_request_bytes, max_concurrent_requests=max_concurrent_requests,
+                read_timeout=read_timeout, shutdown_timeout=shutdown_timeout).check()
 
     app = create_app(engine, api_key=api_key, max_request_bytes=max_request_bytes,
                      max_concurrent_requests=max_concurrent_requests, read_timeout=read_timeout)

@@ -39,7 +39,8 @@ from txl.data.tokenizers.incremental import TextCursor
 from txl.errors import TxlError
 from txl.model.segments import segments
 from txl.model.memory import Mems
-from txl.config import AttentionSpan
+from txl.config import AttentionSpan, ServeConfig
+from txl.kernels.cpu import check_reading_fits
 
 __all__ = ["SessionState", "Session", "SessionStore", "StoreFull", "read_tokens", "session_memory_bytes"]
 
@@ -110,6 +111,7 @@ def read_tokens(model, state: SessionState, ids: np.ndarray, *, span: AttentionS
         device = next(model.parameters()).device
         inputs = torch.from_numpy(stream[:-1]).to(device)[None]
         labels = torch.from_numpy(stream[1:]).to(device)[None]
+        check_reading_fits(model, inputs, span, state.mems, dtype=dtype)
         for seg in segments(model, inputs, labels, span=span, mems=state.mems, dtype=dtype):
             cols = slice(seg.start + 1, seg.start + 1 + seg.inputs.size(1))
             logprobs[cols] = -seg.output.token_loss[0].detach().to(torch.float64).cpu().numpy()
@@ -159,10 +161,7 @@ class SessionStore:
     """
 
     def __init__(self, max_sessions: int, idle_timeout: float, clock=time.monotonic) -> None:
-        if max_sessions < 1:
-            raise TxlError(f"max_sessions must be >= 1, got {max_sessions}")
-        if not idle_timeout > 0:
-            raise TxlError(f"idle_timeout must be > 0 seconds, got {idle_timeout}")
+        ServeConfig(max_sessions=max_sessions, idle_timeout=idle_timeout).check()
         self.max_sessions, self.idle_timeout, self.clock = max_sessions, float(idle_timeout), clock
         self._sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
         self.evicted = 0
