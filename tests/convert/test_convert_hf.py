@@ -9,7 +9,7 @@ import torch
 from transformers import TransfoXLConfig, TransfoXLLMHeadModel
 
 from txl.generation import generate
-from txl.convert.hf_transfo_xl import (hf_initial_mems, hf_model_to_txl, model_from_hf_state,
+from txl.convert.hf_transfo_xl import (config_from_hf, hf_initial_mems, hf_model_to_txl, model_from_hf_state,
                                         read_hf_checkpoint, write_hf_checkpoint)
 from txl.convert.safe_pickle import read_transfo_xl_vocab
 from txl.errors import TxlError
@@ -64,6 +64,51 @@ def test_log_probs_and_memories_equal_hf_over_three_segments(name):
         ref = hf(input_ids=ids[:, :5], mems=empty).prediction_scores
     manual = -ref.gather(-1, ids[:, 1:6, None]).squeeze(-1)
     assert torch.allclose(out.token_loss, manual, atol=1e-5)
+
+
+def _hf_gradients_as_txl(hf):
+    """HF's gradients in txl's layout: HF's state with every parameter replaced by its gradient, converted
+    (the conversion moves tensors without changing a value; tied copies share one gradient)."""
+    by_storage = {p.data_ptr(): torch.zeros_like(p) if p.grad is None else p.grad for p in hf.parameters()}
+    state = {k: by_storage.get(t.data_ptr(), t) for k, t in hf.state_dict(keep_vars=True).items()}
+    return dict(model_from_hf_state(config_from_hf(hf.config.to_dict()), state).named_parameters())
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_training_gradients_and_an_sgd_step_equal_hf(name):
+    """Training parity: two segments with labels and the detached memory between them, back-propagated
+    in train mode (dropout 0), give HF's gradient for every parameter; after one SGD step on both
+    models a third segment gives HF's log-probabilities."""
+    hf = make_hf(CASES[name]).train()
+    txl = hf_model_to_txl(hf).train()
+    ids = torch.randint(0, V, (3, 18), generator=torch.Generator().manual_seed(1))
+    hf_mems, txl_mems = None, hf_initial_mems(txl.config, 3)
+    for s in range(2):
+        seg = ids[:, 6 * s:6 * s + 6]
+        ref = hf(input_ids=seg, labels=seg, mems=hf_mems)  # HF shifts the labels inside: T - 1 targets
+        out = txl(seg, labels=torch.cat([seg[:, 1:], torch.full((3, 1), -100)], 1), mems=txl_mems)
+        # (with an adaptive softmax HF returns the per-token losses grouped by cluster: compare them as a set)
+        assert torch.allclose(out.token_loss[:, :-1].flatten().sort().values, ref.losses.flatten().sort().values,
+                              atol=1e-5)
+        ref.losses.sum().backward()
+        out.token_loss.sum().backward()
+        hf_mems, txl_mems = ref.mems, out.mems
+    theirs = _hf_gradients_as_txl(hf)
+    for key, p in txl.named_parameters():
+        assert p.grad is not None, key
+        scale = theirs[key].abs().max().item()
+        assert scale > 0, key  # every parameter is trained (a zero gradient would hide a missing path)
+        assert torch.allclose(p.grad, theirs[key], rtol=0, atol=1e-5 * max(1.0, scale)), key
+    with torch.no_grad():
+        for model in (hf, txl):
+            for p in model.parameters():
+                p -= 0.5 * p.grad
+        seg = ids[:, 12:]
+        ref = hf.eval()(input_ids=seg, mems=hf_mems).prediction_scores
+        ours = torch.log_softmax(txl.eval()(seg, mems=txl_mems).logits, -1)
+    assert not torch.allclose(ref, make_hf(CASES[name]).eval()(input_ids=seg, mems=hf_mems).prediction_scores,
+                              atol=1e-3)  # the step moved the model
+    assert torch.allclose(ours, ref, atol=1e-4), (ours - ref).abs().max()
 
 
 @pytest.mark.parametrize("name", ["plain-untie-samelen-clamp", "adaptive-div4", "adaptive-div1-proj"])
