@@ -70,3 +70,21 @@ def test_a_clean_package_passes_and_a_folder_without_init_is_refused(tmp_path, c
     assert tool.main([str(pkg), "--layers", "top > low"]) == 0
     assert tool.main([str(tmp_path / "nowhere")]) == 2
     assert "is not a package folder" in capsys.readouterr().err
+
+
+def test_dynamic_imports_and_lazy_names_of_the_package_count(tmp_path):
+    tool = load_tool()
+    pkg = write_package(tmp_path, {
+        "__init__.py": '_LAZY = {"run": "pkg.top.cmd", "util": "pkg.low.b"}\n',
+        "top/__init__.py": "", "top/cmd.py": "def run():\n    pass\n",
+        "low/__init__.py": "",
+        "low/a.py": "def f():\n    from pkg import run  # loads pkg.top.cmd on first use\n",
+        "low/b.py": "import importlib\nimportlib.import_module('pkg.top.cmd')\n",
+        "low/c.py": "def f():\n    return __import__('pkg.top')\n",
+        "low/d.py": "from pkg import util\nimport importlib\nimportlib.import_module(util.__name__)\n",
+    })
+    found, _, _ = tool.problems(pkg, "top > low")
+    assert sorted(found) == ["upward: pkg.low.a -> pkg.top.cmd (low imports top, a higher floor)",
+                             "upward: pkg.low.b -> pkg.top.cmd (low imports top, a higher floor)",
+                             "upward: pkg.low.c -> pkg.top (low imports top, a higher floor)"]
+

@@ -4,7 +4,10 @@
     python tools/check_layers.py            # checks src/txl against LAYERS below; exit status 1 on a problem
     python tools/check_layers.py ROOT --layers "top > middle,other > bottom" --forbid other_package
 
-Every import counts, those inside functions included (they run too). A module's floor is the first
+Every import counts, those inside functions included (they run too), and so do
+``importlib.import_module("a.b")`` and ``__import__("a.b")`` with a literal name, and ``from pkg import
+NAME`` of a name the package's ``__init__`` loads lazily (its ``_LAZY`` dict: name -> module). A
+module's floor is the first
 part of its name below the package: ``txl/model/attention.py`` is on ``model``, ``txl/runtime.py`` on
 ``runtime``. A module on no listed floor is a problem as well: a new subpackage must be given its place
 here (docs/architecture.md). The studies (``txl_studies``) sit above the whole library: a library module
@@ -39,11 +42,36 @@ def package_modules(root: Path) -> dict[str, Path]:
     return found
 
 
-def import_targets(name: str, path: Path) -> list[str]:
+def lazy_names(root: Path) -> dict[str, str]:
+    """The names the package's ``__init__`` at ``root`` loads on first use: its module-level dict
+    ``_LAZY`` of name -> module (``{}`` without one)."""
+    init = root / "__init__.py"
+    for node in ast.parse(init.read_text(encoding="utf-8"), str(init)).body:
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in node.targets)
+                and isinstance(node.value, ast.Dict)):
+            return {k.value: v.value for k, v in zip(node.value.keys, node.value.values)
+                    if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)}
+    return {}
+
+
+def _dynamic_import(node: ast.AST) -> str | None:
+    """The literal module name of ``importlib.import_module("a.b")``, ``import_module("a.b")`` or
+    ``__import__("a.b")``; None for anything else."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)):
+        return None
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    return node.args[0].value if called in ("import_module", "__import__") else None
+
+
+def import_targets(name: str, path: Path, lazy: dict[str, str] | None = None) -> list[str]:
     """Every name module ``name`` (file ``path``) imports, relative imports resolved; ``from a.b import c``
-    gives both ``a.b`` and ``a.b.c``."""
+    gives both ``a.b`` and ``a.b.c``; ``from pkg import NAME`` of a name in ``lazy`` (the package's
+    :func:`lazy_names`) gives the module that defines it too."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    package = name.split(".")[0]
     targets: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -53,14 +81,19 @@ def import_targets(name: str, path: Path) -> list[str]:
             if node.level:
                 base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
             targets += [base] + [f"{base}.{alias.name}" for alias in node.names]
+            if base == package and lazy:
+                targets += [lazy[alias.name] for alias in node.names if alias.name in lazy]
+        elif (dynamic := _dynamic_import(node)) is not None:
+            targets.append(dynamic)
     return targets
 
 
-def imported(name: str, path: Path, known: set[str]) -> set[str]:
+def imported(name: str, path: Path, known: set[str], lazy: dict[str, str] | None = None) -> set[str]:
     """The package's modules that module ``name`` (file ``path``) imports, relative imports resolved;
-    ``from a.b import c`` counts as importing ``a.b.c`` when that is a module, else ``a.b``."""
+    ``from a.b import c`` counts as importing ``a.b.c`` when that is a module, else ``a.b``; ``lazy``: as
+    in :func:`import_targets`."""
     edges = set()
-    for target in import_targets(name, path):
+    for target in import_targets(name, path, lazy):
         while target and target not in known:
             target = target.rpartition(".")[0]
         if target and target != name and not name.startswith(target + "."):  # a package's __init__ is no edge
@@ -116,7 +149,8 @@ def problems(root: Path, layers: str, forbidden: str = "") -> tuple[list[str], i
     between them."""
     modules = package_modules(root)
     banned = {name.strip() for name in forbidden.split(",") if name.strip()}
-    graph = {name: imported(name, path, set(modules)) for name, path in modules.items()}
+    lazy = lazy_names(root)
+    graph = {name: imported(name, path, set(modules), lazy) for name, path in modules.items()}
     rank = {floor.strip(): i for i, level in enumerate(layers.split(">")) for floor in level.split(",") if floor.strip()}
 
     def floor_of(module: str) -> str | None:
