@@ -26,7 +26,10 @@ LARGE_INT8 = f"{BENCH} --quantize int8 --model enwik8-large --repeats 3 --json F
 # a recorded command's script, and how the same program is run from where it lives now (studies/)
 SCRIPTS_NOW = {"PYTHONPATH=src python benchmarks/classification.py": "python -m txl_studies.classification.run",
                "python benchmarks/classification.py": "python -m txl_studies.classification.run",
-               "python -m txl.studies.": "python -m txl_studies."}
+               "python -m txl.studies.": "python -m txl_studies.",
+               "configs/classify-": "studies/classification/classify-",
+               "configs/docstrings-lm.toml": "studies/summaries/docstrings-lm.toml",
+               "configs/summarize-docstrings.toml": "studies/summaries/summarize-docstrings.toml"}
 
 # (title, what was measured: {facts} from the section's function, {JSON file: command where the file has
 #  none}, the docs page of the method, the function, the README row's "what" and "command" or None)
@@ -78,7 +81,7 @@ SECTIONS = [
      ("summaries of long documents, whole document with memory", "`python -m txl_studies.summaries.run`")),
     ("Compressive memory", "Plain against compressed memory at equal attention span: 2-layer models, tgt_len "
      "{tgt_len}, {steps} steps, {seeds} seeds, one torch thread per run; validated on the first {tokens} tokens of "
-     "the valid split.", {"compressive.json": "PYTHONPATH=src python benchmarks/compressive.py --out /tmp/cmem-long "
+     "the valid split.", {"compressive.json": "python -m txl_studies.compressive.run --out /tmp/cmem-long "
                           "--steps 1600 --eval-interval 200 --seeds 0 1 --jobs 2 --speed-rounds 5 --eval-tokens 16384"},
      "compressive.md", "compressive", None),
     ("Corpora larger than memory", "`txl train CORPUS --tokenizer byte` on text of each size ({steps} steps of the "

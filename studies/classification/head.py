@@ -1,6 +1,6 @@
 """How the classifier's head starts, on the long-document benchmark's data: a linear probe or a random head.
 
-Rows, all with the whole-document reading of ``configs/classify-long.toml`` (``--pooling document``,
+Rows, all with the whole-document reading of ``studies/classification/classify-long.toml`` (``--pooling document``,
 ``--grad-segments 2``), seed 0, scored on the test documents with 95% bootstrap intervals over them:
 
 - ``probe-only``: the head fitted by the linear probe over the training documents' pooled vectors

@@ -9,8 +9,8 @@ probe's accuracy and mean cross-entropy (nats) on the training documents and on 
 benchmark's config.
 
     OMP_NUM_THREADS=2 python -m txl_studies.classification.probe \\
-        --bench long:runs/lm-main:runs/longdocs:configs/classify-long.toml \\
-        --bench packages:runs/docstrings/lm:runs/packages:configs/classify-packages.toml \\
+        --bench long:runs/lm-main:runs/longdocs:studies/classification/classify-long.toml \\
+        --bench packages:runs/docstrings/lm:runs/packages:studies/classification/classify-packages.toml \\
         --json benchmarks/results/classification-probe-penalty.json
 
 ``--bench NAME:LM:WORK:CONFIG``: the language model, the folder of ``txl_studies.classification.run``'s data

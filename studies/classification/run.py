@@ -27,7 +27,7 @@ over the test documents, each row's predictions, its accuracy per class and per 
     OMP_NUM_THREADS=2 python -m txl_studies.classification.run --lm runs/docstrings/lm \\
         --work runs/packages --json benchmarks/results/classification-packages-shared-loop.json
     OMP_NUM_THREADS=2 python -m txl_studies.classification.run --lm runs/lm-main --work runs/longdocs \\
-        --config configs/classify-long.toml --data-args "--doc-bytes 4096 --min-bytes 2048 --max-per-class 100" \\
+        --config studies/classification/classify-long.toml --data-args "--doc-bytes 4096 --min-bytes 2048 --max-per-class 100" \\
         --rows document,attention,two-pass,same-layer,memory-last,first,last,window --reference document \\
         --json benchmarks/results/classification-long.json
 

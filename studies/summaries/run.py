@@ -9,9 +9,9 @@ Runs, printing each command (skipping the ones whose output already exists):
      fine-tuning reads: the train pairs, the shorter documents of the train modules and every pair of the
      standard library's packages (none in a valid or test module); and ``WORK/data/pretrain``: the
      default corpus without the valid and test modules, and the package files;
-  2. ``txl train WORK/data/pretrain --config configs/docstrings-lm.toml --out WORK/lm``: a BPE
+  2. ``txl train WORK/data/pretrain --config studies/summaries/docstrings-lm.toml --out WORK/lm``: a BPE
      language model that has not seen the held-out modules (``--lm RUN`` uses an existing one);
-  3. for each seed: ``txl finetune --init WORK/lm --config configs/summarize-docstrings.toml --out
+  3. for each seed: ``txl finetune --init WORK/lm --config studies/summaries/summarize-docstrings.toml --out
      WORK/ft-seedS``, then ``txl summarize`` on the test pairs: (b) reading only the last ``tgt_len``
      tokens of each document (``--prompt-tokens``), (c) reading the whole document with the memory, both
      greedy with ``--no-repeat-ngram-size 3 --repetition-penalty 1.2`` (``--summarize-args``);
@@ -59,9 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--data-args", default="--split 0.5,0.1,0.4 --short-train --package-train --package-pretrain",
                     help="txl data docstrings arguments (the data step)")
     ap.add_argument("--lm", help="an existing language-model run to fine-tune (default: pre-train WORK/lm)")
-    ap.add_argument("--lm-args", default="--config configs/docstrings-lm.toml -q",
+    ap.add_argument("--lm-args", default="--config studies/summaries/docstrings-lm.toml -q",
                     help="txl train arguments (pre-training)")
-    ap.add_argument("--ft-args", default="--config configs/summarize-docstrings.toml -q",
+    ap.add_argument("--ft-args", default="--config studies/summaries/summarize-docstrings.toml -q",
                     help="txl finetune arguments")
     ap.add_argument("--summarize-args", default="--no-repeat-ngram-size 3 --repetition-penalty 1.2",
                     help="more txl summarize arguments (both readings)")

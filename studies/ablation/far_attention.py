@@ -1,6 +1,6 @@
 """Where an ablation variant's attention goes beyond the distances it was trained on.
 
-    PYTHONPATH=src python benchmarks/ablation_far_attention.py runs/ablate txl rope --data data/tinyshakespeare.txt
+    python -m txl_studies.ablation.far_attention runs/ablate txl rope --data data/tinyshakespeare.txt
 
 For each named variant of a `txl ablate` run folder: 512 characters from near the end of the text (the
 valid split of the default 0.9/0.05/0.05 split) read in segments of 64 with a memory of 256 and
@@ -16,9 +16,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """Compressive memory against plain memory at equal attention span and training budget (docs/compressive.md).
 
-    PYTHONPATH=src python benchmarks/compressive.py --out runs/cmem [--steps 1600] [--seeds 0 1] [--jobs 2]
+    python -m txl_studies.compressive.run --out runs/cmem [--steps 1600] [--seeds 0 1] [--jobs 2]
 
 Trains each variant (below) on the built-in default corpus (bytes) and tiny Shakespeare (chars),
 each run in its own process (one torch thread) so that its peak resident memory can be read, with a
@@ -131,7 +131,7 @@ def budget_table(results: dict) -> str:
 
 
 def plot_compressive(results: dict, path) -> dict:
-    """The compressive-memory comparison (``benchmarks/compressive.py``), one panel per corpus.
+    """The compressive-memory comparison (:mod:`txl_studies.compressive.run`), one panel per corpus.
 
     With validation curves in the runs (``"curve": [[step, tokens, value], ...]``): the valid metric
     against training tokens, one line per variant (mean over seeds) with the seeds' range shaded.
