@@ -15,7 +15,6 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]  # the txl checkout: its configs/
 
 
 def main() -> int:

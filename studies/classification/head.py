@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]  # the txl checkout: its configs/
+HERE = Path(__file__).resolve().parent  # this study's folder: its configs
 
 RUNS = {"random-lr1e-4": ("random", 1e-4), "random-lr5e-4": ("random", 5e-4), "probe-lr1e-4": ("probe", 1e-4),
         "probe-lr5e-4": ("probe", 5e-4)}
@@ -44,7 +44,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lm", required=True, help="the language-model run (txl train's main job)")
     ap.add_argument("--work", default="runs/longdocs", help="the folder of txl_studies.classification.run's data")
-    ap.add_argument("--config", default=str(ROOT / "configs" / "classify-long.toml"))
+    ap.add_argument("--config", default=str(HERE / "classify-long.toml"))
     ap.add_argument("--steps", type=int, default=50, help="fine-tuning steps of the fine-tuned rows (the config's)")
     ap.add_argument("--rows", default="probe-only," + ",".join(RUNS))
     ap.add_argument("--json", help="write the results here")

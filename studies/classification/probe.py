@@ -28,7 +28,6 @@ import time
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]  # the txl checkout: its configs/
 
 PENALTIES = (10.0, 1.0, 0.3, 0.1, 0.03, 0.01, 0.003)
 

@@ -48,7 +48,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]  # the txl checkout: its configs/
+HERE = Path(__file__).resolve().parent  # this study's folder: its configs
 
 
 def txl(*argv: str) -> float:
@@ -130,7 +130,7 @@ def main() -> int:
     ap.add_argument("--reference", default="memory", help="the row whose paired differences with the others are kept")
     ap.add_argument("--data-args", default="", help="more arguments of txl data packages, when it builds the data")
     ap.add_argument("--merge", help="a JSON this script wrote for other seeds or rows: its rows join this one's")
-    ap.add_argument("--config", default=str(ROOT / "configs" / "classify-packages.toml"),
+    ap.add_argument("--config", default=str(HERE / "classify-packages.toml"),
                     help="the txl classify train settings of every row (the memory row's as they are; the other "
                          "rows change the reading only)")
     ap.add_argument("--steps", type=int, help="(default: the config's)")
