@@ -122,7 +122,10 @@ def main() -> int:
     from txl.evaluation.intervals import accuracy, bootstrap_interval, macro_f1
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--lm", help="the language-model run to fine-tune (needed but with --report)")
+    ap.add_argument("--lm", help="the language-model run to fine-tune (needed but with --report); trained first "
+                                 "with txl train --out LM and --lm-args when it holds no best/ checkpoint")
+    ap.add_argument("--lm-args", default="", help="more arguments of txl train, when it trains --lm (default: none, "
+                                                  "the default model on the built-in corpus)")
     ap.add_argument("--work", default="runs/packages", help="folder for the data and the classifiers")
     ap.add_argument("--seeds", type=int, default=3, help="how many seeds, from --first-seed on")
     ap.add_argument("--first-seed", type=int, default=0)
@@ -152,6 +155,8 @@ def main() -> int:
     work = Path(args.work)
     data = work / "data"
     times: dict = {}
+    if not (Path(args.lm) / "best").is_dir():  # one command from nothing: the language model first
+        times["lm"] = txl("train", "--out", args.lm, *shlex.split(args.lm_args))
     if not (data / "test.jsonl").is_file():
         times["data"] = txl("data", "packages", "--out", str(data), *shlex.split(args.data_args))
     from txl.cli.classify import TRAIN_SETTINGS, resolve_settings
