@@ -115,6 +115,46 @@ def test_text8_character_split_unverified(tmp_path: Path) -> None:
     assert (tmp_path / "out3" / "test.txt").read_text() == text[b2:]
 
 
+def test_prepare_never_writes_over_what_it_did_not_write(tmp_path: Path) -> None:
+    """The output folder may be new, empty, or this dataset's own earlier output; anything else is refused
+    before a byte is written: user files, another dataset, split files without dataset.json, a run folder,
+    the source itself or its folder. A file named as an archive that is none is refused too."""
+    data = bytes(range(256)) * 8
+    src = tmp_path / "enwik8"
+    src.write_bytes(data)
+    out = tmp_path / "out"
+    _prepare("enwik8", src, out)
+    again = _prepare("enwik8", src, out)  # the same dataset again: its own files
+    assert again["sizes"]["train"] == len(data) * 9 // 10
+
+    def refused(name, source, folder, message):
+        before = {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()} if folder.is_dir() else {}
+        with pytest.raises(TxlError, match=message):
+            _prepare(name, source, folder)
+        assert {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()} == before
+
+    refused("text8", src, out, "holds the dataset 'enwik8'; choose another folder to prepare text8")
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "train.txt").write_text("my notes\n")
+    refused("enwik8", src, notes, r"holds train.txt but no dataset.json .* remove them, or choose another folder")
+    (notes / "dataset.json").write_text("mine\n")
+    refused("enwik8", src, notes, "holds a dataset.json txl did not write")
+    (notes / "todo.md").write_text("x\n")
+    refused("enwik8", src, notes, r"holds files txl data prepare does not write \(todo.md\)")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text("{}")
+    refused("enwik8", src, run, "is a txl checkpoint or run folder")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "enwik8").write_bytes(data)
+    refused("enwik8", mine / "enwik8", mine, "holds the source")
+    refused("enwik8", mine, mine / "sub", "is inside the source folder")
+    (tmp_path / "junk.zip").write_bytes(b"not an archive" * 100)
+    refused("enwik8", tmp_path / "junk.zip", tmp_path / "o3", "is named as an archive but is not a zip or tar")
+
+
 @pytest.mark.parametrize("name, folder, ext", [
     ("wikitext-2", "wikitext-2", "tokens"), ("wikitext-103", "wikitext-103", "tokens"),
     ("wikitext-2-raw", "wikitext-2-raw", "raw"), ("wikitext-103-raw", "wikitext-103-raw", "raw"),

@@ -39,11 +39,13 @@ from pathlib import Path
 from txl.data.download import check_sha256, download, extract, is_archive, is_url
 from txl.data.splits import SPLITS
 from txl.errors import TxlError
-from txl.fileio import atomic_write, claim_folder, oserrors_as, read_bytes, read_json, write_json
+from txl.fileio import (atomic_write, claim_folder, is_protected_folder, oserrors_as, read_bytes, read_json,
+                         sha256_file, write_json)
 
 __all__ = ["DATASETS", "DatasetSpec", "dataset_info", "prepare_dataset", "standard_split", "FORMAT"]
 
 FORMAT = "txl-dataset-1"
+ARCHIVE_SUFFIXES = (".zip", ".tar", ".tgz", ".gz", ".bz2", ".xz")  # names of the archives extract reads
 MAX_FOLDER_FILES = 100_000  # bound on the files searched in a --source folder
 
 
@@ -347,8 +349,14 @@ def _resolve_source(spec: DatasetSpec, source: str, out: Path, sha256: str | Non
     if path.is_dir():
         log(f"using the extracted files in {path} (no checksum: a folder is not verified)")
         return path, None, False
-    if not sha256 and not is_archive(path):
-        expected = None  # the published checksum is the archive's, not that of an extracted file
+    if not sha256 and not is_archive(path):  # the published checksum is the archive's, not an extracted file's
+        if path.name.lower().endswith(ARCHIVE_SUFFIXES):
+            raise TxlError(f"source {source} is named as an archive but is not a zip or tar archive (a damaged or "
+                           f"unfinished download?); give the {spec.archive} archive or its extracted file")
+        digest = sha256_file(path)
+        log(f"sha256 of {path.name}: {digest} (not verified: an extracted file, while the published checksum is "
+            f"that of {spec.archive}; pass --sha256 to check it)")
+        return path, digest, False
     digest, ok = check_sha256(path, expected, what=what, keep_aside=False, log=log)
     return path, digest, ok
 
@@ -403,9 +411,55 @@ def prepare_dataset(
     if sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):
         raise TxlError(f"--sha256 must be 64 hexadecimal digits, got {sha256!r}")
     out = Path(out)
+    _check_out(spec, source, out)
     # one process per output folder (a second prepare on it is refused while this one runs)
     with claim_folder(out, flag="output folder"):
         return _prepare(spec, source, out, sha256, progress, timeout, log)
+
+
+OWN_ENTRIES = ("train.txt", "valid.txt", "test.txt", "dataset.json", ".download")  # what a prepare writes
+
+
+def _check_out(spec: DatasetSpec, source, out: Path) -> None:
+    """Refuse an output folder that holds the source, is a txl checkpoint or run folder, holds files
+    :func:`prepare_dataset` does not write, or holds another dataset (or split files without the
+    ``dataset.json`` that a finished prepare writes last). A new or empty folder, or one this dataset's
+    earlier prepare wrote, passes.
+
+    Raises:
+        TxlError: naming the folder and what is in the way; nothing is changed.
+    """
+    real = Path(os.path.realpath(out))
+    if not is_url(str(source)):
+        src = Path(os.path.realpath(Path(str(source)).expanduser()))
+        if real == src or real in src.parents:
+            raise TxlError(f"output folder {out} holds the source {source}; choose another folder (nothing was "
+                           "changed)")
+        if src.is_dir() and src in real.parents:
+            raise TxlError(f"output folder {out} is inside the source folder {source}; choose a folder outside it "
+                           "(nothing was changed)")
+    if not out.is_dir():
+        return
+    if is_protected_folder(out):
+        raise TxlError(f"output folder {out} is a txl checkpoint or run folder; choose another folder")
+    others = sorted(p.name for p in out.iterdir() if p.name not in OWN_ENTRIES)
+    if others:
+        shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
+        raise TxlError(f"output folder {out} holds files txl data prepare does not write ({shown}); choose a new "
+                       "or empty folder (nothing was changed)")
+    splits = [name for name in OWN_ENTRIES[:3] if (out / name).exists()]
+    try:
+        info = dataset_info(out)
+    except TxlError:
+        info = {}
+    if (out / "dataset.json").exists() and (info or {}).get("name") != spec.name:
+        held = f"the dataset {info['name']!r}" if info and info.get("name") else "a dataset.json txl did not write"
+        raise TxlError(f"output folder {out} holds {held}; choose another folder to prepare {spec.name} "
+                       "(nothing was changed)")
+    if splits and info is None:
+        raise TxlError(f"output folder {out} holds {', '.join(splits)} but no dataset.json (files txl did not "
+                       "write, or a prepare that was stopped): remove them, or choose another folder (nothing was "
+                       "changed)")
 
 
 def _prepare(spec: DatasetSpec, source, out: Path, sha256: str | None, progress: bool, timeout: float,
