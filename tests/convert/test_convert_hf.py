@@ -234,6 +234,39 @@ def test_hf_config_with_an_impossible_size_is_refused(tmp_path):
         read_hf_checkpoint(tmp_path / "hf")
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("dropout", "abc", "dropout must be a number, got 'abc'"),
+    ("tgt_len", "x", "tgt_len must be an integer, got 'x'"),
+    ("tgt_len", [1], "tgt_len must be an integer"),
+    ("tgt_len", 1.9, "tgt_len must be an integer, got 1.9"),
+    ("tgt_len", True, "tgt_len must be an integer, got True"),
+    ("cutoffs", 5, "cutoffs must be a list of integers, got 5"),
+    ("cutoffs", None, "cutoffs must be a list of integers, got None"),
+    ("sample_softmax", "x", "sample_softmax must be an integer, got 'x'"),
+    ("clamp_len", "x", "clamp_len must be an integer, got 'x'"),
+    ("tie_projs", 5, "tie_projs must be a list"),
+    ("init_std", {}, "init_std must be a number"),
+    ("pre_lnorm", "false", "pre_lnorm must be true or false, got 'false'"),
+    ("same_length", "false", "same_length must be true or false, got 'false'"),
+    ("proj_share_all_but_first", "false", "proj_share_all_but_first must be true or false, got 'false'"),
+    ("attn_type", "0", "attn_type must be an integer, got '0'"),
+])
+def test_an_hf_config_field_of_the_wrong_type_is_one_line_naming_the_file(tmp_path, capsys, field, value, message):
+    """Values are checked as they are, never coerced: "false" is not read as true, 1.9 not rounded to 1."""
+    import json
+
+    from conftest import one_error_line, run_cli
+
+    make_hf(CASES["adaptive-div1"]).save_pretrained(tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    cfg[field] = value
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+    code, _, err = run_cli(capsys, "convert", "hf", tmp_path / "hf", tmp_path / "out")
+    line = one_error_line(err)
+    assert code == 2 and line.startswith(f"txl: error: {tmp_path / 'hf' / 'config.json'}: ") and message in line, line
+    assert not (tmp_path / "out").exists()
+
+
 def test_vocabulary_saved_by_transformers_4_converts_and_encodes_like_hf(tmp_path):
     from transformers import TransfoXLTokenizer
 

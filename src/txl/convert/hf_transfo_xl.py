@@ -88,33 +88,57 @@ def txl_key_to_hf(name: str) -> str | None:
     return _rename(name, _TXL_TO_HF)
 
 
-def config_from_hf(hf: dict[str, Any]) -> TransformerXLConfig:
-    """A txl config from an HF ``config.json`` dict.
+def _hf_flag(hf: dict[str, Any], key: str, default: Any, kind: type, where: str) -> Any:
+    """``hf[key]`` (``default`` when absent) of Python type ``kind`` (int: not a bool; bool: true or false
+    only, never a string like "false" that ``bool`` would read as true).
 
     Raises:
-        TxlError: an attention type other than the relative one, sampled softmax, or missing fields.
+        TxlError: ``{where}: KEY must be ..., got VALUE``.
     """
-    if hf.get("attn_type", 0) != 0:
-        raise TxlError(f"only attn_type 0 (relative attention) HF checkpoints are supported, got {hf['attn_type']}")
-    if hf.get("sample_softmax", -1) > 0:
+    value = hf.get(key, default)
+    ok = isinstance(value, bool) if kind is bool else isinstance(value, int) and not isinstance(value, bool)
+    if not ok:
+        raise TxlError(f"{where}: {key} must be {'true or false' if kind is bool else 'an integer'}, got {value!r}")
+    return value
+
+
+def config_from_hf(hf: dict[str, Any], where: str = "the HF config.json") -> TransformerXLConfig:
+    """A txl config from an HF ``config.json`` dict (``where``: the file, for messages). Values are taken
+    as they are and checked by :meth:`TransformerXLConfig.from_dict` and its ``check()``, so a string, a
+    fraction or a boolean where an integer belongs is refused, never rounded or read as true.
+
+    Raises:
+        TxlError: an attention type other than the relative one, sampled softmax, a missing field, or a
+            field of the wrong type or out of range.
+    """
+    if _hf_flag(hf, "attn_type", 0, int, where) != 0:
+        raise TxlError(f"only attn_type 0 (relative attention) HF checkpoints are supported, got {hf['attn_type']!r}")
+    if _hf_flag(hf, "sample_softmax", -1, int, where) > 0:
         raise TxlError("HF checkpoints trained with sample_softmax are not supported")
+    missing = [key for key in ("vocab_size", "n_layer", "d_model", "n_head", "d_head", "d_inner", "mem_len", "cutoffs")
+               if key not in hf]
+    if missing:
+        raise TxlError(f"{where} has no {missing[0]!r} field")
+    cutoffs = hf["cutoffs"]
+    if not isinstance(cutoffs, list):
+        raise TxlError(f"{where}: cutoffs must be a list of integers, got {cutoffs!r}")
+    share = _hf_flag(hf, "proj_share_all_but_first", True, bool, where)
+    clamp_len = _hf_flag(hf, "clamp_len", 0, int, where)
+    values = {key: hf[key] for key in ("vocab_size", "n_layer", "d_model", "n_head", "d_head", "d_inner", "mem_len")}
+    values.update(
+        dropout=hf.get("dropout", 0.1), dropatt=hf.get("dropatt", 0.0), tgt_len=hf.get("tgt_len", 128),
+        clamp_len=max(0, clamp_len),  # HF: <= 0 is no clamping
+        same_length=hf.get("same_length", False), pre_lnorm=hf.get("pre_lnorm", False),
+        untie_r=hf.get("untie_r", True), tie_weight=_hf_flag(hf, "tie_word_embeddings", True, bool, where),
+        attn_type="rel", init_std=hf.get("init_std", 0.02), d_embed=hf.get("d_embed", hf["d_model"]), cutoffs=cutoffs,
+        div_val=hf.get("div_val", 1), tie_projs=hf.get("tie_projs", [False] + [share] * len(cutoffs)),
+        proj_init_std=hf.get("proj_init_std", 0.01))
     try:
-        cutoffs = list(hf["cutoffs"])
-        share = bool(hf.get("proj_share_all_but_first", True))
-        tie_projs = [bool(t) for t in hf.get("tie_projs", [False] + [share] * len(cutoffs))]
-        return TransformerXLConfig(
-            vocab_size=hf["vocab_size"], n_layer=hf["n_layer"], d_model=hf["d_model"], n_head=hf["n_head"],
-            d_head=hf["d_head"], d_inner=hf["d_inner"], dropout=float(hf.get("dropout", 0.1)),
-            dropatt=float(hf.get("dropatt", 0.0)), tgt_len=int(hf.get("tgt_len", 128)), mem_len=hf["mem_len"],
-            clamp_len=max(0, hf.get("clamp_len", 0)),  # HF: <= 0 is no clamping
-            same_length=bool(hf.get("same_length", False)),
-            pre_lnorm=bool(hf.get("pre_lnorm", False)), untie_r=bool(hf.get("untie_r", True)),
-            tie_weight=bool(hf.get("tie_word_embeddings", True)), attn_type="rel",
-            init_std=float(hf.get("init_std", 0.02)), d_embed=hf.get("d_embed", hf["d_model"]), cutoffs=cutoffs,
-            div_val=hf.get("div_val", 1), tie_projs=tie_projs,
-            proj_init_std=float(hf.get("proj_init_std", 0.01)))
-    except KeyError as err:
-        raise TxlError(f"the HF config.json has no {err.args[0]!r} field") from None
+        config = TransformerXLConfig.from_dict(values)
+        config.check()
+    except TxlError as err:
+        raise TxlError(f"{where}: {str(err).removeprefix('model.')}") from None
+    return config
 
 
 def config_to_hf(config: TransformerXLConfig) -> dict[str, Any]:
@@ -221,7 +245,7 @@ def read_hf_checkpoint(directory: str | Path) -> tuple[TransformerXLConfig, dict
     directory = Path(directory)
     if not (directory / "config.json").is_file():
         raise TxlError(f"{directory} has no config.json: not a Hugging Face model directory")
-    config = config_from_hf(read_json_object(directory / "config.json"))
+    config = config_from_hf(read_json_object(directory / "config.json"), str(directory / "config.json"))
     config.check_fits(memory_bytes(), str(directory / "config.json"))  # before reading or building anything
     if (directory / "model.safetensors").is_file():
         from safetensors.torch import load_file
