@@ -98,6 +98,12 @@ def test_learning_curves_plot_exactly_the_metrics_csv_series(tmp_path):
     assert np.isnan(read_metrics(tmp_path / "a")["val_metric"][0])
     with pytest.raises(TxlError, match="metrics.csv"):
         plot_learning_curves([tmp_path / "missing"], tmp_path / "out")
+    text = (tmp_path / "a" / "metrics.csv").read_bytes()
+    (tmp_path / "a" / "metrics.csv").write_bytes(b"\xef\xbb\xbf" + text)  # a byte-order mark: read as without
+    assert read_metrics(tmp_path / "a")["step"].tolist() == [1, 2, 3, 4, 5, 6]
+    (tmp_path / "a" / "metrics.csv").write_bytes(text.replace(b"2,", b"\xe92,", 1))
+    with pytest.raises(TxlError, match=r"metrics.csv is not UTF-8 text \(byte \d+\)"):
+        read_metrics(tmp_path / "a")
 
 
 def test_sweep_and_attention_plots_return_their_data(tmp_path):

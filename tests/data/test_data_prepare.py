@@ -404,6 +404,10 @@ def test_load_corpus_on_prepared_folder(tmp_path: Path) -> None:
     assert tok.decode(c.train) == "= Lobster =\n\nThe lobster 's claw is well @-@ known .\n"
     np.testing.assert_array_equal(c.valid, tok.encode(WT_VALID))
     np.testing.assert_array_equal(c.test, tok.encode(WT_TEST))
+    for files in (["train.txt"], "train.txt", None):  # a damaged "files": one line, whatever its type
+        (out / "dataset.json").write_text(json.dumps({**info, "files": files}))
+        with pytest.raises(TxlError, match="does not name a train file; run txl data prepare again"):
+            load_corpus(out, "word")
     (out / "dataset.json").write_text("{broken")
     with pytest.raises(TxlError, match="not valid JSON"):
         load_corpus(out, "word")

@@ -68,16 +68,21 @@ def read_metrics(path) -> dict[str, np.ndarray]:
         path: a ``metrics.csv`` file or a run directory holding one.
 
     Raises:
-        TxlError: missing/unreadable file, no ``step`` column, no rows, or a non-numeric cell.
+        TxlError: missing/unreadable file, not UTF-8 or not CSV, no ``step`` column, no rows, or a
+            non-numeric cell.
     """
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.csv"
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # (a byte-order mark, as a spreadsheet saves it)
             rows = list(csv.DictReader(f))
     except OSError as err:
         raise TxlError(f"cannot read {path}: {err.strerror or err} (give a run directory with metrics.csv)") from None
+    except UnicodeDecodeError as err:
+        raise TxlError(f"{path} is not UTF-8 text (byte {err.start}); give the metrics.csv a txl run wrote") from None
+    except csv.Error as err:
+        raise TxlError(f"{path} is not a CSV file ({err}); give the metrics.csv a txl run wrote") from None
     if not rows or "step" not in rows[0]:
         raise TxlError(f"{path} has no metric rows (expected a header with 'step' and one row per log step)")
     columns: dict[str, np.ndarray] = {}
@@ -102,8 +107,8 @@ def _metric_label(run_dir: Path) -> str:
     """The unit of ``train_metric``/``val_metric`` for a run: "bpb", "bpc" or "ppl" ("metric" if unknown).
 
     Read from ``metrics.csv``'s ``unit`` column, else the checkpoints' ``state.json``, else the
-    tokenizer in ``run.json``. Runs written before the bits-per-byte label say "bpc" for byte models;
-    with ``run.json`` naming a byte tokenizer that is read as "bpb" (the numbers are bits per byte).
+    tokenizer in ``run.json``. A byte model's "bpc" is read as "bpb" (the numbers are bits per byte:
+    :func:`~txl.evaluation.stream.stored_unit`).
     """
     from txl.config import CHECKPOINT_NAMES, RUN_NAME, STATE_NAME
     from txl.evaluation.stream import metric_unit, stored_unit
@@ -128,7 +133,7 @@ def _metric_label(run_dir: Path) -> str:
 
 def metrics_unit(path) -> str | None:
     """The ``unit`` column of a run's ``metrics.csv`` (the last non-empty value), or None when the file
-    has none (runs written before the column existed) or cannot be read.
+    has none or cannot be read.
 
     Args:
         path: a ``metrics.csv`` file or a run directory holding one.
@@ -137,7 +142,7 @@ def metrics_unit(path) -> str | None:
     if path.is_dir():
         path = path / "metrics.csv"
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:
             units = [r.get("unit") for r in csv.DictReader(f)]
     except (OSError, UnicodeDecodeError, csv.Error):
         return None
@@ -152,7 +157,7 @@ def plot_learning_curves(run_dirs: list, out_dir, labels: list[str] | None = Non
     ``curves_time.png`` (the same against wall-clock seconds), ``lr.png`` (learning rate) and
     ``throughput.png`` (training tokens/s). The metric is bits per byte for byte runs, bits per
     character for char runs and perplexity for word/BPE runs (``train_metric``/``val_metric``
-    columns; the axis says which, see :func:`metrics_unit`; old runs labelled "bpc" still load).
+    columns; the axis says which, see :func:`metrics_unit`).
 
     Returns:
         ``{"files": [paths], "series": {label: {"step", "elapsed_s", "train_metric", "val_step",

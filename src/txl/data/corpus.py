@@ -351,7 +351,7 @@ def _prepared_sets(root: Path, info: dict) -> dict[str, list[Path]]:
     files = info.get("files") or {}
     sets = {}
     for name in SPLITS:
-        rel = files.get(name)
+        rel = files.get(name) if isinstance(files, dict) else None
         if not isinstance(rel, str):
             raise TxlError(f"{root / 'dataset.json'} does not name a {name} file; run txl data prepare again")
         if info.get("in_place") and Path(rel).is_absolute():  # folders used where they are (pg19)
