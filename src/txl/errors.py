@@ -81,9 +81,28 @@ def clip_message(message: str, limit: int = CLIP_CHARS, inputs=()) -> str:
     return re.sub(rf"(?<!\w)'[^'\n]{{{n},}}'(?!\w)|(?<!\w)\"[^\"\n]{{{n},}}\"(?!\w)|\S{{{n},}}", cut, message)
 
 
+class _StoreOnce(argparse._StoreAction):
+    """argparse's ``store`` for an option that takes one value: given twice (``--config a.toml --config
+    b.toml``, or two spellings of one flag) it is a usage error instead of the last value silently
+    winning."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = namespace.__dict__.setdefault("_given_options", {})
+        if option_string is not None and self.dest in given:
+            parser.error(f"{option_string} is given twice ({given[self.dest]!r} and {values!r}); give it once")
+        given[self.dest] = values
+        super().__call__(parser, namespace, values, option_string)
+
+
 class UsageParser(argparse.ArgumentParser):
     """argparse with usage errors reported as one ``txl: error:`` line (exit status 2): the parser of the
-    ``txl`` commands and of ``python -m txl.export.runner``."""
+    ``txl`` commands and of ``python -m txl.export.runner``. An option that takes one value may be given
+    once."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
 
     def error(self, message: str):  # noqa: D102 - argparse hook
         self.exit(2, f"txl: error: {clip_message(message)} (see: {self.prog} --help)\n")

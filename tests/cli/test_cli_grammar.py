@@ -177,3 +177,30 @@ def test_flag_tables_of_the_cli_page_name_every_command_that_takes_the_flag():
         assert _documented_commands(cells[-1]) == offered, f"docs/cli.md's row of {flag}"
         checked.add(flag)
     assert {"-c", "-o", "-q", "-n", "--device", "--threads", "--mem-len", "--seed", "--json", "--force"} <= checked
+
+
+def test_a_setting_is_given_once(capsys, tmp_path, monkeypatch):
+    """An option that takes one value, given twice, and a setting given by a flag and by KEY=VALUE, are
+    refused in one line before anything is read, instead of one silently winning."""
+    monkeypatch.chdir(tmp_path)  # (relative outputs would land here)
+    corpus = tmp_path / "small.txt"
+    corpus.write_text("some text\n" * 50)
+    cases = [
+        (["train", corpus, "--config", "a.toml", "--config", "b.toml"],
+         "--config is given twice ('a.toml' and 'b.toml'); give it once (see: txl train --help)"),
+        (["eval", "ckpt", "--mem-len", "3", "--mem_len", "4"], "--mem_len is given twice (3 and 4); give it once"),
+        (["train", corpus, f"data.path={tmp_path}"], f"give data.path once: DATA {corpus} or data.path={tmp_path}"),
+        (["train", corpus, "--out", "x", "train.out_dir=y"], "give train.out_dir once: -o/--out x or train.out_dir=y"),
+        (["train", corpus, "--tokenizer", "char", "data.tokenizer=byte"],
+         "give data.tokenizer once: --tokenizer char or data.tokenizer=byte"),
+        (["train", corpus, "--seed", "7", "seed=8"], "give train.seed once: --seed 7 or seed=8"),
+        (["finetune", "--init", "lm", "--data", "p.jsonl", "--out", "o", "--mem-len", "3", "model.mem_len=4"],
+         "give model.mem_len once: --mem-len 3 or model.mem_len=4"),
+        (["train", corpus, "--out", ""], "-o/--out must name a folder, got an empty name"),
+        (["train", corpus, "train.out_dir="], "train.out_dir must name a folder, got an empty name"),
+    ]
+    for argv, message in cases:
+        assert main([str(a) for a in argv]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and message in err, (argv, err)
+    assert not (tmp_path / "runs").exists() and not any(p.is_dir() for p in tmp_path.iterdir())

@@ -10,7 +10,8 @@ import argparse
 
 from txl.cli.checks import check_exists
 from txl.cli.common import add_batch_size, add_data, add_device, add_dtype, add_option, add_seed, add_span, underscore
-from txl.cli.train import add_run_flags, check_resume_flags, check_run_args, resumed_config, run_training
+from txl.cli.train import (add_run_flags, check_resume_flags, check_run_args, refuse_twice, resumed_config,
+                            run_training)
 from txl.errors import TxlError
 
 NAME = "finetune"
@@ -56,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         if "=" not in item:
             raise TxlError(f"unexpected argument {item!r}: give the pairs with --data and overrides as KEY=VALUE")
     check_run_args(args, None)  # before torch is imported
+    refuse_twice(args, args.overrides, {**_OVERRIDES, "out": "train.out_dir"})
     check_exists(args.init, "--init", kind="folder")
     check_exists(args.data, "--data", kind="file")
     flags = [f"{field}={getattr(args, dest)}" for dest, field in _OVERRIDES.items() if getattr(args, dest) is not None]

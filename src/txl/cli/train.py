@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from txl.cli.checks import check_exists, check_range, require_installed
+from txl.cli.checks import check_exists, check_range, flag_name, require_installed
 from txl.cli.common import add_batch_size, add_data, add_device, add_dtype, add_seed
 from txl.errors import TxlError
 
@@ -83,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     if len(paths) > 1:
         raise TxlError(f"give one DATA path (a file or directory), got {len(paths)}: {' '.join(paths)}")
     check_run_args(args, paths[0] if paths else None)
+    refuse_twice(args, overrides, {**_OVERRIDES, "out": "train.out_dir", "tokenizer": "data.tokenizer",
+                                   "log": "train.log"}, {"data.path": f"DATA {paths[0]}"} if paths else None)
     flags = [f"{field}={getattr(args, dest)}" for dest, field in _OVERRIDES.items()
              if dest != "data" and getattr(args, dest) is not None]
     if getattr(args, "log", None):
@@ -106,6 +108,26 @@ def run(args: argparse.Namespace) -> int:
     if "tensorboard" in run_config.train.log:
         require_installed("tensorboard", message=TENSORBOARD_HINT)
     return run_training(args, run_config, NAME, changed=bool(overrides))
+
+
+def refuse_twice(args: argparse.Namespace, overrides: list[str], flags: dict[str, str],
+                 more: dict[str, str] | None = None) -> None:
+    """Refuse a setting given both by a flag (``flags``: flag destination -> config field, and ``more``:
+    config field -> how it was given, e.g. DATA) and by a KEY=VALUE override, instead of letting one
+    silently win.
+
+    Raises:
+        TxlError: ``give train.seed once: --seed 7 or train.seed=8``.
+    """
+    from txl.config import parse_override  # (torch-free)
+
+    given = {field: f"{flag_name(args, dest)} {getattr(args, dest)}" for dest, field in flags.items()
+             if getattr(args, dest, None) not in (None, [], "")}
+    given.update(more or {})
+    for text in overrides:
+        section, key, _ = parse_override(text)
+        if f"{section}.{key}" in given:
+            raise TxlError(f"give {section}.{key} once: {given[f'{section}.{key}']} or {text}")
 
 
 def run_training(args: argparse.Namespace, run_config, command: str, changed: bool) -> int:
@@ -142,6 +164,8 @@ def check_run_args(args: argparse.Namespace, data: str | None) -> None:
     """
     check_range(args, 1, "nproc", "batch_size")  # the span flags: txl.cli.checks.check_shared_flags
     check_range(args, 0, "grad_segments", "max_prompt_tokens")
+    if getattr(args, "out", None) is not None and not args.out.strip():
+        raise TxlError(f"{flag_name(args, 'out')} must name a folder, got an empty name")
     check_exists(data, "corpus path")
     check_exists(args.config, "config file", kind="file")
     check_exists(args.resume, "--resume", kind="folder")

@@ -143,6 +143,8 @@ class TrainConfig:
     def check(self) -> None:
         """Raise :class:`TxlError` naming the first value of a wrong type or impossible."""
         check_fields(type(self), dataclasses.asdict(self), "train")
+        if not self.out_dir.strip():
+            raise TxlError("train.out_dir must name a folder, got an empty name")
         unknown = [name for name in self.log if name not in LOGGERS]
         if unknown or len(set(self.log)) != len(self.log):
             raise TxlError(f"train.log takes each of {', '.join(LOGGERS)} at most once, got {self.log!r}")
