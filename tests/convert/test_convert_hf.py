@@ -300,3 +300,14 @@ def test_vocabulary_reader_still_refuses_other_globals():
     for payload in (pickle.dumps(Evil()), pickle.dumps({"x": collections.defaultdict(int)})):
         with pytest.raises(TxlError, match="refusing to load"):
             load_restricted_pickle(payload)
+
+
+def test_an_hf_folder_given_where_a_txl_checkpoint_belongs_says_to_convert_it(tmp_path, capsys):
+    from conftest import one_error_line, run_cli
+
+    make_hf(CASES["plain"]).save_pretrained(tmp_path / "hf")
+    for argv in (["convert", "int8", tmp_path / "hf", tmp_path / "o"], ["eval", tmp_path / "hf"],
+                 ["generate", tmp_path / "hf", "-n", "2"]):
+        code, _, err = run_cli(capsys, *argv)
+        assert code == 2 and one_error_line(err) == (f"txl: error: {tmp_path / 'hf'} is a Hugging Face TransfoXL "
+                                                      f"folder; convert it first: txl convert hf {tmp_path / 'hf'} DST")

@@ -53,7 +53,8 @@ def read_model_config(directory: str | Path) -> TransformerXLConfig:
     """Read ``config.json`` of a saved model.
 
     Raises:
-        TxlError: missing directory or file, invalid JSON, unknown keys or bad values.
+        TxlError: missing directory or file, invalid JSON, a Hugging Face TransfoXL config (to be
+            converted first), unknown keys or bad values.
     """
     directory = Path(directory)
     if not directory.is_dir():
@@ -62,8 +63,12 @@ def read_model_config(directory: str | Path) -> TransformerXLConfig:
     path = directory / CONFIG_NAME
     if not path.is_file():
         raise TxlError(f"{directory} has no {CONFIG_NAME}: not a txl checkpoint (expected {CONFIG_NAME} and {WEIGHTS_NAME})")
+    values = read_json_object(path)
+    if values.get("model_type") == "transfo-xl":  # transformers' TransfoXL: converted, not read as it is
+        raise TxlError(f"{directory} is a Hugging Face TransfoXL folder; convert it first: txl convert hf {directory} "
+                       "DST")
     try:
-        return TransformerXLConfig.from_dict(read_json_object(path))
+        return TransformerXLConfig.from_dict(values)
     except TxlError as err:
         raise TxlError(err.args[0] if str(path) in str(err) else f"{path}: {err}") from None
 
