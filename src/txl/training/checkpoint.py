@@ -304,8 +304,9 @@ def load_into(model: torch.nn.Module, directory: str | Path, map_location: str =
     except TxlError as err:
         if "do not match" not in str(err):  # no or unreadable weights: said as they are
             raise
-        raise TxlError(f"the weights in {directory} do not fit the changed model config; model shapes cannot "
-                       "change when resuming (start a new run instead)") from None
+        raise TxlError(f"the weights in {directory} do not fit this run's model config: the config changed, or the "
+                       "checkpoint comes from another run; model shapes cannot change when resuming (start a new "
+                       "run instead)") from None
     load_weights(model, directory, map_location, str(directory / CONFIG_NAME))
 
 

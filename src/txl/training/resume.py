@@ -192,8 +192,9 @@ def restore_run(trainer) -> tuple[int, int, list[torch.Tensor] | None, dict[str,
     resume_dir, model, d, t = trainer.resume_dir, trainer.model, trainer.d, trainer.run.train
     saved_tokenizer, saved_state = saved_vocabulary(resume_dir)
     if saved_tokenizer.to_dict() != trainer.task.tokenizer.to_dict():
-        raise TxlError(f"the corpus now gives a different vocabulary than {resume_dir} was trained with; data "
-                       "settings cannot change when resuming (start a new run instead)")
+        raise TxlError(f"the corpus now gives a different vocabulary than {resume_dir} was trained with (the data "
+                       "changed, or the checkpoint comes from another run); data settings cannot change when "
+                       "resuming (start a new run instead)")
     check_resumed_data(saved_state.get(STATE_KEY), trainer.fingerprint, checkpoint=resume_dir,
                        allow=trainer.allow_data_change, warn=lambda m: trainer.log(f"txl: warning: {m}"))
     load_into(model, resume_dir, map_location=str(trainer.device))
@@ -215,7 +216,7 @@ def restore_run(trainer) -> tuple[int, int, list[torch.Tensor] | None, dict[str,
     if d.is_main and resume_dir != candidates[0]:
         quarantine(candidates[:candidates.index(resume_dir)])  # the torn/corrupt newer ones
     best = state["best_val_loss"] if state.get("best_val_loss") is not None else float("inf")
-    state["unit"] = trainer.unit  # runs written before the "bpb" label said "bpc" for byte models
+    state["unit"] = trainer.unit  # (a byte model's checkpoint may say "bpc": evaluation.stream.stored_unit)
     state[STATE_KEY] = trainer.fingerprint  # the data the checkpoints from now on were trained on
     state["threads"] = torch.get_num_threads()
     return start_step, pos, mems, state, best
