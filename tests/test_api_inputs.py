@@ -360,3 +360,15 @@ def test_a_cuda_index_beyond_the_machine_is_refused_with_its_count(monkeypatch):
     with pytest.raises(TxlError, match=r"has 2 CUDA device\(s\); use cuda:0 to cuda:1$"):
         resolve_device("cuda:2")
     assert resolve_device("cuda:1") == torch.device("cuda:1")
+
+
+def test_loading_names_a_wrong_path_type_and_a_run_folder(tmp_path):
+    from txl import TransformerXLLM, load_checkpoint
+
+    with pytest.raises(TxlError, match=r"^load_checkpoint takes a folder path \(str or pathlib.Path\), got int$"):
+        load_checkpoint(5)
+    (tmp_path / "run.json").write_text("{}")  # a training run's folder: its checkpoints are inside it
+    with pytest.raises(TxlError, match=rf"^{re.escape(str(tmp_path))} is a run folder, not a checkpoint: give "
+                                       rf"{re.escape(str(tmp_path / 'best'))} \(or last\), or load it with "
+                                       r"txl.load_checkpoint\("):
+        TransformerXLLM.from_pretrained(tmp_path)

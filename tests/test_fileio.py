@@ -118,6 +118,8 @@ def test_read_toml_says_one_line_for_every_bad_file(tmp_path):
     good = tmp_path / "good.toml"
     good.write_text("[classify]\nsteps = 3\n")
     assert read_toml(good) == {"classify": {"steps": 3}}
+    good.write_bytes(b"\xef\xbb\xbf" + good.read_bytes())  # a byte-order mark, as some editors save it
+    assert read_toml(good) == {"classify": {"steps": 3}}
     cases = {"deep.toml": ("a = " + "[" * 100000 + "]" * 100000, "is not valid TOML for txl: nested too deeply"),
              "bad.toml": ("[x\n", "is not valid TOML: "), "latin.toml": (b"a = '\xff'", "is not valid TOML: ")}
     for name, (text, message) in cases.items():

@@ -21,7 +21,7 @@ def read_toml(path: str | Path, what: str = "config file") -> dict[str, Any]:
     if not path.is_file():
         raise TxlError(f"{what} {path} " + ("is not a file" if path.exists() else "does not exist"))
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(path.read_text(encoding="utf-8-sig"))  # (a leading byte-order mark, as JSON files)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise TxlError(f"{what} {path} is not valid TOML: {err}") from None
     except RecursionError:

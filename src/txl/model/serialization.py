@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from txl.errors import TxlError
 from txl.fileio import atomic_write, read_json_object, write_json
-from txl.config import CONFIG_NAME, VOCAB_NAME, WEIGHTS_NAME, TransformerXLConfig
+from txl.config import CONFIG_NAME, RUN_NAME, VOCAB_NAME, WEIGHTS_NAME, TransformerXLConfig
 from txl.kernels.int8 import check_trainable, int8_names
 
 _ON_ATTENTION = re.compile(r"^(|.*\.)(layers\.\d+\.attn\.)(r_net\.|r_w_bias$|r_r_bias$|r_emb$)")
@@ -62,6 +62,9 @@ def read_model_config(directory: str | Path) -> TransformerXLConfig:
                                                               else "does not exist"))
     path = directory / CONFIG_NAME
     if not path.is_file():
+        if (directory / RUN_NAME).is_file():  # a training run: its checkpoints are the folders inside it
+            raise TxlError(f"{directory} is a run folder, not a checkpoint: give {directory / 'best'} (or last), or "
+                           f"load it with txl.load_checkpoint({str(directory)!r})")
         raise TxlError(f"{directory} has no {CONFIG_NAME}: not a txl checkpoint (expected {CONFIG_NAME} and {WEIGHTS_NAME})")
     values = read_json_object(path)
     if values.get("model_type") == "transfo-xl":  # transformers' TransfoXL: converted, not read as it is

@@ -17,7 +17,7 @@ previous good one with a warning.
 from __future__ import annotations
 
 import dataclasses
-
+import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -248,8 +248,11 @@ def load_checkpoint(path: str | Path, map_location: str = "cpu", name: str | Non
 
     Raises:
         TxlError: missing files, invalid JSON, a file that fails its checksum (e.g. a vocabulary or
-            weights replaced after saving), a vocabulary whose size differs from the model's.
+            weights replaced after saving), a vocabulary whose size differs from the model's; a ``path``
+            that is not a str or path.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TxlError(f"load_checkpoint takes a folder path (str or pathlib.Path), got {type(path).__name__}")
     directory = resolve_checkpoint_dir(path, name)
     if not verify_checkpoint(directory) and (directory / STATE_NAME).is_file():  # written by txl, checksums lost
         print(f"txl: warning: {directory} has no {CHECKSUMS_NAME}; its files cannot be verified", file=sys.stderr)
