@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from txl.cli.checks import check_exists, check_range, flag_name, require_installed
@@ -151,8 +153,20 @@ def run_training(args: argparse.Namespace, run_config, command: str, changed: bo
         return _launch(args, run_config)
     from txl.training.loop import train
 
-    return _report(train(run_config, progress=not args.quiet, resume=bool(args.resume),
-                         allow_data_change=args.allow_data_change), run_config)
+    # SIGTERM outside the steps (loading, the final evaluation and sample) ends the command as Ctrl-C does,
+    # with one line and exit status 130; during the steps the loop's own handler writes last/ first
+    previous = (signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread()
+                else None)
+    try:
+        return _report(train(run_config, progress=not args.quiet, resume=bool(args.resume),
+                             allow_data_change=args.allow_data_change), run_config)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate(_signum, _frame) -> None:
+    raise KeyboardInterrupt
 
 
 def check_run_args(args: argparse.Namespace, data: str | None) -> None:
