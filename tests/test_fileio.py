@@ -139,3 +139,17 @@ def test_json_files_written_with_a_byte_order_mark_are_read(tmp_path):
     lines = tmp_path / "prompts.jsonl"
     lines.write_bytes(b'\xef\xbb\xbf{"prompt": "ab"}\n{"prompt": "\xef\xbb\xbfcd"}\n')
     assert list(read_jsonl(lines)) == [(1, {"prompt": "ab"}), (2, {"prompt": "\ufeffcd"})]  # the file's first only
+
+
+def test_an_output_folder_that_is_not_a_folder_is_named_for_what_it_is(tmp_path):
+    import os
+
+    from txl.fileio import check_output_folder
+
+    (tmp_path / "file").write_text("x")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nothing")
+    for name, kind in (("file", "a file"), ("fifo", "a FIFO"), ("dangling", "a dangling symbolic link")):
+        with pytest.raises(TxlError, match=f"^--out {tmp_path / name} is {kind}; choose a folder$"):
+            check_output_folder(tmp_path / name)
+    assert not (tmp_path / "nothing").exists()

@@ -266,8 +266,9 @@ def check_output_folder(path: str | Path, *, flag: str = "--out", create: bool =
                 _lock_or_refuse(fd, fcntl.LOCK_SH, flag, path)
             finally:
                 os.close(fd)
-    if path.exists() and not path.is_dir():
-        raise TxlError(f"{flag} {path} is a file; choose a folder")
+    if os.path.lexists(path) and not path.is_dir():
+        kind = "a dangling symbolic link" if not path.exists() else _special_kind(path) or "a file"
+        raise TxlError(f"{flag} {path} is {kind}; choose a folder")
     above = next((p for p in path.parents if p.exists()), None)  # the nearest existing path above it
     if above is not None and not above.is_dir():
         raise TxlError(f"{flag} {path} would be inside {above}, which is a file; choose a folder")

@@ -74,8 +74,6 @@ def claim_run_folder(run: RunConfig, d: distributed.Dist, *, resume: bool, claim
     resumed one a resumable checkpoint. Returns whether the claim created the folder, and for a resumed run
     its ``last`` checkpoints (newest first) and the first intact one of them."""
     out_dir = Path(run.train.out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise TxlError(f"train.out_dir {out_dir} is a file; choose a folder for the run")
     if resume and not out_dir.is_dir():
         raise TxlError(f"{out_dir} has no resumable checkpoint (last/{TRAINER_JSON}); start a new run instead")
     created = False
