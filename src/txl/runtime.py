@@ -62,9 +62,11 @@ def autocast(device: torch.device, dtype: str):
 
 
 # CPU feature flags (Linux /proc/cpuinfo) that mean native arithmetic in a half-precision type: x86
-# AVX512-BF16/AMX-BF16 and AVX512-FP16/AMX-FP16, Arm BF16 and half-precision SIMD
+# AVX512-BF16/AMX-BF16 and AVX512-FP16/AMX-FP16, Arm BF16 and half-precision SIMD; and int8 dot products
+# with int32 sums (x86 VNNI or AMX-INT8, Arm dot product / i8mm), which int8 weights' products need to be fast
 _NATIVE_CPU_FLAGS = {"bfloat16": {"avx512_bf16", "amx_bf16", "bf16"},
-                     "float16": {"avx512fp16", "avx512_fp16", "amx_fp16", "asimdhp", "fphp"}}
+                     "float16": {"avx512fp16", "avx512_fp16", "amx_fp16", "asimdhp", "fphp"},
+                     "int8": {"avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm"}}
 
 
 def cpu_flags() -> set[str] | None:
@@ -87,8 +89,9 @@ def native_dtype_support(device: torch.device, dtype: str) -> bool:
     """Whether ``device`` computes in ``dtype`` natively rather than emulating it (many times slower).
 
     float32 and CUDA devices are taken as native. On a CPU, bfloat16 needs AVX512-BF16 or AMX (x86)
-    or the BF16 extension (Arm), float16 AVX512-FP16/AMX-FP16 or Arm half-precision SIMD, as listed
-    by :func:`cpu_flags`; where the flags cannot be read, True (no false alarm).
+    or the BF16 extension (Arm), float16 AVX512-FP16/AMX-FP16 or Arm half-precision SIMD, "int8" (int8
+    products with int32 sums) VNNI or AMX-INT8 (x86) or the dot-product extension (Arm), as listed by
+    :func:`cpu_flags`; where the flags cannot be read, True (no false alarm).
     """
     if dtype == "float32" or device.type != "cpu" or dtype not in _NATIVE_CPU_FLAGS:
         return True

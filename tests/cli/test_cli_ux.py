@@ -235,10 +235,23 @@ def test_native_dtype_support_reads_the_cpu_flags(monkeypatch):
     assert not txl.runtime.native_dtype_support(cpu, "bfloat16")
     assert not txl.runtime.native_dtype_support(cpu, "float16")
     assert txl.runtime.native_dtype_support(cpu, "float32")
-    monkeypatch.setattr(txl.runtime, "cpu_flags", lambda: {"avx2", "avx512_bf16"})
-    assert txl.runtime.native_dtype_support(cpu, "bfloat16")
+    assert not txl.runtime.native_dtype_support(cpu, "int8")  # no VNNI: int8 products emulated
+    monkeypatch.setattr(txl.runtime, "cpu_flags", lambda: {"avx2", "avx512_bf16", "avx512_vnni"})
+    assert txl.runtime.native_dtype_support(cpu, "bfloat16") and txl.runtime.native_dtype_support(cpu, "int8")
     monkeypatch.setattr(txl.runtime, "cpu_flags", lambda: None)  # unknown: no false alarm
-    assert txl.runtime.native_dtype_support(cpu, "bfloat16")
+    assert txl.runtime.native_dtype_support(cpu, "bfloat16") and txl.runtime.native_dtype_support(cpu, "int8")
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_int8_weights_on_a_cpu_without_vnni_warn_once(tmp_path, capsys, monkeypatch, native):
+    ckpt = make_checkpoint(tmp_path / "c", CharTokenizer(list("abc \n")), step=1)
+    monkeypatch.setattr(txl.runtime, "native_dtype_support", lambda device, dtype: native or dtype != "int8")
+    code, out, err = run_cli(capsys, "generate", ckpt, "-n", "2", "--quantize", "int8", "--device", "cpu")
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("txl: warning:")]
+    assert warnings == ([] if native else [
+        "txl: warning: this CPU has no int8 dot-product instructions (VNNI): int8 weights run several times "
+        "slower than float32 here (use the float checkpoint, or drop --quantize int8)"]), err
 
 
 @pytest.mark.parametrize("native", [False, True])

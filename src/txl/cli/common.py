@@ -280,6 +280,7 @@ def load_checkpoint(args: argparse.Namespace, path: str | None = None, announce:
     Returns:
         (checkpoint, device): a :class:`txl.training.checkpoint.Checkpoint` and the resolved torch device.
     """
+    from txl import runtime
     from txl.runtime import resolve_device
     from txl.training.checkpoint import describe_checkpoint
     from txl.training.checkpoint import load_checkpoint as load
@@ -307,6 +308,10 @@ def load_checkpoint(args: argparse.Namespace, path: str | None = None, announce:
                    else slow_dtype_warning(device, getattr(args, "dtype", None)))
         if warning:
             notes.append(warning)
+        if int8 and device.type == "cpu" and not runtime.native_dtype_support(device, "int8"):
+            notes.append("txl: warning: this CPU has no int8 dot-product instructions (VNNI): int8 weights run "
+                         "several times slower than float32 here (use the float checkpoint"
+                         f"{', or drop --quantize int8' if quantize == 'int8' else ''})")
         if int8 and device.type != "cpu":
             notes.append(f"txl: warning: int8 weights have no {device.type} kernel here: each product multiplies by the "
                          "dequantised weight, slower than float32 and without the rounding of the inputs (use them "
