@@ -216,6 +216,9 @@ def test_cli_convert_hf_folder_and_back(tmp_path, capsys):
         assert torch.allclose(back(input_ids=ids).prediction_scores, hf(input_ids=ids).prediction_scores, atol=1e-6)
     hf_tok = TransfoXLTokenizer(pretrained_vocab_file=str(tmp_path / "hf-again" / "vocab.pkl"))
     assert hf_tok.convert_tokens_to_ids(["w3", "w7", "<eos>"]) == [4, 8, 0]
+    # and back again without --vocab: the txl_vocab.json that to-hf wrote gives the same tokenizer
+    assert main(["convert", "hf", str(tmp_path / "hf-again"), str(tmp_path / "txl-again")]) == 0
+    assert load_checkpoint(tmp_path / "txl-again").tokenizer.to_dict() == ckpt.tokenizer.to_dict()
 
     capsys.readouterr()
     assert main(["convert", "hf", str(tmp_path / "hf"), str(tmp_path / "txl")]) == 2  # never overwrites

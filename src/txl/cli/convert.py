@@ -16,7 +16,8 @@ EXAMPLE = "txl convert hf hf-models/transfo-xl-wt103 runs/wt103-hf"
 def _add_from_hf(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", metavar="SRC", help="HF TransfoXLLMHeadModel folder (config.json, weights, vocab.pkl)")
     p.add_argument("dst", metavar="DST", help="txl checkpoint folder to write (never overwritten)")
-    p.add_argument("--vocab", help="vocabulary to use instead of SRC/vocab.pkl (txl vocab.json or HF vocab.pkl)")
+    p.add_argument("--vocab", help="vocabulary to use instead of SRC/txl_vocab.json (written by to-hf) or SRC/vocab.pkl "
+                        "(txl vocab.json or HF vocab.pkl)")
 
 
 def _from_checkpoint(dst_text: str, converter: str):

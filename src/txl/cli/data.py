@@ -12,7 +12,7 @@ from txl.cli.common import Command
 
 NAME = "data"
 HELP = "standard datasets (enwik8, text8, wikitext, ptb, lm1b, pg19) and the studies' data sets"
-EXAMPLE = "txl data prepare enwik8 --out data/enwik8"
+EXAMPLE = "txl data prepare enwik8 --source enwik8.zip --out data/enwik8"
 
 
 def _add_prepare(p: argparse.ArgumentParser) -> None:

@@ -63,7 +63,8 @@ def convert_from_hf(src: str | Path, dst: str | Path, vocab: str | Path | None =
     """Convert an HF ``TransfoXLLMHeadModel`` folder into a txl checkpoint folder ``dst``.
 
     The run config carries the HF evaluation settings (``mem_len``, ``clamp_len``, ``same_length``)
-    and ``data.tokenizer = "word"``.
+    and the vocabulary's tokenizer kind. The vocabulary is ``vocab`` when given, else ``src/txl_vocab.json``
+    (what :func:`convert_to_hf` writes), else HF's ``src/vocab.pkl``.
 
     Raises:
         TxlError: unreadable or unsafe input, key-map mismatches, a vocabulary whose size differs
@@ -79,7 +80,12 @@ def _from_hf(src: Path, dst: Path, vocab: str | Path | None) -> Path:
     """:func:`convert_from_hf` once ``dst`` is claimed."""
     config, state = read_hf_checkpoint(src)
     model = model_from_hf_state(config, state)
-    vocab_path = Path(vocab) if vocab else src / "vocab.pkl"
+    if vocab:
+        vocab_path = Path(vocab)
+    elif (src / "txl_vocab.json").is_file():  # written by txl convert to-hf: the exact txl tokenizer
+        vocab_path = src / "txl_vocab.json"
+    else:
+        vocab_path = src / "vocab.pkl"
     if not vocab_path.is_file():
         raise TxlError(f"no vocabulary at {vocab_path}; pass --vocab (an HF vocab.pkl or a txl vocab.json)")
     tokenizer: Tokenizer = (load_tokenizer(vocab_path) if vocab_path.suffix == ".json"
