@@ -123,7 +123,7 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lm", help="the language-model run to fine-tune (needed but with --report); trained first "
-                                 "with txl train --out LM and --lm-args when it holds no best/ checkpoint")
+                                 "with txl train --out LM and --lm-args when that path does not exist")
     ap.add_argument("--lm-args", default="", help="more arguments of txl train, when it trains --lm (default: none, "
                                                   "the default model on the built-in corpus)")
     ap.add_argument("--work", default="runs/packages", help="folder for the data and the classifiers")
@@ -155,7 +155,7 @@ def main() -> int:
     work = Path(args.work)
     data = work / "data"
     times: dict = {}
-    if not (Path(args.lm) / "best").is_dir():  # one command from nothing: the language model first
+    if not Path(args.lm).exists():  # one command from nothing: the language model first
         times["lm"] = txl("train", "--out", args.lm, *shlex.split(args.lm_args))
     if not (data / "test.jsonl").is_file():
         times["data"] = txl("data", "packages", "--out", str(data), *shlex.split(args.data_args))
@@ -198,8 +198,7 @@ def main() -> int:
                "window": {"mode": "first", "tgt_len": args.window, "mem_len": 0, "pooling": shared.pooling,
                           "head_init": shared.head_init}}
     given = {f"--{k.replace('_', '-')}": v for k, v in given.items() if v is not None}
-    common = ["--config", args.config, "--data", str(data / "train.jsonl"), "--valid", str(data / "test.jsonl"),
-              *[str(item) for pair in given.items() for item in pair], "-q"]
+    common = ["--config", args.config, "--data", str(data / "train.jsonl"), "--valid", str(data / "test.jsonl"), "-q"]
     test = [json.loads(line) for line in (data / "test.jsonl").read_text().splitlines()]
     train = [json.loads(line) for line in (data / "train.jsonl").read_text().splitlines()]
     labels = sorted({t["label"] for t in train})
@@ -214,8 +213,10 @@ def main() -> int:
         for seed in seeds:
             out = work / f"{name}-seed{seed}"
             if not (out / "heldout.json").is_file():
+                own = dict(zip(flags[::2], flags[1::2]))  # the row's flags replace the shared ones (each flag once)
+                shared_flags = [str(item) for flag, value in given.items() if flag not in own for item in (flag, value)]
                 times[f"{name}/seed{seed}"] = txl("classify", "train", args.lm, "--out", str(out), "--seed",
-                                                  str(seed), *common, *flags)
+                                                  str(seed), *common, *shared_flags, *flags)
             extra = json.loads((out / "heldout.json").read_text())  # the run's held-out report
             settings = extra["settings"]  # a kept classifier must have this run's settings
             wanted = {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed, **reading[name]}

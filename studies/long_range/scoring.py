@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from txl.config import IGNORE_INDEX, AttentionSpan
+from txl.kernels.cpu import check_reading_fits
 from txl.model.segments import eval_mode, segments
 
 __all__ = ["RetrievalScore", "retrieval_score"]
@@ -86,6 +87,7 @@ def _predict(model, x: torch.Tensor, y: torch.Tensor, span: AttentionSpan | None
     """Arg max predictions of the targets ``y`` (predicted from the position before), -1 where not scored."""
     pred = torch.full_like(y, -1)
     if span is not None:
+        check_reading_fits(model, x[:, :-1], span)
         for seg in segments(model, x[:, :-1], span=span):  # the output at column j predicts token j + 1
             pred[:, seg.start + 1:seg.start + 1 + seg.inputs.size(1)] = seg.output.logits.argmax(-1)
         return pred

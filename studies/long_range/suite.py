@@ -39,6 +39,7 @@ import torch
 from txl_studies.long_range.episodes import CLOSE, FACT, TASKS, VALUE_BYTES, episode, episode_batch, load_filler
 from txl.data.tokenizers.simple import ByteTokenizer
 from txl.errors import TxlError
+from txl.kernels.cpu import check_reading_fits
 from txl_studies.long_range.scoring import retrieval_score
 from txl.model.segments import eval_mode, segments
 from txl.fileio import atomic_write, claim_folder, write_json
@@ -280,6 +281,7 @@ def fact_shares(model, episodes: list, span: AttentionSpan, width: int | None = 
     width = tokens.shape[1]
     device = next(model.parameters()).device
     shares = np.zeros((len(episodes), len(model.layers)))
+    check_reading_fits(model, tokens, span)
     with eval_mode(model):
         for seg in segments(model, torch.as_tensor(tokens, device=device), span=span):
             # per layer [b, H, t, K]; every row is in every segment

@@ -33,6 +33,7 @@ import torch
 
 from txl_studies.speed.generation import _per_token_seconds, _txl_steps
 from txl.export.files import export_decoder
+from txl.kernels.cpu import check_reading_fits
 from txl.model.graphs import RingDecoder
 from txl.export.runner import ExportedDecoder
 from txl.generation import generate
@@ -54,6 +55,7 @@ def _runner_steps(decoder) -> Callable[[torch.Tensor, int], Iterator]:
 def _ring_steps(model: TransformerXLLM, span) -> Callable[[torch.Tensor, int], Iterator]:
     """Greedy steps of the same step module run by PyTorch (:class:`~txl.model.graphs.RingDecoder`, no export)."""
     def steps(prompt: torch.Tensor, n: int) -> Iterator[None]:
+        check_reading_fits(model, prompt[:, :-1], span)
         ring = RingDecoder(model, span)
         ring.read_prompt(prompt[:, :-1])
         last = ring.step(prompt[:, -1:]).argmax(-1, keepdim=True)

@@ -45,6 +45,7 @@ def name_shares(model, tokenizer, sep_id: int, pairs: list[dict], span) -> tuple
     """Per pair: the distance of the name from the separator (tokens), the share per layer (float64
     [n, n_layer]) and what uniform attention over the separator's keys would give (float64 [n])."""
     from txl.analysis.attention_maps import segment_probabilities
+    from txl.kernels.cpu import check_reading_fits
     from txl.model.segments import eval_mode, segments
 
     n_layer = len(model.layers)
@@ -54,6 +55,7 @@ def name_shares(model, tokenizer, sep_id: int, pairs: list[dict], span) -> tuple
         where = name_positions(tokenizer, pair["prompt"], pair["name"])
         query = ids.size - 1
         distances.append(int(query - where.mean()) if where.size else -1)
+        check_reading_fits(model, torch.as_tensor(ids)[None], span)
         with eval_mode(model):
             for seg in segments(model, torch.as_tensor(ids)[None], span=span):
                 probs = segment_probabilities(model, seg.inputs, seg.mems, span)

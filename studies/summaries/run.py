@@ -60,11 +60,13 @@ def _parser() -> argparse.ArgumentParser:
                     help="txl data docstrings arguments (the data step)")
     ap.add_argument("--lm", help="an existing language-model run to fine-tune (default: pre-train WORK/lm)")
     ap.add_argument("--lm-args", default="--config studies/summaries/docstrings-lm.toml -q",
-                    help="txl train arguments (pre-training)")
+                    help="txl train arguments (pre-training; not --out, which this script gives)")
     ap.add_argument("--ft-args", default="--config studies/summaries/summarize-docstrings.toml -q",
-                    help="txl finetune arguments")
+                    help="txl finetune arguments (not --init, --out, data.train, data.valid or train.seed, which this "
+                         "script gives)")
     ap.add_argument("--summarize-args", default="--no-repeat-ngram-size 3 --repetition-penalty 1.2",
-                    help="more txl summarize arguments (both readings)")
+                    help="more txl summarize arguments (both readings; not --out, --max-new-tokens or "
+                         "--prompt-tokens, which this script gives)")
     ap.add_argument("--max-new-tokens", type=int, default=40)
     ap.add_argument("--seeds", type=int, default=3, help="fine-tuning seeds")
     ap.add_argument("--train", default="train-with-packages.jsonl",

@@ -124,6 +124,7 @@ def test_prepare_never_writes_over_what_it_did_not_write(tmp_path: Path) -> None
     src.write_bytes(data)
     out = tmp_path / "out"
     _prepare("enwik8", src, out)
+    (out / ".train.txt.k3j2.tmp").write_bytes(b"x")  # a killed prepare's temporary file: its own too
     again = _prepare("enwik8", src, out)  # the same dataset again: its own files
     assert again["sizes"]["train"] == len(data) * 9 // 10
 
@@ -139,7 +140,7 @@ def test_prepare_never_writes_over_what_it_did_not_write(tmp_path: Path) -> None
     (notes / "train.txt").write_text("my notes\n")
     refused("enwik8", src, notes, r"holds train.txt but no dataset.json .* remove them, or choose another folder")
     (notes / "dataset.json").write_text("mine\n")
-    refused("enwik8", src, notes, "holds a dataset.json txl did not write")
+    refused("enwik8", src, notes, r"holds a dataset.json txl data prepare cannot read \(.*not valid JSON.*\); remove it")
     (notes / "todo.md").write_text("x\n")
     refused("enwik8", src, notes, r"holds files txl data prepare does not write \(todo.md\)")
     run = tmp_path / "run"
@@ -234,6 +235,7 @@ def test_lm1b_tar(tmp_path: Path) -> None:
     assert on_disk["train_bytes"] == sum((out / s).stat().st_size for s in shards)
     with pytest.raises(TxlError, match="use tokenizer=word"):
         load_corpus(out, "char")
+    assert _prepare("lm1b", t, out, sha256=_sha(t))["train_shards"] == shards  # again, over its own shards
 
 
 # ---------------------------------------------------------------- unsafe archives

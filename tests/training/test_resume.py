@@ -262,3 +262,24 @@ def test_finetune_resume_keeps_an_accepted_change_too(tmp_path, capsys, monkeypa
     assert capsys.readouterr().out.startswith(f"{run} is already complete at step 2 (train.max_steps=1); nothing to "
                                               "train.")
     assert json.loads((run / "last" / "state.json").read_text())["step"] == 2
+
+
+def test_sigterm_outside_the_steps_ends_train_as_ctrl_c_does(tmp_path, corpus, monkeypatch, capsys):
+    """SIGTERM while txl train loads or runs its final evaluation (outside the loop's own handler): one line
+    and exit status 130, not death by the signal; the previous SIGTERM handler is given back."""
+    import os
+    import signal
+    import time
+
+    from txl.training import loop as training_loop
+
+    def terminated(*args, **kwargs):  # the signal arrives while the command works outside the steps
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        raise AssertionError("SIGTERM did not stop the command")
+
+    monkeypatch.setattr(training_loop, "train", terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["train", str(corpus), "--tokenizer", "char", "--out", str(tmp_path / "r"), "-q"]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "txl: interrupted"
+    assert signal.getsignal(signal.SIGTERM) is before

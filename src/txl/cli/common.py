@@ -2,7 +2,7 @@
 (``--json``, the start-line notes). The checks of the arguments, run before any work, are in
 :mod:`txl.cli.checks`.
 
-The grammar (see docs/cli.md): long flags are spelled with hyphens; the older underscore spellings
+The grammar (see docs/cli.md): long flags are spelled with hyphens; the underscore spellings
 (``--tgt_len``) are accepted as hidden aliases, never shown by ``--help``. The checkpoint is always
 a positional argument, data is always ``--data``, and ``--json FILE|-`` writes the result as JSON
 to FILE, or to stdout with ``-``.
@@ -39,8 +39,8 @@ class Command:
 def add_option(parser: argparse.ArgumentParser, *names: str, aliases: tuple[str, ...] = (), **kwargs) -> argparse.Action:
     """``parser.add_argument(*names, **kwargs)`` plus each of ``aliases`` as a hidden spelling of it.
 
-    The aliases store into the same destination and are left out of ``--help``; they exist so that
-    scripts written against older spellings keep working.
+    The aliases store into the same destination and are left out of ``--help`` (docs/cli.md, "Other
+    spellings accepted").
     """
     action = parser.add_argument(*names, **kwargs)
     hidden = {k: v for k, v in kwargs.items() if k not in ("help", "default", "required", "metavar", "dest")}
@@ -141,7 +141,7 @@ def add_seed(parser: argparse.ArgumentParser, default: int | None = None, text: 
 def add_json(parser: argparse.ArgumentParser, bare: bool = False) -> None:
     """``--json FILE|-``: write the result as JSON to FILE, or to stdout with ``-``.
 
-    With ``bare``, a ``--json`` without a value means ``-`` (the older switch spelling of ``txl eval``).
+    With ``bare``, a ``--json`` without a value means ``-`` (a spelling ``txl eval`` accepts).
     """
     extra = {"nargs": "?", "const": "-"} if bare else {}
     parser.add_argument("--json", metavar="FILE|-", default=None, **extra,
@@ -156,7 +156,7 @@ def add_data(parser: argparse.ArgumentParser, text: str, required: bool = False,
 
 def add_checkpoint(parser: argparse.ArgumentParser, option_alias: bool = False,
                    text: str = "checkpoint directory, or a run directory (uses its best/)") -> None:
-    """The positional ``checkpoint``; with ``option_alias``, also the older ``--checkpoint CKPT`` (hidden).
+    """The positional ``checkpoint``; with ``option_alias``, also ``--checkpoint CKPT`` (hidden).
 
     With the alias the positional is optional to argparse; :func:`checkpoint_arg` settles which was given.
     """

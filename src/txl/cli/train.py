@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         raise TxlError(f"give one DATA path (a file or directory), got {len(paths)}: {' '.join(paths)}")
     check_run_args(args, paths[0] if paths else None)
     refuse_twice(args, overrides, {**_OVERRIDES, "out": "train.out_dir", "tokenizer": "data.tokenizer",
-                                   "log": "train.log"}, {"data.path": f"DATA {paths[0]}"} if paths else None)
+                                   "log": "train.log"}, {"data.path": f"DATA {paths[0]}"} if paths and args.data is None
+                 else None)
     flags = [f"{field}={getattr(args, dest)}" for dest, field in _OVERRIDES.items()
              if dest != "data" and getattr(args, dest) is not None]
     if getattr(args, "log", None):
@@ -123,8 +124,10 @@ def refuse_twice(args: argparse.Namespace, overrides: list[str], flags: dict[str
     """
     from txl.config import parse_override  # (torch-free)
 
-    given = {field: f"{flag_name(args, dest)} {getattr(args, dest)}" for dest, field in flags.items()
-             if getattr(args, dest, None) not in (None, [], "")}
+    shown = {dest: " ".join(map(str, value)) if isinstance(value, list) else value  # (--log a --log b: a list)
+             for dest, value in ((dest, getattr(args, dest, None)) for dest in flags)}
+    given = {field: f"{flag_name(args, dest)} {shown[dest]}" for dest, field in flags.items()
+             if shown[dest] not in (None, "")}
     given.update(more or {})
     for text in overrides:
         section, key, _ = parse_override(text)

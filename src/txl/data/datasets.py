@@ -417,7 +417,14 @@ def prepare_dataset(
         return _prepare(spec, source, out, sha256, progress, timeout, log)
 
 
-OWN_ENTRIES = ("train.txt", "valid.txt", "test.txt", "dataset.json", ".download")  # what a prepare writes
+# what a prepare writes: the splits, dataset.json, the downloads, lm1b's training shards (from its archive)
+OWN_ENTRIES = ("train.txt", "valid.txt", "test.txt", "dataset.json", ".download", "training-monolingual.tokenized.shuffled")
+
+
+def _own(name: str) -> bool:
+    """Whether ``name`` in an output folder is what a prepare writes: one of :data:`OWN_ENTRIES`, or the
+    temporary file of one that a killed prepare left (``.train.txt.XXXX.tmp``, see ``atomic_write``)."""
+    return name in OWN_ENTRIES or any(name.startswith(f".{own}.") and name.endswith(".tmp") for own in OWN_ENTRIES)
 
 
 def _check_out(spec: DatasetSpec, source, out: Path) -> None:
@@ -442,7 +449,7 @@ def _check_out(spec: DatasetSpec, source, out: Path) -> None:
         return
     if is_protected_folder(out):
         raise TxlError(f"output folder {out} is a txl checkpoint or run folder; choose another folder")
-    others = sorted(p.name for p in out.iterdir() if p.name not in OWN_ENTRIES)
+    others = sorted(p.name for p in out.iterdir() if not _own(p.name))
     if others:
         shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
         raise TxlError(f"output folder {out} holds files txl data prepare does not write ({shown}); choose a new "
@@ -450,12 +457,13 @@ def _check_out(spec: DatasetSpec, source, out: Path) -> None:
     splits = [name for name in OWN_ENTRIES[:3] if (out / name).exists()]
     try:
         info = dataset_info(out)
-    except TxlError:
-        info = {}
-    if (out / "dataset.json").exists() and (info or {}).get("name") != spec.name:
-        held = f"the dataset {info['name']!r}" if info and info.get("name") else "a dataset.json txl did not write"
-        raise TxlError(f"output folder {out} holds {held}; choose another folder to prepare {spec.name} "
-                       "(nothing was changed)")
+    except TxlError as err:  # not JSON, or not a txl dataset description
+        reason = str(err).removesuffix("; run txl data prepare again")
+        raise TxlError(f"output folder {out} holds a dataset.json txl data prepare cannot read ({reason}); remove "
+                       "it, or choose another folder (nothing was changed)") from None
+    if info is not None and info.get("name") != spec.name:
+        raise TxlError(f"output folder {out} holds the dataset {info.get('name')!r}; choose another folder to prepare "
+                       f"{spec.name} (nothing was changed)")
     if splits and info is None:
         raise TxlError(f"output folder {out} holds {', '.join(splits)} but no dataset.json (files txl did not "
                        "write, or a prepare that was stopped): remove them, or choose another folder (nothing was "
