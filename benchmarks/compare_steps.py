@@ -133,6 +133,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=12, help="turns of each worker per row (default 12)")
     ap.add_argument("--tokens", type=int, default=64, help="greedy steps timed per turn (default 64)")
     ap.add_argument("--batch-size", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS),
+                    help="which rows (default both; 'int8 compiled' needs a C++ compiler and, at older bases, VNNI)")
     ap.add_argument("--floor", type=float, default=0.95, help="flag a ratio head / base below this (default 0.95)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
@@ -141,7 +143,7 @@ def main() -> int:
     threads = os.environ.get("OMP_NUM_THREADS", "2")
     start, rows = time.time(), []
     with checkouts(args.base, args.head, "txl-steps-") as (commits, trees):
-        for row in ROWS:
+        for row in args.rows:
             for batch in args.batch_size:
                 rows.append(compare(trees, row, batch, args.rounds, args.tokens, threads))
                 r = rows[-1]
