@@ -76,7 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``txl serve`` until SIGTERM or SIGINT; returns the exit status."""
     # the span flags: txl.cli.checks.check_shared_flags
-    limits(args)
+    given = limits(args)
     if not 0 <= args.port <= 65535:
         raise TxlError(f"--port must be in [0, 65535], got {args.port}")
     if args.compile:
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() \
         else None
     try:
-        return _run(args, api_key)
+        return _run(args, api_key, given)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -122,7 +122,7 @@ def _interrupt(_signum, _frame) -> None:
     raise KeyboardInterrupt
 
 
-def _run(args: argparse.Namespace, api_key: str | None) -> int:
+def _run(args: argparse.Namespace, api_key: str | None, given: ServeConfig) -> int:
     """:func:`run` once the flags are checked: load, build, listen, serve."""
     from txl.config import resolve_span
     from txl.serving.server import build_engine, listen, serve
@@ -135,7 +135,6 @@ def _run(args: argparse.Namespace, api_key: str | None) -> int:
         check_exportable(ckpt.model.config, span, "--compile", reader=False)
         print("txl: compiling the decoder (torch.compile) before serving: a minute or so on a CPU", file=sys.stderr,
               flush=True)
-    given = limits(args)
     engine = build_engine(ckpt.model, ckpt.tokenizer, span=span, dtype=args.dtype, max_sessions=given.max_sessions,
                           idle_timeout=given.idle_timeout, max_tokens=given.max_tokens,
                           max_pending_bytes=given.max_pending_bytes, max_request_tokens=given.max_request_tokens,

@@ -61,8 +61,8 @@ def build_engine(model, tokenizer, *, span: AttentionSpan, dtype: str = "float32
     from txl.serving.engine import Engine
     from txl.serving.sessions import SessionStore
 
-    ServeConfig(max_sessions=max_sessions, idle_timeout=idle_timeout, max_tokens=max_tokens,
-                max_pending_bytes=max_pending_bytes, max_request_tokens=max_request_tokens).check()
+    ServeConfig(max_tokens=max_tokens, max_pending_bytes=max_pending_bytes,  # (the store checks its own two)
+                max_request_tokens=max_request_tokens).check()
     from txl.config import check_readable
 
     check_readable(model.config, span)
