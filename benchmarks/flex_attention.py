@@ -46,8 +46,7 @@ def flex_biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch
         q_content: [B, H, T, D] queries for the content term (q + u for "rel"), unscaled.
         q_pos: [B, H, T, D] queries for the position term (q + v for "rel"), already scaled.
         k, v: [B, H, K, D] keys and values over [memory + current segment], K = M + T.
-        r_k: [H, D, K] position keys for distances K-1 ... 0 (or [H, D, K + 1] with a leading column
-            for distance K, which no query reads).
+        r_k: [H, D, K] position keys for distances K-1 ... 0.
         mask: bool [T, K] or [B, 1, T, K], True = not visible (every row keeps at least one key).
         scale: the content term's scale, 1/sqrt(D).
         kernel: the ``flex_attention`` function to call (e.g. its ``torch.compile``'d form on a GPU);
@@ -65,8 +64,6 @@ def flex_biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch
         raise TxlError(f"this torch ({torch.__version__}) has no FlexAttention; it needs torch >= 2.5") from err
     bsz, heads, qlen, _ = q_pos.shape
     klen = k.size(2)
-    if r_k.size(-1) == klen + 1:
-        r_k = r_k[..., 1:]
     batch_mask = mask.dim() == 2 or (mask.dim() == 4 and mask.size(0) in (1, bsz) and mask.size(1) == 1)
     if (r_k.size(-1) != klen or k.shape[:2] != (bsz, heads) or mask.shape[-2:] != (qlen, klen) or not batch_mask
             or q_content.shape != q_pos.shape or v.shape[:3] != k.shape[:3]):
@@ -119,7 +116,7 @@ def main() -> int:
     scale = 1 / D**0.5
     compiled = torch.compile(flex_attention)
     forms = {
-        "biased_attention": lambda: biased_attention(q_content, q_pos, k, v, r_k, mask, scale=scale, window=0),
+        "biased_attention": lambda: biased_attention(q_content, q_pos, k, v, r_k, mask, scale=scale),
         "flex_eager": lambda: flex_biased_attention(q_content, q_pos, k, v, r_k, mask, scale=scale),
         "flex_compiled": lambda: flex_biased_attention(q_content, q_pos, k, v, r_k, mask, scale=scale, kernel=compiled),
     }

@@ -54,6 +54,13 @@ SECTIONS = [
      {"cpu-avx512-eval-speedup-enwik8-large.json": f"{BENCH} --eval-speedup --model enwik8-large --json FILE",
       "cpu-avx512-eval-speedup.json": f"{BENCH} --eval-speedup --json FILE"}, "benchmarks.md", "eval_speedup",
      ("evaluation speed-up over the vanilla window (Table 9)", "`txl bench --eval-speedup --model enwik8-large`")),
+    ("Which speed work earns its code", "`txl.evaluation.evaluate` (what `txl eval` runs) on random tokens, "
+     "tgt_len 128, in each form of the code it measures, the forms alternating in every round: the speed-up "
+     "of each form over the plainer one. A second form is kept where it is at least 10% faster (the decoding "
+     "state; its spare room at the paper's long memory) or bounds the memory (the blocks); the bias is read as a "
+     "masked copy. Every form gives the same loss. {machine}",
+     {"eval-forms.json": "python benchmarks/eval_forms.py --rev REV --json FILE"}, "benchmarks.md", "eval_forms",
+     None),
     ("int8 weights", "float32, int8 and bfloat16-weight copies of one model (random weights) taking turns in one "
      "run: greedy decoding after a context, evaluation of a segment after a memory. {machine}",
      {"int8-bench-small.json": f"{BENCH} --quantize int8 --json FILE", "int8-enwik8-large.json": LARGE_INT8,
@@ -258,6 +265,20 @@ def eval_speedup(docs):
               "; paper " + " / ".join(times(r["paper_speedup"], 0) for r in paper))
     first = next(iter(docs.values()))
     return dict(tgt_len=first["rows"][0]["tgt_len"], machine=machine(first), readme=readme), body
+
+
+def eval_forms(docs):
+    d = docs["eval-forms.json"]
+    rows = []
+    for r in d["rows"]:
+        up = r["speedup_of_view"]
+        rows.append([f"{r['n_layer']} × d_model {r['d_model']:,}", f"{r['mem_len']:,}{' (same_length)' if r['same_length'] else ''}",
+                     r["batch"], times(up["shifted"]), times(up["plain"] / up["shifted"]), times(up["no spare room"]),
+                     times(up["no state"])])
+    body = table(["model", "mem_len", "batch", "bias as a strided view, over a masked copy",
+                  "attention in blocks, over whole", "decoding state's spare room, over concatenation",
+                  "decoding state, over none"], rows)
+    return dict(machine=machine(d)), body
 
 
 def measures(run: dict) -> list:

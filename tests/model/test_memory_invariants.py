@@ -131,8 +131,7 @@ def test_segments_with_a_short_memory_equal_the_reference(attn, span):
 @pytest.mark.parametrize("span", SPANS)
 @pytest.mark.parametrize("attn", ATTN)
 def test_evaluation_fast_paths_equal_the_reference(attn, span, monkeypatch, device):
-    # without autograd a segment reads its realigned scores in place (the causal or same_length
-    # mask as a strided view) and attends in cache-sized blocks (attention.biased_attention, here
+    # without autograd a segment attends in blocks of rows and heads (attention.biased_attention, here
     # one head of one row per block); with the memory as tensors and as a decoding state's keys and
     # values, the logits must stay the per-position reference
     monkeypatch.setattr(cpu, "BLOCK_BYTES", 64)

@@ -69,12 +69,11 @@ def test_rel_attention_equals_brute_force(mlen, clamp_len, same_length, pre_lnor
 
 @pytest.mark.parametrize("mlen,same_length", [(0, False), (3, False), (0, True), (2, True), (4, True), (8, True)])
 @pytest.mark.parametrize("block_bytes", [None, 4 * 4 * 8, 2 * 4 * 8 * 2 * 9])
-def test_evaluation_blocks_and_window_equal_brute_force(mlen, same_length, block_bytes, monkeypatch):
-    """Without autograd, attention under the plain causal or same_length mask reads the realigned
-    scores in place (window) and goes through the batch and heads in cache-sized blocks; it must stay
-    the paper's equation. The smallest limit is below one head's scores (4 queries x (mlen + 5)
-    columns x 8 bytes), so each block is one head of one row; the larger one takes whole batch rows
-    per block (or everything, for short memories)."""
+def test_evaluation_blocks_equal_brute_force(mlen, same_length, block_bytes, monkeypatch):
+    """Without autograd on a CPU, attention goes through the batch and heads in blocks of bounded
+    memory; it must stay the paper's equation. The smallest limit is below one head's scores (4
+    queries x (mlen + 4) columns x 8 bytes), so each block is one head of one row; the larger one takes
+    whole batch rows per block (or everything, for short memories)."""
     torch.manual_seed(2)
     d, H, D, qlen, mem_len = 8, 2, 3, 4, 5
     attn = layer_attention(d, H, D, False, "rel", untie_r=True).double().eval()
@@ -88,28 +87,10 @@ def test_evaluation_blocks_and_window_equal_brute_force(mlen, same_length, block
     if block_bytes is not None:
         monkeypatch.setattr(cpu, "BLOCK_BYTES", block_bytes)
     with torch.no_grad():
-        for window in (None, mem_len if same_length else 0):
-            fast = attn(h, mem, pos_emb, mask, window=window)
-            assert torch.allclose(fast, slow, rtol=0, atol=1e-10), (window, (fast - slow).abs().max())
-    with_grad = attn(h, mem, pos_emb, mask, window=mem_len if same_length else 0)  # autograd: the masked copy
+        fast = attn(h, mem, pos_emb, mask)
+    assert torch.allclose(fast, slow, rtol=0, atol=1e-10), (fast - slow).abs().max()
+    with_grad = attn(h, mem, pos_emb, mask)  # autograd: one block
     assert with_grad.requires_grad and torch.allclose(with_grad, slow, rtol=0, atol=1e-10)
-
-
-@pytest.mark.parametrize("qlen", [1, 2, 5])
-@pytest.mark.parametrize("mlen", [0, 1, 3, 6])
-@pytest.mark.parametrize("window", [0, 1, 2, 4, 7, 20])
-def test_masked_shift_view_is_the_masked_realignment(qlen, mlen, window):
-    """The strided view over scores with one extra leading column equals rel_shift + mask exactly,
-    -inf and all, for every memory length and window (the extra column and the masked corner are
-    never read by a visible entry)."""
-    klen = qlen + mlen
-    gen = torch.Generator().manual_seed(qlen * 100 + mlen * 10 + window)
-    scores = torch.randn(2, 3, qlen, klen, dtype=torch.float64, generator=gen)
-    mask = attention_mask(qlen, mlen, window > 0, window, "cpu")
-    extended = torch.cat([torch.randn(2, 3, qlen, 1, dtype=torch.float64, generator=gen), scores], dim=-1)
-    future = torch.ones(qlen, qlen, dtype=torch.bool).tril_().flip(0)
-    view = cpu.masked_shift_view(extended.clone(), future, window)
-    assert torch.equal(view, rel_shift_bias(scores, mask))
 
 
 def test_mask_causal_and_same_length_counts():
@@ -212,29 +193,6 @@ def test_blocks_are_as_few_as_the_limit_allows_and_never_larger():
         for most in range(1, 25):
             step = cpu.even_step(n, most)
             assert step <= most and -(-n // step) == -(-n // most), (n, most, step)
-
-
-def test_evaluation_takes_the_in_place_view_exactly_where_it_applies(monkeypatch):
-    """The fast path is used (not only harmless): no autograd and no padding, for the causal and the
-    same_length mask; never with autograd or with padded memories."""
-    from conftest import tiny_model
-
-    calls = []
-    real = cpu.masked_shift_view
-    monkeypatch.setattr(cpu, "masked_shift_view", lambda *a: calls.append(a[2]) or real(*a))
-    ids = torch.randint(0, 37, (2, 5), generator=torch.Generator().manual_seed(0))
-    for same_length in (False, True):
-        model = tiny_model(mem_len=4, same_length=same_length).eval()
-        with torch.no_grad():
-            mems = model(ids).mems
-            calls.clear()
-            model(ids, mems=mems)
-            assert calls == [4 if same_length else 0] * model.config.n_layer
-            calls.clear()
-            model(ids, mems=mems, mem_padding=torch.tensor([0, 2]))
-            assert calls == []
-        model(ids, mems=mems)  # autograd: the masked copy
-        assert calls == []
 
 
 @pytest.mark.parametrize("detach_mems", [True, False])

@@ -26,12 +26,13 @@ each compared with the threshold that keeps it with probability 1 - p (exact up 
 resolution: |error| <= 2^-15 for any p). Same expectation (kept values scaled by 1 / (1 - p),
 Srivastava et al. 2014).
 
-**The attention without autograd** (:func:`biased_attention`, which
-:func:`txl.model.attention.biased_attention` hands a CPU call to): the masked, realigned bias as a
-strided view of the position scores themselves, with no masked copy of [B, H, T, K], when the mask is
-exactly the causal or same_length one (:func:`masked_shift_view`); the batch rows and heads in blocks
-whose position scores stay in the last-level cache (:func:`in_blocks`); and the bound of the memory
-those scores take, which the reading loops check before they start (:func:`check_attention_fits`).
+**The attention's memory without autograd**: :func:`txl.model.attention.biased_attention` on a CPU
+runs the batch rows and heads in blocks whose position scores take at most :data:`BLOCK_BYTES`
+(:func:`in_blocks`), so that a long segment over a long memory needs a bounded room, not
+[B, H, T, K] scores at once; and the bound of the memory those scores take, which the reading loops'
+callers check before they start (:func:`check_attention_fits`). The blocks bound the memory, not
+the time: read whole or in blocks, evaluation runs at the same speed
+(``benchmarks/results/eval-forms.json``).
 
 Shapes: B = batch, H = heads, T = queries, K = keys.
 """
@@ -222,68 +223,9 @@ class Dropout(nn.Module):
         return f"p={self.p}"
 
 
-# ---------------------------------------------------------------- the attention's position bias
+# ---------------------------------------------------------------- the attention's memory
 
-BLOCK_BYTES = 8 * 2**20  # CPU: a block of position scores this large stays in the last-level cache
-
-
-def masked_shift_view(scores: torch.Tensor, future: torch.Tensor, window: int) -> torch.Tensor:
-    """The realigned, masked bias [..., T, K] as a strided view of ``scores`` [..., T, K + 1] (column
-    m holds distance K - m; column 0, distance K, occurs for no query).
-
-    Entry (i, j), distance d = M + i - j, is column ``T - i + j`` of row i: row i starts T - i
-    elements into its row of ``scores``, and rows are K apart, so they tile the storage without
-    overlap. A future key (d < 0) runs into row i + 1, at a column below ``T - (i + 1)``, which no
-    visible entry of row i + 1 reads: those columns (``future[i, m]``: m < T - i) are set to -inf,
-    and with a ``window`` so are the columns of distance >= window. Writes only the [T, T] corner
-    and the window's columns.
-    """
-    *lead, qlen, width = scores.shape
-    klen = width - 1
-    scores[..., :qlen].masked_fill_(future, float("-inf"))
-    if 0 < window <= klen:
-        scores[..., :klen + 1 - window] = float("-inf")
-    if scores.stride()[-2:] != (width, 1):
-        scores = scores.contiguous()
-    return scores.as_strided((*lead, qlen, klen), scores.stride()[:-2] + (klen, 1), scores.storage_offset() + qlen)
-
-
-def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r_k: torch.Tensor,
-                     mask: torch.Tensor, *, scale: float, dropout_p: float, window: int | None,
-                     scores: Callable, shifted: Callable) -> torch.Tensor:
-    """:func:`txl.model.attention.biased_attention` without autograd on a CPU: its result up to float rounding.
-
-    With a ``window`` the bias is :func:`masked_shift_view` of the position scores, which it overwrites
-    in place (hence no autograd), ``r_k`` read with its leading column for distance K (added here when
-    missing); else ``shifted(scores, mask)``. The batch rows and heads run in blocks of :func:`in_blocks`.
-
-    Args:
-        q_content, q_pos, k, v, r_k, mask, scale, dropout_p, window: as
-            :func:`txl.model.attention.biased_attention`.
-        scores: the model's position product, ``scores(q_pos [b, h, T, D], r_k [h, D, K'])`` ->
-            [b, h, T, K'] (:func:`txl.model.attention.position_scores`).
-        shifted: the model's realigned, masked bias, ``shifted(scores [b, h, T, K], mask [T, K] or
-            [b, 1, T, K])`` -> [b, h, T, K] (:func:`txl.model.attention.rel_shift_bias`).
-
-    Returns:
-        [B, H, T, D] attention output in ``v``'s dtype.
-    """
-    bsz, heads, qlen, _ = q_pos.shape
-    klen, in_place = k.size(2), window is not None
-    if in_place:
-        r_k = F.pad(r_k, (1, 0)) if r_k.size(-1) == klen else r_k
-        future = torch.ones(qlen, qlen, dtype=torch.bool, device=q_pos.device).tril_().flip(0)  # m < T - i
-    else:
-        r_k = r_k[..., -klen:]
-
-    def attend(rows: slice, cols: slice) -> torch.Tensor:
-        s = scores(q_pos[rows, cols], r_k[cols])
-        bias = masked_shift_view(s, future, window) if in_place else shifted(s, mask if mask.dim() == 2 else mask[rows])
-        return F.scaled_dot_product_attention(q_content[rows, cols], k[rows, cols], v[rows, cols], attn_mask=bias,
-                                              dropout_p=dropout_p, scale=scale)
-
-    per_head = qlen * (klen + in_place) * q_pos.element_size()
-    return in_blocks(attend, (bsz, heads, qlen, v.size(-1)), v, per_head)
+BLOCK_BYTES = 8 * 2**20  # without autograd, a block of position scores takes at most this
 
 
 def even_step(n: int, most: int) -> int:

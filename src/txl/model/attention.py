@@ -156,8 +156,7 @@ def _shifted_and_masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     r_k: torch.Tensor, mask: torch.Tensor, *, scale: float, dropout_p: float = 0.0,
-                     window: int | None = None) -> torch.Tensor:
+                     r_k: torch.Tensor, mask: torch.Tensor, *, scale: float, dropout_p: float = 0.0) -> torch.Tensor:
     """``softmax(scale * q_content·k + rel_shift(q_pos·r_k) masked) @ v``: attention with the position
     term (b) + (d) of §3.3 (or Shaw's q·a) as an additive bias of the fused kernel.
 
@@ -165,32 +164,34 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
         q_content: [B, H, T, D] queries for the content term (q + u for "rel"), unscaled.
         q_pos: [B, H, T, D] queries for the position term (q + v for "rel"), already scaled.
         k, v: [B, H, K, D] keys and values over [memory + current segment].
-        r_k: [H, D, K] position keys for distances K-1 ... 0, or [H, D, K + 1] with a leading column
-            for distance K (none is read), as :func:`padded_position_keys` makes once for a decoding state.
+        r_k: [H, D, K] position keys for distances K-1 ... 0.
         mask: bool [T, K] or [B, 1, T, K] (with padding), True = not visible.
         scale: the score scale 1/sqrt(D) applied to the content term.
         dropout_p: attention dropout probability (0 in evaluation).
-        window: given only when ``mask`` is exactly :func:`attention_mask` without padding: 0 for the
-            causal mask, ``mem_len`` for the same_length one (the CPU form then builds no masked copy).
 
-    Without autograd on a CPU (and not while ``torch.compile`` traces) this is
-    :func:`txl.kernels.cpu.biased_attention`; one query per row (T = 1) without autograd or dropout, in
-    float32 or float64, is :func:`one_query_attention` (the mask already holds the window there).
+    One query per row (T = 1) without autograd or dropout, in float32 or float64, is
+    :func:`one_query_attention`. Without autograd on a CPU the batch rows and heads run in blocks of
+    bounded memory (:func:`txl.kernels.cpu.in_blocks`).
 
     Returns:
         [B, H, T, D] attention output (every form equal up to float rounding).
     """
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q_content, q_pos, k, v, r_k))
-    klen, compiling = k.size(2), torch.compiler.is_compiling()
+    compiling = torch.compiler.is_compiling()
     if q_pos.size(2) == 1 and not grad and not compiling and dropout_p == 0.0 and q_pos.dtype in (torch.float32,
                                                                                                  torch.float64):
-        return one_query_attention(q_content, q_pos, k, v, r_k[..., -klen:], mask, scale=scale)  # (half: the kernel's
-        # float32 sums, as for longer segments)
-    if not grad and q_pos.device.type == "cpu" and not compiling:  # the CPU seam (txl.kernels.cpu): the same numbers
-        return cpu.biased_attention(q_content, q_pos, k, v, r_k, mask, scale=scale, dropout_p=dropout_p, window=window,
-                                    scores=position_scores, shifted=rel_shift_bias)
-    bias = rel_shift_bias(position_scores(q_pos, r_k[..., -klen:]), mask)
-    return F.scaled_dot_product_attention(q_content, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
+        return one_query_attention(q_content, q_pos, k, v, r_k, mask, scale=scale)  # (half: the kernel's float32
+        # sums, as for longer segments)
+
+    def attend(rows: slice, heads: slice) -> torch.Tensor:
+        bias = rel_shift_bias(position_scores(q_pos[rows, heads], r_k[heads]), mask if mask.dim() == 2 else mask[rows])
+        return F.scaled_dot_product_attention(q_content[rows, heads], k[rows, heads], v[rows, heads], attn_mask=bias,
+                                              dropout_p=dropout_p, scale=scale)
+
+    if grad or compiling or q_pos.device.type != "cpu":
+        return attend(slice(None), slice(None))
+    bsz, heads, qlen, d_head = v.size(0), v.size(1), q_pos.size(2), v.size(3)
+    return cpu.in_blocks(attend, (bsz, heads, qlen, d_head), v, qlen * k.size(2) * q_pos.element_size())
 
 
 def one_query_attention(q_content: torch.Tensor, q_pos: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor,
@@ -255,12 +256,6 @@ def one_query_attention(q_content: torch.Tensor, q_pos: torch.Tensor | None, k: 
     return out.view(bsz, heads, 1, d_head)
 
 
-def padded_position_keys(r_k: torch.Tensor) -> torch.Tensor:
-    """Position keys [H, D, K] -> contiguous [H, D, K + 1] with a zero column for distance K in front
-    (the layout :func:`biased_attention` reads in place; see :func:`~txl.kernels.cpu.masked_shift_view`)."""
-    return F.pad(r_k, (1, 0))
-
-
 def attention_mask(qlen: int, mlen: int, same_length: bool, mem_len: int, device: torch.device | str) -> torch.Tensor:
     """Boolean mask [T, K] over keys [memory + current]; True marks a key the query must not see.
 
@@ -315,7 +310,7 @@ class MultiHeadAttention(nn.Module):
         self.pos = pos
 
     def forward(self, h: torch.Tensor, mem: torch.Tensor | None, positions, mask: torch.Tensor,
-                cache: LayerCache | None = None, window: int | None = None) -> torch.Tensor:
+                cache: LayerCache | None = None) -> torch.Tensor:
         """Attend from the current segment to [memory + current segment].
 
         Args:
@@ -333,8 +328,6 @@ class MultiHeadAttention(nn.Module):
                 keys/values of this call are stored in it. A kept key does not change as the query
                 moves on (relative positions, or a rotary key rotated once at its own position), so
                 this is exact.
-            window: when ``mask`` is exactly :func:`attention_mask` without padding, 0 (causal) or
-                the same_length ``mem_len`` (see :func:`biased_attention`); None otherwise.
 
         Returns:
             [B, T, d_model]: the sub-layer output after residual (and LayerNorm unless ``pre_lnorm``).
@@ -360,7 +353,7 @@ class MultiHeadAttention(nn.Module):
             if cache is not None:  # a state's first call: keep the last keys/values
                 k, v = cache.update(k, v, cat)
         dropatt = self.dropatt.p if self.training else 0.0
-        vec = self.pos.attend(q, k, v, positions, mask, cache, window, dropatt)
+        vec = self.pos.attend(q, k, v, positions, mask, cache, dropatt)
         vec = vec.transpose(1, 2).reshape(bsz, qlen, hd)  # [B, T, H*D]
         out = self.drop(self.o_net(vec))
         return h + out if self.pre_lnorm else self.layer_norm(h + out)

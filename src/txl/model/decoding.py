@@ -42,8 +42,7 @@ class LayerCache:
             rows for "shaw") for distances S-1 ... 0, twice in a row, so that the rotated order of any
             step is one contiguous slice (see :meth:`DecodingState.pos_offset`); made on the first step.
         query_biases: float [2, H, D], u and v ("rel") times the score scale, made with ``pos_keys``.
-        segment_pos_keys: float [H, D, K + 1] ``W_kR R`` of the last multi-token call (with the
-            leading column of :func:`~txl.model.attention.padded_position_keys`), reused while the
+        segment_pos_keys: float [H, D, K] ``W_kR R`` of the last multi-token call, reused while the
             key length K stays the same (``DecodingState.segment_klen``), as it does segment after
             segment once the memory is full.
     """

@@ -26,8 +26,8 @@ from torch import nn
 from txl.config import check_clamp, check_position_scheme
 from txl.errors import TxlError
 from txl.kernels.cpu import Linear
-from txl.model.attention import (biased_attention, inverse_frequencies, one_query_attention, padded_position_keys,
-                                 relative_positions, shaw_distances, sinusoid)
+from txl.model.attention import (biased_attention, inverse_frequencies, one_query_attention, relative_positions,
+                                 shaw_distances, sinusoid)
 
 
 class PositionScheme(nn.Module):
@@ -78,10 +78,9 @@ class PositionScheme(nn.Module):
         return q, k
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions, mask: torch.Tensor, cache,
-               window: int | None, dropout_p: float) -> torch.Tensor:
+               dropout_p: float) -> torch.Tensor:
         """Attention output [B, H, T, D] of queries ``q`` [B, H, T, D] over keys and values [B, H, K, D];
-        ``mask`` bool [T, K] or [B, 1, T, K], True = not visible; ``window`` as in
-        :func:`~txl.model.attention.biased_attention`."""
+        ``mask`` bool [T, K] or [B, 1, T, K], True = not visible."""
         raise NotImplementedError
 
     def step_rotate(self, q: torch.Tensor, k: torch.Tensor, positions) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,18 +166,18 @@ class Relative(_DistanceTable):
             caches.segment_klen = -1
         return drop(sinusoid(relative_positions(klen, span.clamp_len, device), config.d_model).to(dtype))
 
-    def attend(self, q, k, v, positions, mask, cache, window, dropout_p):
+    def attend(self, q, k, v, positions, mask, cache, dropout_p):
         if positions is None:  # a decoding state's layer: the positions of this key length are kept
             r_k = cache.segment_pos_keys
         else:
             r_k = self.project(positions)
-            if cache is not None:  # padded and contiguous once, not a strided copy per segment
-                r_k = cache.segment_pos_keys = padded_position_keys(r_k)
+            if cache is not None:  # contiguous once, not a strided copy per segment
+                r_k = cache.segment_pos_keys = r_k.contiguous()
         # (b) + (d), pre-scaled, realigned and masked, becomes an additive bias of the fused kernel,
         # which computes softmax(scale * (q + u)·k + bias) @ v, i.e. (a) + (c) + (b) + (d)
         u, vb = self.r_w_bias, self.r_r_bias
         return biased_attention(q + u[:, None, :], (q + vb[:, None, :]) * self.scale, k, v, r_k, mask,
-                                scale=self.scale, dropout_p=dropout_p, window=window)
+                                scale=self.scale, dropout_p=dropout_p)
 
     @classmethod
     def step_positions(cls, state, config, device, dtype):
@@ -218,11 +217,11 @@ class Shaw(_DistanceTable):
         self.max_dist = config.shaw_max_dist
         self.r_emb = nn.Parameter(torch.empty(config.shaw_max_dist + 1, config.n_head, config.d_head))
 
-    def attend(self, q, k, v, positions, mask, cache, window, dropout_p):
+    def attend(self, q, k, v, positions, mask, cache, dropout_p):
         # the learned a_d for distances K-1 ... 0 (clipped), then the same realignment as "rel":
         # (b) = q·a becomes the additive bias, the kernel adds (a) = q·k
         return biased_attention(q, q * self.scale, k, v, self.table(k.size(2)).to(q.dtype), mask, scale=self.scale,
-                                dropout_p=dropout_p, window=window)
+                                dropout_p=dropout_p)
 
     def table(self, klen: int) -> torch.Tensor:
         """The learned a_d for distances K-1 ... 0 (clipped at ``max_dist``): [H, D, K]."""
@@ -244,7 +243,7 @@ class Absolute(PositionScheme):
     def embed(cls, emb):
         return emb + sinusoid(torch.arange(emb.size(1), device=emb.device), emb.size(-1)).to(emb.dtype)
 
-    def attend(self, q, k, v, positions, mask, cache, window, dropout_p):
+    def attend(self, q, k, v, positions, mask, cache, dropout_p):
         # no memory and no padding: the mask is the causal one, and the kernel skips its blocks
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=self.scale)
 
@@ -297,9 +296,7 @@ class Rotary(PositionScheme):
         return (rotate_half(q, cos[-q.size(2):], sin[-q.size(2):]),
                 rotate_half(k, cos[-k.size(2):], sin[-k.size(2):]))
 
-    def attend(self, q, k, v, positions, mask, cache, window, dropout_p):
-        if mask.dim() == 2 and k.size(2) == q.size(2) and window == 0:  # no memory, no padding: causal
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=self.scale)
+    def attend(self, q, k, v, positions, mask, cache, dropout_p):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=~mask, dropout_p=dropout_p, scale=self.scale)
 
     @classmethod

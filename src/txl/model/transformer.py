@@ -96,9 +96,9 @@ class DecoderLayer(nn.Module):
             self.compress = Compressor(c.d_model, c.cmem_ratio, c.compression)
 
     def forward(self, h: torch.Tensor, mem: torch.Tensor | None, positions, mask: torch.Tensor,
-                cache: LayerCache | None = None, window: int | None = None) -> torch.Tensor:
+                cache: LayerCache | None = None) -> torch.Tensor:
         """[B, T, d_model] -> [B, T, d_model]; see :meth:`MultiHeadAttention.forward` for the arguments."""
-        return self.ff(self.attn(h, mem, positions, mask, cache, window))
+        return self.ff(self.attn(h, mem, positions, mask, cache))
 
     def step(self, h: torch.Tensor, cache: LayerCache, key_mask: torch.Tensor | None = None,
              positions=None) -> torch.Tensor:
@@ -287,19 +287,16 @@ class TransformerXLLM(nn.Module):
         positions = self.positions.segment(c, klen, first, span, emb.device, emb.dtype, self.drop, caches)
         h = self.drop(self.positions.embed(emb))  # "abs": positions 0 .. T-1 added to the input
         mask = attention_mask(qlen, mlen, span.same_length and memory, span.mem_len, emb.device)
-        window = None
         if mem_padding is not None and memory:
             mask = mask | padding_mask(mem_padding, bsz, mlen, klen)
-        else:  # the mask is "future", or "future or distance >= mem_len" (see biased_attention)
-            window = span.mem_len if span.same_length and memory else 0
 
         if caches is None:
-            h, hids = self._layers(h, mems, positions, mask, None, window)
+            h, hids = self._layers(h, mems, positions, mask, None)
         else:  # every check that may still reject the call is behind us
             caches.begin(qlen, klen, self._state_shape(bsz), key_dtype, emb.device)
             caches.bind(bsz, key_dtype)
             try:
-                h, hids = self._layers(h, mems, positions, mask, caches, window)
+                h, hids = self._layers(h, mems, positions, mask, caches)
             except BaseException:
                 caches.failed = True  # some layers may have moved or written their buffers, others not
                 raise
@@ -315,14 +312,14 @@ class TransformerXLLM(nn.Module):
         return h, update_mems(mems, hids, span.mem_len, detach=detach_mems), None
 
     def _layers(self, h: torch.Tensor, mems: Mems | None, positions, mask: torch.Tensor,
-                caches: DecodingState | None, window: int | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                caches: DecodingState | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The layer stack over one segment: the last layer's output [B, T, d_model] and every layer's
         input (the states the next memory is made of). No ``try`` here: ``torch.compile`` traces it whole."""
         hids = []
         for i, layer in enumerate(self.layers):
             hids.append(h)
             h = layer(h, None if mems is None else mems[i], positions, mask,
-                      None if caches is None else caches.layers[i], window)
+                      None if caches is None else caches.layers[i])
         return h, hids
 
     def _compressive_body(self, input_ids: torch.Tensor, mems: Mems | None, caches: DecodingState | None,
@@ -355,7 +352,7 @@ class TransformerXLLM(nn.Module):
         if extra:
             mask = torch.cat([mask.new_zeros(qlen, extra), mask], dim=1)
         layer_mems = [layer_memory(memory, compressed, pending, i) for i in range(c.n_layer)]
-        h, hids = self._layers(h, layer_mems, positions, mask, None, None)  # the layer body of every span
+        h, hids = self._layers(h, layer_mems, positions, mask, None)  # the layer body of every span
         h = self.drop(h)
         new_mems, recon = update_compressive(
             memory, compressed, pending, hids, mem_len=span.mem_len, cmem_len=span.cmem_len,
