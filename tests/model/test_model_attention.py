@@ -71,9 +71,9 @@ def test_rel_attention_equals_brute_force(mlen, clamp_len, same_length, pre_lnor
 @pytest.mark.parametrize("block_bytes", [None, 4 * 4 * 8, 2 * 4 * 8 * 2 * 9])
 def test_evaluation_blocks_equal_brute_force(mlen, same_length, block_bytes, monkeypatch):
     """Without autograd on a CPU, attention goes through the batch and heads in blocks of bounded
-    memory; it must stay the paper's equation. The smallest limit is below one head's scores (4
-    queries x (mlen + 4) columns x 8 bytes), so each block is one head of one row; the larger one takes
-    whole batch rows per block (or everything, for short memories)."""
+    memory; it must stay the paper's equation. The smallest limit is at most one head's scores (4
+    queries x (mlen + 4) columns x 8 bytes), so each block is one head of one row (6 kernel calls); the
+    larger one takes whole batch rows per block (or everything, for short memories)."""
     torch.manual_seed(2)
     d, H, D, qlen, mem_len = 8, 2, 3, 4, 5
     attn = layer_attention(d, H, D, False, "rel", untie_r=True).double().eval()
@@ -86,9 +86,13 @@ def test_evaluation_blocks_equal_brute_force(mlen, same_length, block_bytes, mon
     slow = brute_force(attn, h, mem, attn.pos.r_w_bias, attn.pos.r_r_bias, 0, mask)
     if block_bytes is not None:
         monkeypatch.setattr(cpu, "BLOCK_BYTES", block_bytes)
+    calls, kernel = [], F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda q, *a, **k: calls.append(q.shape[:2]) or kernel(q, *a, **k))
     with torch.no_grad():
         fast = attn(h, mem, pos_emb, mask)
     assert torch.allclose(fast, slow, rtol=0, atol=1e-10), (fast - slow).abs().max()
+    blocks = {None: 1, 4 * 4 * 8: 6, 2 * 4 * 8 * 2 * 9: {0: 1, 2: 1, 3: 2, 4: 2, 8: 3}[mlen]}[block_bytes]
+    assert len(calls) == blocks and sum(b * n for b, n in calls) == 3 * 2, calls  # every row's every head once
     with_grad = attn(h, mem, pos_emb, mask)  # autograd: one block
     assert with_grad.requires_grad and torch.allclose(with_grad, slow, rtol=0, atol=1e-10)
 

@@ -268,7 +268,7 @@ def attention_bytes(bsz: int, heads: int, qlen: int, klen: int, n_layer: int, it
     under autograd (``grad``) once more per layer (each keeps its bias for the backward); without
     autograd, in blocks of at most ``block_bytes`` or one head of one row.
     """
-    per_head = qlen * (klen + 1) * itemsize
+    per_head = qlen * klen * itemsize
     if grad:
         return (n_layer + 3) * bsz * heads * per_head
     return 3 * max(per_head, min(bsz * heads * per_head, block_bytes))

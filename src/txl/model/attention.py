@@ -320,7 +320,7 @@ class MultiHeadAttention(nn.Module):
             positions: the call's positional input from the scheme's ``segment`` (for "rel" R
                 [K, d_model] for distances K-1 ... 0, or None with a ``cache`` whose
                 ``segment_pos_keys`` already hold this key length's; for "rope" the cos and sin of
-                the keys' positions; None for "shaw" and "abs").
+                the keys' positions and whether same_length bands the mask; None for "shaw" and "abs").
             mask: bool [T, K], True = not visible (see :func:`attention_mask`).
             cache: this layer's part of a :class:`~txl.model.decoding.DecodingState` (incremental
                 decoding without autograd, a scheme with memory): the keys and values of the memory

@@ -289,14 +289,16 @@ class Rotary(PositionScheme):
     def segment(cls, config, klen, first, span, device, dtype, drop, caches=None):
         check_clamp("rope", span.clamp_len)
         cos, sin = rotary_angles(torch.arange(first, first + klen, device=device), config.d_head)
-        return cos.to(dtype), sin.to(dtype)
+        return cos.to(dtype), sin.to(dtype), span.same_length and span.mem_len > 0  # (a band beside the causal mask)
 
     def rotate(self, q, k, positions):
-        cos, sin = (t.to(q.dtype) for t in positions)  # (the keys' dtype, autocast's included)
+        cos, sin = (t.to(q.dtype) for t in positions[:2])  # (the keys' dtype, autocast's included)
         return (rotate_half(q, cos[-q.size(2):], sin[-q.size(2):]),
                 rotate_half(k, cos[-k.size(2):], sin[-k.size(2):]))
 
     def attend(self, q, k, v, positions, mask, cache, dropout_p):
+        if mask.dim() == 2 and k.size(2) == q.size(2) and not positions[2]:  # no memory, no padding, no band: causal
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=self.scale)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=~mask, dropout_p=dropout_p, scale=self.scale)
 
     @classmethod
