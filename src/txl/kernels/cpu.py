@@ -30,9 +30,8 @@ Srivastava et al. 2014).
 runs the batch rows and heads in blocks whose position scores take at most :data:`BLOCK_BYTES`
 (:func:`in_blocks`), so that a long segment over a long memory needs a bounded room, not
 [B, H, T, K] scores at once; and the bound of the memory those scores take, which the reading loops'
-callers check before they start (:func:`check_attention_fits`). The blocks bound the memory, not
-the time: read whole or in blocks, evaluation runs at the same speed
-(``benchmarks/results/eval-forms.json``).
+callers check before they start (:func:`check_attention_fits`). The blocks bound the memory and cost
+no time: one call over everything takes 0.99x-1.05x their time (``benchmarks/results/eval-forms.json``).
 
 Shapes: B = batch, H = heads, T = queries, K = keys.
 """
