@@ -114,13 +114,8 @@ def report(path: str) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    import numpy as np
-
-    from txl_studies.classification.baselines import tfidf_baseline
-    from txl.config import SAVED_WITHOUT
-    from txl.evaluation.intervals import accuracy, bootstrap_interval, macro_f1
-
+def parse_args() -> argparse.Namespace:
+    """This script's flags (see the module doc)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lm", help="the language-model run to fine-tune (needed but with --report); trained first "
                                  "with txl train --out LM and --lm-args when that path does not exist")
@@ -144,34 +139,15 @@ def main() -> int:
     ap.add_argument("--lr", type=float, help="(default: the config's)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--report", metavar="JSON", help="print the markdown tables of a JSON this script wrote, and stop")
-    args = ap.parse_args()
-    if args.report:
-        print(report(args.report))
-        return 0
-    if not args.lm:
-        raise SystemExit("--lm: give the language-model run to fine-tune")
-    if args.merge and not Path(args.merge).is_file():  # said before hours of training, not after
-        raise SystemExit(f"--merge: {args.merge} is not a file; give a JSON this script wrote")
-    work = Path(args.work)
-    data = work / "data"
-    times: dict = {}
-    if not Path(args.lm).exists():  # one command from nothing: the language model first
-        times["lm"] = txl("train", "--out", args.lm, *shlex.split(args.lm_args))
-    if not (data / "test.jsonl").is_file():
-        times["data"] = txl("data", "packages", "--out", str(data), *shlex.split(args.data_args))
-    from txl.cli.classify import TRAIN_SETTINGS, resolve_settings
-    from txl.errors import TxlError
+    return ap.parse_args()
 
-    given = {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
-             "tgt_len": args.tgt_len, "mem_len": args.mem_len}
-    shared = argparse.Namespace(**{**dict.fromkeys(TRAIN_SETTINGS), **given, "config": args.config, "valid": "test"})
-    try:  # the settings every row shares: the config file's, with this script's flags over them
-        resolve_settings(shared)
-    except TxlError as err:
-        raise SystemExit(f"--config: {err}") from None
-    steps, batch_size, lr = shared.steps, shared.batch_size, shared.lr
+
+def row_readings(args: argparse.Namespace, shared: argparse.Namespace) -> tuple[dict, dict]:
+    """Each row's ``txl classify train`` flags (the shared settings with its own reading: one segment or
+    window has no memory to carry) and the settings a kept classifier of that row must show (the LM's
+    tgt_len when neither file nor flag sets one)."""
     memory = ["--mode", "memory"]
-    rows = {  # each row is the shared settings with its own reading (one segment or window: no memory to carry)
+    rows = {
         "memory": memory,
         "document": [*memory, "--pooling", "document"],
         "attention": [*memory, "--pooling", "attention"],
@@ -182,44 +158,50 @@ def main() -> int:
         "last": ["--mode", "last"],
         "window": ["--mode", "first", "--tgt-len", str(args.window), "--mem-len", "0"],
     }
-    # what a kept classifier's settings must show for each row (the LM's tgt_len when neither file nor flag sets one)
     whole = {"mode": "memory", "tgt_len": shared.tgt_len, "mem_len": shared.mem_len, "head_init": shared.head_init,
              "grad_segments": shared.grad_segments or None}  # (0, all segments: kept as None)
+    one = {"pooling": shared.pooling, "head_init": shared.head_init}
     reading = {"memory": {**whole, "pooling": shared.pooling, "passes": shared.passes, "recurrence": shared.recurrence},
                "document": {**whole, "pooling": "document", "passes": 1, "recurrence": "previous_layer"},
                "attention": {**whole, "pooling": "attention", "passes": 1, "recurrence": "previous_layer"},
                "two-pass": {**whole, "pooling": "document", "passes": 2, "recurrence": "same_layer"},
                "same-layer": {**whole, "pooling": "document", "passes": 1, "recurrence": "same_layer"},
                "memory-last": {**whole, "pooling": "mean", "passes": 1, "recurrence": "previous_layer"},
-               "first": {"mode": "first", "tgt_len": shared.tgt_len, "pooling": shared.pooling,
-                         "head_init": shared.head_init},
-               "last": {"mode": "last", "tgt_len": shared.tgt_len, "pooling": shared.pooling,
-                        "head_init": shared.head_init},
-               "window": {"mode": "first", "tgt_len": args.window, "mem_len": 0, "pooling": shared.pooling,
-                          "head_init": shared.head_init}}
-    given = {f"--{k.replace('_', '-')}": v for k, v in given.items() if v is not None}
-    common = ["--config", args.config, "--data", str(data / "train.jsonl"), "--valid", str(data / "test.jsonl"), "-q"]
-    test = [json.loads(line) for line in (data / "test.jsonl").read_text().splitlines()]
-    train = [json.loads(line) for line in (data / "train.jsonl").read_text().splitlines()]
-    labels = sorted({t["label"] for t in train})
-    y = np.array([labels.index(t["label"]) for t in test])
+               "first": {"mode": "first", "tgt_len": shared.tgt_len, **one},
+               "last": {"mode": "last", "tgt_len": shared.tgt_len, **one},
+               "window": {"mode": "first", "tgt_len": args.window, "mem_len": 0, **one}}
+    return rows, reading
+
+
+def fit_rows(args, shared, given: dict, data: Path, test: list, labels: list, seeds: list, times: dict) -> dict:
+    """Train (or find, with the same settings, in ``--work``) each row's classifier for each seed and
+    return its held-out predictions, ``{"row/seedN": int array of label indices}`` in test.jsonl's order;
+    each training's wall time goes to ``times``."""
+    import numpy as np
+
+    from txl.config import SAVED_WITHOUT
+
+    rows, reading = row_readings(args, shared)
     unknown = set(args.rows.split(",")) - set(rows)
     if unknown:
         raise SystemExit(f"--rows: no row {', '.join(sorted(unknown))}; choose from {', '.join(rows)}")
-    rows = {name: rows[name] for name in dict.fromkeys(args.rows.split(","))}  # in the order given
-    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    given_flags = {f"--{k.replace('_', '-')}": v for k, v in given.items() if v is not None}
+    common = ["--config", args.config, "--data", str(data / "train.jsonl"), "--valid", str(data / "test.jsonl"), "-q"]
     preds: dict = {}
-    for name, flags in rows.items():
+    for name in dict.fromkeys(args.rows.split(",")):  # in the order given
+        flags = rows[name]
         for seed in seeds:
-            out = work / f"{name}-seed{seed}"
+            out = Path(args.work) / f"{name}-seed{seed}"
             if not (out / "heldout.json").is_file():
                 own = dict(zip(flags[::2], flags[1::2]))  # the row's flags replace the shared ones (each flag once)
-                shared_flags = [str(item) for flag, value in given.items() if flag not in own for item in (flag, value)]
+                shared_flags = [str(item) for flag, value in given_flags.items() if flag not in own
+                                for item in (flag, value)]
                 times[f"{name}/seed{seed}"] = txl("classify", "train", args.lm, "--out", str(out), "--seed",
                                                   str(seed), *common, *shared_flags, *flags)
             extra = json.loads((out / "heldout.json").read_text())  # the run's held-out report
             settings = extra["settings"]  # a kept classifier must have this run's settings
-            wanted = {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed, **reading[name]}
+            wanted = {"steps": shared.steps, "batch_size": shared.batch_size, "lr": shared.lr, "seed": seed,
+                      **reading[name]}
             # (mode, pooling, grad_segments, passes, recurrence, head_init are the head's)
             found = {**SAVED_WITHOUT, **settings, **settings.get("classifier", {})}
             stale = [k for k, v in wanted.items() if found.get(k) != v and (v is not None or k == "grad_segments")]
@@ -229,8 +211,17 @@ def main() -> int:
             predicted = extra["heldout_predictions"]  # in the order of --valid, test.jsonl's
             assert len(predicted) == len(test), (out, len(predicted))
             preds[f"{name}/seed{seed}"] = np.array([labels.index(p) for p in predicted])
+    return preds
+
+
+def add_baselines(train: list, test: list, labels: list, seeds: list, preds: dict, times: dict) -> None:
+    """TF-IDF + logistic regression on words and on characters: their predictions go to ``preds`` under
+    every seed (lbfgs is deterministic: one fit serves every seed; the rows are paired seed by seed)."""
+    import numpy as np
+
+    from txl_studies.classification.baselines import tfidf_baseline
+
     for name, analyzer in (("tfidf", "word"), ("tfidf-char", "char_wb")):
-        # lbfgs is deterministic: one fit serves every seed (the rows are paired seed by seed)
         start = time.perf_counter()
         got = tfidf_baseline([t["text"] for t in train], [t["label"] for t in train], [t["text"] for t in test],
                              seed=0, analyzer=analyzer)
@@ -238,39 +229,36 @@ def main() -> int:
         for seed in seeds:
             preds[f"{name}/seed{seed}"] = np.array([labels.index(p) for p in got])
 
+
+def merge_rows(path: str, results: dict, preds: dict, n_test: int, labels: list) -> None:
+    """Add the rows of an earlier run's JSON (``--merge``), kept as they were, to ``results``; their kept
+    predictions go to ``preds`` so that they pair with this run's rows of the same seed."""
+    import numpy as np
+
+    merged = json.loads(Path(path).read_text())
+    if merged.get("test_documents") != n_test or merged.get("classes") != labels:
+        raise SystemExit(f"--merge {path}: another test set or class list; merge runs of one data folder")
+    taken = {k: v for k, v in merged["rows"].items() if k not in preds}
+    results["merged_from"] = {"file": path, "rows": sorted(taken)}
+    results["rows"].update(taken)
+    results["wall_s"] = {**merged.get("wall_s", {}), **results["wall_s"]}
+    for key, row in taken.items():
+        if "predictions" in row:
+            preds[key] = np.array([labels.index(q) for q in row["predictions"]])
+
+
+def score_rows(results: dict, preds: dict, y, labels: list, n_tokens, reference: str) -> None:
+    """Each row's accuracy and macro-F1 with bootstrap intervals, per class and per length quartile (in the
+    LM's tokens), the ``reference`` row's paired differences with every other row of its seed, and the
+    mean over seeds, into ``results``."""
+    import numpy as np
+
+    from txl.evaluation.intervals import accuracy, bootstrap_interval, macro_f1
+
     def interval(stat, *arrays):
         iv = bootstrap_interval(tuple(arrays), stat, n=2000, seed=0)
         return {"estimate": iv.estimate, "low": iv.low, "high": iv.high}
 
-    import os
-
-    import torch
-
-    from txl.runtime import cpu_flags
-
-    results = {"test_documents": len(test), "classes": labels, "steps": steps, "batch_size": batch_size,
-               "reference": args.reference, "data_args": args.data_args, "lm": str(args.lm),
-               "command": "python " + " ".join(shlex.quote(a) for a in sys.argv), "date": time.strftime("%Y-%m-%d"),
-               "lr": lr, "config": {k: getattr(shared, k) for k in TRAIN_SETTINGS},
-               "wall_s": {k: round(v) for k, v in times.items()}, "rows": {},
-               "machine": {"cpus": os.cpu_count(), "cpu_flags": sorted(cpu_flags() or ()), "torch": torch.__version__,
-                           "threads": os.environ.get("OMP_NUM_THREADS")}}
-    if args.merge:  # rows measured by another run (other seeds or rows), kept as they were
-        merged = json.loads(Path(args.merge).read_text())
-        if merged.get("test_documents") != len(test) or merged.get("classes") != labels:
-            raise SystemExit(f"--merge {args.merge}: another test set or class list; merge runs of one data folder")
-        taken = {k: v for k, v in merged["rows"].items() if k not in preds}
-        results["merged_from"] = {"file": args.merge, "rows": sorted(taken)}
-        results["rows"].update(taken)
-        results["wall_s"] = {**merged.get("wall_s", {}), **results["wall_s"]}
-        for key, row in taken.items():  # their predictions pair them with this run's rows of the same seed
-            if "predictions" in row:
-                preds[key] = np.array([labels.index(q) for q in row["predictions"]])
-    # where the errors are: accuracy per class and per quartile of the test documents' length in the LM's tokens
-    from txl.data import load_tokenizer
-
-    tokenizer = load_tokenizer(Path(args.lm) / "best" / "vocab.json")
-    n_tokens = np.array([len(tokenizer.encode(t["text"])) for t in test])
     edges = [int(e) for e in np.quantile(n_tokens, [0.25, 0.5, 0.75])]
     bucket = np.searchsorted(edges, n_tokens, side="right")
     results["length_buckets"] = {"edges_tokens": edges, "documents": np.bincount(bucket, minlength=4).tolist(),
@@ -285,21 +273,75 @@ def main() -> int:
         row["by_class"] = {c: float((p[y == i] == i).mean()) for i, c in enumerate(labels) if (y == i).any()}
         row["by_length"] = [float((p[bucket == b] == y[bucket == b]).mean()) for b in range(4)]
         name, seed = key.split("/")
-        if name == args.reference:
+        if name == reference:
             for other in dict.fromkeys(k.split("/")[0] for k in preds):  # this run's rows and merged ones
                 if other != name and f"{other}/{seed}" in preds and f"minus_{other}" not in row:
                     row[f"minus_{other}"] = interval(
                         lambda t, a, b: accuracy(t, a) - accuracy(t, b), y, p, preds[f"{other}/{seed}"])
-    estimates = results["rows"]
     by_name: dict = {}
-    for key in estimates:
+    for key in results["rows"]:
         by_name.setdefault(key.split("/")[0], []).append(key)
     results["mean_over_seeds"] = {
         name: {"seeds": len(keys), **{
             metric: {"mean": float(np.mean(vals)), "min": float(np.min(vals)), "max": float(np.max(vals))}
             for metric in ("accuracy", "macro_f1")
-            for vals in [[estimates[k][metric]["estimate"] for k in keys]]}}
+            for vals in [[results["rows"][k][metric]["estimate"] for k in keys]]}}
         for name, keys in by_name.items()}
+
+
+def main() -> int:
+    import os
+
+    import numpy as np
+    import torch
+
+    from txl.cli.classify import TRAIN_SETTINGS, resolve_settings
+    from txl.data import load_tokenizer
+    from txl.errors import TxlError
+    from txl.runtime import cpu_flags
+
+    args = parse_args()
+    if args.report:
+        print(report(args.report))
+        return 0
+    if not args.lm:
+        raise SystemExit("--lm: give the language-model run to fine-tune")
+    if args.merge and not Path(args.merge).is_file():  # said before hours of training, not after
+        raise SystemExit(f"--merge: {args.merge} is not a file; give a JSON this script wrote")
+    data = Path(args.work) / "data"
+    times: dict = {}
+    if not Path(args.lm).exists():  # one command from nothing: the language model first
+        times["lm"] = txl("train", "--out", args.lm, *shlex.split(args.lm_args))
+    if not (data / "test.jsonl").is_file():
+        times["data"] = txl("data", "packages", "--out", str(data), *shlex.split(args.data_args))
+    given = {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
+             "tgt_len": args.tgt_len, "mem_len": args.mem_len}
+    shared = argparse.Namespace(**{**dict.fromkeys(TRAIN_SETTINGS), **given, "config": args.config, "valid": "test"})
+    try:  # the settings every row shares: the config file's, with this script's flags over them
+        resolve_settings(shared)
+    except TxlError as err:
+        raise SystemExit(f"--config: {err}") from None
+    test = [json.loads(line) for line in (data / "test.jsonl").read_text().splitlines()]
+    train = [json.loads(line) for line in (data / "train.jsonl").read_text().splitlines()]
+    labels = sorted({t["label"] for t in train})
+    y = np.array([labels.index(t["label"]) for t in test])
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    preds = fit_rows(args, shared, given, data, test, labels, seeds, times)
+    add_baselines(train, test, labels, seeds, preds, times)
+    results = {"test_documents": len(test), "classes": labels, "steps": shared.steps,
+               "batch_size": shared.batch_size, "reference": args.reference, "data_args": args.data_args,
+               "lm": str(args.lm), "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+               "date": time.strftime("%Y-%m-%d"), "lr": shared.lr,
+               "config": {k: getattr(shared, k) for k in TRAIN_SETTINGS},
+               "wall_s": {k: round(v) for k, v in times.items()}, "rows": {},
+               "machine": {"cpus": os.cpu_count(), "cpu_flags": sorted(cpu_flags() or ()), "torch": torch.__version__,
+                           "threads": os.environ.get("OMP_NUM_THREADS")}}
+    if args.merge:
+        merge_rows(args.merge, results, preds, len(test), labels)
+    # where the errors are: accuracy per class and per quartile of the test documents' length in the LM's tokens
+    tokenizer = load_tokenizer(Path(args.lm) / "best" / "vocab.json")
+    n_tokens = np.array([len(tokenizer.encode(t["text"])) for t in test])
+    score_rows(results, preds, y, labels, n_tokens, args.reference)
     print(json.dumps(results["mean_over_seeds"], indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
