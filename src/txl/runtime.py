@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from txl.config.fields import DTYPES, MAX_THREADS, check_threads
+from txl.config.fields import DTYPES, MAX_THREADS, check_choice, check_threads
 from txl.errors import TxlError, quoted
 
 
@@ -54,8 +54,7 @@ def autocast(device: torch.device, dtype: str):
     """
     if isinstance(dtype, torch.dtype):
         dtype = str(dtype).removeprefix("torch.")
-    if dtype not in DTYPES:
-        raise TxlError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    check_choice(dtype, DTYPES, "dtype")
     if dtype == "float32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))

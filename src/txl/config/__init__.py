@@ -16,7 +16,7 @@ from txl.config.fields import (did_you_mean, check_fields, HALF_DTYPES, check_we
                                check_sampling, check_decoding, check_dynamic, IGNORE_INDEX, TOKENIZERS, NORMALIZE, DTYPES,
                                WEIGHTS_NAME, CONFIG_NAME, VOCAB_NAME, RUN_NAME, STATE_NAME, CLASSIFIER_NAME,
                                CHECKSUMS_NAME, CHECKPOINT_NAMES, SPAN_FIELDS, SPAN_MINIMUM, MAX_THREADS, SEED_LIMIT,
-                               check_count, check_seed, check_threads)
+                               check_count, check_seed, check_threads, check_choice, check_minimums)
 from txl.config.sections import (DataConfig, TrainConfig, EvalConfig, FinetuneConfig)
 from txl.config.span import (AttentionSpan, check_readable, resolve_span)
 from txl.config.model import (ATTN_TYPES, WITHOUT_MEMORY, check_clamp, check_position_scheme, position_parameters,
@@ -30,7 +30,7 @@ __all__ = ["did_you_mean", "check_fields", "HALF_DTYPES", "check_weights_dtype",
            "check_sampling", "check_decoding", "check_dynamic", "IGNORE_INDEX", "TOKENIZERS", "NORMALIZE", "DTYPES",
            "WEIGHTS_NAME", "CONFIG_NAME", "VOCAB_NAME", "RUN_NAME", "STATE_NAME", "CLASSIFIER_NAME",
            "CHECKSUMS_NAME", "CHECKPOINT_NAMES", "SPAN_FIELDS", "SPAN_MINIMUM", "MAX_THREADS", "SEED_LIMIT", "check_count", "check_seed", "check_threads",
-           "DataConfig",
+           "check_choice", "check_minimums", "DataConfig",
            "TrainConfig", "EvalConfig", "FinetuneConfig", "AttentionSpan", "check_readable", "resolve_span",
            "ATTN_TYPES", "WITHOUT_MEMORY", "check_clamp", "check_position_scheme", "position_parameters",
            "COMPRESSIONS", "TransformerXLConfig", "check_compilable", "SECTIONS", "OPTIONAL_SECTIONS",

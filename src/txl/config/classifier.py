@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from txl.config.fields import check_fields, check_seed
+from txl.config.fields import check_choice, check_fields, check_minimums, check_seed
 from txl.errors import TxlError
 
 MODES = ("memory", "first", "last")
@@ -90,25 +90,18 @@ class ClassifierConfig:
             raise TxlError(f"a classifier needs at least 2 labels, got {self.num_labels}")
         if len(self.labels) != self.num_labels or len({str(x) for x in self.labels}) != self.num_labels:
             raise TxlError(f"labels must be {self.num_labels} names with distinct texts, got {self.labels}")
-        if self.mode not in MODES:
-            raise TxlError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.pooling not in POOLINGS:
-            raise TxlError(f"pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
-        if self.head_init not in HEAD_INITS:
-            raise TxlError(f"head_init must be one of {', '.join(HEAD_INITS)}, got {self.head_init!r}")
+        for field, choices in (("mode", MODES), ("pooling", POOLINGS), ("head_init", HEAD_INITS)):
+            check_choice(getattr(self, field), choices, field)
         if self.passes not in (1, 2):
             raise TxlError(f"passes must be 1 or 2 (the retrospective feed), got {self.passes}")
-        if self.recurrence not in RECURRENCES:
-            raise TxlError(f"recurrence must be one of {', '.join(RECURRENCES)}, got {self.recurrence!r}")
+        check_choice(self.recurrence, RECURRENCES, "recurrence")
         if (self.passes == 2 or self.recurrence == "same_layer") and self.mode != "memory":
             given = "passes=2" if self.passes == 2 else "recurrence='same_layer'"
             raise TxlError(f"{given} reads with the memory: it needs mode='memory', not {self.mode!r}")
-        if self.grad_segments is not None and self.grad_segments < 1:
-            raise TxlError(f"grad_segments must be >= 1 (or None for all segments), got {self.grad_segments}")
         if not 0.0 <= self.classifier_dropout < 1.0:
             raise TxlError(f"classifier_dropout must be in [0, 1), got {self.classifier_dropout}")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise TxlError(f"max_tokens must be >= 1 (or None for whole documents), got {self.max_tokens}")
+        check_minimums(self, {"grad_segments": 1, "max_tokens": 1}, "",
+                       {"grad_segments": " (or None for all segments)", "max_tokens": " (or None for whole documents)"})
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "ClassifierConfig":
@@ -169,8 +162,7 @@ class ClassifyTrainConfig:
         choices = {"mode": MODES + (None,), "pooling": POOLINGS, "passes": (1, 2), "recurrence": RECURRENCES,
                    "head_init": HEAD_INITS}
         for field, allowed in choices.items():
-            if getattr(self, field) not in allowed:
-                refuse(field, "one of " + ", ".join(str(c) for c in allowed if c is not None))
+            check_choice(getattr(self, field), allowed, name(field))
         lowest = {"steps": 1, "batch_size": 1, "tgt_len": 1, "grad_segments": 0, "max_tokens": 0, "warmup_steps": 0,
                   "save_interval": 0, "mem_len": 0, "weight_decay": 0, "clip": 0}
         for field, low in lowest.items():

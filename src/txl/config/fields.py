@@ -1,4 +1,5 @@
-"""The fields every config checks through (:func:`check_fields`) and the constants every floor names.
+"""The fields every config checks through (:func:`check_fields`; a choice's and a floor's rule:
+:func:`check_choice`, :func:`check_minimums`) and the constants every floor names.
 
 The value checks that commands run before torch is imported live here too, torch-free: the split
 fractions (:func:`check_split`) and the sampling and decoding settings (:func:`check_sampling`,
@@ -23,6 +24,34 @@ def did_you_mean(name: str, known: typing.Iterable[str]) -> str:
     """``" (did you mean X?)"`` (or ``X or Y``) for the known names closest to a misspelt ``name``, else ""."""
     close = difflib.get_close_matches(str(name), list(known), n=2, cutoff=0.6)
     return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
+def check_choice(value: Any, choices: typing.Sequence[Any], name: str) -> None:
+    """The one rule of a setting that takes one of a few values (``model.attn_type``, ``--format``, ...):
+    ``value`` must be one of ``choices``. A None among ``choices`` lets the setting be unset; the message
+    does not list it.
+
+    Raises:
+        TxlError: ``"{name} must be one of A, B, got 'x'"``.
+    """
+    if value not in choices:
+        shown = ", ".join(str(c) for c in choices if c is not None)
+        raise TxlError(f"{name} must be one of {shown}, got {value!r}")
+
+
+def check_minimums(obj: Any, minimums: dict[str, Any], prefix: str = "", notes: dict[str, str] | None = None) -> None:
+    """The one rule of a field's floor: each attribute of ``obj`` named in ``minimums`` (field -> smallest
+    value), in order, must be at least its minimum; an unset (None) one is not checked. ``prefix`` comes
+    before a field's name in the message (``"model."``), ``notes`` add a word after its floor
+    (``{"clamp_len": " (0: no clamping)"}``).
+
+    Raises:
+        TxlError: ``"{prefix}{field} must be >= {minimum}{note}, got {value}"`` for the first field below.
+    """
+    for field, minimum in minimums.items():
+        value = getattr(obj, field)
+        if value is not None and value < minimum:
+            raise TxlError(f"{prefix}{field} must be >= {minimum}{(notes or {}).get(field, '')}, got {value}")
 
 
 def check_fields(cls: type, values: dict[str, Any], where: str) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from txl.config.fields import check_fields
+from txl.config.fields import check_choice, check_fields, check_minimums
 from txl.config.span import AttentionSpan
 from txl.errors import TxlError
 
@@ -33,8 +33,7 @@ def check_position_scheme(config: "TransformerXLConfig") -> None:
         TxlError: an unknown ``attn_type``; "shaw" with ``shaw_max_dist`` < 1; "rope" with an odd ``d_head``
             or a ``clamp_len``.
     """
-    if config.attn_type not in ATTN_TYPES:
-        raise TxlError(f"model.attn_type must be one of {', '.join(ATTN_TYPES)}, got {config.attn_type!r}")
+    check_choice(config.attn_type, ATTN_TYPES, "model.attn_type")
     if config.attn_type == "shaw" and config.shaw_max_dist < 1:
         raise TxlError(f"model.attn_type='shaw' needs model.shaw_max_dist >= 1 (the clipping distance, e.g. "
                        f"tgt_len + mem_len - 1), got {config.shaw_max_dist}")
@@ -55,6 +54,12 @@ def position_parameters(config: "TransformerXLConfig") -> int:
 
 
 COMPRESSIONS = ("conv1d", "max_pool", "mean_pool")  # the compression functions f_c of Rae et al. (2019) §3.1
+# the floor of each number of a model config (d_embed None: unset), and what its message adds
+_MINIMUM = {**dict.fromkeys(("vocab_size", "n_layer", "d_model", "n_head", "d_head", "d_inner", "tgt_len"), 1),
+            "mem_len": 0, "clamp_len": 0, "d_embed": 1, "div_val": 1, "cmem_len": 0, "cmem_ratio": 1,
+            "recon_loss_weight": 0}
+_NOTES = {"clamp_len": " (0: no clamping)", "d_embed": " (or unset)", "cmem_len": " (0: no compressed memory)",
+          "cmem_ratio": " (the compression rate c)"}
 
 
 @dataclass
@@ -145,43 +150,24 @@ class TransformerXLConfig:
     def check(self) -> None:
         """Raise :class:`TxlError` naming the first impossible value."""
         check_fields(type(self), dataclasses.asdict(self), "model")
-        positive = ("vocab_size", "n_layer", "d_model", "n_head", "d_head", "d_inner", "tgt_len")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise TxlError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        check_minimums(self, _MINIMUM, "model.", _NOTES)
         if self.d_model % 2:
             raise TxlError(f"model.d_model must be even (sinusoidal positions), got {self.d_model}")
-        if self.mem_len < 0:
-            raise TxlError(f"model.mem_len must be >= 0, got {self.mem_len}")
-        if self.clamp_len < 0:
-            raise TxlError(f"model.clamp_len must be >= 0 (0: no clamping), got {self.clamp_len}")
         for name in ("dropout", "dropatt"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise TxlError(f"model.{name} must be in [0, 1), got {value}")
         check_position_scheme(self)
-        if self.shaw_max_dist < 0:
-            raise TxlError(f"model.shaw_max_dist must be >= 0, got {self.shaw_max_dist}")
+        check_minimums(self, {"shaw_max_dist": 0}, "model.")  # after the scheme's: "shaw" needs >= 1
         if not self.init_std > 0 or not self.proj_init_std > 0:
             raise TxlError(f"model.init_std and model.proj_init_std must be > 0, got {self.init_std}, {self.proj_init_std}")
-        if self.d_embed is not None and self.d_embed < 1:
-            raise TxlError(f"model.d_embed must be >= 1 (or unset), got {self.d_embed}")
         bounds = [0, *self.cutoffs]  # cutoffs < vocab_size is checked when the model is built: a run
         if any(a >= b for a, b in zip(bounds, bounds[1:])):  # config learns vocab_size from its corpus
             raise TxlError(f"model.cutoffs must be strictly increasing positive integers, got {self.cutoffs}")
-        if self.div_val < 1:
-            raise TxlError(f"model.div_val must be >= 1, got {self.div_val}")
         if self.div_val > 1 and self.embed_dim // self.div_val ** len(self.cutoffs) < 1:
             raise TxlError(f"model.d_embed={self.embed_dim} is too small for div_val={self.div_val} with "
                            f"{len(self.cutoffs) + 1} clusters")
-        if self.cmem_len < 0:
-            raise TxlError(f"model.cmem_len must be >= 0 (0: no compressed memory), got {self.cmem_len}")
-        if self.cmem_ratio < 1:
-            raise TxlError(f"model.cmem_ratio must be >= 1 (the compression rate c), got {self.cmem_ratio}")
-        if self.compression not in COMPRESSIONS:
-            raise TxlError(f"model.compression must be one of {', '.join(COMPRESSIONS)}, got {self.compression!r}")
-        if not self.recon_loss_weight >= 0:
-            raise TxlError(f"model.recon_loss_weight must be >= 0, got {self.recon_loss_weight}")
+        check_choice(self.compression, COMPRESSIONS, "model.compression")
         if self.cmem_len and not self.has_memory:
             raise TxlError(f"model.cmem_len > 0 (compressed memory) needs a memory: attn_type 'rel', 'shaw' or 'rope', "
                            f"not {self.attn_type!r}")

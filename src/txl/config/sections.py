@@ -6,7 +6,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from txl.config.fields import DTYPES, NORMALIZE, TOKENIZERS, check_fields, check_seed, check_split, check_threads
+from txl.config.fields import (DTYPES, NORMALIZE, TOKENIZERS, check_choice, check_fields, check_minimums, check_seed,
+                               check_split, check_threads)
 from txl.errors import TxlError
 
 
@@ -49,17 +50,13 @@ class DataConfig:
     def check(self) -> None:
         """Raise :class:`TxlError` naming the first value of a wrong type or impossible."""
         check_fields(type(self), dataclasses.asdict(self), "data")
-        if self.normalize not in NORMALIZE:
-            raise TxlError(f"data.normalize must be one of {', '.join(NORMALIZE)}, got {self.normalize!r}")
-        if self.split_by not in SPLIT_BY:
-            raise TxlError(f"data.split_by must be one of {', '.join(SPLIT_BY)}, got {self.split_by!r}")
+        check_choice(self.normalize, NORMALIZE, "data.normalize")
+        check_choice(self.split_by, SPLIT_BY, "data.split_by")
         if not 1 <= self.workers <= 256:
             raise TxlError(f"data.workers must be from 1 to 256, got {self.workers}")
-        if self.tokenizer is not None and self.tokenizer not in TOKENIZERS:
-            raise TxlError(f"data.tokenizer must be one of {', '.join(TOKENIZERS)}, got {self.tokenizer!r}")
+        check_choice(self.tokenizer, (*TOKENIZERS, None), "data.tokenizer")
         check_split(self.split, "data.split")
-        if self.min_freq < 1:
-            raise TxlError(f"data.min_freq must be >= 1, got {self.min_freq}")
+        check_minimums(self, {"min_freq": 1}, "data.")
 
 
 LOGGERS = ("tensorboard",)  # the values of train.log (--log)
@@ -148,22 +145,18 @@ class TrainConfig:
         unknown = [name for name in self.log if name not in LOGGERS]
         if unknown or len(set(self.log)) != len(self.log):
             raise TxlError(f"train.log takes each of {', '.join(LOGGERS)} at most once, got {self.log!r}")
-        for name in ("batch_size", "max_steps", "eval_interval", "log_interval", "max_bad_steps", "grad_accum_steps",
-                     "keep_last"):
-            if getattr(self, name) < 1:
-                raise TxlError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        check_minimums(self, dict.fromkeys(("batch_size", "max_steps", "eval_interval", "log_interval", "max_bad_steps",
+                                            "grad_accum_steps", "keep_last"), 1), "train.")
         check_seed(self.seed, "train.seed")
         if not math.isfinite(self.lr) or not math.isfinite(self.clip) or not math.isfinite(self.weight_decay):
             raise TxlError("train.lr, train.clip and train.weight_decay must be finite numbers")
         if not self.lr > 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise TxlError(f"train.lr must be > 0 and 0 <= train.min_lr <= train.lr, got lr={self.lr}, min_lr={self.min_lr}")
-        for name in ("warmup_steps", "eval_max_tokens", "sample_tokens", "save_interval"):
-            if getattr(self, name) < 0:
-                raise TxlError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        check_minimums(self, dict.fromkeys(("warmup_steps", "eval_max_tokens", "sample_tokens", "save_interval"), 0),
+                       "train.")
         if self.clip < 0 or self.weight_decay < 0:
             raise TxlError("train.clip and train.weight_decay must be >= 0")
-        if self.dtype not in DTYPES:
-            raise TxlError(f"train.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        check_choice(self.dtype, DTYPES, "train.dtype")
         check_threads(self.threads, "train.threads")
         last = -1
         for entry in self.tgt_len_schedule:
@@ -205,18 +198,8 @@ class EvalConfig:
         check_fields(type(self), dataclasses.asdict(self), "eval")
         if self.split not in ("valid", "test"):
             raise TxlError(f"eval.split must be 'valid' or 'test', got {self.split!r}")
-        if self.batch_size < 1:
-            raise TxlError(f"eval.batch_size must be >= 1, got {self.batch_size}")
-        if self.tgt_len is not None and self.tgt_len < 1:
-            raise TxlError(f"eval.tgt_len must be >= 1, got {self.tgt_len}")
-        if self.mem_len is not None and self.mem_len < 0:
-            raise TxlError(f"eval.mem_len must be >= 0, got {self.mem_len}")
-        if self.cmem_len is not None and self.cmem_len < 0:
-            raise TxlError(f"eval.cmem_len must be >= 0, got {self.cmem_len}")
-        if self.clamp_len is not None and self.clamp_len < 0:
-            raise TxlError(f"eval.clamp_len must be >= 0 (0: no clamping), got {self.clamp_len}")
-        if self.max_tokens < 0:
-            raise TxlError(f"eval.max_tokens must be >= 0, got {self.max_tokens}")
+        check_minimums(self, {"batch_size": 1, "tgt_len": 1, "mem_len": 0, "cmem_len": 0, "clamp_len": 0,
+                              "max_tokens": 0}, "eval.", {"clamp_len": " (0: no clamping)"})
 
 
 @dataclass
@@ -242,7 +225,5 @@ class FinetuneConfig:
         check_fields(type(self), dataclasses.asdict(self), "finetune")
         if not self.init:
             raise TxlError("finetune.init must name the language-model checkpoint to start from (--init)")
-        if self.grad_segments < 0:
-            raise TxlError(f"finetune.grad_segments must be >= 0 (0: all segments), got {self.grad_segments}")
-        if self.max_prompt_tokens < 0:
-            raise TxlError(f"finetune.max_prompt_tokens must be >= 0 (0: whole prompts), got {self.max_prompt_tokens}")
+        check_minimums(self, {"grad_segments": 0, "max_prompt_tokens": 0}, "finetune.",
+                       {"grad_segments": " (0: all segments)", "max_prompt_tokens": " (0: whole prompts)"})

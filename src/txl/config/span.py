@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from txl.config.fields import SPAN_FIELDS, SPAN_MINIMUM
+from txl.config.fields import SPAN_FIELDS, SPAN_MINIMUM, check_minimums
 from txl.errors import TxlError
 
 
@@ -50,10 +50,8 @@ class AttentionSpan:
             object.__setattr__(self, name, int(value))  # a numpy integer becomes a Python int
         if not isinstance(self.same_length, bool):
             raise TxlError(f"span.same_length must be true or false, got {self.same_length!r}")
-        notes = {"clamp_len": " (0: no clamping)", "cmem_len": " (0: no compressed memory)"}
-        for name, minimum in SPAN_MINIMUM.items():
-            if getattr(self, name) < minimum:
-                raise TxlError(f"span.{name} must be >= {minimum}{notes.get(name, '')}, got {getattr(self, name)}")
+        check_minimums(self, SPAN_MINIMUM, "span.", {"clamp_len": " (0: no clamping)",
+                                                     "cmem_len": " (0: no compressed memory)"})
 
     @classmethod
     def of(cls, config: Any) -> "AttentionSpan":

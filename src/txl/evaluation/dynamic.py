@@ -43,7 +43,7 @@ from txl.kernels.cpu import check_reading_fits
 from txl.kernels.int8 import check_float_model
 from txl.model.segments import eval_mode, segments
 from txl.evaluation.stream import EvalResult, check_unit
-from txl.config import AttentionSpan, check_count, check_dynamic, resolve_span
+from txl.config import AttentionSpan, check_choice, check_count, check_dynamic, resolve_span
 from txl.runtime import progress_bar
 
 METHODS = ("sgd", "rms")
@@ -120,8 +120,7 @@ def gradient_statistics(model, tokens: np.ndarray, *, tgt_len: int | None = None
 def _check_settings(method: str, lr: float, decay: float) -> None:
     """Refuse an unknown ``method``, and an ``lr`` or ``decay`` :func:`~txl.config.check_dynamic` refuses
     (TxlError)."""
-    if method not in METHODS:
-        raise TxlError(f"dynamic evaluation method must be one of {', '.join(METHODS)}, got {method!r}")
+    check_choice(method, METHODS, "dynamic evaluation method")
     if lr is None:
         raise TxlError("dynamic evaluation needs a step size lr (a finite number >= 0), got None")
     check_dynamic(lr, decay)

@@ -22,7 +22,7 @@ from txl.errors import TxlError
 from txl.model.graphs import RingStep, SegmentReader, check_exportable, ring_capacity
 from txl.fileio import claim_folder, write_json
 from txl.kernels.int8 import is_quantized
-from txl.config import AttentionSpan
+from txl.config import AttentionSpan, check_choice
 
 FORMATS = ("onnx", "pt2")
 QUANTIZE = ("int8",)
@@ -76,10 +76,8 @@ def check_export(model, span: AttentionSpan, fmt: str, vocab: Path, quantize: st
             ``onnx``/``onnxscript`` for ONNX; ``quantize`` other than "int8", or with a format other than
             ONNX, or without ``onnxruntime``.
     """
-    if fmt not in FORMATS:
-        raise TxlError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    if quantize is not None and quantize not in QUANTIZE:
-        raise TxlError(f"--quantize must be one of {', '.join(QUANTIZE)}, got {quantize!r}")
+    check_choice(fmt, FORMATS, "--format")
+    check_choice(quantize, (*QUANTIZE, None), "--quantize")
     if quantize and fmt != "onnx":
         raise TxlError(f"--quantize {quantize} is for --format onnx (ONNX Runtime's int8 products); a .pt2 holds "
                        "float32 weights")

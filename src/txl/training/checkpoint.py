@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 from safetensors import SafetensorError
 
-from txl.config import RunConfig
+from txl.config import RunConfig, check_choice
 from txl.data import Tokenizer, load_tokenizer
 from txl.errors import TxlError
 from txl.fileio import read_json_object as _read_json
@@ -155,8 +155,7 @@ def resolve_checkpoint_dir(path: str | Path, name: str | None = None) -> Path:
             checkpoint directory, or no checkpoint of that name in the run.
     """
     path = Path(path)
-    if name is not None and name not in CHECKPOINT_NAMES:
-        raise TxlError(f"the checkpoint name must be one of {', '.join(CHECKPOINT_NAMES)}, got {name!r}")
+    check_choice(name, (*CHECKPOINT_NAMES, None), "the checkpoint name")
     if not path.exists():
         raise TxlError(f"checkpoint {path} does not exist")
     if (path / CONFIG_NAME).is_file():

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from txl.config import check_choice
 from txl.errors import TxlError, counted
 from txl.data.tokenizers.base import (WORD_NORMALIZERS, TextStream, Tokenizer, Utf8TextStream, _ids_array,
                                       check_vocabulary_entry, normalize_text)
@@ -188,8 +189,7 @@ class WordTokenizer(Tokenizer):
             raise TxlError("word vocabulary has duplicate words")
         if not isinstance(lower, bool):
             raise TxlError(f"word tokenizer 'lower' must be true or false, got {lower!r}")
-        if normalize not in WORD_NORMALIZERS:
-            raise TxlError(f"word tokenizer 'normalize' must be one of {', '.join(WORD_NORMALIZERS)}, got {normalize!r}")
+        check_choice(normalize, WORD_NORMALIZERS, "word tokenizer 'normalize'")
         self.words: list[str] = words
         self.lower = lower
         self.normalize = normalize
@@ -226,8 +226,7 @@ class WordTokenizer(Tokenizer):
             raise TxlError(f"min_freq must be at least 1, got {min_freq}")
         if max_size is not None and max_size < 2:
             raise TxlError(f"max_size must be at least 2 (for <unk> and <eos>), got {max_size}")
-        if normalize not in WORD_NORMALIZERS:
-            raise TxlError(f"word tokenizer 'normalize' must be one of {', '.join(WORD_NORMALIZERS)}, got {normalize!r}")
+        check_choice(normalize, WORD_NORMALIZERS, "word tokenizer 'normalize'")
         counts: Counter[str] = Counter()
         for text in texts:
             counts.update(_line_words(normalize_text(text), lower, normalize))
