@@ -1,10 +1,34 @@
-"""Flags that the studies' data commands share (``txl data docstrings``, ``txl data packages``)."""
+"""Flags that the studies' commands share (``txl recl``, ``txl data docstrings``, ``txl data packages``)."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Callable
 
+from txl.cli.checks import finite_float
 from txl.errors import TxlError
+
+
+def finite_floats(count: int | None = None) -> Callable[[str], list[float]]:
+    """An argparse ``type`` for comma-separated finite numbers (``0.8,0.1,0.1``), exactly ``count`` of
+    them when given; each is read by :func:`~txl.cli.checks.finite_float`.
+
+    Raises:
+        argparse.ArgumentTypeError: (from the returned parser) another count of items, or an item that is
+            not a finite number (naming the whole text; argparse reports it as one ``txl: error:`` line).
+    """
+
+    def parse(text: str) -> list[float]:
+        items = [item.strip() for item in text.split(",")]
+        if count is not None and len(items) != count:
+            raise argparse.ArgumentTypeError(f"must be {count} comma-separated numbers, got {text!r}")
+        try:
+            return [finite_float(item) for item in items]
+        except argparse.ArgumentTypeError as err:
+            raise argparse.ArgumentTypeError(f"{err} in {text!r}") from None
+
+    parse.__name__ = "finite_floats"
+    return parse
 
 
 def package_names(text: str) -> list[str]:

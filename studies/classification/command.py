@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from txl.cli.checks import check_range, finite_floats
+from txl.cli.checks import check_range
 from txl.cli.common import Command, add_seed
 from txl.errors import TxlError
-from txl_studies.flags import check_every_split
+from txl_studies.flags import check_every_split, finite_floats
 
 
 def _add_packages(p: argparse.ArgumentParser) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from txl.cli.checks import check_output, check_exists, finite_float, finite_floats
+from txl.cli.checks import check_output, check_exists, finite_float
 from txl.cli.common import add_batch_size, add_data, add_device, add_dtype, add_force, add_json, emit_json, human_stream
 from txl.errors import TxlError, counted
+from txl_studies.flags import finite_floats
 
 NAME = "recl"
 HELP = "relative effective context length (RECL) of a group of models"
@@ -102,9 +103,9 @@ def _run(args: argparse.Namespace, contexts: list[int], ratios: list[float], nam
     import numpy as np
 
     from txl.data import load_bytes, read_corpus_files
-    from txl.data.mapped import equal_arrays, token_array
+    from txl.data.mapped import token_array
     from txl.fileio import atomic_write, write_json
-    from txl_studies.recl.measure import context_losses, plot_recl_gains, recl_table, scored_positions
+    from txl_studies.recl.measure import context_losses, equal_arrays, plot_recl_gains, recl_table, scored_positions
     from txl.cli.common import load_checkpoint, note_threads, print_notes
     from txl.runtime import autocast
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from txl.analysis.plots import pyplot, save_figure
+from txl.data.mapped import CHUNK_TOKENS, PageBudget
 from txl.errors import TxlError, counted
 from txl.kernels.cpu import check_reading_fits
 
@@ -303,6 +304,19 @@ def scored_positions(n_tokens: int, max_context: int, n_positions: int) -> np.nd
     if n_positions <= 0 or n_positions >= available:
         return np.arange(max_context, n_tokens)
     return np.unique(np.linspace(max_context, n_tokens - 1, n_positions).round().astype(np.int64))
+
+
+def equal_arrays(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two 1-D token arrays hold the same ids, compared ``CHUNK_TOKENS`` at a time."""
+    if len(a) != len(b):
+        return False
+    budgets = PageBudget(a), PageBudget(b)
+    for start in range(0, len(a), CHUNK_TOKENS):
+        if not np.array_equal(a[start:start + CHUNK_TOKENS], b[start:start + CHUNK_TOKENS]):
+            return False
+        for budget in budgets:
+            budget.read(min(CHUNK_TOKENS, len(a) - start))
+    return True
 
 
 def plot_recl_gains(result, path) -> dict:

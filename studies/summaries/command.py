@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from txl.cli.checks import check_range, finite_floats
+from txl.cli.checks import check_range
 from txl.cli.common import Command
 from txl.errors import TxlError
-from txl_studies.flags import check_every_split, package_names
+from txl_studies.flags import check_every_split, finite_floats, package_names
 
 
 def _add_docstrings(p: argparse.ArgumentParser) -> None:

@@ -6,11 +6,11 @@ import torch
 
 from conftest import tiny_model
 from txl.data import mapped
-from txl.data.mapped import equal_arrays, token_array
+from txl.data.mapped import token_array
 from txl.errors import TxlError
 from txl.evaluation.dynamic import dynamic_evaluate, gradient_statistics
 from txl.evaluation.stream import evaluate, evaluate_sliding_window
-from txl_studies.recl.measure import context_losses
+from txl_studies.recl.measure import context_losses, equal_arrays
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models, one thread
 

@@ -25,10 +25,9 @@ import os
 import signal
 import sys
 import textwrap
-import threading
 
 from txl.cli.checks import check_shared_flags
-from txl.cli.common import print_notes, visible_flags
+from txl.cli.common import interrupted_by, print_notes, visible_flags
 from txl.errors import TxlError, UsageParser, clip_message, listed
 
 # torch and numpy are imported inside the commands, so that Ctrl-C during start-up or a usage
@@ -125,37 +124,25 @@ def all_parsers(parser: argparse.ArgumentParser | None = None) -> dict[str, argp
     return found
 
 
-def _interruptible():
-    """Make SIGINT raise :class:`KeyboardInterrupt` for the duration of a command; returns the handler to restore.
-
-    A shell that starts a command in the background without job control (``txl generate ... &`` in a
-    script) sets SIGINT to ignored, and Python then keeps it ignored: ``kill -INT`` or Ctrl-C would do
-    nothing. Every command is meant to stop on SIGINT (exit 130, one line; ``train`` writes ``last/``
-    first through its own handler), so the default handler is installed whatever was inherited.
-    Returns None (nothing to restore) outside the main thread, where signals cannot be handled.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``txl`` console script; returns the exit status.
 
-    SIGINT ends any command with exit status 130 and the one line ``txl: interrupted``, even when the
-    process was started with SIGINT ignored (see :func:`_interruptible`). A command run in a process
-    that had imported torch before leaves its CPU thread count (``--threads``) as it found it.
+    SIGINT ends any command with exit status 130 and the one line ``txl: interrupted``
+    (:func:`~txl.cli.common.interrupted_by`; ``train`` writes ``last/`` first through its own handler), even
+    when the process was started with SIGINT ignored: a shell that starts a command in the background without
+    job control (``txl generate ... &`` in a script) sets SIGINT to ignored, and Python then keeps it ignored,
+    so that ``kill -INT`` or Ctrl-C would do nothing; the default handler is installed whatever was inherited,
+    and the inherited one restored after. A command run in a process that had imported torch before leaves
+    its CPU thread count (``--threads``) as it found it.
     """
-    previous = _interruptible()
-    torch = sys.modules.get("torch")  # run in a process that uses torch already (tests, a notebook): its
-    threads = torch.get_num_threads() if torch is not None else None  # thread count is given back after
-    try:
-        return _main(argv)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-        if threads is not None and torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
+    with interrupted_by(signal.SIGINT):
+        torch = sys.modules.get("torch")  # run in a process that uses torch already (tests, a notebook): its
+        threads = torch.get_num_threads() if torch is not None else None  # thread count is given back after
+        try:
+            return _main(argv)
+        finally:
+            if threads is not None and torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
 
 
 def _main(argv: list[str] | None) -> int:

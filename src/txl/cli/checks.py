@@ -3,7 +3,7 @@ finite numbers and integer lists (the argparse ``type`` of float flags, :func:`p
 that must exist (:func:`check_exists`), output files that may be written
 (:func:`check_output`), optional packages (:func:`require_installed`), flag values and their ranges
 (:func:`check_shared_flags`, run by :func:`txl.cli.main` for every command, :func:`check_range`,
-:func:`check_min_new_tokens`) and the keys of a JSON Lines input (:func:`check_line_keys`).
+:func:`check_decoding_flags`) and the keys of a JSON Lines input (:func:`check_line_keys`).
 
 Each failure is one :class:`~txl.errors.TxlError` (or, for an argparse ``type``, an
 ``argparse.ArgumentTypeError``) naming the flag as ``--help`` shows it and what to give instead.
@@ -16,9 +16,8 @@ import argparse
 import importlib.util
 import math
 import os
-from typing import Callable
 
-from txl.config import SPAN_MINIMUM, check_seed, check_threads, check_weights_dtype
+from txl.config import SPAN_MINIMUM, check_decoding, check_sampling, check_seed, check_threads, check_weights_dtype
 from txl.errors import TxlError, listed, quoted
 
 
@@ -46,28 +45,6 @@ def finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
     return value
-
-
-def finite_floats(count: int | None = None) -> Callable[[str], list[float]]:
-    """An argparse ``type`` for comma-separated finite numbers (``0.8,0.1,0.1``), exactly ``count`` of
-    them when given; each is read by :func:`finite_float`.
-
-    Raises:
-        argparse.ArgumentTypeError: (from the returned parser) another count of items, or an item that is
-            not a finite number (naming the whole text; argparse reports it as one ``txl: error:`` line).
-    """
-
-    def parse(text: str) -> list[float]:
-        items = [item.strip() for item in text.split(",")]
-        if count is not None and len(items) != count:
-            raise argparse.ArgumentTypeError(f"must be {count} comma-separated numbers, got {text!r}")
-        try:
-            return [finite_float(item) for item in items]
-        except argparse.ArgumentTypeError as err:
-            raise argparse.ArgumentTypeError(f"{err} in {text!r}") from None
-
-    parse.__name__ = "finite_floats"
-    return parse
 
 
 def parse_ints(text: str, flag: str, minimum: int) -> list[int]:
@@ -182,13 +159,20 @@ def check_shared_flags(args: argparse.Namespace) -> None:
                             f"{dtype} {getattr(args, 'dtype', None)}", f"use {dtype} bfloat16 or float32 (the default)")
 
 
-def check_min_new_tokens(args: argparse.Namespace) -> None:
-    """``--min-new-tokens`` is at most ``-n/--max-new-tokens`` (``txl generate``, ``txl summarize``): more could
-    never be drawn, so the request is a mistake, said before any work.
+def check_decoding_flags(args: argparse.Namespace) -> None:
+    """The decoding flags of ``txl generate`` and ``txl summarize`` (:func:`txl.cli.common.add_decoding_flags`),
+    before torch loads: the sampling and decoding settings (:func:`~txl.config.check_sampling`,
+    :func:`~txl.config.check_decoding`), ``-n/--max-new-tokens`` >= 0, and ``--min-new-tokens`` at most
+    ``-n/--max-new-tokens``: more could never be drawn, so the request is a mistake, said before any work.
 
     Raises:
-        TxlError: naming both flags as ``--help`` shows them and their values.
+        TxlError: the first setting out of range, naming the flags as ``--help`` shows them (both flags and
+            their values when ``--min-new-tokens`` is the larger).
     """
+    named = lambda field: flag_name(args, field)  # noqa: E731 - messages name the flags
+    check_sampling(args.temperature, args.top_k, args.top_p, named)
+    check_decoding(args.repetition_penalty, args.no_repeat_ngram_size, args.min_new_tokens, args.length_penalty, named)
+    check_range(args, 0, "max_new_tokens")
     least, most = args.min_new_tokens, args.max_new_tokens
     if least is not None and most is not None and least > most:
         raise TxlError(f"{flag_name(args, 'min_new_tokens')} {least} is more than {flag_name(args, 'max_new_tokens')} "

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from txl.cli.checks import check_exists, finite_float, flag_name
+from txl.cli.checks import check_exists, check_range, finite_float, flag_name
 from txl.cli.common import (Command, add_batch_size, add_checkpoint, add_data, add_device, add_dtype, add_option,
                             add_span, checkpoint_arg, note_threads, print_notes, underscore)
 from txl.cli.train import launch_ranks
@@ -346,8 +346,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _predict(args: argparse.Namespace) -> int:
     """``txl classify predict``: one JSON line per document with the label and the probabilities."""
-    if args.batch_size < 1:
-        raise TxlError(f"--batch-size must be >= 1, got {args.batch_size}")
+    check_range(args, 1, "batch_size")
     check_exists(args.run, "classifier", kind="folder")  # paths before torch is imported
     for item in args.inputs:
         check_exists(item, "input", kind="file")

@@ -14,8 +14,11 @@ not need it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -208,6 +211,20 @@ def visible_flags(parser: argparse.ArgumentParser) -> dict[str, str]:
         if action.option_strings and action.help is not argparse.SUPPRESS and action.dest not in found:
             found[action.dest] = "/".join(sorted(action.option_strings, key=lambda o: o.startswith("--")))
     return found
+
+
+@contextlib.contextmanager
+def interrupted_by(signum: int):
+    """While the block runs, the signal ``signum`` raises :class:`KeyboardInterrupt` (which :func:`txl.cli.main`
+    ends with the one line ``txl: interrupted`` and exit status 130); the handler found is restored after.
+    Nothing changes outside the main thread, where signals cannot be handled."""
+    previous = (signal.signal(signum, signal.default_int_handler)
+                if threading.current_thread() is threading.main_thread() else None)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signum, previous)
 
 
 def pick(cli: Any, config: Any) -> Any:

@@ -12,7 +12,7 @@ from txl.cli.checks import (check_output, check_range, check_exists, finite_floa
 from txl.cli.common import (add_quantize, add_batch_size, add_checkpoint_name, add_data, add_device, add_dtype, add_force, add_json,
                             add_option, add_seed, add_span, emit_json, human_stream, load_checkpoint, model_name, pick,
                             print_notes, span_args, underscore)
-from txl.config import check_dynamic
+from txl.config import SPAN_FIELDS, check_dynamic
 from txl.errors import TxlError
 
 NAME = "eval"
@@ -85,10 +85,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.plot and args.sweep_mem is None:
         raise TxlError("--plot draws the --sweep-mem results; give --sweep-mem M1,M2,... too")
     if args.sliding_window is not None:  # the vanilla window reads no memory: the span flags would be ignored
-        spans = [flag for flag, value in (("--tgt-len", args.tgt_len), ("--mem-len", args.mem_len),
-                                          ("--clamp-len", args.clamp_len), ("--same-length", args.same_length),
-                                          ("--cmem-len", getattr(args, "cmem_len", None)))
-                 if value is not None]
+        spans = ["--" + name.replace("_", "-") for name in SPAN_FIELDS if getattr(args, name, None) is not None]
         spans += ["--warmup"] if args.warmup else []
         if spans:
             raise TxlError(f"--sliding-window evaluates windows of CONTEXT tokens without memory: {', '.join(spans)} "
@@ -198,12 +195,9 @@ def run(args: argparse.Namespace) -> int:
                                       batch_size=max(batch_size, 1), max_tokens=max_tokens, dtype=args.dtype,
                                       progress=not args.quiet)
     else:
-        span = span_args(args, e)
-        res = evaluate(ckpt.model, tokens, unit=unit, batch_size=batch_size,
-                       tgt_len=span["tgt_len"], mem_len=span["mem_len"],
-                       clamp_len=span["clamp_len"], same_length=span["same_length"], cmem_len=span["cmem_len"],
-                       warmup=args.warmup or e.warmup, max_tokens=max_tokens, dtype=args.dtype,
-                       progress=not args.quiet, compiled=args.compile)
+        res = evaluate(ckpt.model, tokens, unit=unit, batch_size=batch_size, warmup=args.warmup or e.warmup,
+                       max_tokens=max_tokens, dtype=args.dtype, progress=not args.quiet, compiled=args.compile,
+                       **span_args(args, e))
     return _report(args, ckpt, where, [f"{where}: {res}"],
                    {"unit": res.unit, "value": res.value, "loss_nats": res.loss, "n_tokens": res.n_tokens,
                     **res.settings})

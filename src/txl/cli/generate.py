@@ -9,9 +9,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-from pathlib import Path
 
-from txl.cli.checks import check_exists, check_line_keys, check_min_new_tokens, check_range, flag_name
+from txl.cli.checks import check_decoding_flags, check_exists, check_line_keys, check_range
 from txl.cli.common import (add_batch_size, add_checkpoint, add_checkpoint_name, add_decoding_flags, add_device,
                             add_dtype, add_quantize, add_seed, add_span, decoding_rules, end_ids, load_checkpoint,
                             print_notes)
@@ -54,14 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _prompt(args: argparse.Namespace, tokenizer) -> str:
     """The prompt text from ``--prompt`` or ``--prompt-file`` (default a newline)."""
     if args.prompt_file:
-        try:
-            raw = Path(args.prompt_file).read_bytes()
-        except OSError as err:
-            raise TxlError(f"cannot read prompt file {args.prompt_file}: {err.strerror or err}") from None
         from txl.data.tokenizers import decode_file_text
+        from txl.fileio import read_bytes
 
         # byte: any bytes (undecodable ones travel as surrogate escapes); char, word, BPE: UTF-8 text
-        prompt = decode_file_text(raw, tokenizer.kind, f"prompt file {args.prompt_file}")
+        prompt = decode_file_text(read_bytes(args.prompt_file, "prompt file "), tokenizer.kind,
+                                  f"prompt file {args.prompt_file}")
     else:
         prompt = args.prompt if args.prompt is not None else "\n"
     if prompt == "":
@@ -72,15 +69,10 @@ def _prompt(args: argparse.Namespace, tokenizer) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``txl generate``: print the prompt, then the sample as it is drawn."""
-    from txl.config import check_decoding, check_sampling  # torch-free: checked before torch loads
-
-    named = lambda field: flag_name(args, field)  # noqa: E731 - messages name the flags
-    check_sampling(args.temperature, args.top_k, args.top_p, named)
-    check_decoding(args.repetition_penalty, args.no_repeat_ngram_size, args.min_new_tokens, args.length_penalty, named)
+    check_decoding_flags(args)  # torch-free: checked before torch loads
     if args.prompt is not None and args.prompt_file:
         raise TxlError("give either --prompt or --prompt-file, not both")
-    check_range(args, 0, "max_new_tokens", "mem_len")
-    check_min_new_tokens(args)
+    check_range(args, 0, "mem_len")
     check_range(args, 1, "num_beams", "batch_size")
     if args.input is not None and (args.prompt is not None or args.prompt_file):
         raise TxlError("give prompts either with --input or with --prompt/--prompt-file, not both")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from txl.cli.checks import check_exists, check_output
+from txl.cli.checks import check_exists, check_output, check_range
 from txl.cli.common import add_data, add_device, add_force, add_span, load_checkpoint, note_threads, print_notes
 from txl.errors import TxlError, counted
 
@@ -77,8 +77,7 @@ def _attention(args: argparse.Namespace, checkpoint: str) -> int:
     """``txl plot CHECKPOINT --attention``: draw attention_distance.png and print the table."""
     if bool(args.text) == bool(args.data):
         raise TxlError("--attention needs the text to read: give --text TEXT or --data FILE")
-    if args.max_segments < 1:
-        raise TxlError(f"--max-segments must be >= 1, got {args.max_segments}")
+    check_range(args, 1, "max_segments")
     check_exists(checkpoint, "checkpoint", kind="folder")
     check_exists(args.data, "--data", kind="file")
     if args.data:  # bytes now, text once the tokenizer is known (decode_file_text)

@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_force(p)
 
 
-def _read_jsonl(path: Path, data: bytes) -> list[tuple[str, str]]:
+def _read_jsonl(path: Path) -> list[tuple[str, str]]:
     """(name, text) for each non-blank line of a JSON Lines file."""
     from txl.fileio import read_jsonl
 
@@ -82,6 +82,7 @@ def read_documents(items: list[str], tokenizer, min_tokens: int = 2) -> list[tup
             malformed JSON Lines, an empty document or one with fewer than ``min_tokens`` tokens.
     """
     from txl.data import read_corpus_files
+    from txl.fileio import read_bytes
 
     docs = []
     for item in items:
@@ -92,16 +93,12 @@ def read_documents(items: list[str], tokenizer, min_tokens: int = 2) -> list[tup
             raise TxlError(f"input {path} is not a regular file or directory")
         files = read_corpus_files(path) if path.is_dir() else [path]
         for f in files:
-            try:
-                data = f.read_bytes()
-            except OSError as err:
-                raise TxlError(f"cannot read {f}: {err.strerror or err}") from None
             if f.suffix == ".jsonl":
-                for name, text in _read_jsonl(f, data):
+                for name, text in _read_jsonl(f):
                     docs.append((name, _encode(tokenizer.encode, text, name)))
             else:
                 docs.append((str(f), _encode(lambda raw, source=str(f): tokenizer.encode_file_bytes(raw, source),
-                                             data, str(f))))
+                                             read_bytes(f), str(f))))
     for name, ids in docs:
         if ids.size == 0:
             raise TxlError(f"document {name} is empty (no tokens); remove it or give it some text")

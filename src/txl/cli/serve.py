@@ -7,11 +7,10 @@ import dataclasses
 import os
 import signal
 import sys
-import threading
 
 from txl.cli.checks import check_exists, finite_float, flag_name, require_installed
 from txl.cli.common import (add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_quantize, add_span, end_ids,
-                            load_checkpoint, model_name, print_notes, span_args)
+                            interrupted_by, load_checkpoint, model_name, print_notes, span_args)
 from txl.config.serve import ServeConfig
 from txl.errors import TxlError
 
@@ -99,13 +98,8 @@ def run(args: argparse.Namespace) -> int:
                        "TXL_API_KEY), or keep the default 127.0.0.1")
 
     # SIGTERM while loading (before uvicorn handles it): stop with the one line of an interrupted command
-    previous = signal.signal(signal.SIGTERM, _interrupt) if threading.current_thread() is threading.main_thread() \
-        else None
-    try:
+    with interrupted_by(signal.SIGTERM):
         return _run(args, api_key, given)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def limits(args: argparse.Namespace) -> ServeConfig:
@@ -116,10 +110,6 @@ def limits(args: argparse.Namespace) -> ServeConfig:
     """
     given = {field.name: getattr(args, field.name) for field in dataclasses.fields(ServeConfig)}
     return ServeConfig(**given).check(named=lambda field: flag_name(args, field))
-
-
-def _interrupt(_signum, _frame) -> None:
-    raise KeyboardInterrupt
 
 
 def _run(args: argparse.Namespace, api_key: str | None, given: ServeConfig) -> int:

@@ -13,8 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from txl.cli.checks import (check_exists, check_min_new_tokens, check_output, check_range, flag_name,
-                            require_installed)
+from txl.cli.checks import check_decoding_flags, check_exists, check_output, check_range, require_installed
 from txl.cli.common import (add_batch_size, add_checkpoint, add_checkpoint_name, add_decoding_flags, add_device,
                             add_dtype, add_force, add_json, add_option, add_quantize, add_seed, add_span, decoding_rules,
                             emit_json, load_checkpoint, print_notes, underscore)
@@ -161,14 +160,9 @@ def check_finetuned(path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``txl summarize``."""
-    from txl.config import check_decoding, check_sampling  # torch-free: checked before torch loads
-
-    named = lambda field: flag_name(args, field)  # noqa: E731 - messages name the flags
-    check_sampling(args.temperature, args.top_k, args.top_p, named)
-    check_decoding(args.repetition_penalty, args.no_repeat_ngram_size, args.min_new_tokens, args.length_penalty, named)
+    check_decoding_flags(args)  # torch-free: checked before torch loads
     check_range(args, 1, "num_beams", "batch_size")
-    check_range(args, 0, "max_new_tokens", "prompt_tokens", "mem_len")
-    check_min_new_tokens(args)
+    check_range(args, 0, "prompt_tokens", "mem_len")
     if args.rouge:  # an optional dependency: missing, it is said before any work
         from txl.evaluation.rouge import ROUGE_MISSING
 

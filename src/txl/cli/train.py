@@ -7,11 +7,10 @@ import json
 import os
 import signal
 import sys
-import threading
 from pathlib import Path
 
 from txl.cli.checks import check_exists, check_range, flag_name, require_installed
-from txl.cli.common import add_batch_size, add_data, add_device, add_dtype, add_seed
+from txl.cli.common import add_batch_size, add_data, add_device, add_dtype, add_seed, interrupted_by
 from txl.errors import TxlError
 
 NAME = "train"
@@ -158,18 +157,9 @@ def run_training(args: argparse.Namespace, run_config, command: str, changed: bo
 
     # SIGTERM outside the steps (loading, the final evaluation and sample) ends the command as Ctrl-C does,
     # with one line and exit status 130; during the steps the loop's own handler writes last/ first
-    previous = (signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread()
-                else None)
-    try:
+    with interrupted_by(signal.SIGTERM):
         return _report(train(run_config, progress=not args.quiet, resume=bool(args.resume),
                              allow_data_change=args.allow_data_change), run_config)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def _terminate(_signum, _frame) -> None:
-    raise KeyboardInterrupt
 
 
 def check_run_args(args: argparse.Namespace, data: str | None) -> None:

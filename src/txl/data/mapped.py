@@ -4,9 +4,9 @@ A split of a corpus larger than memory is a ``np.memmap`` of the token cache. Re
 pages, and the pages a process has touched count in its resident memory until the kernel needs them
 back, so a pass over a 4 GB split would show 4 GB of RSS although nothing was copied. The readers that
 pass over a split (training and evaluation through :class:`~txl.data.iterators.LMOrderedIterator`, the
-sliding window, the range check and comparison below) read through :class:`PageBudget`, which hands the
-pages of a read-only mapping back to the page cache (``madvise(MADV_DONTNEED)`` on the read-only mapping: the file's pages stay
-cached, the next read maps them again without touching the disk) each time ``RELEASE_BYTES`` have been
+sliding window, the range check below) read through :class:`PageBudget`, which hands the pages of a
+read-only mapping back to the page cache (``madvise(MADV_DONTNEED)``: the file's pages stay cached, the
+next read maps them again without touching the disk) each time ``RELEASE_BYTES`` have been
 read. Arrays in memory (numpy, lists, tensors) are read as they are.
 """
 
@@ -24,7 +24,7 @@ RELEASE_BYTES = 64 << 20
 """Bytes of a memory-mapped array read between two releases of its pages."""
 
 CHUNK_TOKENS = 16 << 20
-"""Tokens read at a time by :func:`token_range` and :func:`equal_arrays`."""
+"""Tokens read at a time by :func:`token_range` (and by a caller that compares two arrays piece by piece)."""
 
 
 class PageBudget:
@@ -112,15 +112,3 @@ def token_range(arr: np.ndarray) -> tuple[int, int]:
     budget.release()
     return lo, hi
 
-
-def equal_arrays(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two 1-D token arrays hold the same ids, compared ``CHUNK_TOKENS`` at a time."""
-    if len(a) != len(b):
-        return False
-    budgets = PageBudget(a), PageBudget(b)
-    for start in range(0, len(a), CHUNK_TOKENS):
-        if not np.array_equal(a[start:start + CHUNK_TOKENS], b[start:start + CHUNK_TOKENS]):
-            return False
-        for budget in budgets:
-            budget.read(min(CHUNK_TOKENS, len(a) - start))
-    return True
