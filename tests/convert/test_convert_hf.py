@@ -8,10 +8,11 @@ import pytest
 import torch
 from transformers import TransfoXLConfig, TransfoXLLMHeadModel
 
+from tests.convert.hf_helpers import hf_model_to_txl
 from txl.generation import generate
-from txl.convert.hf_transfo_xl import (config_from_hf, hf_initial_mems, hf_model_to_txl, model_from_hf_state,
-                                        read_hf_checkpoint, write_hf_checkpoint)
-from txl.convert.safe_pickle import read_transfo_xl_vocab
+from txl.convert.hf_transfo_xl import (config_from_hf, hf_initial_mems, model_from_hf_state, read_hf_checkpoint,
+                                        write_hf_checkpoint)
+from txl.convert.safe_pickle import load_restricted_pickle, transfo_xl_words
 from txl.errors import TxlError
 from txl.model.serialization import unique_state
 
@@ -163,7 +164,7 @@ def test_pickled_vocabulary_reader_is_restricted(tmp_path):
     state = {"idx2sym": ["<eos>", "the", ",", "<unk>"], "sym2idx": collections.OrderedDict(a=0),
              "counter": collections.Counter(the=3), "special": ["<eos>"], "min_freq": 0, "max_size": None,
              "lower_case": False, "pattern": re.compile(r"[^\s][^\s]")}
-    assert read_transfo_xl_vocab(pickle.dumps(state)) == ["<eos>", "the", ",", "<unk>"]
+    assert transfo_xl_words(load_restricted_pickle(pickle.dumps(state))) == ["<eos>", "the", ",", "<unk>"]
 
     marker = tmp_path / "pwned"
 
@@ -173,10 +174,10 @@ def test_pickled_vocabulary_reader_is_restricted(tmp_path):
             return (os.system, (f"touch {marker}",))
 
     with pytest.raises(TxlError, match="refusing to load (posix|os).system"):
-        read_transfo_xl_vocab(pickle.dumps({"idx2sym": ["a"], "x": Evil()}))
+        load_restricted_pickle(pickle.dumps({"idx2sym": ["a"], "x": Evil()}))
     assert not marker.exists()  # refused before anything ran
     with pytest.raises(TxlError, match="cannot read"):
-        read_transfo_xl_vocab(b"not a pickle")
+        load_restricted_pickle(b"not a pickle")
 
 
 def test_cli_convert_hf_folder_and_back(tmp_path, capsys):

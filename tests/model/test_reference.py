@@ -8,7 +8,7 @@ from transformers import TransfoXLConfig, TransfoXLLMHeadModel
 
 from conftest import run_segments
 from test_memory_invariants import build
-from txl.convert.hf_transfo_xl import hf_model_to_txl
+from tests.convert.hf_helpers import hf_model_to_txl
 from txl.errors import TxlError
 from txl.model import reference
 

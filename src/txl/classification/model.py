@@ -16,17 +16,21 @@ only, and a row whose document has ended is dropped from the batch for the remai
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from torch import nn
 
-from txl.classification.serialization import load_classifier_weights, read_classifier, save_classifier
-from txl.config import CLASSIFIER_NAME, ClassifierConfig, TransformerXLConfig
+from txl.config import CLASSIFIER_NAME, CONFIG_NAME, VOCAB_NAME, ClassifierConfig, TransformerXLConfig
+from txl.data import load_tokenizer
 from txl.errors import TxlError
+from txl.fileio import read_json_object, write_json
+from txl.model.serialization import load_weights, read_model_config, save_model
 from txl.model.segments import eval_mode, segments
 from txl.model.parameters import init_weights
 from txl.kernels.cpu import check_reading_fits
@@ -354,8 +358,29 @@ class TransformerXLForSequenceClassification(nn.Module):
         Files: ``model.safetensors`` (body and head), ``config.json`` (the body's model config),
         ``classifier.json`` (:class:`ClassifierConfig` plus ``extra``) and, when a tokenizer is set,
         ``vocab.json``. An existing folder is replaced only once the new one is complete.
+
+        Raises:
+            TxlError: ``directory`` exists and is neither empty nor a classifier checkpoint (it is never
+                replaced then); the write failed (disk full, permissions).
         """
-        save_classifier(self, directory, extra)
+        directory = Path(directory)
+        if directory.exists() and (not directory.is_dir() or (any(directory.iterdir())
+                                                               and not (directory / CLASSIFIER_NAME).is_file())):
+            raise TxlError(f"{directory} exists and is not a classifier checkpoint; choose a new folder")
+        tmp, old = (directory.with_name(directory.name + suffix) for suffix in (".tmp", ".old"))
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            save_model(self, tmp, self.tokenizer)
+            write_json(tmp / CLASSIFIER_NAME, {**self.classifier.to_dict(), "extra": extra or {}})
+        except (OSError, SafetensorError) as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            reason = getattr(err, "strerror", None) or err
+            raise TxlError(f"could not write the classifier to {directory}: {reason}") from None
+        if directory.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            directory.rename(old)
+        tmp.rename(directory)
+        shutil.rmtree(old, ignore_errors=True)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path,
@@ -364,12 +389,26 @@ class TransformerXLForSequenceClassification(nn.Module):
         (safetensors + JSON only), in eval mode. A run folder of ``txl classify train`` gives its ``best/``.
 
         Raises:
-            TxlError: missing folder or files, invalid JSON, or weights that do not match the configs.
+            TxlError: missing folder or files, a folder that is not a classifier checkpoint (e.g. a
+                language-model checkpoint), invalid JSON, weights that do not match the configs, or a
+                vocabulary of the wrong size.
         """
         directory = Path(directory)
         if not (directory / CLASSIFIER_NAME).is_file() and (directory / "best" / CLASSIFIER_NAME).is_file():
             directory = directory / "best"  # a classification run: its final checkpoint
-        config, values = read_classifier(directory)
-        model = cls(config, classifier=ClassifierConfig.from_dict(values))
-        load_classifier_weights(model, directory, map_location)
+        if not directory.is_dir():
+            raise TxlError(f"classifier checkpoint {directory} " + ("is a file, not a folder" if directory.exists()
+                                                                      else "does not exist"))
+        if not (directory / CLASSIFIER_NAME).is_file():
+            raise TxlError(f"{directory} is not a txl classifier checkpoint (no {CLASSIFIER_NAME}); "
+                           "give the folder written by `txl classify train --out`")
+        values = read_json_object(directory / CLASSIFIER_NAME)
+        values.pop("extra", None)
+        model = cls(read_model_config(directory), classifier=ClassifierConfig.from_dict(values))
+        load_weights(model, directory, map_location, f"{CONFIG_NAME} and {CLASSIFIER_NAME}")
+        if (directory / VOCAB_NAME).is_file():
+            model.tokenizer = load_tokenizer(directory / VOCAB_NAME)
+            if model.tokenizer.vocab_size != model.config.vocab_size:
+                raise TxlError(f"{directory / VOCAB_NAME} has {model.tokenizer.vocab_size} tokens but the model "
+                               f"expects {model.config.vocab_size}")
         return model.to(map_location).eval()

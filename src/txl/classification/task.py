@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from txl.classification.data import pad_batch
-from txl.data.iterators import EpochOrder, to_device
+from txl.data.iterators import EpochBatches, to_device
 from txl.classification.model import TransformerXLForSequenceClassification
 from txl.classification.probe import probe_head
 from txl.config import CLASSIFIER_NAME
@@ -81,21 +81,6 @@ class ClassifyObjective(nn.Module):
             token_loss = F.cross_entropy(out.logits.to(torch.promote_types(out.logits.dtype, torch.float32)), labels,
                                          reduction="none")
         return LMOutput(logits=out.logits, loss=None, mems=None, token_loss=token_loss)
-
-
-class _DocumentBatches:
-    """``batch_size`` documents per step in seeded shuffled epochs; the position counts documents taken."""
-
-    def __init__(self, docs, labels, batch_size: int, seed: int, max_tokens: int | None, device) -> None:
-        self.docs, self.labels = docs, torch.as_tensor(np.asarray(labels, dtype=np.int64))
-        self.batch_size, self.max_tokens, self.device = batch_size, max_tokens, device
-        self.order = EpochOrder(len(docs), seed)
-
-    def next(self, position: int, tgt_len: int, generator: torch.Generator):
-        chosen = self.order.take(position, self.batch_size)
-        x = padded([self.docs[i] for i in chosen], self.max_tokens)
-        return (to_device(x, self.device), to_device(self.labels[chosen], self.device), position + self.batch_size,
-                True)
 
 
 class ClassifyTask:
@@ -181,9 +166,14 @@ class ClassifyTask:
             out[f"{name} documents"] = {"tokens": sum(len(d) for d in docs), "sha256": h.hexdigest()}
         return out
 
-    def batches(self, run, device) -> _DocumentBatches:
-        return _DocumentBatches(self.docs["train"], self.labels["train"], run.train.batch_size, run.train.seed,
-                                self.classifier.max_tokens, device)
+    def batches(self, run, device) -> EpochBatches:
+        """``batch_size`` documents per step in seeded shuffled epochs; the position counts documents taken."""
+        docs, labels = self.docs["train"], torch.as_tensor(np.asarray(self.labels["train"], dtype=np.int64))
+
+        def make(chosen: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+            x = padded([docs[i] for i in chosen], self.classifier.max_tokens)
+            return to_device(x, device), to_device(labels[chosen], device)
+        return EpochBatches(len(docs), run.train.batch_size, run.train.seed, make)
 
     def objective(self, model: TransformerXLForSequenceClassification) -> ClassifyObjective:
         return ClassifyObjective(model)

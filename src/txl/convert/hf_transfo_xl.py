@@ -78,11 +78,6 @@ def _rename(name: str, table: list[tuple[re.Pattern, str]]) -> str | None:
     return None
 
 
-def hf_key_to_txl(name: str) -> str | None:
-    """The txl parameter name for an HF one, or None if the table has no row for it."""
-    return _rename(name, _HF_TO_TXL)
-
-
 def txl_key_to_hf(name: str) -> str | None:
     """The HF parameter name for a txl one, or None if the table has no row for it."""
     return _rename(name, _TXL_TO_HF)
@@ -194,7 +189,7 @@ def model_from_hf_state(config: TransformerXLConfig, state: dict[str, torch.Tens
             if value.shape != expected.shape or not torch.allclose(value.float(), expected, rtol=1e-5):
                 raise TxlError(f"{key} differs from the standard sinusoid frequencies txl uses")
             continue
-        target = hf_key_to_txl(key)
+        target = _rename(key, _HF_TO_TXL)
         if target is None:
             raise TxlError(f"unknown key {key!r} in the HF checkpoint (not in txl's key map)")
         renamed[target] = value
@@ -287,8 +282,3 @@ def hf_initial_mems(config: TransformerXLConfig, batch_size: int, dtype=torch.fl
     """HF's starting memory for ``batch_size`` streams: ``n_layer`` zero tensors [B, mem_len, d_model]."""
     return [torch.zeros(batch_size, config.mem_len, config.d_model, dtype=dtype, device=device)
             for _ in range(config.n_layer)]
-
-
-def hf_model_to_txl(model) -> TransformerXLLM:
-    """Convert an in-memory ``transformers`` TransfoXLLMHeadModel (for tests and notebooks)."""
-    return model_from_hf_state(config_from_hf(model.config.to_dict()), dict(model.state_dict()))

@@ -79,17 +79,6 @@ def load_restricted_pickle(data: bytes) -> Any:
         raise TxlError(f"cannot read the pickled vocabulary: {type(err).__name__}: {err}") from None
 
 
-def read_transfo_xl_vocab(data: bytes) -> list[str]:
-    """The id-ordered vocabulary of a pickled TransfoXLTokenizer: its ``idx2sym`` and the tokens added
-    to it (see :func:`transfo_xl_words`).
-
-    Raises:
-        TxlError: refused or malformed pickle, no ``idx2sym`` list of strings in it, or added tokens
-            that do not fit it.
-    """
-    return transfo_xl_words(load_restricted_pickle(data))
-
-
 # where a pickled TransfoXLTokenizer keeps the tokens added by ``add_tokens``: {id: token} (transformers
 # >= 4.34: AddedToken records; earlier 4.x: strings) and {token text: id}
 _ADDED_DECODERS = ("_added_tokens_decoder", "added_tokens_decoder")

@@ -13,7 +13,7 @@ after another into ``batch_size`` streams.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -47,6 +47,22 @@ class EpochOrder:
     def take(self, position: int, count: int) -> list[int]:
         """The ``count`` items read from stream position ``position`` on."""
         return [self.epoch(i // self.n)[i % self.n] for i in range(position, position + count)]
+
+
+class EpochBatches:
+    """``batch_size`` of ``n`` items per step in seeded shuffled epochs (:class:`EpochOrder`); the position
+    counts items taken, so a resumed run continues with exactly the items it would have read.
+    ``make(indices)`` builds the ``(x, y)`` batch of the chosen items.
+
+    Raises:
+        TxlError: ``n`` < 1.
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int, make: Callable[[list[int]], tuple]) -> None:
+        self.order, self.batch_size, self.make = EpochOrder(n, seed), batch_size, make
+
+    def next(self, position: int, tgt_len: int, generator: torch.Generator):
+        return (*self.make(self.order.take(position, self.batch_size)), position + self.batch_size, True)
 
 
 def to_device(batch: torch.Tensor, device) -> torch.Tensor:

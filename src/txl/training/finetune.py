@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from txl.data.iterators import EpochOrder
+from txl.data.iterators import EpochBatches
 from txl.data.pairs import Pair, add_markers, encode_pair, pair_batch, pair_splits
 from txl.errors import TxlError
 from txl.evaluation.completions import completion_losses, evaluate_completions
@@ -112,23 +112,6 @@ class PairsObjective(nn.Module):
                         recon_loss=torch.stack(recon).mean() if recon else None)
 
 
-class _PairBatches:
-    """``batch_size`` examples per step in seeded shuffled epochs; the position counts examples taken.
-
-    Epoch e is ``randperm(n, seed + e)``, so the batch of any position is known without saved RNG
-    state, and a resumed run continues with exactly the examples it would have read.
-    """
-
-    def __init__(self, rows, batch_size: int, seed: int, device: torch.device) -> None:
-        self.rows, self.batch_size, self.device = rows, batch_size, device
-        self.order = EpochOrder(len(rows), seed)
-
-    def next(self, position: int, tgt_len: int, generator: torch.Generator):
-        chosen = [self.rows[i] for i in self.order.take(position, self.batch_size)]
-        x, y = pair_batch(chosen, self.device)
-        return x, y, position + self.batch_size, True
-
-
 class CompletionRowsTask:
     """What every task of scored completions shares: rows ``(ids, start)`` read with the memory, the loss on
     the tokens from ``start`` on. A subclass sets ``rows`` (``"train"``, ``"valid"``: lists of rows),
@@ -139,8 +122,10 @@ class CompletionRowsTask:
     dtype: str
     unit: str
 
-    def batches(self, run: RunConfig, device: torch.device) -> _PairBatches:
-        return _PairBatches(self.rows["train"], run.train.batch_size, run.train.seed, device)
+    def batches(self, run: RunConfig, device: torch.device) -> EpochBatches:
+        rows = self.rows["train"]
+        return EpochBatches(len(rows), run.train.batch_size, run.train.seed,
+                            lambda chosen: pair_batch([rows[i] for i in chosen], device))
 
     def objective(self, model: TransformerXLLM) -> PairsObjective:
         return PairsObjective(model, self.grad_segments, self.dtype)
