@@ -132,11 +132,11 @@ def test_one_ignore_index():
     import txl
     import txl.config
     import txl.data
-    import txl.evaluation.scoring
+    import txl.evaluation.stream
     import txl.model.adaptive
 
     assert txl.config.IGNORE_INDEX == -100
-    assert txl.data.IGNORE_INDEX is txl.model.adaptive.IGNORE_INDEX is txl.evaluation.scoring.IGNORE_INDEX
+    assert txl.data.IGNORE_INDEX is txl.model.adaptive.IGNORE_INDEX is txl.evaluation.stream.IGNORE_INDEX
     found = []
     for path in Path(txl.__file__).parent.rglob("*.py"):
         tokens = list(tokenize.generate_tokens(io.StringIO(path.read_text(encoding="utf-8")).readline))

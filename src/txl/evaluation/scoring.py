@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from txl.config import IGNORE_INDEX, resolve_span, AttentionSpan
+from txl.config import resolve_span, AttentionSpan
+from txl.data.pairs import pair_batch
 from txl.errors import TxlError
 from txl.model.segments import decoding_state, eval_mode, segments
 from txl.runtime import check_fits
@@ -127,13 +128,7 @@ def _score_rows(model, rows: list[np.ndarray], span: AttentionSpan, dtype: str) 
     if any(a > b for a, b in zip(n_in, n_in[1:])):
         raise AssertionError("rows must be sorted by length")
     width = n_in[-1]
-    inputs = torch.zeros(len(rows), width, dtype=torch.int64)  # pad id 0: never reaches real tokens
-    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.int64)
-    for r, row in enumerate(rows):
-        t = torch.from_numpy(row)
-        inputs[r, :n_in[r]] = t[:-1]
-        labels[r, :n_in[r]] = t[1:]
-    inputs, labels = inputs.to(device), labels.to(device)
+    inputs, labels = pair_batch([(row, 1) for row in rows], device)  # pad id 0: never reaches real tokens
     out_lp = np.zeros((len(rows), width), dtype=np.float64)
     state = decoding_state(model, span, max_tokens=width)
     if state is not None:
