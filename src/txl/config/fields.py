@@ -50,7 +50,7 @@ def check_minimums(obj: Any, minimums: dict[str, Any], prefix: str = "", notes: 
     """
     for field, minimum in minimums.items():
         value = getattr(obj, field)
-        if value is not None and value < minimum:
+        if value is not None and not value >= minimum:  # (NaN is below every floor)
             raise TxlError(f"{prefix}{field} must be >= {minimum}{(notes or {}).get(field, '')}, got {value}")
 
 
