@@ -192,9 +192,9 @@ def _language_model(args: argparse.Namespace):
     lm_dir = resolve_checkpoint_dir(args.checkpoint)
     lm_config = read_model_config(lm_dir)
     from txl.kernels.int8 import check_trainable
-    from txl.model.serialization import weight_names
+    from txl.model.serialization import weight_shapes
 
-    check_trainable(weight_names(lm_dir), str(lm_dir))  # from the weights' header: nothing loaded yet
+    check_trainable(weight_shapes(lm_dir), str(lm_dir))  # from the weights' header: nothing loaded yet
     if not (lm_dir / VOCAB_NAME).is_file():
         raise TxlError(f"{lm_dir} has no {VOCAB_NAME}: cannot encode the documents for this language model")
     mode = args.mode or ("memory" if lm_config.has_memory else "first")

@@ -114,11 +114,6 @@ def int8_product(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     return out.view(*lead, out.size(-1))
 
 
-def linear_names(model: nn.Module) -> list[str]:
-    """The names of the ``nn.Linear`` layers :func:`quantize_int8` replaces by default (all of them)."""
-    return [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
-
-
 def quantize_int8(model: nn.Module, names: Iterable[str] | None = None, *, empty: bool = False) -> nn.Module:
     """Replace the ``nn.Linear`` layers of ``model`` named in ``names`` (default: every one) by
     :class:`Int8Linear`, in place, and put the model in eval mode with no gradients; returns ``model``.
@@ -132,7 +127,7 @@ def quantize_int8(model: nn.Module, names: Iterable[str] | None = None, *, empty
             without AVX512-VNNI: pytorch issue 136746, fixed in 2.6).
     """
     modules = dict(model.named_modules())
-    wanted = linear_names(model) if names is None else list(names)
+    wanted = [name for name, layer in modules.items() if isinstance(layer, nn.Linear)] if names is None else list(names)
     if wanted:  # a float checkpoint's load asks for no layer: any torch will do
         check_torch()
     for name in wanted:

@@ -29,7 +29,7 @@ def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
     """Sinusoidal encoding of (relative or absolute) positions (Vaswani et al. 2017; paper §3.3 R).
 
     Args:
-        positions: float tensor [N] of positions/distances.
+        positions: tensor [N] of positions/distances (int64 or float).
         dim: even encoding width.
 
     Returns:
@@ -42,9 +42,10 @@ def sinusoid(positions: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def relative_positions(klen: int, clamp_len: int, device: torch.device | str) -> torch.Tensor:
-    """Distances ``klen-1, ..., 1, 0`` (float [klen]) as used for R, clamped at ``clamp_len`` if > 0
-    (a ``clamp_len`` of ``klen`` or more changes nothing, however large)."""
-    pos = torch.arange(klen - 1, -1, -1.0, device=device)
+    """Distances ``klen-1, ..., 1, 0`` (int64 [klen]) clamped at ``clamp_len`` if > 0 (a ``clamp_len`` of
+    ``klen`` or more changes nothing, however large): those R encodes ("rel"), or the rows of the Shaw table
+    (``clamp_len``: its ``max_dist``)."""
+    pos = torch.arange(klen - 1, -1, -1, device=device)
     if 0 < clamp_len < klen:
         pos = pos.clamp(max=clamp_len)
     return pos
@@ -272,11 +273,6 @@ def attention_mask(qlen: int, mlen: int, same_length: bool, mem_len: int, device
     return mask
 
 
-def shaw_distances(klen: int, max_dist: int, device: torch.device | str) -> torch.Tensor:
-    """Distances ``klen-1, ..., 1, 0`` (int64 [klen]) clipped at ``max_dist``: rows of the Shaw table."""
-    return torch.arange(klen - 1, -1, -1, device=device).clamp(max=max_dist)
-
-
 class MultiHeadAttention(nn.Module):
     """Masked multi-head attention over [memory + current segment], its positions given by a scheme.
 
@@ -325,9 +321,7 @@ class MultiHeadAttention(nn.Module):
             cache: this layer's part of a :class:`~txl.model.decoding.DecodingState` (incremental
                 decoding without autograd, a scheme with memory): the keys and values of the memory
                 are read from it instead of being projected from ``mem``, and the last ``capacity``
-                keys/values of this call are stored in it. A kept key does not change as the query
-                moves on (relative positions, or a rotary key rotated once at its own position), so
-                this is exact.
+                keys/values of this call are stored in it (why that is exact: :mod:`txl.model.decoding`).
 
         Returns:
             [B, T, d_model]: the sub-layer output after residual (and LayerNorm unless ``pre_lnorm``).
@@ -362,14 +356,12 @@ class MultiHeadAttention(nn.Module):
         """One decoding step of one new token per row: what :meth:`forward` computes for a one-token
         segment after the memory, without concatenating or copying the memory.
 
-        The token's query, key and value go to ``cache.update``, which returns the slots to attend to;
+        The token's query, key and value go to ``cache.update``, which returns the slots to attend to (a
+        state's layer or a graph's view of a ring: :meth:`~txl.model.decoding.LayerCache.update`);
         :func:`one_query_attention` scores the query against them in slot order with the scheme's terms
-        (for "rel" and "shaw" a table of distances read at each slot's distance). The one cache
-        class serves it two ways: a decoding state's :class:`~txl.model.decoding.LayerCache` writes the
-        token into its slot first and returns the filled slots; a graph's view of a ring
-        (:meth:`~txl.model.decoding.LayerCache.graph_view`, compiled and exported graphs) returns its
-        slots unchanged and the token's key and value as ``cache.own``, scored beside them. Only ``key_mask`` hides a slot (with ``same_length`` the capacity is
-        ``mem_len``, so the oldest key has already left, as the mask would drop it).
+        (for "rel" and "shaw" a table of distances read at each slot's distance). Only ``key_mask`` hides a
+        slot (with ``same_length`` the capacity is ``mem_len``, so the oldest key has already left, as the
+        mask would drop it).
 
         Args:
             h: [B, 1, d_model] input of this layer for the new token (eval mode, no autograd).

@@ -18,8 +18,7 @@ from txl.runtime import reads_values
 ID_DTYPES = (torch.int64, torch.int32)
 
 
-def check_input_ids(input_ids, vocab_size: int, device: torch.device | None = None,
-                    name: str = "input_ids") -> tuple[int, int]:
+def check_input_ids(input_ids, vocab_size: int, device: torch.device | None = None) -> tuple[int, int]:
     """Check a batch of token ids and return its shape ``(batch, length)``.
 
     Args:
@@ -27,29 +26,29 @@ def check_input_ids(input_ids, vocab_size: int, device: torch.device | None = No
             (the range is checked on CPU tensors only).
         vocab_size: the model's vocabulary size.
         device: the model's device; None skips the device check.
-        name: the argument's name in messages.
 
     Raises:
         TxlError: not a tensor (e.g. a Python list), not integer, not 2-D, an empty batch or segment,
             on another device than the model, or an id outside the vocabulary.
     """
     if not isinstance(input_ids, torch.Tensor):
-        raise TxlError(f"{name} must be a torch.Tensor of token ids [batch, seq_len], got {type(input_ids).__name__} "
-                       "(use torch.tensor([...], dtype=torch.long))")
+        raise TxlError(f"input_ids must be a torch.Tensor of token ids [batch, seq_len], got "
+                       f"{type(input_ids).__name__} (use torch.tensor([...], dtype=torch.long))")
     if input_ids.dim() != 2 or input_ids.dtype not in ID_DTYPES:
-        raise TxlError(f"{name} must be an integer tensor [batch, seq_len], got {input_ids.dtype} "
+        raise TxlError(f"input_ids must be an integer tensor [batch, seq_len], got {input_ids.dtype} "
                        f"{tuple(input_ids.shape)}")
     bsz, qlen = input_ids.shape
     if bsz == 0:
-        raise TxlError(f"{name} has an empty batch (shape {tuple(input_ids.shape)}): pass at least one row")
+        raise TxlError(f"input_ids has an empty batch (shape {tuple(input_ids.shape)}): pass at least one row")
     if qlen == 0:
-        raise TxlError(f"{name} is empty: a segment needs at least one token")
+        raise TxlError("input_ids is empty: a segment needs at least one token")
     if device is not None and input_ids.device != device:
-        raise TxlError(f"{name} is on {input_ids.device} but the model is on {device}: move it with .to({str(device)!r})")
+        raise TxlError(f"input_ids is on {input_ids.device} but the model is on {device}: move it with "
+                       f".to({str(device)!r})")
     if reads_values(input_ids):
         lo, hi = int(input_ids.min()), int(input_ids.max())
         if lo < 0 or hi >= vocab_size:
-            raise TxlError(f"{name}: token id {lo if lo < 0 else hi} is outside the vocabulary [0, {vocab_size})")
+            raise TxlError(f"input_ids: token id {lo if lo < 0 else hi} is outside the vocabulary [0, {vocab_size})")
     return bsz, qlen
 
 

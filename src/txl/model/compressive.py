@@ -33,18 +33,14 @@ class Compressor(nn.Module):
 
     ``kind`` "conv1d": a 1-D convolution with kernel size and stride c over time (parameters
     ``weight`` [d, d, c], ``bias`` [d]; the paper's best function, §3.1, Table 2); "max_pool",
-    "mean_pool": max / mean over each group of c (no parameters).
-
-    Raises:
-        TxlError: an unknown ``kind`` or ``ratio < 1``.
+    "mean_pool": max / mean over each group of c (no parameters). ``kind`` and ``ratio`` are a checked
+    config's (:meth:`~txl.model.TransformerXLConfig.check`).
     """
 
     param_kinds = {"weight": "linear", "bias": "bias"}
 
     def __init__(self, d_model: int, ratio: int, kind: str) -> None:
         super().__init__()
-        if ratio < 1 or kind not in ("conv1d", "max_pool", "mean_pool"):
-            raise TxlError(f"compression must be conv1d, max_pool or mean_pool with ratio >= 1, got {kind!r}, {ratio}")
         self.ratio, self.kind = ratio, kind
         if kind == "conv1d":
             self.weight = nn.Parameter(torch.empty(d_model, d_model, ratio))
@@ -141,7 +137,6 @@ def update_compressive(memory: Mems | None, compressed: Mems | None, pending: Me
         ``(mems, recon)``: the ``3 * n_layer`` tensors of the new memory (module docstring), and
         the reconstruction loss (float scalar; None when ``attentions`` is None or autograd is off).
     """
-    n_layer = len(hids)
     new_memory, new_compressed, new_pending = [], [], []
     recon = None
     want_recon = attentions is not None and torch.is_grad_enabled()
@@ -163,7 +158,6 @@ def update_compressive(memory: Mems | None, compressed: Mems | None, pending: Me
         joined = joined[:, max(0, joined.size(1) - cmem_len):]
         for out, t in ((new_memory, cat[:, cut:]), (new_compressed, joined), (new_pending, waiting)):
             out.append(t.detach().contiguous() if detach else t)
-    assert len(new_memory) == n_layer
     return new_memory + new_compressed + new_pending, recon
 
 

@@ -4,7 +4,9 @@ A relative-attention key carries no position (§3.3: positions enter the score o
 ``W_kR R_{i-j}``), so the memory's keys and values are projected once and kept. A ring of S slots is
 then exact: the newest token overwrites the oldest slot, and the step reads its table of distances
 rotated to each slot's distance. A rotary key ("rope") is rotated once, at its position in the text
-(:attr:`DecodingState.seen`), before it is kept. A step costs O(mem_len) attention work per layer.
+(:attr:`DecodingState.seen`), before it is kept: its score with a query depends on the difference of
+their positions only, so no key is rotated again, whatever slot order the ring has reached. A step
+costs O(mem_len) attention work per layer.
 
 One protocol for every call: :meth:`DecodingState.begin`, each layer's :meth:`LayerCache.update`,
 :meth:`DecodingState.commit`. The state is the caller's and, while in use, *is* the memory
@@ -39,8 +41,8 @@ class LayerCache:
             holds, §3.2), for :meth:`DecodingState.mems`, in the inputs' dtype (allocated on the first
             write); None with ``keep_mems=False``.
         pos_keys: float [H, D, 2S] projected relative encodings (``W_kR R`` for "rel", the Shaw table's
-            rows for "shaw") for distances S-1 ... 0, twice in a row, so that the rotated order of any
-            step is one contiguous slice (see :meth:`DecodingState.pos_offset`); made on the first step.
+            rows for "shaw") for distances S-1 ... 0 twice in a row (:meth:`DecodingState.pos_offset`);
+            made on the first step.
         query_biases: float [2, H, D], u and v ("rel") times the score scale, made with ``pos_keys``.
         segment_pos_keys: float [H, D, K] ``W_kR R`` of the last multi-token call, reused while the
             key length K stays the same (``DecodingState.segment_klen``), as it does segment after
@@ -109,17 +111,15 @@ class LayerCache:
         if plan.in_place:
             self._place(plan, keys, values, hidden)
             return self.keys.narrow(2, plan.first, m + keys.size(2)), self.values.narrow(2, plan.first, m + keys.size(2))
-        if state.length > 0:  # [memory + call], then the last S are kept
-            keys = torch.cat([state.ordered(self.keys, m, 2), keys], dim=2)
-            values = torch.cat([state.ordered(self.values, m, 2), values], dim=2)
-            if self.hidden is not None:
-                hidden = torch.cat([state.ordered(self.hidden, m, 1), hidden], dim=1)
-        n = min(keys.size(2), state.capacity)
-        self.keys.narrow(2, 0, n).copy_(keys[:, :, -n:])
-        self.values.narrow(2, 0, n).copy_(values[:, :, -n:])
-        if self.hidden is not None:
-            self.hidden.narrow(1, 0, n).copy_(hidden[:, -n:])
-        return keys, values
+        attended = []
+        for buffer, new, dim in ((self.keys, keys, 2), (self.values, values, 2), (self.hidden, hidden, 1)):
+            if buffer is not None:
+                if state.length > 0:  # [memory + call], then the last S are kept
+                    new = torch.cat([state.ordered(buffer, m, dim), new], dim=dim)
+                n = min(new.size(dim), state.capacity)
+                buffer.narrow(dim, 0, n).copy_(new.narrow(dim, new.size(dim) - n, n))
+            attended.append(new)
+        return attended[0], attended[1]
 
     def _place(self, plan: "SegmentPlan", keys: torch.Tensor, values: torch.Tensor, hidden: torch.Tensor) -> None:
         """Write a call's keys/values [B, H, T, D] (and inputs [B, T, d]) right after the memory, moving
@@ -175,9 +175,8 @@ class DecodingState:
             caller never reads the memory back.
         max_tokens: the most tokens the state will take in (a starting memory's included), or None
             (no bound: S slots). A state with fewer slots than S refuses a call past them.
-        spare_room: on a CPU, keep spare positions after the slots for segment views (docs/model.md,
-            "The decoding cache"); False: exactly S positions, slot 0 at position 0 (the layout a compiled step reads
-            whole, :class:`~txl.model.graphs.RingDecoder`).
+        spare_room: on a CPU, keep spare positions after the slots for segment views (:meth:`room`); False:
+            exactly S positions, slot 0 at position 0 (the layout :class:`~txl.model.graphs.RingDecoder` reads).
 
     Raises:
         TxlError: ``span`` is not an AttentionSpan, ``n_layer < 1`` or ``max_tokens < 1``.
@@ -238,11 +237,6 @@ class DecodingState:
         self.held = mems
         self.length = min(self.length + qlen, self.capacity)
         self.next_slot = self.length % self.capacity
-
-    def bind_batch(self, batch_size: int) -> None:
-        """Check the batch size, then record it (compressive spans; see :meth:`check_call`)."""
-        self.check_call(batch_size, self.dtype)
-        self.batch_size = batch_size
 
     def check_call(self, batch_size: int, dtype: torch.dtype | None, new_tokens: int = 0) -> None:
         """Refuse a call whose batch size or key dtype differs from the ones this state holds (a state

@@ -23,11 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from txl.config import check_clamp, check_position_scheme
+from txl.config import check_clamp
 from txl.errors import TxlError
 from txl.kernels.cpu import Linear
-from txl.model.attention import (biased_attention, inverse_frequencies, one_query_attention, relative_positions,
-                                 shaw_distances, sinusoid)
+from txl.model.attention import biased_attention, inverse_frequencies, one_query_attention, relative_positions, sinusoid
 
 
 class PositionScheme(nn.Module):
@@ -99,8 +98,7 @@ class _DistanceTable(PositionScheme):
     """A position key per distance, added to the keys as a score bias (what "rel" and "shaw" share).
 
     The one-token step reads its table of distances rotated to the ring's order
-    (:meth:`~txl.model.decoding.DecodingState.pos_offset`): a key does not depend on its position,
-    so a slot keeps its key whatever distance it comes to hold.
+    (:meth:`~txl.model.decoding.DecodingState.pos_offset`; why a ring is exact: :mod:`txl.model.decoding`).
     """
 
     def position_keys(self, state) -> torch.Tensor:
@@ -213,7 +211,6 @@ class Shaw(_DistanceTable):
 
     def __init__(self, config, shared=None) -> None:
         super().__init__(config)
-        check_position_scheme(config)
         self.max_dist = config.shaw_max_dist
         self.r_emb = nn.Parameter(torch.empty(config.shaw_max_dist + 1, config.n_head, config.d_head))
 
@@ -225,7 +222,7 @@ class Shaw(_DistanceTable):
 
     def table(self, klen: int) -> torch.Tensor:
         """The learned a_d for distances K-1 ... 0 (clipped at ``max_dist``): [H, D, K]."""
-        return self.r_emb[shaw_distances(klen, self.max_dist, self.r_emb.device)].permute(1, 2, 0)
+        return self.r_emb[relative_positions(klen, self.max_dist, self.r_emb.device)].permute(1, 2, 0)
 
     def position_keys(self, state):
         return self.table(state.capacity)
@@ -275,10 +272,8 @@ class Rotary(PositionScheme):
     the queries the last T. Reading with a hidden-state memory (training, evaluation), the keys are
     rebuilt from the memory every segment and ``first`` is 0: positions count in the window (only
     differences matter). A decoding state keeps keys: each is rotated once, at its absolute position
-    in the text (``DecodingState.seen``), before it enters the ring buffer, and each query at its own.
-    The ring buffer is exact for the same reason as for "rel": the score of the query at p with the
-    key in slot s depends on ``p - p_s`` only, and slot s keeps its key (and ``p_s``) until it is
-    overwritten; no key is ever rotated again, whatever slot order the ring has reached.
+    in the text (``DecodingState.seen``), before it enters the ring buffer, and each query at its own
+    (why the ring is then exact: :mod:`txl.model.decoding`).
 
     ``clamp_len`` has no meaning here (refused); ``d_head`` must be even.
     """
@@ -318,12 +313,6 @@ SCHEMES: dict[str, type[PositionScheme]] = {s.name: s for s in (Relative, Shaw, 
 
 
 def position_scheme(attn_type: str) -> type[PositionScheme]:
-    """The scheme class of ``attn_type`` ("rel", "shaw", "abs" or "rope").
-
-    Raises:
-        TxlError: an unknown ``attn_type``.
-    """
-    try:
-        return SCHEMES[attn_type]
-    except (KeyError, TypeError):
-        raise TxlError(f"model.attn_type must be one of {', '.join(SCHEMES)}, got {attn_type!r}") from None
+    """The scheme class of ``attn_type`` ("rel", "shaw", "abs" or "rope"), one a checked config names
+    (:func:`txl.config.check_position_scheme`)."""
+    return SCHEMES[attn_type]

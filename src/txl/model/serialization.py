@@ -76,8 +76,9 @@ def read_model_config(directory: str | Path) -> TransformerXLConfig:
         raise TxlError(err.args[0] if str(path) in str(err) else f"{path}: {err}") from None
 
 
-def weight_names(directory: Path) -> list[str]:
-    """The tensor names in the header of ``directory/model.safetensors`` (reading nothing else).
+def weight_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
+    """The tensor names (in this layout, :func:`current_name`) and shapes in the header of
+    ``directory/model.safetensors`` (reading nothing else).
 
     Raises:
         TxlError: no or unreadable weights.
@@ -87,27 +88,22 @@ def weight_names(directory: Path) -> list[str]:
         raise TxlError(f"{directory} has no {WEIGHTS_NAME}")
     try:
         with safe_open(str(path), framework="pt") as f:
-            return [current_name(k) for k in f.keys()]
+            return {current_name(key): tuple(f.get_slice(key).get_shape()) for key in f.keys()}
     except (SafetensorError, OSError, ValueError) as err:
         raise TxlError(f"cannot read weights {path}: {err}") from None
 
 
-def check_weights_header(model: torch.nn.Module, directory: Path, described_by: str) -> None:
-    """Compare the tensor names and shapes in the header of ``directory/model.safetensors`` with
-    ``model``'s (typically built on the meta device), reading nothing but the header.
+def check_weights_header(model: torch.nn.Module, directory: Path, described_by: str,
+                         shapes: dict[str, tuple[int, ...]] | None = None) -> None:
+    """Compare the tensor names and shapes in the header of ``directory/model.safetensors`` (``shapes``:
+    :func:`weight_shapes` already read) with ``model``'s (typically built on the meta device).
 
     Raises:
         TxlError: no or unreadable weights, or names/shapes that differ from ``described_by``.
     """
-    path = directory / WEIGHTS_NAME
-    if not path.is_file():
-        raise TxlError(f"{directory} has no {WEIGHTS_NAME}")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            shapes = {current_name(key): tuple(f.get_slice(key).get_shape()) for key in f.keys()}
-    except (SafetensorError, OSError, ValueError) as err:
-        raise TxlError(f"cannot read weights {path}: {err}") from None
-    _compare(shapes, {k: tuple(v.shape) for k, v in unique_state(model).items()}, path, described_by)
+    shapes = weight_shapes(directory) if shapes is None else shapes
+    _compare(shapes, {k: tuple(v.shape) for k, v in unique_state(model).items()}, directory / WEIGHTS_NAME,
+             described_by)
 
 
 def _compare(found: dict[str, tuple], expected: dict[str, tuple], path: Path, described_by: str) -> None:

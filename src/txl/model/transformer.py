@@ -22,7 +22,7 @@ from txl.model.checks import check_input_ids, check_labels, padding_mask
 from txl.kernels.int8 import int8_names, quantize_int8
 from txl.model.memory import Mems, check_mems, update_mems
 from txl.model.serialization import (CONFIG_NAME, check_weights_header, load_weights, read_model_config, save_model,
-                                     weight_names)
+                                     weight_shapes)
 from txl.runtime import memory_bytes
 from txl.errors import TxlError
 
@@ -182,8 +182,8 @@ class TransformerXLLM(nn.Module):
                 segment is ``input_ids``). None: the config's training span. ``self.config`` is
                 never changed.
             detach_mems: True (the paper's stop-gradient, §3.2): the new memory is detached. False:
-                it keeps this segment's autograd graph (truncated back-propagation through time, see
-                :meth:`hidden_states`).
+                it keeps this segment's autograd graph, so a loss on a later segment back-propagates into
+                this one (truncated back-propagation through time).
             mem_padding: int64 [B]: the first ``mem_padding[b]`` memory positions of row b are padding
                 (a batch of rows whose memories have different lengths, left-padded to one length M);
                 no query attends to them. A row's real memory is its last ``M - mem_padding[b]``
@@ -201,12 +201,11 @@ class TransformerXLLM(nn.Module):
                 an integer tensor shaped like ``input_ids``, or hold values outside ``[0, vocab_size)``
                 other than -100; a ``span`` that is not an AttentionSpan; ``caches`` used with autograd
                 or in training mode (its one-token step has no dropout), or holding another model's keys.
-                Value (range) checks run on CPU tensors only, to keep GPU steps free of host synchronisation,
-                and not while ``torch.compile`` traces the model (shapes, dtypes and devices are still
-                checked; docs/compile.md). With ``caches``: a call past the state's ``max_tokens``, or
-                keys and values its device cannot allocate. (Whether a very long segment's attention
-                fits in memory is checked by the reading loops, :func:`txl.model.segments.segments`
-                and training, before they start, not here.)
+                Value (range) checks run on CPU tensors only, and not while ``torch.compile`` traces the
+                model (:mod:`txl.model.checks`, docs/compile.md). With ``caches``: a call past the state's
+                ``max_tokens``, or keys and values its device cannot allocate. (Whether a very long
+                segment's attention fits in memory is checked by the reading loops,
+                :func:`txl.model.segments.segments` and training, before they start, not here.)
         """
         if labels is not None and caches is not None:  # refused before the decoding state takes the segment in
             check_input_ids(input_ids, self.config.vocab_size, self.word_emb.emb_layers[0].weight.device)
@@ -228,10 +227,7 @@ class TransformerXLLM(nn.Module):
         Args:
             input_ids: int64 [B, T] token ids in ``[0, vocab_size)``.
             mems: ``n_layer`` tensors [B, M, d_model] from the previous segment, or None.
-            detach_mems: True (the paper's stop-gradient, §3.2): the new memory is detached, as in
-                :meth:`forward`. False: the new memory keeps the autograd graph of this segment, so
-                a loss on a later segment back-propagates into this one (truncated BPTT).
-            span: as in :meth:`forward` (None: the config's span).
+            detach_mems, span: as in :meth:`forward` (None: the config's span).
             same_layer: False (the paper, §3.2): layer n's memory is its input, layer n-1's output (a reach
                 of ``n_layer x mem_len`` tokens). True: ERNIE-Doc's enhanced recurrence (Ding et al. 2021,
                 §3.2): layer n's memory is its own output, with no bound on the reach (for a model trained
@@ -261,7 +257,6 @@ class TransformerXLLM(nn.Module):
             raise TxlError(f"span must be an AttentionSpan, got {type(span).__name__}")
         weight = self.word_emb.emb_layers[0].weight
         key_dtype, mem_dtypes = self._dtypes(weight)
-        # value (range) checks run on CPU tensors only: on a GPU they would cost a host sync per step
         bsz, qlen = check_input_ids(input_ids, c.vocab_size, weight.device)
         if not self.config.has_memory and mems is not None:
             raise TxlError(f"attn_type={c.attn_type!r} (vanilla Transformer) has no memory: pass mems=None")
@@ -293,7 +288,7 @@ class TransformerXLLM(nn.Module):
         if caches is None:
             h, hids = self._layers(h, mems, positions, mask, None)
         else:  # every check that may still reject the call is behind us
-            caches.begin(qlen, klen, self._state_shape(bsz), key_dtype, emb.device)
+            caches.begin(qlen, klen, (bsz, c.n_head, c.d_head), key_dtype, emb.device)
             caches.bind(bsz, key_dtype)
             try:
                 h, hids = self._layers(h, mems, positions, mask, caches)
@@ -335,7 +330,8 @@ class TransformerXLLM(nn.Module):
         c = self.config
         check_readable(c, span)
         if caches is not None:
-            caches.bind_batch(bsz)
+            caches.check_call(bsz, caches.dtype)
+            caches.bind(bsz, caches.dtype)
             if caches.length > 0:
                 mems = caches.held
         weight = self.word_emb.emb_layers[0].weight
@@ -374,7 +370,7 @@ class TransformerXLLM(nn.Module):
         h = self.drop(self.word_emb(input_ids))
         key_mask = None if mem_padding is None else slot_padding_mask(state, mem_padding, input_ids.size(0))
         klen = min(state.length + 1, state.capacity)
-        state.begin(1, klen, self._state_shape(input_ids.size(0)), key_dtype, h.device)
+        state.begin(1, klen, (input_ids.size(0), c.n_head, c.d_head), key_dtype, h.device)
         positions = self.positions.step_positions(state, c, h.device, h.dtype)
         state.bind(input_ids.size(0), key_dtype)
         try:
@@ -385,10 +381,6 @@ class TransformerXLLM(nn.Module):
             raise
         state.commit(klen)
         return self.drop(h)
-
-    def _state_shape(self, bsz: int) -> tuple[int, int, int]:
-        """(B, H, D): the shape of a decoding state's keys for ``bsz`` rows."""
-        return bsz, self.config.n_head, self.config.d_head
 
     @staticmethod
     def _dtypes(weight: torch.Tensor) -> tuple[torch.dtype, tuple[torch.dtype, ...]]:
@@ -457,9 +449,10 @@ class TransformerXLLM(nn.Module):
         """
         config = read_model_config(directory)
         config.check_fits(memory_bytes(), f"{Path(directory) / CONFIG_NAME}")
-        int8 = int8_names(weight_names(Path(directory)))  # a quantised checkpoint: its int8 layers
+        shapes = weight_shapes(Path(directory))
+        int8 = int8_names(shapes)  # a quantised checkpoint: its int8 layers
         with torch.device("meta"):  # shapes only: compare them with the weights' header before allocating
-            check_weights_header(quantize_int8(cls(config), int8, empty=True), Path(directory), CONFIG_NAME)
+            check_weights_header(quantize_int8(cls(config), int8, empty=True), Path(directory), CONFIG_NAME, shapes)
         model = cls(config)
         if int8:
             quantize_int8(model, int8, empty=True)
