@@ -2,6 +2,7 @@
 resuming a finished run or a checkpoint folder, the flags and keys named in errors, slow-dtype
 warnings, and SIGINT ending every command even when the shell started it with SIGINT ignored."""
 
+import importlib
 import json
 import os
 import signal
@@ -289,3 +290,46 @@ def test_sigint_stops_generate_started_with_sigint_ignored(tmp_path):
     err = proc.stderr.read().decode()
     assert code == 130, err
     assert err.splitlines()[-1] == "txl: interrupted" and "Traceback" not in err
+
+
+
+def test_sigint_during_an_import_that_swallows_it_is_raised_after(tmp_path, monkeypatch):
+    """torch's import swallows a KeyboardInterrupt raised inside it: while a command runs, SIGINT is held
+    back during torch's import and raised once the module's code has run (else a Ctrl-C then is lost)."""
+    from txl.cli.common import interrupts_held_while_importing
+
+    (tmp_path / "swallows_interrupts.py").write_text(
+        "import os, pathlib, signal, time\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(0.2)\n"
+        "except KeyboardInterrupt:\n"
+        "    pass\n"
+        "pathlib.Path(__file__).with_suffix('.done').touch()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with interrupts_held_while_importing("swallows_interrupts"), pytest.raises(KeyboardInterrupt):
+            importlib.import_module("swallows_interrupts")
+        assert (tmp_path / "swallows_interrupts.done").exists()  # the module's code ran to its end first
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler found is back
+        importlib.import_module("swallows_interrupts")  # the finder is gone: the module swallows it again
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        sys.modules.pop("swallows_interrupts", None)
+
+
+def test_sigint_while_a_command_imports_torch_ends_it(tmp_path):
+    ckpt = make_checkpoint(tmp_path / "c", ByteTokenizer(), step=1)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
+    script = ("import os, signal, sys, threading, time\n"
+              "def interrupt_once_torch_imports():  # as torch's import starts numpy's, where torch swallows it\n"
+              "    while 'torch' not in sys.modules or 'numpy' not in sys.modules:\n"
+              "        time.sleep(0.001)\n"
+              "    os.kill(os.getpid(), signal.SIGINT)\n"
+              "threading.Thread(target=interrupt_once_torch_imports, daemon=True).start()\n"
+              "from txl.cli import main\n"
+              f"sys.exit(main(['generate', {str(ckpt)!r}, '--prompt', 'go', '-n', '100000000', '--device', 'cpu']))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.splitlines()[-1] == "txl: interrupted" and "Traceback" not in proc.stderr

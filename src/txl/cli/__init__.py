@@ -27,7 +27,7 @@ import sys
 import textwrap
 
 from txl.cli.checks import check_shared_flags
-from txl.cli.common import interrupted_by, print_notes, visible_flags
+from txl.cli.common import interrupted_by, interrupts_held_while_importing, print_notes, visible_flags
 from txl.errors import TxlError, UsageParser, clip_message, listed
 
 # torch and numpy are imported inside the commands, so that Ctrl-C during start-up or a usage
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     and the inherited one restored after. A command run in a process that had imported torch before leaves
     its CPU thread count (``--threads``) as it found it.
     """
-    with interrupted_by(signal.SIGINT):
+    with interrupted_by(signal.SIGINT), interrupts_held_while_importing("torch"):
         torch = sys.modules.get("torch")  # run in a process that uses torch already (tests, a notebook): its
         threads = torch.get_num_threads() if torch is not None else None  # thread count is given back after
         try:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.abc
+import importlib.machinery
 import json
 import signal
 import sys
@@ -225,6 +227,64 @@ def interrupted_by(signum: int):
     finally:
         if previous is not None:
             signal.signal(signum, previous)
+
+
+class _HeldLoader:
+    """A module's loader whose :meth:`exec_module` runs with SIGINT held back, then raises the
+    :class:`KeyboardInterrupt` of a Ctrl-C that came meanwhile; everything else is the real loader's."""
+
+    def __init__(self, loader) -> None:
+        self.loader = loader
+
+    def __getattr__(self, name: str):
+        return getattr(self.loader, name)
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        held = []
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+        try:
+            self.loader.exec_module(module)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        if held:
+            raise KeyboardInterrupt
+
+
+class _HoldInterruptsWhileImporting(importlib.abc.MetaPathFinder):
+    """Finds the top-level module ``name`` as the path finder does, with a :class:`_HeldLoader`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _HeldLoader(spec.loader)
+        return spec
+
+
+@contextlib.contextmanager
+def interrupts_held_while_importing(name: str):
+    """While the block runs, the first import of module ``name`` runs with SIGINT held back and raises the
+    :class:`KeyboardInterrupt` of a Ctrl-C that came meanwhile once the module's code has run. torch's import
+    swallows an interrupt raised inside it (and may leave numpy half initialised, to fail a later step), so
+    without this a Ctrl-C in the second or two a command spends importing torch would be lost. The import
+    stays where each command makes it: after its checks of arguments and paths. Nothing changes outside
+    the main thread (no signals there) or when ``name`` is imported already."""
+    if name in sys.modules or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    finder = _HoldInterruptsWhileImporting(name)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
 
 
 def pick(cli: Any, config: Any) -> Any:
