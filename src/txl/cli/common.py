@@ -249,6 +249,7 @@ class _HeldLoader:
             self.loader.exec_module(module)
         finally:
             signal.signal(signal.SIGINT, previous)
+            module.__loader__ = module.__spec__.loader = self.loader  # the module keeps its real loader
         if held:
             raise KeyboardInterrupt
 
