@@ -6,7 +6,8 @@ import pytest
 
 from conftest import ROOT
 
-from txl.config import ClassifyTrainConfig, RunConfig, load_run_config, parse_override
+from txl.config import RunConfig, load_run_config, parse_override
+from txl_recipes.classify.config import ClassifyTrainConfig
 from txl.errors import TxlError
 
 CONFIGS = ROOT / "configs"
@@ -24,7 +25,7 @@ def test_every_shipped_config_loads(path):
     if "classify" in tables:  # a txl classify train --config file: every key resolves, nothing left unset
         import argparse
 
-        from txl.cli.classify import TRAIN_SETTINGS, resolve_settings
+        from txl_recipes.classify.command import TRAIN_SETTINGS, resolve_settings
 
         args = argparse.Namespace(config=str(path), **dict.fromkeys(TRAIN_SETTINGS))
         resolve_settings(args)

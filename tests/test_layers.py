@@ -34,6 +34,13 @@ def test_txl_itself_has_no_cycle_no_upward_import_and_every_module_on_a_floor():
     assert "no cycle, no upward or outward import" in run.stdout
 
 
+def test_the_recipes_have_no_cycle_and_never_import_a_study():
+    run = subprocess.run([sys.executable, str(TOOL), str(ROOT / "recipes"), "--name", "txl_recipes",
+                          "--layers", "classify,summarize", "--forbid", "txl_studies"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "no cycle, no upward or outward import" in run.stdout
+
+
 def test_an_import_of_a_forbidden_package_is_named(tmp_path):
     tool = load_tool()  # the library below the studies: txl never imports txl_studies
     pkg = write_package(tmp_path, {"low/__init__.py": "", "low/a.py": "def f():\n    from studies_pkg.x import y\n"})

@@ -1,4 +1,4 @@
-"""What the distribution installs: every package folder, and the studies' commands found by ``txl``."""
+"""What the distribution installs: every package folder, and the recipes' and studies' commands found by ``txl``."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
 def package_folders() -> set[str]:
-    """Every folder with an __init__.py below src/txl and studies/, by import name."""
+    """Every folder with an __init__.py below src/txl, recipes/ and studies/, by import name."""
     found = set()
-    for base, name in ((ROOT / "src" / "txl", "txl"), (ROOT / "studies", "txl_studies")):
+    for base, name in ((ROOT / "src" / "txl", "txl"), (ROOT / "recipes", "txl_recipes"), (ROOT / "studies", "txl_studies")):
         for init in base.rglob("__init__.py"):
             parts = init.parent.relative_to(base).parts
             found.add(".".join((name, *parts)))
@@ -28,9 +28,9 @@ def test_the_package_list_names_every_package_folder():
     assert listed == package_folders()
 
 
-def test_every_study_command_is_an_entry_point_that_loads_and_is_named_as_its_command():
+def test_every_recipe_and_study_command_is_an_entry_point_that_loads_and_is_named_as_its_command():
     points = PYPROJECT["project"]["entry-points"][cli.PLUGIN_GROUP]
-    assert set(points) == {"bench", "ablate", "recl", "data.docstrings", "data.packages"}
+    assert set(points) == {"classify", "summarize", "bench", "ablate", "recl", "data.docstrings", "data.packages"}
     for name, value in points.items():
         module, _, attr = value.partition(":")
         spec = importlib.import_module(module)
@@ -41,11 +41,14 @@ def test_every_study_command_is_an_entry_point_that_loads_and_is_named_as_its_co
     assert installed == points
 
 
-def test_txl_lists_the_studies_commands_beside_its_own():
+def test_txl_lists_the_recipes_and_studies_commands_after_its_own():
     parsers = cli.all_parsers()
-    for prog in ("txl bench", "txl ablate", "txl recl", "txl data docstrings", "txl data packages", "txl data prepare",
-                 "txl train"):
+    for prog in ("txl classify train", "txl classify predict", "txl summarize", "txl bench", "txl ablate", "txl recl",
+                 "txl data docstrings", "txl data packages", "txl data prepare", "txl train"):
         assert prog in parsers
+    names = [module.NAME for module in cli.command_modules()]
+    # txl's own, then the recipes' (the applications), then the studies'
+    assert names[-5:] == ["classify", "summarize", "ablate", "recl", "bench"], names
 
 
 def test_a_plugin_that_fails_to_import_is_left_out_with_one_warning(monkeypatch, capsys):

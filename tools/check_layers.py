@@ -3,6 +3,7 @@
 
     python tools/check_layers.py            # checks src/txl against LAYERS below; exit status 1 on a problem
     python tools/check_layers.py ROOT --layers "top > middle,other > bottom" --forbid other_package
+    python tools/check_layers.py recipes --name txl_recipes --layers "classify,summarize" --forbid txl_studies
 
 Every import counts, those inside functions included (they run too), and so do
 ``importlib.import_module("a.b")`` and ``__import__("a.b")`` with a literal name, and ``from pkg import
@@ -10,8 +11,9 @@ NAME`` of a name the package's ``__init__`` loads lazily (its ``_LAZY`` dict: na
 module's floor is the first
 part of its name below the package: ``txl/model/attention.py`` is on ``model``, ``txl/runtime.py`` on
 ``runtime``. A module on no listed floor is a problem as well: a new subpackage must be given its place
-here (docs/architecture.md). The studies (``txl_studies``) sit above the whole library: a library module
-that imports them is a problem too (``--forbid``). ``.ci/run`` runs this before the tests;
+here (docs/architecture.md). The recipes (``txl_recipes``) and the studies (``txl_studies``) sit above
+the whole library, the studies above the recipes: a library module that imports either, or a recipe that
+imports a study, is a problem too (``--forbid``). ``.ci/run`` runs this before the tests;
 tests/test_layers.py runs it too.
 """
 
@@ -27,18 +29,18 @@ ROOT = Path(__file__).resolve().parents[1]
 # top > ... > bottom; a floor may import its own and any floor below it, never one above
 LAYERS = ("cli,__main__ > analysis,serving > evaluation,training,generation,classification,convert,export > model,data"
           " > kernels > config,runtime,fileio,errors,distributed")
-FORBIDDEN = "txl_studies"  # packages above the library, which it must never import
+FORBIDDEN = "txl_recipes,txl_studies"  # packages above the library, which it must never import
 
 
-def package_modules(root: Path) -> dict[str, Path]:
-    """Every module of the package at ``root`` by dotted name (``txl.model.attention``; a package by its
-    folder's name)."""
+def package_modules(root: Path, name: str | None = None) -> dict[str, Path]:
+    """Every module of the package at ``root``, imported as ``name`` (default: the folder's name), by dotted
+    name (``txl.model.attention``; a package by its folder's name)."""
     found = {}
     for path in sorted(root.rglob("*.py")):
         parts = list(path.relative_to(root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
-        found[".".join([root.name, *parts])] = path
+        found[".".join([name or root.name, *parts])] = path
     return found
 
 
@@ -143,11 +145,11 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def problems(root: Path, layers: str, forbidden: str = "") -> tuple[list[str], int, int]:
+def problems(root: Path, layers: str, forbidden: str = "", name: str | None = None) -> tuple[list[str], int, int]:
     """Every cycle, upward import, module on no floor of the package at ``root`` and import of a package
     named in ``forbidden`` (comma-separated), one line each; with the numbers of modules and of imports
-    between them."""
-    modules = package_modules(root)
+    between them. ``name``: the package's import name, as in :func:`package_modules`."""
+    modules = package_modules(root, name)
     banned = {name.strip() for name in forbidden.split(",") if name.strip()}
     lazy = lazy_names(root)
     graph = {name: imported(name, path, set(modules), lazy) for name, path in modules.items()}
@@ -179,12 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("root", nargs="?", default=str(ROOT / "src" / "txl"), help="the package's folder")
     parser.add_argument("--layers", default=LAYERS, help="top > ... > bottom; the floors of one level by commas")
     parser.add_argument("--forbid", default=FORBIDDEN, help="packages it must never import, by commas")
+    parser.add_argument("--name", help="the package's import name (default: its folder's name)")
     args = parser.parse_args(argv)
     root = Path(args.root)
     if not (root / "__init__.py").is_file():
         print(f"check_layers: {root} is not a package folder (no __init__.py)", file=sys.stderr)
         return 2
-    found, n_modules, n_imports = problems(root, args.layers, args.forbid)
+    found, n_modules, n_imports = problems(root, args.layers, args.forbid, args.name)
     for line in found:
         print(line)
     print(f"{n_modules} modules, {n_imports} imports between them: "

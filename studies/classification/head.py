@@ -4,7 +4,7 @@ Rows, all with the whole-document reading of ``studies/classification/classify-l
 ``--grad-segments 2``), seed 0, scored on the test documents with 95% bootstrap intervals over them:
 
 - ``probe-only``: the head fitted by the linear probe over the training documents' pooled vectors
-  (:func:`txl.classification.probe_head`), no fine-tuning at all;
+  (:func:`txl_recipes.classify.probe.probe_head`), no fine-tuning at all;
 - ``random-lr1e-4``, ``random-lr5e-4``: a random head (``--head-init random``), fine-tuned ``--steps``
   steps at that learning rate;
 - ``probe-lr1e-4`` (the benchmark's ``document`` row of seed 0), ``probe-lr5e-4``: the probe's head,
@@ -35,9 +35,10 @@ RUNS = {"random-lr1e-4": ("random", 1e-4), "random-lr5e-4": ("random", 5e-4), "p
 def main() -> int:
     import numpy as np
 
-    from txl.classification import TransformerXLForSequenceClassification, probe_head
+    from txl.classification import TransformerXLForSequenceClassification
+    from txl_recipes.classify.probe import probe_head
     from txl.classification.data import encode_texts
-    from txl.classification.train import predict_labels
+    from txl_recipes.classify.train import predict_labels
     from txl.cli import main as txl_main
     from txl.evaluation.intervals import accuracy, bootstrap_interval, macro_f1
 

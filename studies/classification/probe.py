@@ -1,7 +1,7 @@
 """How strong the linear probe's L2 penalty should be: the probe alone, on both classification benchmarks.
 
 The classifier's head starts from a linear probe over the training documents' pooled vectors
-(:mod:`txl.classification.probe`, ``C = 1``). On the package benchmark that probe fits the training
+(:mod:`txl_recipes.classify.probe`, ``C = 1``). On the package benchmark that probe fits the training
 documents almost perfectly and fine-tuning then gets little gradient; a stronger penalty (a smaller C)
 would leave it more. This measures what a stronger penalty costs the probe itself: for each C, the
 probe's accuracy and mean cross-entropy (nats) on the training documents and on the test documents
@@ -38,7 +38,7 @@ def vectors(lm: str, work: Path, config: Path) -> dict:
 
     from txl.classification import TransformerXLForSequenceClassification
     from txl.classification.data import encode_texts
-    from txl.classification.probe import pooled_vectors
+    from txl_recipes.classify.probe import pooled_vectors
 
     kept = work / "probe-vectors.pt"
     if kept.is_file():
@@ -64,7 +64,7 @@ def sweep(found: dict) -> list[dict]:
     """For each C: the probe's accuracy and cross-entropy on the train and test documents."""
     import torch.nn.functional as F
 
-    from txl.classification.probe import fit_probe
+    from txl_recipes.classify.probe import fit_probe
     from txl.evaluation.intervals import accuracy, bootstrap_interval
 
     rows = []

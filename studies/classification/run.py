@@ -295,7 +295,7 @@ def main() -> int:
     import numpy as np
     import torch
 
-    from txl.cli.classify import TRAIN_SETTINGS, resolve_settings
+    from txl_recipes.classify.command import TRAIN_SETTINGS, resolve_settings
     from txl.data import load_tokenizer
     from txl.errors import TxlError
     from txl.runtime import cpu_flags

@@ -145,7 +145,7 @@ def _by_length(results: dict, args, work: Path, test: list[dict], per: dict) -> 
 def main() -> int:
     import numpy as np
 
-    from txl.evaluation.rouge import rouge_scores
+    from txl_recipes.summarize.rouge import rouge_scores
     from txl_studies.summaries.data import name_words
 
     args = _parser().parse_args()

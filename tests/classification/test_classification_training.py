@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from conftest import tiny_model
 from txl.classification import TransformerXLForSequenceClassification
 from txl.config import ClassifierConfig
-from txl.classification.train import fit_classifier
+from txl_recipes.classify.train import fit_classifier
 from txl.data import ByteTokenizer
 from txl.errors import TxlError
 from txl.training import loop
@@ -268,7 +268,7 @@ def test_a_bad_config_file_is_one_line_and_writes_nothing(tmp_path, capsys, text
 def test_valid_on_the_command_line_wins_over_the_files_valid_fraction(tmp_path):
     import argparse
 
-    from txl.cli.classify import TRAIN_SETTINGS, resolve_settings
+    from txl_recipes.classify.command import TRAIN_SETTINGS, resolve_settings
 
     config = tmp_path / "c.toml"
     config.write_text("[classify]\nvalid_fraction = 0.3\nsteps = 7\n")

@@ -211,7 +211,7 @@ def test_the_probe_is_scikit_learns_logistic_regression_on_standardized_features
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
-    from txl.classification.probe import fit_probe
+    from txl_recipes.classify.probe import fit_probe
 
     g = np.random.default_rng(0)
     centres = g.normal(0, 1, (4, 12))
@@ -226,7 +226,7 @@ def test_the_probe_is_scikit_learns_logistic_regression_on_standardized_features
 
 
 def test_a_probed_classifier_starts_from_the_probes_logits(tmp_path):
-    from txl.classification.probe import pooled_vectors, probe_head
+    from txl_recipes.classify.probe import pooled_vectors, probe_head
 
     model = _classifier(pooling="document")
     labels = [0, 1, 2, 0, 1]

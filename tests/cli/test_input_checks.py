@@ -401,7 +401,7 @@ def _no_loading(monkeypatch, module):
 
 
 def test_summarize_rouge_without_rouge_score_fails_before_any_work(tmp_path, capsys, monkeypatch):
-    import txl.cli.summarize as summarize
+    import txl_recipes.summarize.command as summarize
 
     ckpt = _finetuned(tmp_path / "ft")
     (tmp_path / "docs.jsonl").write_text('{"prompt": "def f(): pass", "completion": "Nothing."}\n')
@@ -432,7 +432,7 @@ def test_serve_and_bench_check_their_optional_packages_before_loading(tmp_path, 
 # --- fine-tuned checkpoints: summarize needs one, eval scores its pairs ---------------------------------------
 
 def test_summarize_refuses_a_language_model_that_was_not_fine_tuned(tmp_path, capsys, monkeypatch):
-    import txl.cli.summarize as summarize
+    import txl_recipes.summarize.command as summarize
 
     lm = _lm(tmp_path / "lm")  # byte level: the markers are ids it has, but it never learnt them
     (tmp_path / "doc.txt").write_text("def f():\n    return 1\n")

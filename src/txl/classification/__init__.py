@@ -1,9 +1,10 @@
-"""Document classification with Transformer-XL recurrence (see :mod:`txl.classification.model`)."""
+"""A document classifier on Transformer-XL recurrence (see :mod:`txl.classification.model`).
+
+Its fine-tuning, the linear probe that starts its head and ``txl classify`` are the classify recipe,
+:mod:`txl_recipes.classify`.
+"""
 
 from txl.classification.model import ClassifierOutput, TransformerXLForSequenceClassification
 from txl.config import ClassifierConfig
-from txl.classification.probe import probe_head
-from txl.classification.train import classification_metrics, fit_classifier
 
-__all__ = ["ClassifierConfig", "ClassifierOutput", "TransformerXLForSequenceClassification",
-           "classification_metrics", "fit_classifier", "probe_head"]
+__all__ = ["ClassifierConfig", "ClassifierOutput", "TransformerXLForSequenceClassification"]

@@ -8,9 +8,10 @@ exposes ``NAME``, ``HELP``, ``EXAMPLE`` and ``SUBCOMMANDS``, a tuple of
 
 Other installed packages add commands through the entry-point group ``txl.commands``: an entry named
 ``bench`` is a command (a module as above), one named ``data.docstrings`` a subcommand of the group
-``data`` (a :class:`~txl.cli.common.Command`). The studies (``txl_studies``, the repository's
-``studies/`` folder, installed with txl) add ``bench``, ``ablate``, ``recl``, ``data docstrings`` and
-``data packages`` this way, so the library never imports them.
+``data`` (a :class:`~txl.cli.common.Command`). The recipes (``txl_recipes``, the repository's
+``recipes/`` folder) add ``classify`` and ``summarize`` this way, and the studies (``txl_studies``,
+``studies/``) ``bench``, ``ablate``, ``recl``, ``data docstrings`` and ``data packages``; both are
+installed with txl, and the library never imports them.
 
 Every user error is printed as one line ``txl: error: ...`` on stderr with exit status 2; an
 interrupted run exits with 130 (training saves its ``last/`` checkpoint first).
@@ -34,15 +35,16 @@ from txl.errors import TxlError, UsageParser, clip_message, listed
 # error never needs them and never shows a traceback
 
 COMMAND_MODULES: tuple[str, ...] = (
-    "txl.cli.train", "txl.cli.finetune", "txl.cli.eval", "txl.cli.generate", "txl.cli.summarize", "txl.cli.score",
-    "txl.cli.convert", "txl.cli.data", "txl.cli.classify", "txl.cli.serve", "txl.cli.plot", "txl.cli.export",
+    "txl.cli.train", "txl.cli.finetune", "txl.cli.eval", "txl.cli.generate", "txl.cli.score", "txl.cli.convert",
+    "txl.cli.data", "txl.cli.serve", "txl.cli.plot", "txl.cli.export",
 )
 PLUGIN_GROUP = "txl.commands"  # entry points of other installed packages: "NAME" or "GROUP.NAME"
 
 
 @functools.cache
 def plugin_commands() -> dict[str, object]:
-    """The commands other installed packages add, by entry-point name (``"bench"``, ``"data.docstrings"``).
+    """The commands other installed packages add, by entry-point name (``"bench"``, ``"data.docstrings"``),
+    in the order of the modules that define them (txl_recipes before txl_studies).
 
     A plug-in that fails to import is left out with one warning line on stderr; the other commands
     keep working.
@@ -50,7 +52,7 @@ def plugin_commands() -> dict[str, object]:
     from importlib.metadata import entry_points
 
     found = {}
-    for point in sorted(entry_points(group=PLUGIN_GROUP), key=lambda p: p.name):
+    for point in sorted(entry_points(group=PLUGIN_GROUP), key=lambda p: (p.value, p.name)):
         try:
             found[point.name] = point.load()
         except Exception as err:  # noqa: BLE001 - a broken plug-in must not take txl down
@@ -61,7 +63,7 @@ def plugin_commands() -> dict[str, object]:
 
 def command_modules() -> list:
     """The registered command modules, in the order ``txl --help`` lists them: txl's own, then the
-    plug-ins' top-level commands (:func:`plugin_commands`) by name."""
+    plug-ins' top-level commands in :func:`plugin_commands`' order."""
     own = [importlib.import_module(name) for name in COMMAND_MODULES]
     names = {module.NAME for module in own}
     return own + [spec for key, spec in plugin_commands().items() if "." not in key and spec.NAME not in names]

@@ -23,8 +23,7 @@ from txl.config.model import (ATTN_TYPES, WITHOUT_MEMORY, check_clamp, check_pos
                               COMPRESSIONS, TransformerXLConfig, check_compilable)
 from txl.config.run import (SECTIONS, OPTIONAL_SECTIONS, RunConfig, parse_override, load_run_config)
 from txl.config.serve import ServeConfig
-from txl.config.classifier import (MODES, POOLINGS, RECURRENCES, HEAD_INITS, SAVED_WITHOUT, ClassifierConfig,
-                                   ClassifyTrainConfig)
+from txl.config.classifier import MODES, POOLINGS, RECURRENCES, HEAD_INITS, SAVED_WITHOUT, ClassifierConfig
 
 __all__ = ["did_you_mean", "check_fields", "HALF_DTYPES", "check_weights_dtype", "check_split",
            "check_sampling", "check_decoding", "check_dynamic", "IGNORE_INDEX", "TOKENIZERS", "NORMALIZE", "DTYPES",
@@ -35,4 +34,4 @@ __all__ = ["did_you_mean", "check_fields", "HALF_DTYPES", "check_weights_dtype",
            "ATTN_TYPES", "WITHOUT_MEMORY", "check_clamp", "check_position_scheme", "position_parameters",
            "COMPRESSIONS", "TransformerXLConfig", "check_compilable", "SECTIONS", "OPTIONAL_SECTIONS",
            "RunConfig", "parse_override", "load_run_config", "MODES", "POOLINGS", "RECURRENCES", "HEAD_INITS",
-           "SAVED_WITHOUT", "ClassifierConfig", "ClassifyTrainConfig", "ServeConfig"]
+           "SAVED_WITHOUT", "ClassifierConfig", "ServeConfig"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from txl.config.fields import check_choice, check_fields, check_minimums, check_seed
+from txl.config.fields import check_choice, check_fields, check_minimums
 from txl.errors import TxlError
 
 MODES = ("memory", "first", "last")
@@ -57,7 +57,7 @@ class ClassifierConfig:
             recurrence: each layer's memory is its own output, so what a layer keeps can pass on
             from segment to segment without the ``n_layer x mem_len`` bound ("memory" mode only; a
             fine-tuning variant: the language model was trained with the paper's memory).
-        head_init: ``"probe"``: training starts from a linear probe (:mod:`txl.classification.probe`):
+        head_init: ``"probe"``: training starts from a linear probe (:mod:`txl_recipes.classify.probe`):
             each feature of the pooled vectors is standardized by its mean and spread over the training
             documents (kept as the buffers ``pool_shift`` and ``pool_scale``) and the head starts as
             the logistic regression fitted on them. ``"random"``: no standardization, a random head
@@ -113,66 +113,3 @@ class ClassifierConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict of all fields."""
         return dataclasses.asdict(self)
-
-
-@dataclass
-class ClassifyTrainConfig:
-    """The settings of ``txl classify train`` that a ``--config`` file's ``[classify]`` table may give (each
-    also a flag of the same name: a flag wins over the file, the file over these defaults). None: decided
-    later -- ``mode`` from the model (memory, or first for ``attn_type="abs"``), ``tgt_len`` and ``mem_len``
-    from the language model, ``valid_fraction`` 0.2 when no ``--valid`` file is given. The classifier's
-    reading (``mode`` ... ``head_init``) is :class:`ClassifierConfig`'s; the rest is the fine-tuning's:
-    ``steps`` of ``batch_size`` documents at ``lr`` (``warmup_steps`` of linear warm-up), ``weight_decay``,
-    gradient-norm ``clip``, the head's ``dropout``, ``max_tokens`` per document (0: whole), a checkpoint
-    every ``save_interval`` steps, ``seed``.
-    """
-
-    mode: str | None = None
-    pooling: str = "document"
-    grad_segments: int = 1
-    passes: int = 1
-    recurrence: str = "previous_layer"
-    head_init: str = "probe"
-    tgt_len: int | None = None
-    mem_len: int | None = None
-    max_tokens: int = 0
-    steps: int = 200
-    batch_size: int = 8
-    lr: float = 3e-4
-    warmup_steps: int = 10
-    weight_decay: float = 0.0
-    clip: float = 1.0
-    dropout: float = 0.1
-    valid_fraction: float | None = None
-    save_interval: int = 50
-    seed: int = 0
-
-    def check(self, name: Callable[[str], str] = str) -> "ClassifyTrainConfig":
-        """Each setting within its range or choices; returns itself. ``name(field)`` is how a message names
-        a setting: the field itself by default, the flag or the config file's key for a command.
-
-        Raises:
-            TxlError: the first setting out of range, named by ``name``.
-        """
-        def refuse(field: str, rule: str) -> None:
-            value = getattr(self, field)
-            raise TxlError(f"{name(field)} must be {rule}, got {value:g}" if isinstance(value, float)
-                           else f"{name(field)} must be {rule}, got {value!r}")
-
-        choices = {"mode": MODES + (None,), "pooling": POOLINGS, "passes": (1, 2), "recurrence": RECURRENCES,
-                   "head_init": HEAD_INITS}
-        for field, allowed in choices.items():
-            check_choice(getattr(self, field), allowed, name(field))
-        lowest = {"steps": 1, "batch_size": 1, "tgt_len": 1, "grad_segments": 0, "max_tokens": 0, "warmup_steps": 0,
-                  "save_interval": 0, "mem_len": 0, "weight_decay": 0, "clip": 0}
-        for field, low in lowest.items():
-            if getattr(self, field) is not None and getattr(self, field) < low:
-                refuse(field, f">= {low}")
-        if not 0 < self.lr < float("inf"):
-            refuse("lr", "a finite number > 0")
-        check_seed(self.seed, name("seed"))
-        if not 0 <= self.dropout < 1:
-            refuse("dropout", "in [0, 1)")
-        if self.valid_fraction is not None and not 0 < self.valid_fraction < 1:
-            refuse("valid_fraction", "in (0, 1)")
-        return self

@@ -47,7 +47,7 @@ class EvalResult:
 
 UNITS = ("bpb", "bpc", "ppl", "nats")
 """The headline units: bits per byte (byte models), bits per character (char models), perplexity, and
-nats per document (the cross-entropy of a classifier, :mod:`txl.classification.task`)."""
+nats per document (the cross-entropy of a classifier, :mod:`txl_recipes.classify.task`)."""
 
 UNIT_NAMES = {"bpb": "bits per byte", "bpc": "bits per character", "ppl": "perplexity", "nats": "nats per document"}
 

@@ -8,7 +8,7 @@ metrics, several processes, bad-input guarantees) driving a task:
 * :class:`txl.training.finetune.PairsTask`: prompt/completion pairs, ``txl finetune``: each step
   reads ``batch_size`` whole examples segment by segment, the loss on completion tokens only
   (:class:`txl_studies.long_range.task.ExampleTask` the same on given examples).
-* :class:`txl.classification.task.ClassifyTask`: a document classifier fine-tuned from a language
+* :class:`txl_recipes.classify.task.ClassifyTask`: a document classifier fine-tuned from a language
   model, ``txl classify train``: each step reads ``batch_size`` whole documents.
 
 A task has these attributes and methods (duck-typed; both classes document their own):

@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     check_range(args, 1, "num_beams", "batch_size")
     check_range(args, 0, "prompt_tokens", "mem_len")
     if args.rouge:  # an optional dependency: missing, it is said before any work
-        from txl.evaluation.rouge import ROUGE_MISSING
+        from txl_recipes.summarize.rouge import ROUGE_MISSING
 
         require_installed("rouge_score", message=ROUGE_MISSING)
     check_exists(args.checkpoint, "checkpoint", kind="folder")
@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
         payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
         atomic_write(args.out, lambda tmp: Path(tmp).write_bytes(payload), overwrite=args.force, make_parents=False)
     if args.rouge:
-        from txl.evaluation.rouge import rouge_scores
+        from txl_recipes.summarize.rouge import rouge_scores
 
         scores = rouge_scores([r["summary"] for r in rows], [r["reference"] for r in rows])
         print(f"ROUGE-1 {scores['rouge1']:.4f}  ROUGE-2 {scores['rouge2']:.4f}  ROUGE-L {scores['rougeL']:.4f} "

@@ -12,7 +12,7 @@ import torch
 
 from txl.classification.model import TransformerXLForSequenceClassification
 from txl.config import CLASSIFIER_NAME, SAVED_WITHOUT, DataConfig, EvalConfig, RunConfig, TrainConfig
-from txl.classification.task import ClassifyTask
+from txl_recipes.classify.task import ClassifyTask
 from txl.errors import TxlError
 from txl.evaluation.intervals import accuracy, macro_f1
 from txl.kernels.int8 import check_trainable
@@ -135,7 +135,7 @@ def fit_classifier(lm_dir: str | Path, classifier, train: tuple, valid: tuple, *
                    progress: bool = False, inputs: Sequence = (),
                    log: Callable[[str], None] | None = None) -> FitResult:
     """Fine-tune a classifier (body and head) from the language model ``lm_dir`` with the shared training
-    loop (:func:`txl.training.loop.train`, task :class:`~txl.classification.task.ClassifyTask`): checkpoints
+    loop (:func:`txl.training.loop.train`, task :class:`~txl_recipes.classify.task.ClassifyTask`): checkpoints
     in ``out_dir``, exact resume (``resume=True``, the same arguments again), several processes under
     torchrun, mixed precision (``dtype``), Ctrl-C writes ``last/``.
 

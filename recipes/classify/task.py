@@ -37,7 +37,7 @@ from torch import nn
 from txl.classification.data import pad_batch
 from txl.data.iterators import EpochBatches, to_device
 from txl.classification.model import TransformerXLForSequenceClassification
-from txl.classification.probe import probe_head
+from txl_recipes.classify.probe import probe_head
 from txl.config import CLASSIFIER_NAME
 from txl.errors import TxlError
 from txl.evaluation.stream import EvalResult
@@ -141,7 +141,7 @@ class ClassifyTask:
 
     def init_weights(self, model: TransformerXLForSequenceClassification) -> None:
         """A new run's body starts from the language model; its head from a linear probe over the training
-        documents (``head_init="probe"``: :func:`~txl.classification.probe.probe_head`, one reading of them)
+        documents (``head_init="probe"``: :func:`~txl_recipes.classify.probe.probe_head`, one reading of them)
         or from the seeded initialisation (``"random"``)."""
         load_weights(model.body, self.lm_dir, next(model.parameters()).device, f"{self.lm_dir}")
         if self.classifier.head_init == "probe":

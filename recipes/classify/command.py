@@ -23,7 +23,8 @@ from txl.cli.checks import check_exists, check_range, finite_float, flag_name
 from txl.cli.common import (Command, add_batch_size, add_checkpoint, add_data, add_device, add_dtype, add_option,
                             add_span, checkpoint_arg, note_threads, print_notes, underscore)
 from txl.cli.train import launch_ranks
-from txl.config import HEAD_INITS, MODES, POOLINGS, RECURRENCES, ClassifyTrainConfig
+from txl.config import HEAD_INITS, MODES, POOLINGS, RECURRENCES
+from txl_recipes.classify.config import ClassifyTrainConfig
 from txl.errors import TxlError, listed
 
 NAME = "classify"
@@ -31,7 +32,7 @@ HELDOUT_NAME = "heldout.json"  # the held-out report of a run (txl classify trai
 HELP = "long-document classification with memory (fine-tune an LM)"
 EXAMPLE = "txl classify train runs/wt103 --data reviews.jsonl --out runs/reviews"
 # the settings of `txl classify train` a --config file's [classify] table may give: name -> built-in default,
-# read from txl.config.ClassifyTrainConfig. A flag on the command line wins over the file, the file over the default.
+# read from ClassifyTrainConfig. A flag on the command line wins over the file, the file over the default.
 TRAIN_SETTINGS: dict[str, object] = {f.name: f.default for f in dataclasses.fields(ClassifyTrainConfig)}
 
 
@@ -117,7 +118,7 @@ def resolve_settings(args: argparse.Namespace) -> None:
         TxlError: the file is missing or not TOML, holds anything but one ``[classify]`` table, an
             unknown key (naming the nearest known one), or a value of the wrong type (the rules of every
             config file: :func:`~txl.config.check_fields`). Ranges and choices are checked after, flags
-            and file alike, by :meth:`~txl.config.ClassifyTrainConfig.check`.
+            and file alike, by :meth:`~txl_recipes.classify.config.ClassifyTrainConfig.check`.
     """
     from txl.config import check_fields
     from txl.fileio import read_toml
@@ -213,7 +214,7 @@ def _load_documents(args: argparse.Namespace, main_rank: bool) -> _Documents:
     Raises:
         TxlError: unreadable documents, or a ``--valid`` label that ``--data`` lacks.
     """
-    from txl.classification.data import label_names, load_labelled, stratified_split
+    from txl_recipes.classify.documents import label_names, load_labelled, stratified_split
 
     docs = load_labelled(args.data)
     names = label_names(docs)
@@ -241,7 +242,7 @@ def _fit(args: argparse.Namespace, lm_dir: Path, classifier, data: _Documents, o
     of ``data`` through the training loop (run folder ``out``); returns its fit result."""
     import torch
 
-    from txl.classification.train import fit_classifier
+    from txl_recipes.classify.train import fit_classifier
 
     torch.manual_seed(args.seed)
     return fit_classifier(lm_dir, classifier, ([data.encoded[i] for i in data.train_idx],
@@ -259,7 +260,7 @@ def _fit(args: argparse.Namespace, lm_dir: Path, classifier, data: _Documents, o
 def _report(args: argparse.Namespace, fit, data: _Documents, settings: dict, out: Path) -> None:
     """Score the fitted model on the held-out documents of ``data``, write ``out/heldout.json`` (with the
     run's ``settings``) and print the summary."""
-    from txl.classification.train import classification_metrics, predict_labels
+    from txl_recipes.classify.train import classification_metrics, predict_labels
     from txl.evaluation.intervals import accuracy, bootstrap_interval, macro_f1
     from txl.fileio import write_json
 
@@ -350,7 +351,8 @@ def _predict(args: argparse.Namespace) -> int:
     check_exists(args.run, "classifier", kind="folder")  # paths before torch is imported
     for item in args.inputs:
         check_exists(item, "input", kind="file")
-    from txl.classification.data import Document, encode_texts, read_jsonl, read_text_file
+    from txl.classification.data import encode_texts
+    from txl_recipes.classify.documents import Document, read_jsonl, read_text_file
     from txl.classification.model import TransformerXLForSequenceClassification
     from txl.runtime import resolve_device
 
