@@ -48,7 +48,7 @@ def test_txl_lists_the_recipes_and_studies_commands_after_its_own():
         assert prog in parsers
     names = [module.NAME for module in cli.command_modules()]
     # txl's own, then the recipes' (the applications), then the studies'
-    assert names[-5:] == ["classify", "summarize", "ablate", "recl", "bench"], names
+    assert names[-5:] == ["classify", "summarize", "ablate", "bench", "recl"], names
 
 
 def test_a_plugin_that_fails_to_import_is_left_out_with_one_warning(monkeypatch, capsys):

@@ -15,7 +15,7 @@ class ClassifyTrainConfig:
     also a flag of the same name: a flag wins over the file, the file over these defaults). None: decided
     later -- ``mode`` from the model (memory, or first for ``attn_type="abs"``), ``tgt_len`` and ``mem_len``
     from the language model, ``valid_fraction`` 0.2 when no ``--valid`` file is given. The classifier's
-    reading (``mode`` ... ``head_init``) is :class:`ClassifierConfig`'s; the rest is the fine-tuning's:
+    reading (``mode`` ... ``head_init``) is :class:`~txl.config.ClassifierConfig`'s; the rest is the fine-tuning's:
     ``steps`` of ``batch_size`` documents at ``lr`` (``warmup_steps`` of linear warm-up), ``weight_decay``,
     gradient-norm ``clip``, the head's ``dropout``, ``max_tokens`` per document (0: whole), a checkpoint
     every ``save_interval`` steps, ``seed``.

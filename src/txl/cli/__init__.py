@@ -1,7 +1,7 @@
 """The ``txl`` command line: one registry of subcommands, one grammar (see docs/cli.md).
 
 Each command is a module of this package exposing ``NAME``, ``HELP`` (one line), ``EXAMPLE``,
-``add_arguments(parser)`` and ``run(args) -> int``; a command group (``txl classify train|predict``)
+``add_arguments(parser)`` and ``run(args) -> int``; a command group (``txl data prepare|...``)
 exposes ``NAME``, ``HELP``, ``EXAMPLE`` and ``SUBCOMMANDS``, a tuple of
 :class:`~txl.cli.common.Command` with the same attributes. The shared flags live in
 :mod:`txl.cli.common`.
@@ -44,7 +44,7 @@ PLUGIN_GROUP = "txl.commands"  # entry points of other installed packages: "NAME
 @functools.cache
 def plugin_commands() -> dict[str, object]:
     """The commands other installed packages add, by entry-point name (``"bench"``, ``"data.docstrings"``),
-    in the order of the modules that define them (txl_recipes before txl_studies).
+    grouped by the package that adds them (``txl_recipes`` before ``txl_studies``), by name within each.
 
     A plug-in that fails to import is left out with one warning line on stderr; the other commands
     keep working.
@@ -52,7 +52,7 @@ def plugin_commands() -> dict[str, object]:
     from importlib.metadata import entry_points
 
     found = {}
-    for point in sorted(entry_points(group=PLUGIN_GROUP), key=lambda p: (p.value, p.name)):
+    for point in sorted(entry_points(group=PLUGIN_GROUP), key=lambda p: (p.value.partition(".")[0], p.name)):
         try:
             found[point.name] = point.load()
         except Exception as err:  # noqa: BLE001 - a broken plug-in must not take txl down
