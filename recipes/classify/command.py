@@ -23,9 +23,9 @@ from txl.cli.checks import check_exists, check_range, finite_float, flag_name
 from txl.cli.common import (Command, add_batch_size, add_checkpoint, add_data, add_device, add_dtype, add_option,
                             add_span, checkpoint_arg, note_threads, print_notes, underscore)
 from txl.cli.train import launch_ranks
-from txl.config import HEAD_INITS, MODES, POOLINGS, RECURRENCES
-from txl_recipes.classify.config import ClassifyTrainConfig
+from txl.config import HEAD_INITS, MODES, POOLINGS, RECURRENCES, RUN_NAME
 from txl.errors import TxlError, listed
+from txl_recipes.classify.config import ClassifyTrainConfig
 
 NAME = "classify"
 HELDOUT_NAME = "heldout.json"  # the held-out report of a run (txl classify train)
@@ -159,10 +159,12 @@ def _check_args(args: argparse.Namespace) -> None:
         raise TxlError("--allow-data-change applies to --resume only")
     if args.resume is None and args.out is None:
         raise TxlError("give --out (a new or empty folder for the run) or --resume RUN_DIR")
+    if args.nproc is not None and (args.nproc < 1 or args.batch_size % args.nproc):
+        raise TxlError(f"--nproc must be >= 1 and divide --batch-size {args.batch_size}, got {args.nproc}")
     check_exists(args.checkpoint, "checkpoint", kind="folder")  # paths too, before torch is imported
     check_exists(args.data, "--data")
-    if args.valid is not None:
-        check_exists(args.valid, "--valid")
+    check_exists(args.valid, "--valid")
+    check_exists(args.resume, "--resume", kind="folder")
 
 
 @dataclass
@@ -189,8 +191,10 @@ def _language_model(args: argparse.Namespace):
     from txl.config import VOCAB_NAME
     from txl.model.serialization import read_model_config
     from txl.training.checkpoint import resolve_checkpoint_dir
+    from txl.training.checkpoint_files import verify_checkpoint
 
     lm_dir = resolve_checkpoint_dir(args.checkpoint)
+    verify_checkpoint(lm_dir)  # a damaged file is named as every command names it, before its header is read
     lm_config = read_model_config(lm_dir)
     from txl.kernels.int8 import check_trainable
     from txl.model.serialization import weight_shapes
@@ -298,6 +302,9 @@ def _train(args: argparse.Namespace) -> int:
     out = Path(args.resume or args.out)
     main_rank = os.environ.get("RANK", "0") == "0"  # torchrun: rank 0 checks, writes and reports
     if args.resume is None and main_rank:  # before anything is loaded (the training loop claims it later)
+        if (out / RUN_NAME).is_file():
+            raise TxlError(f"--out {out} already holds a run; choose another --out, or continue it with "
+                           f"--resume {out} (nothing was changed)")
         check_output_folder(out, empty=True, inputs=[args.checkpoint, args.data, args.valid])
     from txl.classification.data import encode_texts  # imports torch: after the checks above
     from txl.config import ClassifierConfig
@@ -309,8 +316,6 @@ def _train(args: argparse.Namespace) -> int:
         args.resume = str(resume_run_dir(args.resume))
         out = Path(args.resume)
     if args.nproc is not None and "RANK" not in os.environ:  # the same command in N ranks (torchrun)
-        if args.nproc < 1 or args.batch_size % args.nproc:
-            raise TxlError(f"--nproc must be >= 1 and divide --batch-size {args.batch_size}, got {args.nproc}")
         return launch_ranks(args, args.device)
     lm_dir, lm_config, mode = _language_model(args)
     data = _load_documents(args, main_rank)

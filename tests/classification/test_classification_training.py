@@ -196,6 +196,41 @@ def test_cli_names_a_label_with_one_document_only(tmp_path, capsys):
     assert main([*argv, "--resume", str(tmp_path / "r" / "last"), "--out", str(tmp_path / "r")]) == 0
 
 
+def test_classify_names_a_used_folder_and_damaged_files_as_the_other_commands_do(tmp_path, capsys):
+    import json
+    import shutil
+
+    from txl.cli import main
+    from txl.training.checkpoint_files import checksums
+
+    lm = _lm(tmp_path)
+    (lm / "checksums.json").write_text(json.dumps(checksums(lm)))  # as a training run's checkpoint has
+    data = _jsonl_docs(tmp_path, 6)
+    argv = ["classify", "train", str(lm), "--data", str(data), "--steps", "1", "--batch-size", "2", "-q",
+            "--device", "cpu"]
+    assert main([*argv, "--out", str(tmp_path / "r")]) == 0
+    capsys.readouterr()
+    before = sorted(p.name for p in (tmp_path / "r").rglob("*"))
+    assert main([*argv, "--out", str(tmp_path / "r")]) == 2  # a second start says how to continue the run
+    run = tmp_path / "r"
+    assert capsys.readouterr().err.strip() == (f"txl: error: --out {run} already holds a run; choose another --out, "
+                                               f"or continue it with --resume {run} (nothing was changed)")
+    assert sorted(p.name for p in (tmp_path / "r").rglob("*")) == before
+    # a damaged header is a checksum failure, for the language model and for the classifier alike
+    for folder in (lm, tmp_path / "r" / "best"):
+        weights = folder / "model.safetensors"
+        shutil.copy(weights, tmp_path / "kept")
+        damaged = bytearray(weights.read_bytes())
+        damaged[20] ^= 0xFF
+        weights.write_bytes(bytes(damaged))
+        run = ([*argv, "--out", str(tmp_path / "r2")] if folder == lm
+               else ["classify", "predict", str(tmp_path / "r"), str(tmp_path / "docs.jsonl")])
+        assert main(run) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err == f"txl: error: checkpoint {folder} is corrupt: model.safetensors does not match its checksum"
+        shutil.copy(tmp_path / "kept", weights)
+
+
 def _jsonl_docs(tmp_path, n=12):
     import json
 

@@ -290,6 +290,8 @@ def test_sigint_stops_generate_started_with_sigint_ignored(tmp_path):
     err = proc.stderr.read().decode()
     assert code == 130, err
     assert err.splitlines()[-1] == "txl: interrupted" and "Traceback" not in err
+    # the sample's line is ended, so that on a terminal the message starts a line of its own
+    assert proc.stdout.read().endswith(b"\n")
 
 
 

@@ -390,8 +390,8 @@ class TransformerXLForSequenceClassification(nn.Module):
 
         Raises:
             TxlError: missing folder or files, a folder that is not a classifier checkpoint (e.g. a
-                language-model checkpoint), invalid JSON, weights that do not match the configs, or a
-                vocabulary of the wrong size.
+                language-model checkpoint), a file that fails its checksum, invalid JSON, weights that do not
+                match the configs, or a vocabulary of the wrong size.
         """
         directory = Path(directory)
         if not (directory / CLASSIFIER_NAME).is_file() and (directory / "best" / CLASSIFIER_NAME).is_file():
@@ -402,6 +402,9 @@ class TransformerXLForSequenceClassification(nn.Module):
         if not (directory / CLASSIFIER_NAME).is_file():
             raise TxlError(f"{directory} is not a txl classifier checkpoint (no {CLASSIFIER_NAME}); "
                            "give the folder written by `txl classify train --out`")
+        from txl.training.checkpoint_files import verify_checkpoint
+
+        verify_checkpoint(directory)  # files replaced or damaged since a run saved them (its checksums.json)
         values = read_json_object(directory / CLASSIFIER_NAME)
         values.pop("extra", None)
         model = cls(read_model_config(directory), classifier=ClassifierConfig.from_dict(values))

@@ -164,6 +164,9 @@ def check_decoding_flags(args: argparse.Namespace) -> None:
     before torch loads: the sampling and decoding settings (:func:`~txl.config.check_sampling`,
     :func:`~txl.config.check_decoding`), ``-n/--max-new-tokens`` >= 0, and ``--min-new-tokens`` at most
     ``-n/--max-new-tokens``: more could never be drawn, so the request is a mistake, said before any work.
+    Flags that would change nothing are refused too: ``--temperature`` (other than 0, greedy), ``--top-k`` or
+    ``--top-p`` with beam search (it ranks by log-probability and draws nothing), ``--length-penalty``
+    without it.
 
     Raises:
         TxlError: the first setting out of range, naming the flags as ``--help`` shows them (both flags and
@@ -173,6 +176,15 @@ def check_decoding_flags(args: argparse.Namespace) -> None:
     check_sampling(args.temperature, args.top_k, args.top_p, named)
     check_decoding(args.repetition_penalty, args.no_repeat_ngram_size, args.min_new_tokens, args.length_penalty, named)
     check_range(args, 0, "max_new_tokens")
+    if args.num_beams > 1:
+        given = {"temperature": args.temperature not in (0, getattr(args, "_temperature_default", args.temperature)),
+                 "top_k": args.top_k is not None, "top_p": args.top_p is not None}
+        for field in (field for field, on in given.items() if on):
+            raise TxlError(f"{flag_name(args, field)} has no effect with {flag_name(args, 'num_beams')} "
+                           f"{args.num_beams}: beam search ranks by log-probability and draws nothing; leave one out")
+    elif args.length_penalty != 1.0:
+        raise TxlError(f"{flag_name(args, 'length_penalty')} ranks the beams of beam search: give "
+                       f"{flag_name(args, 'num_beams')} N (N > 1) too, or leave it out")
     least, most = args.min_new_tokens, args.max_new_tokens
     if least is not None and most is not None and least > most:
         raise TxlError(f"{flag_name(args, 'min_new_tokens')} {least} is more than {flag_name(args, 'max_new_tokens')} "

@@ -323,6 +323,7 @@ def add_decoding_flags(p: argparse.ArgumentParser, *, max_new_tokens: int, max_n
     add_option(p, "--num-beams", aliases=underscore("--num-beams"), type=int, default=1, metavar="N", help=beam_help)
     add_option(p, "--length-penalty", aliases=underscore("--length-penalty"), type=finite_float, default=1.0,
                metavar="F", help=f"beam search: finished {ranked} ranked by log-prob / length**F (default 1)")
+    p.set_defaults(_temperature_default=temperature)  # how check_decoding_flags tells a --temperature given
 
 
 def decoding_rules(args: argparse.Namespace):

@@ -76,6 +76,9 @@ def _check(args: argparse.Namespace) -> None:
     check_range(args, 1, "sliding_window", "stride")
     if args.stride != 1 and args.sliding_window is None:
         raise TxlError("--stride applies to --sliding-window evaluation; give --sliding-window CONTEXT too")
+    if args.sliding_window is not None and args.stride > args.sliding_window:
+        raise TxlError(f"--stride {args.stride} is more than --sliding-window {args.sliding_window}: a window predicts "
+                       "at most its own tokens; use a --stride of at most the window")
     if args.data and args.split:
         raise TxlError("--split chooses a split of the run's corpus; with --data the whole file is evaluated")
     modes = [name for name, on in (("--dynamic", args.dynamic), ("--sweep-mem", args.sweep_mem is not None),

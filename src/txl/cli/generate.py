@@ -136,14 +136,19 @@ def run(args: argparse.Namespace) -> int:
         text = next(pieces)
         sys.stdout.write(text)
         sys.stdout.flush()
-        for n, text in enumerate(pieces, 1):  # printed as drawn; all of it equals decode(prompt + sample)
-            cut.armed = n >= args.min_new_tokens  # the last piece (what the decoder held back) counts as armed
-            text = cut.push(text)
-            if text:
-                sys.stdout.write(text)
-                sys.stdout.flush()
-            if cut.stopped:
-                break
+        try:
+            for n, text in enumerate(pieces, 1):  # printed as drawn; all of it equals decode(prompt + sample)
+                cut.armed = n >= args.min_new_tokens  # the last piece (what the decoder held back) counts as armed
+                text = cut.push(text)
+                if text:
+                    sys.stdout.write(text)
+                    sys.stdout.flush()
+                if cut.stopped:
+                    break
+        except KeyboardInterrupt:  # the sample's line ends, so that `txl: interrupted` starts a line of its own
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            raise
         sys.stdout.write(cut.finish())
     sys.stdout.write("\n")
     return 0

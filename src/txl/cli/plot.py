@@ -12,6 +12,7 @@ from txl.errors import TxlError, counted
 NAME = "plot"
 HELP = "learning curves of runs (metrics.csv) or the attention distances of a checkpoint"
 EXAMPLE = "txl plot runs/xl runs/vanilla --labels XL,vanilla --out plots"
+MAX_SEGMENTS = 8  # segments --attention reads by default
 DETAILS = ("With RUN_DIR...: learning curves from each run's metrics.csv. With CHECKPOINT --attention: the mean "
            "attention distance per layer and head while reading --text TEXT or --data FILE, e.g. "
            "txl plot runs/xl --attention --data notes.txt")
@@ -29,7 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="instead of curves: mean attention distance per layer and head of the CHECKPOINT")
     p.add_argument("--text", help="with --attention: the text to read")
     add_data(p, "with --attention: read the text from this file", aliases=("--text-file",))
-    p.add_argument("--max-segments", type=int, default=8, help="with --attention: segments to read (default 8)")
+    p.add_argument("--max-segments", type=int, default=MAX_SEGMENTS,
+                   help=f"with --attention: segments to read (default {MAX_SEGMENTS})")
     add_span(p, ("mem_len", "cmem_len"), default_text="the checkpoint's eval config")
     add_device(p)
     add_force(p)
@@ -53,8 +55,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.attention:
         return _attention(args, _attention_checkpoint(args))
-    if args.text or args.data:
-        raise TxlError("--text/--data go with CHECKPOINT --attention")
+    reading = [flag for flag, on in (("--text", args.text), ("--data", args.data),
+                                     ("--max-segments", args.max_segments != MAX_SEGMENTS),
+                                     ("--mem-len", args.mem_len is not None),
+                                     ("--cmem-len", args.cmem_len is not None)) if on]
+    if reading:  # they say how a checkpoint reads a text: learning curves read none
+        raise TxlError(f"{', '.join(reading)} go{'es' if len(reading) == 1 else ''} with CHECKPOINT --attention, "
+                       "not with learning curves")
     if not args.runs:
         raise TxlError("give at least one RUN_DIR (a directory with metrics.csv), or CHECKPOINT --attention")
     labels = [v.strip() for v in args.labels.split(",")] if args.labels else None
