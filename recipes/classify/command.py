@@ -24,7 +24,7 @@ from txl.cli.common import (Command, add_batch_size, add_checkpoint, add_data, a
                             add_span, checkpoint_arg, note_threads, print_notes, underscore)
 from txl.cli.train import launch_ranks
 from txl.config import HEAD_INITS, MODES, POOLINGS, RECURRENCES, RUN_NAME
-from txl.errors import TxlError, listed
+from txl.errors import TxlError, counted, listed
 from txl_recipes.classify.config import ClassifyTrainConfig
 
 NAME = "classify"
@@ -294,7 +294,7 @@ def _report(args: argparse.Namespace, fit, data: _Documents, settings: dict, out
 
 def _train(args: argparse.Namespace) -> int:
     """``txl classify train``: fine-tune through the training loop, report held-out accuracy."""
-    from txl.fileio import check_output_folder
+    from txl.fileio import check_output_folder, continue_command
 
     checkpoint_arg(args)
     resolve_settings(args)  # the --config file's settings where no flag gave one
@@ -302,10 +302,11 @@ def _train(args: argparse.Namespace) -> int:
     out = Path(args.resume or args.out)
     main_rank = os.environ.get("RANK", "0") == "0"  # torchrun: rank 0 checks, writes and reports
     if args.resume is None and main_rank:  # before anything is loaded (the training loop claims it later)
-        if (out / RUN_NAME).is_file():
+        inputs = [args.checkpoint, args.data, args.valid]
+        if (out / RUN_NAME).is_file() and not any(p and Path(p).resolve() == out.resolve() for p in inputs):
             raise TxlError(f"--out {out} already holds a run; choose another --out, or continue it with "
-                           f"--resume {out} (nothing was changed)")
-        check_output_folder(out, empty=True, inputs=[args.checkpoint, args.data, args.valid])
+                           f"{continue_command(out)}")
+        check_output_folder(out, empty=True, inputs=inputs)
     from txl.classification.data import encode_texts  # imports torch: after the checks above
     from txl.config import ClassifierConfig
     from txl.config import VOCAB_NAME
@@ -380,6 +381,13 @@ def _predict(args: argparse.Namespace) -> int:
     encoded = encode_texts(model.tokenizer, [d.text for d in docs], model.classifier.max_tokens,
                            [d.source for d in docs])
     print_notes(args)  # the threads (the input has passed its checks)
+    known = [str(name) for name in model.classifier.labels]
+    unknown = [d for d in docs if d.label is not None and str(d.label) not in known]
+    if unknown:  # a true label is only copied to the output: said, so that a misspelt one is not scored silently
+        print(f"txl: warning: {counted(len(unknown), 'document')} (first {unknown[0].source}: "
+              f"{unknown[0].label!r}) {'gives' if len(unknown) == 1 else 'give'} a true label the classifier does not "
+              f"know; its labels: {listed(known)}",
+              file=sys.stderr)
     probs = model.predict_proba(encoded, batch_size=args.batch_size).numpy()
     names = model.classifier.labels
     for doc, row in zip(docs, probs):

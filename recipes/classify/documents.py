@@ -66,7 +66,7 @@ def read_jsonl(path: str | Path, need_label: bool = True) -> list[Document]:
             raise TxlError(f'{path} line {number} must be a JSON object with a string "text"')
         label = obj.get("label")
         if label is None and need_label:
-            raise TxlError(f'{path} line {number} has no "label"')
+            raise TxlError(f'{path} line {number} has no "label"' + (" (it is null)" if "label" in obj else ""))
         if label is not None and (not isinstance(label, (str, int)) or isinstance(label, bool)):
             raise TxlError(f'{path} line {number}: "label" must be a string or an integer, got {json_kind(label)}')
         docs.append(Document(obj["text"], label, f"{path}:{number}"))
@@ -118,6 +118,8 @@ def load_labelled(path: str | Path, min_labels: int = 2) -> list[Document]:
     if not path.exists():
         raise TxlError(f"data {path} does not exist; give a folder DIR/LABEL/FILE or a .jsonl file")
     docs = read_folder(path) if path.is_dir() else read_jsonl(path)
+    if not docs:
+        raise TxlError(f"{path} holds no documents; give one JSON object per line with \"text\" and \"label\"")
     for doc in docs:
         if not doc.text:
             raise TxlError(f"document {doc.source} is empty; remove it or give it text")

@@ -35,17 +35,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from txl.classification.data import pad_batch
-from txl.data.iterators import EpochBatches, to_device
 from txl.classification.model import TransformerXLForSequenceClassification
-from txl_recipes.classify.probe import probe_head
-from txl.config import CLASSIFIER_NAME
+from txl.config import CLASSIFIER_NAME, WEIGHTS_NAME
+from txl.data.iterators import EpochBatches, to_device
 from txl.errors import TxlError
 from txl.evaluation.stream import EvalResult
 from txl.fileio import write_json
 from txl.model import LMOutput
 from txl.model.serialization import load_weights
+from txl.training.fingerprint import file_digest
+from txl_recipes.classify.probe import probe_head
 
 UNIT = "nats"  # the loss of a document: cross-entropy in nats
+LM_PART = "language model"  # the fingerprint's part for the weights a run started from
 
 
 def padded(docs: Sequence[np.ndarray], max_tokens: int | None) -> torch.Tensor:
@@ -112,6 +114,7 @@ class ClassifyTask:
             if min(labels) < 0 or max(labels) >= classifier.num_labels:
                 raise TxlError(f"{name} labels must be class indices in [0, {classifier.num_labels})")
         self.lm_dir = Path(lm_dir)
+        self.lm_digest: dict | None = file_digest(self.lm_dir / WEIGHTS_NAME)  # None: a run that recorded none
         self.classifier = classifier
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.vocab_size
@@ -156,8 +159,9 @@ class ClassifyTask:
         return TransformerXLForSequenceClassification.from_pretrained(folder, map_location=str(device))
 
     def fingerprint(self) -> dict:
-        """The token count and sha256 of the documents and labels of each split."""
-        out: dict = {}
+        """The token count and sha256 of the documents and labels of each split, and the size and sha256 of
+        the language model's weights (``lm_digest``)."""
+        out: dict = {} if self.lm_digest is None else {LM_PART: self.lm_digest}
         for name, docs in self.docs.items():
             h = hashlib.sha256()
             for doc, label in zip(docs, self.labels[name]):

@@ -12,12 +12,12 @@ import torch
 
 from txl.classification.model import TransformerXLForSequenceClassification
 from txl.config import CLASSIFIER_NAME, SAVED_WITHOUT, DataConfig, EvalConfig, RunConfig, TrainConfig
-from txl_recipes.classify.task import ClassifyTask
 from txl.errors import TxlError
 from txl.evaluation.intervals import accuracy, macro_f1
 from txl.kernels.int8 import check_trainable
 from txl.model.serialization import read_model_config
 from txl.runtime import resolve_device
+from txl_recipes.classify.task import LM_PART, ClassifyTask
 
 
 @dataclass
@@ -94,24 +94,26 @@ def _same_labels(saved, now) -> bool:
     return isinstance(saved, list) and all(isinstance(x, str) for x in saved) and saved == [str(x) for x in now]
 
 
-def check_same_settings(run_dir: Path, run: RunConfig, classifier) -> None:
+def check_same_settings(run_dir: Path, run: RunConfig, classifier, task: ClassifyTask | None = None) -> None:
     """Refuse to resume the classification run in ``run_dir`` with other settings than it started with
     (its ``run.json`` and ``last/classifier.json``): another number of steps, learning rate, batch size,
     reading span or classifier would make the resumed run something neither setting describes (and a
-    changed number of steps would let ``best/`` be chosen on the held-out documents).
+    changed number of steps would let ``best/`` be chosen on the held-out documents). With ``task``, its
+    language model too: weights other than those the run started from (``last/state.json`` records their
+    sha256) are refused; a run that recorded none sets ``task.lm_digest`` to None (nothing to compare).
 
     Raises:
         TxlError: naming the first settings that differ (the run folder is left as it was).
     """
-    from txl.fileio import read_json_object
+    from txl.fileio import continue_command, read_json_object
     from txl.training.checkpoint import RUN_NAME
 
     if not (run_dir / RUN_NAME).is_file():
         return  # nothing to resume: the training loop says so
     checkpoints = [run_dir / name for name in ("last", "best") if (run_dir / name / "config.json").is_file()]
     if checkpoints and not any((folder / CLASSIFIER_NAME).is_file() for folder in checkpoints):
-        raise TxlError(f"{run_dir} is not a document-classification run (no last/{CLASSIFIER_NAME}); resume a "
-                       "language-model run with txl train --resume, or give the folder of a txl classify train run")
+        raise TxlError(f"{run_dir} is not a document-classification run (no last/{CLASSIFIER_NAME}); continue it "
+                       f"with {continue_command(run_dir)}, or give the folder of a txl classify train run")
     saved = _flat(read_json_object(run_dir / RUN_NAME))
     now = _flat(run.to_dict())
     changed = [f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))
@@ -125,6 +127,25 @@ def check_same_settings(run_dir: Path, run: RunConfig, classifier) -> None:
         shown = "; ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
         raise TxlError(f"{run_dir} was trained with other settings ({shown}); resume it with the settings it "
                        "started with")
+    if task is not None:
+        _check_same_lm(run_dir, task)
+
+
+def _check_same_lm(run_dir: Path, task: ClassifyTask) -> None:
+    """The language-model part of :func:`check_same_settings`."""
+    from txl.config import STATE_NAME
+    from txl.fileio import read_json_object
+    from txl.training.fingerprint import STATE_KEY, describe_changes
+
+    state = run_dir / "last" / STATE_NAME
+    saved = read_json_object(state).get(STATE_KEY) if state.is_file() else None
+    saved = saved.get(LM_PART) if isinstance(saved, dict) else None
+    if saved is None:
+        task.lm_digest = None
+    elif saved != task.lm_digest:
+        change = describe_changes({LM_PART: saved}, {LM_PART: task.lm_digest})[0]
+        raise TxlError(f"{run_dir} started from other language-model weights than {task.lm_dir} ({change}); "
+                       "resume it with the checkpoint it started from")
 
 
 def fit_classifier(lm_dir: str | Path, classifier, train: tuple, valid: tuple, *, out_dir: str | Path,
@@ -177,7 +198,7 @@ def fit_classifier(lm_dir: str | Path, classifier, train: tuple, valid: tuple, *
                          weight_decay=weight_decay, clip=clip, seed=seed, tgt_len=tgt_len, mem_len=mem_len,
                          dtype=dtype, device=device, threads=threads, data=data, save_interval=save_interval)
     if resume:
-        check_same_settings(Path(out_dir), run, classifier)
+        check_same_settings(Path(out_dir), run, classifier, task)
     result = train_loop(run, progress=progress, log=log, resume=resume, task=task, allow_data_change=allow_data_change)
     model = task.load_model(result.best_dir, resolve_device(device))
     one_window = classifier.mode in ("first", "last")

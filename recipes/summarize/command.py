@@ -163,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
     check_decoding_flags(args)  # torch-free: checked before torch loads
     check_range(args, 1, "num_beams", "batch_size")
     check_range(args, 0, "prompt_tokens", "mem_len")
+    if args.json and not args.rouge:
+        raise TxlError("--json writes the ROUGE scores: add --rouge (the summaries go to stdout or --out)")
     if args.rouge:  # an optional dependency: missing, it is said before any work
         from txl_recipes.summarize.rouge import ROUGE_MISSING
 

@@ -11,6 +11,7 @@ from txl.classification import TransformerXLForSequenceClassification
 from txl.classification.data import pad_batch
 from txl.cli import main
 from txl.data import ByteTokenizer
+from txl.errors import TxlError
 
 def classifier(mode="memory", pooling="last", grad_segments=1, seed=0, num_labels=3, **overrides):
     torch.manual_seed(seed)
@@ -230,3 +231,14 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case):
                 "unknown_checkpoint": "does not exist", "lm_as_classifier": "not a txl classifier",
                 "missing_data": "does not exist", "out_is_the_lm": "is the input folder"}[case]
     assert expected in err
+
+
+def test_a_text_the_vocabulary_cannot_encode_is_named_by_its_document():
+    from txl.classification.data import encode_texts
+    from txl.data import CharTokenizer
+
+    assert [ids.tolist() for ids in encode_texts(CharTokenizer(list("ab")), ["ab", "ba"])] == [[0, 1], [1, 0]]
+    with pytest.raises(TxlError, match=r"^document d.jsonl:2: text contains 1 character not in the char vocabulary"):
+        encode_texts(CharTokenizer(list("ab")), ["ab", "abc"], sources=["d.jsonl:1", "d.jsonl:2"])
+    with pytest.raises(TxlError, match=r"^document 1 is empty \(no tokens\)"):
+        encode_texts(CharTokenizer(list("ab")), ["ab", ""])

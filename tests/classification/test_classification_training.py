@@ -151,6 +151,12 @@ def test_resume_refuses_other_settings_and_a_classifier_as_the_lm(tmp_path):
     with pytest.raises(TxlError, match="classifier.mode 'first' -> 'last'"):
         fit_classifier(lm, ClassifierConfig(num_labels=3, mode="last"), train, valid, out_dir=tmp_path / "run",
                        resume=True, steps=2, lr=1e-3, **kw)
+    # a language model of the same shape with other weights is another run, not this one continued
+    other = tmp_path / "other-lm"
+    tiny_model(1, dtype=torch.float32, vocab_size=256, tgt_len=6, mem_len=6).save_pretrained(other, ByteTokenizer())
+    with pytest.raises(TxlError, match=f"started from other language-model weights than {other} "
+                                       r"\(language model: \d[\d,]* bytes, sha256 \w{12} then, now"):
+        fit_classifier(other, clf, train, valid, out_dir=tmp_path / "run", resume=True, steps=2, lr=1e-3, **kw)
     assert sorted((p.name, p.read_bytes()) for p in (tmp_path / "run").rglob("*") if p.is_file()) == before
     with pytest.raises(TxlError, match="is a document classifier"):
         fit_classifier(tmp_path / "run", clf, train, valid, out_dir=tmp_path / "other", steps=2, lr=1e-3, **kw)
@@ -172,6 +178,13 @@ def test_a_run_that_stored_integer_labels_as_text_resumes_with_them(tmp_path):
     assert json.loads(saved.read_text())["labels"] == ["0", "1", "2"]
     sums = saved.parent / "checksums.json"  # the checkpoint's own record of its files, made anew for the edit
     sums.write_text(json.dumps({**json.loads(sums.read_text()), "classifier.json": sha256_file(saved)}))
+    assert fit_classifier(lm, clf, train, valid, out_dir=tmp_path / "run", resume=True, **kw).steps == 2
+    # a run that recorded no language-model weights resumes (there is nothing to compare them with)
+    state = saved.parent / "state.json"
+    values = json.loads(state.read_text())
+    assert values["data_fingerprint"].pop("language model")["sha256"] == sha256_file(lm / "model.safetensors")
+    state.write_text(json.dumps(values))
+    sums.write_text(json.dumps({**json.loads(sums.read_text()), "state.json": sha256_file(state)}))
     assert fit_classifier(lm, clf, train, valid, out_dir=tmp_path / "run", resume=True, **kw).steps == 2
     with pytest.raises(TxlError, match=r"classifier.labels \['0', '1', '2'\] -> \[0, 1, 3\]"):
         fit_classifier(lm, ClassifierConfig(num_labels=3, labels=[0, 1, 3], mode="first"), train, valid,
@@ -214,8 +227,21 @@ def test_classify_names_a_used_folder_and_damaged_files_as_the_other_commands_do
     assert main([*argv, "--out", str(tmp_path / "r")]) == 2  # a second start says how to continue the run
     run = tmp_path / "r"
     assert capsys.readouterr().err.strip() == (f"txl: error: --out {run} already holds a run; choose another --out, "
-                                               f"or continue it with --resume {run} (nothing was changed)")
+                                               f"or continue it with txl classify train LM --data DATA --resume {run} "
+                                               "(the settings it started with)")
+    # the other commands name the command that continues each kind of run
+    assert main(["finetune", "--init", str(lm), "--data", str(data), "--out", str(run)]) == 2
+    assert f"continue it with txl classify train LM --data DATA --resume {run} " in capsys.readouterr().err
+    assert main([*argv, "--out", str(lm)]) == 2  # the language model's own folder: an input, not a run to continue
+    assert capsys.readouterr().err.strip() == f"txl: error: --out {lm} is the input folder {lm} or inside it; choose another folder"
     assert sorted(p.name for p in (tmp_path / "r").rglob("*")) == before
+    # a true label the classifier does not know is copied to the output, and said once
+    (tmp_path / "true.jsonl").write_text('{"text": "abc", "label": "zz"}\n{"text": "abc", "label": "a"}\n')
+    assert main(["classify", "predict", str(run), str(tmp_path / "true.jsonl")]) == 0
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["true_label"] for line in out.splitlines()] == ["zz", "a"]
+    assert err.splitlines()[-1] == (f"txl: warning: 1 document (first {tmp_path / 'true.jsonl'}:1: 'zz') gives a true "
+                                    "label the classifier does not know; its labels: a, b, c")
     # a damaged header is a checksum failure, for the language model and for the classifier alike
     for folder in (lm, tmp_path / "r" / "best"):
         weights = folder / "model.safetensors"
@@ -223,12 +249,16 @@ def test_classify_names_a_used_folder_and_damaged_files_as_the_other_commands_do
         damaged = bytearray(weights.read_bytes())
         damaged[20] ^= 0xFF
         weights.write_bytes(bytes(damaged))
-        run = ([*argv, "--out", str(tmp_path / "r2")] if folder == lm
-               else ["classify", "predict", str(tmp_path / "r"), str(tmp_path / "docs.jsonl")])
-        assert main(run) == 2
+        command = ([*argv, "--out", str(tmp_path / "r2")] if folder == lm
+                   else ["classify", "predict", str(run), str(tmp_path / "docs.jsonl")])
+        assert main(command) == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert err == f"txl: error: checkpoint {folder} is corrupt: model.safetensors does not match its checksum"
         shutil.copy(tmp_path / "kept", weights)
+    (run / "best" / "checksums.json").unlink()  # a run's checkpoint without its checksums: loaded, and said
+    assert main(["classify", "predict", str(run), str(tmp_path / "true.jsonl")]) == 0
+    assert (f"txl: warning: {run / 'best'} has no checksums.json; its files cannot be verified"
+            in capsys.readouterr().err.splitlines())
 
 
 def _jsonl_docs(tmp_path, n=12):

@@ -63,7 +63,8 @@ def test_train_eval_generate_end_to_end(tmp_path, corpus, capsys, monkeypatch):
     # the existing run is never overwritten
     before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in out_dir.rglob("*") if p.is_file()}
     code, out, err = run_cli(capsys, "train", corpus, "--tokenizer", "char", "--out", out_dir, "-q", *TINY)
-    assert code == 2 and "already holds a run" in one_error_line(err)
+    assert code == 2 and one_error_line(err).endswith(f"already holds a run; choose another train.out_dir (--out), "
+                                                      f"remove it, or continue it with txl train --resume {out_dir}")
     after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in out_dir.rglob("*") if p.is_file()}
     assert after == before
 

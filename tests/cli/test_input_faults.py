@@ -296,3 +296,13 @@ def test_score_out_dash_is_stdout(lm, tmp_path, capsys, monkeypatch):
 def test_sliding_window_flags_are_checked_before_loading(lm, capsys, flags, said):
     code, out, err = run_cli(capsys, "eval", lm, *flags)
     assert code == 2 and one_error_line(err) == f"txl: error: {said}" and "txl: using" not in err
+
+
+def test_classify_names_an_empty_data_file_and_a_null_label(lm, tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    for text, expect in (("", f'{data} holds no documents; give one JSON object per line with "text" and "label"'),
+                         ('{"text": "ab", "label": null}\n', f'{data} line 1 has no "label" (it is null)')):
+        data.write_text(text)
+        code, _, err = run_cli(capsys, "classify", "train", lm, "--data", data, "--out", tmp_path / "r", "--steps", "1")
+        assert code == 2 and one_error_line(err) == f"txl: error: {expect}", err
+        assert not (tmp_path / "r").exists()

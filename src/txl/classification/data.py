@@ -15,13 +15,18 @@ def encode_texts(tokenizer, texts: Sequence[str], max_tokens: int | None = None,
     """Token ids (int64 [n_i]) of each text, cut to the first ``max_tokens`` (None: whole text).
 
     Raises:
-        TxlError: a text that encodes to no tokens (named by ``sources`` when given).
+        TxlError: a text the tokenizer cannot encode, or that encodes to no tokens (named by ``sources``
+            when given, else by its position).
     """
     out = []
     for i, text in enumerate(texts):
-        ids = np.asarray(tokenizer.encode(text), dtype=np.int64)
+        name = sources[i] if sources else i
+        try:
+            ids = np.asarray(tokenizer.encode(text), dtype=np.int64)
+        except TxlError as err:  # e.g. characters a char vocabulary lacks: said with the document
+            raise TxlError(f"document {name}: {err}") from None
         if ids.size == 0:
-            raise TxlError(f"document {sources[i] if sources else i} is empty (no tokens); give it text")
+            raise TxlError(f"document {name} is empty (no tokens); give it text")
         out.append(ids[:max_tokens] if max_tokens else ids)
     return out
 

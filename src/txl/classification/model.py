@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ import torch.nn.functional as F
 from safetensors import SafetensorError
 from torch import nn
 
-from txl.config import CLASSIFIER_NAME, CONFIG_NAME, VOCAB_NAME, ClassifierConfig, TransformerXLConfig
+from txl.config import (CHECKSUMS_NAME, CLASSIFIER_NAME, CONFIG_NAME, STATE_NAME, VOCAB_NAME, ClassifierConfig,
+                        TransformerXLConfig)
 from txl.data import load_tokenizer
 from txl.errors import TxlError
 from txl.fileio import read_json_object, write_json
@@ -404,7 +406,8 @@ class TransformerXLForSequenceClassification(nn.Module):
                            "give the folder written by `txl classify train --out`")
         from txl.training.checkpoint_files import verify_checkpoint
 
-        verify_checkpoint(directory)  # files replaced or damaged since a run saved them (its checksums.json)
+        if not verify_checkpoint(directory) and (directory / STATE_NAME).is_file():  # a run's, checksums lost
+            print(f"txl: warning: {directory} has no {CHECKSUMS_NAME}; its files cannot be verified", file=sys.stderr)
         values = read_json_object(directory / CLASSIFIER_NAME)
         values.pop("extra", None)
         model = cls(read_model_config(directory), classifier=ClassifierConfig.from_dict(values))

@@ -165,8 +165,8 @@ def check_decoding_flags(args: argparse.Namespace) -> None:
     :func:`~txl.config.check_decoding`), ``-n/--max-new-tokens`` >= 0, and ``--min-new-tokens`` at most
     ``-n/--max-new-tokens``: more could never be drawn, so the request is a mistake, said before any work.
     Flags that would change nothing are refused too: ``--temperature`` (other than 0, greedy), ``--top-k`` or
-    ``--top-p`` with beam search (it ranks by log-probability and draws nothing), ``--length-penalty``
-    without it.
+    ``--top-p`` with beam search (it ranks by log-probability and draws nothing), a ``--length-penalty``
+    other than 1 without it, ``--top-k`` or ``--top-p`` with greedy decoding.
 
     Raises:
         TxlError: the first setting out of range, naming the flags as ``--help`` shows them (both flags and
@@ -176,6 +176,8 @@ def check_decoding_flags(args: argparse.Namespace) -> None:
     check_sampling(args.temperature, args.top_k, args.top_p, named)
     check_decoding(args.repetition_penalty, args.no_repeat_ngram_size, args.min_new_tokens, args.length_penalty, named)
     check_range(args, 0, "max_new_tokens")
+    if "" in args.stop:
+        raise TxlError("--stop must be a text of at least one character, got ''")
     if args.num_beams > 1:
         given = {"temperature": args.temperature not in (0, getattr(args, "_temperature_default", args.temperature)),
                  "top_k": args.top_k is not None, "top_p": args.top_p is not None}
@@ -185,6 +187,10 @@ def check_decoding_flags(args: argparse.Namespace) -> None:
     elif args.length_penalty != 1.0:
         raise TxlError(f"{flag_name(args, 'length_penalty')} ranks the beams of beam search: give "
                        f"{flag_name(args, 'num_beams')} N (N > 1) too, or leave it out")
+    elif args.temperature == 0:
+        for field in (field for field in ("top_k", "top_p") if getattr(args, field) is not None):
+            raise TxlError(f"{flag_name(args, field)} has no effect with {flag_name(args, 'temperature')} 0: greedy "
+                           "decoding takes the most likely token; leave one out")
     least, most = args.min_new_tokens, args.max_new_tokens
     if least is not None and most is not None and least > most:
         raise TxlError(f"{flag_name(args, 'min_new_tokens')} {least} is more than {flag_name(args, 'max_new_tokens')} "

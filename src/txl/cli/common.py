@@ -111,10 +111,11 @@ def add_quantize(parser: argparse.ArgumentParser) -> None:
 
 
 def add_batch_size(parser: argparse.ArgumentParser, default: int | None = None, text: str = "batch size",
-                   aliases: tuple[str, ...] = ()) -> None:
-    """``--batch-size N`` (hidden alias ``--batch_size``)."""
+                   aliases: tuple[str, ...] = (), default_text: str = "the config") -> None:
+    """``--batch-size N`` (hidden alias ``--batch_size``); ``default_text`` is what ``--help`` says of a None
+    default."""
     add_option(parser, "--batch-size", aliases=("--batch_size", *aliases), type=int, default=default, metavar="N",
-               help=f"{text} (default: {default if default is not None else 'the config'})")
+               help=f"{text} (default: {default if default is not None else default_text})")
 
 
 def add_span(parser: argparse.ArgumentParser, names: tuple[str, ...] = SPAN_FIELDS,

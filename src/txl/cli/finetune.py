@@ -17,8 +17,8 @@ from txl.errors import TxlError
 NAME = "finetune"
 HELP = "fine-tune a language model on prompt/completion pairs (the prompt read with memory)"
 EXAMPLE = "txl finetune --init runs/default --data pairs.jsonl --out runs/pairs train.max_steps=500"
-DETAILS = ("DATA is a JSON Lines file of {\"prompt\": ..., \"completion\": ...} objects, cut into train/valid/test by "
-           "data.split (default 0.9/0.1/0), or give data.train=... data.valid=... [data.test=...]. Each example is "
+DETAILS = ("--data is a JSON Lines file of {\"prompt\": ..., \"completion\": ...} objects, cut into train/valid/test "
+           "by data.split (default 0.9/0.1/0), or give data.train=... data.valid=... [data.test=...]. Each example is "
            "prompt + separator + completion + end marker; the loss counts the completion and the end marker only "
            "(docs/finetuning.md).")
 
@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_device(p, threads_text="train.threads, 0: automatic")
     p.set_defaults(device=None)
     add_dtype(p, default=None)
-    add_batch_size(p, text="examples per step (default 8)")
+    add_batch_size(p, text="examples per step", default_text="train.batch_size of the config, else 8")
     add_seed(p, text="train.seed", unset="1234")
     add_run_flags(p, "continue a stopped fine-tuning run from its last/ checkpoint")
 

@@ -7,6 +7,7 @@ folder, by :data:`RUN_MARKERS` and :data:`WEIGHTS_MARKERS`) and :func:`refuse_no
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import tempfile
@@ -31,6 +32,23 @@ def is_protected_folder(folder: str | Path) -> bool:
                 or all((folder / name).is_file() for name in WEIGHTS_MARKERS))
     except OSError:
         return False
+
+
+def continue_command(run_dir: str | Path) -> str:
+    """The command that continues the txl run in ``run_dir``, by the kind of run it holds: a document
+    classifier (``classifier.json`` in ``last/`` or ``best/``), a fine-tuning run (a ``[finetune]`` section in
+    ``run.json``) or a language model (torch-free: for messages said before anything loads)."""
+    from txl.config.fields import CLASSIFIER_NAME
+
+    run_dir = Path(run_dir)
+    if any((run_dir / name / CLASSIFIER_NAME).is_file() for name in ("last", "best")):
+        return f"txl classify train LM --data DATA --resume {run_dir} (the settings it started with)"
+    try:
+        saved = json.loads((run_dir / RUN_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        saved = {}
+    fine_tuned = isinstance(saved, dict) and saved.get("finetune") is not None
+    return f"txl {'finetune' if fine_tuned else 'train'} --resume {run_dir}"
 
 
 def protected_folder(path: str | Path) -> Path | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from txl.errors import TxlError
-from txl.fileio import atomic_write, read_json_object, refuse_nonempty_folder, write_json
+from txl.fileio import atomic_write, continue_command, read_json_object, refuse_nonempty_folder, write_json
 from txl.training.checkpoint import RUN_NAME, checkpoint_step
 
 METRIC_FIELDS = ["step", "tokens", "elapsed_s", "lr", "tgt_len", "mem_len", "train_loss", "train_metric",
@@ -126,7 +126,8 @@ def check_new_run_folder(out_dir: Path, flag: str = "train.out_dir (--out)") -> 
         TxlError: one line naming the folder and (up to four of) its entries; nothing is changed.
     """
     if (out_dir / RUN_NAME).exists():
-        raise TxlError(f"{out_dir} already holds a run; choose another {flag}, remove it, or continue it with --resume")
+        raise TxlError(f"{out_dir} already holds a run; choose another {flag}, remove it, or continue it with "
+                       f"{continue_command(out_dir)}")
     refuse_nonempty_folder(out_dir, str(out_dir), " and is not a txl run; a new run needs a new or empty folder, and "
                            f"txl never overwrites files it did not write: choose another {flag}")
 

@@ -13,7 +13,7 @@ from txl import distributed
 from txl.config import RunConfig, check_compilable
 from txl.data.iterators import longest_segment
 from txl.errors import TxlError
-from txl.fileio import FolderClaim, claim_folder
+from txl.fileio import FolderClaim, claim_folder, continue_command
 from txl.model import TransformerXLLM
 from txl.kernels.cpu import check_attention_fits
 from txl.training.checkpoint import RUN_NAME, state_int
@@ -93,7 +93,7 @@ def claim_run_folder(run: RunConfig, d: distributed.Dist, *, resume: bool, claim
         resume_dir = first_good_checkpoint(candidates, required=TRAINER_JSON, warn=lambda m: log(f"txl: warning: {m}"))
     elif (out_dir / RUN_NAME).exists():
         raise TxlError(f"{out_dir} already holds a run; choose another train.out_dir (--out), remove it, "
-                       "or continue it with --resume")
+                       f"or continue it with {continue_command(out_dir)}")
     return created, candidates, resume_dir
 
 
