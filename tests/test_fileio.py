@@ -153,3 +153,18 @@ def test_an_output_folder_that_is_not_a_folder_is_named_for_what_it_is(tmp_path)
         with pytest.raises(TxlError, match=f"^--out {tmp_path / name} is {kind}; choose a folder$"):
             check_output_folder(tmp_path / name)
     assert not (tmp_path / "nothing").exists()
+
+
+def test_each_kind_of_run_is_named_with_the_command_that_continues_it(tmp_path):
+    from txl.fileio import continue_command, run_kind
+
+    (tmp_path / "clf" / "best").mkdir(parents=True)
+    (tmp_path / "clf" / "best" / "classifier.json").write_text("{}")
+    for name, saved in (("ft", {"finetune": {"init": "lm"}}), ("lm", {"finetune": None}), ("bad", "not json")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps(saved) if name != "bad" else saved)
+    expect = {"clf": ("classifier", "txl classify train LM --data DATA --resume {} (the settings it started with)"),
+              "ft": ("fine-tuning", "txl finetune --resume {}"), "lm": ("language-model", "txl train --resume {}"),
+              "bad": ("language-model", "txl train --resume {}")}
+    for name, (kind, command) in expect.items():
+        assert (run_kind(tmp_path / name), continue_command(tmp_path / name)) == (kind, command.format(tmp_path / name))

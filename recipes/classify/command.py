@@ -21,10 +21,11 @@ from pathlib import Path
 
 from txl.cli.checks import check_exists, check_range, finite_float, flag_name
 from txl.cli.common import (Command, add_batch_size, add_checkpoint, add_data, add_device, add_dtype, add_option,
-                            add_span, checkpoint_arg, note_threads, print_notes, underscore)
+                            add_span, checkpoint_arg, note_threads, print_notes, underscore, use_threads)
 from txl.cli.train import launch_ranks
-from txl.config import HEAD_INITS, MODES, POOLINGS, RECURRENCES, RUN_NAME
+from txl.config import CONFIG_NAME, HEAD_INITS, MODES, POOLINGS, RECURRENCES, RUN_NAME
 from txl.errors import TxlError, counted, listed
+from txl.fileio import continue_command, run_kind
 from txl_recipes.classify.config import ClassifyTrainConfig
 
 NAME = "classify"
@@ -165,6 +166,11 @@ def _check_args(args: argparse.Namespace) -> None:
     check_exists(args.data, "--data")
     check_exists(args.valid, "--valid")
     check_exists(args.resume, "--resume", kind="folder")
+    if args.resume is not None:  # a checkpoint (RUN/last) stands for its run
+        run_dir = Path(args.resume).parent if (Path(args.resume) / CONFIG_NAME).is_file() else Path(args.resume)
+        if (run_dir / RUN_NAME).is_file() and run_kind(run_dir) != "classifier":
+            raise TxlError(f"{run_dir} is a {run_kind(run_dir)} run, not a document-classification run; continue "
+                           f"it with {continue_command(run_dir)}")
 
 
 @dataclass
@@ -194,12 +200,16 @@ def _language_model(args: argparse.Namespace):
     from txl.training.checkpoint_files import verify_checkpoint
 
     lm_dir = resolve_checkpoint_dir(args.checkpoint)
-    verify_checkpoint(lm_dir)  # a damaged file is named as every command names it, before its header is read
     lm_config = read_model_config(lm_dir)
     from txl.kernels.int8 import check_trainable
     from txl.model.serialization import weight_shapes
 
-    check_trainable(weight_shapes(lm_dir), str(lm_dir))  # from the weights' header: nothing loaded yet
+    try:
+        shapes = weight_shapes(lm_dir)  # from the weights' header: nothing loaded yet
+    except TxlError:
+        verify_checkpoint(lm_dir)  # a damaged file is named by its checksum, as every command names it
+        raise
+    check_trainable(shapes, str(lm_dir))
     if not (lm_dir / VOCAB_NAME).is_file():
         raise TxlError(f"{lm_dir} has no {VOCAB_NAME}: cannot encode the documents for this language model")
     mode = args.mode or ("memory" if lm_config.has_memory else "first")
@@ -294,7 +304,7 @@ def _report(args: argparse.Namespace, fit, data: _Documents, settings: dict, out
 
 def _train(args: argparse.Namespace) -> int:
     """``txl classify train``: fine-tune through the training loop, report held-out accuracy."""
-    from txl.fileio import check_output_folder, continue_command
+    from txl.fileio import check_output_folder
 
     checkpoint_arg(args)
     resolve_settings(args)  # the --config file's settings where no flag gave one
@@ -328,8 +338,7 @@ def _train(args: argparse.Namespace) -> int:
                                   max_tokens=args.max_tokens or None)
     tokenizer = load_tokenizer(lm_dir / VOCAB_NAME)
     data.encoded = encode_texts(tokenizer, [d.text for d in docs], classifier.max_tokens, [d.source for d in docs])
-    note_threads(args)
-    print_notes(args)  # the threads (the input has passed its checks)
+    use_threads(args)  # (the training loop's start line names them)
     held_from = f"from {args.valid}" if args.valid else f"(seed {args.seed})"
     tgt_len = lm_config.tgt_len if args.tgt_len is None else args.tgt_len
     mem_len = lm_config.mem_len if args.mem_len is None else args.mem_len

@@ -36,11 +36,11 @@ from torch import nn
 
 from txl.classification.data import pad_batch
 from txl.classification.model import TransformerXLForSequenceClassification
-from txl.config import CLASSIFIER_NAME, WEIGHTS_NAME
+from txl.config import CHECKSUMS_NAME, CLASSIFIER_NAME, WEIGHTS_NAME
 from txl.data.iterators import EpochBatches, to_device
 from txl.errors import TxlError
 from txl.evaluation.stream import EvalResult
-from txl.fileio import write_json
+from txl.fileio import read_json_object, write_json
 from txl.model import LMOutput
 from txl.model.serialization import load_weights
 from txl.training.fingerprint import file_digest
@@ -48,6 +48,16 @@ from txl_recipes.classify.probe import probe_head
 
 UNIT = "nats"  # the loss of a document: cross-entropy in nats
 LM_PART = "language model"  # the fingerprint's part for the weights a run started from
+
+
+def weights_digest(folder: Path) -> dict:
+    """``{"bytes": N, "sha256": HEX}`` of a checkpoint's ``model.safetensors``: the sha256 its
+    ``checksums.json`` lists (checked when the checkpoint was loaded), else computed."""
+    sums = folder / CHECKSUMS_NAME
+    listed = read_json_object(sums).get(WEIGHTS_NAME) if sums.is_file() else None
+    if isinstance(listed, str):
+        return {"bytes": (folder / WEIGHTS_NAME).stat().st_size, "sha256": listed}
+    return file_digest(folder / WEIGHTS_NAME)
 
 
 def padded(docs: Sequence[np.ndarray], max_tokens: int | None) -> torch.Tensor:
@@ -114,7 +124,7 @@ class ClassifyTask:
             if min(labels) < 0 or max(labels) >= classifier.num_labels:
                 raise TxlError(f"{name} labels must be class indices in [0, {classifier.num_labels})")
         self.lm_dir = Path(lm_dir)
-        self.lm_digest: dict | None = file_digest(self.lm_dir / WEIGHTS_NAME)  # None: a run that recorded none
+        self.lm_digest: dict | None = weights_digest(self.lm_dir)  # None: a resumed run that recorded none
         self.classifier = classifier
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.vocab_size

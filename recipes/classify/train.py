@@ -94,13 +94,15 @@ def _same_labels(saved, now) -> bool:
     return isinstance(saved, list) and all(isinstance(x, str) for x in saved) and saved == [str(x) for x in now]
 
 
-def check_same_settings(run_dir: Path, run: RunConfig, classifier, task: ClassifyTask | None = None) -> None:
+def check_same_settings(run_dir: Path, run: RunConfig, classifier, task: ClassifyTask | None = None,
+                        allow_data_change: bool = False) -> None:
     """Refuse to resume the classification run in ``run_dir`` with other settings than it started with
     (its ``run.json`` and ``last/classifier.json``): another number of steps, learning rate, batch size,
     reading span or classifier would make the resumed run something neither setting describes (and a
     changed number of steps would let ``best/`` be chosen on the held-out documents). With ``task``, its
-    language model too: weights other than those the run started from (``last/state.json`` records their
-    sha256) are refused; a run that recorded none sets ``task.lm_digest`` to None (nothing to compare).
+    language model too: weights other than those the run started from (the checkpoint the run resumes
+    from records their sha256) are refused unless ``allow_data_change`` (the training loop then warns);
+    a run that recorded none sets ``task.lm_digest`` to None (nothing to compare).
 
     Raises:
         TxlError: naming the first settings that differ (the run folder is left as it was).
@@ -128,24 +130,30 @@ def check_same_settings(run_dir: Path, run: RunConfig, classifier, task: Classif
         raise TxlError(f"{run_dir} was trained with other settings ({shown}); resume it with the settings it "
                        "started with")
     if task is not None:
-        _check_same_lm(run_dir, task)
+        _check_same_lm(run_dir, task, allow_data_change)
 
 
-def _check_same_lm(run_dir: Path, task: ClassifyTask) -> None:
-    """The language-model part of :func:`check_same_settings`."""
+def _check_same_lm(run_dir: Path, task: ClassifyTask, allow: bool) -> None:
+    """The language-model part of :func:`check_same_settings`, against the checkpoint the training loop
+    resumes from (``last/``, else an older intact ``last.<step>/``)."""
     from txl.config import STATE_NAME
     from txl.fileio import read_json_object
-    from txl.training.fingerprint import STATE_KEY, describe_changes
+    from txl.training.checkpoint_files import TRAINER_JSON, checkpoint_candidates, first_good_checkpoint
+    from txl.training.fingerprint import FLAG, STATE_KEY, describe_changes
 
-    state = run_dir / "last" / STATE_NAME
+    try:
+        checkpoint = first_good_checkpoint(checkpoint_candidates(run_dir), TRAINER_JSON, warn=lambda _: None)
+    except TxlError:
+        return  # nothing to resume from: the training loop says why
+    state = checkpoint / STATE_NAME
     saved = read_json_object(state).get(STATE_KEY) if state.is_file() else None
     saved = saved.get(LM_PART) if isinstance(saved, dict) else None
     if saved is None:
         task.lm_digest = None
-    elif saved != task.lm_digest:
+    elif saved != task.lm_digest and not allow:
         change = describe_changes({LM_PART: saved}, {LM_PART: task.lm_digest})[0]
         raise TxlError(f"{run_dir} started from other language-model weights than {task.lm_dir} ({change}); "
-                       "resume it with the checkpoint it started from")
+                       f"resume it with the checkpoint it started from, or add {FLAG} to continue anyway")
 
 
 def fit_classifier(lm_dir: str | Path, classifier, train: tuple, valid: tuple, *, out_dir: str | Path,
@@ -198,7 +206,7 @@ def fit_classifier(lm_dir: str | Path, classifier, train: tuple, valid: tuple, *
                          weight_decay=weight_decay, clip=clip, seed=seed, tgt_len=tgt_len, mem_len=mem_len,
                          dtype=dtype, device=device, threads=threads, data=data, save_interval=save_interval)
     if resume:
-        check_same_settings(Path(out_dir), run, classifier, task)
+        check_same_settings(Path(out_dir), run, classifier, task, allow_data_change)
     result = train_loop(run, progress=progress, log=log, resume=resume, task=task, allow_data_change=allow_data_change)
     model = task.load_model(result.best_dir, resolve_device(device))
     one_window = classifier.mode in ("first", "last")

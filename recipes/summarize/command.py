@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_seed(p, default=0, text="seeds sampling (document i draws with its own generator, seeded seed + i)")
     add_span(p, ("mem_len",), default_text="the model's")
     p.add_argument("--rouge", action="store_true", help="print ROUGE-1/2/L F1 against the references")
-    add_json(p)
+    add_json(p, what="the ROUGE scores (with --rouge)")
     add_dtype(p)
     add_quantize(p)
     add_device(p)

@@ -160,6 +160,17 @@ def test_resume_refuses_other_settings_and_a_classifier_as_the_lm(tmp_path):
     assert sorted((p.name, p.read_bytes()) for p in (tmp_path / "run").rglob("*") if p.is_file()) == before
     with pytest.raises(TxlError, match="is a document classifier"):
         fit_classifier(tmp_path / "run", clf, train, valid, out_dir=tmp_path / "other", steps=2, lr=1e-3, **kw)
+    said = []  # allowed: the training loop says what changed, and the run goes on from its own weights
+    fit_classifier(other, clf, train, valid, out_dir=tmp_path / "run", resume=True, steps=2, lr=1e-3,
+                   allow_data_change=True, **{**kw, "log": said.append})
+    assert any("(language model: " in line and "continuing on the new data" in line for line in said), said
+    # a run whose last/ was lost in a crash resumes from its older checkpoint, checked against it
+    (tmp_path / "run" / "last").rename(tmp_path / "run" / "last.2")
+    assert fit_classifier(lm, clf, train, valid, out_dir=tmp_path / "run", resume=True, steps=2, lr=1e-3,
+                          **kw).steps == 2
+    assert not (tmp_path / "run" / "last").exists()  # (the run was complete: nothing written)
+    with pytest.raises(TxlError, match="started from other language-model weights"):
+        fit_classifier(other, clf, train, valid, out_dir=tmp_path / "run", resume=True, steps=2, lr=1e-3, **kw)
 
 
 def test_a_run_that_stored_integer_labels_as_text_resumes_with_them(tmp_path):
@@ -232,6 +243,14 @@ def test_classify_names_a_used_folder_and_damaged_files_as_the_other_commands_do
     # the other commands name the command that continues each kind of run
     assert main(["finetune", "--init", str(lm), "--data", str(data), "--out", str(run)]) == 2
     assert f"continue it with txl classify train LM --data DATA --resume {run} " in capsys.readouterr().err
+    from txl.config import RunConfig
+
+    shutil.copytree(lm, tmp_path / "lmrun" / "last")  # a language-model run, given to --resume: one line, said first
+    (tmp_path / "lmrun" / "run.json").write_text(json.dumps(RunConfig().to_dict()))
+    assert main([*argv, "--resume", str(tmp_path / "lmrun" / "last")]) == 2
+    assert capsys.readouterr().err.strip() == (f"txl: error: {tmp_path / 'lmrun'} is a language-model run, not a "
+                                               "document-classification run; continue it with txl train --resume "
+                                               f"{tmp_path / 'lmrun'}")
     assert main([*argv, "--out", str(lm)]) == 2  # the language model's own folder: an input, not a run to continue
     assert capsys.readouterr().err.strip() == f"txl: error: --out {lm} is the input folder {lm} or inside it; choose another folder"
     assert sorted(p.name for p in (tmp_path / "r").rglob("*")) == before

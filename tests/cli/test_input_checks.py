@@ -311,6 +311,10 @@ EARLY = [  # (argv, the error line); CKPT is an existing empty folder
     (["summarize", "CKPT", "doc.txt", "--num-beams", "2", "--top-p", "0.9"],
      "--top-p has no effect with --num-beams 2"),
     (["generate", "CKPT", "--stop", ""], "--stop must be a text of at least one character, got ''"),
+    (["generate", "CKPT", "--num-beams", "2", "-t", "0.8"], "-t/--temperature has no effect with --num-beams 2"),
+    (["summarize", "CKPT", "doc.txt", "--top-k", "40"],
+     "--top-k applies to sampling, and this command decodes greedily by default: give -t/--temperature T (T > 0) "
+     "too, or leave it out"),
     (["generate", "CKPT", "-t", "0", "--top-p", "0.9"],
      "--top-p has no effect with -t/--temperature 0: greedy decoding takes the most likely token; leave one out"),
     (["generate", "CKPT", "--length-penalty", "2"],

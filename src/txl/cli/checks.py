@@ -164,23 +164,27 @@ def check_decoding_flags(args: argparse.Namespace) -> None:
     before torch loads: the sampling and decoding settings (:func:`~txl.config.check_sampling`,
     :func:`~txl.config.check_decoding`), ``-n/--max-new-tokens`` >= 0, and ``--min-new-tokens`` at most
     ``-n/--max-new-tokens``: more could never be drawn, so the request is a mistake, said before any work.
-    Flags that would change nothing are refused too: ``--temperature`` (other than 0, greedy), ``--top-k`` or
-    ``--top-p`` with beam search (it ranks by log-probability and draws nothing), a ``--length-penalty``
-    other than 1 without it, ``--top-k`` or ``--top-p`` with greedy decoding.
+    Flags that would change nothing are refused too: a ``--temperature`` given (other than 0, greedy),
+    ``--top-k`` or ``--top-p`` with beam search (it ranks by log-probability and draws nothing), a
+    ``--length-penalty`` other than 1 without it, ``--top-k`` or ``--top-p`` with greedy decoding. A
+    ``--temperature`` not given becomes the command's default (``args._temperature_default``) here.
 
     Raises:
         TxlError: the first setting out of range, naming the flags as ``--help`` shows them (both flags and
             their values when ``--min-new-tokens`` is the larger).
     """
     named = lambda field: flag_name(args, field)  # noqa: E731 - messages name the flags
+    given_temperature = args.temperature is not None
+    if not given_temperature:  # the command's default, from here on
+        args.temperature = args._temperature_default
     check_sampling(args.temperature, args.top_k, args.top_p, named)
     check_decoding(args.repetition_penalty, args.no_repeat_ngram_size, args.min_new_tokens, args.length_penalty, named)
     check_range(args, 0, "max_new_tokens")
     if "" in args.stop:
         raise TxlError("--stop must be a text of at least one character, got ''")
     if args.num_beams > 1:
-        given = {"temperature": args.temperature not in (0, getattr(args, "_temperature_default", args.temperature)),
-                 "top_k": args.top_k is not None, "top_p": args.top_p is not None}
+        given = {"temperature": given_temperature and args.temperature != 0, "top_k": args.top_k is not None,
+                 "top_p": args.top_p is not None}
         for field in (field for field, on in given.items() if on):
             raise TxlError(f"{flag_name(args, field)} has no effect with {flag_name(args, 'num_beams')} "
                            f"{args.num_beams}: beam search ranks by log-probability and draws nothing; leave one out")
@@ -189,6 +193,9 @@ def check_decoding_flags(args: argparse.Namespace) -> None:
                        f"{flag_name(args, 'num_beams')} N (N > 1) too, or leave it out")
     elif args.temperature == 0:
         for field in (field for field in ("top_k", "top_p") if getattr(args, field) is not None):
+            if not given_temperature:  # the command decodes greedily unless told to sample
+                raise TxlError(f"{flag_name(args, field)} applies to sampling, and this command decodes greedily by "
+                               f"default: give {flag_name(args, 'temperature')} T (T > 0) too, or leave it out")
             raise TxlError(f"{flag_name(args, field)} has no effect with {flag_name(args, 'temperature')} 0: greedy "
                            "decoding takes the most likely token; leave one out")
     least, most = args.min_new_tokens, args.max_new_tokens

@@ -144,14 +144,14 @@ def add_seed(parser: argparse.ArgumentParser, default: int | None = None, text: 
                         help=f"{text} (default: {default if default is not None else unset})")
 
 
-def add_json(parser: argparse.ArgumentParser, bare: bool = False) -> None:
-    """``--json FILE|-``: write the result as JSON to FILE, or to stdout with ``-``.
+def add_json(parser: argparse.ArgumentParser, bare: bool = False, what: str = "the result") -> None:
+    """``--json FILE|-``: write ``what`` as JSON to FILE, or to stdout with ``-``.
 
     With ``bare``, a ``--json`` without a value means ``-`` (a spelling ``txl eval`` accepts).
     """
     extra = {"nargs": "?", "const": "-"} if bare else {}
     parser.add_argument("--json", metavar="FILE|-", default=None, **extra,
-                        help="write the result as JSON to FILE, or to stdout with -" + (" (the default)" if bare else ""))
+                        help=f"write {what} as JSON to FILE, or to stdout with -" + (" (the default)" if bare else ""))
 
 
 def add_data(parser: argparse.ArgumentParser, text: str, required: bool = False,
@@ -307,7 +307,8 @@ def add_decoding_flags(p: argparse.ArgumentParser, *, max_new_tokens: int, max_n
     ``-n`` and ``--temperature`` and the texts naming what is decoded are the command's."""
     add_option(p, "-n", "--max-new-tokens", aliases=underscore("--max-new-tokens"), type=int, default=max_new_tokens,
                metavar="N", help=f"{max_new_help} (default {max_new_tokens})")
-    p.add_argument("--temperature", "-t", type=finite_float, default=temperature,
+    # None until check_decoding_flags: it tells a --temperature given from the command's default
+    p.add_argument("--temperature", "-t", type=finite_float, default=None,
                    help=f"0 = greedy (default {temperature:g})")
     add_option(p, "--top-k", aliases=underscore("--top-k"), type=int, default=None, metavar="K",
                help="sample among the K most likely tokens")
@@ -324,7 +325,7 @@ def add_decoding_flags(p: argparse.ArgumentParser, *, max_new_tokens: int, max_n
     add_option(p, "--num-beams", aliases=underscore("--num-beams"), type=int, default=1, metavar="N", help=beam_help)
     add_option(p, "--length-penalty", aliases=underscore("--length-penalty"), type=finite_float, default=1.0,
                metavar="F", help=f"beam search: finished {ranked} ranked by log-prob / length**F (default 1)")
-    p.set_defaults(_temperature_default=temperature)  # how check_decoding_flags tells a --temperature given
+    p.set_defaults(_temperature_default=temperature)
 
 
 def decoding_rules(args: argparse.Namespace):

@@ -254,13 +254,13 @@ def resumed_config(resume: str, overrides: list[str], allow_change: bool):
     if overrides and not allow_change:
         raise TxlError("--resume continues a run with its saved config; to change it anyway (e.g. "
                        "train.max_steps=...), add --allow-config-change")
-    from txl.config import CLASSIFIER_NAME, RUN_NAME
-    from txl.fileio import continue_command, read_json_object
+    from txl.config import RUN_NAME
+    from txl.fileio import continue_command, read_json_object, run_kind
     from txl.training.checkpoint import resume_run_dir
     from txl.config import RunConfig, parse_override
 
     run_dir = str(resume_run_dir(resume))
-    if any((Path(run_dir) / name / CLASSIFIER_NAME).is_file() for name in ("last", "best")):
+    if run_kind(run_dir) == "classifier":
         raise TxlError(f"{run_dir} is a document-classification run: continue it with {continue_command(run_dir)}")
     saved = read_json_object(Path(run_dir) / RUN_NAME)
     changes: dict = {}

@@ -18,7 +18,7 @@ The names the other layers use are importable from ``txl.fileio`` itself.
 """
 
 from txl.fileio.guards import (LOCK_SUFFIX, FolderClaim, check_output_folder, check_output_path, claim_folder,
-                               continue_command, is_protected_folder, refuse_nonempty_folder)
+                               continue_command, is_protected_folder, refuse_nonempty_folder, run_kind)
 from txl.fileio.json_files import (json_kind, oserrors_as, path_inside, read_bytes, read_json, read_json_object,
                                    read_jsonl, sha256_file)
 from txl.fileio.toml_files import read_toml
@@ -26,5 +26,5 @@ from txl.fileio.writes import atomic_write, write_json
 
 __all__ = ["LOCK_SUFFIX", "FolderClaim", "atomic_write", "check_output_folder", "check_output_path", "claim_folder",
            "continue_command", "is_protected_folder", "json_kind", "oserrors_as", "path_inside", "read_bytes",
-           "read_json", "read_json_object", "read_jsonl", "read_toml", "refuse_nonempty_folder", "sha256_file",
-           "write_json"]
+           "read_json", "read_json_object", "read_jsonl", "read_toml", "refuse_nonempty_folder", "run_kind",
+           "sha256_file", "write_json"]

@@ -34,21 +34,26 @@ def is_protected_folder(folder: str | Path) -> bool:
         return False
 
 
-def continue_command(run_dir: str | Path) -> str:
-    """The command that continues the txl run in ``run_dir``, by the kind of run it holds: a document
-    classifier (``classifier.json`` in ``last/`` or ``best/``), a fine-tuning run (a ``[finetune]`` section in
-    ``run.json``) or a language model (torch-free: for messages said before anything loads)."""
+def run_kind(run_dir: str | Path) -> str:
+    """The kind of txl run in ``run_dir`` (torch-free, for messages said before anything loads):
+    ``"classifier"`` (``classifier.json`` in ``last/`` or ``best/``), ``"fine-tuning"`` (a ``[finetune]``
+    section in ``run.json``), else ``"language-model"``."""
     from txl.config.fields import CLASSIFIER_NAME
 
     run_dir = Path(run_dir)
     if any((run_dir / name / CLASSIFIER_NAME).is_file() for name in ("last", "best")):
-        return f"txl classify train LM --data DATA --resume {run_dir} (the settings it started with)"
+        return "classifier"
     try:
         saved = json.loads((run_dir / RUN_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         saved = {}
-    fine_tuned = isinstance(saved, dict) and saved.get("finetune") is not None
-    return f"txl {'finetune' if fine_tuned else 'train'} --resume {run_dir}"
+    return "fine-tuning" if isinstance(saved, dict) and saved.get("finetune") is not None else "language-model"
+
+
+def continue_command(run_dir: str | Path) -> str:
+    """The command that continues the txl run in ``run_dir``, by its :func:`run_kind`."""
+    return {"classifier": f"txl classify train LM --data DATA --resume {run_dir} (the settings it started with)",
+            "fine-tuning": f"txl finetune --resume {run_dir}"}.get(run_kind(run_dir), f"txl train --resume {run_dir}")
 
 
 def protected_folder(path: str | Path) -> Path | None:
