@@ -25,8 +25,8 @@ from txl.cli.common import (Command, add_batch_size, add_checkpoint, add_data, a
 from txl.cli.train import launch_ranks
 from txl.config import CONFIG_NAME, HEAD_INITS, MODES, POOLINGS, RECURRENCES, RUN_NAME
 from txl.errors import TxlError, counted, listed
-from txl.fileio import continue_command, run_kind
-from txl_recipes.classify.config import ClassifyTrainConfig
+from txl.fileio import continue_command
+from txl_recipes.classify.config import ClassifyTrainConfig, check_classification_run
 
 NAME = "classify"
 HELDOUT_NAME = "heldout.json"  # the held-out report of a run (txl classify train)
@@ -167,10 +167,8 @@ def _check_args(args: argparse.Namespace) -> None:
     check_exists(args.valid, "--valid")
     check_exists(args.resume, "--resume", kind="folder")
     if args.resume is not None:  # a checkpoint (RUN/last) stands for its run
-        run_dir = Path(args.resume).parent if (Path(args.resume) / CONFIG_NAME).is_file() else Path(args.resume)
-        if (run_dir / RUN_NAME).is_file() and run_kind(run_dir) != "classifier":
-            raise TxlError(f"{run_dir} is a {run_kind(run_dir)} run, not a document-classification run; continue "
-                           f"it with {continue_command(run_dir)}")
+        resume = Path(args.resume)
+        check_classification_run(resume.parent if (resume / CONFIG_NAME).is_file() else resume)
 
 
 @dataclass

@@ -1,12 +1,30 @@
-"""The settings of ``txl classify train``: one dataclass, checked as every configuration of txl is."""
+"""The settings of ``txl classify train``: one dataclass, checked as every configuration of txl is; and
+which run folder it may resume."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
-from txl.config import HEAD_INITS, MODES, POOLINGS, RECURRENCES, check_choice, check_seed
+from txl.config import CONFIG_NAME, HEAD_INITS, MODES, POOLINGS, RECURRENCES, RUN_NAME, check_choice, check_seed
 from txl.errors import TxlError
+from txl.fileio import continue_command, run_kind
+
+
+def check_classification_run(run_dir: str | Path) -> None:
+    """Refuse to resume ``run_dir`` when it holds another kind of txl run (torch-free): a run folder whose
+    checkpoints hold no ``classifier.json``. A run with no checkpoint yet passes (the training loop says
+    there is nothing to resume).
+
+    Raises:
+        TxlError: naming the kind of run and the command that continues it.
+    """
+    run_dir = Path(run_dir)
+    started = any((run_dir / name / CONFIG_NAME).is_file() for name in ("last", "best"))
+    if (run_dir / RUN_NAME).is_file() and started and run_kind(run_dir) != "classifier":
+        raise TxlError(f"{run_dir} is a {run_kind(run_dir)} run, not a document-classification run; continue it "
+                       f"with {continue_command(run_dir)}")
 
 
 @dataclass

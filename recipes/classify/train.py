@@ -17,6 +17,7 @@ from txl.evaluation.intervals import accuracy, macro_f1
 from txl.kernels.int8 import check_trainable
 from txl.model.serialization import read_model_config
 from txl.runtime import resolve_device
+from txl_recipes.classify.config import check_classification_run
 from txl_recipes.classify.task import LM_PART, ClassifyTask
 
 
@@ -107,15 +108,12 @@ def check_same_settings(run_dir: Path, run: RunConfig, classifier, task: Classif
     Raises:
         TxlError: naming the first settings that differ (the run folder is left as it was).
     """
-    from txl.fileio import continue_command, read_json_object
+    from txl.fileio import read_json_object
     from txl.training.checkpoint import RUN_NAME
 
     if not (run_dir / RUN_NAME).is_file():
         return  # nothing to resume: the training loop says so
-    checkpoints = [run_dir / name for name in ("last", "best") if (run_dir / name / "config.json").is_file()]
-    if checkpoints and not any((folder / CLASSIFIER_NAME).is_file() for folder in checkpoints):
-        raise TxlError(f"{run_dir} is not a document-classification run (no last/{CLASSIFIER_NAME}); continue it "
-                       f"with {continue_command(run_dir)}, or give the folder of a txl classify train run")
+    check_classification_run(run_dir)
     saved = _flat(read_json_object(run_dir / RUN_NAME))
     now = _flat(run.to_dict())
     changed = [f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(saved) | set(now))

@@ -362,3 +362,22 @@ def test_valid_on_the_command_line_wins_over_the_files_valid_fraction(tmp_path):
     args = argparse.Namespace(config=str(config), valid=None, **dict.fromkeys(TRAIN_SETTINGS))
     resolve_settings(args)
     assert args.valid_fraction == 0.3
+
+
+def test_only_a_run_with_checkpoints_of_another_kind_is_refused_as_one(tmp_path):
+    import json
+    import shutil
+
+    from txl.config import RunConfig
+    from txl_recipes.classify.config import check_classification_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps(RunConfig().to_dict()))
+    check_classification_run(run)  # killed before its first checkpoint: nothing says what kind it is
+    shutil.copytree(_lm(tmp_path), run / "last")
+    with pytest.raises(TxlError, match=f"^{run} is a language-model run, not a document-classification run; "
+                                       f"continue it with txl train --resume {run}$"):
+        check_classification_run(run)
+    (run / "last" / "classifier.json").write_text("{}")
+    check_classification_run(run)
