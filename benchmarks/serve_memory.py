@@ -56,7 +56,7 @@ def child(report: str, keep: bool, argv: list[str]) -> int:
     signal.signal(signal.SIGUSR1, write_report)
     signal.signal(signal.SIGUSR2, lambda *_: tracemalloc.start(4))
     if keep:
-        from txl.serving import app
+        from txl_recipes.serve import app
 
         app.release_free_memory = lambda: False
     from txl.cli import main as txl_main

@@ -102,10 +102,10 @@ def corpus(tmp_path):
 @contextlib.contextmanager
 def served_app(app):
     """The ASGI ``app`` served in a thread of this process by uvicorn with txl serve's own settings
-    (:func:`txl.serving.server.uvicorn_config`) on a free loopback port; yields its base URL."""
+    (:func:`txl_recipes.serve.server.uvicorn_config`) on a free loopback port; yields its base URL."""
     import uvicorn
 
-    from txl.serving.server import listen, uvicorn_config
+    from txl_recipes.serve.server import listen, uvicorn_config
 
     server = uvicorn.Server(uvicorn_config(app))
     sock = listen("127.0.0.1", 0)

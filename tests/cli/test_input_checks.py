@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import txl
+import txl_recipes
 from conftest import one_error_line as _one_error_line
 from conftest import run_cli
 from txl.classification.model import TransformerXLForSequenceClassification
@@ -42,15 +43,16 @@ SMALL = dict(n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=16, tgt_len=8, me
 # --- the config classes, found rather than listed: a new one is covered as it appears ------------------------
 
 def _config_classes() -> list[type]:
-    """Every dataclass of txl that checks its own fields with check_fields, and every run-config section."""
+    """Every dataclass of txl and its recipes that checks its own fields with check_fields, and every run-config section."""
     found = {cls for cls in SECTIONS.values()}
-    for info in pkgutil.walk_packages(txl.__path__, "txl."):
-        if info.name.startswith("txl.serving") or info.name.endswith("__main__"):  # FastAPI; runs the CLI
+    packages = [(txl.__path__, "txl."), (txl_recipes.__path__, "txl_recipes.")]
+    for info in (info for path, prefix in packages for info in pkgutil.walk_packages(path, prefix)):
+        if info.name.endswith("__main__"):  # runs the CLI
             continue
         module = importlib.import_module(info.name)
         for _, cls in inspect.getmembers(module, inspect.isclass):
             if cls.__module__ == module.__name__ and dataclasses.is_dataclass(cls) \
-                    and re.search(r"check_fields\((cls|type\(self\))\b", inspect.getsource(cls)):
+                    and re.search(r"check_fields\((cls\b|type\(self\))", inspect.getsource(cls)):
                 found.add(cls)
     return sorted(found, key=lambda c: c.__qualname__)
 
@@ -61,7 +63,7 @@ CONFIGS = _config_classes()
 def test_the_config_classes_are_found():
     names = {c.__name__ for c in CONFIGS}
     assert {"TransformerXLConfig", "DataConfig", "TrainConfig", "EvalConfig", "FinetuneConfig",
-            "ClassifierConfig"} <= names
+            "ClassifierConfig", "ServeConfig"} <= names
 
 
 def _fields(predicate):
@@ -441,7 +443,7 @@ def test_summarize_rouge_without_rouge_score_fails_before_any_work(tmp_path, cap
 
 
 def test_serve_and_bench_check_their_optional_packages_before_loading(tmp_path, capsys, monkeypatch):
-    import txl.cli.serve as serve
+    import txl_recipes.serve.command as serve
 
     ckpt = _lm(tmp_path / "lm")
     _missing(monkeypatch, "fastapi", "transformers")

@@ -54,7 +54,7 @@ def finetuned(tmp_path_factory):
                                      ["serve"]])
 def test_bf16_weights_with_float16_autocast_is_one_line_before_loading(command, lm, finetuned, tmp_path, capsys,
                                                                         monkeypatch):
-    import txl.serving.server as server
+    import txl_recipes.serve.server as server
     import txl.training.checkpoint as checkpoint
 
     def no_loading(*args, **kwargs):

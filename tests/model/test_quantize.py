@@ -358,8 +358,8 @@ def test_a_served_session_with_quantised_weights_scores_as_the_quantised_model(k
     from txl.evaluation.scoring import score_tokens
     from txl.kernels.int8 import to_bfloat16
     from txl.config import AttentionSpan
-    from txl.serving.app import create_app
-    from txl.serving.server import build_engine
+    from txl_recipes.serve.app import create_app
+    from txl_recipes.serve.server import build_engine
 
     span, tok = AttentionSpan(tgt_len=6, mem_len=10), ByteTokenizer()
     model = tiny_model(seed=3, dtype=torch.float32, vocab_size=256, d_model=32, d_head=16, d_inner=64)

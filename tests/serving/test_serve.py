@@ -26,9 +26,9 @@ from txl.data.tokenizers.incremental import TextCursor  # noqa: E402
 from txl.evaluation.scoring import score_tokens, token_text  # noqa: E402
 from txl.generation import generate  # noqa: E402
 from txl.config import AttentionSpan  # noqa: E402
-from txl.serving.app import create_app  # noqa: E402
-from txl.serving.server import build_engine, listen  # noqa: E402
-from txl.serving.sessions import SessionState, SessionStore, StoreFull, read_tokens  # noqa: E402
+from txl_recipes.serve.app import create_app  # noqa: E402
+from txl_recipes.serve.server import build_engine, listen  # noqa: E402
+from txl_recipes.serve.sessions import SessionState, SessionStore, StoreFull, read_tokens  # noqa: E402
 from txl.training.checkpoint import save_checkpoint  # noqa: E402
 from txl.config import RunConfig  # noqa: E402
 
@@ -423,7 +423,7 @@ def test_generate_without_append_keeps_the_pending_text():
 
     from txl.data.tokenizers.simple import CharTokenizer
     from txl.generation import DecodingRules
-    from txl.serving.engine import SamplingParams
+    from txl_recipes.serve.engine import SamplingParams
 
     tok = CharTokenizer.build("To be\nor not")
     engine = build_engine(tiny_model(seed=2, vocab_size=len(tok.chars)), tok, span=SPAN, max_sessions=2,
@@ -446,7 +446,7 @@ def test_serve_refuses_one_session_beyond_memory_and_notes_many(tmp_path, capsys
     outgrow the memory start the server with a note on stderr."""
     from conftest import one_error_line, run_cli
     from txl import runtime
-    from txl.serving import server
+    from txl_recipes.serve import server
 
     model = tiny_model(seed=4, dtype=torch.float32, vocab_size=256)
     run = RunConfig.from_dict({"eval": {"tgt_len": 6, "mem_len": 10}})
@@ -474,7 +474,7 @@ def test_serve_refuses_one_session_beyond_memory_and_notes_many(tmp_path, capsys
 def test_a_request_the_memory_cannot_hold_is_a_503_and_the_session_stays(client, monkeypatch):
     """An allocation failure inside a request (a text too long for the memory left) answers 503 with a
     message, not 500, and the session keeps its text."""
-    from txl.serving import engine as engine_module
+    from txl_recipes.serve import engine as engine_module
 
     sid = client.post("/v1/sessions").json()["id"]
     assert client.post(f"/v1/sessions/{sid}/append", json={"text": "To be"}).status_code == 200
@@ -512,7 +512,7 @@ def test_a_compiled_engine_samples_what_the_eager_one_does(ref, length):
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    from txl.serving.engine import Piece, SamplingParams
+    from txl_recipes.serve.engine import Piece, SamplingParams
 
     torch._dynamo.reset()
     counters.clear()
@@ -537,7 +537,7 @@ def test_a_fine_tuned_model_ends_its_sample_at_the_end_marker(ref):
 
     from txl.data.pairs import find_markers
     from txl.generation import DecodingRules
-    from txl.serving.engine import Piece, SamplingParams
+    from txl_recipes.serve.engine import Piece, SamplingParams
 
     model = copy.deepcopy(ref)
     end = find_markers(TOK).end_id

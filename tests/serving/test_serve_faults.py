@@ -30,11 +30,11 @@ from txl.errors import TxlError  # noqa: E402
 from txl.evaluation.scoring import score_tokens  # noqa: E402
 from txl.generation import StopText, generate  # noqa: E402
 from txl.config import AttentionSpan  # noqa: E402
-from txl.serving import engine as engine_module  # noqa: E402
-from txl.serving.app import create_app  # noqa: E402
-from txl.serving.engine import ServeError  # noqa: E402
-from txl.serving.metrics import Metrics, route_of  # noqa: E402
-from txl.serving.server import build_engine  # noqa: E402
+from txl_recipes.serve import engine as engine_module  # noqa: E402
+from txl_recipes.serve.app import create_app  # noqa: E402
+from txl_recipes.serve.engine import ServeError  # noqa: E402
+from txl_recipes.serve.metrics import Metrics, route_of  # noqa: E402
+from txl_recipes.serve.server import build_engine  # noqa: E402
 from txl.training.checkpoint import save_checkpoint  # noqa: E402
 from txl.config import RunConfig  # noqa: E402
 
@@ -406,7 +406,7 @@ def test_the_bearer_scheme_is_case_insensitive():
 
 def test_sigterm_while_the_model_loads_is_one_line(tmp_path, capsys, monkeypatch):
     """Before uvicorn handles signals, a SIGTERM stops txl serve as an interrupted command, not silently."""
-    from txl.serving import server
+    from txl_recipes.serve import server
 
     model = tiny_model(seed=4, dtype=torch.float32, vocab_size=256)
     save_checkpoint(tmp_path / "ckpt", model, TOK, RunConfig(model=model.config), {"step": 0})
@@ -429,7 +429,7 @@ def test_sigterm_while_the_model_loads_is_one_line(tmp_path, capsys, monkeypatch
 # --- 2b. resident memory: the heap's free pages go back after a large answer ----------------------------
 
 def test_a_large_answer_hands_its_peak_back_and_a_small_one_does_not(served, client, monkeypatch):
-    from txl.serving import app as app_module
+    from txl_recipes.serve import app as app_module
 
     calls = []
     monkeypatch.setattr(app_module, "release_free_memory", lambda: calls.append(1) or True)
@@ -600,9 +600,9 @@ def test_the_server_limits_have_one_set_of_defaults_and_rules(capsys, tmp_path):
     import inspect
 
     from txl.cli import build_parser
-    from txl.config import ServeConfig
-    from txl.serving.server import serve
-    from txl.serving.sessions import SessionStore
+    from txl_recipes.serve.config import ServeConfig
+    from txl_recipes.serve.server import serve
+    from txl_recipes.serve.sessions import SessionStore
 
     defaults = ServeConfig()
     args = build_parser().parse_args(["serve", str(tmp_path)])

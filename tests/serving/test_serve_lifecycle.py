@@ -21,8 +21,8 @@ pytest.importorskip("fastapi")
 
 from conftest import one_error_line, run_cli, serve_process, tiny_model  # noqa: E402
 from test_serve_faults import TEXT, TOK, byte_engine, new_session  # noqa: E402
-from txl.serving.engine import ServeError  # noqa: E402
-from txl.serving.server import listen  # noqa: E402
+from txl_recipes.serve.engine import ServeError  # noqa: E402
+from txl_recipes.serve.server import listen  # noqa: E402
 from txl.training.checkpoint import save_checkpoint  # noqa: E402
 from txl.config import RunConfig  # noqa: E402
 
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def served():
     from conftest import served_app
-    from txl.serving.app import create_app
+    from txl_recipes.serve.app import create_app
 
     engine = byte_engine()
     with served_app(create_app(engine, max_request_bytes=4 << 20)) as url:
@@ -86,7 +86,7 @@ def test_a_session_with_queued_requests_does_not_expire():
 
 
 def test_requests_on_a_session_deleted_meanwhile_get_404_never_200(monkeypatch):
-    import txl.serving.engine as engine_module
+    import txl_recipes.serve.engine as engine_module
 
     engine = byte_engine()
     reading, release = threading.Event(), threading.Event()
@@ -155,7 +155,7 @@ def test_a_streamed_generation_refused_before_its_first_token_gets_its_status_no
 # --- 14. compressed memory: refused without one, counted in the bound -------------------------------------
 
 def test_cmem_len_without_a_compressed_memory_is_refused_at_start(tmp_path, capsys, monkeypatch):
-    from txl.serving import server
+    from txl_recipes.serve import server
 
     model = tiny_model(seed=4, dtype=torch.float32, vocab_size=256)
     save_checkpoint(tmp_path / "ckpt", model, TOK, RunConfig(model=model.config), {"step": 0})
@@ -169,7 +169,7 @@ def test_cmem_len_without_a_compressed_memory_is_refused_at_start(tmp_path, caps
 
 
 def test_a_compressive_session_stays_within_its_announced_bound(tmp_path, capsys, monkeypatch):
-    from txl.serving import server
+    from txl_recipes.serve import server
 
     model = tiny_model(seed=4, dtype=torch.float32, vocab_size=256, mem_len=5, cmem_len=4, cmem_ratio=3)
     run = RunConfig.from_dict({"eval": {"tgt_len": 6, "mem_len": 5}})

@@ -1,7 +1,7 @@
 """One configuration mechanism: every setting of txl is a field of a dataclass here, checked by its
 ``check()`` through :func:`check_fields` (keys, types) and its own rules (ranges, combinations), whether it
 comes from a TOML file, a command's flags, a checkpoint's JSON, the server or the library. A recipe's own
-settings (``txl classify train``'s) are a dataclass in its folder, checked the same way.
+settings (``txl classify train``'s, ``txl serve``'s limits) are a dataclass in its folder, checked the same way.
 
 - :mod:`.fields`: the field checker, the constants every floor names, the checks of sampling, decoding,
   dynamic evaluation, split fractions and threads that commands run before torch is imported;
@@ -9,8 +9,7 @@ settings (``txl classify train``'s) are a dataclass in its folder, checked the s
 - :mod:`.model`: :class:`TransformerXLConfig`, the model (and what each position scheme asks of it);
 - :mod:`.sections`, :mod:`.run`: a run's data, train, eval and finetune sections and :class:`RunConfig`,
   loaded from TOML with ``section.key=value`` overrides;
-- :mod:`.classifier`: :class:`ClassifierConfig`, a document classifier's head and reading;
-- :mod:`.serve`: :class:`ServeConfig`, the limits of ``txl serve``.
+- :mod:`.classifier`: :class:`ClassifierConfig`, a document classifier's head and reading.
 """
 
 from txl.config.fields import (did_you_mean, check_fields, HALF_DTYPES, check_weights_dtype, check_split,
@@ -23,7 +22,6 @@ from txl.config.span import (AttentionSpan, check_readable, resolve_span)
 from txl.config.model import (ATTN_TYPES, WITHOUT_MEMORY, check_clamp, check_position_scheme, position_parameters,
                               COMPRESSIONS, TransformerXLConfig, check_compilable)
 from txl.config.run import (SECTIONS, OPTIONAL_SECTIONS, RunConfig, parse_override, load_run_config)
-from txl.config.serve import ServeConfig
 from txl.config.classifier import MODES, POOLINGS, RECURRENCES, HEAD_INITS, SAVED_WITHOUT, ClassifierConfig
 
 __all__ = ["did_you_mean", "check_fields", "HALF_DTYPES", "check_weights_dtype", "check_split",
@@ -35,4 +33,4 @@ __all__ = ["did_you_mean", "check_fields", "HALF_DTYPES", "check_weights_dtype",
            "ATTN_TYPES", "WITHOUT_MEMORY", "check_clamp", "check_position_scheme", "position_parameters",
            "COMPRESSIONS", "TransformerXLConfig", "check_compilable", "SECTIONS", "OPTIONAL_SECTIONS",
            "RunConfig", "parse_override", "load_run_config", "MODES", "POOLINGS", "RECURRENCES", "HEAD_INITS",
-           "SAVED_WITHOUT", "ClassifierConfig", "ServeConfig"]
+           "SAVED_WITHOUT", "ClassifierConfig"]

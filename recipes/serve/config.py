@@ -1,5 +1,5 @@
 """The limits of ``txl serve``: one field per flag of the same name, their defaults and their rules,
-used by the command line, :func:`txl.serving.server.build_engine`, :func:`~txl.serving.server.serve` and
+used by the command line, :func:`txl_recipes.serve.server.build_engine`, :func:`~txl_recipes.serve.server.serve` and
 the session store (docs/serving.md)."""
 
 from __future__ import annotations

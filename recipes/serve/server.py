@@ -21,8 +21,8 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from txl.config.serve import ServeConfig
 from txl.errors import TxlError
+from txl_recipes.serve.config import ServeConfig
 
 if TYPE_CHECKING:  # nothing here imports torch: txl serve checks its flags before loading anything
     from txl.config import AttentionSpan
@@ -48,7 +48,7 @@ def build_engine(model, tokenizer, *, span: AttentionSpan, dtype: str = "float32
                  max_tokens: int = LIMITS.max_tokens, max_pending_bytes: int = LIMITS.max_pending_bytes,
                  max_request_tokens: int = LIMITS.max_request_tokens, name: str = "txl", compile: bool | str = False,
                  end_ids: tuple[int, ...] = ()):
-    """The :class:`~txl.serving.engine.Engine` serving ``model`` (eval mode) and ``tokenizer``; ``compile``:
+    """The :class:`~txl_recipes.serve.engine.Engine` serving ``model`` (eval mode) and ``tokenizer``; ``compile``:
     sample through ``torch.compile`` (compiled here, before the first request); ``end_ids``: where a sample
     ends (a fine-tuned model's end-of-completion marker).
 
@@ -58,8 +58,8 @@ def build_engine(model, tokenizer, *, span: AttentionSpan, dtype: str = "float32
             with (bfloat16 weights and "float16"); with ``compile``, what compiled decoding refuses
             (:func:`~txl.generation.generate_steps`).
     """
-    from txl.serving.engine import Engine
-    from txl.serving.sessions import SessionStore
+    from txl_recipes.serve.engine import Engine
+    from txl_recipes.serve.sessions import SessionStore
 
     ServeConfig(max_tokens=max_tokens, max_pending_bytes=max_pending_bytes,  # (the store checks its own two)
                 max_request_tokens=max_request_tokens).check()
@@ -130,10 +130,10 @@ def serve(engine, sock: socket.socket, *, api_key: str | None = None,
         as ``txl serve`` does with ``os._exit``).
 
     Raises:
-        TxlError: a limit out of range (:class:`~txl.config.ServeConfig`).
+        TxlError: a limit out of range (:class:`~txl_recipes.serve.config.ServeConfig`).
         KeyboardInterrupt: after a graceful shutdown started by SIGINT (Ctrl-C), as every txl command.
     """
-    from txl.serving.app import create_app
+    from txl_recipes.serve.app import create_app
 
     ServeConfig(max_request_bytes=max_request_bytes, max_concurrent_requests=max_concurrent_requests,
                 read_timeout=read_timeout, shutdown_timeout=shutdown_timeout).check()
@@ -203,7 +203,7 @@ def _json_errors_protocol():
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    from txl.serving.http import error_response
+    from txl_recipes.serve.http import error_response
 
     class JsonErrorsH11(H11Protocol):
         def send_400_response(self, msg: str) -> None:

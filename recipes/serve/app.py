@@ -5,7 +5,7 @@ server-sent events with ``stream``), and the sessions ``POST /v1/sessions``,
 ``GET|DELETE /v1/sessions/{id}``, ``POST /v1/sessions/{id}/append``,
 ``POST /v1/sessions/{id}/generate``. Every error is a JSON body
 ``{"error": {"message", "type", "code"}}`` with a 4xx status (503 when every session slot is busy);
-:mod:`txl.serving.server` answers malformed HTTP in the same form. A failure inside the server is a
+:mod:`txl_recipes.serve.server` answers malformed HTTP in the same form. A failure inside the server is a
 500 whose body says only that it happened and a ``request_id``; the exception and its traceback go to
 the server's log under that id. A stream that fails after its first event ends with an error event
 and ``[DONE]``, never a cut connection. Answers that grow with a text (per-token entries) are
@@ -34,9 +34,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from txl.errors import TxlError, quoted
 from txl.generation import DecodingRules
 from txl.runtime import release_free_memory
-from txl.serving.engine import MAX_STOPS, Engine, Piece, SamplingParams, ServeError, SessionGone
-from txl.serving.guard import Guard
-from txl.serving.http import check_api_key, error_body, internal_error_message
+from txl_recipes.serve.engine import MAX_STOPS, Engine, Piece, SamplingParams, ServeError, SessionGone
+from txl_recipes.serve.guard import Guard
+from txl_recipes.serve.http import check_api_key, error_body, internal_error_message
 
 __all__ = ["create_app", "error_body"]
 
@@ -45,7 +45,7 @@ LOG = logging.getLogger("uvicorn.error")  # the server's log: uvicorn's, on stde
 
 def log_internal_error(err: BaseException) -> str:
     """Log ``err`` with its traceback under a new request id and return the id (the exception is marked
-    with it: once answered, it goes no further than the application, see :class:`~txl.serving.guard.Guard`)."""
+    with it: once answered, it goes no further than the application, see :class:`~txl_recipes.serve.guard.Guard`)."""
     request_id = uuid.uuid4().hex[:16]
     LOG.error("request %s failed: %s", request_id, type(err).__name__, exc_info=err)
     with contextlib.suppress(AttributeError, TypeError):  # an exception type without a __dict__ keeps none
@@ -423,7 +423,7 @@ def create_app(engine: Engine, *, api_key: str | None = None, max_request_bytes:
     """The ASGI application serving ``engine``.
 
     Args:
-        engine: the :class:`~txl.serving.engine.Engine` (model, sessions, worker thread).
+        engine: the :class:`~txl_recipes.serve.engine.Engine` (model, sessions, worker thread).
         api_key: when given, every route but ``/health`` needs ``Authorization: Bearer KEY`` (401 otherwise).
         max_request_bytes: larger request bodies get 413.
         max_concurrent_requests: requests handled at once (waiting for a session or the model

@@ -1,6 +1,6 @@
 """The serving engine: one model, one worker thread that runs every model call in turn, sessions, metrics.
 
-Nothing here knows HTTP (see :mod:`txl.serving.app`): requests arrive as plain values, errors
+Nothing here knows HTTP (see :mod:`txl_recipes.serve.app`): requests arrive as plain values, errors
 leave as :class:`ServeError` with the HTTP status they stand for. All coroutines run on the
 server's event loop; every model call is a job of the single :class:`ModelWorker` thread, so
 calls of different requests never run at the same time. No job is long: a generation is one job per
@@ -32,8 +32,8 @@ from txl.errors import TxlError, quoted
 from txl.evaluation.scoring import token_text
 from txl.generation import DecodingRules, StopText, generate_steps
 from txl.runtime import autocast, out_of_memory
-from txl.serving.metrics import Metrics
-from txl.serving.sessions import (Session, SessionState, SessionStore, StoreFull, bits, read_tokens,
+from txl_recipes.serve.metrics import Metrics
+from txl_recipes.serve.sessions import (Session, SessionState, SessionStore, StoreFull, bits, read_tokens,
                                   session_memory_bytes)
 
 __all__ = ["ServeError", "SessionGone", "SamplingParams", "Piece", "ModelWorker", "Engine", "MAX_STOPS",
@@ -261,9 +261,9 @@ class Engine:
 
     async def read(self, state: SessionState, ids: np.ndarray,
                    session: Session | None = None) -> tuple[np.ndarray, SessionState]:
-        """:func:`~txl.serving.sessions.read_tokens` on the worker, in jobs of whole segments (about
+        """:func:`~txl_recipes.serve.sessions.read_tokens` on the worker, in jobs of whole segments (about
         ``job_tokens`` tokens each; the scores equal one read of the whole, see
-        :mod:`txl.serving.sessions`), so other requests' jobs run between them. Counts the tokens.
+        :mod:`txl_recipes.serve.sessions`), so other requests' jobs run between them. Counts the tokens.
 
         Args:
             state: the session state to read on from. ids: int64 [k] token ids.

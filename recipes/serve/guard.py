@@ -1,6 +1,6 @@
 """What ``txl serve`` checks before FastAPI sees a request: the API key, how many requests run at once,
 the body's size, how long it takes to arrive, and that it is one JSON object of a bounded number of fields.
-A request refused here gets the same JSON error body as any other (:func:`txl.serving.http.error_response`)."""
+A request refused here gets the same JSON error body as any other (:func:`txl_recipes.serve.http.error_response`)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import asyncio
 import json
 import secrets
 
-from txl.serving.engine import Engine
-from txl.serving.http import error_response
+from txl_recipes.serve.engine import Engine
+from txl_recipes.serve.http import error_response
 
 
 class Guard:
     """ASGI middleware: API key, request-size limit, request and status counters.
 
-    Requests are counted by route template (:mod:`txl.serving.metrics`), so no path, method or
+    Requests are counted by route template (:mod:`txl_recipes.serve.metrics`), so no path, method or
     failed key adds a counter. ``scope["txl_authorized"]`` tells the routes whether the request
     carried the key (``/health`` answers details only then).
     """

@@ -39,8 +39,9 @@ from txl.data.tokenizers.incremental import TextCursor
 from txl.errors import TxlError
 from txl.model.segments import segments
 from txl.model.memory import Mems
-from txl.config import AttentionSpan, ServeConfig
+from txl.config import AttentionSpan
 from txl.kernels.cpu import check_reading_fits
+from txl_recipes.serve.config import ServeConfig
 
 __all__ = ["SessionState", "Session", "SessionStore", "StoreFull", "read_tokens", "session_memory_bytes"]
 

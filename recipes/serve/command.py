@@ -11,8 +11,8 @@ import sys
 from txl.cli.checks import check_exists, finite_float, flag_name, require_installed
 from txl.cli.common import (add_checkpoint, add_checkpoint_name, add_device, add_dtype, add_quantize, add_span, end_ids,
                             interrupted_by, load_checkpoint, model_name, print_notes, span_args)
-from txl.config.serve import ServeConfig
 from txl.errors import TxlError
+from txl_recipes.serve.config import ServeConfig
 
 NAME = "serve"
 HELP = "HTTP server: OpenAI-style completions, and sessions whose memory persists between requests"
@@ -88,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
     require_installed("fastapi", "uvicorn", message="txl serve needs FastAPI and uvicorn: in the txl folder, "
                                                     ".venv/bin/python -m pip install -e '.[serve]' (or pip install "
                                                     "fastapi uvicorn)")
-    from txl.serving.http import check_api_key
-    from txl.serving.server import is_loopback
+    from txl_recipes.serve.http import check_api_key
+    from txl_recipes.serve.server import is_loopback
 
     api_key = args.api_key if args.api_key is not None else os.environ.get("TXL_API_KEY") or None
     check_api_key(api_key)
@@ -106,7 +106,7 @@ def limits(args: argparse.Namespace) -> ServeConfig:
     """The server's limits given by the flags, checked (messages name the flags).
 
     Raises:
-        TxlError: as :meth:`~txl.config.ServeConfig.check`.
+        TxlError: as :meth:`~txl_recipes.serve.config.ServeConfig.check`.
     """
     given = {field.name: getattr(args, field.name) for field in dataclasses.fields(ServeConfig)}
     return ServeConfig(**given).check(named=lambda field: flag_name(args, field))
@@ -115,7 +115,7 @@ def limits(args: argparse.Namespace) -> ServeConfig:
 def _run(args: argparse.Namespace, api_key: str | None, given: ServeConfig) -> int:
     """:func:`run` once the flags are checked: load, build, listen, serve."""
     from txl.config import resolve_span
-    from txl.serving.server import build_engine, listen, serve
+    from txl_recipes.serve.server import build_engine, listen, serve
 
     ckpt, _ = load_checkpoint(args, announce=True)
     span = resolve_span(ckpt.model.config, **span_args(args, ckpt.run.eval))
