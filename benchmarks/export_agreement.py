@@ -24,7 +24,7 @@ def main() -> int:
     import numpy as np
     import torch
 
-    from txl.export.runner import ExportedDecoder
+    from txl_recipes.export.runner import ExportedDecoder
     from txl.generation import generate
     from txl.training.checkpoint import load_checkpoint
 

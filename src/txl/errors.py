@@ -96,8 +96,8 @@ class _StoreOnce(argparse._StoreAction):
 
 class UsageParser(argparse.ArgumentParser):
     """argparse with usage errors reported as one ``txl: error:`` line (exit status 2): the parser of the
-    ``txl`` commands and of ``python -m txl.export.runner``. An option that takes one value may be given
-    once."""
+    ``txl`` commands and of ``python -m txl_recipes.export.runner``. An option that takes one value may
+    be given once."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

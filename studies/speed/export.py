@@ -7,10 +7,10 @@ the ring rotates) is timed step by step, the implementations taking turns run by
 :mod:`txl_studies.speed.generation` does):
 
 - ``txl``: txl's own loop (:func:`txl.generation.generate_steps`, the ring buffers of a decoding state);
-- ``onnxruntime``: :class:`txl.export.runner.ExportedDecoder` (the step graph in ONNX Runtime, the new
+- ``onnxruntime``: :class:`txl_recipes.export.runner.ExportedDecoder` (the step graph in ONNX Runtime, the new
   key and value written into the ring in place by the runner), with as many threads as torch;
 - ``onnxruntime int8``: the same export with ``--quantize int8`` (ONNX Runtime's dynamic int8 products,
-  :func:`txl.export.files.quantize_onnx_graph`), and how many of its greedy tokens equal txl's;
+  :func:`txl_recipes.export.files.quantize_onnx_graph`), and how many of its greedy tokens equal txl's;
 - ``graphs eager``: the same step module run by PyTorch without export, after the model's own reading of
   the prompt (:class:`~txl.model.graphs.RingDecoder`: what the step graph computes, with PyTorch's kernels).
 
@@ -32,10 +32,10 @@ import numpy as np
 import torch
 
 from txl_studies.speed.generation import _per_token_seconds, _txl_steps
-from txl.export.files import export_decoder
+from txl_recipes.export.files import export_decoder
 from txl.kernels.cpu import check_reading_fits
 from txl.model.graphs import RingDecoder
-from txl.export.runner import ExportedDecoder
+from txl_recipes.export.runner import ExportedDecoder
 from txl.generation import generate
 from txl.model import TransformerXLConfig, TransformerXLLM
 

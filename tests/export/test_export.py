@@ -9,9 +9,9 @@ import torch
 
 from conftest import one_error_line, tiny_model
 from txl.errors import TxlError
-from txl.export.files import export_decoder
+from txl_recipes.export.files import export_decoder
 from txl.model.graphs import RingStep, SegmentReader, check_exportable, ring_capacity
-from txl.export.runner import ExportedDecoder
+from txl_recipes.export.runner import ExportedDecoder
 from txl.generation import generate
 from txl.config import resolve_span
 
@@ -280,7 +280,7 @@ def test_exported_pt2_of_other_configurations_equals_generate(overrides, tmp_pat
 def test_txl_export_and_the_runner_from_the_command_line(tmp_path, capsys):
     from conftest import one_error_line, run_cli
     from txl.data import ByteTokenizer
-    from txl.export.runner import main as runner_main
+    from txl_recipes.export.runner import main as runner_main
     from txl.training.checkpoint import load_checkpoint, save_checkpoint
     from txl.config import RunConfig
 
@@ -415,7 +415,7 @@ def test_a_manifest_that_disagrees_with_its_graphs_is_refused_before_any_array_i
 
 
 def test_other_manifest_fields_are_checked_too(exported, tmp_path, capsys):
-    from txl.export.runner import main as runner_main
+    from txl_recipes.export.runner import main as runner_main
 
     _, _, folders = exported
     names = json.loads((folders["onnx"] / "export.json").read_text())["inputs"]
@@ -435,7 +435,7 @@ def test_other_manifest_fields_are_checked_too(exported, tmp_path, capsys):
 def test_the_runners_threads_are_checked_first_and_chosen_as_every_command_chooses_them(exported, tmp_path, capsys,
                                                                                          monkeypatch):
     from txl.data import CharTokenizer
-    import txl.export.runner as runner
+    import txl_recipes.export.runner as runner
 
     _, _, folders = exported
     made = []

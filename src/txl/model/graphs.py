@@ -1,5 +1,6 @@
 """The one-token step and the prompt reader as graphs of fixed shape: what ``txl export`` writes
-(:mod:`txl.export`), and the step ``generate(..., compile=True)`` compiles (:class:`RingDecoder`).
+(the export recipe, ``recipes/export``), and the step ``generate(..., compile=True)`` compiles
+(:class:`RingDecoder`).
 
 A traced graph would freeze a :class:`~txl.model.DecodingState`'s Python counters, so here the ring
 reaches the graph as tensors: ``keys``, ``values`` float [L, B, H, S, D] (a state's buffers without

@@ -18,7 +18,7 @@ others, ONNX holds no code.
 
 ::
 
-    python -m txl.export.runner runs/default-onnx "ROMEO:" -n 40      # prints the prompt and 40 tokens
+    python -m txl_recipes.export.runner runs/default-onnx "ROMEO:" -n 40      # prints the prompt and 40 tokens
 """
 
 from __future__ import annotations
@@ -352,11 +352,11 @@ class ExportedDecoder:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m txl.export.runner FOLDER PROMPT [-n N] [--threads N]``: print the prompt and its greedy
+    """``python -m txl_recipes.export.runner FOLDER PROMPT [-n N] [--threads N]``: print the prompt and its greedy
     continuation. The arguments are checked as the ``txl`` commands check theirs, before anything is
     loaded; the threads are chosen by their rule (:func:`txl.runtime.pick_threads`) and said on stderr."""
-    p = UsageParser(prog="python -m txl.export.runner", description=__doc__.split("\n")[0],
-                epilog='example: python -m txl.export.runner runs/default-onnx "ROMEO:" -n 40')
+    p = UsageParser(prog="python -m txl_recipes.export.runner", description=__doc__.split("\n")[0],
+                epilog='example: python -m txl_recipes.export.runner runs/default-onnx "ROMEO:" -n 40')
     p.add_argument("folder", help="what txl export wrote")
     p.add_argument("prompt", help="the text to continue")
     p.add_argument("-n", "--max-new-tokens", type=int, default=64, metavar="N",

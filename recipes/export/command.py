@@ -14,8 +14,8 @@ EXAMPLE = ("txl export runs/default runs/default-onnx --format onnx\n"
            "  txl export runs/default runs/default-onnx-int8 --quantize int8")
 DETAILS = ("Writes OUT/segment.onnx (reads a prompt in segments), OUT/step.onnx (one token per row, its state the "
            "memory's keys and values in a ring of fixed size), vocab.json and export.json. Generate with them: "
-           "python -m txl.export.runner OUT \"prompt\" -n 40 (greedy: the tokens of txl generate --temperature 0 "
-           "with the same --mem-len).")
+           "python -m txl_recipes.export.runner OUT \"prompt\" -n 40 (greedy: the tokens of txl generate "
+           "--temperature 0 with the same --mem-len).")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_folder(args.out, flag="OUT", empty=True, inputs=[args.checkpoint])  # before the model is loaded
     ckpt, _ = load_checkpoint(args, announce=True)
     from txl.config import VOCAB_NAME
-    from txl.export.files import check_export, export_decoder
+    from txl_recipes.export.files import check_export, export_decoder
     from txl.config import resolve_span
 
     span = resolve_span(ckpt.model.config, tgt_len=args.tgt_len, mem_len=args.mem_len, clamp_len=args.clamp_len,

@@ -2,7 +2,7 @@
 
 The folder holds ``segment.onnx`` and ``step.onnx`` (or ``.pt2``; ONNX weights beside them in
 ``*.onnx.data``), the checkpoint's ``vocab.json`` and ``export.json``: the format, the span, the ring's
-shape and the graphs' input and output names, everything :mod:`txl.export.runner` needs. The graphs
+shape and the graphs' input and output names, everything :mod:`txl_recipes.export.runner` needs. The graphs
 are those of :mod:`txl.model.graphs`; the batch size is dynamic, every other size fixed.
 """
 
