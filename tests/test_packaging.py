@@ -30,7 +30,7 @@ def test_the_package_list_names_every_package_folder():
 
 def test_every_recipe_and_study_command_is_an_entry_point_that_loads_and_is_named_as_its_command():
     points = PYPROJECT["project"]["entry-points"][cli.PLUGIN_GROUP]
-    assert set(points) == {"classify", "export", "serve", "summarize", "bench", "ablate", "recl", "data.docstrings", "data.packages"}
+    assert set(points) == {"classify", "export", "serve", "summarize", "bench", "ablate", "recl", "data.docstrings", "data.packages", "data.prepare"}
     for name, value in points.items():
         module, _, attr = value.partition(":")
         spec = importlib.import_module(module)

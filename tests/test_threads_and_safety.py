@@ -302,7 +302,7 @@ def test_a_checkpoint_file_that_is_a_symbolic_link_is_refused_unread(tmp_path, c
 
 def test_a_prepared_dataset_naming_files_outside_its_folder_is_refused(tmp_path):
     from txl.data.corpus import load_corpus
-    from txl.data.datasets import FORMAT
+    from txl.data.files import FORMAT
 
     (tmp_path / "secret.txt").write_text("private text " * 50)
     data = tmp_path / "data"

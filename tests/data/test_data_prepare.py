@@ -23,8 +23,9 @@ import torch
 
 from txl.cli import main
 from txl.data.corpus import load_corpus
-from txl.data.datasets import DATASETS, dataset_info, prepare_dataset, standard_split
-from txl.data.download import download, extract
+from txl.data.files import dataset_info
+from txl_recipes.datasets.prepare import DATASETS, prepare_dataset, standard_split
+from txl_recipes.datasets.download import download, extract
 from txl.data.iterators import IGNORE_INDEX, LMShuffledIterator
 from txl.errors import TxlError
 

@@ -70,11 +70,13 @@ def command_modules() -> list:
 
 
 def subcommands(spec, path: tuple[str, ...] = ()) -> tuple:
-    """The subcommands of the group ``spec`` (at ``path`` below ``txl``): its own ``SUBCOMMANDS``, then
-    those plug-ins add under ``GROUP.NAME`` entry points."""
-    own = tuple(getattr(spec, "SUBCOMMANDS", None) or ())
-    if not own:
-        return own
+    """The subcommands of the group ``spec`` (at ``path`` below ``txl``): its own ``SUBCOMMANDS`` (a group
+    may have none of its own), then those plug-ins add under ``GROUP.NAME`` entry points; ``()`` for a
+    command that is not a group."""
+    own = getattr(spec, "SUBCOMMANDS", None)
+    if own is None:
+        return ()
+    own = tuple(own)
     prefix = ".".join(path + (spec.NAME,)) + "."
     names = {child.NAME for child in own}
     return own + tuple(child for key, child in plugin_commands().items()
@@ -90,7 +92,7 @@ def _add_command(subparsers, spec, path: tuple[str, ...]) -> None:
     p = subparsers.add_parser(spec.NAME, help=spec.HELP, description=description,
                               epilog=f"Example:\n  {spec.EXAMPLE}", formatter_class=argparse.RawDescriptionHelpFormatter)
     children = subcommands(spec, path)
-    if children:
+    if hasattr(spec, "SUBCOMMANDS"):
         sub = p.add_subparsers(dest="_".join(path + (spec.NAME, "command")), required=True, metavar="COMMAND")
         for child in children:
             _add_command(sub, child, path + (spec.NAME,))

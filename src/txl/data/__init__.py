@@ -1,4 +1,5 @@
-"""Data pipeline: tokenizers, corpus loading/splitting, segment iterators and standard datasets."""
+"""Data pipeline: tokenizers, corpus loading/splitting and segment iterators (``txl data prepare``, which
+writes the standard datasets' folders, is a recipe: ``recipes/datasets``)."""
 
 from txl.data.corpus import (
     CorpusSplits,
@@ -11,7 +12,7 @@ from txl.data.corpus import (
     split_tokens,
     token_dtype,
 )
-from txl.data.datasets import DATASETS, dataset_info, prepare_dataset, standard_split
+from txl.data.files import dataset_info
 from txl.data.iterators import IGNORE_INDEX, LMOrderedIterator, LMShuffledIterator, sample_segment_length
 from txl.data.tokenizers.bpe import BPETokenizer
 from txl.data.tokenizers import (
@@ -27,7 +28,6 @@ from txl.data.tokenizers import (
 from txl.data.tokenizers.wikitext import wikitext_detokenize, wikitext_tokenize
 
 __all__ = [
-    "DATASETS",
     "IGNORE_INDEX",
     "TOKENIZER_KINDS",
     "BPETokenizer",
@@ -45,12 +45,10 @@ __all__ = [
     "load_bytes",
     "load_corpus",
     "load_tokenizer",
-    "prepare_dataset",
     "read_corpus_files",
     "shard_sentences",
     "sample_segment_length",
     "split_tokens",
-    "standard_split",
     "token_dtype",
     "tokenizer_from_dict",
     "wikitext_detokenize",

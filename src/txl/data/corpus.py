@@ -22,12 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from txl.config import check_split
-from txl.data.datasets import dataset_info
 from txl.data.splits import SPLITS, _check_sizes, _split_fix, line_cuts, split_files, split_tokens
 from txl.data.streaming import read_range, span_of
 from txl.data.token_cache import cached, copied, file_hashes, fingerprint, read_index, streamed, streamed_vocabulary
 from txl.data.tokenizers import TOKENIZER_KINDS, ByteTokenizer, Tokenizer, WordTokenizer
-from txl.data.files import _file_size, _read_text, default_corpus_files, load_bytes, read_corpus_files
+from txl.data.files import _file_size, _read_text, dataset_info, default_corpus_files, load_bytes, read_corpus_files
 from txl.errors import TxlError
 from txl.fileio import path_inside
 from txl.runtime import default_cache_dir
@@ -241,7 +240,7 @@ def load_corpus(
         ``test`` missing gives an empty test array.
       * ``path``, a folder prepared by ``txl data prepare`` (it holds ``dataset.json``): its
         ``train.txt``/``valid.txt``/``test.txt`` are the splits (``split`` and ``pattern`` are not
-        used). :func:`~txl.data.datasets.dataset_info` gives its recommended tokenizer kind.
+        used). :func:`~txl.data.files.dataset_info` gives its recommended tokenizer kind.
       * ``path``, a file or folder (files matching ``pattern``): one corpus cut by ``split``
         fractions (train, valid, test), in order. Byte/char: the token array is cut. Word/bpe:
         the text is cut at the line starts nearest the byte fractions, so splits hold whole lines.

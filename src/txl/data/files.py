@@ -10,9 +10,32 @@ from pathlib import Path, PurePosixPath
 
 from txl.data.tokenizers import decode_utf8
 from txl.errors import TxlError
-from txl.fileio import oserrors_as, read_bytes
+from txl.fileio import oserrors_as, read_bytes, read_json
 
 PathLike = str | os.PathLike[str]
+FORMAT = "txl-dataset-1"  # the "format" of a dataset.json that txl data prepare writes
+
+
+def dataset_info(path: PathLike | None) -> dict | None:
+    """The parsed ``dataset.json`` of a folder written by ``txl data prepare``, else None.
+
+    Returns None when ``path`` is not a folder holding ``dataset.json``. Keys: ``name``,
+    ``tokenizer`` (recommended kind), ``files`` (split -> file name), ``sizes`` (bytes), ``source``,
+    ``sha256``, ``sha256_verified``, ``split``, and for lm1b ``shuffled`` and ``train_shards``.
+    Raises :class:`TxlError` if the file is unreadable or not a txl dataset description.
+    """
+    if path is None:
+        return None
+    f = Path(path) / "dataset.json"
+    if not Path(path).is_dir() or not f.is_file():
+        return None
+    try:
+        d = read_json(f)
+    except TxlError as e:
+        raise TxlError(f"{e}; run txl data prepare again") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise TxlError(f"{f} is not a txl dataset description (format {FORMAT}); run txl data prepare again")
+    return d
 
 
 def _prepared(root: Path) -> bool:
@@ -21,7 +44,7 @@ def _prepared(root: Path) -> bool:
         info = json.loads((root / "dataset.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(info, dict) and info.get("format") == "txl-dataset-1"  # (txl.data.datasets.FORMAT)
+    return isinstance(info, dict) and info.get("format") == FORMAT
 
 
 def read_corpus_files(path: PathLike, pattern: str = "*") -> list[Path]:

@@ -2,7 +2,7 @@
 
 :func:`prepare_dataset` turns an official archive (a local file, a folder holding its extracted
 files, or an http(s) URL) into a folder with ``train.txt``, ``valid.txt``, ``test.txt`` and
-``dataset.json``; :func:`dataset_info` reads that ``dataset.json`` back, and
+``dataset.json``; :func:`txl.data.files.dataset_info` reads that ``dataset.json`` back, and
 :func:`~txl.data.corpus.load_corpus` trains on such a folder directly.
 
 Layouts (member names checked against the public preparation scripts: the Transformer-XL
@@ -36,15 +36,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from txl.data.download import check_sha256, download, extract, is_archive, is_url
+from txl.data.files import FORMAT, dataset_info
 from txl.data.splits import SPLITS
 from txl.errors import TxlError
-from txl.fileio import (atomic_write, claim_folder, is_protected_folder, oserrors_as, read_bytes, read_json,
-                         sha256_file, write_json)
+from txl.fileio import (atomic_write, claim_folder, is_protected_folder, oserrors_as, read_bytes, sha256_file,
+                         write_json)
+from txl_recipes.datasets.download import check_sha256, download, extract, is_archive, is_url
 
-__all__ = ["DATASETS", "DatasetSpec", "dataset_info", "prepare_dataset", "standard_split", "FORMAT"]
+__all__ = ["DATASETS", "DatasetSpec", "prepare_dataset", "standard_split"]
 
-FORMAT = "txl-dataset-1"
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tgz", ".gz", ".bz2", ".xz")  # names of the archives extract reads
 MAX_FOLDER_FILES = 100_000  # bound on the files searched in a --source folder
 
@@ -136,28 +136,6 @@ def standard_split(total: int) -> tuple[int, int]:
     if total < 20:
         raise TxlError(f"the file has {total} units; at least 20 are needed for a 90/5/5 split")
     return total * 9 // 10, total * 19 // 20
-
-
-def dataset_info(path: str | os.PathLike[str] | None) -> dict | None:
-    """The parsed ``dataset.json`` of a folder written by :func:`prepare_dataset`, else None.
-
-    Returns None when ``path`` is not a folder holding ``dataset.json``. Keys: ``name``,
-    ``tokenizer`` (recommended kind), ``files`` (split -> file name), ``sizes`` (bytes), ``source``,
-    ``sha256``, ``sha256_verified``, ``split``, and for lm1b ``shuffled`` and ``train_shards``.
-    Raises :class:`TxlError` if the file is unreadable or not a txl dataset description.
-    """
-    if path is None:
-        return None
-    f = Path(path) / "dataset.json"
-    if not Path(path).is_dir() or not f.is_file():
-        return None
-    try:
-        d = read_json(f)
-    except TxlError as e:
-        raise TxlError(f"{e}; run txl data prepare again") from None
-    if not isinstance(d, dict) or d.get("format") != FORMAT:
-        raise TxlError(f"{f} is not a txl dataset description (format {FORMAT}); run txl data prepare again")
-    return d
 
 
 def _matches(parts: tuple[str, ...], pattern: str) -> bool:
