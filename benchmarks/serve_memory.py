@@ -8,7 +8,7 @@ five largest allocation sites) and the resident memory (VmRSS). Then it warms th
 (131,072 words, each to a session of its own), reading both figures after each.
 
 It does this twice: with the server as shipped (after an answer of 1 MiB or more the C heap's free
-pages go back to the system, ``txl.runtime.release_free_memory``) and with that step turned off
+pages go back to the system, ``txl_recipes.serve.heap.release_free_memory``) and with that step turned off
 (``--keep`` runs only the second, ``--shipped`` only the first). A leak shows as Python objects that stay alive or
 resident memory that grows append after append; a high-water mark as a rise that stops.
 

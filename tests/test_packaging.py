@@ -30,7 +30,7 @@ def test_the_package_list_names_every_package_folder():
 
 def test_every_recipe_and_study_command_is_an_entry_point_that_loads_and_is_named_as_its_command():
     points = PYPROJECT["project"]["entry-points"][cli.PLUGIN_GROUP]
-    assert set(points) == {"classify", "export", "serve", "summarize", "bench", "ablate", "recl", "data.docstrings", "data.packages", "data.prepare"}
+    assert set(points) == {"classify", "export", "plot", "serve", "summarize", "bench", "ablate", "recl", "data.docstrings", "data.packages", "data.prepare"}
     for name, value in points.items():
         module, _, attr = value.partition(":")
         spec = importlib.import_module(module)
@@ -43,12 +43,12 @@ def test_every_recipe_and_study_command_is_an_entry_point_that_loads_and_is_name
 
 def test_txl_lists_the_recipes_and_studies_commands_after_its_own():
     parsers = cli.all_parsers()
-    for prog in ("txl classify train", "txl classify predict", "txl summarize", "txl serve", "txl export", "txl bench", "txl ablate", "txl recl",
+    for prog in ("txl classify train", "txl classify predict", "txl summarize", "txl serve", "txl export", "txl plot", "txl bench", "txl ablate", "txl recl",
                  "txl data docstrings", "txl data packages", "txl data prepare", "txl train"):
         assert prog in parsers
     names = [module.NAME for module in cli.command_modules()]
     # txl's own, then the recipes' (the applications), then the studies'
-    assert names[-7:] == ["classify", "export", "serve", "summarize", "ablate", "bench", "recl"], names
+    assert names[-8:] == ["classify", "export", "plot", "serve", "summarize", "ablate", "bench", "recl"], names
 
 
 def test_a_plugin_that_fails_to_import_is_left_out_with_one_warning(monkeypatch, capsys):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from txl.analysis.plots import _metric_label, metrics_unit, plot_learning_curves
+from txl_recipes.plot.curves import _metric_label, metrics_unit, plot_learning_curves
 from txl.cli import main
 from txl.data.tokenizers.simple import ByteTokenizer, CharTokenizer
 from txl.evaluation.scoring import score_texts, total_metric

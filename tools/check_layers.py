@@ -3,7 +3,7 @@
 
     python tools/check_layers.py            # checks src/txl against LAYERS below; exit status 1 on a problem
     python tools/check_layers.py ROOT --layers "top > middle,other > bottom" --forbid other_package
-    python tools/check_layers.py recipes --name txl_recipes --layers "classify,datasets,export,serve,summarize" --forbid txl_studies
+    python tools/check_layers.py recipes --name txl_recipes --layers "classify,datasets,export,plot,serve,summarize" --forbid txl_studies
 
 Every import counts, those inside functions included (they run too), and so do
 ``importlib.import_module("a.b")`` and ``__import__("a.b")`` with a literal name, and ``from pkg import

@@ -1,3 +1,4 @@
-"""The exported decoder (``txl export``, docs/export.md): :mod:`txl_recipes.export.files` writes the two modules of
-:mod:`txl.model.graphs` (the segment reader and the one-token step over a fixed-capacity ring) as ONNX or
-``.pt2`` files with their manifest; :mod:`txl_recipes.export.runner` decodes greedily with those files."""
+"""The exported decoder (``txl export``, docs/export.md): :mod:`.files` writes two modules as ONNX or
+``.pt2`` files with their manifest: the prompt reader (:mod:`.reader`) and the one-token step over a
+fixed-capacity ring (:class:`txl.model.graphs.RingStep`, the step ``--compile`` runs too);
+:mod:`.runner` decodes greedily with those files and :mod:`.command` holds the flags."""

@@ -19,10 +19,11 @@ from pathlib import Path
 import torch
 
 from txl.errors import TxlError
-from txl.model.graphs import RingStep, SegmentReader, check_exportable, ring_capacity
+from txl.model.graphs import RingStep, check_exportable, ring_capacity
 from txl.fileio import claim_folder, write_json
 from txl.kernels.int8 import is_quantized
 from txl.config import AttentionSpan, check_choice
+from txl_recipes.export.reader import SegmentReader
 
 FORMATS = ("onnx", "pt2")
 QUANTIZE = ("int8",)

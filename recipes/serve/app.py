@@ -33,9 +33,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from txl.errors import TxlError, quoted
 from txl.generation import DecodingRules
-from txl.runtime import release_free_memory
 from txl_recipes.serve.engine import MAX_STOPS, Engine, Piece, SamplingParams, ServeError, SessionGone
 from txl_recipes.serve.guard import Guard
+from txl_recipes.serve.heap import release_free_memory
 from txl_recipes.serve.http import check_api_key, error_body, internal_error_message
 
 __all__ = ["create_app", "error_body"]
@@ -137,7 +137,7 @@ async def _json(build) -> Response:
     """A JSON response of ``build()``, built and serialised on a thread (answers may hold a token entry
     per token of a long text: the event loop stays free meanwhile). After an answer of
     ``LARGE_ANSWER_BYTES`` or more is sent, and the handler's objects behind it are gone, the C heap's
-    free pages go back to the system on a worker thread (:func:`txl.runtime.release_free_memory`):
+    free pages go back to the system on a worker thread (:func:`.heap.release_free_memory`):
     its temporary objects were many times its size, and without this the server's resident memory
     would keep such peaks (docs/serving.md, "Measured: hostile traffic")."""
     def render() -> bytes:

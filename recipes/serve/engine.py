@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from txl.data.tokenizers.incremental import TextCursor
 from txl.config import check_weights_dtype, AttentionSpan
 from txl.errors import TxlError, quoted
 from txl.evaluation.scoring import token_text
 from txl.generation import DecodingRules, StopText, generate_steps
 from txl.runtime import autocast, out_of_memory
+from txl_recipes.serve.cursor import TextCursor
 from txl_recipes.serve.metrics import Metrics
 from txl_recipes.serve.sessions import (Session, SessionState, SessionStore, StoreFull, bits, read_tokens,
                                   session_memory_bytes)
@@ -164,7 +164,7 @@ class Engine:
         dtype: "float32", or an autocast dtype (half-precision weights take only their own).
         max_tokens: most tokens one request may generate.
         max_pending_bytes: most bytes (UTF-8) of undecided text a session may hold (see
-            :class:`~txl.data.tokenizers.incremental.TextCursor`); an append that would leave more
+            :class:`~.cursor.TextCursor`); an append that would leave more
             is refused with 413.
         max_request_tokens: most tokens one append or prompt may hold (413 beyond): bounds the
             memory of one request's answer (its per-token entries).

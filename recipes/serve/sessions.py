@@ -19,7 +19,7 @@ stream's, and each append costs k + at most ``tgt_len`` - 1 tokens of reading, w
 of the history. A session's state is a value: every operation returns a new one, so a request
 that fails leaves its session as it was.
 
-Text is tokenised with a :class:`~txl.data.tokenizers.incremental.TextCursor` (text that later
+Text is tokenised with a :class:`~.cursor.TextCursor` (text that later
 text could still tokenise differently waits, pending).
 """
 
@@ -35,13 +35,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from txl.data.tokenizers.incremental import TextCursor
 from txl.errors import TxlError
 from txl.model.segments import segments
 from txl.model.memory import Mems
 from txl.config import AttentionSpan
 from txl.kernels.cpu import check_reading_fits
 from txl_recipes.serve.config import ServeConfig
+from txl_recipes.serve.cursor import TextCursor
 
 __all__ = ["SessionState", "Session", "SessionStore", "StoreFull", "read_tokens", "session_memory_bytes"]
 

@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from txl.analysis.attention_maps import distance_matrix, mean_attention_distance, segment_probabilities
+from txl.analysis.attention_maps import segment_probabilities
 from txl.errors import TxlError
-from txl.analysis.plots import plot_attention_distance, plot_learning_curves, plot_mem_sweep, read_metrics
+from txl.analysis.plots import plot_mem_sweep
+from txl_recipes.plot.attention import distance_matrix, mean_attention_distance, plot_attention_distance
+from txl_recipes.plot.curves import plot_learning_curves, read_metrics
 
 
 @pytest.mark.parametrize("overrides", [dict(), dict(same_length=True), dict(pre_lnorm=True, untie_r=True),

@@ -10,7 +10,8 @@ import torch
 from conftest import one_error_line, tiny_model
 from txl.errors import TxlError
 from txl_recipes.export.files import export_decoder
-from txl.model.graphs import RingStep, SegmentReader, check_exportable, ring_capacity
+from txl.model.graphs import RingStep, check_exportable, ring_capacity
+from txl_recipes.export.reader import SegmentReader
 from txl_recipes.export.runner import ExportedDecoder
 from txl.generation import generate
 from txl.config import resolve_span

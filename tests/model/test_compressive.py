@@ -300,7 +300,7 @@ def test_ablation_variant_attention_mass_and_classification():
     import numpy as np
 
     from txl_studies.ablation.table import COMPRESSIVE, VARIANTS, evaluate_variant, plan_variants
-    from txl.analysis.attention_maps import compressed_attention_mass
+    from txl_recipes.plot.attention import compressed_attention_mass
     from txl.evaluation.stream import evaluate
     from txl.config import RunConfig
 

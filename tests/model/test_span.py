@@ -8,7 +8,7 @@ import torch
 
 import txl
 from conftest import tiny_model
-from txl.analysis.attention_maps import mean_attention_distance
+from txl_recipes.plot.attention import mean_attention_distance
 from txl_studies.recl.measure import context_losses
 from txl.errors import TxlError
 from txl.evaluation.dynamic import dynamic_evaluate, gradient_statistics

@@ -22,7 +22,7 @@ pytest.importorskip("fastapi")
 
 from conftest import run_cli, serve_process, served_app, tiny_model  # noqa: E402
 from txl.data import ByteTokenizer  # noqa: E402
-from txl.data.tokenizers.incremental import TextCursor  # noqa: E402
+from txl_recipes.serve.cursor import TextCursor  # noqa: E402
 from txl.evaluation.scoring import score_tokens, token_text  # noqa: E402
 from txl.generation import generate  # noqa: E402
 from txl.config import AttentionSpan  # noqa: E402

@@ -36,7 +36,7 @@ from txl.errors import TxlError, UsageParser, clip_message, listed
 
 COMMAND_MODULES: tuple[str, ...] = (
     "txl.cli.train", "txl.cli.finetune", "txl.cli.eval", "txl.cli.generate", "txl.cli.score", "txl.cli.convert",
-    "txl.cli.data", "txl.cli.plot",
+    "txl.cli.data",
 )
 PLUGIN_GROUP = "txl.commands"  # entry points of other installed packages: "NAME" or "GROUP.NAME"
 

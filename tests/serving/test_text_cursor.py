@@ -6,7 +6,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from txl.data import BPETokenizer, ByteTokenizer, CharTokenizer, WordTokenizer
-from txl.data.tokenizers.incremental import TextCursor
+from txl_recipes.serve.cursor import TextCursor
 from txl.errors import TxlError
 
 ALPHABET = "ab \n\r\t\ufeff.'é"  # spaces, line ends (CR, CRLF), a byte-order mark, a contraction, a 2-byte char

@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_force(p)
 
 
-# the files txl.analysis.plots.plot_learning_curves writes into --out
+# the files txl_recipes.plot.curves.plot_learning_curves writes into --out
 CURVE_FILES = ("curves_steps.png", "curves_time.png", "lr.png", "throughput.png")
 ATTENTION_FILE = "attention_distance.png"
 
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     for name in CURVE_FILES:
         check_output(args, str(Path(args.out) / name), args.runs, flag="--out", makes_folder=True)
     pyplot()
-    from txl.analysis.plots import plot_learning_curves
+    from txl_recipes.plot.curves import plot_learning_curves
 
     result = plot_learning_curves(args.runs, args.out, labels)
     for path in result["files"]:
@@ -96,8 +96,7 @@ def _attention(args: argparse.Namespace, checkpoint: str) -> int:
     from txl.analysis.plots import pyplot
 
     pyplot()
-    from txl.analysis.attention_maps import compressed_attention_mass, mean_attention_distance
-    from txl.analysis.plots import plot_attention_distance
+    from txl_recipes.plot.attention import compressed_attention_mass, mean_attention_distance, plot_attention_distance
 
     note_threads(args)
     ckpt, _ = load_checkpoint(args, checkpoint)
