@@ -60,3 +60,19 @@ def test_a_plugin_that_fails_to_import_is_left_out_with_one_warning(monkeypatch,
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["txl: warning: command 'broken' (no_such_module_for_txl.command) could not be loaded: "
                    "ModuleNotFoundError: No module named 'no_such_module_for_txl'"]
+
+
+def test_a_group_whose_plugins_are_all_missing_names_the_reinstall(monkeypatch, capsys):
+    """txl data with no data.* entry point installed (a stale install): one error line naming pip install -e ."""
+    real = importlib.metadata.entry_points
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group: [p for p in real(group=group) if not p.name.startswith("data.")])
+    cli.plugin_commands.cache_clear()
+    try:
+        for argv in (["data"], ["data", "prepare", "enwik8"]):
+            assert cli.main(argv) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert err == ["txl: error: no txl data subcommands are installed: in the txl folder, run "
+                           ".venv/bin/python -m pip install -e . (it registers the commands of recipes/ and studies/)"]
+    finally:
+        cli.plugin_commands.cache_clear()

@@ -26,7 +26,7 @@ def layer_keys(attn: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, tor
 
 
 class SegmentReader(nn.Module):
-    """Graph 1: read one right-padded segment with a left-padded memory of ``mem_len`` positions.
+    """The prompt reader graph: read one right-padded segment with a left-padded memory of ``mem_len`` positions.
 
     ``forward(input_ids, mems, mem_padding, n_valid)``:
 

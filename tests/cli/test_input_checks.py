@@ -42,6 +42,9 @@ SMALL = dict(n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=16, tgt_len=8, me
 
 # --- the config classes, found rather than listed: a new one is covered as it appears ------------------------
 
+OPTIONAL_PACKAGES = {"fastapi", "uvicorn", "pydantic", "starlette", "matplotlib", "onnx", "onnxruntime", "onnxscript"}
+
+
 def _config_classes() -> list[type]:
     """Every dataclass of txl and its recipes that checks its own fields with check_fields, and every run-config section."""
     found = {cls for cls in SECTIONS.values()}
@@ -49,7 +52,12 @@ def _config_classes() -> list[type]:
     for info in (info for path, prefix in packages for info in pkgutil.walk_packages(path, prefix)):
         if info.name.endswith("__main__"):  # runs the CLI
             continue
-        module = importlib.import_module(info.name)
+        try:
+            module = importlib.import_module(info.name)
+        except ModuleNotFoundError as err:  # a recipe module of an optional extra (FastAPI) that is not installed
+            if err.name in OPTIONAL_PACKAGES:
+                continue
+            raise
         for _, cls in inspect.getmembers(module, inspect.isclass):
             if cls.__module__ == module.__name__ and dataclasses.is_dataclass(cls) \
                     and re.search(r"check_fields\((cls\b|type\(self\))", inspect.getsource(cls)):

@@ -1,2 +1,3 @@
-"""Research tools built on evaluation and training: RECL, attention maps, ablations, benchmarks and plots
-(all matplotlib use lives in :mod:`txl.analysis.plots`)."""
+"""Analysis of trained models: attention probabilities from the plain reference (:mod:`.attention_maps`)
+and matplotlib behind one import (:mod:`.plots`), for ``txl eval --sweep-mem``, the plot recipe and the
+studies."""

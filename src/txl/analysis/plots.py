@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from txl.errors import TxlError
 from txl.fileio import atomic_write
 

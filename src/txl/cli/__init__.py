@@ -1,7 +1,7 @@
 """The ``txl`` command line: one registry of subcommands, one grammar (see docs/cli.md).
 
 Each command is a module of this package exposing ``NAME``, ``HELP`` (one line), ``EXAMPLE``,
-``add_arguments(parser)`` and ``run(args) -> int``; a command group (``txl data prepare|...``)
+``add_arguments(parser)`` and ``run(args) -> int``; a command group (``txl convert hf|...``)
 exposes ``NAME``, ``HELP``, ``EXAMPLE`` and ``SUBCOMMANDS``, a tuple of
 :class:`~txl.cli.common.Command` with the same attributes. The shared flags live in
 :mod:`txl.cli.common`.
@@ -9,9 +9,9 @@ exposes ``NAME``, ``HELP``, ``EXAMPLE`` and ``SUBCOMMANDS``, a tuple of
 Other installed packages add commands through the entry-point group ``txl.commands``: an entry named
 ``bench`` is a command (a module as above), one named ``data.docstrings`` a subcommand of the group
 ``data`` (a :class:`~txl.cli.common.Command`). The recipes (``txl_recipes``, the repository's
-``recipes/`` folder) add ``classify`` and ``summarize`` this way, and the studies (``txl_studies``,
-``studies/``) ``bench``, ``ablate``, ``recl``, ``data docstrings`` and ``data packages``; both are
-installed with txl, and the library never imports them.
+``recipes/`` folder) add ``classify``, ``export``, ``plot``, ``serve``, ``summarize`` and ``data prepare``
+this way, and the studies (``txl_studies``, ``studies/``) ``bench``, ``ablate``, ``recl``, ``data
+docstrings`` and ``data packages``; both are installed with txl, and the library never imports them.
 
 Every user error is printed as one line ``txl: error: ...`` on stderr with exit status 2; an
 interrupted run exits with 130 (training saves its ``last/`` checkpoint first).
@@ -92,7 +92,11 @@ def _add_command(subparsers, spec, path: tuple[str, ...]) -> None:
     p = subparsers.add_parser(spec.NAME, help=spec.HELP, description=description,
                               epilog=f"Example:\n  {spec.EXAMPLE}", formatter_class=argparse.RawDescriptionHelpFormatter)
     children = subcommands(spec, path)
-    if hasattr(spec, "SUBCOMMANDS"):
+    if hasattr(spec, "SUBCOMMANDS") and not children:  # a group whose plug-ins are all missing
+        p.add_argument("_rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        p.set_defaults(_run=functools.partial(_no_subcommands, " ".join(("txl",) + path + (spec.NAME,))), _flags=(),
+                       _prog=p.prog)
+    elif children:
         sub = p.add_subparsers(dest="_".join(path + (spec.NAME, "command")), required=True, metavar="COMMAND")
         for child in children:
             _add_command(sub, child, path + (spec.NAME,))
@@ -100,6 +104,12 @@ def _add_command(subparsers, spec, path: tuple[str, ...]) -> None:
         spec.add_arguments(p)
         # _prog: the command whose --help a usage error found after parsing names
         p.set_defaults(_run=spec.run, _flags=visible_flags(p), _prog=p.prog)
+
+
+def _no_subcommands(group: str, args: argparse.Namespace) -> int:
+    """What a group with no subcommands installed does: refuse, naming the reinstall that registers them."""
+    raise TxlError(f"no {group} subcommands are installed: in the txl folder, run .venv/bin/python -m pip install "
+                   "-e . (it registers the commands of recipes/ and studies/)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,7 @@
 """One configuration mechanism: every setting of txl is a field of a dataclass here, checked by its
 ``check()`` through :func:`check_fields` (keys, types) and its own rules (ranges, combinations), whether it
-comes from a TOML file, a command's flags, a checkpoint's JSON, the server or the library. A recipe's own
-settings (``txl classify train``'s, ``txl serve``'s limits) are a dataclass in its folder, checked the same way.
+comes from a TOML file, a command's flags, a checkpoint's JSON or the library. A recipe's own settings
+(``txl classify train``'s, ``txl serve``'s limits) are a dataclass in its folder, checked the same way.
 
 - :mod:`.fields`: the field checker, the constants every floor names, the checks of sampling, decoding,
   dynamic evaluation, split fractions and threads that commands run before torch is imported;

@@ -69,7 +69,7 @@ def distance_tables(model: nn.Module, span: AttentionSpan, dtype: torch.dtype) -
 
 
 class RingStep(nn.Module):
-    """Graph 2: one token per row after the memory held in a ring (see the module doc).
+    """The step graph: one token per row after the memory held in a ring (see the module doc).
 
     ``forward(input_ids, keys, values, write, fill)`` with ``input_ids`` int64 [B, 1], ``keys`` and
     ``values`` float [L, B, H, S, D], ``write`` and ``fill`` int64 []; returns ``(logits, key, value)``:
