@@ -27,6 +27,7 @@ TensorFlow's ``lm1b`` checksums):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import os
@@ -124,17 +125,17 @@ DATASETS: dict[str, DatasetSpec] = {
 }
 
 
-def standard_split(total: int) -> tuple[int, int]:
+def standard_split(total: int, unit: str = "units") -> tuple[int, int]:
     """End offsets ``(train_end, valid_end)`` of the 90% / 5% / 5% split of ``total`` units.
 
     ``train = [0, total*9//10)``, ``valid = [train_end, total*19//20)``, ``test = [valid_end,
     total)`` (floor rounding). For the real 100,000,000-unit enwik8/text8 files this is exactly
     the reference split: the first 90M train, the next 5M valid, the last 5M test; smaller files
     (e.g. test fixtures) get the same fractions. Raises :class:`TxlError` if ``total < 20``
-    (a split would be empty).
+    (a split would be empty); its message counts in ``unit`` ("bytes", "characters").
     """
     if total < 20:
-        raise TxlError(f"the file has {total} units; at least 20 are needed for a 90/5/5 split")
+        raise TxlError(f"the file has {total} {unit}; at least 20 are needed for a 90/5/5 split")
     return total * 9 // 10, total * 19 // 20
 
 
@@ -184,9 +185,32 @@ def _one(found: dict[str, list], role: str, spec: DatasetSpec, where: str) -> ob
     hits = found.get(role, [])
     if len(hits) != 1:
         what = "no file" if not hits else f"{len(hits)} files"
-        raise TxlError(f"{where} has {what} matching {spec.members[role]!r} for {spec.name}; "
+        pattern = spec.members[role]
+        base = pattern.split("/")[-1]
+        alone = "" if base == pattern or any(c in base for c in "*?[") else f", or one {base} anywhere in it"
+        raise TxlError(f"{where} has {what} matching {pattern!r}{alone} for {spec.name}; "
                        f"give the official {spec.archive} or its extracted folder")
     return hits[0]
+
+
+def _staging(out: Path) -> Path:
+    """Where archive members are extracted until every one the layout needs is found: a source that lacks
+    one leaves ``out`` as it was (:func:`_prepare` removes this folder whatever happens)."""
+    return out / ".download" / "staged"
+
+
+def _move_staged(out: Path) -> None:
+    """Move everything extracted into :func:`_staging` to its place in ``out`` (replacing an earlier
+    prepare's files of the same name)."""
+    staged = _staging(out)
+    with oserrors_as(f"cannot move the extracted files into {out}"):
+        for item in sorted(staged.iterdir()):
+            dest = out / item.name
+            if dest.is_dir() and not item.is_dir():
+                raise TxlError(f"{dest} is a folder; remove it, or choose another output folder")
+            if dest.is_dir():
+                shutil.rmtree(dest)
+            os.replace(item, dest)
 
 
 def _extract_roles(archive: Path, spec: DatasetSpec, dests: Callable[[str, str], list[Path]]) -> dict[str, list[str]]:
@@ -228,11 +252,11 @@ def _prepare_split(spec: DatasetSpec, src: Path, out: Path) -> dict:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
             raise TxlError(f"{spec.name} data is not UTF-8 text (byte offset {e.start})") from None
-        b1, b2 = standard_split(len(text))
+        b1, b2 = standard_split(len(text), spec.unit)
         parts = [text[:b1].encode(), text[b1:b2].encode(), text[b2:].encode()]
         total = len(text)
     else:
-        b1, b2 = standard_split(len(data))
+        b1, b2 = standard_split(len(data), spec.unit)
         parts = [data[:b1], data[b1:b2], data[b2:]]
         total = len(data)
     for name, part in zip(SPLITS, parts):
@@ -245,13 +269,13 @@ def _prepare_files(spec: DatasetSpec, src: Path, out: Path) -> dict:
     """WikiText / PTB: copy the train/valid/test members."""
     if src.is_dir():
         found = _find_in_folder(src, spec.members)
-        members = {}
-        for role in SPLITS:
-            f = Path(_one(found, role, spec, str(src)))
+        files = {role: Path(_one(found, role, spec, str(src))) for role in SPLITS}  # every one before any write
+        for role, f in files.items():
             _write_file(out / f"{role}.txt", f)
-            members[role] = str(f)
+        members = {role: str(f) for role, f in files.items()}
     elif is_archive(src):
-        hits = _extract_roles(src, spec, lambda role, name: [out / f"{role}.txt"])
+        hits = _extract_roles(src, spec, lambda role, name: [_staging(out) / f"{role}.txt"])
+        _move_staged(out)
         members = {role: hits[role][0] for role in SPLITS}
     else:
         raise TxlError(f"{src} is neither a zip/tar archive nor a folder; give the official {spec.archive}")
@@ -265,22 +289,23 @@ def _prepare_lm1b(spec: DatasetSpec, src: Path, out: Path) -> dict:
         found = _find_in_folder(src, spec.members)
         heldout = Path(_one(found, "heldout", spec, str(src)))
         shards = sorted(str(p.resolve()) for p in found["train"])  # used in place: absolute paths
+        if not shards:
+            raise TxlError(f"no lm1b training shards matching {spec.members['train']!r} in {src}")
         for role in ("valid", "test"):
             _write_file(out / f"{role}.txt", heldout)
         heldout_name = str(heldout)
     elif is_archive(src):
         def dests(role: str, name: str) -> list[Path]:
             if role == "heldout":
-                return [out / "valid.txt", out / "test.txt"]
-            return [out / shard_dir / name.split("/")[-1]]
+                return [_staging(out) / "valid.txt", _staging(out) / "test.txt"]
+            return [_staging(out) / shard_dir / name.split("/")[-1]]
 
-        hits = _extract_roles(src, spec, dests)
+        hits = _extract_roles(src, spec, dests)  # (every role found, the training shards included)
+        _move_staged(out)
         shards = sorted(f"{shard_dir}/{n.split('/')[-1]}" for n in hits["train"])
         heldout_name = hits["heldout"][0]
     else:
         raise TxlError(f"{src} is neither a tar archive nor a folder; give the official {spec.archive}")
-    if not shards:
-        raise TxlError(f"no lm1b training shards matching {spec.members['train']!r} in {src}")
     _write_file(out / "train.txt", "".join(s + "\n" for s in shards).encode("utf-8"))
     train_bytes = sum((out / s if not Path(s).is_absolute() else Path(s)).stat().st_size for s in shards)
     return {"members": {"train": spec.members["train"], "valid": heldout_name, "test": heldout_name},
@@ -453,7 +478,12 @@ def _prepare(spec: DatasetSpec, source, out: Path, sha256: str | None, progress:
     """:func:`prepare_dataset` once ``out`` is claimed (and created)."""
     src, digest, verified = _resolve_source(spec, str(source), out, sha256, progress, timeout, log)
     build = {"split": _prepare_split, "files": _prepare_files, "lm1b": _prepare_lm1b, "pg19": _prepare_pg19}[spec.layout]
-    details = build(spec, src, out)
+    try:
+        details = build(spec, src, out)
+    finally:
+        shutil.rmtree(_staging(out), ignore_errors=True)
+        with contextlib.suppress(OSError):  # .download itself, when staging was all it held
+            _staging(out).parent.rmdir()
     info = {
         "format": FORMAT,
         "name": spec.name,

@@ -631,3 +631,35 @@ def test_every_dataset_has_a_member_limit_above_its_real_size() -> None:
         if spec.layout == "pg19":  # a local copy's folders, named in place: nothing is extracted
             continue
         assert real[name] < spec.max_member_bytes <= 2 * real[name] + 150_000_000
+
+
+@pytest.mark.parametrize("kind", ["folder", "zip", "tgz"])
+def test_a_source_missing_a_split_leaves_the_output_folder_as_it_was(tmp_path: Path, kind: str) -> None:
+    """Only ptb.train.txt is there: refused before any split is written, so a corrected retry is not
+    blocked by train.txt (the folder holds nothing but what a download would leave)."""
+    member, text = "./simple-examples/data/ptb.train.txt", " the train words of ptb \n"
+    if kind == "folder":
+        source = tmp_path / "src"
+        (source / "simple-examples" / "data").mkdir(parents=True)
+        (source / "simple-examples" / "data" / "ptb.train.txt").write_text(text)
+        expect = r"has no file matching 'simple-examples/data/ptb.valid.txt', or one ptb.valid.txt anywhere in it"
+    elif kind == "zip":
+        source = _zip(tmp_path / "se.zip", {member[2:]: text})
+        expect = "no member matching 'simple-examples/data/ptb.valid.txt'"
+    else:
+        source = _tar(tmp_path / "se.tgz", [(member, text)])
+        expect = "no member matching 'simple-examples/data/ptb.valid.txt'"
+    out = tmp_path / "out"
+    with pytest.raises(TxlError, match=expect):
+        _prepare("ptb", source, out, sha256=None if kind == "folder" else _sha(source))
+    assert not out.exists() or list(out.iterdir()) == []
+    full = dict(_ptb_members())  # the corrected source then prepares into the same folder
+    fixed = _tar(tmp_path / "full.tgz", list(full.items()))
+    _prepare("ptb", fixed, out, sha256=_sha(fixed))
+    assert (out / "valid.txt").read_text() == full["./simple-examples/data/ptb.valid.txt"]
+
+
+def test_a_split_file_too_short_to_cut_names_its_unit(tmp_path: Path) -> None:
+    (tmp_path / "text8").write_text("short")
+    with pytest.raises(TxlError, match="the file has 5 characters; at least 20"):
+        _prepare("text8", tmp_path / "text8", tmp_path / "out")

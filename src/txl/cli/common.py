@@ -119,12 +119,14 @@ def add_batch_size(parser: argparse.ArgumentParser, default: int | None = None, 
 
 
 def add_span(parser: argparse.ArgumentParser, names: tuple[str, ...] = SPAN_FIELDS,
-             default_text: str = "the checkpoint's eval config") -> None:
+             default_text: str = "the checkpoint's eval config", memory_needed: bool = False) -> None:
     """The attention-span flags ``--tgt-len --mem-len --clamp-len --same-length/--no-same-length``.
 
     Each defaults to None (take the value from the checkpoint or config); ``names`` picks a subset.
+    ``memory_needed``: the command refuses ``--mem-len 0`` (its ``span_minimum``), and the help says so.
     """
-    texts = {"tgt_len": "tokens per segment", "mem_len": "memory length (0: none)",
+    texts = {"tgt_len": "tokens per segment", "mem_len": "memory length (>= 1)" if memory_needed else
+             "memory length (0: none)",
              "clamp_len": "clamp relative distances at this value (0: none)",
              "cmem_len": "compressed-memory slots per layer (0: none; a compressive model only)"}
     for name in names:
