@@ -139,3 +139,6 @@ def test_cli_reports_bits_per_byte_for_a_byte_model(tmp_path, capsys, monkeypatc
     assert np.allclose(data["series"]["new"]["train_metric"], data["series"]["old"]["train_metric"], equal_nan=True)
     code, out, err = _cli(capsys, "plot", old, "--out", tmp_path / "plots2")
     assert code == 0, err
+    code, out, err = _cli(capsys, "plot", old, "--out", tmp_path / "plots2")  # again: --out names a folder
+    assert code == 2 and err.strip() == (f"txl: error: --out {tmp_path / 'plots2' / 'curves_steps.png'} already "
+                                         "exists; add --force to replace it, or choose another --out folder"), err

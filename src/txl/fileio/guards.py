@@ -167,7 +167,8 @@ def check_output_path(path: str | Path, inputs=(), force: bool = False, flag: st
         raise TxlError(f"{flag} {path} is {kind}, not a regular file; txl writes an output file whole and would "
                        f"put a new file in its place: {todo}")
     if os.path.lexists(path) and not force:
-        raise TxlError(f"{flag} {path} already exists; add --force to replace it, or choose another file")
+        other = f"another {flag} folder" if makes_folder else "another file"  # (makes_folder: the flag names a folder)
+        raise TxlError(f"{flag} {path} already exists; add --force to replace it, or choose {other}")
     try:  # the only sure test (permissions, read-only or special file systems, root's exemptions)
         fd, probe = tempfile.mkstemp(prefix=".txl-probe.", dir=existing)
     except OSError as err:
