@@ -142,3 +142,7 @@ def test_cli_reports_bits_per_byte_for_a_byte_model(tmp_path, capsys, monkeypatc
     code, out, err = _cli(capsys, "plot", old, "--out", tmp_path / "plots2")  # again: --out names a folder
     assert code == 2 and err.strip() == (f"txl: error: --out {tmp_path / 'plots2' / 'curves_steps.png'} already "
                                          "exists; add --force to replace it, or choose another --out folder"), err
+    (tmp_path / "plots3" / "curves_steps.png").mkdir(parents=True)  # a folder where a figure goes
+    code, out, err = _cli(capsys, "plot", old, "--out", tmp_path / "plots3")
+    assert code == 2 and err.strip() == (f"txl: error: --out {tmp_path / 'plots3' / 'curves_steps.png'} is a "
+                                         "folder; remove it, or choose another --out folder"), err

@@ -194,20 +194,33 @@ def _one(found: dict[str, list], role: str, spec: DatasetSpec, where: str) -> ob
 
 
 def _staging(out: Path) -> Path:
-    """Where archive members are extracted until every one the layout needs is found: a source that lacks
-    one leaves ``out`` as it was (:func:`_prepare` removes this folder whatever happens)."""
-    return out / ".download" / "staged"
+    """Where archive members are extracted until every one the layout needs is found, inside ``out`` (so
+    on its file system): a source that lacks one leaves ``out`` as it was. :func:`_prepare` empties it
+    before a prepare (what a killed one left) and removes it after, whatever happens."""
+    return out / ".staged"
 
 
 def _move_staged(out: Path) -> None:
-    """Move everything extracted into :func:`_staging` to its place in ``out`` (replacing an earlier
-    prepare's files of the same name)."""
-    staged = _staging(out)
+    """Move everything extracted into :func:`_staging` to its place in ``out``, replacing an earlier
+    prepare's files of the same name. Every destination is checked before anything moves, and the old
+    ``dataset.json`` goes first, so a half-replaced folder is never described by it.
+
+    Raises:
+        TxlError: a destination of another kind (a folder where a file goes, a file or a link where a
+            folder goes), before anything moved; a move the file system refuses.
+    """
+    items = sorted(_staging(out).iterdir())
+    for item in items:
+        dest = out / item.name
+        if os.path.lexists(dest) and (dest.is_symlink() or dest.is_dir() != item.is_dir()):
+            kind = "a link" if dest.is_symlink() else "a folder" if dest.is_dir() else "a file"
+            wanted = "a folder" if item.is_dir() else "a file"
+            raise TxlError(f"{dest} is {kind}, where txl data prepare writes {wanted}; remove it, or choose another "
+                           "output folder (nothing was changed)")
     with oserrors_as(f"cannot move the extracted files into {out}"):
-        for item in sorted(staged.iterdir()):
+        (out / "dataset.json").unlink(missing_ok=True)
+        for item in items:
             dest = out / item.name
-            if dest.is_dir() and not item.is_dir():
-                raise TxlError(f"{dest} is a folder; remove it, or choose another output folder")
             if dest.is_dir():
                 shutil.rmtree(dest)
             os.replace(item, dest)
@@ -420,8 +433,10 @@ def prepare_dataset(
         return _prepare(spec, source, out, sha256, progress, timeout, log)
 
 
-# what a prepare writes: the splits, dataset.json, the downloads, lm1b's training shards (from its archive)
-OWN_ENTRIES = ("train.txt", "valid.txt", "test.txt", "dataset.json", ".download", "training-monolingual.tokenized.shuffled")
+# what a prepare writes: the splits, dataset.json, the downloads, the members being extracted, lm1b's training
+# shards (from its archive)
+OWN_ENTRIES = ("train.txt", "valid.txt", "test.txt", "dataset.json", ".download", ".staged",
+               "training-monolingual.tokenized.shuffled")
 
 
 def _own(name: str) -> bool:
@@ -479,11 +494,12 @@ def _prepare(spec: DatasetSpec, source, out: Path, sha256: str | None, progress:
     src, digest, verified = _resolve_source(spec, str(source), out, sha256, progress, timeout, log)
     build = {"split": _prepare_split, "files": _prepare_files, "lm1b": _prepare_lm1b, "pg19": _prepare_pg19}[spec.layout]
     try:
+        shutil.rmtree(_staging(out), ignore_errors=True)  # what a killed prepare left there
         details = build(spec, src, out)
     finally:
         shutil.rmtree(_staging(out), ignore_errors=True)
-        with contextlib.suppress(OSError):  # .download itself, when staging was all it held
-            _staging(out).parent.rmdir()
+        with contextlib.suppress(OSError):  # an empty .download (enwik8/text8's member passes through it)
+            (out / ".download").rmdir()
     info = {
         "format": FORMAT,
         "name": spec.name,

@@ -663,3 +663,25 @@ def test_a_split_file_too_short_to_cut_names_its_unit(tmp_path: Path) -> None:
     (tmp_path / "text8").write_text("short")
     with pytest.raises(TxlError, match="the file has 5 characters; at least 20"):
         _prepare("text8", tmp_path / "text8", tmp_path / "out")
+
+
+def test_what_a_killed_prepare_left_in_staging_is_not_moved_into_the_output(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / ".staged").mkdir(parents=True)
+    (out / ".staged" / "train.txt.partial").write_text("from a prepare that was killed")
+    full = _tar(tmp_path / "full.tgz", _ptb_members())
+    _prepare("ptb", full, out, sha256=_sha(full))
+    assert sorted(p.name for p in out.iterdir()) == ["dataset.json", "test.txt", "train.txt", "valid.txt"]
+
+
+def test_a_destination_of_another_kind_is_refused_before_anything_moves(tmp_path: Path) -> None:
+    full = _tar(tmp_path / "full.tgz", _ptb_members())
+    out = tmp_path / "out"
+    _prepare("ptb", full, out, sha256=_sha(full))
+    before = {name: (out / name).read_bytes() for name in ("dataset.json", "test.txt", "train.txt")}
+    (out / "valid.txt").unlink()
+    (out / "valid.txt").mkdir()
+    with pytest.raises(TxlError, match=r"valid.txt is a folder, where txl data prepare writes a file; remove it"):
+        _prepare("ptb", full, out, sha256=_sha(full))
+    assert {name: (out / name).read_bytes() for name in before} == before
+    assert not (out / ".staged").exists()

@@ -143,8 +143,10 @@ def check_output_path(path: str | Path, inputs=(), force: bool = False, flag: st
     from txl.errors import TxlError
 
     path = Path(path)
+    other = f"another {flag} folder" if makes_folder else "another file"  # (makes_folder: the flag names a folder)
     if path.is_dir():
-        raise TxlError(f"{flag} {path} is a folder; give a file name")
+        raise TxlError(f"{flag} {path} is a folder; " + (f"remove it, or choose {other}" if makes_folder
+                                                         else "give a file name"))
     parent = existing = path.parent
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -156,18 +158,21 @@ def check_output_path(path: str | Path, inputs=(), force: bool = False, flag: st
     folder = protected_folder(path)  # the resolved path's folders: a symlink into a checkpoint counts
     if folder is not None:
         raise TxlError(f"{flag} {path} is inside the txl checkpoint or run folder {folder}; txl never writes "
-                       "into one: choose a file outside it")
+                       f"into one: choose {'a folder' if makes_folder else 'a file'} outside it")
     conflict = _input_conflict(path, inputs)
     if conflict:
-        raise TxlError(f"{flag} {path} {conflict}; txl never writes over its inputs: choose another file")
+        raise TxlError(f"{flag} {path} {conflict}; txl never writes over its inputs: choose {other}")
     kind = _special_kind(path)
     if kind:  # a replace would put a regular file in its place (a device such as /dev/null included)
-        todo = (f"give the path it points to ({os.path.realpath(path)}), or remove the link" if kind == "a symbolic link"
-                else "give the path of a regular file, or - for stdout where the flag takes it")
+        if makes_folder:
+            todo = f"remove it, or choose {other}"
+        elif kind == "a symbolic link":
+            todo = f"give the path it points to ({os.path.realpath(path)}), or remove the link"
+        else:
+            todo = "give the path of a regular file, or - for stdout where the flag takes it"
         raise TxlError(f"{flag} {path} is {kind}, not a regular file; txl writes an output file whole and would "
                        f"put a new file in its place: {todo}")
     if os.path.lexists(path) and not force:
-        other = f"another {flag} folder" if makes_folder else "another file"  # (makes_folder: the flag names a folder)
         raise TxlError(f"{flag} {path} already exists; add --force to replace it, or choose {other}")
     try:  # the only sure test (permissions, read-only or special file systems, root's exemptions)
         fd, probe = tempfile.mkstemp(prefix=".txl-probe.", dir=existing)
