@@ -340,11 +340,9 @@ def _train(args: argparse.Namespace) -> int:
     held_from = f"from {args.valid}" if args.valid else f"(seed {args.seed})"
     tgt_len = lm_config.tgt_len if args.tgt_len is None else args.tgt_len
     mem_len = lm_config.mem_len if args.mem_len is None else args.mem_len
-    if main_rank:
-        print(f"data: {len(docs)} documents, {len(names)} labels ({listed(names, 20)}); "
-              f"train {len(data.train_idx)}, held-out {len(data.valid_idx)} {held_from}")
-        print(f"model: {lm_dir} (attn_type {lm_config.attn_type}), mode {mode}, tgt_len {tgt_len}, mem_len "
-              f"{mem_len}, pooling {args.pooling}, grad_segments {args.grad_segments or 'all'}", flush=True)
+    if main_rank:  # the split and the span; the training loop's data: and model: lines say the rest
+        print(f"documents: {len(docs)} with {len(names)} labels ({listed(names, 20)}); train {len(data.train_idx)}, "
+              f"held-out {len(data.valid_idx)} {held_from}; read with tgt_len {tgt_len}, mem_len {mem_len}", flush=True)
     fit = _fit(args, lm_dir, classifier, data, out)
     if not main_rank:  # torchrun: rank 0 reports for the run
         return 0

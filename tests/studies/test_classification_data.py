@@ -268,6 +268,9 @@ def test_cli_trains_on_data_and_reports_on_the_valid_file(tmp_path, capsys):
                              "--mode", "last", "--steps", "2", "--batch-size", "4", "-q", "--device", "cpu")
     assert code == 0, err
     assert "train 12, held-out 2 from " + str(test) in out
+    lines = (out + err).splitlines()  # (-q: the training loop's start lines go to stderr)
+    starts = sorted(line.split(":")[0] for line in lines if line.startswith(("documents:", "data:", "model:")))
+    assert starts == ["data", "documents", "model"], out + err  # one start line of each kind
     saved = json.loads((tmp_path / "r" / "best" / "classifier.json").read_text())
     assert saved["mode"] == "last" and saved["labels"] == ["aa", "bb", "cc"]
     extra = json.loads((tmp_path / "r" / "heldout.json").read_text())
