@@ -37,12 +37,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from txl.data.files import FORMAT, dataset_info
+from txl.data.files import FORMAT
 from txl.data.splits import SPLITS
 from txl.errors import TxlError
-from txl.fileio import (atomic_write, claim_folder, is_protected_folder, oserrors_as, read_bytes, sha256_file,
-                         write_json)
+from txl.fileio import atomic_write, claim_folder, oserrors_as, read_bytes, sha256_file, write_json
 from txl_recipes.datasets.download import check_sha256, download, extract, is_archive, is_url
+from txl_recipes.datasets.output import check_out, move_staged, staging
 
 __all__ = ["DATASETS", "DatasetSpec", "prepare_dataset", "standard_split"]
 
@@ -193,39 +193,6 @@ def _one(found: dict[str, list], role: str, spec: DatasetSpec, where: str) -> ob
     return hits[0]
 
 
-def _staging(out: Path) -> Path:
-    """Where archive members are extracted until every one the layout needs is found, inside ``out`` (so
-    on its file system): a source that lacks one leaves ``out`` as it was. :func:`_prepare` empties it
-    before a prepare (what a killed one left) and removes it after, whatever happens."""
-    return out / ".staged"
-
-
-def _move_staged(out: Path) -> None:
-    """Move everything extracted into :func:`_staging` to its place in ``out``, replacing an earlier
-    prepare's files of the same name. Every destination is checked before anything moves, and the old
-    ``dataset.json`` goes first, so a half-replaced folder is never described by it.
-
-    Raises:
-        TxlError: a destination of another kind (a folder where a file goes, a file or a link where a
-            folder goes), before anything moved; a move the file system refuses.
-    """
-    items = sorted(_staging(out).iterdir())
-    for item in items:
-        dest = out / item.name
-        if os.path.lexists(dest) and (dest.is_symlink() or dest.is_dir() != item.is_dir()):
-            kind = "a link" if dest.is_symlink() else "a folder" if dest.is_dir() else "a file"
-            wanted = "a folder" if item.is_dir() else "a file"
-            raise TxlError(f"{dest} is {kind}, where txl data prepare writes {wanted}; remove it, or choose another "
-                           "output folder (nothing was changed)")
-    with oserrors_as(f"cannot move the extracted files into {out}"):
-        (out / "dataset.json").unlink(missing_ok=True)
-        for item in items:
-            dest = out / item.name
-            if dest.is_dir():
-                shutil.rmtree(dest)
-            os.replace(item, dest)
-
-
 def _extract_roles(archive: Path, spec: DatasetSpec, dests: Callable[[str, str], list[Path]]) -> dict[str, list[str]]:
     """Extract the members matching each role; ``dests(role, member)`` gives their destinations."""
     hits: dict[str, list[str]] = {role: [] for role in spec.members}
@@ -287,8 +254,8 @@ def _prepare_files(spec: DatasetSpec, src: Path, out: Path) -> dict:
             _write_file(out / f"{role}.txt", f)
         members = {role: str(f) for role, f in files.items()}
     elif is_archive(src):
-        hits = _extract_roles(src, spec, lambda role, name: [_staging(out) / f"{role}.txt"])
-        _move_staged(out)
+        hits = _extract_roles(src, spec, lambda role, name: [staging(out) / f"{role}.txt"])
+        move_staged(out)
         members = {role: hits[role][0] for role in SPLITS}
     else:
         raise TxlError(f"{src} is neither a zip/tar archive nor a folder; give the official {spec.archive}")
@@ -310,11 +277,11 @@ def _prepare_lm1b(spec: DatasetSpec, src: Path, out: Path) -> dict:
     elif is_archive(src):
         def dests(role: str, name: str) -> list[Path]:
             if role == "heldout":
-                return [_staging(out) / "valid.txt", _staging(out) / "test.txt"]
-            return [_staging(out) / shard_dir / name.split("/")[-1]]
+                return [staging(out) / "valid.txt", staging(out) / "test.txt"]
+            return [staging(out) / shard_dir / name.split("/")[-1]]
 
         hits = _extract_roles(src, spec, dests)  # (every role found, the training shards included)
-        _move_staged(out)
+        move_staged(out)
         shards = sorted(f"{shard_dir}/{n.split('/')[-1]}" for n in hits["train"])
         heldout_name = hits["heldout"][0]
     else:
@@ -427,65 +394,10 @@ def prepare_dataset(
     if sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha256):
         raise TxlError(f"--sha256 must be 64 hexadecimal digits, got {sha256!r}")
     out = Path(out)
-    _check_out(spec, source, out)
+    check_out(spec.name, source, out)
     # one process per output folder (a second prepare on it is refused while this one runs)
     with claim_folder(out, flag="output folder"):
         return _prepare(spec, source, out, sha256, progress, timeout, log)
-
-
-# what a prepare writes: the splits, dataset.json, the downloads, the members being extracted, lm1b's training
-# shards (from its archive)
-OWN_ENTRIES = ("train.txt", "valid.txt", "test.txt", "dataset.json", ".download", ".staged",
-               "training-monolingual.tokenized.shuffled")
-
-
-def _own(name: str) -> bool:
-    """Whether ``name`` in an output folder is what a prepare writes: one of :data:`OWN_ENTRIES`, or the
-    temporary file of one that a killed prepare left (``.train.txt.XXXX.tmp``, see ``atomic_write``)."""
-    return name in OWN_ENTRIES or any(name.startswith(f".{own}.") and name.endswith(".tmp") for own in OWN_ENTRIES)
-
-
-def _check_out(spec: DatasetSpec, source, out: Path) -> None:
-    """Refuse an output folder that holds the source, is a txl checkpoint or run folder, holds files
-    :func:`prepare_dataset` does not write, or holds another dataset (or split files without the
-    ``dataset.json`` that a finished prepare writes last). A new or empty folder, or one this dataset's
-    earlier prepare wrote, passes.
-
-    Raises:
-        TxlError: naming the folder and what is in the way; nothing is changed.
-    """
-    real = Path(os.path.realpath(out))
-    if not is_url(str(source)):
-        src = Path(os.path.realpath(Path(str(source)).expanduser()))
-        if real == src or real in src.parents:
-            raise TxlError(f"output folder {out} holds the source {source}; choose another folder (nothing was "
-                           "changed)")
-        if src.is_dir() and src in real.parents:
-            raise TxlError(f"output folder {out} is inside the source folder {source}; choose a folder outside it "
-                           "(nothing was changed)")
-    if not out.is_dir():
-        return
-    if is_protected_folder(out):
-        raise TxlError(f"output folder {out} is a txl checkpoint or run folder; choose another folder")
-    others = sorted(p.name for p in out.iterdir() if not _own(p.name))
-    if others:
-        shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
-        raise TxlError(f"output folder {out} holds files txl data prepare does not write ({shown}); choose a new "
-                       "or empty folder (nothing was changed)")
-    splits = [name for name in OWN_ENTRIES[:3] if (out / name).exists()]
-    try:
-        info = dataset_info(out)
-    except TxlError as err:  # not JSON, or not a txl dataset description
-        reason = str(err).removesuffix("; run txl data prepare again")
-        raise TxlError(f"output folder {out} holds a dataset.json txl data prepare cannot read ({reason}); remove "
-                       "it, or choose another folder (nothing was changed)") from None
-    if info is not None and info.get("name") != spec.name:
-        raise TxlError(f"output folder {out} holds the dataset {info.get('name')!r}; choose another folder to prepare "
-                       f"{spec.name} (nothing was changed)")
-    if splits and info is None:
-        raise TxlError(f"output folder {out} holds {', '.join(splits)} but no dataset.json (files txl did not "
-                       "write, or a prepare that was stopped): remove them, or choose another folder (nothing was "
-                       "changed)")
 
 
 def _prepare(spec: DatasetSpec, source, out: Path, sha256: str | None, progress: bool, timeout: float,
@@ -494,10 +406,10 @@ def _prepare(spec: DatasetSpec, source, out: Path, sha256: str | None, progress:
     src, digest, verified = _resolve_source(spec, str(source), out, sha256, progress, timeout, log)
     build = {"split": _prepare_split, "files": _prepare_files, "lm1b": _prepare_lm1b, "pg19": _prepare_pg19}[spec.layout]
     try:
-        shutil.rmtree(_staging(out), ignore_errors=True)  # what a killed prepare left there
+        shutil.rmtree(staging(out), ignore_errors=True)  # what a killed prepare left there
         details = build(spec, src, out)
     finally:
-        shutil.rmtree(_staging(out), ignore_errors=True)
+        shutil.rmtree(staging(out), ignore_errors=True)
         with contextlib.suppress(OSError):  # an empty .download (enwik8/text8's member passes through it)
             (out / ".download").rmdir()
     info = {

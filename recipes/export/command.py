@@ -29,10 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_option(p, "--quantize", choices=("int8",), default=None, dest="export_quantize",
                help="int8: the weight products of the ONNX graphs made dynamic int8 (ONNX Runtime's quantizer; "
                     "with --format onnx) (default: float32)")
+    # a ring needs one memory slot at least
     add_span(p, ("tgt_len", "mem_len", "clamp_len", "same_length"), default_text="the model's", memory_needed=True)
     add_threads(p)
-    # graphs are traced on the CPU (ONNX Runtime picks its own device); a ring needs one memory slot at least
-    p.set_defaults(device="cpu", span_minimum={"mem_len": 1})
+    p.set_defaults(device="cpu")  # graphs are traced on the CPU (ONNX Runtime picks its own device)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -123,8 +123,11 @@ def add_span(parser: argparse.ArgumentParser, names: tuple[str, ...] = SPAN_FIEL
     """The attention-span flags ``--tgt-len --mem-len --clamp-len --same-length/--no-same-length``.
 
     Each defaults to None (take the value from the checkpoint or config); ``names`` picks a subset.
-    ``memory_needed``: the command refuses ``--mem-len 0`` (its ``span_minimum``), and the help says so.
+    ``memory_needed``: the command refuses ``--mem-len 0`` (``span_minimum``, read by
+    :func:`~txl.cli.checks.check_shared_flags`), and the help says so.
     """
+    if memory_needed:
+        parser.set_defaults(span_minimum={"mem_len": 1})
     texts = {"tgt_len": "tokens per segment", "mem_len": "memory length (>= 1)" if memory_needed else
              "memory length (0: none)",
              "clamp_len": "clamp relative distances at this value (0: none)",
