@@ -52,9 +52,12 @@ def worker(row: str, batch: int, tokens: int) -> None:
     from txl.model import TransformerXLConfig, TransformerXLLM
     from txl.kernels.int8 import quantize_int8
     try:
-        from txl.model.graphs import RingDecoder
-    except ImportError:  # the name of the module before the model floor's redesign
-        from txl.model.ring import RingDecoder
+        from txl.generation.compiled import RingDecoder
+    except ImportError:  # where it was before the model floor's redesign
+        try:
+            from txl.model.graphs import RingDecoder
+        except ImportError:
+            from txl.model.ring import RingDecoder
 
     torch.manual_seed(0)
     config = TransformerXLConfig(**dict(BENCH_SMALL, dropout=0.0))

@@ -2,7 +2,7 @@
 decoding loops, taking turns in one run (docs/quantization.md, "Why bench-small's batch-1 step does not gain").
 
 Rows: txl's cached decoding loop (``generate_steps``, what ``txl generate`` runs) with float32 and with
-int8 weights, and the ring decoder (:class:`txl.model.graphs.RingDecoder`: fixed-shape state, the step
+int8 weights, and the ring decoder (:class:`txl.generation.compiled.RingDecoder`: fixed-shape state, the step
 compiled once) with each, eager and compiled (inductor, ``fullgraph=True``; ``txl generate --compile
 --quantize int8`` decodes with the last of these). The ring rows pick each token by argmax, without the
 decoding-rules object ``txl generate`` adds per step (``txl bench --quantize int8`` times the command's
@@ -37,7 +37,7 @@ def main() -> int:
     from txl.generation.stream import generate_steps
     from txl.model import TransformerXLConfig, TransformerXLLM
     from txl.kernels.int8 import quantize_int8
-    from txl.model.graphs import RingDecoder
+    from txl.generation.compiled import RingDecoder
     from txl.runtime import cpu_flags
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

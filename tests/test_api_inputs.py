@@ -241,7 +241,7 @@ def test_sizes_beyond_the_text_or_the_machine_are_handled_in_one_line(monkeypatc
         beam_search(model, _ids(0, 1, 3), 40, -1)
     from txl import runtime
     from txl.kernels.cpu import check_reading_fits
-    from txl.model.segments import segments
+    from txl.segments import segments
     monkeypatch.setattr(runtime, "available_memory_bytes", lambda *device: 2**28)
     with pytest.raises(TxlError, match=r"a segment of 8,000 tokens over 8,000 keys .* use a smaller tgt_len"):
         evaluate(model, np.random.default_rng(0).integers(0, V, 8001), tgt_len=8000, batch_size=1)

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # top > ... > bottom; a floor may import its own and any floor below it, never one above
-LAYERS = ("cli,__main__ > analysis > evaluation,training,generation,classification,convert > model,data"
+LAYERS = ("cli,__main__ > analysis > evaluation,training,generation,classification,convert > segments > model,data"
           " > kernels > config,runtime,fileio,errors,distributed")
 FORBIDDEN = "txl_recipes,txl_studies"  # packages above the library, which it must never import
 

@@ -193,14 +193,14 @@ def _language_model(args: argparse.Namespace):
         TxlError: weights that cannot be trained, no vocabulary, or mode memory for a model without memory.
     """
     from txl.config import VOCAB_NAME
-    from txl.model.serialization import read_model_config
+    from txl.fileio.model_files import read_model_config
     from txl.training.checkpoint import resolve_checkpoint_dir
     from txl.training.checkpoint_files import verify_checkpoint
 
     lm_dir = resolve_checkpoint_dir(args.checkpoint)
     lm_config = read_model_config(lm_dir)
-    from txl.kernels.int8 import check_trainable
-    from txl.model.serialization import weight_shapes
+    from txl.fileio.model_files import check_trainable
+    from txl.fileio.model_files import weight_shapes
 
     try:
         shapes = weight_shapes(lm_dir)  # from the weights' header: nothing loaded yet

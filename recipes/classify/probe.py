@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from txl.classification.data import batch_documents
 from txl.errors import TxlError
-from txl.model.segments import eval_mode
+from txl.segments import eval_mode
 
 C = 1.0  #: the inverse strength of the L2 penalty, per document (scikit-learn's ``C`` of LogisticRegression)
 

@@ -42,7 +42,7 @@ from txl.errors import TxlError
 from txl.evaluation.stream import EvalResult
 from txl.fileio import read_json_object, write_json
 from txl.model import LMOutput
-from txl.model.serialization import load_weights
+from txl.fileio.model_files import load_weights
 from txl.training.fingerprint import file_digest
 from txl_recipes.classify.probe import probe_head
 

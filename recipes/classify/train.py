@@ -14,8 +14,8 @@ from txl.classification.model import TransformerXLForSequenceClassification
 from txl.config import CLASSIFIER_NAME, SAVED_WITHOUT, DataConfig, EvalConfig, RunConfig, TrainConfig
 from txl.errors import TxlError
 from txl.evaluation.intervals import accuracy, macro_f1
-from txl.kernels.int8 import check_trainable
-from txl.model.serialization import read_model_config
+from txl.fileio.model_files import check_trainable
+from txl.fileio.model_files import read_model_config
 from txl.runtime import resolve_device
 from txl_recipes.classify.config import check_classification_run
 from txl_recipes.classify.task import LM_PART, ClassifyTask

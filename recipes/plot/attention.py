@@ -14,7 +14,7 @@ from txl.config import AttentionSpan, resolve_span
 from txl.errors import TxlError
 from txl.kernels.cpu import check_reading_fits
 from txl.model.compressive import split_mems
-from txl.model.segments import eval_mode, segments
+from txl.segments import eval_mode, segments
 
 
 def _token_tensor(tokens: np.ndarray, max_segments: int) -> torch.Tensor:
@@ -35,7 +35,7 @@ def distance_matrix(qlen: int, klen: int) -> torch.Tensor:
 
 def _mean_over_queries(model, data: torch.Tensor, span: AttentionSpan, max_segments: int, measure) -> np.ndarray:
     """float64 [n_layer, n_head]: ``measure(seg, probs)`` averaged over the queries of the first ``max_segments``
-    segments of ``data``, read with the memory carried as in evaluation (:func:`txl.model.segments.segments`,
+    segments of ``data``, read with the memory carried as in evaluation (:func:`txl.segments.segments`,
     in eval mode, at ``span``). ``measure`` gets a segment and its :func:`segment_probabilities` and returns
     float64 [n_layer, n_head] summed over the segment's queries."""
     device = next(model.parameters()).device
@@ -57,7 +57,7 @@ def mean_attention_distance(model, tokens: np.ndarray, *, tgt_len: int | None = 
     """Average attention distance per layer and head over a text, with the memory carried.
 
     The text is read in segments of ``tgt_len`` (memory of ``mem_len``, as in evaluation, through
-    :func:`txl.model.segments.segments`, in eval mode; ``model.config`` is not changed); for every
+    :func:`txl.segments.segments`, in eval mode; ``model.config`` is not changed); for every
     query the expected distance ``sum_j p_ij (M + i - j)`` in tokens is averaged over queries and
     segments. With a compressed memory (``cmem_len``, None: the model's) distances count key slots:
     a compressed slot is one step older than the slot after it (see :mod:`txl.model.compressive`);

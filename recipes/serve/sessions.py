@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from txl.errors import TxlError
-from txl.model.segments import segments
+from txl.segments import segments
 from txl.model.memory import Mems
 from txl.config import AttentionSpan
 from txl.kernels.cpu import check_reading_fits

@@ -2,7 +2,7 @@
 
 The episodes of :mod:`txl_studies.long_range.episodes` hold a question whose answer bytes are known. A model
 reads each episode as it reads any text: segment by segment with its memory (paper §3.2) through
-:func:`txl.model.segments.segments`, or, for a vanilla model (``attn_type="abs"``), with a
+:func:`txl.segments.segments`, or, for a vanilla model (``attn_type="abs"``), with a
 window of the last ``context`` tokens before each answer byte (the paper's vanilla protocol, §3.1).
 Answers are teacher-forced: the prediction of answer byte i sees the true bytes before it, and an
 answer is right when every byte's arg max is the true byte.
@@ -17,7 +17,7 @@ import torch
 
 from txl.config import IGNORE_INDEX, AttentionSpan
 from txl.kernels.cpu import check_reading_fits
-from txl.model.segments import eval_mode, segments
+from txl.segments import eval_mode, segments
 
 __all__ = ["RetrievalScore", "retrieval_score"]
 

@@ -41,7 +41,7 @@ from txl.data.tokenizers.simple import ByteTokenizer
 from txl.errors import TxlError
 from txl.kernels.cpu import check_reading_fits
 from txl_studies.long_range.scoring import retrieval_score
-from txl.model.segments import eval_mode, segments
+from txl.segments import eval_mode, segments
 from txl.fileio import atomic_write, claim_folder, write_json
 from txl.model import TransformerXLConfig
 from txl.config import AttentionSpan, RunConfig

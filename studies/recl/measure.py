@@ -262,7 +262,7 @@ def context_losses(model, tokens: np.ndarray, contexts: list[int], positions: np
     import torch.nn.functional as F
 
     from txl.data.mapped import token_array
-    from txl.model.segments import eval_mode, segments
+    from txl.segments import eval_mode, segments
 
     data = token_array(tokens, min_tokens=0, vocab_size=model.config.vocab_size)  # a mapped split stays on disk
     positions = np.asarray(positions, dtype=np.int64)

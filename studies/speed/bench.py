@@ -22,7 +22,7 @@ import torch
 from txl.config import DTYPES
 from txl.errors import TxlError
 from txl_studies.speed.generation import GEN_BATCHES, GEN_CONTEXTS, format_generation, generation_table
-from txl.model.segments import decoding_state
+from txl.segments import decoding_state
 from txl.model import TransformerXLConfig, TransformerXLLM
 from txl.runtime import cpu_flags, resident_bytes
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from txl.model import TransformerXLConfig, TransformerXLLM
-from txl.model.segments import decoding_state
+from txl.segments import decoding_state
 from txl.runtime import compile_module
 
 

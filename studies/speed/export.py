@@ -12,7 +12,7 @@ the ring rotates) is timed step by step, the implementations taking turns run by
 - ``onnxruntime int8``: the same export with ``--quantize int8`` (ONNX Runtime's dynamic int8 products,
   :func:`txl_recipes.export.files.quantize_onnx_graph`), and how many of its greedy tokens equal txl's;
 - ``graphs eager``: the same step module run by PyTorch without export, after the model's own reading of
-  the prompt (:class:`~txl.model.graphs.RingDecoder`: what the step graph computes, with PyTorch's kernels).
+  the prompt (:class:`~txl.generation.compiled.RingDecoder`: what the step graph computes, with PyTorch's kernels).
 
 The prompt fills S - 2 of the ring's S = ``mem_len + 1`` slots; from the second timed step on the ring
 is full and rotates. Each implementation's time per token is the median of all its timed steps
@@ -34,7 +34,7 @@ import torch
 from txl_studies.speed.generation import _per_token_seconds, _txl_steps
 from txl_recipes.export.files import export_decoder
 from txl.kernels.cpu import check_reading_fits
-from txl.model.graphs import RingDecoder
+from txl.generation.compiled import RingDecoder
 from txl_recipes.export.runner import ExportedDecoder
 from txl.generation import generate
 from txl.model import TransformerXLConfig, TransformerXLLM
@@ -53,7 +53,7 @@ def _runner_steps(decoder) -> Callable[[torch.Tensor, int], Iterator]:
 
 
 def _ring_steps(model: TransformerXLLM, span) -> Callable[[torch.Tensor, int], Iterator]:
-    """Greedy steps of the same step module run by PyTorch (:class:`~txl.model.graphs.RingDecoder`, no export)."""
+    """Greedy steps of the same step module run by PyTorch (:class:`~txl.generation.compiled.RingDecoder`, no export)."""
     def steps(prompt: torch.Tensor, n: int) -> Iterator[None]:
         check_reading_fits(model, prompt[:, :-1], span)
         ring = RingDecoder(model, span)

@@ -29,7 +29,7 @@ import torch
 from txl_studies.speed.generation import _per_token_seconds, _txl_steps
 from txl.runtime import compile_module
 from txl.model import TransformerXLConfig, TransformerXLLM
-from txl.model.segments import decoding_state
+from txl.segments import decoding_state
 from txl.kernels.int8 import Int8Linear, quantize_int8, to_bfloat16
 
 

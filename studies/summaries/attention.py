@@ -46,7 +46,7 @@ def name_shares(model, tokenizer, sep_id: int, pairs: list[dict], span) -> tuple
     [n, n_layer]) and what uniform attention over the separator's keys would give (float64 [n])."""
     from txl.analysis.attention_maps import segment_probabilities
     from txl.kernels.cpu import check_reading_fits
-    from txl.model.segments import eval_mode, segments
+    from txl.segments import eval_mode, segments
 
     n_layer = len(model.layers)
     distances, shares, uniform = [], np.zeros((len(pairs), n_layer)), np.zeros(len(pairs))

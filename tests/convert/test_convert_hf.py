@@ -14,7 +14,7 @@ from txl.convert.hf_transfo_xl import (config_from_hf, hf_initial_mems, model_fr
                                         write_hf_checkpoint)
 from txl.convert.safe_pickle import load_restricted_pickle, transfo_xl_words
 from txl.errors import TxlError
-from txl.model.serialization import unique_state
+from txl.fileio.model_files import unique_state
 
 V = 60
 CASES = {

@@ -1,5 +1,5 @@
 """Compiled decoding (``generate(..., compile=...)``, ``txl generate --compile``): the ring modules of
-txl.model.graphs under torch.compile give the default path's tokens, with one graph per module for every
+txl.model.graphs (run by txl.generation.compiled) under torch.compile give the default path's tokens, with one graph per module for every
 memory fill. The aot_eager backend traces exactly what inductor would compile, without the C++ build;
 inductor itself is in a slow test."""
 
@@ -137,7 +137,7 @@ def test_inductor_compiled_generation_equals_eager(int8):
 def test_txl_generate_compile_with_int8_weights(tmp_path, capsys, monkeypatch):
     # --compile --quantize int8 passes the command's checks and prints what --quantize int8 prints
     # (aot_eager in place of inductor: the same graphs without the C++ build)
-    import txl.model.graphs as ring
+    import txl.generation.compiled as ring
     from txl.data import ByteTokenizer
     from txl.runtime import compile_module
     from txl.training.checkpoint import save_checkpoint

@@ -20,7 +20,7 @@ from txl import runtime
 from txl.errors import TxlError
 from txl.evaluation.stream import evaluate
 from txl.generation import DecodingRules, generate
-from txl.model.segments import segments
+from txl.segments import segments
 from txl.config import AttentionSpan
 
 # tensor methods and functions whose result is a host value (or a shape that depends on values)

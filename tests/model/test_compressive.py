@@ -17,7 +17,7 @@ import torch
 from conftest import run_segments, tiny_model
 from test_memory_invariants import randomize
 from txl.errors import TxlError
-from txl.model.segments import decoding_state, segments
+from txl.segments import decoding_state, segments
 from txl.generation import generate
 from txl.model import AttentionSpan, DecodingState
 from txl.model import reference

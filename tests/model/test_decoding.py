@@ -61,7 +61,7 @@ def test_a_stacked_state_and_its_ring_step_equal_the_memory_recomputed(overrides
     the same logits as the plain model, whether a one-token call takes the model's step or the ring's
     (RingDecoder's step module over the stack), through several turns of the ring; a reorder keeps
     every layer's buffers inside the stack (float64, 1e-10)."""
-    from txl.model.graphs import RingDecoder
+    from txl.generation.compiled import RingDecoder
 
     model = _big_weights(tiny_model(tgt_len=4, **overrides))
     c, span = model.config, model.config.span
@@ -91,7 +91,7 @@ def test_a_stacked_state_and_its_ring_step_equal_the_memory_recomputed(overrides
 def test_a_ring_decoder_reads_each_prompt_afresh_and_refuses_a_broken_state():
     """read_prompt drops what an earlier call read (a benchmark reuses one decoder); a step after a read that
     failed inside the layers, or with another batch size, is refused in one line."""
-    from txl.model.graphs import RingDecoder
+    from txl.generation.compiled import RingDecoder
 
     model = tiny_model(tgt_len=4)
     decoder = RingDecoder(model, model.config.span)

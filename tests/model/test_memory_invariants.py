@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from conftest import run_segments, tiny_model
-from txl.model.segments import decoding_state
+from txl.segments import decoding_state
 from txl.kernels import cpu
 from txl.model import reference
 

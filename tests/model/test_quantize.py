@@ -9,7 +9,8 @@ from torch import nn
 
 from tests.conftest import one_error_line, run_cli, tiny_model
 from txl.errors import TxlError
-from txl.kernels.int8 import Int8Linear, int8_names, int8_product, is_quantized, quantize_int8
+from txl.fileio.model_files import int8_names
+from txl.kernels.int8 import Int8Linear, int8_product, is_quantized, quantize_int8
 from txl.model.transformer import TransformerXLLM
 
 

@@ -5,7 +5,7 @@ import torch
 
 from conftest import tiny_model
 from txl.errors import TxlError
-from txl.model.segments import segments
+from txl.segments import segments
 from txl.model import AttentionSpan, DecodingState
 
 

@@ -13,7 +13,7 @@ from txl_studies.recl.measure import context_losses
 from txl.errors import TxlError
 from txl.evaluation.dynamic import dynamic_evaluate, gradient_statistics
 from txl.evaluation.scoring import score_tokens
-from txl.model.segments import segments
+from txl.segments import segments
 from txl.evaluation.stream import evaluate, evaluate_sliding_window
 from txl.generation import generate
 from txl.model import AttentionSpan, DecodingState, resolve_span

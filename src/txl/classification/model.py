@@ -32,11 +32,11 @@ from txl.config import (CHECKSUMS_NAME, CLASSIFIER_NAME, CONFIG_NAME, STATE_NAME
 from txl.data import load_tokenizer
 from txl.errors import TxlError
 from txl.fileio import read_json_object, write_json
-from txl.model.serialization import load_weights, read_model_config, save_model
-from txl.model.segments import eval_mode, segments
+from txl.fileio.model_files import load_weights, read_model_config, save_model
+from txl.segments import eval_mode, segments
 from txl.model.parameters import init_weights
 from txl.kernels.cpu import check_reading_fits
-from txl.kernels.int8 import check_trainable
+from txl.fileio.model_files import check_trainable
 from txl.model.transformer import TransformerXLLM
 
 
@@ -224,7 +224,7 @@ class TransformerXLForSequenceClassification(nn.Module):
         return self._window(h, counts)
 
     def _encode_with_memory(self, input_ids: torch.Tensor, lengths: torch.Tensor, tgt_len: int) -> torch.Tensor:
-        """Read every segment with the memory (the segment loop of :mod:`txl.model.segments`) and pool as
+        """Read every segment with the memory (the segment loop of :mod:`txl.segments`) and pool as
         :class:`ClassifierConfig` says: every segment feeds a running pool, or the segment holding a
         row's last token is pooled. With ``passes=2`` the pooled reading starts from the memory a first
         reading without autograd left at each row's end."""

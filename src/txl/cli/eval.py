@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         seed_everything(args.seed)
     ckpt, _ = load_checkpoint(args, announce=True)
     if args.dynamic:
-        from txl.kernels.int8 import check_trainable
+        from txl.fileio.model_files import check_trainable
 
         check_trainable(ckpt.model.state_dict(), f"{ckpt.path} (--dynamic adapts the weights)")
     if not args.data and ckpt.has_run_config:  # the run's corpus is read too: never written over either

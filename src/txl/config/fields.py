@@ -247,7 +247,7 @@ IGNORE_INDEX = -100
 TOKENIZERS = ("byte", "char", "word", "bpe")
 NORMALIZE = ("none", "wikitext")
 DTYPES = ("float32", "bfloat16", "float16")  # autocast dtypes (txl.runtime.autocast), named once here
-# The files of a checkpoint folder (txl.model.serialization, txl.training.checkpoint), named once here so
+# The files of a checkpoint folder (txl.fileio.model_files, txl.training.checkpoint), named once here so
 # that torch-free code (the command line's early checks) can name them too
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"

@@ -209,7 +209,7 @@ class LMOrderedIterator:
 
     def streams(self, rows: slice = slice(None)) -> tuple["StreamColumns", "StreamColumns"]:
         """The inputs and labels of streams ``rows`` (a slice of unit step) as two lazy [b, W + L] arrays for
-        :func:`txl.model.segments.segments`: indexing ``[rows, columns]`` reads only those columns'
+        :func:`txl.segments.segments`: indexing ``[rows, columns]`` reads only those columns'
         tokens (a memory-mapped split stays on disk; resident memory does not grow with it).
 
         Raises:
@@ -259,7 +259,7 @@ class LMOrderedIterator:
 class StreamColumns:
     """The inputs (or labels) of some streams of an :class:`LMOrderedIterator`, read on demand.
 
-    Looks like an int64 [b, W + L] tensor to :func:`txl.model.segments.segments`: ``shape``, ``device``,
+    Looks like an int64 [b, W + L] tensor to :func:`txl.segments.segments`: ``shape``, ``device``,
     ``dim()`` and ``x[rows, columns]`` (``rows``: ``slice(None)`` or an int64 index tensor into the b
     streams; ``columns``: a slice of unit step), which returns those columns as a tensor on ``device``.
     Columns are read ahead in blocks of about ``BLOCK_BYTES`` (inputs and labels together, one upload

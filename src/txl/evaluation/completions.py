@@ -2,7 +2,7 @@
 
 A batch holds right-padded token rows ``prompt + SEP + completion + END``
 (:func:`txl.data.pairs.pair_batch`); the labels are ``IGNORE_INDEX`` except at the completion and END
-targets. The rows are read with the one segment loop (:func:`txl.model.segments.segments`):
+targets. The rows are read with the one segment loop (:func:`txl.segments.segments`):
 segment k of every row with the memory of its segment k - 1 (paper §3.2), a row leaving once its last
 scored target is read. Fine-tuning (:mod:`txl.training.finetune`) back-propagates through the last
 segments of each row; evaluation reads without autograd.
@@ -18,7 +18,7 @@ import torch
 from txl.config import IGNORE_INDEX, AttentionSpan
 from txl.data.pairs import pair_batch
 from txl.errors import TxlError
-from txl.model.segments import eval_mode, segments
+from txl.segments import eval_mode, segments
 from txl.evaluation.stream import EvalResult, check_unit
 from txl.runtime import progress_bar
 from txl.kernels.cpu import check_reading_fits

@@ -41,7 +41,7 @@ from txl.data.mapped import token_array
 from txl.errors import TxlError
 from txl.kernels.cpu import check_reading_fits
 from txl.kernels.int8 import check_float_model
-from txl.model.segments import eval_mode, segments
+from txl.segments import eval_mode, segments
 from txl.evaluation.stream import EvalResult, check_unit
 from txl.config import AttentionSpan, check_choice, check_count, check_dynamic, resolve_span
 from txl.runtime import progress_bar
@@ -74,7 +74,7 @@ def gradient_statistics(model, tokens: np.ndarray, *, tgt_len: int | None = None
 
     Segments of ``tgt_len`` targets are read in order from ``tokens`` (typically the training
     split) with the memory carried, batch size 1, dropout off, as dynamic evaluation reads the test
-    text (Krause et al. 2018, §5), through :func:`txl.model.segments.segments`. The weights
+    text (Krause et al. 2018, §5), through :func:`txl.segments.segments`. The weights
     are not changed. ``tgt_len``/``mem_len`` override the model's span (or ``span``); ``model.config``
     is not changed. ``progress`` (True or a label): a progress bar over the segments on stderr.
 
@@ -135,7 +135,7 @@ def _check_stats(params: list[tuple[str, torch.nn.Parameter]], stats: dict[str, 
 
 
 def _segment_sum(seg) -> float:
-    """The summed loss of segment ``seg`` (a :func:`~txl.model.segments.segments` item), scored before any
+    """The summed loss of segment ``seg`` (a :func:`~txl.segments.segments` item), scored before any
     update on it; TxlError when it is not finite (the updates diverged)."""
     seg_sum = float(seg.output.token_loss.detach().double().sum())
     if not np.isfinite(seg_sum):

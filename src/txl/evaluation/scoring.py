@@ -31,7 +31,7 @@ import torch
 from txl.config import resolve_span, AttentionSpan
 from txl.data.pairs import pair_batch
 from txl.errors import TxlError
-from txl.model.segments import decoding_state, eval_mode, segments
+from txl.segments import decoding_state, eval_mode, segments
 from txl.runtime import check_fits
 from txl.evaluation.stream import metric_value
 from txl.kernels.cpu import check_reading_fits

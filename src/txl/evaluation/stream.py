@@ -13,7 +13,7 @@ from txl.config import IGNORE_INDEX, check_compilable, check_count, resolve_span
 from txl.data import LMOrderedIterator
 from txl.data.mapped import PageBudget, token_array
 from txl.errors import TxlError, quoted
-from txl.model.segments import decoding_state, eval_mode, segments
+from txl.segments import decoding_state, eval_mode, segments
 from txl.runtime import autocast, check_fits, compile_module, progress_bar
 from txl.kernels.cpu import check_reading_fits
 
@@ -112,7 +112,7 @@ def evaluate(model, tokens: np.ndarray, *, unit: str = "bpc", batch_size: int = 
              progress: bool | str = False, compiled: bool = False) -> EvalResult:
     """Score a token stream segment by segment, carrying the memory (paper §3.2 evaluation).
 
-    The streams are read with :func:`txl.model.segments.segments`, in eval mode (the model's
+    The streams are read with :func:`txl.segments.segments`, in eval mode (the model's
     mode is restored afterwards).
 
     Args:

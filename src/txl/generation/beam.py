@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from txl.errors import TxlError
-from txl.model.segments import eval_mode
+from txl.segments import eval_mode
 from txl.generation.sampling import DecodingRules, check_decoding, check_end_ids, rules_from
 from txl.generation.stream import prime_memory, step_state
 from txl.model.decoding import DecodingState

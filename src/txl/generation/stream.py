@@ -9,12 +9,13 @@ from dataclasses import dataclass
 import torch
 
 from txl.errors import TxlError
-from txl.model.segments import eval_mode, segments
+from txl.segments import eval_mode, segments
 from txl.generation.sampling import Chooser, DecodingRules, Faults, Generators, rules_from
 from txl.model.decoding import DecodingState
 from txl.model.checks import check_input_ids
 from txl.model.memory import Mems, check_mems, given_length
-from txl.model.graphs import RingDecoder, check_exportable
+from txl.generation.compiled import RingDecoder
+from txl.model.graphs import check_exportable
 from txl.config import AttentionSpan, check_count, resolve_span
 from txl.runtime import check_fits
 from txl.kernels.cpu import check_reading_fits
@@ -26,7 +27,7 @@ def prime_memory(model, input_ids: torch.Tensor, mems: Mems | None = None,
     """Feed ``input_ids`` (int64 [B, T], T >= 0) through the model in segments of ``span.tgt_len`` and
     return the memory (``n_layer`` tensors [B, <= mem_len, d_model]; ``mems`` itself when T = 0).
 
-    The segments go through :func:`txl.model.segments.segments` (paper §3.2 recurrence). With
+    The segments go through :func:`txl.segments.segments` (paper §3.2 recurrence). With
     ``caches`` (a :class:`~txl.model.DecodingState`, whose span is then used) the state is filled
     instead and holds the memory: the return value is None once a segment was read. ``span`` None:
     the model's training span.
@@ -159,7 +160,7 @@ def generate_steps(model, input_ids: torch.Tensor, max_new_tokens: int, temperat
     ``mems`` must then be None. (``attn_type="abs"``: each row's window is read alone.)
 
     ``compile=True`` (or a ``torch.compile`` backend's name): the prompt is read into a decoding
-    state without spare room and each step is taken by :class:`txl.model.graphs.RingDecoder`'s step under
+    state without spare room and each step is taken by :class:`txl.generation.compiled.RingDecoder`'s step under
     ``torch.compile(fullgraph=True)``, whose state (the ring of keys and values, its write index and fill)
     reaches the graph as tensors of fixed shape, so the step compiles once for every memory fill; the
     tokens are those of the default path (scores equal to float rounding).
@@ -252,7 +253,7 @@ def _check_compilable(model, span: AttentionSpan, ragged: bool) -> None:
 
 def _ring_decoder(model, input_ids: torch.Tensor, mems: Mems | None, span: AttentionSpan, compile: bool | str,
                   max_new_tokens: int) -> RingDecoder | None:
-    """The :class:`~txl.model.graphs.RingDecoder` of compiled decoding (``compile``: True or a backend's
+    """The :class:`~txl.generation.compiled.RingDecoder` of compiled decoding (``compile``: True or a backend's
     name) that has read ``mems`` and all but the last token of ``input_ids`` (int64 [B, T]); None, once
     ``mems`` is checked, when ``max_new_tokens`` is 0 (nothing to decode: nothing to compile).
 

@@ -298,7 +298,7 @@ def check_attention_fits(model, bsz: int, qlen: int, klen: int, grad: bool, dtyp
 def check_reading_fits(model, inputs, span, mems=None, positions=None, grad: bool = False,
                        dtype: str = "float32") -> None:
     """Refuse to read ``inputs`` (int64 [B, N], or a lazy array of that shape) with
-    :func:`txl.model.segments.segments` and the same ``span``, ``mems``, ``positions``, ``grad`` and
+    :func:`txl.segments.segments` and the same ``span``, ``mems``, ``positions``, ``grad`` and
     ``dtype`` when its largest call (a whole segment over the longest memory) has attention scores the
     available memory cannot hold (:func:`check_attention_fits`). A ``mem_len`` far beyond the text costs
     what the text holds. The callers of the segment loop call this before reading; the loop itself does

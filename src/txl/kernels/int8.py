@@ -10,7 +10,7 @@ with one float32 scale per output channel (``scale = max |w_row| / 127``). Embed
 biases, the u/v biases and the adaptive softmax's projections and cluster weights stay in float: they
 are few bytes and the embedding's rows are read one per token. The saved names stay those of the
 float model (``...qkv_net.weight``, now int8) plus ``...weight_scale``, so a quantised checkpoint is
-recognised from its weights' names (:func:`int8_names`) and loads without quantising again.
+recognised from its weights' names (:func:`txl.fileio.model_files.int8_names`) and loads without quantising again.
 
 Quantised models are for inference: they have no gradients and cannot be trained or fine-tuned.
 """
@@ -25,7 +25,6 @@ from torch import nn
 
 from txl.errors import TxlError
 
-SCALE_SUFFIX = ".weight_scale"
 MIN_TORCH = (2, 6)  # the first torch whose CPU int8 product (torch._int_mm) is right on every x86 CPU
 
 
@@ -173,19 +172,3 @@ def check_float_model(model: nn.Module, what: str) -> None:
 def is_quantized(model: nn.Module) -> bool:
     """Whether any layer of ``model`` is an :class:`Int8Linear`."""
     return any(isinstance(m, Int8Linear) for m in model.modules())
-
-
-def check_trainable(tensor_names: Iterable[str], where: str) -> None:
-    """Refuse int8 weights where a model is to be trained (fine-tuning, a classifier, dynamic evaluation).
-
-    Raises:
-        TxlError: ``tensor_names`` (of the weights at ``where``) include an int8 layer's scales.
-    """
-    if int8_names(tensor_names):
-        raise TxlError(f"{where} holds int8 weights, which are for inference only and cannot be trained; use "
-                       "the float checkpoint it was made from")
-
-
-def int8_names(tensor_names: Iterable[str]) -> list[str]:
-    """The layers whose weights are int8 in a saved model, from its tensor names (``<layer>.weight_scale``)."""
-    return sorted(n[: -len(SCALE_SUFFIX)] for n in tensor_names if n.endswith(SCALE_SUFFIX))

@@ -1,5 +1,5 @@
-"""Transformer-XL model: config, attention span, attention, memory, the language model and the segment
-loop that reads text with it (:mod:`txl.model.segments`)."""
+"""Transformer-XL model: config, attention span, attention, memory, the decoding cache and the language model
+(the loop that reads text with it in segments is :mod:`txl.segments`)."""
 
 from txl.model.decoding import DecodingState, LayerCache
 from txl.config import resolve_span, AttentionSpan, TransformerXLConfig

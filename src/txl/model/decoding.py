@@ -176,7 +176,7 @@ class DecodingState:
         max_tokens: the most tokens the state will take in (a starting memory's included), or None
             (no bound: S slots). A state with fewer slots than S refuses a call past them.
         spare_room: on a CPU, keep spare positions after the slots for segment views (:meth:`room`); False:
-            exactly S positions, slot 0 at position 0 (the layout :class:`~txl.model.graphs.RingDecoder` reads).
+            exactly S positions, slot 0 at position 0 (the layout :class:`~txl.generation.compiled.RingDecoder` reads).
 
     Raises:
         TxlError: ``span`` is not an AttentionSpan, ``n_layer < 1`` or ``max_tokens < 1``.

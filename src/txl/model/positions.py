@@ -10,7 +10,7 @@ themselves. What a call builds once for every layer is a class method (``embed``
 
 Parameter names follow the reference implementation under the layer's ``attn.pos``: ``r_net`` (W_kR),
 ``r_w_bias``/``r_r_bias`` (u, v; shared by the layers unless ``untie_r``), ``r_emb`` (Shaw's tables);
-checkpoints with them directly on the attention load too (:func:`txl.model.serialization.current_name`).
+checkpoints with them directly on the attention load too (:func:`txl.fileio.model_files.current_name`).
 
 Shapes: B = batch, H = heads, T = queries, K = keys (memory + segment), D = ``d_head``.
 """

@@ -19,10 +19,10 @@ from txl.kernels.cpu import Dropout, Linear
 from txl.model.parameters import init_weights
 from txl.model.positions import position_scheme
 from txl.model.checks import check_input_ids, check_labels, padding_mask
-from txl.kernels.int8 import int8_names, quantize_int8
+from txl.kernels.int8 import quantize_int8
 from txl.model.memory import Mems, check_mems, update_mems
-from txl.model.serialization import (CONFIG_NAME, check_weights_header, load_weights, read_model_config, save_model,
-                                     weight_shapes)
+from txl.fileio.model_files import (CONFIG_NAME, check_weights_header, int8_names, load_weights, read_model_config,
+                                    save_model, weight_shapes)
 from txl.runtime import memory_bytes
 from txl.errors import TxlError
 
@@ -205,7 +205,7 @@ class TransformerXLLM(nn.Module):
                 model (:mod:`txl.model.checks`, docs/compile.md). With ``caches``: a call past the state's
                 ``max_tokens``, or keys and values its device cannot allocate. (Whether a very long
                 segment's attention fits in memory is checked by the reading loops,
-                :func:`txl.model.segments.segments` and training, before they start, not here.)
+                :func:`txl.segments.segments` and training, before they start, not here.)
         """
         if labels is not None and caches is not None:  # refused before the decoding state takes the segment in
             check_input_ids(input_ids, self.config.vocab_size, self.word_emb.emb_layers[0].weight.device)

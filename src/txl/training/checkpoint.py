@@ -35,7 +35,7 @@ from txl.fileio import write_json
 from txl.model import TransformerXLLM
 from txl.config import AttentionSpan
 from txl.config import CHECKPOINT_NAMES, CHECKSUMS_NAME, CLASSIFIER_NAME, CONFIG_NAME, RUN_NAME, STATE_NAME, VOCAB_NAME
-from txl.model.serialization import check_weights_header, load_weights, save_model
+from txl.fileio.model_files import check_weights_header, load_weights, save_model
 from txl.training.checkpoint_files import (check_replaceable, checkpoint_candidates,
                                            checksums, first_good_checkpoint, fsync_dir, numbered, verify_checkpoint)
 

@@ -31,7 +31,7 @@ from txl.evaluation.completions import completion_losses, evaluate_completions
 from txl.evaluation.stream import EvalResult, metric_unit
 from txl.model import TransformerXLLM
 from txl.config import resolve_span, RunConfig, TransformerXLConfig
-from txl.kernels.int8 import check_trainable
+from txl.fileio.model_files import check_trainable
 from txl.model.transformer import LMOutput
 from txl.training.checkpoint import load_checkpoint, resolve_checkpoint_dir
 from txl.training.fingerprint import file_digest
@@ -234,7 +234,7 @@ def finetune_config(init: str | Path, data: str | Path | None = None, *, out_dir
         TxlError: an unusable checkpoint, a bad config file or override.
     """
     from txl.fileio import read_toml
-    from txl.model.serialization import read_model_config
+    from txl.fileio.model_files import read_model_config
     from txl.config import parse_override
 
     model = read_model_config(resolve_checkpoint_dir(init))

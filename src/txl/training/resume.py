@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from txl.errors import TxlError
 from txl.fileio import atomic_write, read_json_object, write_json
 from txl.model.parameters import parameter_kinds
-from txl.model.serialization import current_name
+from txl.fileio.model_files import current_name
 from txl import distributed
 from txl.training.checkpoint import checkpoint_step, load_into, quarantine, saved_vocabulary
 from txl.training.checkpoint_files import TRAINER_JSON as JSON_NAME

@@ -1,8 +1,9 @@
-"""Saving and loading models: safetensors weights + JSON config. Nothing is ever unpickled."""
+"""A saved model's files: safetensors weights + JSON config, written and read. Nothing is ever unpickled."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,8 @@ from safetensors.torch import load_file, save_file
 from txl.errors import TxlError
 from txl.fileio import atomic_write, read_json_object, write_json
 from txl.config import CONFIG_NAME, RUN_NAME, VOCAB_NAME, WEIGHTS_NAME, TransformerXLConfig
-from txl.kernels.int8 import check_trainable, int8_names
 
+SCALE_SUFFIX = ".weight_scale"  # an int8 layer's scales beside its int8 weight (txl.kernels.int8)
 _ON_ATTENTION = re.compile(r"^(|.*\.)(layers\.\d+\.attn\.)(r_net\.|r_w_bias$|r_r_bias$|r_emb$)")
 
 
@@ -149,3 +150,19 @@ def load_weights(model: torch.nn.Module, directory: Path, map_location, describe
             raise TxlError(f"weights in {path} are broken: {key} holds NaN or infinite values (e.g. saved from a "
                            "diverged run); use an earlier checkpoint")
     model.load_state_dict(tensors, strict=False)
+
+
+def int8_names(tensor_names: Iterable[str]) -> list[str]:
+    """The layers whose weights are int8 in a saved model, from its tensor names (``<layer>.weight_scale``)."""
+    return sorted(n[: -len(SCALE_SUFFIX)] for n in tensor_names if n.endswith(SCALE_SUFFIX))
+
+
+def check_trainable(tensor_names: Iterable[str], where: str) -> None:
+    """Refuse int8 weights where a model is to be trained (fine-tuning, a classifier, dynamic evaluation).
+
+    Raises:
+        TxlError: ``tensor_names`` (of the weights at ``where``) include an int8 layer's scales.
+    """
+    if int8_names(tensor_names):
+        raise TxlError(f"{where} holds int8 weights, which are for inference only and cannot be trained; use "
+                       "the float checkpoint it was made from")
