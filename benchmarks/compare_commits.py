@@ -104,6 +104,29 @@ def checkouts(base: str, head: str | None, prefix: str):
                 git("worktree", "remove", "--force", str(tree))
 
 
+def run_at_commit(rev: str, script: str, argv: list[str], command: str) -> int:
+    """Run the benchmark ``script`` with ``argv`` on the code of commit ``rev`` (a temporary git worktree, its
+    ``src`` and studies first on the child's PYTHONPATH); the child reads the commit and the command line to
+    record from ``TXL_FORMS_COMMIT`` and ``TXL_FORMS_COMMAND`` (:func:`forms_record`)."""
+    with checkouts(rev, None, "txl-forms-") as (commits, trees):
+        env = dict(os.environ, PYTHONPATH=python_path(trees["base"]), TXL_FORMS_COMMIT=commits["base"],
+                   TXL_FORMS_COMMAND=command)
+        return subprocess.run([sys.executable, script, *argv], env=env, cwd=trees["base"]).returncode
+
+
+def forms_record(rounds: int, rows: list, start: float) -> dict:
+    """The JSON record of a forms benchmark (eval_forms.py, model_forms.py) that measured ``rows`` from ``start``
+    (``time.time()``): its command, date, commit, rounds, hardware and wall time."""
+    import torch
+
+    from txl_studies.speed.bench import hardware
+
+    command = os.environ.get("TXL_FORMS_COMMAND") or "python " + shlex.join(sys.argv)
+    commit = os.environ.get("TXL_FORMS_COMMIT") or f"{git('rev-parse', 'HEAD')} (working tree)"
+    return {"command": command, "date": time.strftime("%Y-%m-%d"), "commit": commit, "rounds": rounds,
+            "hardware": hardware(torch.device("cpu")), "wall_s": round(time.time() - start), "rows": rows}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", required=True, help="the commit before the change (any git revision)")

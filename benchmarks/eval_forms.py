@@ -32,7 +32,6 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -153,29 +152,17 @@ def main() -> int:
     which = [int(i) for i in args.rows.split(",") if i.strip().isdigit()]
     if not which or any(not 0 <= i < len(ROWS) for i in which) or args.rounds < 1:
         raise SystemExit(f"eval_forms.py: --rows takes numbers 0 ... {len(ROWS) - 1}; --rounds >= 1")
-    command = os.environ.get("TXL_FORMS_COMMAND") or "python " + shlex.join(sys.argv)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from compare_commits import forms_record, run_at_commit
+
     if args.rev:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-        from compare_commits import checkouts, python_path
-
-        with checkouts(args.rev, None, "txl-forms-") as (commits, trees):
-            env = dict(os.environ, PYTHONPATH=python_path(trees["base"]), TXL_FORMS_COMMIT=commits["base"],
-                       TXL_FORMS_COMMAND=command)
-            argv = [sys.executable, __file__, "--rounds", str(args.rounds), "--rows", args.rows]
-            out = ["--json", str(Path(args.json).resolve())] if args.json else []
-            return subprocess.run(argv + out, env=env, cwd=trees["base"]).returncode
-    import torch
-
-    from txl_studies.speed.bench import hardware
-
+        out = ["--json", str(Path(args.json).resolve())] if args.json else []
+        argv = ["--rounds", str(args.rounds), "--rows", args.rows] + out
+        return run_at_commit(args.rev, __file__, argv, "python " + shlex.join(sys.argv))
     start = time.time()
     rows = measure(args.rounds, which)
-    commit = os.environ.get("TXL_FORMS_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() + " (working tree)"
-    results = {"command": command, "date": time.strftime("%Y-%m-%d"), "commit": commit, "rounds": args.rounds,
-               "hardware": hardware(torch.device("cpu")), "wall_s": round(time.time() - start), "rows": rows}
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(forms_record(args.rounds, rows, start), indent=1) + "\n")
     return 0
 
 

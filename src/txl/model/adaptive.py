@@ -102,26 +102,14 @@ class AdaptiveEmbedding(nn.Module):
             return emb * self.emb_scale
 
         flat = ids.reshape(-1)
-        # no data-dependent shapes where the ids' values cannot be read for free (compiling, or on an
-        # accelerator, where selecting each cluster's rows would wait for the device): every cluster
-        # embeds every token, masked -- a few [N, d_proj] products more, no host synchronisation
-        if not reads_values(flat):
-            out = None
-            for i, (lo, hi) in enumerate(zip(self.bounds, self.bounds[1:])):
-                inside = ((flat >= lo) & (flat < hi)).unsqueeze(1)
-                chunk = F.linear(self.emb_layers[i]((flat - lo).clamp(0, hi - lo - 1)), self.emb_projs[i])
-                out = torch.where(inside, chunk, 0.0 if out is None else out)
-            return out.view(*ids.shape, self.d_proj) * self.emb_scale
-        rows, chunks = [], []
+        # every cluster embeds every token, masked: no data-dependent shapes (nothing to read back from an
+        # accelerator, one graph under torch.compile) for a few [N, d_proj] products more, a small part of a
+        # step beside the layers and the softmax
+        out = None
         for i, (lo, hi) in enumerate(zip(self.bounds, self.bounds[1:])):
-            rows_i = ((flat >= lo) & (flat < hi)).nonzero().squeeze(1)
-            emb_i = self.emb_layers[i](flat.index_select(0, rows_i) - lo)  # [n_i, d_i]
-            rows.append(rows_i)
-            chunks.append(F.linear(emb_i, self.emb_projs[i]))  # [n_i, d_proj]
-        # The buffer takes the dtype of the projected chunks (bf16/fp16 under autocast).
-        out = chunks[0].new_zeros(flat.numel(), self.d_proj)
-        for rows_i, chunk in zip(rows, chunks):
-            out.index_copy_(0, rows_i, chunk)
+            inside = ((flat >= lo) & (flat < hi)).unsqueeze(1)
+            chunk = F.linear(self.emb_layers[i]((flat - lo).clamp(0, hi - lo - 1)), self.emb_projs[i])
+            out = torch.where(inside, chunk, 0.0 if out is None else out)
         return out.view(*ids.shape, self.d_proj) * self.emb_scale
 
 
