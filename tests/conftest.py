@@ -48,11 +48,11 @@ def tiny_model(seed: int = 0, dtype=torch.float64, **overrides) -> TransformerXL
 def layer_attention(d_model, n_head, d_head, pre_lnorm, attn_type, **overrides):
     """One attention sub-layer alone, of the scheme ``attn_type``, built as a model builds it (no dropout)."""
     from txl.model.attention import MultiHeadAttention
-    from txl.model.positions import position_scheme
+    from txl.model.positions import SCHEMES
 
     config = tiny_config(d_model=d_model, n_head=n_head, d_head=d_head, pre_lnorm=pre_lnorm, attn_type=attn_type,
                          **overrides)
-    return MultiHeadAttention(config, position_scheme(attn_type)(config))
+    return MultiHeadAttention(config, SCHEMES[attn_type](config))
 
 
 def reference_attention(attn, h, mem, mask, clamp_len=0):

@@ -31,8 +31,8 @@ from txl.model.parameters import init_weights
 from txl.runtime import reads_values
 
 
-def _boundaries(vocab_size: int, d_embed: int, d_proj: int, cutoffs: list[int], div_val: int) -> list[int]:
-    """Check the adaptive configuration and return ``[0, *cutoffs, vocab_size]``."""
+def _configure(module: nn.Module, vocab_size: int, d_embed: int, d_proj: int, cutoffs: list[int], div_val: int) -> None:
+    """Check the adaptive configuration and keep it on ``module``, with ``bounds = [0, *cutoffs, vocab_size]``."""
     if vocab_size < 1 or d_embed < 1 or d_proj < 1:
         raise TxlError(f"vocab_size, d_embed and d_proj must be >= 1, got {vocab_size}, {d_embed}, {d_proj}")
     if not isinstance(div_val, int) or div_val < 1:
@@ -44,7 +44,8 @@ def _boundaries(vocab_size: int, d_embed: int, d_proj: int, cutoffs: list[int], 
     if div_val > 1 and d_embed // div_val ** len(cutoffs) < 1:
         raise TxlError(f"d_embed={d_embed} is too small for div_val={div_val} with {len(cutoffs) + 1} "
                        f"clusters: the last cluster would have dimension 0")
-    return bounds
+    module.bounds, module.cutoffs = bounds, list(cutoffs)
+    module.vocab_size, module.d_embed, module.d_proj, module.div_val = vocab_size, d_embed, d_proj, div_val
 
 
 class AdaptiveEmbedding(nn.Module):
@@ -72,9 +73,7 @@ class AdaptiveEmbedding(nn.Module):
     def __init__(self, vocab_size: int, d_embed: int, d_proj: int, cutoffs: list[int], div_val: int = 1,
                  init_std: float = 0.02, proj_init_std: float = 0.01):
         super().__init__()
-        self.bounds = _boundaries(vocab_size, d_embed, d_proj, list(cutoffs), div_val)
-        self.vocab_size, self.d_embed, self.d_proj, self.div_val = vocab_size, d_embed, d_proj, div_val
-        self.cutoffs = list(cutoffs)
+        _configure(self, vocab_size, d_embed, d_proj, list(cutoffs), div_val)
         self.emb_scale = d_proj ** 0.5
         self.emb_layers = nn.ModuleList()
         self.emb_projs = nn.ParameterList()
@@ -141,9 +140,7 @@ class ProjectedAdaptiveLogSoftmax(nn.Module):
     def __init__(self, vocab_size: int, d_embed: int, d_proj: int, cutoffs: list[int], div_val: int = 1,
                  init_std: float = 0.02, proj_init_std: float = 0.01):
         super().__init__()
-        self.bounds = _boundaries(vocab_size, d_embed, d_proj, list(cutoffs), div_val)
-        self.vocab_size, self.d_embed, self.d_proj, self.div_val = vocab_size, d_embed, d_proj, div_val
-        self.cutoffs = list(cutoffs)
+        _configure(self, vocab_size, d_embed, d_proj, list(cutoffs), div_val)
         self.n_clusters = len(self.cutoffs)
         self.shortlist_size = self.bounds[1]
         self.out_layers = nn.ModuleList()

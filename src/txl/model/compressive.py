@@ -185,7 +185,7 @@ def content_attention(attn: nn.Module, h: torch.Tensor, states: torch.Tensor) ->
     Returns:
         float [B, T, n_head * d_head].
     """
-    hd, heads, d_head = attn.n_head * attn.d_head, attn.n_head, attn.d_head
+    hd = attn.n_head * attn.d_head
     qkv = attn.qkv_net
 
     def project(x, rows):  # (an int8 layer has no parameters: nothing to detach)
@@ -198,11 +198,8 @@ def content_attention(attn: nn.Module, h: torch.Tensor, states: torch.Tensor) ->
             return x
         return F.layer_norm(x, ln.normalized_shape, ln.weight.detach(), ln.bias.detach(), ln.eps)
 
-    def split(x):
-        return x.view(x.size(0), x.size(1), heads, d_head).transpose(1, 2)
-
-    q = split(project(norm(h), slice(0, hd)))
-    k, v = (split(t) for t in project(norm(states), slice(hd, None)).split(hd, dim=-1))
+    q = attn._heads(project(norm(h), slice(0, hd)))
+    k, v = (attn._heads(t) for t in project(norm(states), slice(hd, None)).split(hd, dim=-1))
     out = F.scaled_dot_product_attention(q, k, v, scale=attn.scale)  # [B, H, T, D]
     return out.transpose(1, 2).reshape(h.size(0), h.size(1), hd)
 

@@ -309,10 +309,5 @@ class Rotary(PositionScheme):
         return both[:, 0], both[:, 1]
 
 
+# attn_type -> its scheme's class, for the names a checked config allows (txl.config.check_position_scheme)
 SCHEMES: dict[str, type[PositionScheme]] = {s.name: s for s in (Relative, Shaw, Absolute, Rotary)}
-
-
-def position_scheme(attn_type: str) -> type[PositionScheme]:
-    """The scheme class of ``attn_type`` ("rel", "shaw", "abs" or "rope"), one a checked config names
-    (:func:`txl.config.check_position_scheme`)."""
-    return SCHEMES[attn_type]

@@ -17,7 +17,7 @@ from txl.config import CHECKSUMS_NAME, IGNORE_INDEX, RUN_NAME, check_readable, c
 from txl.model.decoding import DecodingState, LayerCache, check_state, slot_padding_mask
 from txl.kernels.cpu import Dropout, Linear
 from txl.model.parameters import init_weights
-from txl.model.positions import position_scheme
+from txl.model.positions import SCHEMES
 from txl.model.checks import check_input_ids, check_labels, padding_mask
 from txl.kernels.int8 import quantize_int8
 from txl.model.memory import Mems, check_mems, update_mems
@@ -90,7 +90,7 @@ class DecoderLayer(nn.Module):
                  shared_biases: tuple[nn.Parameter, nn.Parameter] | None = None) -> None:
         super().__init__()
         c = config
-        self.attn = MultiHeadAttention(c, position_scheme(c.attn_type)(c, shared_biases))
+        self.attn = MultiHeadAttention(c, SCHEMES[c.attn_type](c, shared_biases))
         self.ff = PositionwiseFF(c.d_model, c.d_inner, c.dropout, c.pre_lnorm)
         if c.cmem_len > 0:  # the compression function f_c of this layer (Rae et al. 2019)
             self.compress = Compressor(c.d_model, c.cmem_ratio, c.compression)
@@ -142,7 +142,7 @@ class TransformerXLLM(nn.Module):
         self.word_emb = AdaptiveEmbedding(c.vocab_size, c.embed_dim, c.d_model, c.cutoffs, c.div_val,
                                           c.init_std, c.proj_init_std)
         self.drop = Dropout(c.dropout)
-        self.positions = position_scheme(c.attn_type)  # the scheme's class: what a call builds once for every layer
+        self.positions = SCHEMES[c.attn_type]  # the scheme's class: what a call builds once for every layer
         shared = self.positions.shared_parameters(c)  # "rel": u and v, unless untie_r
         if shared is not None:
             self.r_w_bias, self.r_r_bias = shared
