@@ -122,7 +122,8 @@ def forms_record(rounds: int, rows: list, start: float) -> dict:
     from txl_studies.speed.bench import hardware
 
     command = os.environ.get("TXL_FORMS_COMMAND") or "python " + shlex.join(sys.argv)
-    commit = os.environ.get("TXL_FORMS_COMMIT") or f"{git('rev-parse', 'HEAD')} (working tree)"
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = os.environ.get("TXL_FORMS_COMMIT") or f"{head or 'unknown commit'} (working tree)"
     return {"command": command, "date": time.strftime("%Y-%m-%d"), "commit": commit, "rounds": rounds,
             "hardware": hardware(torch.device("cpu")), "wall_s": round(time.time() - start), "rows": rows}
 

@@ -13,12 +13,15 @@ state's spare room); this script the forms inside the model's forward and backwa
 - ``masked embedding`` (where the commit has the other form): every cluster of the adaptive embedding
   embeds every token, masked (the form for accelerators and ``torch.compile``), where txl on a CPU
   embeds each cluster's rows only, in a training step of a model with a vocabulary of 32,000 (cutoffs
-  2,000 and 10,000, div_val 4) on Zipf-like ids, so that most tokens fall in the first cluster.
+  2,000 and 10,000, div_val 4) on Zipf-like ids, so that most tokens fall in the first cluster (the form
+  is chosen by answering ``reads_values`` False in the adaptive module, which also skips the softmax's
+  check of the labels' range, one pass over them).
 
 The forms alternate within every round; the median round counts. ``--rev`` runs the script in a
-temporary git worktree of that commit, on the code there:
+temporary git worktree of that commit, on the code there (86a7611 is the last commit with both forms of
+the adaptive embedding; a later one measures the rel-shift's forms only):
 
-    OMP_NUM_THREADS=2 python benchmarks/model_forms.py --rev HEAD --json benchmarks/results/model-forms.json
+    OMP_NUM_THREADS=2 python benchmarks/model_forms.py --rev 86a7611 --json benchmarks/results/model-forms-86a7611.json
 
 Run on an otherwise idle machine.
 """
@@ -51,7 +54,10 @@ def shift_forms() -> dict:
     def gather(x, mask):
         return attention.rel_shift_gather(x).masked_fill(mask, float("-inf"))
 
-    return {"default": lambda: (lambda: None), "gather rel-shift": lambda: patch(attention, "rel_shift_bias", gather)}
+    table = {"default": lambda: (lambda: None)}
+    if hasattr(attention, "rel_shift_gather"):  # (a commit from before it has one form)
+        table["gather rel-shift"] = lambda: patch(attention, "rel_shift_bias", gather)
+    return table
 
 
 def embedding_forms() -> dict:

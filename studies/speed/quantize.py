@@ -7,7 +7,7 @@ third with bfloat16 weights (:func:`txl.kernels.int8.to_bfloat16`), take turns:
 - decoding: greedy tokens/s of txl's cached loop (the ring buffers) with ``mem_len`` = the context, at
   each batch size (the implementations alternate run by run, as :func:`txl_studies.speed.generation`
   does, so each finds its weights where a user's loop would); with ``compiled``, also the int8 model
-  decoded as ``txl generate --compile --quantize int8`` does (the ring decoder of :mod:`txl.model.graphs`
+  decoded as ``txl generate --compile --quantize int8`` does (the ring decoder of :mod:`txl.generation.compiled`
   under ``torch.compile``, compiled once per batch size before the timing);
 - evaluation with memory: tokens/s of one segment of ``tgt_len`` tokens read after a memory of ``mem_len``
   (``txl eval``'s segment, in a decoding state), alternating call by call over ``repeats`` rounds; with

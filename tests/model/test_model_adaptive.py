@@ -243,7 +243,7 @@ def test_bf16_autocast(d_embed, d_proj, div_val):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             x = emb(ids)
             if bf16 and d_proj != d_embed:
-                assert x.dtype == torch.bfloat16  # the scatter buffer followed the projected chunks
+                assert x.dtype == torch.bfloat16  # the masked sum takes the projected chunks' dtype
             hidden = body(x).reshape(-1, d_proj)
             nll = crit(hidden, labels)
             lp = crit.log_prob(hidden)

@@ -14,7 +14,8 @@ per concern:
   checkpoint or run folder, never over an existing file without ``--force``, only into an existing folder
   that takes new files).
 - :mod:`txl.fileio.model_files`: a saved model's ``model.safetensors`` and ``config.json``, written and read
-  with every check (:func:`save_model`, :func:`read_model_config`, :func:`load_weights`), and the names of
+  with every check (:func:`~txl.fileio.model_files.save_model`, :func:`~txl.fileio.model_files.read_model_config`,
+  :func:`~txl.fileio.model_files.load_weights`), and the names of
   int8 weights in them. It needs torch and safetensors, so it is imported from its own path only.
 
 The names the other layers use are importable from ``txl.fileio`` itself.

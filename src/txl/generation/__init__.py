@@ -1,6 +1,7 @@
 """Generation with the Transformer-XL memory: the decoding rules, one object for every decoder
 (:class:`DecodingRules`, :mod:`.sampling`), cached
-token-by-token generation for batches of prompts (:mod:`.stream`), beam search (:mod:`.beam`) and text
+token-by-token generation for batches of prompts (:mod:`.stream`; compiled steps: :mod:`.compiled`), beam search
+(:mod:`.beam`) and text
 out with stop strings and the completions of fine-tuned models (:mod:`.text`).
 
 Everything public is importable from ``txl.generation``. The checks of the sampling and decoding

@@ -33,12 +33,12 @@ class RingDecoder:
 
     Args:
         model: a :class:`~txl.model.TransformerXLLM` in eval mode (no autograd is used).
-        span: the span to read and decode with (:func:`check_exportable` holds).
+        span: the span to read and decode with (:func:`~txl.model.graphs.check_exportable` holds).
         compile: wrap the step in ``torch.compile(fullgraph=True)``: True (inductor) or a backend's name
             (e.g. "aot_eager"); False: run it eagerly.
 
     Raises:
-        TxlError: as :func:`check_exportable`.
+        TxlError: as :func:`~txl.model.graphs.check_exportable`.
     """
 
     def __init__(self, model: nn.Module, span: AttentionSpan, compile: bool | str = False) -> None:
