@@ -53,7 +53,7 @@ def worker(row: str, batch: int, tokens: int) -> None:
     from txl.kernels.int8 import quantize_int8
     try:
         from txl.generation.compiled import RingDecoder
-    except ImportError:  # where it was before the model floor's redesign
+    except ImportError:  # older commits keep it in txl.model
         try:
             from txl.model.graphs import RingDecoder
         except ImportError:

@@ -54,7 +54,7 @@ def forms(mem_len: int) -> dict:
     from txl.model import DecodingState
     try:
         from txl import segments as reading
-    except ImportError:  # where the segment loop was before the model floor's redesign
+    except ImportError:  # older commits keep the segment loop in txl.model
         from txl.model import segments as reading
 
     def patch(module, name, value):
@@ -83,7 +83,7 @@ def read(model, span, mems, inputs, labels) -> tuple[float, float]:
     after the full memory ``mems``."""
     try:
         from txl import segments as reading
-    except ImportError:  # where the segment loop was before the model floor's redesign
+    except ImportError:  # older commits keep the segment loop in txl.model
         from txl.model import segments as reading
 
     state = reading.decoding_state(model, span, max_tokens=span.mem_len + inputs.size(1))

@@ -55,7 +55,7 @@ def shift_forms() -> dict:
         return attention.rel_shift_gather(x).masked_fill(mask, float("-inf"))
 
     table = {"default": lambda: (lambda: None)}
-    if hasattr(attention, "rel_shift_gather"):  # (a commit from before it has one form)
+    if hasattr(attention, "rel_shift_gather"):  # (a commit without the gather has one form)
         table["gather rel-shift"] = lambda: patch(attention, "rel_shift_bias", gather)
     return table
 
@@ -88,7 +88,7 @@ def eval_tokens(model, data, span) -> tuple[int, float]:
 
     try:
         from txl import segments as reading
-    except ImportError:  # where the segment loop was before the model floor's redesign
+    except ImportError:  # older commits keep the segment loop in txl.model
         from txl.model import segments as reading
     inputs, labels = data[:, :span.tgt_len * (STEPS + 1)], data[:, 1:span.tgt_len * (STEPS + 1) + 1]
     state = reading.decoding_state(model, span, max_tokens=span.mem_len + inputs.size(1))
