@@ -1,7 +1,7 @@
 """Compiled decoding (``generate(..., compile=...)``, ``txl generate --compile``): the ring modules of
-txl.model.graphs (run by txl.generation.compiled) under torch.compile give the default path's tokens, with one graph per module for every
-memory fill. The aot_eager backend traces exactly what inductor would compile, without the C++ build;
-inductor itself is in a slow test."""
+txl.model.graphs (run by txl.generation.compiled) under torch.compile give the default path's tokens,
+with one graph per module for every memory fill. The aot_eager backend traces exactly what inductor
+would compile, without the C++ build; inductor itself is in a slow test."""
 
 import pytest
 import torch

@@ -10,7 +10,8 @@ with one float32 scale per output channel (``scale = max |w_row| / 127``). Embed
 biases, the u/v biases and the adaptive softmax's projections and cluster weights stay in float: they
 are few bytes and the embedding's rows are read one per token. The saved names stay those of the
 float model (``...qkv_net.weight``, now int8) plus ``...weight_scale``, so a quantised checkpoint is
-recognised from its weights' names (:func:`txl.fileio.model_files.int8_names`) and loads without quantising again.
+recognised from its weights' names (:func:`txl.fileio.model_files.int8_names`) and loads without
+quantising again.
 
 Quantised models are for inference: they have no gradients and cannot be trained or fine-tuned.
 """
