@@ -207,10 +207,12 @@ class TransformerXLLM(nn.Module):
                 segment's attention fits in memory is checked by the reading loops,
                 :func:`txl.segments.segments` and training, before they start, not here.)
         """
-        if labels is not None:  # refused before a decoding state takes the segment in
+        if labels is not None and caches is not None:  # refused before the decoding state takes the segment in
             check_input_ids(input_ids, self.config.vocab_size, self.word_emb.emb_layers[0].weight.device)
             labels = check_labels(labels, input_ids, self.config.vocab_size)
         h, new_mems, recon = self._body(input_ids, mems, caches, detach_mems, span, mem_padding)
+        if labels is not None and caches is None:  # _body has checked input_ids (labels must have its shape)
+            labels = check_labels(labels, input_ids, self.config.vocab_size)
         logits, token_loss, loss = self._output(h, labels)
         return LMOutput(logits=logits, loss=loss, mems=new_mems, token_loss=token_loss, recon_loss=recon)
 
