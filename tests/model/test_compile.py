@@ -28,14 +28,14 @@ def test_rel_shift_gather_equals_the_strided_view_on_every_causal_entry():
     torch.manual_seed(0)
     for qlen, mlen in [(1, 0), (1, 5), (4, 0), (4, 3), (6, 9)]:
         klen = qlen + mlen
-        x = torch.randn(2, 3, qlen, klen)
+        x = torch.randn(2, 3, qlen, klen + 1)  # columns: distances K ... 0
         causal = torch.arange(klen)[None, :] <= mlen + torch.arange(qlen)[:, None]
         got, want = rel_shift_gather(x), rel_shift(x)
-        assert got.shape == want.shape
+        assert got.shape == want.shape == (2, 3, qlen, klen)
         assert torch.equal(got[..., causal], want[..., causal])
-        # entry (i, j) holds distance M + i - j: the score at key slot K - 1 - (M + i - j)
+        # entry (i, j) holds distance M + i - j: the score at column K - (M + i - j)
         i, j = qlen - 1, 0
-        assert got[0, 0, i, j] == x[0, 0, i, klen - 1 - (mlen + i - j)]
+        assert got[0, 0, i, j] == x[0, 0, i, klen - (mlen + i - j)]
 
 
 def _model(**overrides) -> TransformerXLLM:

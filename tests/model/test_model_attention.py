@@ -10,7 +10,7 @@ from conftest import layer_attention, reference_attention, tiny_model
 
 from txl.kernels import cpu
 from txl.kernels.cpu import Linear, _row_blocks, product
-from txl.model.attention import (attention_mask, position_scores, rel_shift, rel_shift_bias,
+from txl.model.attention import (additive_mask, attention_mask, position_scores, rel_shift, rel_shift_bias,
                                   relative_positions, sinusoid)
 
 
@@ -19,18 +19,23 @@ def test_rel_shift_matches_index_formula(dtype):
     torch.manual_seed(0)
     for qlen, mlen in [(1, 0), (4, 0), (4, 3), (3, 9), (6, 2)]:
         klen = qlen + mlen
-        x = torch.randn(2, 3, qlen, klen, dtype=dtype)
-        # one explicit gather: entry (i, j) reads slot j + qlen - 1 - i, masked where j > mlen + i
-        idx = torch.arange(klen)[None, :] + qlen - 1 - torch.arange(qlen)[:, None]
+        x = torch.randn(2, 3, qlen, klen + 1, dtype=dtype)  # columns: distances K ... 0
+        # one explicit gather: entry (i, j) reads slot j + qlen - i, masked where j > mlen + i
+        idx = torch.arange(klen)[None, :] + qlen - torch.arange(qlen)[:, None]
         mask = attention_mask(qlen, mlen, False, 0, "cpu")
-        gathered = x.gather(-1, idx.clamp(max=klen - 1).expand_as(x))
-        assert torch.equal(rel_shift(x).masked_fill(mask, 0.0), gathered.masked_fill(mask, 0.0))
+        gathered = x.gather(-1, idx.clamp(max=klen).expand(2, 3, qlen, klen))
         out = rel_shift(x)
+        assert out.shape == (2, 3, qlen, klen) and out.data_ptr() - x.data_ptr() == qlen * x.element_size()  # a view
+        assert torch.equal(out.masked_fill(mask, 0.0), gathered.masked_fill(mask, 0.0))
         for i in range(qlen):
             for j in range(mlen + i + 1):  # causal entries only
-                # slot m of x holds distance klen-1-m; entry (i, j) must hold distance mlen+i-j
-                m = klen - 1 - (mlen + i - j)
+                # slot m of x holds distance klen-m; entry (i, j) must hold distance mlen+i-j
+                m = klen - (mlen + i - j)
                 assert out[..., i, j].equal(x[..., i, m])
+        # the view covers the last T*K elements of each [T, K + 1] block, each once
+        seen = torch.zeros(qlen * (klen + 1), dtype=torch.long)
+        seen[rel_shift(torch.arange(qlen * (klen + 1)).view(qlen, klen + 1)).flatten()] += 1
+        assert seen[:qlen].eq(0).all() and seen[qlen:].eq(1).all()
 
 
 def test_sinusoid_layout():
@@ -72,7 +77,7 @@ def test_rel_attention_equals_brute_force(mlen, clamp_len, same_length, pre_lnor
 def test_evaluation_blocks_equal_brute_force(mlen, same_length, block_bytes, monkeypatch):
     """Without autograd on a CPU, attention goes through the batch and heads in blocks of bounded
     memory; it must stay the paper's equation. The smallest limit is at most one head's scores (4
-    queries x (mlen + 4) columns x 8 bytes), so each block is one head of one row (6 kernel calls); the
+    queries x (mlen + 5) columns x 8 bytes), so each block is one head of one row (6 kernel calls); the
     larger one takes whole batch rows per block (or everything, for short memories)."""
     torch.manual_seed(2)
     d, H, D, qlen, mem_len = 8, 2, 3, 4, 5
@@ -91,7 +96,7 @@ def test_evaluation_blocks_equal_brute_force(mlen, same_length, block_bytes, mon
     with torch.no_grad():
         fast = attn(h, mem, pos_emb, mask)
     assert torch.allclose(fast, slow, rtol=0, atol=1e-10), (fast - slow).abs().max()
-    blocks = {None: 1, 4 * 4 * 8: 6, 2 * 4 * 8 * 2 * 9: {0: 1, 2: 1, 3: 2, 4: 2, 8: 3}[mlen]}[block_bytes]
+    blocks = {None: 1, 4 * 4 * 8: 6, 2 * 4 * 8 * 2 * 9: {0: 1, 2: 2, 3: 2, 4: 2, 8: 3}[mlen]}[block_bytes]
     assert len(calls) == blocks and sum(b * n for b, n in calls) == 3 * 2, calls  # every row's every head once
     with_grad = attn(h, mem, pos_emb, mask)  # autograd: one block
     assert with_grad.requires_grad and torch.allclose(with_grad, slow, rtol=0, atol=1e-10)
@@ -123,9 +128,10 @@ def test_head_major_position_scores_equal_the_batched_product(qlen, mlen):
     differentiated it must equal the plain batched matmul (r_k broadcast over the batch)."""
     bsz, heads, d_head, klen = 3, 2, 4, qlen + mlen
     mask = attention_mask(qlen, mlen, False, mlen, "cpu")
+    additive = additive_mask(mask, torch.float64)
     gen = torch.Generator().manual_seed(qlen * 10 + mlen)
     q = torch.randn(bsz, heads, qlen, d_head, dtype=torch.float64, generator=gen, requires_grad=True)
-    r_k = torch.randn(heads, d_head, klen, dtype=torch.float64, generator=gen, requires_grad=True)
+    r_k = torch.randn(heads, d_head, klen + 1, dtype=torch.float64, generator=gen, requires_grad=True)
     weight = torch.randn(bsz, heads, qlen, klen, dtype=torch.float64, generator=gen).masked_fill(mask, 0.0)
     ours = position_scores(q, r_k)
     assert not ours.is_contiguous() and ours.transpose(0, 1).is_contiguous()  # the layout rel_shift reads in place
@@ -133,12 +139,12 @@ def test_head_major_position_scores_equal_the_batched_product(qlen, mlen):
     assert torch.allclose(ours, plain, rtol=0, atol=1e-12)
     grads = []
     for x in (ours, plain):
-        out = rel_shift_bias(x, mask)
+        out = rel_shift_bias(x, additive)
         assert torch.equal(out, rel_shift(plain.detach()).masked_fill(mask, float("-inf")))
         grads.append(torch.autograd.grad((out.masked_fill(mask, 0.0) * weight).sum(), (q, r_k)))
     for a, b in zip(*grads):
         assert torch.allclose(a, b, rtol=0, atol=1e-12)
-    assert torch.autograd.gradcheck(lambda t: rel_shift_bias(position_scores(t, r_k.detach()), mask)
+    assert torch.autograd.gradcheck(lambda t: rel_shift_bias(position_scores(t, r_k.detach()), additive)
                                     .masked_fill(mask, 0.0), (q,))
 
 
@@ -146,11 +152,12 @@ def test_head_major_position_scores_equal_the_batched_product(qlen, mlen):
 def test_rel_shift_bias_gradient(qlen, mlen):
     klen = qlen + mlen
     mask = attention_mask(qlen, mlen, False, mlen, "cpu")
-    x = torch.randn(2, qlen, klen, dtype=torch.float64, requires_grad=True)
-    out = rel_shift_bias(x, mask)
+    x = torch.randn(2, qlen, klen + 1, dtype=torch.float64, requires_grad=True)
+    out = rel_shift_bias(x, additive_mask(mask, torch.float64))
     assert torch.equal(out, rel_shift(x.detach()).masked_fill(mask, float("-inf")))
-    # gradient of the visible entries, checked numerically
-    assert torch.autograd.gradcheck(lambda t: rel_shift_bias(t, mask).masked_fill(mask, 0.0), (x,))
+    # gradient of the visible entries, checked numerically (it is 0 for the slots no visible entry reads)
+    assert torch.autograd.gradcheck(lambda t: rel_shift_bias(t, additive_mask(mask, torch.float64))
+                                    .masked_fill(mask, 0.0), (x,))
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3])

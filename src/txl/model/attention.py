@@ -52,48 +52,45 @@ def relative_positions(klen: int, clamp_len: int, device: torch.device | str) ->
 
 
 def rel_shift(x: torch.Tensor) -> torch.Tensor:
-    """Realign position scores from "key slot m holds distance K-1-m" to "entry (i, j) holds distance M+i-j".
+    """Realign position scores from "column m holds distance K-m" to "entry (i, j) holds distance M+i-j".
 
     Args:
-        x: [..., T, K] scores of each query against R for distances K-1 ... 0 (each [T, K] block
-            dense; the leading dims may be a permutation, e.g. [B, H] of a head-major [H, B, T, K]).
+        x: [..., T, K + 1] scores of each query against R for distances K ... 0 (each [T, K + 1] block
+            dense; the leading dims may be a permutation, e.g. [B, H] of a head-major [H, B, T, K + 1]).
+            Column 0, distance K, is read by no causal entry: any finite values will do.
 
     Returns:
-        [..., T, K] strided view of ``x`` (no copy) with ``out[..., i, j] = x[..., i, j + T - 1 - i]``
-        for every causal entry ``j <= M + i`` (M = K - T). Row i starts T-1-i elements into row i of
-        ``x`` and rows are K-1 apart, so entries for future keys run into the next row: they hold
-        unrelated finite values and must be masked. Use :func:`rel_shift_bias` under autograd.
+        [..., T, K] strided view of ``x`` (no copy) with ``out[..., i, j] = x[..., i, T - i + j]`` for every
+        causal entry ``j <= M + i`` (M = K - T): the pad-and-reshape trick of the reference implementation,
+        with the pad as a real column. Row i starts T-i elements into row i of ``x`` and rows are K apart,
+        so the view covers the last T*K elements of each block, each once; entries for future keys read
+        the start of the next row, which no causal entry reads: they hold unrelated finite values and
+        must be masked. Use :func:`rel_shift_bias` under autograd.
     """
-    *lead, qlen, klen = x.shape
-    if x.stride()[-2:] != (klen, 1):  # the trick needs each [T, K] block dense (the leading dims may be permuted)
+    *lead, qlen, width = x.shape
+    if x.stride()[-2:] != (width, 1):  # the trick needs each [T, K + 1] block dense (the leading dims may be permuted)
         x = x.contiguous()
-    return x.as_strided((*lead, qlen, klen), x.stride()[:-2] + (klen - 1, 1), x.storage_offset() + qlen - 1)
+    return x.as_strided((*lead, qlen, width - 1), x.stride()[:-2] + (width - 1, 1), x.storage_offset() + qlen)
 
 
 class _RelShiftBias(torch.autograd.Function):
-    """rel_shift then masked_fill(-inf) with a cheap backward (the inverse shift as one strided copy)."""
+    """rel_shift plus the additive mask, as a new tensor, with a cheap backward (one strided copy)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, additive: torch.Tensor) -> torch.Tensor:
         ctx.head_major = x.dim() == 4 and not x.is_contiguous() and x.transpose(0, 1).is_contiguous()
-        return _shifted_and_masked(x, mask)
+        return rel_shift(x) + additive.to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         *lead, qlen, klen = grad.shape
-        # grad_x[i, m] = grad[i, m - (T-1-i)] for m >= T-1-i, else 0: written through the realigned view
-        # of grad_x itself, whose rows cut to K-1 entries tile its storage from offset T-1 without
-        # overlap (one strided copy); the last entry of the last row is the one causal entry past them
-        if ctx.head_major:  # x was the [B, H] view of a dense [H, B, T, K]: give its gradient that layout
-            out = grad.new_empty((lead[1], lead[0], qlen, klen)).transpose(0, 1)
+        if ctx.head_major:  # x was the [B, H] view of a dense [H, B, T, K + 1]: give its gradient that layout
+            out = grad.new_empty((lead[1], lead[0], qlen, klen + 1)).transpose(0, 1)
         else:
-            out = grad.new_empty(grad.shape)
-        view = rel_shift(out)
-        view[..., :klen - 1].copy_(grad[..., :klen - 1])
-        view[..., qlen - 1, klen - 1] = grad[..., qlen - 1, klen - 1]
-        # slots m < T-1-i: row 0's were not written, row i's got row i-1's future entries; no causal
-        # entry reads them
-        corner = torch.ones(qlen, qlen, dtype=torch.bool, device=grad.device).tril_(-1).flip(0)
+            out = grad.new_empty((*lead, qlen, klen + 1))
+        rel_shift(out).copy_(grad)  # each slot the view covers, once
+        # slots m < T - i of row i: row 0's are outside the view, row i's hold row i-1's future entries
+        corner = torch.ones(qlen, qlen, dtype=torch.bool, device=grad.device).tril_().flip(0)
         out[..., :qlen].masked_fill_(corner, 0.0)
         return out, None
 
@@ -104,56 +101,54 @@ def position_scores(q: torch.Tensor, r_k: torch.Tensor) -> torch.Tensor:
 
     Args:
         q: [B, H, T, D] queries (with v added and the scale applied, for "rel").
-        r_k: [H, D, K] position keys for distances K-1 ... 0.
+        r_k: [H, D, P] position keys (for :func:`rel_shift`, P = K + 1: distances K ... 0).
 
     Returns:
-        [B, H, T, K], the transposed view of a dense [H, B, T, K]: one [B*T, D] x [D, K] product per
-        head. (A batched matmul of [B, H, T, D] with [H, D, K] would copy r_k B times, and its
+        [B, H, T, P], the transposed view of a dense [H, B, T, P]: one [B*T, D] x [D, P] product per
+        head. (A batched matmul of [B, H, T, D] with [H, D, P] would copy r_k B times, and its
         backward would form B gradients of r_k and sum them.) :func:`rel_shift` reads this layout
         without a copy.
     """
     bsz, heads, qlen, d_head = q.shape
-    x = torch.matmul(q.transpose(0, 1).reshape(heads, bsz * qlen, d_head), r_k)  # [H, B*T, K]
+    x = torch.matmul(q.transpose(0, 1).reshape(heads, bsz * qlen, d_head), r_k)  # [H, B*T, P]
     return x.view(heads, bsz, qlen, -1).transpose(0, 1)
 
 
-def rel_shift_bias(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``rel_shift(x)`` with masked entries set to -inf, as a new contiguous tensor [..., T, K].
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask (True = not visible) as the scores' addend: -inf where True, else 0, of ``dtype``
+    (on a CPU, a sum with it is much faster than a ``torch.where`` or ``masked_fill`` with the broadcast
+    boolean mask)."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, float("-inf"))
+
+
+def rel_shift_bias(x: torch.Tensor, additive: torch.Tensor) -> torch.Tensor:
+    """``rel_shift(x) + additive``, a new contiguous tensor [..., T, K] of ``x``'s dtype: the realigned,
+    masked position term.
 
     Args:
-        x: [..., T, K] position scores ((b) + (d) of §3.3) for distances K-1 ... 0.
-        mask: bool [T, K], True where the key is not visible.
+        x: [..., T, K + 1] position scores ((b) + (d) of §3.3) for distances K ... 0.
+        additive: [T, K] (or broadcastable to the output) :func:`additive_mask` of the attention mask.
 
-    The backward maps gradients back without the zero-pad/reshape copies of the classic trick.
-    While ``torch.compile`` traces the model, the shift is a gather instead (:func:`rel_shift_gather`):
-    the strided view needs the storage offset, which the compiler cannot trace, and its backward
-    writes through a strided view, which it cannot lower.
+    The backward maps gradients back with one strided copy. While ``torch.compile`` traces the model,
+    the shift is a gather instead (:func:`rel_shift_gather`): the strided view needs the storage offset,
+    which the compiler cannot trace, and its backward writes through a strided view, which it cannot lower.
     """
     if torch.compiler.is_compiling():
-        return rel_shift_gather(x).masked_fill(mask, float("-inf"))
-    if not (torch.is_grad_enabled() and x.requires_grad):  # evaluation and decoding: no autograd node
-        return _shifted_and_masked(x, mask)
-    return _RelShiftBias.apply(x, mask)
+        return rel_shift_gather(x) + additive.to(x.dtype)
+    if not (torch.is_grad_enabled() and x.requires_grad):  # no autograd node
+        return rel_shift(x) + additive.to(x.dtype)
+    return _RelShiftBias.apply(x, additive)
 
 
 def rel_shift_gather(x: torch.Tensor) -> torch.Tensor:
-    """:func:`rel_shift` as a gather: ``out[..., i, j] = x[..., i, j + T - 1 - i]`` for every causal
-    entry, a new tensor [..., T, K] of ``x``'s dtype (a future entry, j > M + i, repeats column K - 1:
-    mask it). The form ``torch.compile`` traces, forward and backward (a scatter-add), and fuses with
-    the mask."""
-    *lead, qlen, klen = x.shape
+    """:func:`rel_shift` as a gather: ``out[..., i, j] = x[..., i, T - i + j]`` for every causal entry,
+    a new tensor [..., T, K] of ``x``'s dtype (a future entry, j > M + i, repeats column K: mask it). The
+    form ``torch.compile`` traces, forward and backward (a scatter-add), and fuses with the mask."""
+    *lead, qlen, width = x.shape
     rows = torch.arange(qlen, device=x.device)[:, None]
-    cols = torch.arange(klen, device=x.device)[None, :]
-    index = (cols + (qlen - 1) - rows).clamp(max=klen - 1)  # [T, K]
-    return x.gather(-1, index.expand(*lead, qlen, klen))
-
-
-def _shifted_and_masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``rel_shift(x)`` with -inf where ``mask``, in one pass into a new contiguous tensor (a
-    ``masked_fill`` of the strided view would first copy it, then fill: two passes over [B, H, T, K])."""
-    view = rel_shift(x)
-    out = torch.empty(view.shape, dtype=view.dtype, device=view.device)
-    return torch.where(mask, view.new_full((), float("-inf")), view, out=out)
+    cols = torch.arange(width - 1, device=x.device)[None, :]
+    index = (cols + qlen - rows).clamp(max=width - 1)  # [T, K]
+    return x.gather(-1, index.expand(*lead, qlen, width - 1))
 
 
 def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -165,14 +160,17 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
         q_content: [B, H, T, D] queries for the content term (q + u for "rel"), unscaled.
         q_pos: [B, H, T, D] queries for the position term (q + v for "rel"), already scaled.
         k, v: [B, H, K, D] keys and values over [memory + current segment].
-        r_k: [H, D, K] position keys for distances K-1 ... 0.
+        r_k: [H, D, K] position keys for distances K-1 ... 0 (a zero column for distance K is put in
+            front, for :func:`rel_shift`).
         mask: bool [T, K] or [B, 1, T, K] (with padding), True = not visible.
         scale: the score scale 1/sqrt(D) applied to the content term.
         dropout_p: attention dropout probability (0 in evaluation).
 
     One query per row (T = 1) without autograd or dropout, in float32 or float64, is
-    :func:`one_query_attention`. Without autograd on a CPU the batch rows and heads run in blocks of
-    bounded memory (:func:`txl.kernels.cpu.in_blocks`).
+    :func:`one_query_attention`. Without autograd on a CPU the bias is the realigned view of the scores
+    themselves, the mask added in place (no second [B, H, T, K] tensor), and the batch rows and heads
+    run in blocks of bounded memory (:func:`txl.kernels.cpu.in_blocks`). Elsewhere it is the new tensor
+    of :func:`rel_shift_bias` (the fused kernels of other devices want aligned strides).
 
     Returns:
         [B, H, T, D] attention output (every form equal up to float rounding).
@@ -183,16 +181,21 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
                                                                                                  torch.float64):
         return one_query_attention(q_content, q_pos, k, v, r_k, mask, scale=scale)  # (half: the kernel's float32
         # sums, as for longer segments)
+    r_k = F.pad(r_k, (1, 0))  # [H, D, K + 1]: distances K ... 0
+    additive = additive_mask(mask, q_pos.dtype)
+    in_place = not grad and not compiling and q_pos.device.type == "cpu"
 
     def attend(rows: slice, heads: slice) -> torch.Tensor:
-        bias = rel_shift_bias(position_scores(q_pos[rows, heads], r_k[heads]), mask if mask.dim() == 2 else mask[rows])
+        scores = position_scores(q_pos[rows, heads], r_k[heads])
+        added = additive if additive.dim() == 2 else additive[rows]
+        bias = rel_shift(scores).add_(added) if in_place else rel_shift_bias(scores, added)
         return F.scaled_dot_product_attention(q_content[rows, heads], k[rows, heads], v[rows, heads], attn_mask=bias,
                                               dropout_p=dropout_p, scale=scale)
 
-    if grad or compiling or q_pos.device.type != "cpu":
+    if not in_place:
         return attend(slice(None), slice(None))
     bsz, heads, qlen, d_head = v.size(0), v.size(1), q_pos.size(2), v.size(3)
-    return cpu.in_blocks(attend, (bsz, heads, qlen, d_head), v, qlen * k.size(2) * q_pos.element_size())
+    return cpu.in_blocks(attend, (bsz, heads, qlen, d_head), v, qlen * r_k.size(-1) * q_pos.element_size())
 
 
 def one_query_attention(q_content: torch.Tensor, q_pos: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor,
