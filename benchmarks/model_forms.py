@@ -7,7 +7,8 @@ state's spare room); this script the forms inside the model's forward and backwa
 
 - ``gather rel-shift``: the position scores realigned by a gather (:func:`txl.model.attention.rel_shift_gather`,
   the form ``torch.compile`` traces, and its scatter-add backward) where txl reads them through a strided
-  view (with its own backward under autograd), in a training step (forward, backward, AdamW) and in
+  view (with its own backward under autograd; in evaluation the mask added to the view in place, to the
+  gather's copy here), in a training step (forward, backward, AdamW) and in
   evaluation after a full memory, on bench-small (batch 16 in training, 8 in evaluation; mem_len 128, and
   640 in evaluation);
 - ``masked embedding`` (where the commit has the other form): every cluster of the adaptive embedding
@@ -51,11 +52,20 @@ def patch(module, name, value):
 def shift_forms() -> dict:
     from txl.model import attention
 
-    def gather(x, mask):
+    def gather(x, mask):  # (commits whose rel_shift_bias takes the boolean mask)
         return attention.rel_shift_gather(x).masked_fill(mask, float("-inf"))
 
+    def gather_added(x, additive):  # (commits whose rel_shift_bias takes the additive mask)
+        return attention.rel_shift_gather(x) + additive.to(x.dtype)
+
+    def gather_everywhere():  # evaluation there adds the mask to rel_shift's view in place: to a gather's copy here
+        undo = [patch(attention, "rel_shift_bias", gather_added), patch(attention, "rel_shift", attention.rel_shift_gather)]
+        return lambda: [step() for step in reversed(undo)]
+
     table = {"default": lambda: (lambda: None)}
-    if hasattr(attention, "rel_shift_gather"):  # (a commit without the gather has one form)
+    if hasattr(attention, "additive_mask"):
+        table["gather rel-shift"] = gather_everywhere
+    elif hasattr(attention, "rel_shift_gather"):  # (a commit without the gather has one form)
         table["gather rel-shift"] = lambda: patch(attention, "rel_shift_bias", gather)
     return table
 
