@@ -12,7 +12,7 @@ after a full memory of 128 (bench-small, a decoding state: how ``txl bench`` tim
 memory); it reports the median call as tokens/s and the minor page faults per call (``getrusage``).
 
     OMP_NUM_THREADS=2 python benchmarks/eval_launches.py --base 2890aca --head 83af4cc --batch 1 \\
-        --json benchmarks/results/eval-launches-83af4cc.json
+        --launches 10 --json benchmarks/results/eval-launches-83af4cc.json
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ def worker(batch: int) -> None:
     from txl.model import TransformerXLConfig, TransformerXLLM
     try:
         from txl.segments import decoding_state
-    except ImportError:  # (commits before the segment loop left the model floor)
+    except ModuleNotFoundError as err:  # (commits before the segment loop left the model floor)
+        if err.name != "txl.segments":
+            raise
         from txl.model.segments import decoding_state
     torch.manual_seed(0)
     model = TransformerXLLM(TransformerXLConfig(**BENCH_SMALL)).eval()
@@ -66,13 +68,14 @@ def worker(batch: int) -> None:
             print(json.dumps({"seconds": statistics.median(seconds), "faults": faults / CALLS}), flush=True)
 
 
-def launch(trees: dict[str, Path], order: tuple[str, str], batch: int, rounds: int, threads: str) -> dict:
-    """One pair of fresh workers; their rounds, alternated. Returns per side the median tokens/s and the
-    median faults per call."""
+def launch(trees: dict[str, Path], paths: dict[str, str], order: tuple[str, str], batch: int, rounds: int,
+           threads: str) -> dict:
+    """One pair of fresh workers (``paths``: each side's PYTHONPATH); their rounds, alternated. Returns per
+    side the median tokens/s and the median faults per call."""
     procs = {}
     try:
         for side in order:
-            env = {**os.environ, "PYTHONPATH": python_path(trees[side]), "OMP_NUM_THREADS": threads}
+            env = {**os.environ, "PYTHONPATH": paths[side], "OMP_NUM_THREADS": threads}
             procs[side] = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(batch)], env=env,
                                            cwd=trees[side], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             if procs[side].stdout.readline().strip() != "ready":
@@ -82,7 +85,10 @@ def launch(trees: dict[str, Path], order: tuple[str, str], batch: int, rounds: i
             for side in order if r % 2 == 0 else order[::-1]:
                 procs[side].stdin.write("go\n")
                 procs[side].stdin.flush()
-                found[side].append(json.loads(procs[side].stdout.readline()))
+                line = procs[side].stdout.readline()
+                if not line:
+                    raise SystemExit(f"eval_launches.py: the {side} worker stopped (see its error above)")
+                found[side].append(json.loads(line))
     finally:
         for proc in procs.values():
             proc.stdin.close()
@@ -110,9 +116,10 @@ def main() -> int:
     start = time.time()
     launches = []
     with checkouts(args.base, args.head, "txl-launches-") as (commits, trees):
+        paths = {side: python_path(tree) for side, tree in trees.items()}
         for n in range(args.launches):
             order = ("base", "head") if n % 2 == 0 else ("head", "base")
-            row = launch(trees, order, args.batch, args.rounds, threads)
+            row = launch(trees, paths, order, args.batch, args.rounds, threads)
             row["ratio"] = row["head"]["tokens_per_s"] / row["base"]["tokens_per_s"]
             launches.append(row)
             print(f"launch {n + 1}/{args.launches}: " + ", ".join(

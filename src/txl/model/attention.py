@@ -115,15 +115,14 @@ def position_scores(q: torch.Tensor, r_k: torch.Tensor) -> torch.Tensor:
 
 
 def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A boolean mask (True = not visible) as the scores' addend: -inf where True, else 0, of ``dtype``
-    (on a CPU, a sum with it is much faster than a ``torch.where`` or ``masked_fill`` with the broadcast
-    boolean mask)."""
+    """A boolean mask (True = not visible) as the scores' addend: -inf where True, else 0, of ``dtype``.
+    Added to finite scores it masks them; an infinite score (float16 that overflowed) becomes NaN."""
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, float("-inf"))
 
 
 def rel_shift_bias(x: torch.Tensor, additive: torch.Tensor) -> torch.Tensor:
-    """``rel_shift(x) + additive``, a new contiguous tensor [..., T, K] of ``x``'s dtype: the realigned,
-    masked position term.
+    """``rel_shift(x) + additive``, a new tensor [..., T, K] of ``x``'s dtype (and layout: head-major for
+    :func:`position_scores`): the realigned, masked position term.
 
     Args:
         x: [..., T, K + 1] position scores ((b) + (d) of §3.3) for distances K ... 0.
@@ -169,8 +168,9 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
     One query per row (T = 1) without autograd or dropout, in float32 or float64, is
     :func:`one_query_attention`. Without autograd on a CPU the bias is the realigned view of the scores
     themselves, the mask added in place (no second [B, H, T, K] tensor), and the batch rows and heads
-    run in blocks of bounded memory (:func:`txl.kernels.cpu.in_blocks`). Elsewhere it is the new tensor
-    of :func:`rel_shift_bias` (the fused kernels of other devices want aligned strides).
+    run in blocks of bounded memory (:func:`txl.kernels.cpu.in_blocks`). Under autograd, while
+    compiling, and on other devices (where the in-place form has not been measured) it is the new tensor
+    of :func:`rel_shift_bias`.
 
     Returns:
         [B, H, T, D] attention output (every form equal up to float rounding).
