@@ -36,8 +36,9 @@ BENCH_SMALL = dict(vocab_size=256, n_layer=6, d_model=256, n_head=8, d_head=32, 
 CALLS = 20
 
 
-def worker(batch: int) -> None:
-    """Answer each line of stdin with one round: ``{"seconds": median call, "faults": minor faults per call}``."""
+def worker(batch: int, bf16: bool) -> None:
+    """Answer each line of stdin with one round: ``{"seconds": median call, "faults": minor faults per call}``
+    (``bf16``: the model's weights in bfloat16, as ``txl eval --quantize bf16`` reads)."""
     import torch
 
     from txl.model import TransformerXLConfig, TransformerXLLM
@@ -49,6 +50,14 @@ def worker(batch: int) -> None:
         from txl.model.segments import decoding_state
     torch.manual_seed(0)
     model = TransformerXLLM(TransformerXLConfig(**BENCH_SMALL)).eval()
+    if bf16:
+        try:
+            from txl.kernels.int8 import to_bfloat16
+        except ModuleNotFoundError as err:  # (commits before the int8 kernels left the model floor)
+            if err.name != "txl.kernels":
+                raise
+            from txl.model.quantize import to_bfloat16
+        model = to_bfloat16(model)
     memory = torch.randint(0, 256, (batch, 128))
     segment = torch.randint(0, 256, (batch, 128))
     with torch.no_grad():
@@ -69,14 +78,15 @@ def worker(batch: int) -> None:
 
 
 def launch(trees: dict[str, Path], paths: dict[str, str], order: tuple[str, str], batch: int, rounds: int,
-           threads: str) -> dict:
+           threads: str, bf16: bool) -> dict:
     """One pair of fresh workers (``paths``: each side's PYTHONPATH); their rounds, alternated. Returns per
     side the median tokens/s and the median faults per call."""
     procs = {}
     try:
         for side in order:
             env = {**os.environ, "PYTHONPATH": paths[side], "OMP_NUM_THREADS": threads}
-            procs[side] = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(batch)], env=env,
+            procs[side] = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", str(batch)]
+                                           + ["--bf16"] * bf16, env=env,
                                            cwd=trees[side], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             if procs[side].stdout.readline().strip() != "ready":
                 raise SystemExit(f"eval_launches.py: the {side} worker did not start (see its error above)")
@@ -104,11 +114,12 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=1, help="rows per call (default 1)")
     ap.add_argument("--launches", type=int, default=8, help="fresh process pairs (default 8)")
     ap.add_argument("--rounds", type=int, default=4, help="timed rounds per process (default 4)")
+    ap.add_argument("--bf16", action="store_true", help="the weights in bfloat16 (as txl eval --quantize bf16 reads)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker is not None:
-        worker(args.worker)
+        worker(args.worker, args.bf16)
         return 0
     if not args.base or min(args.batch, args.launches, args.rounds) < 1:
         raise SystemExit("eval_launches.py: give --base, and --batch, --launches and --rounds of at least 1")
@@ -119,7 +130,7 @@ def main() -> int:
         paths = {side: python_path(tree) for side, tree in trees.items()}
         for n in range(args.launches):
             order = ("base", "head") if n % 2 == 0 else ("head", "base")
-            row = launch(trees, paths, order, args.batch, args.rounds, threads)
+            row = launch(trees, paths, order, args.batch, args.rounds, threads, args.bf16)
             row["ratio"] = row["head"]["tokens_per_s"] / row["base"]["tokens_per_s"]
             launches.append(row)
             print(f"launch {n + 1}/{args.launches}: " + ", ".join(
@@ -130,8 +141,8 @@ def main() -> int:
 
     ratios = [row["ratio"] for row in launches]
     results = {"command": "python " + shlex.join(sys.argv), "date": time.strftime("%Y-%m-%d"), "commits": commits,
-               "batch": args.batch, "launches": args.launches, "rounds": args.rounds, "calls_per_round": CALLS,
-               "threads": threads, "cpu_flags": sorted(cpu_flags() or ()), "wall_s": round(time.time() - start),
+               "batch": args.batch, "weights": "bfloat16" if args.bf16 else "float32", "launches": args.launches,
+               "rounds": args.rounds, "calls_per_round": CALLS, "threads": threads, "cpu_flags": sorted(cpu_flags() or ()), "wall_s": round(time.time() - start),
                "median_ratio": statistics.median(ratios), "rows": launches}
     print(f"head / base, median over launches: {results['median_ratio']:.3f}")
     if args.json:
