@@ -160,7 +160,8 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
         q_pos: [B, H, T, D] queries for the position term (q + v for "rel"), already scaled.
         k, v: [B, H, K, D] keys and values over [memory + current segment].
         r_k: [H, D, K] position keys for distances K-1 ... 0 (a zero column for distance K is put in
-            front, for :func:`rel_shift`).
+            front, for :func:`rel_shift`), or [H, D, K + 1] with that column already there (a decoding
+            state keeps them so).
         mask: bool [T, K] or [B, 1, T, K] (with padding), True = not visible.
         scale: the score scale 1/sqrt(D) applied to the content term.
         dropout_p: attention dropout probability (0 in evaluation).
@@ -179,9 +180,10 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
     compiling = torch.compiler.is_compiling()
     if q_pos.size(2) == 1 and not grad and not compiling and dropout_p == 0.0 and q_pos.dtype in (torch.float32,
                                                                                                  torch.float64):
-        return one_query_attention(q_content, q_pos, k, v, r_k, mask, scale=scale)  # (half: the kernel's float32
-        # sums, as for longer segments)
-    r_k = F.pad(r_k, (1, 0))  # [H, D, K + 1]: distances K ... 0
+        return one_query_attention(q_content, q_pos, k, v, r_k[..., -k.size(2):], mask, scale=scale)  # (half: the
+        # kernel's float32 sums, as for longer segments)
+    if r_k.size(-1) == k.size(2):
+        r_k = F.pad(r_k, (1, 0))  # [H, D, K + 1]: distances K ... 0
     additive = additive_mask(mask, q_pos.dtype)
     in_place = not grad and not compiling and q_pos.device.type == "cpu"
 

@@ -169,8 +169,8 @@ class Relative(_DistanceTable):
             r_k = cache.segment_pos_keys
         else:
             r_k = self.project(positions)
-            if cache is not None:  # contiguous once, not a strided copy per segment
-                r_k = cache.segment_pos_keys = r_k.contiguous()
+            if cache is not None:  # contiguous, with distance K's column in front, once, not per segment
+                r_k = cache.segment_pos_keys = F.pad(r_k, (1, 0))
         # (b) + (d), pre-scaled, realigned and masked, becomes an additive bias of the fused kernel,
         # which computes softmax(scale * (q + u)·k + bias) @ v, i.e. (a) + (c) + (b) + (d)
         u, vb = self.r_w_bias, self.r_r_bias
