@@ -46,7 +46,7 @@ def flex_biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch
         q_content: [B, H, T, D] queries for the content term (q + u for "rel"), unscaled.
         q_pos: [B, H, T, D] queries for the position term (q + v for "rel"), already scaled.
         k, v: [B, H, K, D] keys and values over [memory + current segment], K = M + T.
-        r_k: [H, D, K] position keys for distances K-1 ... 0.
+        r_k: [H, D, K + 1] position keys for distances K ... 0 (as biased_attention takes them).
         mask: bool [T, K] or [B, 1, T, K], True = not visible (every row keeps at least one key).
         scale: the content term's scale, 1/sqrt(D).
         kernel: the ``flex_attention`` function to call (e.g. its ``torch.compile``'d form on a GPU);
@@ -65,17 +65,17 @@ def flex_biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch
     bsz, heads, qlen, _ = q_pos.shape
     klen = k.size(2)
     batch_mask = mask.dim() == 2 or (mask.dim() == 4 and mask.size(0) in (1, bsz) and mask.size(1) == 1)
-    if (r_k.size(-1) != klen or k.shape[:2] != (bsz, heads) or mask.shape[-2:] != (qlen, klen) or not batch_mask
+    if (r_k.size(-1) != klen + 1 or k.shape[:2] != (bsz, heads) or mask.shape[-2:] != (qlen, klen) or not batch_mask
             or q_content.shape != q_pos.shape or v.shape[:3] != k.shape[:3]):
         raise TxlError(f"flex attention: queries {tuple(q_content.shape)} and {tuple(q_pos.shape)}, keys "
                        f"{tuple(k.shape)}, values {tuple(v.shape)}, position keys {tuple(r_k.shape)} and mask "
                        f"{tuple(mask.shape)} do not fit together")
-    pos = position_scores(q_pos, r_k)  # [B, H, T, K]: column c holds distance K - 1 - c
+    pos = position_scores(q_pos, r_k)  # [B, H, T, K + 1]: column c holds distance K - c
     visible = ~(mask if mask.dim() == 4 else mask[None, None]).expand(bsz, 1, qlen, klen)[:, 0]  # [B, T, K]
-    shift = qlen - 1  # query i, key j: distance M + i - j is column j + T - 1 - i
+    shift = qlen  # query i, key j: distance M + i - j is column j + T - i
 
     def score_mod(score, b, h, i, j):
-        return score + pos[b, h, i, (j + shift - i).clamp(max=klen - 1)]  # future keys: masked below
+        return score + pos[b, h, i, (j + shift - i).clamp(max=klen)]  # future keys: masked below
 
     def mask_mod(b, h, i, j):
         return visible[b, i, j]
@@ -111,7 +111,7 @@ def main() -> int:
         return torch.randn(*shape, generator=g).to(device)
 
     q_content, q_pos, k, v = rand(B, H, T, D), rand(B, H, T, D) / D**0.5, rand(B, H, M + T, D), rand(B, H, M + T, D)
-    r_k = rand(H, D, M + T)
+    r_k = rand(H, D, M + T + 1)
     mask = attention_mask(T, M, False, M, device)
     scale = 1 / D**0.5
     compiled = torch.compile(flex_attention)

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def _inputs(B=2, H=3, T=5, M=7, D=4, seed=0):
     g = torch.Generator().manual_seed(seed)
     rand = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
-    return rand(B, H, T, D), rand(B, H, T, D), rand(B, H, M + T, D), rand(B, H, M + T, D), rand(H, 4, M + T)
+    return rand(B, H, T, D), rand(B, H, T, D), rand(B, H, M + T, D), rand(B, H, M + T, D), rand(H, 4, M + T + 1)
 
 
 @pytest.mark.parametrize("T,M,same_length,mem_len", [(5, 7, False, 7), (5, 7, True, 4), (6, 0, False, 0), (1, 9, False, 9),

@@ -159,9 +159,8 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
         q_content: [B, H, T, D] queries for the content term (q + u for "rel"), unscaled.
         q_pos: [B, H, T, D] queries for the position term (q + v for "rel"), already scaled.
         k, v: [B, H, K, D] keys and values over [memory + current segment].
-        r_k: [H, D, K] position keys for distances K-1 ... 0 (a zero column for distance K is put in
-            front, for :func:`rel_shift`), or [H, D, K + 1] with that column already there (a decoding
-            state keeps them so).
+        r_k: [H, D, K + 1] position keys for distances K ... 0 (the layout :func:`rel_shift` reads; no
+            causal entry reads distance K's column, whose finite values are the caller's choice).
         mask: bool [T, K] or [B, 1, T, K] (with padding), True = not visible.
         scale: the score scale 1/sqrt(D) applied to the content term.
         dropout_p: attention dropout probability (0 in evaluation).
@@ -180,10 +179,8 @@ def biased_attention(q_content: torch.Tensor, q_pos: torch.Tensor, k: torch.Tens
     compiling = torch.compiler.is_compiling()
     if q_pos.size(2) == 1 and not grad and not compiling and dropout_p == 0.0 and q_pos.dtype in (torch.float32,
                                                                                                  torch.float64):
-        return one_query_attention(q_content, q_pos, k, v, r_k[..., -k.size(2):], mask, scale=scale)  # (half: the
-        # kernel's float32 sums, as for longer segments)
-    if r_k.size(-1) == k.size(2):
-        r_k = F.pad(r_k, (1, 0))  # [H, D, K + 1]: distances K ... 0
+        return one_query_attention(q_content, q_pos, k, v, r_k[..., 1:], mask, scale=scale)  # (half: the kernel's
+        # float32 sums, as for longer segments)
     additive = additive_mask(mask, q_pos.dtype)
     in_place = not grad and not compiling and q_pos.device.type == "cpu"
 

@@ -168,9 +168,9 @@ class Relative(_DistanceTable):
         if positions is None:  # a decoding state's layer: the positions of this key length are kept
             r_k = cache.segment_pos_keys
         else:
-            r_k = self.project(positions)
-            if cache is not None:  # contiguous, with distance K's column in front, once, not per segment
-                r_k = cache.segment_pos_keys = F.pad(r_k, (1, 0))
+            r_k = F.pad(self.project(positions), (1, 0))  # [H, D, K + 1]: a zero key for distance K in front
+            if cache is not None:  # kept while the key length stays the same
+                cache.segment_pos_keys = r_k
         # (b) + (d), pre-scaled, realigned and masked, becomes an additive bias of the fused kernel,
         # which computes softmax(scale * (q + u)·k + bias) @ v, i.e. (a) + (c) + (b) + (d)
         u, vb = self.r_w_bias, self.r_r_bias
@@ -215,10 +215,10 @@ class Shaw(_DistanceTable):
         self.r_emb = nn.Parameter(torch.empty(config.shaw_max_dist + 1, config.n_head, config.d_head))
 
     def attend(self, q, k, v, positions, mask, cache, dropout_p):
-        # the learned a_d for distances K-1 ... 0 (clipped), then the same realignment as "rel":
+        # the learned a_d for distances K ... 0 (clipped), then the same realignment as "rel":
         # (b) = q·a becomes the additive bias, the kernel adds (a) = q·k
-        return biased_attention(q, q * self.scale, k, v, self.table(k.size(2)).to(q.dtype), mask, scale=self.scale,
-                                dropout_p=dropout_p)
+        return biased_attention(q, q * self.scale, k, v, self.table(k.size(2) + 1).to(q.dtype), mask,
+                                scale=self.scale, dropout_p=dropout_p)
 
     def table(self, klen: int) -> torch.Tensor:
         """The learned a_d for distances K-1 ... 0 (clipped at ``max_dist``): [H, D, K]."""
