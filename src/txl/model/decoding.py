@@ -46,8 +46,8 @@ class LayerCache:
         query_biases: float [2, H, D], u and v ("rel") times the score scale, made with ``pos_keys``.
         segment_pos_keys: float [H, D, K + 1] ``W_kR R`` of the last multi-token call, with a zero
             column for distance K in front (:func:`~txl.model.attention.biased_attention`'s layout),
-            reused while the key length K stays the same (``DecodingState.segment_klen``), as it does segment after
-            segment once the memory is full.
+            reused while the key length K stays the same (``DecodingState.segment_klen``), as it does
+            segment after segment once the memory is full.
     """
 
     own = None  # (a graph's view: the token's own key and value, scored beside the slots; else written first)

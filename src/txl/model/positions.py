@@ -221,7 +221,7 @@ class Shaw(_DistanceTable):
                                 scale=self.scale, dropout_p=dropout_p)
 
     def table(self, klen: int) -> torch.Tensor:
-        """The learned a_d for distances K-1 ... 0 (clipped at ``max_dist``): [H, D, K]."""
+        """The learned a_d for distances klen-1 ... 0 (clipped at ``max_dist``): [H, D, klen]."""
         return self.r_emb[relative_positions(klen, self.max_dist, self.r_emb.device)].permute(1, 2, 0)
 
     def position_keys(self, state):
