@@ -81,7 +81,12 @@ def run_part(tree: Path, flags: list[str], threads: str) -> dict[str, float]:
 
 
 def git(*argv: str) -> str:
-    return subprocess.run(["git", *argv], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
+    """``git ARGV`` in this checkout; its output. A failure (e.g. a revision git does not know) is one line."""
+    done = subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        first = (done.stderr.strip().splitlines() or ["no message"])[0]
+        raise SystemExit(f"{Path(sys.argv[0]).name}: git {shlex.join(argv)} failed: {first}")
+    return done.stdout.strip()
 
 
 @contextlib.contextmanager
